@@ -1,0 +1,132 @@
+// Package data owns tailgate's SQLite database: schema, embedded numbered
+// migrations, queries, and the batched ledger writer. It is the only package
+// that imports the SQLite driver (modernc.org/sqlite, pure Go, no cgo).
+//
+// # Overview
+//
+// [Open] opens (or creates) the database file in WAL mode with a busy timeout,
+// so the gateway and the `tailgate keys`/`tailgate usage` commands can use the
+// same file at once. Keys are stored only as a SHA-256 hash plus a short
+// display prefix; generating and hashing secrets is policy's job.
+//
+// The ledger holds one row per request. Rows are written by one
+// [LedgerWriter] goroutine in batches; closing it drains every row it was
+// given, so a clean stop never loses a completed request.
+//
+// This package knows nothing of HTTP.
+package data
+
+import (
+	"errors"
+	"time"
+)
+
+// Errors returned by the Store.
+var (
+	// ErrNotFound: no row matched.
+	ErrNotFound = errors.New("not found")
+	// ErrAmbiguous: a reference (such as a key prefix) matched more than one row.
+	ErrAmbiguous = errors.New("ambiguous reference")
+)
+
+// Tenant owns keys and a budget.
+type Tenant struct {
+	ID   int64
+	Name string
+	// BudgetTokens is the total prompt+completion tokens the tenant may use;
+	// 0 means unlimited.
+	BudgetTokens int64
+	// BudgetMicros is the total cost (micro-units of currency) the tenant may
+	// spend; 0 means unlimited.
+	BudgetMicros int64
+	CreatedAt    time.Time
+}
+
+// Key is an API key as stored: never the secret itself.
+type Key struct {
+	ID     string // stable id, "key_" + 16 hex chars
+	Tenant Tenant // the owning tenant (filled by queries that return keys)
+	// Prefix is the display prefix of the secret (e.g. "tg-3f9a1c2b"), safe
+	// to show and log.
+	Prefix string
+	Hash   []byte // SHA-256 of the secret, 32 bytes
+	// Limits; 0 means unlimited.
+	RPM            int64
+	TPM            int64
+	MaxConcurrency int64
+	// Models the key may use; empty means all.
+	Models    []string
+	CreatedAt time.Time
+	RevokedAt time.Time // zero while the key is active
+}
+
+// Revoked reports whether the key has been revoked.
+func (k Key) Revoked() bool { return !k.RevokedAt.IsZero() }
+
+// Stages are the per-request stage durations named in DESIGN.md. A negative
+// value means "unknown / not measured" and is stored as NULL.
+type Stages struct {
+	Gateway      time.Duration // auth + admission + routing, before the first upstream byte
+	Connect      time.Duration
+	UpstreamTTFT time.Duration // gateway wrote the request → first token
+	EngineQueue  time.Duration
+	EngineTTFT   time.Duration
+	Network      time.Duration // UpstreamTTFT minus the engine-reported part
+	TTFT         time.Duration // client-visible
+	Total        time.Duration
+}
+
+// UnknownStages returns Stages with every duration unknown (-1).
+func UnknownStages() Stages {
+	return Stages{-1, -1, -1, -1, -1, -1, -1, -1}
+}
+
+// LedgerRow is one request as billed and timed.
+type LedgerRow struct {
+	ID       string // request id (also sent as x-request-id)
+	Time     time.Time
+	TenantID int64
+	Tenant   string // filled on reads
+	KeyID    string
+	Model    string
+	Upstream string // replica id or URL that served the request ("" if none)
+	Stream   bool
+
+	PromptTokens        int64
+	CompletionTokens    int64
+	HedgeOverheadTokens int64 // tokens burned by losing hedges; not billed
+	CostMicros          int64
+
+	Status  int    // HTTP status sent to the client (200 even for a mid-stream failure)
+	Outcome string // "ok", "midstream_error", "client_cancelled", "upstream_error", "rejected", ...
+	Error   string // short error class, "" on success; never a key or a prompt
+
+	Attempts int
+	Hedged   bool
+	Stages   Stages
+}
+
+// UsageFilter selects ledger rows for [Store.Usage]. Zero fields do not filter.
+type UsageFilter struct {
+	Tenant string
+	Since  time.Time
+	Until  time.Time
+}
+
+// UsageRow is a usage total for one (tenant, key, model).
+type UsageRow struct {
+	Tenant           string
+	KeyID            string
+	KeyPrefix        string
+	Model            string
+	Requests         int64
+	PromptTokens     int64
+	CompletionTokens int64
+	CostMicros       int64
+}
+
+// Spend is what a tenant has used so far according to the ledger.
+type Spend struct {
+	Tokens int64
+	Micros int64
+}

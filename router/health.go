@@ -1,0 +1,90 @@
+package router
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Prober asks a replica whether it is up and which models it serves.
+type Prober interface {
+	Probe(ctx context.Context, rep *Replica) (models []string, err error)
+}
+
+// HealthConfig configures a HealthChecker.
+type HealthConfig struct {
+	// Interval between probe rounds; 0 means 1s.
+	Interval time.Duration
+	// Timeout of one probe; 0 means 2s.
+	Timeout time.Duration
+}
+
+// HealthChecker probes static replicas: a replica that answers becomes (or
+// stays) ready with the models it lists; one that does not is taken out.
+type HealthChecker struct {
+	reg    *Registry
+	prober Prober
+	cfg    HealthConfig
+}
+
+// NewHealthChecker returns a checker for reg's static replicas.
+func NewHealthChecker(reg *Registry, p Prober, cfg HealthConfig) *HealthChecker {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Second
+	}
+	return &HealthChecker{reg: reg, prober: p, cfg: cfg}
+}
+
+// Run probes until ctx is done. The first round runs at once.
+func (h *HealthChecker) Run(ctx context.Context) error {
+	t := time.NewTicker(h.cfg.Interval)
+	defer t.Stop()
+	for {
+		h.ProbeAll(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// ProbeAll probes every static replica once, concurrently, and waits.
+func (h *HealthChecker) ProbeAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, rep := range h.reg.Replicas() {
+		if !rep.Static {
+			continue
+		}
+		wg.Go(func() { h.probe(ctx, rep) })
+	}
+	wg.Wait()
+}
+
+func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
+	defer cancel()
+	models, err := h.prober.Probe(ctx, rep)
+	if ctx.Err() != nil && err != nil && ctx.Err() == context.Canceled {
+		return // shutting down
+	}
+	if err != nil {
+		switch rep.State() {
+		case StateReady:
+			h.reg.Eject(rep, "probe")
+		case StateStarting, StateEjected:
+			rep.failures.Add(1)
+			rep.SetState(rep.State(), "probe: "+err.Error())
+		}
+		return
+	}
+	rep.SetModels(models)
+	rep.markOK(h.reg.cfg.Now())
+	if s := rep.State(); s != StateReady && s != StateDraining {
+		h.reg.log.Info("replica ready", "replica", rep.ID, "models", models)
+		rep.SetState(StateReady, "")
+	}
+}

@@ -1,0 +1,120 @@
+package router
+
+import (
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// State is a replica's lifecycle state as seen by the gateway.
+type State int32
+
+const (
+	StateStarting State = iota // registered, engine not up yet
+	StateWarming               // engine up, warm-up running
+	StateReady                 // may take traffic
+	StateDraining              // finishing in-flight work, takes no new requests
+	StateEjected               // taken out by the gateway after failures; probed back
+	StateFailed                // the worker reports its engine failed
+)
+
+var stateNames = [...]string{"starting", "warming", "ready", "draining", "ejected", "failed"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "unknown"
+}
+
+// ParseState parses a state name; unknown names give StateFailed and false.
+func ParseState(name string) (State, bool) {
+	for i, n := range stateNames {
+		if n == name {
+			return State(i), true
+		}
+	}
+	return StateFailed, false
+}
+
+// Replica is one upstream engine endpoint. Its counters are atomic so the hot
+// path never takes a lock.
+type Replica struct {
+	// ID names the replica in metrics, headers and the ledger.
+	ID string
+	// URL is the base URL of the OpenAI-compatible server, without /v1.
+	URL string
+	// Static replicas come from configuration and are never dropped.
+	Static bool
+
+	state    atomic.Int32
+	inflight atomic.Int64
+	models   atomic.Pointer[[]string]
+	reason   atomic.Pointer[string] // why the replica is out, "" when ready
+	failures atomic.Int64           // consecutive failed attempts or probes
+	lastOK   atomic.Int64           // unix nanos of the last good probe or heartbeat
+}
+
+// NewReplica returns a replica in StateStarting serving no models yet.
+func NewReplica(id, url string) *Replica {
+	r := &Replica{ID: id, URL: url}
+	empty := []string{}
+	r.models.Store(&empty)
+	reason := "not probed yet"
+	r.reason.Store(&reason)
+	return r
+}
+
+// State returns the replica's state.
+func (r *Replica) State() State { return State(r.state.Load()) }
+
+// Inflight returns the number of requests the gateway has on the replica now.
+func (r *Replica) Inflight() int64 { return r.inflight.Load() }
+
+// Models returns the models the replica serves.
+func (r *Replica) Models() []string { return *r.models.Load() }
+
+// Serves reports whether the replica serves model.
+func (r *Replica) Serves(model string) bool { return slices.Contains(*r.models.Load(), model) }
+
+// Reason says why the replica is not ready ("" when it is).
+func (r *Replica) Reason() string { return *r.reason.Load() }
+
+// LastOK returns the time of the last successful probe or heartbeat.
+func (r *Replica) LastOK() time.Time {
+	n := r.lastOK.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// SetModels replaces the models the replica serves.
+func (r *Replica) SetModels(models []string) {
+	m := slices.Clone(models)
+	r.models.Store(&m)
+}
+
+// SetState moves the replica to s, recording why (reason is "" for ready).
+func (r *Replica) SetState(s State, reason string) {
+	r.reason.Store(&reason)
+	r.state.Store(int32(s))
+}
+
+// markOK records a successful probe or attempt.
+func (r *Replica) markOK(now time.Time) {
+	r.failures.Store(0)
+	r.lastOK.Store(now.UnixNano())
+}
+
+// acquire counts one request in flight; the returned func gives it back and
+// is safe to call more than once.
+func (r *Replica) acquire() (release func()) {
+	r.inflight.Add(1)
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			r.inflight.Add(-1)
+		}
+	}
+}

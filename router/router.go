@@ -1,0 +1,47 @@
+// Package router owns tailgate's replica registry: which replicas exist, which
+// models they serve, whether they may take traffic, how busy they are, and how
+// one request's attempts are spread over them (selection, retries, failover).
+//
+// # Overview
+//
+// A [Registry] holds [Replica] values. Replicas come from static upstreams
+// (health-probed through a [Prober]) or, later, from worker heartbeats. [Registry.Do]
+// runs one request: it picks a ready replica for the model, calls the caller's
+// attempt function, and retries on another replica when the attempt never
+// reached the replica (see [ErrNotSent]). In-flight counts are taken and given
+// back by Do itself, so they cannot leak or go negative.
+//
+// The package talks to replicas only through the caller's functions; it
+// imports no HTTP framework and nothing of the project.
+package router
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned by selection.
+var (
+	// ErrUnknownModel: no replica has ever served the model.
+	ErrUnknownModel = errors.New("unknown model")
+	// ErrNoReplica: the model is known but no replica can take the request now.
+	ErrNoReplica = errors.New("no ready replica")
+)
+
+// notSentError marks an attempt that never reached the replica.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return fmt.Sprintf("not sent: %v", e.err) }
+func (e *notSentError) Unwrap() error { return e.err }
+
+// ErrNotSent wraps err to say the attempt never reached the replica (dial
+// refused, connection reset before the request was written): nothing ran, so
+// the request may be retried elsewhere at once, even a POST. The replica is
+// ejected.
+func ErrNotSent(err error) error { return &notSentError{err: err} }
+
+// IsNotSent reports whether err says the attempt never reached its replica.
+func IsNotSent(err error) bool {
+	var ns *notSentError
+	return errors.As(err, &ns)
+}
