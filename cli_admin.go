@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"tailgate/data"
+	"tailgate/policy"
+	"tailgate/server"
+)
+
+func openStore(dir string) (*data.Store, error) {
+	return data.Open(filepath.Join(dir, "tailgate.db"))
+}
+
+func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "Usage: tailgate keys create|list|revoke [flags]")
+		return errUsage
+	}
+	switch args[0] {
+	case "create":
+		return cmdKeysCreate(ctx, args[1:], stdout, stderr)
+	case "list":
+		return cmdKeysList(ctx, args[1:], stdout, stderr)
+	case "revoke":
+		return cmdKeysRevoke(ctx, args[1:], stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "tailgate keys: unknown subcommand %q (want create, list or revoke)\n", args[0])
+	return errUsage
+}
+
+func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("keys create", "keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget N] [--models a,b]", stderr)
+	var (
+		dir          = fs.String("data", "tailgate-data", "data directory")
+		tenant       = fs.String("tenant", "", "tenant that owns the key (created if new)")
+		rpm          = fs.Int64("rpm", 0, "requests per minute for this key (0: unlimited)")
+		tpm          = fs.Int64("tpm", 0, "tokens per minute for this key (0: unlimited)")
+		maxConc      = fs.Int64("max-concurrency", 0, "concurrent requests for this key (0: unlimited)")
+		budgetTokens = fs.Int64("budget-tokens", -1, "set the tenant's total token budget (0: unlimited; default: unchanged)")
+		budgetMoney  = fs.Float64("budget", -1, "set the tenant's money budget in currency units (0: unlimited; default: unchanged)")
+		models       = fs.String("models", "", "comma-separated models the key may use (default: all)")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *tenant == "" {
+		fmt.Fprintln(stderr, "tailgate keys create: --tenant is required")
+		return errUsage
+	}
+	if *rpm < 0 || *tpm < 0 || *maxConc < 0 {
+		return errors.New("--rpm, --tpm and --max-concurrency must not be negative")
+	}
+	opts := policy.KeyOptions{Tenant: *tenant, RPM: *rpm, TPM: *tpm, MaxConcurrency: *maxConc}
+	if *models != "" {
+		for _, m := range strings.Split(*models, ",") {
+			if m = strings.TrimSpace(m); m != "" {
+				opts.Models = append(opts.Models, m)
+			}
+		}
+	}
+	if *budgetTokens >= 0 {
+		opts.BudgetTokens = budgetTokens
+	}
+	if *budgetMoney >= 0 {
+		micros := toMicros(*budgetMoney)
+		opts.BudgetMicros = &micros
+	}
+	st, err := openStore(*dir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	secret, k, err := policy.CreateKey(ctx, st, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "created key %s (%s) for tenant %q; the secret is shown once:\n", k.ID, k.Prefix, k.Tenant.Name)
+	fmt.Fprintln(stdout, secret)
+	return nil
+}
+
+func cmdKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("keys list", "keys list --data DIR [--tenant NAME] [--json]", stderr)
+	var (
+		dir    = fs.String("data", "tailgate-data", "data directory")
+		tenant = fs.String("tenant", "", "only this tenant's keys")
+		asJSON = fs.Bool("json", false, "print JSON")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	st, err := openStore(*dir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	keys, err := st.Keys(ctx, *tenant)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		type view struct {
+			ID             string    `json:"id"`
+			Tenant         string    `json:"tenant"`
+			Prefix         string    `json:"prefix"`
+			RPM            int64     `json:"rpm"`
+			TPM            int64     `json:"tpm"`
+			MaxConcurrency int64     `json:"max_concurrency"`
+			Models         []string  `json:"models"`
+			CreatedAt      time.Time `json:"created_at"`
+			Revoked        bool      `json:"revoked"`
+		}
+		out := make([]view, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, view{k.ID, k.Tenant.Name, k.Prefix, k.RPM, k.TPM, k.MaxConcurrency, k.Models, k.CreatedAt, k.Revoked()})
+		}
+		return writeJSON(stdout, out)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPREFIX\tTENANT\tRPM\tTPM\tCONC\tMODELS\tCREATED\tSTATUS")
+	for _, k := range keys {
+		status := "active"
+		if k.Revoked() {
+			status = "revoked"
+		}
+		models := strings.Join(k.Models, ",")
+		if models == "" {
+			models = "*"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Tenant.Name, limit(k.RPM), limit(k.TPM),
+			limit(k.MaxConcurrency), models, k.CreatedAt.Format(time.RFC3339), status)
+	}
+	return tw.Flush()
+}
+
+func limit(v int64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprint(v)
+}
+
+func cmdKeysRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("keys revoke", "keys revoke --data DIR KEY   (KEY: key id, display prefix, or the secret)", stderr)
+	dir := fs.String("data", "tailgate-data", "data directory")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	st, err := openStore(*dir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	k, err := policy.RevokeKey(ctx, st, fs.Arg(0))
+	switch {
+	case errors.Is(err, data.ErrNotFound):
+		return errors.New("no key matches that id, prefix or secret")
+	case errors.Is(err, data.ErrAmbiguous):
+		return errors.New("that prefix matches more than one key; give the key id (see `tailgate keys list`)")
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(stdout, "revoked %s (%s, tenant %s); a running gateway rejects it within a second\n", k.ID, k.Prefix, k.Tenant.Name)
+	return nil
+}
+
+func cmdUsage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("usage", "usage --data DIR [--tenant NAME] [--since RFC3339|DURATION] [--json]", stderr)
+	var (
+		dir    = fs.String("data", "tailgate-data", "data directory")
+		tenant = fs.String("tenant", "", "only this tenant")
+		since  = fs.String("since", "", "only requests since a time (RFC 3339) or a duration ago (e.g. 24h)")
+		asJSON = fs.Bool("json", false, "print JSON")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	f := data.UsageFilter{Tenant: *tenant}
+	if *since != "" {
+		if d, err := time.ParseDuration(*since); err == nil {
+			f.Since = time.Now().Add(-d)
+		} else if t, err := time.Parse(time.RFC3339, *since); err == nil {
+			f.Since = t
+		} else {
+			return fmt.Errorf("--since %q: want RFC 3339 time or a duration like 24h", *since)
+		}
+	}
+	st, err := openStore(*dir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	rows, err := st.Usage(ctx, f)
+	if err != nil {
+		return err
+	}
+	view := server.UsageJSON(rows)
+	if *asJSON {
+		return writeJSON(stdout, view)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tKEY\tMODEL\tREQUESTS\tPROMPT\tCOMPLETION\tCOST")
+	for _, r := range view {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.6f\n", r.Tenant, r.KeyPrefix, r.Model, r.Requests, r.PromptTokens, r.CompletionTokens, r.Cost)
+	}
+	return tw.Flush()
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+

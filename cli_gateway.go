@@ -1,0 +1,358 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+	"gopkg.in/yaml.v3"
+
+	"tailgate/data"
+	"tailgate/policy"
+	"tailgate/router"
+	"tailgate/server"
+	"tailgate/web"
+)
+
+// gatewayFlags configure the gateway role (also used by `up`).
+type gatewayFlags struct {
+	dataDir          string
+	listen           string
+	adminListen      string
+	upstreams        stringList
+	configFile       string
+	defaultMaxTokens int64
+	maxBody          int64
+	keepAlive        time.Duration
+	prices           stringList
+	shutdownGrace    time.Duration
+}
+
+func (g *gatewayFlags) register(fs *flag.FlagSet, withUpstreams bool) {
+	fs.StringVar(&g.dataDir, "data", "tailgate-data", "data directory: SQLite database, tokens, keys")
+	fs.StringVar(&g.listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
+	fs.StringVar(&g.adminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
+	if withUpstreams {
+		fs.Var(&g.upstreams, "upstream", "static OpenAI-compatible upstream base URL, e.g. http://10.0.0.5:8000 (repeatable)")
+	}
+	fs.StringVar(&g.configFile, "config", "", "YAML config file (upstreams, per-model max_tokens and prices); flags add to it")
+	fs.Int64Var(&g.defaultMaxTokens, "default-max-tokens", 1024, "max_tokens applied when a request sets none")
+	fs.Int64Var(&g.maxBody, "max-body", 4<<20, "largest request body in bytes (larger: 413)")
+	fs.DurationVar(&g.keepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
+	fs.Var(&g.prices, "price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)")
+	fs.DurationVar(&g.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
+}
+
+// fileConfig is the YAML config file.
+type fileConfig struct {
+	Upstreams []struct {
+		ID  string `yaml:"id"`
+		URL string `yaml:"url"`
+	} `yaml:"upstreams"`
+	DefaultMaxTokens int64 `yaml:"default_max_tokens"`
+	Models           map[string]struct {
+		MaxTokens int64 `yaml:"max_tokens"`
+		Price     *struct {
+			Input  float64 `yaml:"input_per_million"`
+			Output float64 `yaml:"output_per_million"`
+		} `yaml:"price"`
+	} `yaml:"models"`
+}
+
+// upstream is a static upstream: an id and a base URL.
+type upstream struct{ id, url string }
+
+// gatewaySetup is everything resolved from flags and the config file.
+type gatewaySetup struct {
+	upstreams []upstream
+	srvCfg    server.Config
+	prices    map[string]policy.Price
+}
+
+func (g *gatewayFlags) resolve() (*gatewaySetup, error) {
+	st := &gatewaySetup{prices: map[string]policy.Price{}}
+	st.srvCfg = server.Config{DefaultMaxTokens: g.defaultMaxTokens, MaxBodyBytes: g.maxBody, KeepAlive: g.keepAlive,
+		MaxTokensByModel: map[string]int64{}}
+	if g.configFile != "" {
+		raw, err := os.ReadFile(g.configFile)
+		if err != nil {
+			return nil, fmt.Errorf("--config: %w", err)
+		}
+		var fc fileConfig
+		dec := yaml.NewDecoder(strings.NewReader(string(raw)))
+		dec.KnownFields(true)
+		if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("--config %s: %w", g.configFile, err)
+		}
+		for _, u := range fc.Upstreams {
+			st.upstreams = append(st.upstreams, upstream{id: u.ID, url: u.URL})
+		}
+		if fc.DefaultMaxTokens > 0 {
+			st.srvCfg.DefaultMaxTokens = fc.DefaultMaxTokens
+		}
+		for name, m := range fc.Models {
+			if m.MaxTokens > 0 {
+				st.srvCfg.MaxTokensByModel[name] = m.MaxTokens
+			}
+			if m.Price != nil {
+				st.prices[name] = policy.Price{InputMicrosPerM: toMicros(m.Price.Input), OutputMicrosPerM: toMicros(m.Price.Output)}
+			}
+		}
+	}
+	for _, u := range g.upstreams {
+		st.upstreams = append(st.upstreams, upstream{url: u})
+	}
+	for i := range st.upstreams {
+		u := &st.upstreams[i]
+		parsed, err := url.Parse(u.url)
+		if err != nil || (parsed.Scheme != "http" && parsed.Scheme != "https") || parsed.Host == "" {
+			return nil, fmt.Errorf("upstream %q: want a base URL like http://host:8000", u.url)
+		}
+		u.url = strings.TrimSuffix(strings.TrimSuffix(parsed.String(), "/"), "/v1")
+		if u.id == "" {
+			u.id = parsed.Host
+		}
+	}
+	for _, p := range g.prices {
+		model, rest, ok := strings.Cut(p, "=")
+		in, out, ok2 := strings.Cut(rest, ",")
+		fin, err1 := strconv.ParseFloat(in, 64)
+		fout, err2 := strconv.ParseFloat(out, 64)
+		if !ok || !ok2 || model == "" || err1 != nil || err2 != nil || fin < 0 || fout < 0 {
+			return nil, fmt.Errorf("--price %q: want MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6", p)
+		}
+		st.prices[model] = policy.Price{InputMicrosPerM: toMicros(fin), OutputMicrosPerM: toMicros(fout)}
+	}
+	return st, nil
+}
+
+func toMicros(v float64) int64 { return int64(math.Round(v * 1e6)) }
+
+func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("gateway", "gateway --data DIR --listen ADDR --admin-listen ADDR [--upstream URL]...", stderr)
+	var (
+		gf gatewayFlags
+		lf logFlags
+	)
+	gf.register(fs, true)
+	lf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	setup, err := gf.resolve()
+	if err != nil {
+		return err
+	}
+	if len(setup.upstreams) == 0 {
+		log.Warn("no upstream configured: add --upstream URL (or upstreams in --config); /healthz stays 503 until one is ready")
+	}
+	gw, err := openGateway(ctx, &gf, setup, log)
+	if err != nil {
+		return err
+	}
+	defer gw.close()
+	fmt.Fprintf(stdout, "tailgate gateway: API http://%s/v1  admin http://%s/ui/  (admin token: %s)\n",
+		gw.publicAddr, gw.adminAddr, filepath.Join(gf.dataDir, "admin.token"))
+	return gw.run(ctx)
+}
+
+// gateway is a running gateway role: the listeners are bound, nothing is
+// served until run.
+type gateway struct {
+	flags      *gatewayFlags
+	log        *slog.Logger
+	store      *data.Store
+	ledger     *data.LedgerWriter
+	gate       *policy.Gate
+	reg        *router.Registry
+	health     *router.HealthChecker
+	public     *http.Server
+	admin      *http.Server
+	publicLn   net.Listener
+	adminLn    net.Listener
+	publicAddr string
+	adminAddr  string
+}
+
+func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log *slog.Logger) (gw *gateway, err error) {
+	gw = &gateway{flags: gf, log: log}
+	defer func() {
+		if err != nil {
+			gw.close()
+		}
+	}()
+	adminToken, _, err := ensureTokens(gf.dataDir)
+	if err != nil {
+		return nil, err
+	}
+	if gw.store, err = data.Open(filepath.Join(gf.dataDir, "tailgate.db")); err != nil {
+		return nil, err
+	}
+	gw.ledger = gw.store.NewLedgerWriter(data.LedgerConfig{}, log)
+	if gw.gate, err = policy.New(ctx, policy.Config{Prices: setup.prices}, gw.store, log); err != nil {
+		return nil, err
+	}
+	promReg := prometheus.NewRegistry()
+	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var onEject func(*router.Replica, string)
+	gw.reg = router.New(router.Config{OnEject: func(r *router.Replica, reason string) {
+		if onEject != nil {
+			onEject(r, reason)
+		}
+	}}, log)
+	transport := server.NewTransport(2*time.Second, nil)
+	for _, u := range setup.upstreams {
+		rep := router.NewReplica(u.id, u.url)
+		rep.Static = true
+		gw.reg.Add(rep)
+	}
+	gw.health = router.NewHealthChecker(gw.reg, &server.Prober{Transport: transport}, router.HealthConfig{})
+
+	setup.srvCfg.AdminToken = adminToken
+	srv, err := server.New(setup.srvCfg, server.Deps{
+		Gate: gw.gate, Registry: gw.reg, Store: gw.store, Ledger: gw.ledger,
+		Registerer: promReg, Gatherer: promReg, Log: log, Transport: transport,
+	})
+	if err != nil {
+		return nil, err
+	}
+	onEject = srv.CountEjection
+
+	if gw.publicLn, err = net.Listen("tcp", gf.listen); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", gf.listen, err)
+	}
+	if gw.adminLn, err = net.Listen("tcp", gf.adminListen); err != nil {
+		return nil, fmt.Errorf("admin listen %s: %w", gf.adminListen, err)
+	}
+	gw.publicAddr, gw.adminAddr = gw.publicLn.Addr().String(), gw.adminLn.Addr().String()
+	// No ReadTimeout/WriteTimeout: they would cut long streams. Headers have
+	// a deadline here; bodies get one per request in the handler.
+	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	gw.admin = &http.Server{Handler: srv.Admin(web.Handler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	return gw, nil
+}
+
+// run serves until ctx is done, then shuts down in order: stop accepting,
+// let in-flight requests finish (up to the grace), drain the ledger.
+func (gw *gateway) run(ctx context.Context) error {
+	gctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g, gctx := errgroup.WithContext(gctx)
+	g.Go(func() error { return gw.gate.Run(gctx) })
+	g.Go(func() error { return gw.ledger.Run(gctx) })
+	g.Go(func() error { return gw.health.Run(gctx) })
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()
+	go func() { serveErr <- gw.admin.Serve(gw.adminLn) }()
+	gw.log.Info("gateway serving", "api", "http://"+gw.publicAddr+"/v1", "admin", "http://"+gw.adminAddr)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		gw.log.Info("shutting down: finishing in-flight requests", "grace", gw.flags.shutdownGrace)
+	case err := <-serveErr:
+		runErr = fmt.Errorf("serve: %w", err)
+	case <-gctx.Done():
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), gw.flags.shutdownGrace)
+	defer scancel()
+	if err := gw.public.Shutdown(sctx); err != nil {
+		gw.log.Warn("public listener: in-flight requests cut at the end of the grace period", "err", err)
+		_ = gw.public.Close()
+	}
+	_ = gw.admin.Shutdown(sctx)
+	cancel() // stop gate, health; the ledger writer drains what it holds
+	if err := g.Wait(); err != nil && runErr == nil {
+		runErr = err
+	}
+	if err := gw.ledger.Close(); err != nil && runErr == nil {
+		runErr = fmt.Errorf("ledger: %w", err)
+	}
+	gw.log.Info("gateway stopped; ledger drained")
+	return runErr
+}
+
+func (gw *gateway) close() {
+	if gw.publicLn != nil {
+		_ = gw.publicLn.Close()
+	}
+	if gw.adminLn != nil {
+		_ = gw.adminLn.Close()
+	}
+	if gw.ledger != nil {
+		_ = gw.ledger.Close()
+	}
+	if gw.store != nil {
+		_ = gw.store.Close()
+	}
+}
+
+// ensureTokens creates DIR/admin.token and DIR/cluster.token (mode 0600) on
+// first start and returns their contents.
+func ensureTokens(dir string) (admin, cluster string, err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", "", fmt.Errorf("data dir: %w", err)
+	}
+	if admin, err = ensureSecretFile(filepath.Join(dir, "admin.token"), "tga-"); err != nil {
+		return "", "", err
+	}
+	if cluster, err = ensureSecretFile(filepath.Join(dir, "cluster.token"), "tgc-"); err != nil {
+		return "", "", err
+	}
+	return admin, cluster, nil
+}
+
+func ensureSecretFile(path, prefix string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err == nil {
+		tok := strings.TrimSpace(string(raw))
+		if tok == "" {
+			return "", fmt.Errorf("%s is empty; delete it to have a new token made", path)
+		}
+		return tok, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	tok := prefix + hex.EncodeToString(b)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) { // another process made it first
+			return ensureSecretFile(path, prefix)
+		}
+		return "", err
+	}
+	if _, err := f.WriteString(tok + "\n"); err != nil {
+		f.Close()
+		return "", err
+	}
+	return tok, f.Close()
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"tailgate/serving/sim"
+)
+
+// simFlags are the simulated engine's knobs, shared by `sim` and `up`.
+type simFlags struct {
+	ttft        time.Duration
+	ttftSigma   float64
+	tpot        time.Duration
+	stallProb   float64
+	stallFactor float64
+	maxSeqs     int
+	seed        int64
+	maxTokens   int
+}
+
+func (f *simFlags) register(fs *flag.FlagSet) {
+	fs.DurationVar(&f.ttft, "sim-ttft", 150*time.Millisecond, "simulated engine: median time to first token")
+	fs.Float64Var(&f.ttftSigma, "sim-ttft-sigma", 0.25, "simulated engine: lognormal spread of the time to first token (negative: none)")
+	fs.DurationVar(&f.tpot, "sim-tpot", 15*time.Millisecond, "simulated engine: time per output token")
+	fs.Float64Var(&f.stallProb, "sim-stall-prob", 0, "simulated engine: probability that a request stalls")
+	fs.Float64Var(&f.stallFactor, "sim-stall-factor", 10, "simulated engine: latency multiplier of a stalled request")
+	fs.IntVar(&f.maxSeqs, "sim-max-seqs", 256, "simulated engine: concurrent sequences; more requests queue (FIFO)")
+	fs.Int64Var(&f.seed, "sim-seed", 1, "simulated engine: seed of the latency draws")
+	fs.IntVar(&f.maxTokens, "sim-default-max-tokens", 256, "simulated engine: completion cap when a request sets none")
+}
+
+func (f *simFlags) config(model string) sim.Config {
+	return sim.Config{
+		Model: model, TTFT: f.ttft, TTFTSigma: f.ttftSigma, TPOT: f.tpot, StallProb: f.stallProb,
+		StallFactor: f.stallFactor, MaxSeqs: f.maxSeqs, Seed: f.seed, DefaultMaxTokens: f.maxTokens,
+	}
+}
+
+// args renders the knobs back as flags, for child processes.
+func (f *simFlags) args() []string {
+	return []string{
+		"--sim-ttft", f.ttft.String(), "--sim-ttft-sigma", fmt.Sprint(f.ttftSigma), "--sim-tpot", f.tpot.String(),
+		"--sim-stall-prob", fmt.Sprint(f.stallProb), "--sim-stall-factor", fmt.Sprint(f.stallFactor),
+		"--sim-max-seqs", fmt.Sprint(f.maxSeqs), "--sim-default-max-tokens", fmt.Sprint(f.maxTokens),
+	}
+}
+
+// announcePrefix starts the line a child `sim --announce` prints on stdout
+// once it listens, so its parent learns the address.
+const announcePrefix = "TAILGATE_LISTEN "
+
+func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("sim", "sim [--listen ADDR] [--model NAME] [--sim-* knobs]", stderr)
+	var (
+		listen   = fs.String("listen", "127.0.0.1:8000", "address to serve the vLLM-compatible API on (port 0: any free port)")
+		model    = fs.String("model", "tailgate-sim", "model name to serve")
+		announce = fs.Bool("announce", false, "print '"+announcePrefix+"ADDR' on stdout once listening (used by `up`)")
+		sf       simFlags
+		lf       logFlags
+	)
+	sf.register(fs)
+	lf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	eng, err := sim.New(sf.config(*model), nil)
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("sim: listen: %w", err)
+	}
+	srv := &http.Server{Handler: eng.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	if *announce {
+		fmt.Fprintf(stdout, "%s%s\n", announcePrefix, ln.Addr())
+	}
+	log.Info("simulated engine serving (output is filler text, not a model)", "addr", "http://"+ln.Addr().String(),
+		"model", *model, "ttft", sf.ttft, "tpot", sf.tpot, "stall_prob", sf.stallProb, "max_seqs", sf.maxSeqs)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("sim: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("sim: shutdown: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"tailgate/policy"
+	"tailgate/router"
+)
+
+func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("up", "up [--data DIR] [--listen ADDR] [--admin-listen ADDR] [--replicas N] [--model NAME] [--sim-* knobs]", stderr)
+	var (
+		gf       gatewayFlags
+		sf       simFlags
+		lf       logFlags
+		replicas = fs.Int("replicas", 2, "number of local replicas to start")
+		engine   = fs.String("engine", "sim", "engine of the local replicas: sim")
+		model    = fs.String("model", "tailgate-sim", "model name the replicas serve")
+	)
+	gf.register(fs, true)
+	sf.register(fs)
+	lf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *engine != "sim" {
+		return fmt.Errorf("--engine %q: only the simulated engine (sim) can run under `up` for now; run `tailgate gateway --upstream URL` in front of an existing vLLM", *engine)
+	}
+	if *replicas < 1 || *replicas > 64 {
+		return fmt.Errorf("--replicas must be between 1 and 64, not %d", *replicas)
+	}
+	log, err := lf.logger(stderr)
+	if err != nil {
+		return err
+	}
+	setup, err := gf.resolve()
+	if err != nil {
+		return err
+	}
+	gw, err := openGateway(ctx, &gf, setup, log)
+	if err != nil {
+		return err
+	}
+	defer gw.close()
+
+	keyPath := filepath.Join(gf.dataDir, "demo.key")
+	if err := ensureDemoKey(ctx, gw, keyPath); err != nil {
+		return err
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	cctx, stopChildren := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := 1; i <= *replicas; i++ {
+		id := fmt.Sprintf("sim-%d", i)
+		childArgs := append([]string{"sim", "--listen", "127.0.0.1:0", "--announce", "--model", *model,
+			"--sim-seed", fmt.Sprint(sf.seed + int64(i) - 1), "--log-level", lf.level}, sf.args()...)
+		c := &child{name: id, path: self, args: childArgs, log: log.With("replica", id),
+			onListen: func(addr string) {
+				rep := router.NewReplica(id, "http://"+addr)
+				rep.Static = true
+				gw.reg.Add(rep)
+				go gw.health.ProbeAll(cctx)
+			}}
+		wg.Go(func() { c.supervise(cctx) })
+	}
+	defer func() { stopChildren(); wg.Wait() }()
+
+	admin := filepath.Join(gf.dataDir, "admin.token")
+	fmt.Fprintf(stdout, `tailgate up: %d SIMULATED replica(s) of model %q — answers are filler text, not a real model
+  API        http://%s/v1        key: %s
+  dashboard  http://%s/ui/       admin token: %s
+  metrics    curl -H "Authorization: Bearer $(cat %s)" http://%s/metrics
+  try it:
+    curl -N http://%s/v1/chat/completions -H "Authorization: Bearer $(cat %s)" \
+      -H 'Content-Type: application/json' \
+      -d '{"model":"%s","stream":true,"messages":[{"role":"user","content":"Say hello"}]}'
+`, *replicas, *model, gw.publicAddr, keyPath, gw.adminAddr, admin, admin, gw.adminAddr, gw.publicAddr, keyPath, *model)
+	return gw.run(ctx)
+}
+
+// ensureDemoKey makes sure path holds a working API key of tenant "demo".
+func ensureDemoKey(ctx context.Context, gw *gateway, path string) error {
+	if raw, err := os.ReadFile(path); err == nil {
+		if _, err := gw.gate.Authenticate(ctx, strings.TrimSpace(string(raw))); err == nil {
+			return nil
+		}
+		gw.log.Warn("demo key no longer valid; making a new one", "path", path)
+	}
+	secret, k, err := policy.CreateKey(ctx, gw.store, policy.KeyOptions{Tenant: "demo"})
+	if err != nil {
+		return fmt.Errorf("demo key: %w", err)
+	}
+	if err := os.WriteFile(path+".tmp", []byte(secret+"\n"), 0o600); err != nil {
+		return fmt.Errorf("demo key: %w", err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return fmt.Errorf("demo key: %w", err)
+	}
+	gw.log.Info("demo key created", "path", path, "prefix", k.Prefix)
+	return nil
+}
+
+// child runs one child process of this binary and restarts it with backoff
+// when it exits, until ctx is done.
+type child struct {
+	name     string
+	path     string
+	args     []string
+	log      *slog.Logger
+	onListen func(addr string)
+}
+
+func (c *child) supervise(ctx context.Context) {
+	backoff := 250 * time.Millisecond
+	for {
+		start := time.Now()
+		err := c.runOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > 30*time.Second {
+			backoff = 250 * time.Millisecond
+		}
+		c.log.Warn("child exited; restarting", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 15*time.Second)
+	}
+}
+
+func (c *child) runOnce(ctx context.Context) error {
+	cmd := exec.Command(c.path, c.args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	c.log.Info("child started", "pid", cmd.Process.Pid)
+	var pipes sync.WaitGroup
+	pipes.Go(func() { c.forward(stderr, false) })
+	pipes.Go(func() { c.forward(stdout, true) })
+
+	done := make(chan error, 1)
+	go func() { pipes.Wait(); done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(5 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			return errors.Join(errors.New("killed after 5s"), <-done)
+		}
+	}
+}
+
+// forward copies the child's output lines into the log; on stdout it also
+// watches for the listen announcement.
+func (c *child) forward(r io.Reader, watch bool) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if watch {
+			if addr, ok := strings.CutPrefix(line, announcePrefix); ok {
+				c.onListen(strings.TrimSpace(addr))
+				continue
+			}
+		}
+		fmt.Fprintf(os.Stderr, "[%s] %s\n", c.name, line)
+	}
+}

@@ -1,0 +1,215 @@
+package data
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+const keyCols = `k.id, k.prefix, k.hash, k.rpm, k.tpm, k.max_concurrency, k.models, k.created_at, k.revoked_at,
+	t.id, t.name, t.budget_tokens, t.budget_micros, t.created_at`
+
+const keyFrom = ` FROM api_keys k JOIN tenants t ON t.id = k.tenant_id`
+
+func scanKey(r rowScanner) (Key, error) {
+	var k Key
+	var models string
+	var created, tCreated int64
+	var revoked sql.NullInt64
+	err := r.Scan(&k.ID, &k.Prefix, &k.Hash, &k.RPM, &k.TPM, &k.MaxConcurrency, &models, &created, &revoked,
+		&k.Tenant.ID, &k.Tenant.Name, &k.Tenant.BudgetTokens, &k.Tenant.BudgetMicros, &tCreated)
+	if err != nil {
+		return Key{}, err
+	}
+	if models != "" {
+		if err := json.Unmarshal([]byte(models), &k.Models); err != nil {
+			return Key{}, fmt.Errorf("key %s: models: %w", k.ID, err)
+		}
+	}
+	k.CreatedAt = fromMicros(created)
+	k.RevokedAt = fromNullMicros(revoked)
+	k.Tenant.CreatedAt = fromMicros(tCreated)
+	return k, nil
+}
+
+func encodeModels(models []string) (string, error) {
+	if len(models) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(models)
+	return string(b), err
+}
+
+func newKeyID() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return "key_" + hex.EncodeToString(b[:]), nil
+}
+
+// CreateKey stores k for the tenant k.Tenant.ID. It generates k.ID if empty,
+// sets k.CreatedAt, bumps the keys version, and returns the key as stored,
+// with its tenant filled. RevokedAt is ignored: a new key is active.
+func (s *Store) CreateKey(ctx context.Context, k Key) (Key, error) {
+	switch {
+	case k.Tenant.ID == 0:
+		return Key{}, errors.New("create key: no tenant")
+	case len(k.Hash) == 0:
+		return Key{}, errors.New("create key: no hash")
+	case k.Prefix == "":
+		return Key{}, errors.New("create key: no prefix")
+	}
+	if k.ID == "" {
+		id, err := newKeyID()
+		if err != nil {
+			return Key{}, fmt.Errorf("create key: %w", err)
+		}
+		k.ID = id
+	}
+	models, err := encodeModels(k.Models)
+	if err != nil {
+		return Key{}, fmt.Errorf("create key: %w", err)
+	}
+	var out Key
+	err = s.writeTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO api_keys
+			(id, tenant_id, prefix, hash, rpm, tpm, max_concurrency, models, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			k.ID, k.Tenant.ID, k.Prefix, k.Hash, k.RPM, k.TPM, k.MaxConcurrency, models, toMicros(now())); err != nil {
+			return err
+		}
+		if err := bumpKeysVersion(ctx, tx); err != nil {
+			return err
+		}
+		var err error
+		out, err = scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, k.ID))
+		return err
+	})
+	if err != nil {
+		return Key{}, fmt.Errorf("create key: %w", err)
+	}
+	return out, nil
+}
+
+// KeyByHash returns the key whose secret hashes to hash, with its tenant,
+// or [ErrNotFound]. Revoked keys are returned too: check [Key.Revoked].
+func (s *Store) KeyByHash(ctx context.Context, hash []byte) (Key, error) {
+	k, err := scanKey(s.read.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.hash = ?`, hash))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = ErrNotFound
+	}
+	if err != nil {
+		return Key{}, fmt.Errorf("key by hash: %w", err)
+	}
+	return k, nil
+}
+
+// Keys returns the keys of the named tenant ("" = every tenant), revoked ones
+// included, in order of creation. An unknown tenant has no keys.
+func (s *Store) Keys(ctx context.Context, tenant string) ([]Key, error) {
+	q := `SELECT ` + keyCols + keyFrom
+	var args []any
+	if tenant != "" {
+		q += ` WHERE t.name = ?`
+		args = append(args, tenant)
+	}
+	q += ` ORDER BY k.created_at, k.rowid`
+	rows, err := s.read.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("keys: %w", err)
+	}
+	defer rows.Close()
+	var ks []Key
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("keys: %w", err)
+		}
+		ks = append(ks, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("keys: %w", err)
+	}
+	return ks, nil
+}
+
+// RevokeKey revokes one key, found by the first of these that matches:
+// its id equal to ref, its hash equal to hash (the caller hashes a secret it
+// was given; nil skips this), or its display prefix equal to ref
+// ([ErrAmbiguous] if several keys share it). Revoking a revoked key returns
+// it unchanged. A revocation bumps the keys version. No match is
+// [ErrNotFound].
+func (s *Store) RevokeKey(ctx context.Context, ref string, hash []byte) (Key, error) {
+	var out Key
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		k, err := findKey(ctx, tx, ref, hash)
+		if err != nil {
+			return err
+		}
+		if k.Revoked() {
+			out = k
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ?`, toMicros(now()), k.ID); err != nil {
+			return err
+		}
+		if err := bumpKeysVersion(ctx, tx); err != nil {
+			return err
+		}
+		out, err = scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, k.ID))
+		return err
+	})
+	if err != nil {
+		return Key{}, fmt.Errorf("revoke key: %w", err)
+	}
+	return out, nil
+}
+
+// findKey resolves RevokeKey's reference. The id and hash are unique, so they
+// are tried before the prefix, which a user types and may share.
+func findKey(ctx context.Context, tx *sql.Tx, ref string, hash []byte) (Key, error) {
+	if ref != "" {
+		k, err := scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, ref))
+		if err == nil || !errors.Is(err, sql.ErrNoRows) {
+			return k, err
+		}
+	}
+	if len(hash) > 0 {
+		k, err := scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.hash = ?`, hash))
+		if err == nil || !errors.Is(err, sql.ErrNoRows) {
+			return k, err
+		}
+	}
+	if ref == "" {
+		return Key{}, ErrNotFound
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.prefix = ? LIMIT 2`, ref)
+	if err != nil {
+		return Key{}, err
+	}
+	defer rows.Close()
+	var found []Key
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return Key{}, err
+		}
+		found = append(found, k)
+	}
+	if err := rows.Err(); err != nil {
+		return Key{}, err
+	}
+	switch len(found) {
+	case 0:
+		return Key{}, ErrNotFound
+	case 1:
+		return found[0], nil
+	default:
+		return Key{}, fmt.Errorf("prefix %q: %w", ref, ErrAmbiguous)
+	}
+}

@@ -1,0 +1,146 @@
+package data
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ledgerCols are the ledger's columns in the order InsertLedger binds them
+// and the read queries select them (after the tenant name).
+var ledgerCols = [...]string{
+	"id", "ts", "tenant_id", "key_id", "model", "upstream", "stream",
+	"prompt_tokens", "completion_tokens", "hedge_overhead_tokens", "cost_micros",
+	"status", "outcome", "error", "attempts", "hedged",
+	"gateway_us", "connect_us", "upstream_ttft_us", "engine_queue_us",
+	"engine_ttft_us", "network_us", "ttft_us", "total_us",
+}
+
+// ledgerChunks are the row counts of the prepared multi-row INSERTs. A batch
+// of n rows is written greedily with the largest that fit, so any batch size
+// needs at most a handful of statement executions beyond n/64 and nothing
+// is prepared per batch. 64 rows × 24 columns stays far below SQLite's
+// limit on bound parameters.
+var ledgerChunks = [...]int{64, 16, 4, 1}
+
+func (s *Store) prepareLedger() error {
+	for i, n := range ledgerChunks {
+		st, err := s.write.Prepare(ledgerInsertSQL(n))
+		if err != nil {
+			return fmt.Errorf("prepare ledger insert: %w", err)
+		}
+		s.ledgerStmts[i] = st
+	}
+	return nil
+}
+
+func ledgerInsertSQL(rows int) string {
+	one := "(" + strings.TrimSuffix(strings.Repeat("?,", len(ledgerCols)), ",") + ")"
+	var b strings.Builder
+	// OR IGNORE: a row whose id is already stored is skipped, so re-sending a
+	// batch after an ambiguous failure (say, a commit whose result was lost)
+	// cannot bill a request twice. The spend trigger only sees inserted rows.
+	b.WriteString("INSERT OR IGNORE INTO ledger (" + strings.Join(ledgerCols[:], ", ") + ") VALUES ")
+	for i := range rows {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(one)
+	}
+	return b.String()
+}
+
+// InsertLedger writes rows in one transaction. A row whose ID is already in
+// the ledger is silently skipped (INSERT OR IGNORE), which makes a retried
+// batch harmless; a row with an empty ID gets a generated one, and a row
+// with a zero Time is stamped with the current time. Negative stage
+// durations are stored as NULL.
+//
+// Most callers want a [LedgerWriter], which batches rows from many requests.
+func (s *Store) InsertLedger(ctx context.Context, rows []LedgerRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	if err := s.insertLedger(ctx, rows); err != nil {
+		return fmt.Errorf("insert ledger: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
+	tx, err := s.write.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+
+	stamp := now()
+	args := make([]any, 0, ledgerChunks[0]*len(ledgerCols))
+	for i, n := range ledgerChunks {
+		if len(rows) < n {
+			continue
+		}
+		st := tx.StmtContext(ctx, s.ledgerStmts[i])
+		for len(rows) >= n {
+			args = args[:0]
+			for _, r := range rows[:n] {
+				if args, err = appendLedgerArgs(args, r, stamp); err != nil {
+					return err
+				}
+			}
+			if _, err := st.ExecContext(ctx, args...); err != nil {
+				return err
+			}
+			rows = rows[n:]
+		}
+	}
+	return tx.Commit()
+}
+
+func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time) ([]any, error) {
+	if r.ID == "" {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, err
+		}
+		r.ID = "req_" + hex.EncodeToString(b[:])
+	}
+	if r.Time.IsZero() {
+		r.Time = stamp
+	}
+	st := r.Stages
+	return append(args,
+		r.ID, toMicros(r.Time), r.TenantID, r.KeyID, r.Model, r.Upstream, boolInt(r.Stream),
+		r.PromptTokens, r.CompletionTokens, r.HedgeOverheadTokens, r.CostMicros,
+		int64(r.Status), r.Outcome, r.Error, int64(r.Attempts), boolInt(r.Hedged),
+		stageArg(st.Gateway), stageArg(st.Connect), stageArg(st.UpstreamTTFT), stageArg(st.EngineQueue),
+		stageArg(st.EngineTTFT), stageArg(st.Network), stageArg(st.TTFT), stageArg(st.Total),
+	), nil
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// stageArg maps a stage duration to its column: microseconds, or NULL when
+// negative (unknown).
+func stageArg(d time.Duration) any {
+	if d < 0 {
+		return nil
+	}
+	return d.Microseconds()
+}
+
+func stageFromNull(v sql.NullInt64) time.Duration {
+	if !v.Valid {
+		return -1
+	}
+	return time.Duration(v.Int64) * time.Microsecond
+}

@@ -1,0 +1,185 @@
+package data
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// readConns is the size of the read pool. Reads are short (key lookups,
+// admin queries) and the machine is small; a few connections are enough for
+// them never to wait on one another, and WAL lets them run beside the writer.
+const readConns = 4
+
+// Store is tailgate's database. Writes go through a single connection
+// (SQLite has one writer anyway, and queueing in Go is cheaper than spinning
+// on SQLITE_BUSY); reads use a separate pool so they never wait behind a
+// batch of ledger inserts. Several Stores, in one process or several, may
+// share a file.
+type Store struct {
+	path  string
+	write *sql.DB
+	read  *sql.DB
+	// ledgerStmts[i] inserts ledgerChunks[i] rows at once.
+	ledgerStmts [len(ledgerChunks)]*sql.Stmt
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens the database at path, creating it and its parent directory
+// (mode 0700) if needed, and applies any migrations it has not seen yet.
+func Open(path string) (*Store, error) {
+	s, err := open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	return s, nil
+}
+
+func open(path string) (_ *Store, err error) {
+	if path == "" {
+		return nil, errors.New("empty path")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
+		return nil, err
+	}
+	s := &Store{path: path}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+
+	// _txlock=immediate: every write transaction takes the write lock at
+	// BEGIN, so busy_timeout covers it. A deferred transaction that reads
+	// first and upgrades later can fail with SQLITE_BUSY at once when
+	// another process writes in between, whatever the timeout.
+	s.write, err = sql.Open("sqlite", dsn(abs, "_pragma=journal_mode(WAL)", "_pragma=synchronous(NORMAL)", "_txlock=immediate"))
+	if err != nil {
+		return nil, err
+	}
+	s.write.SetMaxOpenConns(1)
+	s.write.SetMaxIdleConns(1)
+	s.write.SetConnMaxIdleTime(0)
+	s.write.SetConnMaxLifetime(0)
+	if err := migrate(context.Background(), s.write); err != nil {
+		return nil, err
+	}
+	if err := s.prepareLedger(); err != nil {
+		return nil, err
+	}
+
+	// Readers are query_only: a bug that writes through the read pool fails
+	// loudly instead of racing the single writer.
+	s.read, err = sql.Open("sqlite", dsn(abs, "_pragma=query_only(1)"))
+	if err != nil {
+		return nil, err
+	}
+	s.read.SetMaxOpenConns(readConns)
+	s.read.SetMaxIdleConns(readConns)
+	if err := s.read.Ping(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// dsn builds a modernc DSN for the file at abs. The path is URI-escaped so
+// that '?', '#' and '%' in a directory name cannot be taken for parameters.
+func dsn(abs string, params ...string) string {
+	u := url.URL{Path: filepath.ToSlash(abs)}
+	q := "?_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)"
+	for _, p := range params {
+		q += "&" + p
+	}
+	return "file:" + u.EscapedPath() + q
+}
+
+// Path returns the path the store was opened with.
+func (s *Store) Path() string { return s.path }
+
+// Close closes the store. It is safe to call more than once; later calls
+// return the first call's result. A [LedgerWriter] must be closed first.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		var errs []error
+		for _, st := range s.ledgerStmts {
+			if st != nil {
+				errs = append(errs, st.Close())
+			}
+		}
+		if s.read != nil {
+			errs = append(errs, s.read.Close())
+		}
+		if s.write != nil {
+			errs = append(errs, s.write.Close())
+		}
+		if err := errors.Join(errs...); err != nil {
+			s.closeErr = fmt.Errorf("close store: %w", err)
+		}
+	})
+	return s.closeErr
+}
+
+// writeTx runs fn in one write transaction (BEGIN IMMEDIATE) and commits it
+// if fn returns nil.
+func (s *Store) writeTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.write.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// bumpKeysVersion must run inside the transaction that changes keys or
+// budgets, so a reader never sees the change without the new version.
+func bumpKeysVersion(ctx context.Context, tx *sql.Tx) error {
+	_, err := tx.ExecContext(ctx, `UPDATE meta SET v = v + 1 WHERE k = 'keys_version'`)
+	return err
+}
+
+// KeysVersion returns a counter that every key or tenant-budget change bumps
+// in the same transaction. A gateway polls it (it is one indexed row) to
+// notice changes made by another process, such as `tailgate keys revoke`.
+func (s *Store) KeysVersion(ctx context.Context) (int64, error) {
+	var v int64
+	err := s.read.QueryRowContext(ctx, `SELECT v FROM meta WHERE k = 'keys_version'`).Scan(&v)
+	if err != nil {
+		return 0, fmt.Errorf("keys version: %w", err)
+	}
+	return v, nil
+}
+
+// Times are stored as unix microseconds; the zero time is stored as NULL
+// where a column allows it.
+
+func toMicros(t time.Time) int64 { return t.UnixMicro() }
+
+func fromMicros(us int64) time.Time { return time.UnixMicro(us).UTC() }
+
+func fromNullMicros(us sql.NullInt64) time.Time {
+	if !us.Valid {
+		return time.Time{}
+	}
+	return fromMicros(us.Int64)
+}
+
+// now is the current time at the precision the database keeps, so a value
+// returned by a write compares equal to the same value read back.
+func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }

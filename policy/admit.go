@@ -1,0 +1,185 @@
+package policy
+
+import (
+	"errors"
+	"sync"
+)
+
+// ErrModelNotAllowed rejects a request for a model its key may not use.
+var ErrModelNotAllowed = errors.New("model not allowed for this key")
+
+// Usage is the tokens a request actually consumed.
+type Usage struct {
+	PromptTokens, CompletionTokens int64
+}
+
+// Request is what admission needs to know about a request before it runs.
+type Request struct {
+	Model string
+	// PromptEstimate is the likely prompt size in tokens, charged against
+	// the key's TPM limit and corrected when the request settles.
+	PromptEstimate int64
+	// PromptBound is a guaranteed upper bound on the prompt's tokens,
+	// reserved against the tenant's budget.
+	PromptBound int64
+	// MaxTokens bounds the completion. A request that may produce more than
+	// it reserved can take its tenant past the budget, so callers should
+	// always set it.
+	MaxTokens int64
+}
+
+// Ticket is an admitted request's hold on its key's and tenant's capacity.
+// It must be settled exactly once, with Settle or Release, whatever the
+// request's outcome; later calls do nothing.
+type Ticket struct {
+	g      *Gate
+	key    *keyState
+	tenant *tenantState
+	price  Price
+	// tpm is the key's TPM limit at admission (0: not charged) and
+	// estimate what was charged against it.
+	tpm, estimate int64
+	// reserved is the budget reservation.
+	reserved [2]int64 // tokens, micros
+
+	once sync.Once
+	cost int64
+}
+
+// Admit checks a request against p's limits and its tenant's budget, in this
+// order: the model (ErrModelNotAllowed), concurrency, requests per minute
+// and tokens per minute (*LimitError), then the budget (*QuotaError). An
+// admitted request holds a concurrency slot, one request and
+// PromptEstimate+MaxTokens tokens of its rate limits and a reservation of
+// PromptBound+MaxTokens tokens (and their price) of the budget until its
+// Ticket is settled. A rejected request takes nothing. The RateState is the
+// key's state after the decision, for rate-limit headers.
+func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
+	if !p.Allows(r.Model) {
+		return nil, RateState{}, ErrModelNotAllowed
+	}
+	ks, ts := p.key, p.tenant
+	if ks == nil {
+		ks = g.keyFor(p.KeyID)
+	}
+	if ts == nil {
+		ts = g.tenantFor(p.TenantID, p.Tenant, 0, 0)
+	}
+	maxTokens := clampLimit(r.MaxTokens)
+	estimate := clampLimit(r.PromptEstimate) + maxTokens
+	bound := clampLimit(r.PromptBound) + maxTokens
+	price := g.price(r.Model)
+	micros := cost(price, clampLimit(r.PromptBound), maxTokens)
+	now := g.now()
+
+	// Everything is checked before anything is taken, under the key's lock
+	// and then the tenant's (always in that order), so a rejection leaves no
+	// trace and concurrent admissions cannot overbook the budget.
+	ks.mu.Lock()
+	if p.RPM > 0 {
+		ks.requests.refill(now, p.RPM)
+	}
+	if p.TPM > 0 {
+		ks.tokens.refill(now, p.TPM)
+	}
+	if p.MaxConcurrency > 0 && ks.inflight >= p.MaxConcurrency {
+		rs := ks.state(p)
+		ks.mu.Unlock()
+		return nil, rs, &LimitError{Limit: "concurrency"}
+	}
+	if p.RPM > 0 {
+		if ok, wait := ks.requests.check(1, p.RPM); !ok {
+			rs := ks.state(p)
+			ks.mu.Unlock()
+			return nil, rs, &LimitError{Limit: "requests", RetryAfter: wait}
+		}
+	}
+	if p.TPM > 0 {
+		if ok, wait := ks.tokens.check(estimate, p.TPM); !ok {
+			rs := ks.state(p)
+			ks.mu.Unlock()
+			return nil, rs, &LimitError{Limit: "tokens", RetryAfter: wait}
+		}
+	}
+	ts.mu.Lock()
+	exceeded := ts.reserve(bound, micros)
+	name := ts.name
+	ts.mu.Unlock()
+	if exceeded != "" {
+		rs := ks.state(p)
+		ks.mu.Unlock()
+		if name == "" {
+			name = p.Tenant
+		}
+		return nil, rs, &QuotaError{Tenant: name, Budget: exceeded}
+	}
+	ks.inflight++
+	if p.RPM > 0 {
+		ks.requests.take(1)
+	}
+	t := &Ticket{g: g, key: ks, tenant: ts, price: price, reserved: [2]int64{bound, micros}}
+	if p.TPM > 0 {
+		ks.tokens.take(estimate)
+		t.tpm, t.estimate = p.TPM, estimate
+	}
+	rs := ks.state(p)
+	ks.mu.Unlock()
+	return t, rs, nil
+}
+
+// state reports the key's rate-limit state. Callers hold ks.mu and have
+// refilled the buckets.
+func (ks *keyState) state(p *Principal) RateState {
+	var rs RateState
+	if p.RPM > 0 {
+		rs.LimitRequests = p.RPM
+		rs.RemainingRequests = ks.requests.remaining()
+		rs.ResetRequests = ks.requests.reset(p.RPM)
+	}
+	if p.TPM > 0 {
+		rs.LimitTokens = p.TPM
+		rs.RemainingTokens = ks.tokens.remaining()
+		rs.ResetTokens = ks.tokens.reset(p.TPM)
+	}
+	return rs
+}
+
+// Settle ends the request with its actual usage: it frees the concurrency
+// slot, replaces the budget reservation with the usage and its cost, and
+// corrects the TPM charge by the difference between usage and estimate
+// (which may leave the key in debt). It returns the cost in micro-units.
+// Only the first call counts; later calls return the same cost. A nil Ticket
+// settles to 0.
+func (t *Ticket) Settle(u Usage) (costMicros int64) {
+	if t == nil {
+		return 0
+	}
+	t.once.Do(func() { t.cost = t.settle(u) })
+	return t.cost
+}
+
+// Release settles a request that consumed nothing.
+func (t *Ticket) Release() { t.Settle(Usage{}) }
+
+func (t *Ticket) settle(u Usage) int64 {
+	prompt, completion := clampLimit(u.PromptTokens), clampLimit(u.CompletionTokens)
+	c := cost(t.price, prompt, completion)
+
+	ks := t.key
+	ks.mu.Lock()
+	ks.inflight--
+	if t.tpm > 0 {
+		ks.tokens.refill(t.g.now(), t.tpm)
+		ks.tokens.give(t.estimate-(prompt+completion), t.tpm)
+	}
+	ks.mu.Unlock()
+
+	ts := t.tenant
+	ts.mu.Lock()
+	ts.reserved.Tokens -= t.reserved[0]
+	ts.reserved.Micros -= t.reserved[1]
+	ts.spent.Tokens += prompt + completion
+	ts.spent.Micros += c
+	ts.mu.Unlock()
+	return c
+}

@@ -1,0 +1,108 @@
+package policy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	"tailgate/data"
+)
+
+// ErrInvalidKey is returned for a secret that is malformed, unknown or
+// revoked. It deliberately does not say which.
+var ErrInvalidKey = errors.New("invalid api key")
+
+// Principal is an authenticated key: who is calling and under which limits.
+// Principals are shared between requests and must not be modified.
+type Principal struct {
+	KeyID     string
+	KeyPrefix string // display prefix, safe to log
+	TenantID  int64
+	Tenant    string
+	// Limits; 0 means unlimited.
+	RPM, TPM, MaxConcurrency int64
+	// Models the key may use; empty means all.
+	Models []string
+
+	// Resolved once per cache fill so that admission skips the map lookups.
+	// Nil in a Principal built by hand; Admit then looks them up.
+	key    *keyState
+	tenant *tenantState
+}
+
+// Allows reports whether the principal may use model.
+func (p *Principal) Allows(model string) bool {
+	return len(p.Models) == 0 || slices.Contains(p.Models, model)
+}
+
+// entry is a cached authentication result; p is nil for a key that does not
+// exist or is revoked.
+type entry struct {
+	sum [sha256.Size]byte
+	gen uint64
+	p   *Principal
+}
+
+// Authenticate resolves a secret to its principal. It returns ErrInvalidKey
+// for a malformed, unknown or revoked secret, and another error only when
+// the store could not be asked. Results, good and bad, are cached until the
+// store's key version changes, so a cache hit touches neither SQLite nor the
+// heap.
+func (g *Gate) Authenticate(ctx context.Context, secret string) (*Principal, error) {
+	if !wellFormed(secret) {
+		return nil, ErrInvalidKey
+	}
+	var buf [secretLen]byte
+	copy(buf[:], secret)
+	sum := sha256.Sum256(buf[:])
+	// The hash is uniformly random already; its first 8 bytes index the
+	// cache and the full hash is compared on a hit.
+	ck := binary.LittleEndian.Uint64(sum[:8])
+	gen := g.gen.Load()
+	if e, ok := g.cache.Get(ck); ok && e.gen == gen && e.sum == sum {
+		if e.p == nil {
+			return nil, ErrInvalidKey
+		}
+		return e.p, nil
+	}
+	return g.lookup(ctx, ck, sum, gen)
+}
+
+// lookup asks the store and caches the answer under gen, the generation
+// read before the question was asked: if the cache is dropped meanwhile, the
+// answer is stale on arrival and will not be served.
+func (g *Gate) lookup(ctx context.Context, ck uint64, sum [sha256.Size]byte, gen uint64) (*Principal, error) {
+	k, err := g.st.KeyByHash(ctx, sum[:])
+	switch {
+	case errors.Is(err, data.ErrNotFound):
+	case err != nil:
+		return nil, fmt.Errorf("policy: look up key: %w", err)
+	}
+	e := &entry{sum: sum, gen: gen}
+	if err == nil && !k.Revoked() {
+		e.p = &Principal{
+			KeyID:          k.ID,
+			KeyPrefix:      k.Prefix,
+			TenantID:       k.Tenant.ID,
+			Tenant:         k.Tenant.Name,
+			RPM:            k.RPM,
+			TPM:            k.TPM,
+			MaxConcurrency: k.MaxConcurrency,
+			Models:         slices.Clip(k.Models),
+			key:            g.keyFor(k.ID),
+			tenant:         g.tenantFor(k.Tenant.ID, k.Tenant.Name, k.Tenant.BudgetTokens, k.Tenant.BudgetMicros),
+		}
+	}
+	// Set is applied asynchronously; wait so that the next request with
+	// this secret hits.
+	if g.cache.Set(ck, e, 1) {
+		g.cache.Wait()
+	}
+	if e.p == nil {
+		return nil, ErrInvalidKey
+	}
+	return e.p, nil
+}

@@ -1,0 +1,96 @@
+package policy
+
+import (
+	"math"
+	"math/bits"
+	"sync"
+
+	"tailgate/data"
+)
+
+// QuotaError rejects a request that could take its tenant past its budget
+// (OpenAI's insufficient_quota).
+type QuotaError struct {
+	Tenant string
+	// Budget is the budget that would be exceeded: "tokens" or "cost".
+	Budget string
+}
+
+func (e *QuotaError) Error() string {
+	return "tenant " + e.Tenant + " has exhausted its " + e.Budget + " budget"
+}
+
+// Price is what a model costs, in micro-units of currency per million
+// tokens.
+type Price struct {
+	InputMicrosPerM, OutputMicrosPerM int64
+}
+
+func (p Price) valid() bool { return p.InputMicrosPerM >= 0 && p.OutputMicrosPerM >= 0 }
+
+// price returns the price of a model.
+func (g *Gate) price(model string) Price {
+	if p, ok := g.prices[model]; ok {
+		return p
+	}
+	return g.defPr
+}
+
+// Cost is what usage of model costs, in whole micro-units of currency:
+//
+//	(prompt·input + completion·output + 500_000) / 1_000_000
+//
+// that is, the exact cost rounded to the nearest micro-unit, halves up.
+// Rounding is per request and monotonic, so a request never costs more than
+// the reservation made for a larger usage. Negative token counts count as
+// zero; a cost beyond the int64 range saturates.
+func (g *Gate) Cost(model string, u Usage) int64 {
+	return cost(g.price(model), u.PromptTokens, u.CompletionTokens)
+}
+
+func cost(p Price, prompt, completion int64) int64 {
+	// 128-bit arithmetic: token counts times prices can exceed an int64.
+	h1, l1 := bits.Mul64(uint64(max(prompt, 0)), uint64(max(p.InputMicrosPerM, 0)))
+	h2, l2 := bits.Mul64(uint64(max(completion, 0)), uint64(max(p.OutputMicrosPerM, 0)))
+	lo, c := bits.Add64(l1, l2, 0)
+	hi := h1 + h2 + c
+	lo, c = bits.Add64(lo, 500_000, 0)
+	hi += c
+	if hi >= 1_000_000 {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, 1_000_000)
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+// tenantState is one tenant's budget and what is spent and reserved
+// against it. 0 budgets mean unlimited.
+type tenantState struct {
+	mu                         sync.Mutex
+	name                       string
+	budgetTokens, budgetMicros int64
+	spent, reserved            data.Spend
+}
+
+// reserve books a worst-case reservation if it fits the budget, reporting
+// which budget it would exceed otherwise. Callers hold ts.mu.
+func (ts *tenantState) reserve(tokens, micros int64) (exceeded string) {
+	if b := ts.budgetTokens; b > 0 && !fits(b, ts.spent.Tokens, ts.reserved.Tokens, tokens) {
+		return "tokens"
+	}
+	if b := ts.budgetMicros; b > 0 && !fits(b, ts.spent.Micros, ts.reserved.Micros, micros) {
+		return "cost"
+	}
+	ts.reserved.Tokens += tokens
+	ts.reserved.Micros += micros
+	return ""
+}
+
+// fits reports whether spent+reserved+need ≤ budget without overflowing.
+func fits(budget, spent, reserved, need int64) bool {
+	left := budget - spent - reserved
+	return left >= 0 && need <= left
+}

@@ -1,0 +1,157 @@
+package policy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+
+	"tailgate/data"
+)
+
+// SecretPrefix starts every API key secret.
+const SecretPrefix = "tg-"
+
+const (
+	secretBytes = 32
+	// secretLen is the length of a secret: the prefix and 32 random bytes
+	// in unpadded base64url (43 characters).
+	secretLen = len(SecretPrefix) + 43
+	// displayLen is the length of a key's display prefix: SecretPrefix and
+	// 8 characters (48 bits) — enough to tell keys apart, far too little to
+	// guess the rest.
+	displayLen = len(SecretPrefix) + 8
+)
+
+// NewSecret mints a new API key secret. prefix is its display prefix (safe
+// to show and log) and hash its SHA-256, which is all that gets stored.
+func NewSecret() (secret, prefix string, hash []byte, err error) {
+	var b [secretBytes]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", nil, fmt.Errorf("random secret: %w", err)
+	}
+	secret = SecretPrefix + base64.RawURLEncoding.EncodeToString(b[:])
+	return secret, secret[:displayLen], HashSecret(secret), nil
+}
+
+// HashSecret returns the SHA-256 of a secret, the form in which keys are
+// stored and looked up.
+func HashSecret(secret string) []byte {
+	sum := sha256.Sum256([]byte(secret))
+	return sum[:]
+}
+
+// wellFormed reports whether s has the shape of a secret minted by
+// NewSecret, so garbage never reaches the cache or the database.
+func wellFormed(s string) bool {
+	if len(s) != secretLen || s[:len(SecretPrefix)] != SecretPrefix {
+		return false
+	}
+	for i := len(SecretPrefix); i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// KeyOptions describes a key to create. Zero limits mean unlimited.
+type KeyOptions struct {
+	Tenant         string // created if it does not exist
+	RPM            int64  // requests per minute
+	TPM            int64  // tokens (prompt + completion) per minute
+	MaxConcurrency int64  // requests in flight at once
+	Models         []string
+	// BudgetTokens and BudgetMicros, when not nil, set the tenant's budget
+	// (0 = unlimited); nil leaves that part of the budget as it is.
+	BudgetTokens, BudgetMicros *int64
+}
+
+func (o *KeyOptions) validate() error {
+	switch {
+	case strings.TrimSpace(o.Tenant) == "":
+		return errors.New("tenant name required")
+	case o.RPM < 0, o.TPM < 0, o.MaxConcurrency < 0:
+		return errors.New("negative limit")
+	case o.BudgetTokens != nil && *o.BudgetTokens < 0, o.BudgetMicros != nil && *o.BudgetMicros < 0:
+		return errors.New("negative budget")
+	}
+	for _, m := range o.Models {
+		if m == "" {
+			return errors.New("empty model name")
+		}
+	}
+	return nil
+}
+
+// CreateKey mints a secret and stores a key for it, creating the tenant if
+// needed and applying the budget given in o. The secret is returned once
+// and never stored.
+func CreateKey(ctx context.Context, st *data.Store, o KeyOptions) (secret string, k data.Key, err error) {
+	if err := o.validate(); err != nil {
+		return "", data.Key{}, fmt.Errorf("create key: %w", err)
+	}
+	t, err := st.EnsureTenant(ctx, o.Tenant)
+	if err != nil {
+		return "", data.Key{}, fmt.Errorf("create key: tenant: %w", err)
+	}
+	if o.BudgetTokens != nil || o.BudgetMicros != nil {
+		tokens, micros := t.BudgetTokens, t.BudgetMicros
+		if o.BudgetTokens != nil {
+			tokens = *o.BudgetTokens
+		}
+		if o.BudgetMicros != nil {
+			micros = *o.BudgetMicros
+		}
+		if err := st.SetTenantBudget(ctx, t.ID, tokens, micros); err != nil {
+			return "", data.Key{}, fmt.Errorf("create key: set budget: %w", err)
+		}
+		t.BudgetTokens, t.BudgetMicros = tokens, micros
+	}
+	secret, prefix, hash, err := NewSecret()
+	if err != nil {
+		return "", data.Key{}, fmt.Errorf("create key: %w", err)
+	}
+	k, err = st.CreateKey(ctx, data.Key{
+		Tenant:         t,
+		Prefix:         prefix,
+		Hash:           hash,
+		RPM:            o.RPM,
+		TPM:            o.TPM,
+		MaxConcurrency: o.MaxConcurrency,
+		Models:         o.Models,
+	})
+	if err != nil {
+		return "", data.Key{}, fmt.Errorf("create key: %w", err)
+	}
+	return secret, k, nil
+}
+
+// RevokeKey revokes the key that ref names: its id, its display prefix or
+// the secret itself. It returns data.ErrNotFound or data.ErrAmbiguous
+// (wrapped) when ref names no key or several.
+func RevokeKey(ctx context.Context, st *data.Store, ref string) (data.Key, error) {
+	ref = strings.TrimSpace(ref)
+	if ref == "" {
+		return data.Key{}, errors.New("revoke key: empty key reference")
+	}
+	var (
+		k   data.Key
+		err error
+	)
+	if wellFormed(ref) {
+		k, err = st.RevokeKey(ctx, "", HashSecret(ref))
+	} else {
+		k, err = st.RevokeKey(ctx, ref, nil)
+	}
+	if err != nil {
+		// Never echo ref: it may be a secret.
+		return data.Key{}, fmt.Errorf("revoke key: %w", err)
+	}
+	return k, nil
+}

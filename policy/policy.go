@@ -1,0 +1,295 @@
+// Package policy decides who may do what: it turns API keys into principals,
+// enforces per-key rate and concurrency limits and per-tenant budgets, prices
+// requests and settles their real usage.
+//
+// # Overview
+//
+// Secrets are minted by [NewSecret] and stored only as a SHA-256 hash (see
+// [CreateKey], [RevokeKey]); a secret never appears in an error or a log line.
+//
+// A [Gate] serves the request path. [Gate.Authenticate] resolves a secret to a
+// [Principal] through an in-memory cache in front of SQLite; unknown and
+// revoked keys are cached too, so a flood of bad keys never reaches the
+// database. [Gate.Run] polls the database's key version and drops the cache
+// (and reloads tenant budgets) when another process — `tailgate keys` — changed
+// a key or a budget, so a revocation bites within one poll interval.
+//
+// [Gate.Admit] checks one request against its key's limits and its tenant's
+// budget and, if it passes, takes a [Ticket] that holds a concurrency slot, the
+// rate-limit tokens and a budget reservation sized for the worst case. Every
+// ticket must be settled exactly once with [Ticket.Settle] (or
+// [Ticket.Release]), which swaps the reservation for the real usage. Because
+// admission reserves the worst case under the tenant's lock, concurrent
+// requests can never together bill a tenant past its budget.
+//
+// Limiter and budget state lives in this process's memory; spend is seeded
+// from the ledger when the Gate is created. Writing ledger rows is the
+// caller's job. This package knows nothing of HTTP.
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/ristretto/v2"
+
+	"tailgate/data"
+)
+
+// Config configures a [Gate]. The zero value is usable.
+type Config struct {
+	// PollInterval is how often key and tenant changes made by other
+	// processes are picked up. Zero means 250ms.
+	PollInterval time.Duration
+	// Prices maps a model name to its price. Models not listed cost
+	// DefaultPrice.
+	Prices map[string]Price
+	// DefaultPrice prices models missing from Prices. The zero value makes
+	// them free (and so never limited by a money budget).
+	DefaultPrice Price
+	// Now is the clock used by the rate limiters. Nil means time.Now.
+	Now func() time.Time
+	// CacheSize is the maximum number of keys (good or bad) kept in the
+	// authentication cache. Zero means 100_000.
+	CacheSize int64
+}
+
+// Defaults for the zero Config.
+const (
+	DefaultPollInterval = 250 * time.Millisecond
+	DefaultCacheSize    = 100_000
+)
+
+// Validate reports whether the configuration is usable.
+func (c *Config) Validate() error {
+	if c.PollInterval < 0 {
+		return errors.New("negative poll interval")
+	}
+	if c.CacheSize < 0 {
+		return errors.New("negative cache size")
+	}
+	if !c.DefaultPrice.valid() {
+		return errors.New("negative default price")
+	}
+	for m, p := range c.Prices {
+		if !p.valid() {
+			return fmt.Errorf("negative price for model %q", m)
+		}
+	}
+	return nil
+}
+
+// Gate authenticates and admits requests. Create it with [New], run
+// [Gate.Run] in a goroutine you own, and call [Gate.Close] once nothing uses
+// the Gate any more.
+type Gate struct {
+	st     *data.Store
+	log    *slog.Logger
+	now    func() time.Time
+	poll   time.Duration
+	prices map[string]Price
+	defPr  Price
+
+	cache *ristretto.Cache[uint64, *entry]
+	// gen invalidates every cache entry at once: an entry counts only if it
+	// was looked up under the current generation, so a lookup that raced a
+	// refresh cannot bring back what the refresh dropped.
+	gen atomic.Uint64
+	// version is the store's key version the cache reflects; owned by Run.
+	version int64
+
+	keysMu sync.Mutex
+	keys   map[string]*keyState
+
+	tenantsMu sync.RWMutex
+	tenants   map[int64]*tenantState
+
+	closeOnce sync.Once
+}
+
+// New returns a Gate over st. It reads the store's key version, every
+// tenant's budget and what the ledger says each tenant has spent.
+func New(ctx context.Context, cfg Config, st *data.Store, log *slog.Logger) (*Gate, error) {
+	if st == nil {
+		return nil, errors.New("policy: nil store")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	g := &Gate{
+		st:      st,
+		log:     log,
+		now:     cfg.Now,
+		poll:    cfg.PollInterval,
+		prices:  maps.Clone(cfg.Prices),
+		defPr:   cfg.DefaultPrice,
+		keys:    make(map[string]*keyState),
+		tenants: make(map[int64]*tenantState),
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.poll == 0 {
+		g.poll = DefaultPollInterval
+	}
+	size := cfg.CacheSize
+	if size == 0 {
+		size = DefaultCacheSize
+	}
+	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry]{
+		NumCounters:        10 * size,
+		MaxCost:            size,
+		BufferItems:        64,
+		IgnoreInternalCost: true,
+		// Never let a slow lookup overwrite a newer one's answer.
+		ShouldUpdate: func(cur, prev *entry) bool { return cur.gen >= prev.gen },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("policy: key cache: %w", err)
+	}
+	g.cache = cache
+	if err := g.init(ctx); err != nil {
+		cache.Close()
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return g, nil
+}
+
+func (g *Gate) init(ctx context.Context) error {
+	v, err := g.st.KeysVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("keys version: %w", err)
+	}
+	g.version = v
+	if err := g.loadBudgets(ctx); err != nil {
+		return err
+	}
+	spend, err := g.st.TenantSpend(ctx)
+	if err != nil {
+		return fmt.Errorf("tenant spend: %w", err)
+	}
+	for id, s := range spend {
+		if id == 0 {
+			continue // ledger rows of requests rejected before a tenant was known
+		}
+		ts := g.tenantFor(id, "", 0, 0)
+		ts.mu.Lock()
+		ts.spent = s
+		ts.mu.Unlock()
+	}
+	return nil
+}
+
+// Run picks up key and budget changes made through the store (by this or
+// another process) until ctx is done, then returns nil. Run at most one Run
+// per Gate. A failed poll is logged and retried at the next tick.
+func (g *Gate) Run(ctx context.Context) error {
+	t := time.NewTicker(g.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if err := g.refresh(ctx); err != nil && ctx.Err() == nil {
+			g.log.Warn("policy: refresh keys", "err", err)
+		}
+	}
+}
+
+// refresh drops the key cache and reloads budgets if the store's key
+// version moved. The version is recorded only after a complete reload, so a
+// failed reload is retried at the next poll.
+func (g *Gate) refresh(ctx context.Context) error {
+	v, err := g.st.KeysVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("keys version: %w", err)
+	}
+	if v == g.version {
+		return nil
+	}
+	g.gen.Add(1)
+	g.cache.Clear()
+	if err := g.loadBudgets(ctx); err != nil {
+		return err
+	}
+	g.version = v
+	return nil
+}
+
+func (g *Gate) loadBudgets(ctx context.Context) error {
+	ts, err := g.st.Tenants(ctx)
+	if err != nil {
+		return fmt.Errorf("tenants: %w", err)
+	}
+	for _, t := range ts {
+		s := g.tenantFor(t.ID, t.Name, t.BudgetTokens, t.BudgetMicros)
+		s.mu.Lock()
+		s.name = t.Name
+		s.budgetTokens, s.budgetMicros = t.BudgetTokens, t.BudgetMicros
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// Close stops the key cache's goroutines. Call it after Run has returned
+// and no request uses the Gate any more; it is safe to call twice.
+func (g *Gate) Close() error {
+	g.closeOnce.Do(g.cache.Close)
+	return nil
+}
+
+// keyFor returns the limiter state of a key, creating it on first use.
+func (g *Gate) keyFor(id string) *keyState {
+	g.keysMu.Lock()
+	defer g.keysMu.Unlock()
+	ks := g.keys[id]
+	if ks == nil {
+		ks = new(keyState)
+		g.keys[id] = ks
+	}
+	return ks
+}
+
+// tenantFor returns the budget state of a tenant, creating it with the
+// given name and budgets on first use.
+func (g *Gate) tenantFor(id int64, name string, budgetTokens, budgetMicros int64) *tenantState {
+	g.tenantsMu.RLock()
+	ts := g.tenants[id]
+	g.tenantsMu.RUnlock()
+	if ts != nil {
+		return ts
+	}
+	g.tenantsMu.Lock()
+	defer g.tenantsMu.Unlock()
+	if ts = g.tenants[id]; ts == nil {
+		ts = &tenantState{name: name, budgetTokens: budgetTokens, budgetMicros: budgetMicros}
+		g.tenants[id] = ts
+	}
+	return ts
+}
+
+// TenantState reports what a tenant has spent (the ledger's total when the
+// Gate was created plus everything settled since) and what admitted,
+// unsettled requests have reserved.
+func (g *Gate) TenantState(tenantID int64) (spent, reserved data.Spend) {
+	g.tenantsMu.RLock()
+	ts := g.tenants[tenantID]
+	g.tenantsMu.RUnlock()
+	if ts == nil {
+		return data.Spend{}, data.Spend{}
+	}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.spent, ts.reserved
+}

@@ -1,0 +1,256 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"tailgate/data"
+	"tailgate/policy"
+	"tailgate/router"
+)
+
+func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
+	guard := func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if !s.checkAdmin(c) {
+				return writeError(c, errBadAdminToken)
+			}
+			return next(c)
+		}
+	}
+	metrics := promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{})
+	e.GET("/metrics", echo.WrapHandler(metrics), guard)
+
+	a := e.Group("/admin/v1", guard)
+	a.GET("/keys", s.handleGetKeys)
+	a.POST("/keys", s.handlePostKeys)
+	a.DELETE("/keys/:ref", s.handleDeleteKey)
+	a.POST("/keys/revoke", s.handlePostKeysRevoke)
+	a.GET("/tenants", s.handleGetTenants)
+	a.GET("/usage", s.handleGetUsage)
+	a.GET("/requests", s.handleGetRequests)
+	a.GET("/replicas", s.handleGetReplicas)
+
+	if ui != nil {
+		e.GET("/", func(c echo.Context) error { return c.Redirect(http.StatusFound, "/ui/") })
+		e.GET("/ui", func(c echo.Context) error { return c.Redirect(http.StatusFound, "/ui/") })
+		e.GET("/ui/*", echo.WrapHandler(ui))
+	}
+}
+
+// keyView is a key as the admin API shows it: never the secret or its hash.
+type keyView struct {
+	ID             string    `json:"id"`
+	Tenant         string    `json:"tenant"`
+	Prefix         string    `json:"prefix"`
+	RPM            int64     `json:"rpm"`
+	TPM            int64     `json:"tpm"`
+	MaxConcurrency int64     `json:"max_concurrency"`
+	Models         []string  `json:"models"`
+	CreatedAt      time.Time `json:"created_at"`
+	Revoked        bool      `json:"revoked"`
+}
+
+func viewKey(k data.Key) keyView {
+	m := k.Models
+	if m == nil {
+		m = []string{}
+	}
+	return keyView{ID: k.ID, Tenant: k.Tenant.Name, Prefix: k.Prefix, RPM: k.RPM, TPM: k.TPM,
+		MaxConcurrency: k.MaxConcurrency, Models: m, CreatedAt: k.CreatedAt, Revoked: k.Revoked()}
+}
+
+func (s *Server) handleGetKeys(c echo.Context) error {
+	keys, err := s.store.Keys(c.Request().Context(), c.QueryParam("tenant"))
+	if err != nil {
+		return err
+	}
+	out := make([]keyView, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, viewKey(k))
+	}
+	return c.JSON(http.StatusOK, map[string]any{"data": out})
+}
+
+type createKeyRequest struct {
+	Tenant         string   `json:"tenant"`
+	RPM            int64    `json:"rpm"`
+	TPM            int64    `json:"tpm"`
+	MaxConcurrency int64    `json:"max_concurrency"`
+	Models         []string `json:"models"`
+	BudgetTokens   *int64   `json:"budget_tokens"`
+	BudgetMicros   *int64   `json:"budget_micros"`
+}
+
+func (s *Server) handlePostKeys(c echo.Context) error {
+	var req createKeyRequest
+	if err := c.Bind(&req); err != nil {
+		return writeError(c, badRequest("", "body must be a JSON object: tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros"))
+	}
+	if req.Tenant == "" {
+		return writeError(c, badRequest("tenant", "tenant is required"))
+	}
+	if req.RPM < 0 || req.TPM < 0 || req.MaxConcurrency < 0 {
+		return writeError(c, badRequest("", "limits must not be negative"))
+	}
+	secret, k, err := policy.CreateKey(c.Request().Context(), s.store, policy.KeyOptions{
+		Tenant: req.Tenant, RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency,
+		Models: req.Models, BudgetTokens: req.BudgetTokens, BudgetMicros: req.BudgetMicros,
+	})
+	if err != nil {
+		return err
+	}
+	s.log.Info("key created", "key_id", k.ID, "prefix", k.Prefix, "tenant", k.Tenant.Name)
+	return c.JSON(http.StatusCreated, map[string]any{"secret": secret, "key": viewKey(k)})
+}
+
+func (s *Server) handleDeleteKey(c echo.Context) error { return s.revoke(c, c.Param("ref")) }
+
+func (s *Server) handlePostKeysRevoke(c echo.Context) error {
+	var req struct {
+		Ref string `json:"ref"`
+	}
+	if err := c.Bind(&req); err != nil || req.Ref == "" {
+		return writeError(c, badRequest("ref", "send {\"ref\": key id, display prefix or secret}"))
+	}
+	return s.revoke(c, req.Ref)
+}
+
+func (s *Server) revoke(c echo.Context, ref string) error {
+	k, err := policy.RevokeKey(c.Request().Context(), s.store, ref)
+	switch {
+	case errors.Is(err, data.ErrNotFound):
+		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "no such key"})
+	case errors.Is(err, data.ErrAmbiguous):
+		return writeError(c, badRequest("ref", "that prefix matches more than one key; use the key id"))
+	case err != nil:
+		return err
+	}
+	s.log.Info("key revoked", "key_id", k.ID, "prefix", k.Prefix)
+	return c.JSON(http.StatusOK, map[string]any{"key": viewKey(k)})
+}
+
+func (s *Server) handleGetTenants(c echo.Context) error {
+	ts, err := s.store.Tenants(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	type tenantView struct {
+		Name           string `json:"name"`
+		BudgetTokens   int64  `json:"budget_tokens"`
+		BudgetMicros   int64  `json:"budget_micros"`
+		SpentTokens    int64  `json:"spent_tokens"`
+		SpentMicros    int64  `json:"spent_micros"`
+		ReservedTokens int64  `json:"reserved_tokens"`
+	}
+	out := make([]tenantView, 0, len(ts))
+	for _, t := range ts {
+		spent, reserved := s.gate.TenantState(t.ID)
+		out = append(out, tenantView{Name: t.Name, BudgetTokens: t.BudgetTokens, BudgetMicros: t.BudgetMicros,
+			SpentTokens: spent.Tokens, SpentMicros: spent.Micros, ReservedTokens: reserved.Tokens})
+	}
+	return c.JSON(http.StatusOK, map[string]any{"data": out})
+}
+
+// flushLedger makes admin reads see every request finished so far.
+func (s *Server) flushLedger(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_ = s.ledger.Flush(ctx)
+}
+
+func (s *Server) handleGetUsage(c echo.Context) error {
+	ctx := c.Request().Context()
+	s.flushLedger(ctx)
+	rows, err := s.store.Usage(ctx, data.UsageFilter{Tenant: c.QueryParam("tenant")})
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, map[string]any{"data": UsageJSON(rows)})
+}
+
+// UsageView is one usage total as the admin API and `tailgate usage --json`
+// print it.
+type UsageView struct {
+	Tenant           string  `json:"tenant"`
+	KeyID            string  `json:"key_id"`
+	KeyPrefix        string  `json:"key_prefix"`
+	Model            string  `json:"model"`
+	Requests         int64   `json:"requests"`
+	PromptTokens     int64   `json:"prompt_tokens"`
+	CompletionTokens int64   `json:"completion_tokens"`
+	CostMicros       int64   `json:"cost_micros"`
+	Cost             float64 `json:"cost"`
+}
+
+// UsageJSON converts ledger totals to their JSON view.
+func UsageJSON(rows []data.UsageRow) []UsageView {
+	out := make([]UsageView, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, UsageView{Tenant: r.Tenant, KeyID: r.KeyID, KeyPrefix: r.KeyPrefix, Model: r.Model,
+			Requests: r.Requests, PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens,
+			CostMicros: r.CostMicros, Cost: float64(r.CostMicros) / 1e6})
+	}
+	return out
+}
+
+func (s *Server) handleGetRequests(c echo.Context) error {
+	ctx := c.Request().Context()
+	limit, _ := strconv.Atoi(c.QueryParam("limit"))
+	if limit <= 0 || limit > 1000 {
+		limit = 100
+	}
+	s.flushLedger(ctx)
+	rows, err := s.store.RecentRequests(ctx, limit, c.QueryParam("tenant"))
+	if err != nil {
+		return err
+	}
+	ms := func(d time.Duration) *float64 {
+		if d < 0 {
+			return nil
+		}
+		v := float64(d) / float64(time.Millisecond)
+		return &v
+	}
+	out := make([]map[string]any, 0, len(rows))
+	for _, r := range rows {
+		st := r.Stages
+		out = append(out, map[string]any{
+			"id": r.ID, "time": r.Time, "tenant": r.Tenant, "key_id": r.KeyID, "model": r.Model,
+			"replica": r.Upstream, "stream": r.Stream, "status": r.Status, "outcome": r.Outcome, "error": r.Error,
+			"attempts": r.Attempts, "hedged": r.Hedged,
+			"prompt_tokens": r.PromptTokens, "completion_tokens": r.CompletionTokens,
+			"hedge_overhead_tokens": r.HedgeOverheadTokens, "cost_micros": r.CostMicros,
+			"stages_ms": map[string]*float64{
+				stageGateway: ms(st.Gateway), stageConnect: ms(st.Connect), stageUpstreamTTFT: ms(st.UpstreamTTFT),
+				stageEngineQueue: ms(st.EngineQueue), stageEngineTTFT: ms(st.EngineTTFT), stageNetwork: ms(st.Network),
+				stageTTFT: ms(st.TTFT), stageTotal: ms(st.Total),
+			},
+		})
+	}
+	return c.JSON(http.StatusOK, map[string]any{"data": out})
+}
+
+func (s *Server) handleGetReplicas(c echo.Context) error {
+	now := time.Now()
+	out := []map[string]any{}
+	for _, r := range s.reg.Replicas() {
+		var age *float64
+		if t := r.LastOK(); !t.IsZero() {
+			v := now.Sub(t).Seconds()
+			age = &v
+		}
+		out = append(out, map[string]any{
+			"id": r.ID, "address": r.URL, "models": r.Models(), "state": r.State().String(),
+			"ready": r.State() == router.StateReady, "reason": r.Reason(), "inflight": r.Inflight(),
+			"static": r.Static, "last_ok_age_seconds": age,
+		})
+	}
+	return c.JSON(http.StatusOK, map[string]any{"data": out})
+}

@@ -1,0 +1,178 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/tidwall/gjson"
+
+	"tailgate/router"
+)
+
+// maxUpstreamBody bounds a non-streaming answer read from a replica.
+const maxUpstreamBody = 64 << 20
+
+// upstreamError is a failure after the request reached the replica.
+type upstreamError struct {
+	status int // upstream HTTP status, 0 for a transport error
+	err    error
+}
+
+func (e *upstreamError) Error() string {
+	if e.status != 0 {
+		return fmt.Sprintf("upstream status %d: %v", e.status, e.err)
+	}
+	return "upstream: " + e.err.Error()
+}
+func (e *upstreamError) Unwrap() error { return e.err }
+
+// attemptTrace records, through httptrace, how far an attempt got.
+type attemptTrace struct {
+	connectStart atomic.Int64
+	connectDone  atomic.Int64
+	wrote        atomic.Int64 // unix nanos when the request was fully written
+}
+
+func (t *attemptTrace) clientTrace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		ConnectStart: func(string, string) { t.connectStart.Store(time.Now().UnixNano()) },
+		ConnectDone:  func(string, string, error) { t.connectDone.Store(time.Now().UnixNano()) },
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				t.wrote.Store(time.Now().UnixNano())
+			}
+		},
+	}
+}
+
+// attempt sends the call to rep and relays the answer to the client.
+func (s *Server) attempt(ctx context.Context, c echo.Context, cl *call, rep *router.Replica, n int) error {
+	if n == 1 {
+		cl.mm.first.Inc()
+	} else {
+		cl.mm.retry.Inc()
+	}
+	tr := &attemptTrace{}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, tr.clientTrace()),
+		http.MethodPost, rep.URL+cl.ep.path, bytes.NewReader(cl.req.body))
+	if err != nil {
+		return router.ErrNotSent(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", cl.id)
+	if cl.req.stream {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	sendAt := time.Now()
+	if cl.stages.Gateway < 0 {
+		cl.stages.Gateway = sendAt.Sub(cl.start)
+	}
+	resp, err := s.transport.RoundTrip(req)
+	if err != nil {
+		if tr.wrote.Load() == 0 {
+			return router.ErrNotSent(err)
+		}
+		return &upstreamError{err: err}
+	}
+	defer resp.Body.Close()
+	cl.replica = rep.ID
+	if cs, cd := tr.connectStart.Load(), tr.connectDone.Load(); cs != 0 && cd >= cs {
+		cl.stages.Connect = time.Duration(cd - cs)
+	} else {
+		cl.stages.Connect = 0 // a warm connection was reused
+	}
+	wroteAt := sendAt
+	if w := tr.wrote.Load(); w != 0 {
+		wroteAt = time.Unix(0, w)
+	}
+
+	if resp.StatusCode != http.StatusOK {
+		return s.relayUpstreamError(c, cl, resp)
+	}
+	if cl.req.stream {
+		return s.relayStream(ctx, c, cl, resp, wroteAt)
+	}
+	return s.relayJSON(c, cl, resp, wroteAt)
+}
+
+// relayJSON relays a non-streaming answer byte for byte.
+func (s *Server) relayJSON(c echo.Context, cl *call, resp *http.Response, wroteAt time.Time) error {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+	if err != nil {
+		return &upstreamError{err: err}
+	}
+	now := time.Now()
+	cl.stages.UpstreamTTFT = now.Sub(wroteAt)
+	if u := gjson.GetBytes(body, "usage"); u.IsObject() {
+		cl.usage.PromptTokens = u.Get("prompt_tokens").Int()
+		cl.usage.CompletionTokens = u.Get("completion_tokens").Int()
+		cl.gotUsage = true
+	}
+	cl.stages.TTFT = now.Sub(cl.start)
+	cl.stages.Total = cl.stages.TTFT
+	cl.firstToken = true
+	h := c.Response().Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	s.setRouteHeaders(h, cl)
+	h.Set("Server-Timing", serverTiming(cl))
+	c.Response().WriteHeader(http.StatusOK)
+	_, _ = c.Response().Write(body)
+	return nil
+}
+
+// relayUpstreamError passes a replica's client error (4xx but 429) through as
+// it is — it speaks OpenAI's shape already — and turns overload and server
+// errors into the gateway's own 502/503.
+func (s *Server) relayUpstreamError(c echo.Context, cl *call, resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
+		cl.status = resp.StatusCode
+		cl.outcome = "upstream_rejected"
+		cl.errClass = "upstream_" + strconv.Itoa(resp.StatusCode)
+		h := c.Response().Header()
+		h.Set("Content-Type", "application/json")
+		s.setRouteHeaders(h, cl)
+		if !gjson.ValidBytes(body) || !gjson.GetBytes(body, "error").Exists() {
+			return writeError(c, &apiError{Status: resp.StatusCode, Type: "invalid_request_error",
+				Code: "upstream_rejected", Message: strings.TrimSpace(string(body))})
+		}
+		return c.Blob(resp.StatusCode, "application/json", body)
+	}
+	return &upstreamError{status: resp.StatusCode, err: fmt.Errorf("%s", http.StatusText(resp.StatusCode))}
+}
+
+func (s *Server) setRouteHeaders(h http.Header, cl *call) {
+	if cl.replica != "" {
+		h.Set("X-Tailgate-Replica", cl.replica)
+	}
+	h.Set("X-Tailgate-Attempts", strconv.Itoa(max(cl.attempts, 1)))
+}
+
+// serverTiming renders the call's known stages as a Server-Timing header, in
+// milliseconds.
+func serverTiming(cl *call) string {
+	st := cl.stages
+	var b []byte
+	for i, d := range [8]time.Duration{st.Gateway, st.Connect, st.UpstreamTTFT, st.EngineQueue, st.EngineTTFT, st.Network, st.TTFT, st.Total} {
+		if d < 0 {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, stageNames[i]...)
+		b = append(b, ";dur="...)
+		b = strconv.AppendFloat(b, float64(d)/float64(time.Millisecond), 'f', 3, 64)
+	}
+	return string(b)
+}

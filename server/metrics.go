@@ -1,0 +1,146 @@
+package server
+
+import (
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"tailgate/router"
+)
+
+// Stage names used in Server-Timing, metrics and the ledger.
+const (
+	stageGateway      = "gateway"
+	stageConnect      = "connect"
+	stageUpstreamTTFT = "upstream_ttft"
+	stageEngineQueue  = "engine_queue"
+	stageEngineTTFT   = "engine_ttft"
+	stageNetwork      = "network"
+	stageTTFT         = "ttft"
+	stageTotal        = "total"
+)
+
+// metrics holds the gateway's Prometheus collectors.
+type metrics struct {
+	requests    *prometheus.CounterVec
+	stages      *prometheus.HistogramVec
+	ttft        *prometheus.HistogramVec
+	attempts    *prometheus.CounterVec
+	hedges      *prometheus.CounterVec
+	tokens      *prometheus.CounterVec
+	ejections   *prometheus.CounterVec
+	inflight    prometheus.Gauge
+
+	stageObs [8]prometheus.Observer // indexed like stageNames
+	perModel sync.Map               // model → *modelMetrics
+}
+
+var stageNames = [8]string{stageGateway, stageConnect, stageUpstreamTTFT, stageEngineQueue, stageEngineTTFT, stageNetwork, stageTTFT, stageTotal}
+
+// latencyBuckets run from 100 µs to 60 s: gateway stages live at the bottom,
+// model time at the top.
+var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+func newMetrics(reg prometheus.Registerer, replicas func() []*router.Replica) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_requests_total", Help: "Requests answered, by model and HTTP status code.",
+		}, []string{"model", "code"}),
+		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tailgate_stage_duration_seconds", Help: "Duration of each stage of a request.", Buckets: latencyBuckets,
+		}, []string{"stage"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tailgate_ttft_seconds", Help: "Client-visible time to first token.", Buckets: latencyBuckets,
+		}, []string{"model"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_upstream_attempts_total", Help: "Upstream attempts by reason (first, retry, hedge).",
+		}, []string{"model", "reason"}),
+		hedges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_hedges_total", Help: "Hedged attempts by outcome (won, lost).",
+		}, []string{"model", "outcome"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_tokens_total", Help: "Tokens by kind (prompt, completion, hedge_overhead).",
+		}, []string{"model", "kind"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_ejections_total", Help: "Replicas taken out of routing, by reason.",
+		}, []string{"replica", "reason"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailgate_inflight_requests", Help: "Requests being served now.",
+		}),
+	}
+	for i, name := range stageNames {
+		m.stageObs[i] = m.stages.WithLabelValues(name)
+	}
+	reg.MustRegister(m.requests, m.stages, m.ttft, m.attempts, m.hedges, m.tokens, m.ejections, m.inflight,
+		&replicaCollector{replicas: replicas, desc: prometheus.NewDesc("tailgate_replica_inflight",
+			"Requests the gateway has in flight on each replica.", []string{"replica"}, nil),
+			stateDesc: prometheus.NewDesc("tailgate_replica_ready",
+				"1 if the replica may take traffic, else 0.", []string{"replica"}, nil)})
+	return m
+}
+
+// modelMetrics caches the per-model children so the hot path does no label
+// hashing.
+type modelMetrics struct {
+	ttft        prometheus.Observer
+	prompt      prometheus.Counter
+	completion  prometheus.Counter
+	first       prometheus.Counter
+	retry       prometheus.Counter
+	codes       sync.Map // int → prometheus.Counter
+	model       string
+	requestsVec *prometheus.CounterVec
+}
+
+func (m *metrics) model(name string) *modelMetrics {
+	if mm, ok := m.perModel.Load(name); ok {
+		return mm.(*modelMetrics)
+	}
+	mm := &modelMetrics{
+		ttft:        m.ttft.WithLabelValues(name),
+		prompt:      m.tokens.WithLabelValues(name, "prompt"),
+		completion:  m.tokens.WithLabelValues(name, "completion"),
+		first:       m.attempts.WithLabelValues(name, "first"),
+		retry:       m.attempts.WithLabelValues(name, "retry"),
+		model:       name,
+		requestsVec: m.requests,
+	}
+	actual, _ := m.perModel.LoadOrStore(name, mm)
+	return actual.(*modelMetrics)
+}
+
+func (mm *modelMetrics) request(code int) {
+	if c, ok := mm.codes.Load(code); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	c := mm.requestsVec.WithLabelValues(mm.model, strconv.Itoa(code))
+	mm.codes.Store(code, c)
+	c.Inc()
+}
+
+type replicaCollector struct {
+	replicas  func() []*router.Replica
+	desc      *prometheus.Desc
+	stateDesc *prometheus.Desc
+}
+
+func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc; ch <- c.stateDesc }
+
+func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.replicas() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(r.Inflight()), r.ID)
+		ready := 0.0
+		if r.State() == router.StateReady {
+			ready = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.stateDesc, prometheus.GaugeValue, ready, r.ID)
+	}
+}
+
+// CountEjection counts a replica taken out of routing; wire it to
+// router.Config.OnEject.
+func (s *Server) CountEjection(rep *router.Replica, reason string) {
+	s.m.ejections.WithLabelValues(rep.ID, reason).Inc()
+}

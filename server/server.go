@@ -1,0 +1,253 @@
+// Package server is tailgate's HTTP face: the OpenAI-compatible public API
+// and the admin API, built on echo. It turns a client request into an
+// admitted, routed, relayed and metered call, and maps every failure to
+// OpenAI's error shape.
+//
+// # Overview
+//
+// [New] wires the parts a gateway needs (policy's Gate, router's Registry,
+// data's Store and ledger writer, a Prometheus registry). [Server.Public] and
+// [Server.Admin] return the two HTTP handlers; the caller owns the listeners.
+// Nothing imports this package.
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"tailgate/data"
+	"tailgate/policy"
+	"tailgate/router"
+)
+
+// Config tunes the gateway's HTTP behaviour. Zero values mean the defaults.
+type Config struct {
+	// MaxBodyBytes bounds a request body; larger bodies get 413. 0 means 4 MiB.
+	MaxBodyBytes int64
+	// DefaultMaxTokens is the completion cap applied when a request sets no
+	// max_tokens; 0 means 1024. MaxTokensByModel overrides it per model.
+	DefaultMaxTokens int64
+	MaxTokensByModel map[string]int64
+	// KeepAlive is how long a stream may stay silent (e.g. waiting for a slow
+	// first token) before an SSE comment is sent; 0 means 10s.
+	KeepAlive time.Duration
+	// AdminToken guards the admin listener. Required.
+	AdminToken string
+	// ConnectTimeout bounds dialing a replica; 0 means 2s.
+	ConnectTimeout time.Duration
+	// BodyTimeout bounds reading a request body, so a client that trickles
+	// its body cannot hold a handler; 0 means 30s.
+	BodyTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 4 << 20
+	}
+	if c.DefaultMaxTokens <= 0 {
+		c.DefaultMaxTokens = 1024
+	}
+	if c.KeepAlive <= 0 {
+		c.KeepAlive = 10 * time.Second
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = 2 * time.Second
+	}
+	if c.BodyTimeout <= 0 {
+		c.BodyTimeout = 30 * time.Second
+	}
+}
+
+// Deps are the parts the server works with.
+type Deps struct {
+	Gate     *policy.Gate
+	Registry *router.Registry
+	Store    *data.Store
+	Ledger   *data.LedgerWriter
+	// Registerer receives the gateway's metrics and Gatherer serves them on
+	// /metrics; both required.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	Log        *slog.Logger
+	// Transport carries requests to replicas; nil means a tuned
+	// http.Transport on plain TCP.
+	Transport http.RoundTripper
+}
+
+// Server serves the public and the admin API.
+type Server struct {
+	cfg       Config
+	gate      *policy.Gate
+	reg       *router.Registry
+	store     *data.Store
+	ledger    *data.LedgerWriter
+	gatherer  prometheus.Gatherer
+	log       *slog.Logger
+	transport http.RoundTripper
+	m         *metrics
+
+	idPrefix string
+	idSeq    atomic.Uint64
+}
+
+// New returns a Server.
+func New(cfg Config, d Deps) (*Server, error) {
+	cfg.setDefaults()
+	switch {
+	case cfg.AdminToken == "":
+		return nil, errors.New("server: admin token is required")
+	case d.Gate == nil || d.Registry == nil || d.Store == nil || d.Ledger == nil:
+		return nil, errors.New("server: gate, registry, store and ledger are required")
+	case d.Registerer == nil || d.Gatherer == nil:
+		return nil, errors.New("server: a prometheus registerer and gatherer are required")
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Transport == nil {
+		d.Transport = NewTransport(cfg.ConnectTimeout, nil)
+	}
+	s := &Server{
+		cfg: cfg, gate: d.Gate, reg: d.Registry, store: d.Store, ledger: d.Ledger,
+		gatherer: d.Gatherer, log: d.Log, transport: d.Transport,
+		idPrefix: "req_" + strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36) + "_",
+	}
+	s.m = newMetrics(d.Registerer, d.Registry.Replicas)
+	return s, nil
+}
+
+// NewTransport returns the transport the gateway uses to reach replicas:
+// keep-alive connections reused aggressively, no compression (streams must
+// flush per event), a bounded dial. dial, when non-nil, replaces the TCP
+// dialer (the mesh uses it).
+func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Transport {
+	if dial == nil {
+		d := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+		dial = d.DialContext
+	}
+	return &http.Transport{
+		DialContext:           dial,
+		MaxIdleConns:          4096,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true,
+		ResponseHeaderTimeout: 0, // engines may hold headers until the answer; deadlines live per attempt
+		ExpectContinueTimeout: 0,
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+}
+
+// Public returns the handler of the OpenAI-compatible API.
+func (s *Server) Public() http.Handler {
+	e := s.newEcho()
+	e.GET("/healthz", s.handleGetHealthz)
+	v1 := e.Group("/v1")
+	v1.GET("/models", s.handleGetModels)
+	v1.POST("/chat/completions", s.handleGenerate(chatEndpoint))
+	v1.POST("/completions", s.handleGenerate(completionEndpoint))
+	return e
+}
+
+// Admin returns the handler of the admin API (metrics, keys, usage,
+// replicas, recent requests, dashboard), guarded by the admin token.
+func (s *Server) Admin(ui http.Handler) http.Handler {
+	e := s.newEcho()
+	s.adminRoutes(e, ui)
+	return e
+}
+
+func (s *Server) newEcho() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.errorHandler
+	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{
+		DisablePrintStack: true,
+		LogErrorFunc: func(c echo.Context, err error, _ []byte) error {
+			s.log.Error("handler panic", "path", c.Path(), "err", err)
+			return errInternal
+		},
+	}))
+	return e
+}
+
+func (s *Server) newRequestID() string {
+	return s.idPrefix + strconv.FormatUint(s.idSeq.Add(1), 36)
+}
+
+// bearer returns the token of an "Authorization: Bearer" header.
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+func (s *Server) authenticate(c echo.Context) (*policy.Principal, error) {
+	secret := bearer(c.Request())
+	if secret == "" {
+		return nil, errMissingKey
+	}
+	p, err := s.gate.Authenticate(c.Request().Context(), secret)
+	if err != nil {
+		if errors.Is(err, policy.ErrInvalidKey) {
+			return nil, errBadKey
+		}
+		return nil, fmt.Errorf("authenticate: %w", err)
+	}
+	return p, nil
+}
+
+func (s *Server) checkAdmin(c echo.Context) bool {
+	tok := bearer(c.Request())
+	return tok != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.AdminToken)) == 1
+}
+
+func (s *Server) handleGetHealthz(c echo.Context) error {
+	ready := 0
+	for _, r := range s.reg.Replicas() {
+		if r.State() == router.StateReady {
+			ready++
+		}
+	}
+	status := http.StatusOK
+	word := "ok"
+	if ready == 0 {
+		status, word = http.StatusServiceUnavailable, "no ready replica"
+	}
+	return c.JSON(status, map[string]any{"status": word, "ready_replicas": ready})
+}
+
+func (s *Server) handleGetModels(c echo.Context) error {
+	p, err := s.authenticate(c)
+	if err != nil {
+		return writeError(c, toAPIError(err, ""))
+	}
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	out := []model{}
+	for _, m := range s.reg.ReadyModels() {
+		if p.Allows(m) {
+			out = append(out, model{ID: m, Object: "model", Created: 0, OwnedBy: "tailgate"})
+		}
+	}
+	return c.JSON(http.StatusOK, map[string]any{"object": "list", "data": out})
+}
