@@ -220,7 +220,7 @@ func (w *LedgerWriter) result() error {
 // loop is Run's steady state: wait for a row, gather more until the batch is
 // full, FlushInterval has passed or a Flush asks for it, write, repeat.
 func (w *LedgerWriter) loop(ctx context.Context) {
-	b := batch{rows: make([]LedgerRow, 0, w.cfg.BatchSize)}
+	b := w.newBatch()
 	timer := time.NewTimer(w.cfg.FlushInterval)
 	timer.Stop()
 	for {
@@ -256,7 +256,7 @@ func (w *LedgerWriter) loop(ctx context.Context) {
 // drain writes everything left in items once the writer is stopped (no
 // sender can add more).
 func (w *LedgerWriter) drain() {
-	b := batch{rows: make([]LedgerRow, 0, w.cfg.BatchSize)}
+	b := w.newBatch()
 	for {
 	fill:
 		for !b.ready(w.cfg.BatchSize) {
@@ -272,6 +272,10 @@ func (w *LedgerWriter) drain() {
 		}
 		w.commit(context.Background(), &b)
 	}
+}
+
+func (w *LedgerWriter) newBatch() batch {
+	return batch{rows: make([]LedgerRow, 0, min(w.cfg.BatchSize, 1024))}
 }
 
 // batch is the rows gathered for one transaction and the Flushes waiting on
@@ -329,6 +333,11 @@ func (w *LedgerWriter) write(ctx context.Context, rows []LedgerRow) error {
 		}
 		if !w.failing.Swap(true) {
 			w.log.Warn("ledger write failed, retrying; rows are kept", "rows", len(rows), "err", err)
+		}
+		if w.store.closed.Load() {
+			// Retrying cannot help, and a straggler's Add must not hang.
+			w.log.Error("ledger rows lost: store closed before the ledger writer", "rows", len(rows))
+			return fmt.Errorf("write ledger: %d rows lost: store closed", len(rows))
 		}
 		if deadline.IsZero() && w.isStopping(ctx) {
 			deadline = time.Now().Add(w.cfg.DrainTimeout)

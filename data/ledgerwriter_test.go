@@ -321,6 +321,25 @@ func TestLedgerWriterGivesUpOnlyAfterDrainTimeout(t *testing.T) {
 	}
 }
 
+func TestLedgerWriterAddAfterStoreCloseDoesNotHang(t *testing.T) {
+	s := openTestStore(t)
+	w := s.NewLedgerWriter(LedgerConfig{DrainTimeout: time.Hour}, nil)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	done := make(chan struct{})
+	go func() {
+		w.Add(LedgerRow{ID: "straggler", Stages: UnknownStages()})
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Add after the store closed is still retrying")
+	}
+}
+
 func BenchmarkLedgerWriter(b *testing.B) {
 	for _, par := range []int{1, 64} {
 		b.Run(fmt.Sprintf("adders=%d", par), func(b *testing.B) {

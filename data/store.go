@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -31,6 +32,7 @@ type Store struct {
 	// ledgerStmts[i] inserts ledgerChunks[i] rows at once.
 	ledgerStmts [len(ledgerChunks)]*sql.Stmt
 
+	closed    atomic.Bool // set once Close starts; lets writers stop retrying
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -56,6 +58,16 @@ func open(path string) (_ *Store, err error) {
 	if err := os.MkdirAll(filepath.Dir(abs), 0o700); err != nil {
 		return nil, err
 	}
+	// Create the file ourselves so that it (and the -wal and -shm files
+	// SQLite derives from its mode) is private: it holds key hashes and
+	// every tenant's usage. An existing file keeps its mode.
+	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Close(); err != nil {
+		return nil, err
+	}
 	s := &Store{path: path}
 	defer func() {
 		if err != nil {
@@ -67,14 +79,13 @@ func open(path string) (_ *Store, err error) {
 	// BEGIN, so busy_timeout covers it. A deferred transaction that reads
 	// first and upgrades later can fail with SQLITE_BUSY at once when
 	// another process writes in between, whatever the timeout.
-	s.write, err = sql.Open("sqlite", dsn(abs, "_pragma=journal_mode(WAL)", "_pragma=synchronous(NORMAL)", "_txlock=immediate"))
+	s.write, err = sql.Open("sqlite", dsn(abs, "_pragma=journal_mode(WAL)", "_pragma=synchronous(NORMAL)",
+		"_pragma=journal_size_limit(67108864)", "_txlock=immediate"))
 	if err != nil {
 		return nil, err
 	}
 	s.write.SetMaxOpenConns(1)
 	s.write.SetMaxIdleConns(1)
-	s.write.SetConnMaxIdleTime(0)
-	s.write.SetConnMaxLifetime(0)
 	if err := migrate(context.Background(), s.write); err != nil {
 		return nil, err
 	}
@@ -114,6 +125,7 @@ func (s *Store) Path() string { return s.path }
 // return the first call's result. A [LedgerWriter] must be closed first.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.closed.Store(true)
 		var errs []error
 		for _, st := range s.ledgerStmts {
 			if st != nil {

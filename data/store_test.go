@@ -43,6 +43,15 @@ func TestOpenCreatesPrivateDirAndConfiguresConnections(t *testing.T) {
 	if perm := fi.Mode().Perm(); perm != 0o700 {
 		t.Errorf("dir mode = %o, want 700", perm)
 	}
+	for _, name := range []string{"tailgate.db", "tailgate.db-wal"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if perm := fi.Mode().Perm(); perm != 0o600 {
+			t.Errorf("%s mode = %o, want 600", name, perm)
+		}
+	}
 
 	ctx := context.Background()
 	for _, tc := range []struct {

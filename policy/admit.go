@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"sync"
+	"time"
 )
 
 // ErrModelNotAllowed rejects a request for a model its key may not use.
@@ -70,7 +71,10 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	bound := clampLimit(r.PromptBound) + maxTokens
 	price := g.price(r.Model)
 	micros := cost(price, clampLimit(r.PromptBound), maxTokens)
-	now := g.now()
+	var now time.Time
+	if p.RPM > 0 || p.TPM > 0 {
+		now = g.now()
+	}
 
 	// Everything is checked before anything is taken, under the key's lock
 	// and then the tenant's (always in that order), so a rejection leaves no
@@ -169,8 +173,13 @@ func (t *Ticket) settle(u Usage) int64 {
 	ks.mu.Lock()
 	ks.inflight--
 	if t.tpm > 0 {
-		ks.tokens.refill(t.g.now(), t.tpm)
-		ks.tokens.give(t.estimate-(prompt+completion), t.tpm)
+		// Returning tokens commutes with refilling, so only debt needs the
+		// bucket brought up to now (and the clock read).
+		d := t.estimate - (prompt + completion)
+		if d < 0 {
+			ks.tokens.refill(t.g.now(), t.tpm)
+		}
+		ks.tokens.give(d, t.tpm)
 	}
 	ks.mu.Unlock()
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -195,4 +196,50 @@ func TestRefreshKeepsLimiterState(t *testing.T) {
 	if _, _, err := g.Admit(p2, Request{Model: "m"}); !errors.As(err, &le) || le.Limit != "requests" {
 		t.Fatalf("err = %v, want requests limit", err)
 	}
+}
+
+func TestAuthenticateDuringRefresh(t *testing.T) {
+	// Lookups racing cache drops: good keys keep working, bad keys keep
+	// failing, and nothing deadlocks (run with -race).
+	ctx := context.Background()
+	st, path := openStore(t)
+	g := newGate(t, st, Config{})
+	var good []string
+	for range 4 {
+		s, _ := createKey(t, st, KeyOptions{Tenant: "acme"})
+		good = append(good, s)
+	}
+	bad, _, _, _ := NewSecret()
+	cli := openSecond(t, path)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := g.Authenticate(ctx, good[(i+n)%len(good)]); err != nil {
+					t.Errorf("good key: %v", err)
+					return
+				}
+				if _, err := g.Authenticate(ctx, bad); !errors.Is(err, ErrInvalidKey) {
+					t.Errorf("bad key: %v", err)
+					return
+				}
+			}
+		})
+	}
+	for range 30 {
+		createKey(t, cli, KeyOptions{Tenant: "other"})
+		if err := g.refresh(ctx); err != nil {
+			t.Error(err)
+			break
+		}
+	}
+	close(stop)
+	wg.Wait()
 }

@@ -17,7 +17,7 @@ type QuotaError struct {
 }
 
 func (e *QuotaError) Error() string {
-	return "tenant " + e.Tenant + " has exhausted its " + e.Budget + " budget"
+	return "insufficient quota: request exceeds the " + e.Budget + " budget left to tenant " + e.Tenant
 }
 
 // Price is what a model costs, in micro-units of currency per million

@@ -272,3 +272,28 @@ func TestBucketArithmetic(t *testing.T) {
 		t.Fatalf("huge bucket: %d left, want %d", d.remaining(), int64(maxLimit))
 	}
 }
+
+func TestAdmitWithHandBuiltPrincipal(t *testing.T) {
+	// A Principal not produced by Authenticate still shares its key's and
+	// tenant's state.
+	clk := newClock()
+	st, _ := openStore(t)
+	g := newGate(t, st, Config{Now: clk.Now})
+	p1 := &Principal{KeyID: "key_x", TenantID: 99, Tenant: "x", RPM: 1}
+	p2 := &Principal{KeyID: "key_x", TenantID: 99, Tenant: "x", RPM: 1}
+	tk, _, err := g.Admit(p1, Request{Model: "m", PromptBound: 5, MaxTokens: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, reserved := g.TenantState(99); reserved.Tokens != 10 {
+		t.Fatalf("reserved %+v, want 10 tokens", reserved)
+	}
+	_, _, err = g.Admit(p2, Request{Model: "m"})
+	wantLimit(t, err, "requests")
+	if c := tk.Settle(Usage{PromptTokens: 3, CompletionTokens: 4}); c != 0 {
+		t.Fatalf("free model cost %d", c)
+	}
+	if spent, reserved := g.TenantState(99); spent.Tokens != 7 || reserved.Tokens != 0 {
+		t.Fatalf("spent %+v reserved %+v", spent, reserved)
+	}
+}

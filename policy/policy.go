@@ -190,8 +190,9 @@ func (g *Gate) init(ctx context.Context) error {
 }
 
 // Run picks up key and budget changes made through the store (by this or
-// another process) until ctx is done, then returns nil. Run at most one Run
-// per Gate. A failed poll is logged and retried at the next tick.
+// another process) every PollInterval until ctx is done, then returns nil.
+// Only one Run may be active per Gate. A failed poll is logged and retried
+// at the next tick.
 func (g *Gate) Run(ctx context.Context) error {
 	t := time.NewTicker(g.poll)
 	defer t.Stop()

@@ -35,6 +35,8 @@ func badRequest(param, format string, args ...any) *apiError {
 var (
 	errBodyTooLarge = &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 		Message: "request body is too large"}
+	errBodyTimeout = &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+		Message: "the request body did not arrive in time"}
 	errMissingKey = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 		Message: "missing API key: send it as 'Authorization: Bearer <key>'"}
 	errBadKey = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
@@ -76,9 +78,13 @@ func toAPIError(err error, model string) *apiError {
 		return ae
 	case errors.As(err, &limit):
 		kind := limit.Limit
+		retry := limit.RetryAfter
+		if retry <= 0 {
+			retry = time.Second // concurrency: a slot frees when a request ends
+		}
 		return &apiError{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded",
 			Message:    fmt.Sprintf("rate limit exceeded (%s); retry after %s", kind, limit.RetryAfter.Round(time.Millisecond)),
-			RetryAfter: limit.RetryAfter}
+			RetryAfter: retry}
 	case errors.As(err, &quota):
 		return &apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
 			Message: "you exceeded your current quota: the tenant's budget is used up"}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -56,14 +57,22 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		rc := http.NewResponseController(c.Response())
 		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
 		body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
-		_ = rc.SetReadDeadline(time.Time{})
 		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
+			// The deadline stays in force, so the server's own drain of the
+			// unread body fails fast too and the connection is closed.
+			var (
+				mbe *http.MaxBytesError
+				ne  net.Error
+			)
+			switch {
+			case errors.As(err, &mbe):
 				return s.reject(c, cl, errBodyTooLarge)
+			case errors.As(err, &ne) && ne.Timeout():
+				return s.reject(c, cl, errBodyTimeout)
 			}
 			return s.reject(c, cl, badRequest("", "could not read the request body"))
 		}
+		_ = rc.SetReadDeadline(time.Time{})
 		pr, err := parseRequest(ep, body, s.maxTokensFor)
 		if err != nil {
 			return s.reject(c, cl, err)

@@ -23,14 +23,14 @@ const (
 
 // metrics holds the gateway's Prometheus collectors.
 type metrics struct {
-	requests    *prometheus.CounterVec
-	stages      *prometheus.HistogramVec
-	ttft        *prometheus.HistogramVec
-	attempts    *prometheus.CounterVec
-	hedges      *prometheus.CounterVec
-	tokens      *prometheus.CounterVec
-	ejections   *prometheus.CounterVec
-	inflight    prometheus.Gauge
+	requests  *prometheus.CounterVec
+	stages    *prometheus.HistogramVec
+	ttft      *prometheus.HistogramVec
+	attempts  *prometheus.CounterVec
+	hedges    *prometheus.CounterVec
+	tokens    *prometheus.CounterVec
+	ejections *prometheus.CounterVec
+	inflight  prometheus.Gauge
 
 	stageObs [8]prometheus.Observer // indexed like stageNames
 	perModel sync.Map               // model → *modelMetrics

@@ -89,8 +89,8 @@ func (r *response) appendRoleChunk(b []byte) []byte {
 	return r.closeChunk(b, 0)
 }
 
-// appendTokenChunk appends the event carrying token i (0-based); last marks
-// the answer's final token, n its length.
+// appendTokenChunk appends the event carrying token w, the i-th (0-based);
+// last marks the answer's final token, which carries the finish reason.
 func (r *response) appendTokenChunk(b []byte, w string, i int, last bool) []byte {
 	b = append(b, "data: "...)
 	b = append(b, r.head...)

@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -152,6 +153,7 @@ type Engine struct {
 	sched   *scheduler
 	metrics *metrics
 	handler http.Handler
+	bufs    sync.Pool // of *[]byte, see getBuf
 
 	completed atomic.Int64
 	aborted   atomic.Int64

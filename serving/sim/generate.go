@@ -61,11 +61,17 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, arrive
 		held = false
 		e.sched.release()
 		e.finish(j, n, arrived, first, time.Now())
-		writeJSON(w, http.StatusOK, resp.appendBody(make([]byte, 0, 256+n*8), j.hash, n))
+		buf := e.getBuf()
+		*buf = resp.appendBody((*buf)[:0], j.hash, n)
+		writeJSON(w, http.StatusOK, *buf)
+		e.putBuf(buf)
 		return
 	}
 
-	buf := make([]byte, 0, 1024)
+	pooled := e.getBuf()
+	defer e.putBuf(pooled)
+	buf := (*pooled)[:0]
+	defer func() { *pooled = buf }() // keep what the buffer grew to
 	if j.chat {
 		buf = resp.appendRoleChunk(buf)
 	}
@@ -96,6 +102,22 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, arrive
 		}
 		_ = rc.Flush()
 		buf = buf[:0]
+	}
+}
+
+// getBuf and putBuf recycle response buffers, which would otherwise be the
+// engine's largest allocation per request.
+func (e *Engine) getBuf() *[]byte {
+	if b, ok := e.bufs.Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, 0, 4096)
+	return &b
+}
+
+func (e *Engine) putBuf(b *[]byte) {
+	if cap(*b) <= 4*flushBytes {
+		e.bufs.Put(b)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 )
 
 // job is a validated generation request: everything the generator needs,
@@ -249,10 +250,12 @@ func (e *Engine) fill(j *job, req *commonRequest, limit *int, param string) *api
 func decodeError(err error) *apiError {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		if te.Field == "" {
+		// Fields of the embedded commonRequest carry its Go name as a prefix.
+		field := strings.TrimPrefix(te.Field, "commonRequest.")
+		if field == "" {
 			return badRequest("", "request body must be a JSON object")
 		}
-		return badRequest(te.Field, fmt.Sprintf("%s: expected %s, got %s", te.Field, jsonKind(te.Type), te.Value))
+		return badRequest(field, fmt.Sprintf("%s: expected %s, got %s", field, jsonKind(te.Type), te.Value))
 	}
 	var se *json.SyntaxError
 	if errors.As(err, &se) {

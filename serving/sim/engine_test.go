@@ -1,0 +1,116 @@
+package sim
+
+import (
+	"math"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"zero value", Config{}, true},
+		{"full", Config{Model: "m", TTFT: time.Second, TTFTSigma: -1, TPOT: time.Millisecond, StallProb: 1, StallFactor: 2, MaxSeqs: 4, Seed: -3, DefaultMaxTokens: 10}, true},
+		{"negative ttft", Config{TTFT: -1}, false},
+		{"negative tpot", Config{TPOT: -1}, false},
+		{"sigma NaN", Config{TTFTSigma: math.NaN()}, false},
+		{"stall prob above one", Config{StallProb: 1.5}, false},
+		{"stall prob negative", Config{StallProb: -0.1}, false},
+		{"stall factor negative", Config{StallFactor: -2}, false},
+		{"negative max seqs", Config{MaxSeqs: -1}, false},
+		{"negative default max tokens", Config{DefaultMaxTokens: -1}, false},
+		{"default max tokens above context", Config{DefaultMaxTokens: 500, MaxModelLen: 100}, false},
+	}
+	for _, tt := range tests {
+		err := tt.cfg.Validate()
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: Validate() = %v", tt.name, err)
+		}
+		if _, nerr := New(tt.cfg, nil); (nerr == nil) != tt.ok {
+			t.Errorf("%s: New() = %v", tt.name, nerr)
+		}
+	}
+}
+
+var vllmMetrics = []string{
+	"vllm:num_requests_running",
+	"vllm:num_requests_waiting",
+	"vllm:kv_cache_usage_perc",
+	"vllm:time_to_first_token_seconds",
+	"vllm:e2e_request_latency_seconds",
+	"vllm:request_queue_time_seconds",
+	"vllm:time_per_output_token_seconds",
+	"vllm:prompt_tokens_total",
+	"vllm:generation_tokens_total",
+	"vllm:request_success_total",
+	"tailgate_sim_aborted_total",
+}
+
+func TestMetricsUseVLLMNames(t *testing.T) {
+	_, srv := start(t, Config{Model: "m"})
+	status, _, _ := post(t, srv.URL+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hello"}],"max_tokens":4,"ignore_eos":true}`)
+	if status != http.StatusOK {
+		t.Fatalf("status %d", status)
+	}
+	status, body := get(t, srv.URL+"/metrics")
+	if status != http.StatusOK {
+		t.Fatalf("/metrics status %d", status)
+	}
+	for _, name := range vllmMetrics {
+		if !strings.Contains(string(body), "\n"+name) || !strings.Contains(string(body), `model_name="m"`) {
+			t.Errorf("/metrics lacks %s{model_name=\"m\"}", name)
+		}
+	}
+	for series, want := range map[string]float64{
+		`vllm:prompt_tokens_total{model_name="m"}`:                            9,
+		`vllm:generation_tokens_total{model_name="m"}`:                        4,
+		`vllm:request_success_total{finished_reason="length",model_name="m"}`: 1,
+		`vllm:time_to_first_token_seconds_count{model_name="m"}`:              1,
+		`vllm:e2e_request_latency_seconds_count{model_name="m"}`:              1,
+		`vllm:time_per_output_token_seconds_count{model_name="m"}`:            1,
+		`vllm:kv_cache_usage_perc{model_name="m"}`:                            0,
+	} {
+		if got := metricValue(t, body, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+}
+
+func TestMetricsAlsoGoToTheGivenRegisterer(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if _, err := New(Config{Model: "a"}, reg); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, f := range families {
+		got[f.GetName()] = true
+	}
+	for _, name := range vllmMetrics {
+		if !got[name] {
+			t.Errorf("registerer lacks %s", name)
+		}
+	}
+	if _, err := New(Config{Model: "a"}, reg); err == nil {
+		t.Errorf("a second engine for the same model registered into the same registry")
+	}
+	if _, err := New(Config{Model: "b"}, reg); err != nil {
+		t.Errorf("an engine for another model: %v", err)
+	}
+	// Engines with private registries never collide.
+	for range 2 {
+		if _, err := New(Config{Model: "a"}, nil); err != nil {
+			t.Errorf("private registry: %v", err)
+		}
+	}
+}

@@ -1,0 +1,135 @@
+package sim
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// openStream starts a streaming chat request and returns its reader once the
+// headers are in; cancel disconnects the client.
+func openStream(t *testing.T, ctx context.Context, url, body string) *bufio.Reader {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("open stream: %v", err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream status %d", resp.StatusCode)
+	}
+	return bufio.NewReader(resp.Body)
+}
+
+func TestQueueServesInFIFOOrder(t *testing.T) {
+	e, srv := start(t, Config{Model: "m", MaxSeqs: 1, TTFT: 50 * time.Millisecond, TTFTSigma: -1, TPOT: 50 * time.Millisecond})
+	chat := srv.URL + "/v1/chat/completions"
+
+	// A long stream holds the only slot until the test lets it go.
+	blockCtx, unblock := context.WithCancel(context.Background())
+	defer unblock()
+	openStream(t, blockCtx, chat, `{"messages":[{"role":"user","content":"block"}],"max_tokens":1000,"ignore_eos":true,"stream":true}`)
+	waitFor(t, "the blocker to run", func() bool { return e.Stats().Running == 1 })
+
+	// Three requests queue behind it, in a known order.
+	const queued = 3
+	completedAtAnswer := make([]int64, queued)
+	var wg sync.WaitGroup
+	for i := range queued {
+		wg.Go(func() {
+			status, _, body := post(t, chat, `{"messages":[{"role":"user","content":"q"}],"max_tokens":1}`)
+			completedAtAnswer[i] = e.Stats().Completed
+			if status != http.StatusOK {
+				t.Errorf("request %d: status %d: %s", i, status, body)
+			}
+		})
+		waitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == i+1 })
+	}
+
+	_, metrics := get(t, srv.URL+"/metrics")
+	for name, want := range map[string]float64{
+		`vllm:num_requests_running{model_name="m"}`: 1,
+		`vllm:num_requests_waiting{model_name="m"}`: queued,
+		`vllm:kv_cache_usage_perc{model_name="m"}`:  1,
+	} {
+		if got := metricValue(t, metrics, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+
+	unblock()
+	wg.Wait()
+	// Each answer is written after its request completed; in FIFO order the
+	// i-th queued request cannot finish before the ones ahead of it.
+	for i, c := range completedAtAnswer {
+		if c < int64(i+1) {
+			t.Errorf("request %d answered when only %d requests had completed: served out of order", i, c)
+		}
+	}
+	waitFor(t, "the engine to drain", func() bool { s := e.Stats(); return s.Running == 0 && s.Waiting == 0 })
+	if s := e.Stats(); s.Completed != queued || s.Aborted != 1 {
+		t.Errorf("stats = %+v, want %d completed and the blocker aborted", s, queued)
+	}
+	_, metrics = get(t, srv.URL+"/metrics")
+	if got := metricValue(t, metrics, `vllm:num_requests_running{model_name="m"}`); got != 0 {
+		t.Errorf("running gauge = %v after drain", got)
+	}
+	if got := metricValue(t, metrics, `vllm:request_queue_time_seconds_count{model_name="m"}`); got != queued+1 {
+		t.Errorf("queue time observations = %v, want %d", got, queued+1)
+	}
+}
+
+func TestDisconnectAbortsAndFreesTheSlot(t *testing.T) {
+	e, srv := start(t, Config{Model: "m", MaxSeqs: 1, TPOT: time.Hour})
+	chat := srv.URL + "/v1/chat/completions"
+
+	// A stream that got its first token and now waits an hour for the next.
+	streamCtx, disconnect := context.WithCancel(context.Background())
+	defer disconnect()
+	r := openStream(t, streamCtx, chat, `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"ignore_eos":true,"stream":true}`)
+	readEvent(t, r) // role
+	readEvent(t, r) // first token
+
+	// A queued request whose client gives up.
+	queuedCtx, giveUp := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(queuedCtx, http.MethodPost, chat, strings.NewReader(`{"messages":[{"role":"user","content":"q"}]}`))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			t.Errorf("queued request answered %d despite its client leaving", resp.StatusCode)
+		}
+	}()
+	waitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == 1 })
+	giveUp()
+	<-done
+	waitFor(t, "the queued request to abort", func() bool { s := e.Stats(); return s.Aborted == 1 && s.Waiting == 0 })
+
+	disconnect()
+	waitFor(t, "the stream to abort", func() bool { s := e.Stats(); return s.Aborted == 2 && s.Running == 0 })
+
+	// The slot is free again: a short request is served at once.
+	status, _, body := post(t, chat, `{"messages":[{"role":"user","content":"after"}],"max_tokens":1}`)
+	if status != http.StatusOK {
+		t.Fatalf("after aborts: status %d: %s", status, body)
+	}
+	if s := e.Stats(); s.Completed != 1 || s.Aborted != 2 || s.Running != 0 {
+		t.Errorf("stats = %+v", s)
+	}
+	_, metrics := get(t, srv.URL+"/metrics")
+	if got := metricValue(t, metrics, `tailgate_sim_aborted_total{model_name="m"}`); got != 2 {
+		t.Errorf("tailgate_sim_aborted_total = %v, want 2", got)
+	}
+	if got := metricValue(t, metrics, `vllm:request_success_total{finished_reason="abort",model_name="m"}`); got != 2 {
+		t.Errorf("aborted success count = %v, want 2", got)
+	}
+}
