@@ -34,7 +34,9 @@ type sseWriter struct {
 
 func (s *Server) newSSEWriter(c echo.Context, cl *call) *sseWriter {
 	w := &sseWriter{s: s, c: c, cl: cl, lastWrite: time.Now()}
+	w.mu.Lock() // keepAlive may fire before the assignment below is visible
 	w.timer = time.AfterFunc(s.cfg.KeepAlive, w.keepAlive)
+	w.mu.Unlock()
 	return w
 }
 

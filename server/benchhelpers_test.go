@@ -1,0 +1,176 @@
+package server_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"tailgate/data"
+	"tailgate/policy"
+	"tailgate/router"
+	"tailgate/server"
+	"tailgate/serving/sim"
+)
+
+// benchStack is the gateway wired as `tailgate gateway` wires it (default
+// ledger batching, default policy polling) in front of one sim engine, with
+// both reachable over loopback HTTP so a benchmark can call either.
+//
+// It mirrors newHarness, which takes a *testing.T; benchmarks need a
+// testing.TB.
+type benchStack struct {
+	store  *data.Store
+	ledger *data.LedgerWriter
+	engine *sim.Engine
+	direct *httptest.Server // the sim engine
+	public *httptest.Server // the gateway's public API
+	secret string
+}
+
+func newBenchStack(tb testing.TB, cfg sim.Config) *benchStack {
+	tb.Helper()
+	log := slog.New(slog.DiscardHandler)
+	st, err := data.Open(filepath.Join(tb.TempDir(), "tailgate.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	prices := map[string]policy.Price{cfg.Model: {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}
+	gate, err := policy.New(ctx, policy.Config{Prices: prices}, st, log)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ledger := st.NewLedgerWriter(data.LedgerConfig{}, log)
+	reg := router.New(router.Config{}, log)
+
+	eng, err := sim.New(cfg, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	direct := httptest.NewServer(eng.Handler())
+	rep := router.NewReplica("sim-a", direct.URL)
+	rep.Static = true
+	rep.SetModels([]string{cfg.Model})
+	rep.SetState(router.StateReady, "")
+	reg.Add(rep)
+
+	promReg := prometheus.NewRegistry()
+	srv, err := server.New(server.Config{AdminToken: "tga-bench-admin"}, server.Deps{
+		Gate: gate, Registry: reg, Store: st, Ledger: ledger,
+		Registerer: promReg, Gatherer: promReg, Log: log,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	public := httptest.NewServer(srv.Public())
+
+	// Every limit is on (and far away), so admission does all its work.
+	huge := int64(1 << 60)
+	secret, _, err := policy.CreateKey(ctx, st, policy.KeyOptions{
+		Tenant: "bench", RPM: 1 << 40, TPM: 1 << 40, MaxConcurrency: 1 << 20,
+		BudgetTokens: &huge, BudgetMicros: &huge,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+
+	done := make(chan struct{}, 2)
+	go func() { _ = gate.Run(ctx); done <- struct{}{} }()
+	go func() { _ = ledger.Run(ctx); done <- struct{}{} }()
+	tb.Cleanup(func() {
+		public.Close()
+		direct.Close()
+		cancel()
+		<-done
+		<-done
+		_ = ledger.Close()
+		_ = gate.Close()
+		_ = st.Close()
+	})
+	return &benchStack{store: st, ledger: ledger, engine: eng, direct: direct, public: public, secret: secret}
+}
+
+// meteredRequests flushes the ledger and returns how many requests it holds.
+func (s *benchStack) meteredRequests(tb testing.TB) int64 {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.ledger.Flush(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	rows, err := s.store.Usage(ctx, data.UsageFilter{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var n int64
+	for _, r := range rows {
+		n += r.Requests
+	}
+	return n
+}
+
+// benchClient is a keep-alive client with room for every parallel caller.
+func benchClient(tb testing.TB) *http.Client {
+	c := &http.Client{Transport: &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, DisableCompression: true}}
+	tb.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
+// postAndCheck sends body to url and reads the whole answer; for a stream it
+// checks that the answer ends with [DONE].
+func postAndCheck(c *http.Client, url, secret, body string, stream bool, buf *bytes.Buffer) error {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+secret)
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	buf.Reset()
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return &statusError{resp.StatusCode, buf.String()}
+	}
+	if stream && !bytes.HasSuffix(bytes.TrimRight(buf.Bytes(), "\n"), []byte("data: [DONE]")) {
+		return &statusError{resp.StatusCode, "stream did not end with [DONE]"}
+	}
+	return nil
+}
+
+type statusError struct {
+	status int
+	body   string
+}
+
+func (e *statusError) Error() string {
+	return http.StatusText(e.status) + ": " + strings.TrimSpace(e.body)
+}
+
+// countContentEvents counts the SSE events of a stream that carry content.
+func countContentEvents(r io.Reader) int {
+	n := 0
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if bytes.HasPrefix(sc.Bytes(), []byte("data: ")) && bytes.Contains(sc.Bytes(), []byte(`"content":"`)) &&
+			!bytes.Contains(sc.Bytes(), []byte(`"content":""`)) {
+			n++
+		}
+	}
+	return n
+}
