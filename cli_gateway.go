@@ -202,7 +202,7 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 			gw.close()
 		}
 	}()
-	adminToken, _, err := ensureTokens(gf.dataDir)
+	adminToken, clusterToken, err := ensureTokens(gf.dataDir)
 	if err != nil {
 		return nil, err
 	}
@@ -228,9 +228,10 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 		rep.Static = true
 		gw.reg.Add(rep)
 	}
-	gw.health = router.NewHealthChecker(gw.reg, &server.Prober{Transport: transport}, router.HealthConfig{})
+	gw.health = router.NewHealthChecker(gw.reg, &server.Prober{Transport: transport, ClusterToken: clusterToken}, router.HealthConfig{})
 
 	setup.srvCfg.AdminToken = adminToken
+	setup.srvCfg.ClusterToken = clusterToken
 	srv, err := server.New(setup.srvCfg, server.Deps{
 		Gate: gw.gate, Registry: gw.reg, Store: gw.store, Ledger: gw.ledger,
 		Registerer: promReg, Gatherer: promReg, Log: log, Transport: transport,

@@ -19,8 +19,11 @@ type HealthConfig struct {
 	Timeout time.Duration
 }
 
-// HealthChecker probes static replicas: a replica that answers becomes (or
-// stays) ready with the models it lists; one that does not is taken out.
+// HealthChecker probes replicas and expires leases. Static replicas are
+// probed every round: one that answers becomes (or stays) ready with the
+// models it lists; one that does not is taken out. Registered replicas report
+// their own state by heartbeat and are probed only while ejected, to be let
+// back in.
 type HealthChecker struct {
 	reg    *Registry
 	prober Prober
@@ -43,6 +46,7 @@ func (h *HealthChecker) Run(ctx context.Context) error {
 	t := time.NewTicker(h.cfg.Interval)
 	defer t.Stop()
 	for {
+		h.reg.ExpireLeases(h.reg.cfg.Now())
 		h.ProbeAll(ctx)
 		select {
 		case <-ctx.Done():
@@ -52,11 +56,12 @@ func (h *HealthChecker) Run(ctx context.Context) error {
 	}
 }
 
-// ProbeAll probes every static replica once, concurrently, and waits.
+// ProbeAll probes every static replica and every ejected registered
+// replica once, concurrently, and waits.
 func (h *HealthChecker) ProbeAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, rep := range h.reg.Replicas() {
-		if !rep.Static {
+		if !rep.Static && rep.State() != StateEjected {
 			continue
 		}
 		wg.Go(func() { h.probe(ctx, rep) })
@@ -78,6 +83,16 @@ func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
 		case StateStarting, StateEjected:
 			rep.failures.Add(1)
 			rep.SetState(rep.State(), "probe: "+err.Error())
+		}
+		return
+	}
+	if !rep.Static {
+		// A registered replica's state is its worker's to report; a good
+		// probe only lifts the gateway's own ejection.
+		if rep.state.CompareAndSwap(int32(StateEjected), int32(StateReady)) {
+			rep.reason.Store(new(string))
+			rep.failures.Store(0)
+			h.reg.log.Info("replica re-admitted after a good probe", "replica", rep.ID)
 		}
 		return
 	}

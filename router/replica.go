@@ -53,6 +53,43 @@ type Replica struct {
 	reason   atomic.Pointer[string] // why the replica is out, "" when ready
 	failures atomic.Int64           // consecutive failed attempts or probes
 	lastOK   atomic.Int64           // unix nanos of the last good probe or heartbeat
+	lease    atomic.Int64           // unix nanos when a registered replica's lease ends
+	load     atomic.Pointer[Load]   // engine load from the last heartbeat
+	engine   atomic.Pointer[string] // engine kind reported by the worker
+}
+
+// Load is a replica's engine load as its worker last reported it.
+type Load struct {
+	Inflight     int     // requests in the worker's sidecar
+	Waiting      float64 // engine queue
+	Running      float64 // sequences generating
+	KVCacheUsage float64 // 0..1
+	TTFTMillis   float64 // recent median engine time to first token; 0 = unknown
+}
+
+// Load returns the last reported engine load (zero for static replicas).
+func (r *Replica) Load() Load {
+	if l := r.load.Load(); l != nil {
+		return *l
+	}
+	return Load{}
+}
+
+// Engine returns the engine kind the worker reported ("" for static replicas).
+func (r *Replica) Engine() string {
+	if e := r.engine.Load(); e != nil {
+		return *e
+	}
+	return ""
+}
+
+// LeaseExpiry returns when a registered replica's lease ends (zero for static ones).
+func (r *Replica) LeaseExpiry() time.Time {
+	n := r.lease.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // NewReplica returns a replica in StateStarting serving no models yet.

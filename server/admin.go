@@ -13,6 +13,7 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/serving"
 )
 
 func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
@@ -24,6 +25,8 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 			return next(c)
 		}
 	}
+	e.POST(serving.HeartbeatPath, s.handlePostHeartbeat) // cluster token, not admin token
+
 	metrics := promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{})
 	e.GET("/metrics", echo.WrapHandler(metrics), guard)
 
@@ -246,11 +249,22 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 			v := now.Sub(t).Seconds()
 			age = &v
 		}
-		out = append(out, map[string]any{
+		load := r.Load()
+		row := map[string]any{
 			"id": r.ID, "address": r.URL, "models": r.Models(), "state": r.State().String(),
 			"ready": r.State() == router.StateReady, "reason": r.Reason(), "inflight": r.Inflight(),
-			"static": r.Static, "last_ok_age_seconds": age,
-		})
+			"static": r.Static, "engine": r.Engine(), "last_ok_age_seconds": age,
+		}
+		if !r.Static {
+			row["last_heartbeat_age_seconds"] = age
+			row["lease_expires_in_seconds"] = r.LeaseExpiry().Sub(now).Seconds()
+			row["engine_waiting"] = load.Waiting
+			row["engine_running"] = load.Running
+			row["kv_cache_usage"] = load.KVCacheUsage
+			row["sidecar_inflight"] = load.Inflight
+			row["recent_ttft_ms"] = load.TTFTMillis
+		}
+		out = append(out, row)
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})
 }

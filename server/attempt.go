@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"tailgate/router"
+	"tailgate/serving"
 )
 
 // maxUpstreamBody bounds a non-streaming answer read from a replica.
@@ -69,6 +70,9 @@ func (s *Server) attempt(ctx context.Context, c echo.Context, cl *call, rep *rou
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", cl.id)
+	if !rep.Static && s.cfg.ClusterToken != "" {
+		req.Header.Set("Authorization", "Bearer "+s.cfg.ClusterToken)
+	}
 	if cl.req.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
@@ -112,6 +116,13 @@ func (s *Server) relayJSON(c echo.Context, cl *call, resp *http.Response, wroteA
 	}
 	now := time.Now()
 	cl.stages.UpstreamTTFT = now.Sub(wroteAt)
+	if v, ok := parseMillis(resp.Header.Get(serving.HeaderEngineTTFT)); ok {
+		cl.stages.EngineTTFT = v
+		cl.stages.Network = max(cl.stages.UpstreamTTFT-v, 0)
+	}
+	if v, ok := parseMillis(resp.Header.Get(serving.HeaderEngineQueue)); ok {
+		cl.stages.EngineQueue = v
+	}
 	if u := gjson.GetBytes(body, "usage"); u.IsObject() {
 		cl.usage.PromptTokens = u.Get("prompt_tokens").Int()
 		cl.usage.CompletionTokens = u.Get("completion_tokens").Int()
@@ -175,4 +186,34 @@ func serverTiming(cl *call) string {
 		b = strconv.AppendFloat(b, float64(d)/float64(time.Millisecond), 'f', 3, 64)
 	}
 	return string(b)
+}
+
+// parseMillis parses a decimal number of milliseconds.
+func parseMillis(v string) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || f > 1e9 {
+		return 0, false
+	}
+	return time.Duration(f * float64(time.Millisecond)), true
+}
+
+// parseTiming reads the sidecar's SSE timing comment
+// (": tailgate-timing engine_ttft_ms=12.3 engine_queue_ms=0.2").
+func parseTiming(cl *call, comment []byte) {
+	for _, f := range strings.Fields(string(comment[len(serving.TimingComment):])) {
+		k, v, _ := strings.Cut(f, "=")
+		d, ok := parseMillis(v)
+		if !ok {
+			continue
+		}
+		switch k {
+		case "engine_ttft_ms":
+			cl.stages.EngineTTFT = d
+		case "engine_queue_ms":
+			cl.stages.EngineQueue = d
+		}
+	}
 }

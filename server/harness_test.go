@@ -22,7 +22,10 @@ import (
 	"tailgate/serving/sim"
 )
 
-const simModel = "tailgate-sim"
+const (
+	simModel     = "tailgate-sim"
+	clusterToken = "tgc-test-cluster"
+)
 
 // harness is a real gateway on loopback: SQLite in a temp dir, policy,
 // router, the echo server, and sim engines behind real HTTP servers.
@@ -49,6 +52,8 @@ type harnessOpts struct {
 	prices   map[string]policy.Price
 	// deadUpstreams adds static replicas whose port refuses connections.
 	deadUpstreams int
+	// health runs a health checker (probes, lease expiry) at this interval.
+	health time.Duration
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -94,6 +99,9 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		h.addReplica("dead-"+string(rune('a'+i)), url, o.sim.Model)
 	}
 	o.cfg.AdminToken = h.adminToken
+	if o.cfg.ClusterToken == "" {
+		o.cfg.ClusterToken = clusterToken
+	}
 	h.srv, err = server.New(o.cfg, server.Deps{
 		Gate: h.gate, Registry: h.reg, Store: h.store, Ledger: h.ledger,
 		Registerer: h.promReg, Gatherer: h.promReg, Log: log,
@@ -104,9 +112,16 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	h.public = httptest.NewServer(h.srv.Public())
 	h.admin = httptest.NewServer(h.srv.Admin(nil))
 
-	done := make(chan struct{}, 2)
+	done := make(chan struct{}, 3)
 	go func() { _ = h.gate.Run(ctx); done <- struct{}{} }()
 	go func() { _ = h.ledger.Run(ctx); done <- struct{}{} }()
+	if o.health > 0 {
+		hc := router.NewHealthChecker(h.reg, &server.Prober{Transport: http.DefaultTransport, ClusterToken: clusterToken},
+			router.HealthConfig{Interval: o.health, Timeout: o.health})
+		go func() { _ = hc.Run(ctx); done <- struct{}{} }()
+	} else {
+		done <- struct{}{}
+	}
 	t.Cleanup(func() {
 		h.public.Close()
 		h.admin.Close()
@@ -114,6 +129,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 			u.Close()
 		}
 		cancel()
+		<-done
 		<-done
 		<-done
 		_ = h.ledger.Close()

@@ -13,8 +13,9 @@ import (
 // Prober checks an OpenAI-compatible replica by listing its models.
 type Prober struct {
 	Transport http.RoundTripper
-	// Header is added to every probe (e.g. an upstream API key); may be nil.
-	Header http.Header
+	// ClusterToken is sent to registered workers' sidecars (never to
+	// static upstreams).
+	ClusterToken string
 }
 
 // Probe implements router.Prober: GET /v1/models must answer 200 with at
@@ -24,8 +25,8 @@ func (p *Prober) Probe(ctx context.Context, rep *router.Replica) ([]string, erro
 	if err != nil {
 		return nil, err
 	}
-	for k, v := range p.Header {
-		req.Header[k] = v
+	if !rep.Static && p.ClusterToken != "" {
+		req.Header.Set("Authorization", "Bearer "+p.ClusterToken)
 	}
 	resp, err := p.Transport.RoundTrip(req)
 	if err != nil {

@@ -46,6 +46,12 @@ type Config struct {
 	KeepAlive time.Duration
 	// AdminToken guards the admin listener. Required.
 	AdminToken string
+	// ClusterToken is what workers present to register, and what the gateway
+	// presents to their sidecars. Empty disables worker registration.
+	ClusterToken string
+	// Lease is how long a registered replica stays routable without a
+	// heartbeat; 0 means 3.5s (about three missed one-second beats).
+	Lease time.Duration
 	// ConnectTimeout bounds dialing a replica; 0 means 2s.
 	ConnectTimeout time.Duration
 	// BodyTimeout bounds reading a request body, so a client that trickles
@@ -65,6 +71,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = 2 * time.Second
+	}
+	if c.Lease <= 0 {
+		c.Lease = 3500 * time.Millisecond
 	}
 	if c.BodyTimeout <= 0 {
 		c.BodyTimeout = 30 * time.Second

@@ -13,6 +13,8 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"tailgate/serving"
 )
 
 // sseWriter writes SSE events to the client, flushing each one at once, and
@@ -114,6 +116,7 @@ var (
 	emptyContent   = []byte(`"content":""`)
 	emptyText      = []byte(`"text":""`)
 	errorMarker    = []byte(`"error"`)
+	timingPrefix   = []byte(serving.TimingComment)
 	readerPool     = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
 	errMidstream   = errors.New("upstream stream ended before [DONE]")
 	midstreamEvent = []byte(`data: {"error":{"message":"the model replica failed in the middle of the answer; the output is incomplete","type":"server_error","param":null,"code":"upstream_midstream_error"}}` + "\n\n")
@@ -160,7 +163,11 @@ func (s *Server) relayStream(ctx context.Context, c echo.Context, cl *call, resp
 // relayEvent handles one complete event; done is true after [DONE].
 func (s *Server) relayEvent(w *sseWriter, cl *call, ev []byte, wroteAt time.Time) (done bool, err error) {
 	payload := eventData(ev)
-	if payload == nil { // a comment or a field we do not interpret: pass it on
+	if payload == nil { // a comment or a field we do not interpret
+		if bytes.HasPrefix(ev, timingPrefix) {
+			parseTiming(cl, bytes.TrimRight(ev, "\r\n"))
+			return false, nil // the sidecar's report is for the gateway only
+		}
 		return false, w.write(ev)
 	}
 	if bytes.Equal(payload, doneData) {
@@ -189,6 +196,9 @@ func (s *Server) relayEvent(w *sseWriter, cl *call, ev []byte, wroteAt time.Time
 	}
 	if !cl.firstToken && (hasToken || bytes.HasPrefix(bytes.TrimSpace(payload), []byte(`{"error"`))) {
 		cl.stages.UpstreamTTFT = time.Since(wroteAt)
+		if cl.stages.EngineTTFT >= 0 {
+			cl.stages.Network = max(cl.stages.UpstreamTTFT-cl.stages.EngineTTFT, 0)
+		}
 	}
 	if err := w.write(ev); err != nil {
 		return false, err

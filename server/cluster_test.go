@@ -1,0 +1,154 @@
+package server_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"tailgate/policy"
+	"tailgate/serving"
+	"tailgate/serving/sim"
+)
+
+func (h *harness) heartbeat(token string, hb serving.Heartbeat) *http.Response {
+	h.t.Helper()
+	body, _ := json.Marshal(hb)
+	req, _ := http.NewRequest(http.MethodPost, h.admin.URL+serving.HeartbeatPath, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
+
+// tokenCheckingEngine serves a sim engine that insists on the cluster token,
+// as a sidecar does.
+func tokenCheckingEngine(t *testing.T) *httptest.Server {
+	eng, err := sim.New(sim.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+clusterToken {
+			http.Error(w, `{"error":{"message":"no token"}}`, 401)
+			return
+		}
+		eng.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestHeartbeatRegistersReplicaAndLeaseExpires(t *testing.T) {
+	h := newHarness(t, harnessOpts{replicas: 1, health: 50 * time.Millisecond})
+	h.reg.Remove("sim-a") // only the registered worker serves
+	secret := h.key(policy.KeyOptions{})
+	engine := tokenCheckingEngine(t)
+
+	if resp := h.heartbeat("wrong", serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{simModel}, State: "ready"}); resp.StatusCode != 401 {
+		t.Fatalf("heartbeat with a wrong cluster token: %d", resp.StatusCode)
+	}
+	if resp := h.heartbeat(clusterToken, serving.Heartbeat{ReplicaID: "w1", Address: "not a url", State: "ready"}); resp.StatusCode != 400 {
+		t.Fatalf("heartbeat with a bad address: %d", resp.StatusCode)
+	}
+	// Warming: registered, not routed to.
+	h.heartbeat(clusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{simModel}, State: "warming", Engine: "sim"})
+	resp := h.post("/v1/chat/completions", secret, hiBody)
+	resp.Body.Close()
+	if resp.StatusCode != 503 {
+		t.Fatalf("request while the only replica warms: %d, want 503", resp.StatusCode)
+	}
+	// Ready: routed to, with the cluster token.
+	if resp := h.heartbeat(clusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{simModel}, State: "ready", Engine: "sim",
+		Load: serving.Load{Waiting: 2, Running: 5, KVCacheUsage: 0.5}}); resp.StatusCode != 200 {
+		t.Fatalf("heartbeat: %d", resp.StatusCode)
+	}
+	resp = h.post("/v1/chat/completions", secret, hiBody)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Tailgate-Replica") != "w1" {
+		t.Fatalf("request to the registered replica: %d via %q", resp.StatusCode, resp.Header.Get("X-Tailgate-Replica"))
+	}
+	// The admin API shows it with its load.
+	req, _ := http.NewRequest(http.MethodGet, h.admin.URL+"/admin/v1/replicas", nil)
+	req.Header.Set("Authorization", "Bearer "+h.adminToken)
+	aresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Data []map[string]any `json:"data"`
+	}
+	_ = json.NewDecoder(aresp.Body).Decode(&list)
+	aresp.Body.Close()
+	if len(list.Data) != 1 || list.Data[0]["state"] != "ready" || list.Data[0]["engine_waiting"] != 2.0 || list.Data[0]["kv_cache_usage"] != 0.5 {
+		t.Fatalf("replicas: %+v", list.Data)
+	}
+	// Lease: with no more heartbeats the replica is dropped (lease 3.5s by default).
+	deadline := time.Now().Add(10 * time.Second)
+	for h.reg.Get("w1") != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("replica still registered 10s after its last heartbeat")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp = h.post("/v1/chat/completions", secret, hiBody)
+	resp.Body.Close()
+	if resp.StatusCode == 200 {
+		t.Fatal("request served after the only replica's lease expired")
+	}
+}
+
+func TestEngineTimingFromSidecarReachesLedger(t *testing.T) {
+	h := newHarness(t, harnessOpts{replicas: 1})
+	h.reg.Remove("sim-a")
+	// A stand-in sidecar that reports the engine timings per the wire contract.
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Stream bool `json:"stream"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if !req.Stream {
+			w.Header().Set(serving.HeaderEngineTTFT, "7.5")
+			w.Header().Set(serving.HeaderEngineQueue, "1.25")
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`))
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte(`data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}` + "\n\n"))
+		_, _ = w.Write([]byte(serving.TimingComment + "engine_ttft_ms=7.5 engine_queue_ms=1.25\n\n"))
+		_, _ = w.Write([]byte(`data: {"choices":[{"index":0,"delta":{"content":"a"}}]}` + "\n\n"))
+		_, _ = w.Write([]byte(`data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}` + "\n\n"))
+		_, _ = w.Write([]byte("data: [DONE]\n\n"))
+	}))
+	defer fake.Close()
+	h.heartbeat(clusterToken, serving.Heartbeat{ReplicaID: "w1", Address: fake.URL, Models: []string{simModel}, State: "ready"})
+	secret := h.key(policy.KeyOptions{})
+
+	resp := h.post("/v1/chat/completions", secret, hiBody)
+	resp.Body.Close()
+	st := resp.Header.Get("Server-Timing")
+	for _, want := range []string{"engine_ttft;dur=7.500", "engine_queue;dur=1.250", "network;dur="} {
+		if !bytes.Contains([]byte(st), []byte(want)) {
+			t.Fatalf("Server-Timing %q lacks %q", st, want)
+		}
+	}
+	resp = h.post("/v1/chat/completions", secret, `{"model":"tailgate-sim","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	payloads, comments := readSSE(t, resp.Body)
+	resp.Body.Close()
+	if comments != 0 {
+		t.Fatalf("the sidecar's timing comment reached the client: %q", payloads)
+	}
+	for _, r := range h.ledgerRows() {
+		if r.Stages.EngineTTFT != 7500*time.Microsecond || r.Stages.EngineQueue != 1250*time.Microsecond ||
+			r.Stages.Network < 0 || r.Stages.Network != max(r.Stages.UpstreamTTFT-r.Stages.EngineTTFT, 0) {
+			t.Fatalf("stages %+v (stream %v)", r.Stages, r.Stream)
+		}
+	}
+}

@@ -1,0 +1,73 @@
+// Package serving holds what runs on a GPU box: the simulated engine
+// (serving/sim), the vLLM launcher and supervisor (serving/launcher), the
+// sidecar that fronts the engine (serving/sidecar), and the wire types a
+// worker and the gateway exchange (this package).
+//
+// # Wire contract between a worker and the gateway
+//
+// Registration: the worker POSTs a [Heartbeat] as JSON to
+// {gateway admin URL}[HeartbeatPath] at least once a second, with
+// "Authorization: Bearer <cluster token>". The gateway answers 200 with a
+// [HeartbeatReply]. A replica that misses about three beats (its lease) is
+// dropped from routing.
+//
+// Requests: the gateway calls the sidecar's OpenAI endpoints with the same
+// cluster token as bearer. The sidecar reports the engine's share of each
+// request: on JSON answers in the response headers [HeaderEngineTTFT] and
+// [HeaderEngineQueue] (milliseconds, decimal); on SSE answers in one comment
+// event sent just before the first event that carries a token:
+//
+//	: tailgate-timing engine_ttft_ms=12.345 engine_queue_ms=0.210
+//
+// The gateway strips that comment before relaying. A value the sidecar does
+// not know is left out.
+package serving
+
+// HeartbeatPath is where workers register on the gateway's admin listener.
+const HeartbeatPath = "/admin/v1/cluster/heartbeat"
+
+// Headers and SSE comment prefix of the sidecar's timing report.
+const (
+	HeaderEngineTTFT  = "X-Tailgate-Engine-Ttft-Ms"
+	HeaderEngineQueue = "X-Tailgate-Engine-Queue-Ms"
+	TimingComment     = ": tailgate-timing "
+	// HeaderSimQueue is set by the simulated engine: how long the request
+	// waited for a slot. A real vLLM does not report it per request.
+	HeaderSimQueue = "X-Sim-Queue-Ms"
+)
+
+// Replica states as reported by workers (the router parses the same names).
+const (
+	StateStarting = "starting"
+	StateWarming  = "warming"
+	StateReady    = "ready"
+	StateDraining = "draining"
+	StateFailed   = "failed"
+)
+
+// Heartbeat is what a worker tells the gateway about its replica.
+type Heartbeat struct {
+	ReplicaID string   `json:"replica_id"`
+	Address   string   `json:"address"` // base URL of the sidecar, e.g. http://10.0.0.5:9000
+	Models    []string `json:"models"`
+	State     string   `json:"state"`
+	Reason    string   `json:"reason,omitempty"` // why not ready, for operators
+	Engine    string   `json:"engine"`           // "vllm" or "sim"
+	Load      Load     `json:"load"`
+}
+
+// Load is the replica's load as the sidecar sees it.
+type Load struct {
+	Inflight     int     `json:"inflight"`       // requests in the sidecar now
+	Waiting      float64 `json:"waiting"`        // vllm:num_requests_waiting
+	Running      float64 `json:"running"`        // vllm:num_requests_running
+	KVCacheUsage float64 `json:"kv_cache_usage"` // vllm:kv_cache_usage_perc (0..1)
+	// TTFTMillisP50 is the engine's recent median time to first token as the
+	// sidecar measured it; 0 when unknown.
+	TTFTMillisP50 float64 `json:"ttft_ms_p50"`
+}
+
+// HeartbeatReply is the gateway's answer.
+type HeartbeatReply struct {
+	LeaseSeconds float64 `json:"lease_seconds"`
+}
