@@ -241,10 +241,16 @@ func (r *Registry) Do(ctx context.Context, model string, fn AttemptFunc) (Result
 			rep.markOK(r.cfg.Now())
 			return res, nil
 		}
-		if !IsNotSent(err) || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return res, err
 		}
-		r.Eject(rep, "connect")
+		switch {
+		case IsNotSent(err):
+			r.Eject(rep, "connect")
+		case IsDeclined(err):
+		default:
+			return res, err
+		}
 		last = err
 	}
 	return res, last

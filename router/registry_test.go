@@ -109,3 +109,23 @@ func TestInflightReturnsToZeroOnPanic(t *testing.T) {
 		t.Fatalf("inflight after panic = %d", a.Inflight())
 	}
 }
+
+func TestDoRetriesDeclinedElsewhereWithoutEjecting(t *testing.T) {
+	reg := New(Config{}, nil)
+	a := reg.Add(readyReplica("a", "m"))
+	b := reg.Add(readyReplica("b", "m"))
+	var seen []*Replica
+	res, err := reg.Do(context.Background(), "m", func(ctx context.Context, rep *Replica, n int) error {
+		seen = append(seen, rep)
+		if n == 1 {
+			return ErrDeclined(errors.New("draining"))
+		}
+		return nil
+	})
+	if err != nil || res.Attempts != 2 || seen[0] == seen[1] {
+		t.Fatalf("Do = %+v, %v", res, err)
+	}
+	if a.State() != StateReady || b.State() != StateReady {
+		t.Fatalf("a declined attempt ejected a replica: a=%s b=%s", a.State(), b.State())
+	}
+}

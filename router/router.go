@@ -45,3 +45,21 @@ func IsNotSent(err error) bool {
 	var ns *notSentError
 	return errors.As(err, &ns)
 }
+
+// declinedError marks an attempt the replica refused before doing any work.
+type declinedError struct{ err error }
+
+func (e *declinedError) Error() string { return fmt.Sprintf("declined: %v", e.err) }
+func (e *declinedError) Unwrap() error { return e.err }
+
+// ErrDeclined wraps err to say the replica answered but refused the request
+// before doing any work (it is draining or not ready): the request is retried
+// on another replica at once, and the replica is not ejected — it is healthy,
+// just not taking work.
+func ErrDeclined(err error) error { return &declinedError{err: err} }
+
+// IsDeclined reports whether err says the replica declined the request.
+func IsDeclined(err error) bool {
+	var d *declinedError
+	return errors.As(err, &d)
+}

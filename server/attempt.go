@@ -159,7 +159,20 @@ func (s *Server) relayUpstreamError(c echo.Context, cl *call, resp *http.Respons
 		}
 		return c.Blob(resp.StatusCode, "application/json", body)
 	}
-	return &upstreamError{status: resp.StatusCode, err: fmt.Errorf("%s", http.StatusText(resp.StatusCode))}
+	err := &upstreamError{status: resp.StatusCode, err: fmt.Errorf("%s", http.StatusText(resp.StatusCode))}
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		switch gjson.GetBytes(body, "error.code").String() {
+		case "replica_draining":
+			// The worker is going away; its heartbeat will say so too.
+			if rep := s.reg.Get(cl.replica); rep != nil && rep.State() == router.StateReady {
+				rep.SetState(router.StateDraining, "draining (told by the replica)")
+			}
+			return router.ErrDeclined(err)
+		case "replica_not_ready":
+			return router.ErrDeclined(err)
+		}
+	}
+	return err
 }
 
 func (s *Server) setRouteHeaders(h http.Header, cl *call) {
