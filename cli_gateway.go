@@ -43,6 +43,18 @@ type gatewayFlags struct {
 	keepAlive        time.Duration
 	prices           stringList
 	shutdownGrace    time.Duration
+
+	policy          string
+	affinity        bool
+	slowStart       time.Duration
+	ttftDeadline    time.Duration
+	idleDeadline    time.Duration
+	jsonDeadline    time.Duration
+	hedge           bool
+	hedgePercentile float64
+	hedgeMin        time.Duration
+	hedgeMax        time.Duration
+	budgetRatio     float64
 }
 
 func (g *gatewayFlags) register(fs *flag.FlagSet, withUpstreams bool) {
@@ -58,6 +70,17 @@ func (g *gatewayFlags) register(fs *flag.FlagSet, withUpstreams bool) {
 	fs.DurationVar(&g.keepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
 	fs.Var(&g.prices, "price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)")
 	fs.DurationVar(&g.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
+	fs.StringVar(&g.policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
+	fs.BoolVar(&g.affinity, "affinity", false, "prefer the same replica for the same prompt prefix when load is comparable (reuses the engine's prefix cache)")
+	fs.DurationVar(&g.slowStart, "slow-start", 5*time.Second, "how long a freshly ready replica ramps up to a full share (0: off)")
+	fs.DurationVar(&g.ttftDeadline, "ttft-deadline", 30*time.Second, "an attempt with no first token by then is abandoned and its replica ejected")
+	fs.DurationVar(&g.idleDeadline, "idle-deadline", 30*time.Second, "a stream silent this long between tokens is cut and its replica ejected")
+	fs.DurationVar(&g.jsonDeadline, "json-deadline", 10*time.Minute, "how long a request that is not streamed may wait for its answer")
+	fs.BoolVar(&g.hedge, "hedge", false, "hedge requests: a second attempt on another replica when the first has no token by the hedge delay")
+	fs.Float64Var(&g.hedgePercentile, "hedge-percentile", 0.95, "hedge delay: this percentile of recent time to first token, per model")
+	fs.DurationVar(&g.hedgeMin, "hedge-min", 20*time.Millisecond, "smallest hedge delay")
+	fs.DurationVar(&g.hedgeMax, "hedge-max", 30*time.Second, "largest hedge delay")
+	fs.Float64Var(&g.budgetRatio, "retry-budget", 0.1, "extra attempts (retries after a request reached a replica, and hedges) as a fraction of requests")
 }
 
 // fileConfig is the YAML config file.
@@ -68,11 +91,19 @@ type fileConfig struct {
 	} `yaml:"upstreams"`
 	DefaultMaxTokens int64 `yaml:"default_max_tokens"`
 	Models           map[string]struct {
-		MaxTokens int64 `yaml:"max_tokens"`
-		Price     *struct {
+		MaxTokens    int64         `yaml:"max_tokens"`
+		TTFTDeadline time.Duration `yaml:"ttft_deadline"`
+		IdleDeadline time.Duration `yaml:"idle_deadline"`
+		Price        *struct {
 			Input  float64 `yaml:"input_per_million"`
 			Output float64 `yaml:"output_per_million"`
 		} `yaml:"price"`
+		Hedge *struct {
+			Enabled    *bool         `yaml:"enabled"`
+			Percentile float64       `yaml:"percentile"`
+			Min        time.Duration `yaml:"min"`
+			Max        time.Duration `yaml:"max"`
+		} `yaml:"hedge"`
 	} `yaml:"models"`
 }
 
@@ -84,12 +115,22 @@ type gatewaySetup struct {
 	upstreams []upstream
 	srvCfg    server.Config
 	prices    map[string]policy.Price
+	routerCfg router.Config
 }
 
 func (g *gatewayFlags) resolve() (*gatewaySetup, error) {
 	st := &gatewaySetup{prices: map[string]policy.Price{}}
 	st.srvCfg = server.Config{DefaultMaxTokens: g.defaultMaxTokens, MaxBodyBytes: g.maxBody, KeepAlive: g.keepAlive,
-		MaxTokensByModel: map[string]int64{}}
+		MaxTokensByModel: map[string]int64{}, TTFTDeadline: g.ttftDeadline, IdleDeadline: g.idleDeadline,
+		JSONDeadline: g.jsonDeadline, TTFTDeadlineByModel: map[string]time.Duration{}, IdleDeadlineByModel: map[string]time.Duration{}}
+	slow := g.slowStart
+	if slow == 0 {
+		slow = -1 // off
+	}
+	st.routerCfg = router.Config{Policy: g.policy, Affinity: g.affinity, SlowStart: slow,
+		Budget: router.BudgetConfig{Ratio: g.budgetRatio},
+		Hedge: router.HedgeConfig{Enabled: g.hedge, Percentile: g.hedgePercentile, Min: g.hedgeMin, Max: g.hedgeMax,
+			Models: map[string]router.HedgeModel{}}}
 	if g.configFile != "" {
 		raw, err := os.ReadFile(g.configFile)
 		if err != nil {
@@ -114,6 +155,15 @@ func (g *gatewayFlags) resolve() (*gatewaySetup, error) {
 			if m.Price != nil {
 				st.prices[name] = policy.Price{InputMicrosPerM: toMicros(m.Price.Input), OutputMicrosPerM: toMicros(m.Price.Output)}
 			}
+			if m.TTFTDeadline > 0 {
+				st.srvCfg.TTFTDeadlineByModel[name] = m.TTFTDeadline
+			}
+			if m.IdleDeadline > 0 {
+				st.srvCfg.IdleDeadlineByModel[name] = m.IdleDeadline
+			}
+			if h := m.Hedge; h != nil {
+				st.routerCfg.Hedge.Models[name] = router.HedgeModel{Enabled: h.Enabled, Percentile: h.Percentile, Min: h.Min, Max: h.Max}
+			}
 		}
 	}
 	for _, u := range g.upstreams {
@@ -129,6 +179,12 @@ func (g *gatewayFlags) resolve() (*gatewaySetup, error) {
 		if u.id == "" {
 			u.id = parsed.Host
 		}
+	}
+	if err := st.routerCfg.Validate(); err != nil {
+		return nil, err
+	}
+	if g.budgetRatio < 0 || g.budgetRatio > 1 {
+		return nil, fmt.Errorf("--retry-budget %v: want a fraction between 0 and 1", g.budgetRatio)
 	}
 	for _, p := range g.prices {
 		model, rest, ok := strings.Cut(p, "=")
@@ -216,12 +272,13 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 	promReg := prometheus.NewRegistry()
 	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	var onEject func(*router.Replica, string)
-	gw.reg = router.New(router.Config{OnEject: func(r *router.Replica, reason string) {
-		if onEject != nil {
-			onEject(r, reason)
-		}
-	}}, log)
+	// The router reports to the server's metrics; the server needs the
+	// router. The late binding is done before anything is served.
+	events := &lateEvents{}
+	rcfg := setup.routerCfg
+	rcfg.Events = events
+	rcfg.OnEject = events.eject
+	gw.reg = router.New(rcfg, log)
 	transport := server.NewTransport(2*time.Second, nil)
 	for _, u := range setup.upstreams {
 		rep := router.NewReplica(u.id, u.url)
@@ -239,7 +296,7 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 	if err != nil {
 		return nil, err
 	}
-	onEject = srv.CountEjection
+	events.bind(srv)
 
 	if gw.publicLn, err = net.Listen("tcp", gf.listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", gf.listen, err)
@@ -356,4 +413,34 @@ func ensureSecretFile(path, prefix string) (string, error) {
 		return "", err
 	}
 	return tok, f.Close()
+}
+
+// lateEvents forwards router events to the server's metrics once the server
+// exists (bind runs before any request is served).
+type lateEvents struct{ srv *server.Server }
+
+func (l *lateEvents) bind(srv *server.Server) { l.srv = srv }
+
+func (l *lateEvents) Attempt(model string, reason router.AttemptReason) {
+	if l.srv != nil {
+		l.srv.Events().Attempt(model, reason)
+	}
+}
+
+func (l *lateEvents) Retry(model, class string) {
+	if l.srv != nil {
+		l.srv.Events().Retry(model, class)
+	}
+}
+
+func (l *lateEvents) Hedge(model string, won bool) {
+	if l.srv != nil {
+		l.srv.Events().Hedge(model, won)
+	}
+}
+
+func (l *lateEvents) eject(rep *router.Replica, reason string, delay time.Duration) {
+	if l.srv != nil {
+		l.srv.CountEjection(rep, reason, delay)
+	}
 }

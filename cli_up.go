@@ -26,17 +26,25 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		sf       simFlags
 		lf       logFlags
 		replicas = fs.Int("replicas", 2, "number of local replicas to start")
-		engine   = fs.String("engine", "sim", "engine of the local replicas: sim")
-		model    = fs.String("model", "tailgate-sim", "model name the replicas serve")
+		engine   = fs.String("engine", "sim", "engine of the local replicas: sim, or vllm (one GPU per replica: replica i gets GPU i-1)")
+		model    = fs.String("model", "", "model the replicas serve (sim default: tailgate-sim; required with --engine vllm)")
+		warmup   = fs.Int("warmup", 3, "short generations each replica runs before it takes traffic")
+		vllmArgs stringList
 	)
+	fs.Var(&vllmArgs, "vllm-arg", "extra argument for every vllm serve (repeatable)")
 	gf.register(fs, true)
 	sf.register(fs)
 	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *engine != "sim" {
-		return fmt.Errorf("--engine %q: only the simulated engine (sim) can run under `up` for now; run `tailgate gateway --upstream URL` in front of an existing vLLM", *engine)
+	switch {
+	case *engine != "sim" && *engine != "vllm":
+		return fmt.Errorf("--engine %q: want sim or vllm", *engine)
+	case *engine == "vllm" && *model == "":
+		return errors.New("--engine vllm needs --model (a Hugging Face id or a local path)")
+	case *model == "":
+		*model = "tailgate-sim"
 	}
 	if *replicas < 1 || *replicas > 64 {
 		return fmt.Errorf("--replicas must be between 1 and 64, not %d", *replicas)
@@ -67,22 +75,34 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cctx, stopChildren := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := 1; i <= *replicas; i++ {
-		id := fmt.Sprintf("sim-%d", i)
-		childArgs := append([]string{"sim", "--listen", "127.0.0.1:0", "--announce", "--model", *model,
-			"--sim-seed", fmt.Sprint(sf.seed + int64(i) - 1), "--log-level", lf.level}, sf.args()...)
-		c := &child{name: id, path: self, args: childArgs, log: log.With("replica", id),
-			onListen: func(addr string) {
-				rep := router.NewReplica(id, "http://"+addr)
-				rep.Static = true
-				gw.reg.Add(rep)
-				go gw.health.ProbeAll(cctx)
-			}}
+		id := fmt.Sprintf("worker-%d", i)
+		childArgs := []string{"worker", "--gateway", "http://" + gw.adminAddr,
+			"--cluster-token-file", filepath.Join(gf.dataDir, "cluster.token"),
+			"--data", filepath.Join(gf.dataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
+			"--engine", *engine, "--model", *model, "--log-level", lf.level, "--log-format", lf.format,
+			"--warmup", fmt.Sprint(*warmup)}
+		switch *engine {
+		case "sim":
+			childArgs = append(childArgs, "--sim-seed", fmt.Sprint(sf.seed+int64(i)-1))
+			childArgs = append(childArgs, sf.args()...)
+		case "vllm":
+			childArgs = append(childArgs, "--gpus", fmt.Sprint(i-1))
+			for _, a := range vllmArgs {
+				childArgs = append(childArgs, "--vllm-arg", a)
+			}
+		}
+		c := &child{name: id, path: self, args: childArgs, log: log.With("replica", id)}
 		wg.Go(func() { c.supervise(cctx) })
 	}
 	defer func() { stopChildren(); wg.Wait() }()
+	wg.Go(func() { reportReadiness(cctx, gw, *replicas) })
 
 	admin := filepath.Join(gf.dataDir, "admin.token")
-	fmt.Fprintf(stdout, `tailgate up: %d SIMULATED replica(s) of model %q — answers are filler text, not a real model
+	what := "SIMULATED replica(s)"
+	if *engine == "vllm" {
+		what = "vLLM replica(s)"
+	}
+	fmt.Fprintf(stdout, `tailgate up: %d %s of model %q%s
   API        http://%s/v1        key: %s
   dashboard  http://%s/ui/       admin token: %s
   metrics    curl -H "Authorization: Bearer $(cat %s)" http://%s/metrics
@@ -90,7 +110,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
     curl -N http://%s/v1/chat/completions -H "Authorization: Bearer $(cat %s)" \
       -H 'Content-Type: application/json' \
       -d '{"model":"%s","stream":true,"messages":[{"role":"user","content":"Say hello"}]}'
-`, *replicas, *model, gw.publicAddr, keyPath, gw.adminAddr, admin, admin, gw.adminAddr, gw.publicAddr, keyPath, *model)
+`, *replicas, what, *model, simNote(*engine), gw.publicAddr, keyPath, gw.adminAddr, admin, admin, gw.adminAddr, gw.publicAddr, keyPath, *model)
 	return gw.run(ctx)
 }
 
@@ -190,12 +210,44 @@ func (c *child) forward(r io.Reader, watch bool) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if watch {
+		if watch && c.onListen != nil {
 			if addr, ok := strings.CutPrefix(line, announcePrefix); ok {
 				c.onListen(strings.TrimSpace(addr))
 				continue
 			}
 		}
 		fmt.Fprintf(os.Stderr, "[%s] %s\n", c.name, line)
+	}
+}
+
+func simNote(engine string) string {
+	if engine == "sim" {
+		return " — answers are filler text, not a real model"
+	}
+	return ""
+}
+
+// reportReadiness logs how many replicas are ready whenever that changes, and
+// a reminder every 15s while some are still starting.
+func reportReadiness(ctx context.Context, gw *gateway, want int) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	last, lastLog := -1, time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ready := 0
+		for _, r := range gw.reg.Replicas() {
+			if r.State() == router.StateReady {
+				ready++
+			}
+		}
+		if ready != last || (ready < want && time.Since(lastLog) > 15*time.Second) {
+			gw.log.Info("replicas ready", "ready", ready, "of", want)
+			last, lastLog = ready, time.Now()
+		}
 	}
 }

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -15,15 +16,20 @@ type Prober interface {
 type HealthConfig struct {
 	// Interval between probe rounds; 0 means 1s.
 	Interval time.Duration
-	// Timeout of one probe; 0 means 2s.
+	// Timeout of one probe; 0 means 1s.
 	Timeout time.Duration
 }
 
-// HealthChecker probes replicas and expires leases. Static replicas are
-// probed every round: one that answers becomes (or stays) ready with the
-// models it lists; one that does not is taken out. Registered replicas report
-// their own state by heartbeat and are probed only while ejected, to be let
-// back in.
+// ErrProbeNotReady is what a Prober returns for a replica that answered but
+// is not ready (starting, warming, draining): alive, so not ejected.
+var ErrProbeNotReady = errors.New("replica answered but is not ready")
+
+// HealthChecker probes every replica each round and expires leases. A
+// static replica that answers becomes (or stays) ready with the models it
+// lists. A registered replica reports its own state by heartbeat; the probe
+// only decides whether it is reachable: one that does not answer is ejected
+// (a hung worker is caught within a probe interval plus timeout), and an
+// ejected one that answers again is let back in.
 type HealthChecker struct {
 	reg    *Registry
 	prober Prober
@@ -36,7 +42,7 @@ func NewHealthChecker(reg *Registry, p Prober, cfg HealthConfig) *HealthChecker 
 		cfg.Interval = time.Second
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 2 * time.Second
+		cfg.Timeout = time.Second
 	}
 	return &HealthChecker{reg: reg, prober: p, cfg: cfg}
 }
@@ -61,8 +67,12 @@ func (h *HealthChecker) Run(ctx context.Context) error {
 func (h *HealthChecker) ProbeAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, rep := range h.reg.Replicas() {
-		if !rep.Static && rep.State() != StateEjected {
-			continue
+		switch rep.State() {
+		case StateReady, StateEjected:
+		default:
+			if !rep.Static {
+				continue // starting, warming, draining: its heartbeats speak for it
+			}
 		}
 		wg.Go(func() { h.probe(ctx, rep) })
 	}
@@ -75,6 +85,9 @@ func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
 	models, err := h.prober.Probe(ctx, rep)
 	if ctx.Err() != nil && err != nil && ctx.Err() == context.Canceled {
 		return // shutting down
+	}
+	if errors.Is(err, ErrProbeNotReady) {
+		return // alive; its heartbeat carries the state
 	}
 	if err != nil {
 		switch rep.State() {
@@ -91,9 +104,10 @@ func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
 		// probe only lifts the gateway's own ejection.
 		if rep.state.CompareAndSwap(int32(StateEjected), int32(StateReady)) {
 			rep.reason.Store(new(string))
-			rep.failures.Store(0)
+			rep.readySince.Store(h.reg.cfg.Now().UnixNano())
 			h.reg.log.Info("replica re-admitted after a good probe", "replica", rep.ID)
 		}
+		rep.markOK(h.reg.cfg.Now())
 		return
 	}
 	rep.SetModels(models)

@@ -1,7 +1,7 @@
 package router
 
 import (
-	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -21,8 +21,37 @@ type Config struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// OnEject is called when a replica is taken out of routing after a
-	// failure (reason is a short, bounded label such as "connect").
-	OnEject func(rep *Replica, reason string)
+	// failure: reason is a short, bounded label ("connect", "probe",
+	// "ttft_deadline", "idle_deadline"), delay the time since the first
+	// failure of the streak.
+	OnEject func(rep *Replica, reason string, delay time.Duration)
+	// Policy names the selection policy: "p2c" (default) or "round-robin".
+	Policy string
+	// SlowStart is how long a freshly ready replica ramps up to its full
+	// share; 0 means 5s, negative disables.
+	SlowStart time.Duration
+	// Affinity turns on prefix affinity (same prompt prefix → same replica
+	// when load is comparable).
+	Affinity bool
+	// Budget bounds retries after a request reached a replica, and hedges.
+	Budget BudgetConfig
+	// Hedge configures delayed hedging; the zero value disables it.
+	Hedge HedgeConfig
+	// Events receives attempt outcomes for metrics; may be nil.
+	Events Events
+}
+
+// Events receives what happened to attempts, for metrics. Every method must
+// be cheap and safe for concurrent use.
+type Events interface {
+	// Attempt is called when an attempt starts.
+	Attempt(model string, reason AttemptReason)
+	// Retry is called when a failed attempt is retried; class is
+	// "not_sent", "declined" or "no_token".
+	Retry(model, class string)
+	// Hedge is called when a hedged request ends: won is true when the hedge
+	// (not the first attempt) produced the answer.
+	Hedge(model string, won bool)
 }
 
 func (c *Config) setDefaults() {
@@ -35,24 +64,51 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.SlowStart == 0 {
+		c.SlowStart = 5 * time.Second
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	switch c.Policy {
+	case "", "p2c", "round-robin":
+	default:
+		return fmt.Errorf("router: unknown selection policy %q (want p2c or round-robin)", c.Policy)
+	}
+	return c.Hedge.validate()
 }
 
 // Registry is the set of replicas the gateway may route to.
 type Registry struct {
-	cfg Config
-	log *slog.Logger
+	cfg    Config
+	log    *slog.Logger
+	sel    Selector
+	budget *Budget
+	hedges *hedger
 
 	mu   sync.Mutex // serialises writers of list
 	list atomic.Pointer[[]*Replica]
 }
 
-// New returns an empty registry.
+// New returns an empty registry. It panics on a configuration Validate
+// rejects; call Validate first on user input.
 func New(cfg Config, log *slog.Logger) *Registry {
+	if err := cfg.Validate(); err != nil {
+		panic(err)
+	}
 	cfg.setDefaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Registry{cfg: cfg, log: log}
+	r := &Registry{cfg: cfg, log: log, budget: NewBudget(cfg.Budget, cfg.Now)}
+	switch cfg.Policy {
+	case "round-robin":
+		r.sel = &RoundRobin{}
+	default:
+		r.sel = &P2C{Rand: cfg.Rand, Now: cfg.Now, SlowStart: max(cfg.SlowStart, 0), Affinity: cfg.Affinity}
+	}
+	r.hedges = newHedger(cfg.Hedge, cfg.Now)
 	r.list.Store(&[]*Replica{})
 	return r
 }
@@ -144,120 +200,55 @@ func (r *Registry) Known(model string) bool {
 
 // Eject takes rep out of routing until a probe succeeds again.
 func (r *Registry) Eject(rep *Replica, reason string) {
-	rep.failures.Add(1)
-	if State(rep.state.Load()) != StateReady {
-		return
-	}
+	now := r.cfg.Now()
+	rep.markFailure(now)
 	if !rep.state.CompareAndSwap(int32(StateReady), int32(StateEjected)) {
 		return
 	}
 	rep.reason.Store(&reason)
-	r.log.Warn("replica ejected", "replica", rep.ID, "reason", reason)
+	rep.signalEjected()
+	delay := time.Duration(0)
+	if f := rep.firstFailAt.Load(); f != 0 {
+		delay = now.Sub(time.Unix(0, f))
+	}
+	r.log.Warn("replica ejected", "replica", rep.ID, "reason", reason, "since_first_failure", delay.Round(time.Millisecond))
 	if r.cfg.OnEject != nil {
-		r.cfg.OnEject(rep, reason)
+		r.cfg.OnEject(rep, reason, delay)
 	}
 }
 
-// Pick chooses a ready replica serving model, skipping those in exclude:
-// the less loaded of two chosen at random (power of two choices).
-func (r *Registry) Pick(model string, exclude []*Replica) (*Replica, error) {
-	list := *r.list.Load()
-	var a, b *Replica
-	n := 0
+// maxCandidates sizes the on-stack candidate array; larger fleets allocate.
+const maxCandidates = 32
+
+// Pick chooses a ready replica serving the hinted model, skipping those in
+// exclude and those backing off, with the configured selection policy.
+func (r *Registry) Pick(hint Hint, exclude []*Replica) (*Replica, error) {
+	var buf [maxCandidates]*Replica
+	cands := buf[:0]
 	known := false
-	for _, rep := range list {
-		if !rep.Serves(model) {
+	now := r.cfg.Now()
+	for _, rep := range *r.list.Load() {
+		if !rep.Serves(hint.Model) {
 			continue
 		}
 		known = true
-		if rep.State() != StateReady || slices.Contains(exclude, rep) {
+		if rep.State() != StateReady || slices.Contains(exclude, rep) || rep.backingOff(now) {
 			continue
 		}
-		// Reservoir-sample two distinct candidates in one pass, no allocation.
-		n++
-		switch {
-		case n == 1:
-			a = rep
-		case n == 2:
-			b = rep
-		default:
-			if j := r.cfg.Rand(n); j == 0 {
-				a = rep
-			} else if j == 1 {
-				b = rep
-			}
-		}
+		cands = append(cands, rep)
 	}
 	switch {
 	case !known:
 		return nil, ErrUnknownModel
-	case a == nil:
+	case len(cands) == 0:
 		return nil, ErrNoReplica
-	case b == nil:
-		return a, nil
 	}
-	if r.cfg.Rand(2) == 1 {
-		a, b = b, a
-	}
-	if b.Inflight() < a.Inflight() {
-		return b, nil
-	}
-	return a, nil
+	return r.sel.Select(cands, hint), nil
 }
 
-// AttemptFunc runs one attempt of a request on rep; n counts attempts from 1.
-// It returns an error wrapped with [ErrNotSent] when the request never
-// reached the replica.
-type AttemptFunc func(ctx context.Context, rep *Replica, n int) error
-
-// Result tells how a request was served.
-type Result struct {
-	Replica  *Replica // the replica of the last attempt (nil if none was picked)
-	Attempts int
-}
-
-// Do runs fn on a ready replica for model, retrying on another replica at
-// once when an attempt never reached its replica. The replica's in-flight
-// count is held for the whole attempt and always given back.
-func (r *Registry) Do(ctx context.Context, model string, fn AttemptFunc) (Result, error) {
-	var (
-		res   Result
-		tried []*Replica
-		last  error
-	)
-	for res.Attempts < r.cfg.MaxAttempts {
-		rep, err := r.Pick(model, tried)
-		if err != nil {
-			if last != nil {
-				return res, last
-			}
-			return res, err
-		}
-		res.Replica = rep
-		res.Attempts++
-		tried = append(tried, rep)
-		err = r.attempt(ctx, rep, res.Attempts, fn)
-		if err == nil {
-			rep.markOK(r.cfg.Now())
-			return res, nil
-		}
-		if ctx.Err() != nil {
-			return res, err
-		}
-		switch {
-		case IsNotSent(err):
-			r.Eject(rep, "connect")
-		case IsDeclined(err):
-		default:
-			return res, err
-		}
-		last = err
-	}
-	return res, last
-}
-
-func (r *Registry) attempt(ctx context.Context, rep *Replica, n int, fn AttemptFunc) error {
-	release := rep.acquire()
-	defer release()
-	return fn(ctx, rep, n)
+// ScoreInputs returns the numbers the load-aware policy scores rep with, for
+// metrics and the admin API.
+func (r *Registry) ScoreInputs(rep *Replica) (inflight, waiting, ttftSeconds, slowStart, score float64) {
+	in := scorer{now: r.cfg.Now, slowStart: max(r.cfg.SlowStart, 0)}.inputs(rep, fallbackTTFT(r.Replicas()))
+	return in.Inflight, in.Waiting, in.TTFT, in.SlowStart, in.Score
 }

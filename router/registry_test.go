@@ -3,15 +3,26 @@ package router
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func readyReplica(id string, models ...string) *Replica {
 	r := NewReplica(id, "http://"+id)
 	r.SetModels(models)
 	r.SetState(StateReady, "")
+	r.readySince.Store(time.Now().Add(-time.Hour).UnixNano()) // warm: no slow start
 	return r
 }
+
+// fakeAttempt is an Attempt that records whether it was aborted.
+type fakeAttempt struct{ aborted atomic.Bool }
+
+func (f *fakeAttempt) Abort() { f.aborted.Store(true) }
+
+func hint(model string) Request { return Request{Hint: Hint{Model: model}} }
 
 func TestPickLeastLoadedOfTwo(t *testing.T) {
 	reg := New(Config{Rand: func(n int) int { return 0 }}, nil)
@@ -19,10 +30,98 @@ func TestPickLeastLoadedOfTwo(t *testing.T) {
 	b := reg.Add(readyReplica("b", "m"))
 	a.inflight.Store(5)
 	for range 10 {
-		got, err := reg.Pick("m", nil)
+		got, err := reg.Pick(Hint{Model: "m"}, nil)
 		if err != nil || got != b {
 			t.Fatalf("Pick = %v, %v; want b (less loaded)", got, err)
 		}
+	}
+}
+
+func TestPickWeighsEngineQueueAndTTFT(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(a, b *Replica)
+		want  string
+	}{
+		{"engine queue from heartbeat", func(a, b *Replica) { a.load.Store(&Load{Waiting: 4}) }, "b"},
+		{"slower replica", func(a, b *Replica) { a.ObserveTTFT(300 * time.Millisecond); b.ObserveTTFT(100 * time.Millisecond) }, "b"},
+		{"slower but idle beats faster but busy", func(a, b *Replica) {
+			a.ObserveTTFT(200 * time.Millisecond)
+			b.ObserveTTFT(100 * time.Millisecond)
+			b.inflight.Store(4)
+		}, "a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := New(Config{Rand: func(n int) int { return 0 }}, nil)
+			a := reg.Add(readyReplica("a", "m"))
+			b := reg.Add(readyReplica("b", "m"))
+			tc.setup(a, b)
+			got, _ := reg.Pick(Hint{Model: "m"}, nil)
+			if got.ID != tc.want {
+				t.Fatalf("picked %s, want %s", got.ID, tc.want)
+			}
+		})
+	}
+}
+
+func TestSlowStartRampsAFreshReplica(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	reg := New(Config{Now: clock, SlowStart: 10 * time.Second, Rand: func(n int) int { return 0 }}, nil)
+	old := reg.Add(readyReplica("old", "m"))
+	fresh := reg.Add(readyReplica("fresh", "m"))
+	fresh.readySince.Store(now.UnixNano())
+	old.readySince.Store(now.Add(-time.Hour).UnixNano())
+	old.inflight.Store(3)
+	// Just ready: even a busier warm replica wins (score ×10).
+	if got, _ := reg.Pick(Hint{Model: "m"}, nil); got != old {
+		t.Fatalf("fresh replica picked at once: %s", got.ID)
+	}
+	// Ten seconds later it competes on load alone.
+	now = now.Add(10 * time.Second)
+	if got, _ := reg.Pick(Hint{Model: "m"}, nil); got != fresh {
+		t.Fatalf("after the ramp the idle replica should win, got %s", got.ID)
+	}
+	_, _, _, ss, _ := reg.ScoreInputs(fresh)
+	if ss != 1 {
+		t.Fatalf("slow-start factor after the ramp = %v", ss)
+	}
+}
+
+func TestPrefixAffinityKeepsAPrefixTogetherWhenLoadIsComparable(t *testing.T) {
+	reg := New(Config{Affinity: true}, nil)
+	for _, id := range []string{"a", "b", "c", "d"} {
+		reg.Add(readyReplica(id, "m"))
+	}
+	first, _ := reg.Pick(Hint{Model: "m", Prefix: 12345}, nil)
+	for range 50 {
+		if got, _ := reg.Pick(Hint{Model: "m", Prefix: 12345}, nil); got != first {
+			t.Fatalf("same prefix went to %s, then %s", first.ID, got.ID)
+		}
+	}
+	first.inflight.Store(10) // no longer comparable: load wins
+	moved := false
+	for range 50 {
+		if got, _ := reg.Pick(Hint{Model: "m", Prefix: 12345}, nil); got != first {
+			moved = true
+		}
+	}
+	if !moved {
+		t.Fatal("affinity kept sending to a replica with 10 requests in flight")
+	}
+}
+
+func TestRoundRobinTakesTurns(t *testing.T) {
+	reg := New(Config{Policy: "round-robin"}, nil)
+	reg.Add(readyReplica("a", "m"))
+	reg.Add(readyReplica("b", "m")).inflight.Store(100) // blind to load
+	seen := map[string]int{}
+	for range 10 {
+		got, _ := reg.Pick(Hint{Model: "m"}, nil)
+		seen[got.ID]++
+	}
+	if seen["a"] != 5 || seen["b"] != 5 {
+		t.Fatalf("round robin spread %v", seen)
 	}
 }
 
@@ -34,8 +133,10 @@ func TestPickSkipsReplicasThatMayNotTakeTraffic(t *testing.T) {
 		r.SetState(s, "test")
 		reg.Add(r)
 	}
+	backing := reg.Add(readyReplica("backing-off", "m"))
+	backing.BackOff(time.Now().Add(time.Minute))
 	for range 50 {
-		got, err := reg.Pick("m", nil)
+		got, err := reg.Pick(Hint{Model: "m"}, nil)
 		if err != nil || got != ready {
 			t.Fatalf("Pick = %v, %v; want the only ready replica", got, err)
 		}
@@ -45,34 +146,41 @@ func TestPickSkipsReplicasThatMayNotTakeTraffic(t *testing.T) {
 func TestPickUnknownVersusUnavailable(t *testing.T) {
 	reg := New(Config{}, nil)
 	r := reg.Add(readyReplica("a", "m"))
-	if _, err := reg.Pick("other", nil); !errors.Is(err, ErrUnknownModel) {
+	if _, err := reg.Pick(Hint{Model: "other"}, nil); !errors.Is(err, ErrUnknownModel) {
 		t.Fatalf("unknown model: err = %v", err)
 	}
 	r.SetState(StateEjected, "test")
-	if _, err := reg.Pick("m", nil); !errors.Is(err, ErrNoReplica) {
+	if _, err := reg.Pick(Hint{Model: "m"}, nil); !errors.Is(err, ErrNoReplica) {
 		t.Fatalf("known model, nothing ready: err = %v", err)
 	}
 }
 
 func TestDoRetriesNotSentOnAnotherReplicaAndEjects(t *testing.T) {
+	var mu sync.Mutex
 	var ejected []string
-	reg := New(Config{OnEject: func(r *Replica, reason string) { ejected = append(ejected, r.ID+":"+reason) }}, nil)
+	reg := New(Config{OnEject: func(r *Replica, reason string, _ time.Duration) {
+		mu.Lock()
+		ejected = append(ejected, r.ID+":"+reason)
+		mu.Unlock()
+	}}, nil)
 	a := reg.Add(readyReplica("a", "m"))
 	b := reg.Add(readyReplica("b", "m"))
 	var seen []string
-	res, err := reg.Do(context.Background(), "m", func(ctx context.Context, rep *Replica, n int) error {
+	res, err := reg.Do(context.Background(), hint("m"), func(ctx context.Context, rep *Replica, n int, _ AttemptReason) (Attempt, error) {
 		seen = append(seen, rep.ID)
 		if rep.Inflight() != 1 {
 			t.Errorf("inflight during attempt = %d, want 1", rep.Inflight())
 		}
 		if n == 1 {
-			return ErrNotSent(errors.New("connection refused"))
+			return nil, ErrNotSent(errors.New("connection refused"))
 		}
-		return nil
+		return &fakeAttempt{}, nil
 	})
 	if err != nil || res.Attempts != 2 || len(seen) != 2 || seen[0] == seen[1] {
 		t.Fatalf("Do = %+v, %v; attempts on %v", res, err, seen)
 	}
+	res.Finish()
+	res.Losers()
 	if len(ejected) != 1 || ejected[0] != seen[0]+":connect" {
 		t.Fatalf("ejected = %v, want the first replica", ejected)
 	}
@@ -81,32 +189,43 @@ func TestDoRetriesNotSentOnAnotherReplicaAndEjects(t *testing.T) {
 	}
 }
 
-func TestDoDoesNotRetryAfterTheRequestWasSent(t *testing.T) {
+func TestDoFinalErrorIsNotRetried(t *testing.T) {
 	reg := New(Config{}, nil)
 	reg.Add(readyReplica("a", "m"))
 	reg.Add(readyReplica("b", "m"))
 	calls := 0
-	boom := errors.New("upstream 500")
-	res, err := reg.Do(context.Background(), "m", func(ctx context.Context, rep *Replica, n int) error {
+	boom := errors.New("upstream 400")
+	res, err := reg.Do(context.Background(), hint("m"), func(ctx context.Context, rep *Replica, n int, _ AttemptReason) (Attempt, error) {
 		calls++
-		return boom
+		return nil, boom
 	})
 	if !errors.Is(err, boom) || calls != 1 || res.Attempts != 1 {
 		t.Fatalf("Do = %+v, %v after %d calls", res, err, calls)
 	}
 }
 
-func TestInflightReturnsToZeroOnPanic(t *testing.T) {
-	reg := New(Config{}, nil)
-	a := reg.Add(readyReplica("a", "m"))
-	func() {
-		defer func() { _ = recover() }()
-		_, _ = reg.Do(context.Background(), "m", func(ctx context.Context, rep *Replica, n int) error {
-			panic("handler bug")
-		})
-	}()
-	if a.Inflight() != 0 {
-		t.Fatalf("inflight after panic = %d", a.Inflight())
+func TestDoRetriesNoTokenWithinBudget(t *testing.T) {
+	now := time.Unix(0, 0)
+	reg := New(Config{Now: func() time.Time { return now }, MaxAttempts: 2,
+		Budget: BudgetConfig{Burst: 2, Ratio: 0.01, MinPerSecond: 0.001}}, nil)
+	reg.Add(readyReplica("a", "m"))
+	reg.Add(readyReplica("b", "m"))
+	fail := func(ctx context.Context, rep *Replica, n int, _ AttemptReason) (Attempt, error) {
+		if n == 1 {
+			return nil, ErrNoToken(errors.New("500"), "")
+		}
+		return &fakeAttempt{}, nil
+	}
+	for i := range 2 {
+		res, err := reg.Do(context.Background(), hint("m"), fail)
+		if err != nil || res.Attempts != 2 {
+			t.Fatalf("request %d: %+v %v; want a retry while the budget lasts", i, res, err)
+		}
+		res.Finish()
+	}
+	res, err := reg.Do(context.Background(), hint("m"), fail)
+	if err == nil || res.Attempts != 1 {
+		t.Fatalf("budget spent: %+v %v; want the error without a retry", res, err)
 	}
 }
 
@@ -115,17 +234,46 @@ func TestDoRetriesDeclinedElsewhereWithoutEjecting(t *testing.T) {
 	a := reg.Add(readyReplica("a", "m"))
 	b := reg.Add(readyReplica("b", "m"))
 	var seen []*Replica
-	res, err := reg.Do(context.Background(), "m", func(ctx context.Context, rep *Replica, n int) error {
+	res, err := reg.Do(context.Background(), hint("m"), func(ctx context.Context, rep *Replica, n int, _ AttemptReason) (Attempt, error) {
 		seen = append(seen, rep)
 		if n == 1 {
-			return ErrDeclined(errors.New("draining"))
+			return nil, ErrDeclined(errors.New("draining"))
 		}
-		return nil
+		return &fakeAttempt{}, nil
 	})
 	if err != nil || res.Attempts != 2 || seen[0] == seen[1] {
 		t.Fatalf("Do = %+v, %v", res, err)
 	}
+	res.Finish()
 	if a.State() != StateReady || b.State() != StateReady {
 		t.Fatalf("a declined attempt ejected a replica: a=%s b=%s", a.State(), b.State())
+	}
+}
+
+func TestInflightReturnsToZeroOnEveryOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		open OpenFunc
+	}{
+		{"success", func(context.Context, *Replica, int, AttemptReason) (Attempt, error) { return &fakeAttempt{}, nil }},
+		{"error", func(context.Context, *Replica, int, AttemptReason) (Attempt, error) { return nil, errors.New("x") }},
+		{"cancel", func(ctx context.Context, _ *Replica, _ int, _ AttemptReason) (Attempt, error) {
+			<-ctx.Done()
+			return nil, ErrNoToken(ctx.Err(), "")
+		}},
+		{"panic", func(context.Context, *Replica, int, AttemptReason) (Attempt, error) { panic("handler bug") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := New(Config{}, nil)
+			a := reg.Add(readyReplica("a", "m"))
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			res, _ := reg.Do(ctx, hint("m"), tc.open)
+			res.Finish()
+			res.Losers()
+			if a.Inflight() != 0 {
+				t.Fatalf("inflight after %s = %d", tc.name, a.Inflight())
+			}
+		})
 	}
 }

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"hash/fnv"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -56,7 +58,55 @@ type Replica struct {
 	lease    atomic.Int64           // unix nanos when a registered replica's lease ends
 	load     atomic.Pointer[Load]   // engine load from the last heartbeat
 	engine   atomic.Pointer[string] // engine kind reported by the worker
+
+	idHash       uint64        // for rendezvous hashing
+	readySince   atomic.Int64  // unix nanos of the last move to ready (slow start)
+	ttftBits     atomic.Uint64 // EWMA of time to first token, float64 nanoseconds
+	backoffUntil atomic.Int64  // unix nanos: the replica pushed back (429/503 Retry-After)
+	firstFailAt  atomic.Int64  // unix nanos of the first failure of the current streak
+	ejectCh      atomic.Pointer[chan struct{}]
 }
+
+// Ejected returns a channel closed when the replica is next ejected, so
+// attempts still waiting for a first token there can give up and go
+// elsewhere at once.
+func (r *Replica) Ejected() <-chan struct{} { return *r.ejectCh.Load() }
+
+// signalEjected wakes everyone waiting on Ejected.
+func (r *Replica) signalEjected() {
+	next := make(chan struct{})
+	close(*r.ejectCh.Swap(&next))
+}
+
+// ttftAlpha weighs a new TTFT sample in the replica's moving average.
+const ttftAlpha = 0.2
+
+// ObserveTTFT folds one time-to-first-token sample into the replica's
+// estimate.
+func (r *Replica) ObserveTTFT(d time.Duration) {
+	for {
+		old := r.ttftBits.Load()
+		prev := math.Float64frombits(old)
+		next := float64(d)
+		if prev > 0 {
+			next = prev + ttftAlpha*(float64(d)-prev)
+		}
+		if r.ttftBits.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// TTFTEstimate returns the replica's recent time to first token (0: no sample yet).
+func (r *Replica) TTFTEstimate() time.Duration {
+	return time.Duration(math.Float64frombits(r.ttftBits.Load()))
+}
+
+// BackOff keeps the replica out of selection until t (it answered 429 or 503
+// with Retry-After).
+func (r *Replica) BackOff(until time.Time) { r.backoffUntil.Store(until.UnixNano()) }
+
+func (r *Replica) backingOff(now time.Time) bool { return now.UnixNano() < r.backoffUntil.Load() }
 
 // Load is a replica's engine load as its worker last reported it.
 type Load struct {
@@ -94,7 +144,11 @@ func (r *Replica) LeaseExpiry() time.Time {
 
 // NewReplica returns a replica in StateStarting serving no models yet.
 func NewReplica(id, url string) *Replica {
-	r := &Replica{ID: id, URL: url}
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	r := &Replica{ID: id, URL: url, idHash: h.Sum64()}
+	ch := make(chan struct{})
+	r.ejectCh.Store(&ch)
 	empty := []string{}
 	r.models.Store(&empty)
 	reason := "not probed yet"
@@ -135,13 +189,25 @@ func (r *Replica) SetModels(models []string) {
 // SetState moves the replica to s, recording why (reason is "" for ready).
 func (r *Replica) SetState(s State, reason string) {
 	r.reason.Store(&reason)
-	r.state.Store(int32(s))
+	if prev := State(r.state.Swap(int32(s))); s == StateReady && prev != StateReady {
+		r.readySince.Store(time.Now().UnixNano())
+	}
 }
 
 // markOK records a successful probe or attempt.
 func (r *Replica) markOK(now time.Time) {
-	r.failures.Store(0)
+	if r.failures.Load() != 0 {
+		r.failures.Store(0)
+	}
+	r.firstFailAt.Store(0)
 	r.lastOK.Store(now.UnixNano())
+}
+
+// markFailure counts a failure and remembers when the streak began.
+func (r *Replica) markFailure(now time.Time) {
+	if r.failures.Add(1) == 1 {
+		r.firstFailAt.CompareAndSwap(0, now.UnixNano())
+	}
 }
 
 // acquire counts one request in flight; the returned func gives it back and

@@ -63,3 +63,33 @@ func IsDeclined(err error) bool {
 	var d *declinedError
 	return errors.As(err, &d)
 }
+
+// noTokenError marks an attempt that reached the replica but produced no
+// token (an error status, a dropped connection, a deadline).
+type noTokenError struct {
+	err   error
+	eject string
+}
+
+func (e *noTokenError) Error() string { return fmt.Sprintf("no token: %v", e.err) }
+func (e *noTokenError) Unwrap() error { return e.err }
+
+// ErrNoToken wraps err to say the attempt reached the replica but produced
+// no token. It may be retried on another replica within the retry budget.
+// A non-empty eject names why the replica should be taken out as well
+// (e.g. "ttft_deadline"); "" keeps it in.
+func ErrNoToken(err error, eject string) error { return &noTokenError{err: err, eject: eject} }
+
+// IsNoToken reports whether err says the attempt produced no token.
+func IsNoToken(err error) bool {
+	var nt *noTokenError
+	return errors.As(err, &nt)
+}
+
+func noTokenEject(err error) string {
+	var nt *noTokenError
+	if errors.As(err, &nt) {
+		return nt.eject
+	}
+	return ""
+}

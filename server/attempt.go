@@ -1,8 +1,10 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,9 +14,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/tidwall/gjson"
 
+	"tailgate/data"
+	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/serving"
 )
@@ -22,19 +25,21 @@ import (
 // maxUpstreamBody bounds a non-streaming answer read from a replica.
 const maxUpstreamBody = 64 << 20
 
-// upstreamError is a failure after the request reached the replica.
-type upstreamError struct {
-	status int // upstream HTTP status, 0 for a transport error
-	err    error
+var (
+	errTTFTDeadline   = errors.New("no first token before the deadline")
+	errJSONDeadline   = errors.New("no answer before the deadline")
+	errReplicaEjected = errors.New("replica ejected while waiting for its first token")
+	errNoTokenEOF     = errors.New("stream ended before the first token")
+)
+
+// relayError is a replica's client error (4xx but 429): its answer stands and
+// is passed to the client as it is.
+type relayError struct {
+	status int
+	body   []byte
 }
 
-func (e *upstreamError) Error() string {
-	if e.status != 0 {
-		return fmt.Sprintf("upstream status %d: %v", e.status, e.err)
-	}
-	return "upstream: " + e.err.Error()
-}
-func (e *upstreamError) Unwrap() error { return e.err }
+func (e *relayError) Error() string { return fmt.Sprintf("upstream answered %d", e.status) }
 
 // attemptTrace records, through httptrace, how far an attempt got.
 type attemptTrace struct {
@@ -55,18 +60,62 @@ func (t *attemptTrace) clientTrace() *httptrace.ClientTrace {
 	}
 }
 
-// attempt sends the call to rep and relays the answer to the client.
-func (s *Server) attempt(ctx context.Context, c echo.Context, cl *call, rep *router.Replica, n int) error {
-	if n == 1 {
-		cl.mm.first.Inc()
-	} else {
-		cl.mm.retry.Inc()
+// upstream is one attempt's answer, held at its first token: for JSON the
+// whole body, for SSE the events up to and including the first token and the
+// reader positioned after them. It implements router.Attempt.
+type upstream struct {
+	rep     *router.Replica
+	n       int
+	reason  router.AttemptReason
+	resp    *http.Response
+	cancel  context.CancelFunc
+	ctx     context.Context
+	br      *bufio.Reader
+	body    []byte   // JSON answer
+	pending [][]byte // SSE events read before relaying began (first token last)
+	done    bool     // [DONE] already among pending
+
+	sentAt, wroteAt time.Time
+	stages          data.Stages // connect, upstream_ttft, engine_*
+	usage           policy.Usage
+	gotUsage        bool
+	tokens          int64 // content events seen
+}
+
+// Abort cancels the attempt and closes its connection.
+func (u *upstream) Abort() {
+	u.cancel()
+	if u.resp != nil {
+		u.resp.Body.Close()
 	}
+	u.release()
+}
+
+func (u *upstream) release() {
+	if u.br != nil {
+		u.br.Reset(nil)
+		readerPool.Put(u.br)
+		u.br = nil
+	}
+}
+
+// open runs one attempt up to its first token. It writes nothing to the
+// client: the router may run two at once and keep one.
+func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	u := &upstream{rep: rep, n: n, reason: reason, cancel: cancel, ctx: ctx, stages: data.UnknownStages()}
+	ok := false
+	defer func() {
+		if !ok {
+			u.Abort()
+		}
+	}()
+
 	tr := &attemptTrace{}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, tr.clientTrace()),
 		http.MethodPost, rep.URL+cl.ep.path, bytes.NewReader(cl.req.body))
 	if err != nil {
-		return router.ErrNotSent(err)
+		return nil, router.ErrNotSent(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", cl.id)
@@ -76,103 +125,189 @@ func (s *Server) attempt(ctx context.Context, c echo.Context, cl *call, rep *rou
 	if cl.req.stream {
 		req.Header.Set("Accept", "text/event-stream")
 	}
-	sendAt := time.Now()
-	if cl.stages.Gateway < 0 {
-		cl.stages.Gateway = sendAt.Sub(cl.start)
+
+	// The first-token deadline, and ejection of the replica meanwhile (a
+	// probe found it hung), both end the wait; the router retries elsewhere.
+	var why atomic.Pointer[error]
+	deadline := s.deadlines(cl.req.model, cl.req.stream)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		t := time.NewTimer(deadline)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			e := errTTFTDeadline
+			if !cl.req.stream {
+				e = errJSONDeadline
+			}
+			why.Store(&e)
+			cancel()
+		case <-rep.Ejected():
+			why.Store(&errReplicaEjected)
+			cancel()
+		case <-stop:
+		case <-ctx.Done():
+		}
+	}()
+	fail := func(err error) error {
+		if w := why.Load(); w != nil {
+			switch *w {
+			case errReplicaEjected:
+				return router.ErrDeclined(*w)
+			case errTTFTDeadline:
+				return router.ErrNoToken(*w, "ttft_deadline")
+			default:
+				return router.ErrNoToken(*w, "")
+			}
+		}
+		return router.ErrNoToken(err, "")
 	}
+
+	u.sentAt = time.Now()
 	resp, err := s.transport.RoundTrip(req)
 	if err != nil {
-		if tr.wrote.Load() == 0 {
-			return router.ErrNotSent(err)
+		if tr.wrote.Load() == 0 && why.Load() == nil {
+			return nil, router.ErrNotSent(err)
 		}
-		return &upstreamError{err: err}
+		return nil, fail(err)
 	}
-	defer resp.Body.Close()
-	cl.replica = rep.ID
+	u.resp = resp
+	u.stages.Connect = 0 // a warm connection was reused
 	if cs, cd := tr.connectStart.Load(), tr.connectDone.Load(); cs != 0 && cd >= cs {
-		cl.stages.Connect = time.Duration(cd - cs)
-	} else {
-		cl.stages.Connect = 0 // a warm connection was reused
+		u.stages.Connect = time.Duration(cd - cs)
 	}
-	wroteAt := sendAt
+	u.wroteAt = u.sentAt
 	if w := tr.wrote.Load(); w != 0 {
-		wroteAt = time.Unix(0, w)
+		u.wroteAt = time.Unix(0, w)
 	}
-
 	if resp.StatusCode != http.StatusOK {
-		return s.relayUpstreamError(c, cl, resp)
+		return nil, s.upstreamStatus(rep, resp, fail)
 	}
-	if cl.req.stream {
-		return s.relayStream(ctx, c, cl, resp, wroteAt)
-	}
-	return s.relayJSON(c, cl, resp, wroteAt)
-}
-
-// relayJSON relays a non-streaming answer byte for byte.
-func (s *Server) relayJSON(c echo.Context, cl *call, resp *http.Response, wroteAt time.Time) error {
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
-	if err != nil {
-		return &upstreamError{err: err}
-	}
-	now := time.Now()
-	cl.stages.UpstreamTTFT = now.Sub(wroteAt)
-	if v, ok := parseMillis(resp.Header.Get(serving.HeaderEngineTTFT)); ok {
-		cl.stages.EngineTTFT = v
-		cl.stages.Network = max(cl.stages.UpstreamTTFT-v, 0)
-	}
-	if v, ok := parseMillis(resp.Header.Get(serving.HeaderEngineQueue)); ok {
-		cl.stages.EngineQueue = v
-	}
-	if u := gjson.GetBytes(body, "usage"); u.IsObject() {
-		cl.usage.PromptTokens = u.Get("prompt_tokens").Int()
-		cl.usage.CompletionTokens = u.Get("completion_tokens").Int()
-		cl.gotUsage = true
-	}
-	cl.stages.TTFT = now.Sub(cl.start)
-	cl.stages.Total = cl.stages.TTFT
-	cl.firstToken = true
-	h := c.Response().Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	s.setRouteHeaders(h, cl)
-	h.Set("Server-Timing", serverTiming(cl))
-	c.Response().WriteHeader(http.StatusOK)
-	_, _ = c.Response().Write(body)
-	return nil
-}
-
-// relayUpstreamError passes a replica's client error (4xx but 429) through as
-// it is — it speaks OpenAI's shape already — and turns overload and server
-// errors into the gateway's own 502/503.
-func (s *Server) relayUpstreamError(c echo.Context, cl *call, resp *http.Response) error {
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusTooManyRequests {
-		cl.status = resp.StatusCode
-		cl.outcome = "upstream_rejected"
-		cl.errClass = "upstream_" + strconv.Itoa(resp.StatusCode)
-		h := c.Response().Header()
-		h.Set("Content-Type", "application/json")
-		s.setRouteHeaders(h, cl)
-		if !gjson.ValidBytes(body) || !gjson.GetBytes(body, "error").Exists() {
-			return writeError(c, &apiError{Status: resp.StatusCode, Type: "invalid_request_error",
-				Code: "upstream_rejected", Message: strings.TrimSpace(string(body))})
+	if !cl.req.stream {
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+		if err != nil {
+			return nil, fail(err)
 		}
-		return c.Blob(resp.StatusCode, "application/json", body)
+		u.body = body
+		u.stages.UpstreamTTFT = time.Since(u.wroteAt)
+		if v, ok := parseMillis(resp.Header.Get(serving.HeaderEngineTTFT)); ok {
+			u.stages.EngineTTFT = v
+		}
+		if v, ok := parseMillis(resp.Header.Get(serving.HeaderEngineQueue)); ok {
+			u.stages.EngineQueue = v
+		} else if v, ok := parseMillis(resp.Header.Get(serving.HeaderSimQueue)); ok {
+			u.stages.EngineQueue = v
+		}
+		if us := gjson.GetBytes(body, "usage"); us.IsObject() {
+			u.usage = policy.Usage{PromptTokens: us.Get("prompt_tokens").Int(), CompletionTokens: us.Get("completion_tokens").Int()}
+			u.gotUsage = true
+		}
+		ok = true
+		return u, nil
 	}
-	err := &upstreamError{status: resp.StatusCode, err: fmt.Errorf("%s", http.StatusText(resp.StatusCode))}
-	if resp.StatusCode == http.StatusServiceUnavailable {
-		switch gjson.GetBytes(body, "error.code").String() {
-		case "replica_draining":
-			// The worker is going away; its heartbeat will say so too.
-			if rep := s.reg.Get(cl.replica); rep != nil && rep.State() == router.StateReady {
-				rep.SetState(router.StateDraining, "draining (told by the replica)")
+
+	u.br = readerPool.Get().(*bufio.Reader)
+	u.br.Reset(resp.Body)
+	for {
+		ev, err := readEvent(u.br)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errNoTokenEOF
 			}
-			return router.ErrDeclined(err)
-		case "replica_not_ready":
-			return router.ErrDeclined(err)
+			return nil, fail(err)
+		}
+		kind, ev := u.inspect(cl, ev)
+		switch kind {
+		case evDrop:
+			continue
+		case evError:
+			// An error before any token: the attempt failed; the event is
+			// what the client gets if no other attempt does better.
+			return nil, fail(fmt.Errorf("error event before the first token: %s", bytes.TrimSpace(ev)))
+		}
+		u.pending = append(u.pending, ev)
+		if kind == evToken || kind == evDone {
+			u.done = kind == evDone
+			u.stages.UpstreamTTFT = time.Since(u.wroteAt)
+			ok = true
+			return u, nil
 		}
 	}
-	return err
+}
+
+// upstreamStatus classifies a non-200 answer.
+func (s *Server) upstreamStatus(rep *router.Replica, resp *http.Response, fail func(error) error) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	status := resp.StatusCode
+	err := fmt.Errorf("upstream answered %d", status)
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+		if ra := resp.Header.Get("Retry-After"); ra != "" {
+			if secs, perr := strconv.Atoi(strings.TrimSpace(ra)); perr == nil && secs > 0 {
+				rep.BackOff(time.Now().Add(time.Duration(min(secs, 60)) * time.Second))
+			}
+		}
+		code := gjson.GetBytes(body, "error.code").String()
+		if code == "replica_draining" && rep.State() == router.StateReady {
+			rep.SetState(router.StateDraining, "draining (told by the replica)")
+		}
+		// Overloaded, draining or not ready: nothing ran; go elsewhere.
+		return router.ErrDeclined(err)
+	}
+	if status >= 400 && status < 500 {
+		return &relayError{status: status, body: body}
+	}
+	return fail(err)
+}
+
+// deadlines returns the first-token deadline for a model's streams, or the
+// whole-answer deadline for JSON answers.
+func (s *Server) deadlines(model string, stream bool) time.Duration {
+	if !stream {
+		return s.cfg.JSONDeadline
+	}
+	if d, ok := s.cfg.TTFTDeadlineByModel[model]; ok && d > 0 {
+		return d
+	}
+	return s.cfg.TTFTDeadline
+}
+
+func (s *Server) idleDeadline(model string) time.Duration {
+	if d, ok := s.cfg.IdleDeadlineByModel[model]; ok && d > 0 {
+		return d
+	}
+	return s.cfg.IdleDeadline
+}
+
+// parseMillis parses a decimal number of milliseconds.
+func parseMillis(v string) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || f > 1e9 {
+		return 0, false
+	}
+	return time.Duration(f * float64(time.Millisecond)), true
+}
+
+// parseTiming reads a timing comment: the sidecar's
+// ": tailgate-timing engine_ttft_ms=12.3 engine_queue_ms=0.2", or the sim
+// engine's ": sim-queue-ms=0.2" when it is a static upstream.
+func parseTiming(st *data.Stages, comment []byte) {
+	for _, f := range strings.Fields(strings.TrimPrefix(string(comment), ":")) {
+		k, v, _ := strings.Cut(f, "=")
+		d, ok := parseMillis(v)
+		if !ok {
+			continue
+		}
+		switch k {
+		case "engine_ttft_ms":
+			st.EngineTTFT = d
+		case "engine_queue_ms", "sim-queue-ms":
+			st.EngineQueue = d
+		}
+	}
 }
 
 func (s *Server) setRouteHeaders(h http.Header, cl *call) {
@@ -180,6 +315,10 @@ func (s *Server) setRouteHeaders(h http.Header, cl *call) {
 		h.Set("X-Tailgate-Replica", cl.replica)
 	}
 	h.Set("X-Tailgate-Attempts", strconv.Itoa(max(cl.attempts, 1)))
+	if cl.winner != "" {
+		h.Set("X-Tailgate-Hedged", strconv.FormatBool(cl.hedged))
+		h.Set("X-Tailgate-Winner", cl.winner)
+	}
 }
 
 // serverTiming renders the call's known stages as a Server-Timing header, in
@@ -199,34 +338,4 @@ func serverTiming(cl *call) string {
 		b = strconv.AppendFloat(b, float64(d)/float64(time.Millisecond), 'f', 3, 64)
 	}
 	return string(b)
-}
-
-// parseMillis parses a decimal number of milliseconds.
-func parseMillis(v string) (time.Duration, bool) {
-	if v == "" {
-		return 0, false
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || f < 0 || f > 1e9 {
-		return 0, false
-	}
-	return time.Duration(f * float64(time.Millisecond)), true
-}
-
-// parseTiming reads the sidecar's SSE timing comment
-// (": tailgate-timing engine_ttft_ms=12.3 engine_queue_ms=0.2").
-func parseTiming(cl *call, comment []byte) {
-	for _, f := range strings.Fields(string(comment[len(serving.TimingComment):])) {
-		k, v, _ := strings.Cut(f, "=")
-		d, ok := parseMillis(v)
-		if !ok {
-			continue
-		}
-		switch k {
-		case "engine_ttft_ms":
-			cl.stages.EngineTTFT = d
-		case "engine_queue_ms":
-			cl.stages.EngineQueue = d
-		}
-	}
 }

@@ -7,9 +7,11 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/tidwall/gjson"
 
 	"tailgate/data"
 	"tailgate/policy"
@@ -19,6 +21,7 @@ import (
 // call is one client request on its way through the gateway.
 type call struct {
 	id        string
+	ctx       context.Context // the client's request context
 	start     time.Time
 	principal *policy.Principal
 	ep        endpoint
@@ -29,10 +32,13 @@ type call struct {
 	stages        data.Stages
 	usage         policy.Usage
 	gotUsage      bool  // upstream reported usage
-	relayedTokens int64 // content chunks relayed (for partial billing)
+	relayedTokens int64 // content events relayed (for partial billing)
+	overhead      int64 // tokens burned by losing hedges
 	firstToken    bool  // a token reached the client
 	replica       string
 	attempts      int
+	hedged        bool
+	winner        string // first, retry or hedge
 	outcome       string // ledger outcome; "" until decided
 	errClass      string
 	status        int
@@ -41,7 +47,8 @@ type call struct {
 // handleGenerate serves POST /v1/chat/completions and /v1/completions.
 func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		cl := &call{start: time.Now(), id: s.newRequestID(), ep: ep, stages: data.UnknownStages(), status: http.StatusOK}
+		r := c.Request()
+		cl := &call{start: time.Now(), ctx: r.Context(), id: s.newRequestID(), ep: ep, stages: data.UnknownStages(), status: http.StatusOK}
 		h := c.Response().Header()
 		h.Set("X-Request-Id", cl.id)
 		s.m.inflight.Inc()
@@ -53,7 +60,6 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		}
 		cl.principal = p
 
-		r := c.Request()
 		rc := http.NewResponseController(c.Response())
 		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
 		body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
@@ -95,13 +101,87 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		}
 		cl.ticket = ticket
 
-		res, err := s.reg.Do(r.Context(), pr.model, func(ctx context.Context, rep *router.Replica, n int) error {
-			cl.attempts = n
-			return s.attempt(ctx, c, cl, rep, n)
+		var w *sseWriter
+		if pr.stream {
+			w = s.newSSEWriter(c, cl)
+			defer w.close()
+		}
+		rreq := router.Request{
+			Hint:    router.Hint{Model: pr.model, Prefix: pr.prefix},
+			Stream:  pr.stream,
+			NoHedge: strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off"),
+		}
+		if cl.stages.Gateway < 0 {
+			cl.stages.Gateway = time.Since(cl.start)
+		}
+		res, err := s.reg.Do(cl.ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+			return s.open(ctx, cl, rep, n, reason)
 		})
-		cl.attempts = res.Attempts
+		cl.attempts, cl.hedged = res.Attempts, res.Hedged
+		if res.Replica != nil {
+			cl.replica = res.Replica.ID
+		}
+		if err == nil {
+			u := res.Attempt.(*upstream)
+			cl.winner = res.Reason.String()
+			cl.adopt(u)
+			if pr.stream {
+				err = s.relayStream(w, cl, u)
+			} else {
+				s.writeJSON(c, cl, u)
+			}
+			cl.adopt(u) // usage and timings learned while relaying
+			u.Abort()   // done with it: close the connection's body, free buffers
+			res.Finish()
+		}
+		s.hedgeOverhead(cl, res)
 		return s.finish(c, cl, err)
 	}
+}
+
+// adopt takes the winning attempt's stages and usage.
+func (cl *call) adopt(u *upstream) {
+	cl.replica = u.rep.ID
+	st := u.stages
+	cl.stages.Connect, cl.stages.UpstreamTTFT = st.Connect, st.UpstreamTTFT
+	cl.stages.EngineTTFT, cl.stages.EngineQueue = st.EngineTTFT, st.EngineQueue
+	if st.EngineTTFT >= 0 && st.UpstreamTTFT >= 0 {
+		cl.stages.Network = max(st.UpstreamTTFT-st.EngineTTFT, 0)
+	}
+	cl.usage, cl.gotUsage, cl.relayedTokens = u.usage, u.gotUsage, u.tokens
+}
+
+// hedgeOverhead counts what losing attempts of a hedged request burned: the
+// prompt of every attempt that reached its replica, plus the tokens it
+// produced before it was cancelled. The tenant is not billed for them.
+func (s *Server) hedgeOverhead(cl *call, res *router.Result) {
+	if !res.Hedged {
+		return
+	}
+	for _, l := range res.Losers() {
+		switch {
+		case l.Attempt != nil:
+			cl.overhead += cl.req.promptEstimate + l.Attempt.(*upstream).tokens
+		case router.IsNoToken(l.Err):
+			cl.overhead += cl.req.promptEstimate
+		}
+	}
+}
+
+// writeJSON sends the winning attempt's JSON answer byte for byte.
+func (s *Server) writeJSON(c echo.Context, cl *call, u *upstream) {
+	now := time.Now()
+	cl.firstToken = true
+	cl.stages.TTFT = now.Sub(cl.start)
+	cl.stages.Total = cl.stages.TTFT
+	cl.adopt(u)
+	h := c.Response().Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(u.body)))
+	s.setRouteHeaders(h, cl)
+	h.Set("Server-Timing", serverTiming(cl))
+	c.Response().WriteHeader(http.StatusOK)
+	_, _ = c.Response().Write(u.body)
 }
 
 func (s *Server) maxTokensFor(model string) int64 {
@@ -130,24 +210,43 @@ func (s *Server) reject(c echo.Context, cl *call, err error) error {
 // finish settles a routed call: it answers the client if nothing was sent
 // yet, settles the ticket with the real usage, and writes metrics and ledger.
 func (s *Server) finish(c echo.Context, cl *call, err error) error {
-	if err != nil && cl.outcome == "" {
-		switch {
-		case c.Request().Context().Err() != nil:
-			cl.outcome, cl.errClass, cl.status = "client_cancelled", "client_cancelled", 499
-		case cl.firstToken:
-			cl.outcome, cl.errClass = "midstream_error", "upstream_midstream"
-		default:
-			ae := toAPIError(err, cl.req.model)
-			cl.outcome, cl.errClass, cl.status = "upstream_error", ae.Code, ae.Status
-			if !c.Response().Committed {
-				s.setRouteHeaders(c.Response().Header(), cl)
-				_ = writeError(c, ae)
+	var rel *relayError
+	switch {
+	case err == nil:
+	case errors.As(err, &rel):
+		// The replica refused the request itself (a 4xx): its answer stands.
+		cl.status, cl.outcome, cl.errClass = rel.status, "upstream_rejected", "upstream_"+strconv.Itoa(rel.status)
+		if !c.Response().Committed {
+			s.setRouteHeaders(c.Response().Header(), cl)
+			if gjson.ValidBytes(rel.body) && gjson.GetBytes(rel.body, "error").Exists() {
+				_ = c.Blob(rel.status, "application/json", rel.body)
+			} else {
+				_ = writeError(c, &apiError{Status: rel.status, Type: "invalid_request_error", Code: "upstream_rejected",
+					Message: strings.TrimSpace(string(rel.body))})
 			}
 		}
-		if cl.outcome != "client_cancelled" {
-			s.log.Warn("request failed", "request_id", cl.id, "model", cl.req.model, "replica", cl.replica,
-				"attempts", cl.attempts, "outcome", cl.outcome, "err", err)
+	case cl.ctx.Err() != nil:
+		cl.outcome, cl.errClass, cl.status = "client_cancelled", "client_cancelled", 499
+	case cl.firstToken:
+		if cl.outcome == "" {
+			cl.outcome, cl.errClass = "midstream_error", "upstream_midstream"
 		}
+	default:
+		ae := toAPIError(err, cl.req.model)
+		cl.outcome, cl.errClass, cl.status = "upstream_error", ae.Code, ae.Status
+		if !c.Response().Committed {
+			s.setRouteHeaders(c.Response().Header(), cl)
+			_ = writeError(c, ae)
+		} else {
+			// Only keep-alive comments went out: end the stream with an error event.
+			_, _ = c.Response().Write([]byte(`data: {"error":{"message":` + strconv.Quote(ae.Message) +
+				`,"type":"server_error","param":null,"code":"` + ae.Code + `"}}` + "\n\n"))
+			c.Response().Flush()
+		}
+	}
+	if err != nil && cl.outcome != "client_cancelled" && cl.outcome != "upstream_rejected" {
+		s.log.Warn("request failed", "request_id", cl.id, "model", cl.req.model, "replica", cl.replica,
+			"attempts", cl.attempts, "outcome", cl.outcome, "err", err)
 	}
 	if cl.outcome == "" {
 		cl.outcome = "ok"
@@ -161,7 +260,7 @@ func (s *Server) finish(c echo.Context, cl *call, err error) error {
 	u := cl.usage
 	if !cl.gotUsage {
 		u = policy.Usage{}
-		if cl.relayedTokens > 0 {
+		if cl.firstToken && cl.relayedTokens > 0 {
 			u = policy.Usage{PromptTokens: cl.req.promptEstimate, CompletionTokens: cl.relayedTokens}
 		}
 	}
@@ -194,6 +293,12 @@ func (s *Server) record(cl *call, cost int64) {
 	if cl.usage.CompletionTokens > 0 {
 		mm.completion.Add(float64(cl.usage.CompletionTokens))
 	}
+	if cl.overhead > 0 {
+		mm.overhead.Add(float64(cl.overhead))
+	}
+	if cl.attempts > 0 {
+		s.m.attemptsPer.Observe(float64(cl.attempts))
+	}
 	if cl.principal == nil {
 		return
 	}
@@ -201,7 +306,7 @@ func (s *Server) record(cl *call, cost int64) {
 		ID: cl.id, Time: cl.start, TenantID: cl.principal.TenantID, KeyID: cl.principal.KeyID,
 		Upstream: cl.replica, PromptTokens: cl.usage.PromptTokens, CompletionTokens: cl.usage.CompletionTokens,
 		CostMicros: cost, Status: cl.status, Outcome: cl.outcome, Error: cl.errClass,
-		Attempts: cl.attempts, Stages: cl.stages,
+		Attempts: cl.attempts, Hedged: cl.hedged, HedgeOverheadTokens: cl.overhead, Stages: cl.stages,
 	}
 	if cl.req != nil {
 		row.Model, row.Stream = cl.req.model, cl.req.stream

@@ -3,6 +3,7 @@ package server
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -31,6 +32,10 @@ type metrics struct {
 	tokens    *prometheus.CounterVec
 	ejections *prometheus.CounterVec
 	inflight  prometheus.Gauge
+
+	ejectDelay  prometheus.Histogram
+	retries     *prometheus.CounterVec
+	attemptsPer prometheus.Histogram
 
 	stageObs [8]prometheus.Observer // indexed like stageNames
 	perModel sync.Map               // model → *modelMetrics
@@ -65,6 +70,15 @@ func newMetrics(reg prometheus.Registerer, replicas func() []*router.Replica) *m
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_ejections_total", Help: "Replicas taken out of routing, by reason.",
 		}, []string{"replica", "reason"}),
+		ejectDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tailgate_ejection_delay_seconds", Help: "Time from a replica's first failure to its ejection.", Buckets: latencyBuckets,
+		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_retries_total", Help: "Attempts retried on another replica, by failure class (not_sent, declined, no_token).",
+		}, []string{"model", "class"}),
+		attemptsPer: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tailgate_request_attempts", Help: "Upstream attempts per routed request.", Buckets: []float64{1, 2, 3, 4},
+		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tailgate_inflight_requests", Help: "Requests being served now.",
 		}),
@@ -72,7 +86,8 @@ func newMetrics(reg prometheus.Registerer, replicas func() []*router.Replica) *m
 	for i, name := range stageNames {
 		m.stageObs[i] = m.stages.WithLabelValues(name)
 	}
-	reg.MustRegister(m.requests, m.stages, m.ttft, m.attempts, m.hedges, m.tokens, m.ejections, m.inflight,
+	reg.MustRegister(m.requests, m.stages, m.ttft, m.attempts, m.hedges, m.tokens, m.ejections, m.ejectDelay,
+		m.retries, m.attemptsPer, m.inflight,
 		&replicaCollector{replicas: replicas, desc: prometheus.NewDesc("tailgate_replica_inflight",
 			"Requests the gateway has in flight on each replica.", []string{"replica"}, nil),
 			stateDesc: prometheus.NewDesc("tailgate_replica_ready",
@@ -86,8 +101,7 @@ type modelMetrics struct {
 	ttft        prometheus.Observer
 	prompt      prometheus.Counter
 	completion  prometheus.Counter
-	first       prometheus.Counter
-	retry       prometheus.Counter
+	overhead    prometheus.Counter
 	codes       sync.Map // int → prometheus.Counter
 	model       string
 	requestsVec *prometheus.CounterVec
@@ -101,8 +115,7 @@ func (m *metrics) model(name string) *modelMetrics {
 		ttft:        m.ttft.WithLabelValues(name),
 		prompt:      m.tokens.WithLabelValues(name, "prompt"),
 		completion:  m.tokens.WithLabelValues(name, "completion"),
-		first:       m.attempts.WithLabelValues(name, "first"),
-		retry:       m.attempts.WithLabelValues(name, "retry"),
+		overhead:    m.tokens.WithLabelValues(name, "hedge_overhead"),
 		model:       name,
 		requestsVec: m.requests,
 	}
@@ -141,6 +154,28 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 
 // CountEjection counts a replica taken out of routing; wire it to
 // router.Config.OnEject.
-func (s *Server) CountEjection(rep *router.Replica, reason string) {
+func (s *Server) CountEjection(rep *router.Replica, reason string, delay time.Duration) {
 	s.m.ejections.WithLabelValues(rep.ID, reason).Inc()
+	s.m.ejectDelay.Observe(delay.Seconds())
+}
+
+// Events returns the router.Events that feed the gateway's attempt, retry
+// and hedge metrics; wire it to router.Config.Events.
+func (s *Server) Events() router.Events { return routerEvents{s.m} }
+
+// routerEvents adapts the router's attempt events to metrics.
+type routerEvents struct{ m *metrics }
+
+func (e routerEvents) Attempt(model string, reason router.AttemptReason) {
+	e.m.attempts.WithLabelValues(model, reason.String()).Inc()
+}
+
+func (e routerEvents) Retry(model, class string) { e.m.retries.WithLabelValues(model, class).Inc() }
+
+func (e routerEvents) Hedge(model string, won bool) {
+	outcome := "lost"
+	if won {
+		outcome = "won"
+	}
+	e.m.hedges.WithLabelValues(model, outcome).Inc()
 }

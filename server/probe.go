@@ -18,15 +18,16 @@ type Prober struct {
 	ClusterToken string
 }
 
-// Probe implements router.Prober: GET /v1/models must answer 200 with at
-// least one model.
+// Probe implements router.Prober. A static upstream must answer GET
+// /v1/models with at least one model. A registered worker's sidecar must
+// answer GET /health: 200 when ready, 503 when alive but not ready.
 func (p *Prober) Probe(ctx context.Context, rep *router.Replica) ([]string, error) {
+	if !rep.Static {
+		return nil, p.probeSidecar(ctx, rep)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rep.URL+"/v1/models", nil)
 	if err != nil {
 		return nil, err
-	}
-	if !rep.Static && p.ClusterToken != "" {
-		req.Header.Set("Authorization", "Bearer "+p.ClusterToken)
 	}
 	resp, err := p.Transport.RoundTrip(req)
 	if err != nil {
@@ -53,4 +54,25 @@ func (p *Prober) Probe(ctx context.Context, rep *router.Replica) ([]string, erro
 		return nil, fmt.Errorf("/v1/models lists no model")
 	}
 	return models, nil
+}
+
+func (p *Prober) probeSidecar(ctx context.Context, rep *router.Replica) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rep.URL+"/health", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+p.ClusterToken)
+	resp, err := p.Transport.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return nil
+	case http.StatusServiceUnavailable:
+		return router.ErrProbeNotReady
+	}
+	return fmt.Errorf("/health answered %d", resp.StatusCode)
 }

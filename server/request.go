@@ -1,6 +1,8 @@
 package server
 
 import (
+	"hash/fnv"
+
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 )
@@ -32,6 +34,9 @@ type parsedRequest struct {
 	// promptEstimate is the likely prompt size (about 4 bytes a token), used
 	// for token-per-minute limits and reconciled after the answer.
 	promptEstimate int64
+	// prefix hashes the prompt's leading part (the system prompt, or the
+	// first 256 bytes) for prefix-affinity routing; 0 when empty.
+	prefix uint64
 }
 
 // parseRequest validates body for ep and prepares what is sent upstream:
@@ -119,9 +124,35 @@ func parseRequest(ep endpoint, body []byte, defaultMaxTokens func(model string) 
 			return nil, badRequest("stream_options", "stream_options cannot be edited: %v", err)
 		}
 	}
+	p.prefix = prefixHash(ep, messages, prompt)
 	p.promptBound = int64(len(body)) + 16
 	p.promptEstimate = int64(len(body))/4 + 1
 	return p, nil
 }
 
 func isBool(r gjson.Result) bool { return r.Type == gjson.True || r.Type == gjson.False }
+
+// prefixBytes is how much of the prompt's start decides prefix affinity.
+const prefixBytes = 256
+
+// prefixHash hashes what an engine's prefix cache would share between
+// requests: the first message (typically the system prompt) or the start of
+// a completion prompt.
+func prefixHash(ep endpoint, messages, prompt gjson.Result) uint64 {
+	var lead string
+	if ep.chat {
+		first := messages.Get("0")
+		lead = first.Get("role").Str + "\x00" + first.Get("content").Raw
+	} else {
+		lead = prompt.Raw
+	}
+	if len(lead) > prefixBytes {
+		lead = lead[:prefixBytes]
+	}
+	if lead == "" || lead == "\x00" {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(lead))
+	return h.Sum64()
+}

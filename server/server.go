@@ -57,6 +57,19 @@ type Config struct {
 	// BodyTimeout bounds reading a request body, so a client that trickles
 	// its body cannot hold a handler; 0 means 30s.
 	BodyTimeout time.Duration
+	// TTFTDeadline bounds one attempt's wait for its first streamed token;
+	// past it the replica is taken out and the request retried elsewhere.
+	// 0 means 30s. TTFTDeadlineByModel overrides it per model.
+	TTFTDeadline        time.Duration
+	TTFTDeadlineByModel map[string]time.Duration
+	// IdleDeadline bounds the silence between two streamed tokens; past it
+	// the replica is taken out and the stream ends with an error event.
+	// 0 means 30s. IdleDeadlineByModel overrides it per model.
+	IdleDeadline        time.Duration
+	IdleDeadlineByModel map[string]time.Duration
+	// JSONDeadline bounds one attempt of a request that is not streamed (its
+	// whole answer comes at once); 0 means 10m.
+	JSONDeadline time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -77,6 +90,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.BodyTimeout <= 0 {
 		c.BodyTimeout = 30 * time.Second
+	}
+	if c.TTFTDeadline <= 0 {
+		c.TTFTDeadline = 30 * time.Second
+	}
+	if c.IdleDeadline <= 0 {
+		c.IdleDeadline = 30 * time.Second
+	}
+	if c.JSONDeadline <= 0 {
+		c.JSONDeadline = 10 * time.Minute
 	}
 }
 

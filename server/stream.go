@@ -3,11 +3,11 @@ package server
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -55,17 +55,19 @@ func (w *sseWriter) commitLocked() {
 	w.c.Response().WriteHeader(http.StatusOK)
 }
 
-// write sends one whole event and flushes it.
-func (w *sseWriter) write(ev []byte) error {
+// write sends whole events and flushes them.
+func (w *sseWriter) write(evs ...[]byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.failed != nil {
 		return w.failed
 	}
 	w.commitLocked()
-	if _, err := w.c.Response().Write(ev); err != nil {
-		w.failed = err
-		return err
+	for _, ev := range evs {
+		if _, err := w.c.Response().Write(ev); err != nil {
+			w.failed = err
+			return err
+		}
 	}
 	w.c.Response().Flush()
 	w.lastWrite = time.Now()
@@ -107,110 +109,100 @@ func (w *sseWriter) isCommitted() bool {
 }
 
 var (
-	dataPrefix     = []byte("data:")
-	doneData       = []byte("[DONE]")
-	usageMarker    = []byte(`"usage":{`)
-	emptyChoices   = []byte(`"choices":[]`)
-	contentMarker  = []byte(`"content":"`)
-	textMarker     = []byte(`"text":"`)
-	emptyContent   = []byte(`"content":""`)
-	emptyText      = []byte(`"text":""`)
-	errorMarker    = []byte(`"error"`)
-	timingPrefix   = []byte(serving.TimingComment)
-	readerPool     = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+	dataPrefix    = []byte("data:")
+	doneData      = []byte("[DONE]")
+	usageMarker   = []byte(`"usage":{`)
+	emptyChoices  = []byte(`"choices":[]`)
+	contentMarker = []byte(`"content":"`)
+	textMarker    = []byte(`"text":"`)
+	emptyContent  = []byte(`"content":""`)
+	emptyText     = []byte(`"text":""`)
+	finishMarker  = []byte(`"finish_reason":"`)
+	errorPrefix   = []byte(`{"error"`)
+	timingPrefix  = []byte(serving.TimingComment)
+	simQueue      = []byte(": sim-queue-ms=")
+	readerPool    = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+
 	errMidstream   = errors.New("upstream stream ended before [DONE]")
+	errIdle        = errors.New("no token within the inter-token deadline")
 	midstreamEvent = []byte(`data: {"error":{"message":"the model replica failed in the middle of the answer; the output is incomplete","type":"server_error","param":null,"code":"upstream_midstream_error"}}` + "\n\n")
 )
 
-// relayStream relays an SSE answer event by event, exactly as the replica
-// sent it, except for the usage chunk, which the gateway always asks for and
-// strips again when the client did not. It learns the usage on the way.
-func (s *Server) relayStream(ctx context.Context, c echo.Context, cl *call, resp *http.Response, wroteAt time.Time) error {
-	w := s.newSSEWriter(c, cl)
-	defer w.close()
-	br := readerPool.Get().(*bufio.Reader)
-	br.Reset(resp.Body)
-	defer func() { br.Reset(nil); readerPool.Put(br) }()
-
-	var ev []byte // the event being assembled, lines included verbatim
+// readEvent reads one SSE event (lines up to a blank line), verbatim.
+func readEvent(br *bufio.Reader) ([]byte, error) {
+	var ev []byte
 	for {
 		line, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
 			ev = append(ev, line...)
 			continue
 		}
-		if len(line) > 0 {
-			ev = append(ev, line...)
-		}
+		ev = append(ev, line...)
 		if err != nil {
-			return s.streamEnded(ctx, w, cl, err)
+			return nil, err
 		}
-		if len(bytes.TrimRight(line, "\r\n")) != 0 {
-			continue // the event goes on
-		}
-		done, err := s.relayEvent(w, cl, ev, wroteAt)
-		ev = ev[:0]
-		if err != nil {
-			return err
-		}
-		if done {
-			cl.stages.Total = time.Since(cl.start)
-			return nil
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
+			if len(bytes.TrimSpace(ev)) == 0 {
+				ev = ev[:0] // stray blank line
+				continue
+			}
+			return ev, nil
 		}
 	}
 }
 
-// relayEvent handles one complete event; done is true after [DONE].
-func (s *Server) relayEvent(w *sseWriter, cl *call, ev []byte, wroteAt time.Time) (done bool, err error) {
+type eventKind int
+
+const (
+	evOther eventKind = iota // relay as is (role chunk, usage, ...)
+	evToken                  // carries a token or a finish reason
+	evDone                   // data: [DONE]
+	evError                  // an error event
+	evDrop                   // for the gateway only (timing comments, stripped usage)
+)
+
+// inspect classifies an upstream event and learns usage and timings from
+// it; it returns the event as the client may see it (usage stripped when the
+// client did not ask for it).
+func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 	payload := eventData(ev)
-	if payload == nil { // a comment or a field we do not interpret
-		if bytes.HasPrefix(ev, timingPrefix) {
-			parseTiming(cl, bytes.TrimRight(ev, "\r\n"))
-			return false, nil // the sidecar's report is for the gateway only
+	if payload == nil {
+		switch {
+		case bytes.HasPrefix(ev, timingPrefix), bytes.HasPrefix(ev, simQueue):
+			parseTiming(&u.stages, bytes.TrimRight(ev, "\r\n"))
 		}
-		return false, w.write(ev)
+		return evDrop, nil // upstream comments are not the client's business
 	}
 	if bytes.Equal(payload, doneData) {
-		return true, w.write(ev)
+		return evDone, ev
+	}
+	if bytes.HasPrefix(bytes.TrimSpace(payload), errorPrefix) {
+		return evError, ev
 	}
 	if bytes.Contains(payload, usageMarker) {
-		if u := gjson.GetBytes(payload, "usage"); u.IsObject() {
-			cl.usage.PromptTokens = u.Get("prompt_tokens").Int()
-			cl.usage.CompletionTokens = u.Get("completion_tokens").Int()
-			cl.gotUsage = true
+		if us := gjson.GetBytes(payload, "usage"); us.IsObject() {
+			u.usage.PromptTokens = us.Get("prompt_tokens").Int()
+			u.usage.CompletionTokens = us.Get("completion_tokens").Int()
+			u.gotUsage = true
 			if !cl.req.wantUsage {
 				if bytes.Contains(payload, emptyChoices) {
-					return false, nil // the usage chunk only the gateway wanted
+					return evDrop, nil // the usage chunk only the gateway wanted
 				}
-				stripped, serr := sjson.DeleteBytes(payload, "usage")
-				if serr == nil {
-					ev = append(append(append([]byte{}, "data: "...), stripped...), "\n\n"...)
+				if stripped, err := sjson.DeleteBytes(payload, "usage"); err == nil {
+					ev = append(append([]byte("data: "), stripped...), "\n\n"...)
 				}
 			}
 		}
 	}
-	hasToken := (bytes.Contains(payload, contentMarker) && !bytes.Contains(payload, emptyContent)) ||
-		(bytes.Contains(payload, textMarker) && !bytes.Contains(payload, emptyText))
-	if hasToken {
-		cl.relayedTokens++
+	if (bytes.Contains(payload, contentMarker) && !bytes.Contains(payload, emptyContent)) ||
+		(bytes.Contains(payload, textMarker) && !bytes.Contains(payload, emptyText)) {
+		u.tokens++
+		return evToken, ev
 	}
-	if !cl.firstToken && (hasToken || bytes.HasPrefix(bytes.TrimSpace(payload), []byte(`{"error"`))) {
-		cl.stages.UpstreamTTFT = time.Since(wroteAt)
-		if cl.stages.EngineTTFT >= 0 {
-			cl.stages.Network = max(cl.stages.UpstreamTTFT-cl.stages.EngineTTFT, 0)
-		}
+	if bytes.Contains(payload, finishMarker) {
+		return evToken, ev
 	}
-	if err := w.write(ev); err != nil {
-		return false, err
-	}
-	if !cl.firstToken && hasToken {
-		cl.firstToken = true
-		cl.stages.TTFT = time.Since(cl.start)
-	}
-	if bytes.Contains(payload, errorMarker) && gjson.GetBytes(payload, "error").IsObject() {
-		cl.outcome, cl.errClass = "midstream_error", "upstream_error_event"
-	}
-	return false, nil
+	return evOther, ev
 }
 
 // eventData returns the payload of an event's data line, nil if it has none.
@@ -231,20 +223,62 @@ func eventData(ev []byte) []byte {
 	return nil
 }
 
-// streamEnded handles the upstream body ending before [DONE].
-func (s *Server) streamEnded(ctx context.Context, w *sseWriter, cl *call, err error) error {
-	cl.stages.Total = time.Since(cl.start)
-	if ctx.Err() != nil {
-		return ctx.Err() // the client went away; finish records it
+// relayStream relays the winning attempt: the events it buffered up to its
+// first token, then the rest as they arrive, each flushed at once. An
+// inter-token idle deadline catches a replica that hangs mid-answer.
+func (s *Server) relayStream(w *sseWriter, cl *call, u *upstream) error {
+	if err := w.write(u.pending...); err != nil {
+		return err
+	}
+	cl.firstToken = true
+	cl.stages.TTFT = time.Since(cl.start)
+	u.pending = nil
+	if u.done {
+		return nil
+	}
+
+	idle := s.idleDeadline(cl.req.model)
+	var idleFired atomic.Bool
+	timer := time.AfterFunc(idle, func() { idleFired.Store(true); u.cancel() })
+	defer timer.Stop()
+	for {
+		ev, err := readEvent(u.br)
+		if err != nil {
+			return s.streamBroke(w, cl, u, err, idleFired.Load())
+		}
+		timer.Reset(idle)
+		kind, ev := u.inspect(cl, ev)
+		switch kind {
+		case evDrop:
+			continue
+		case evDone:
+			return w.write(ev)
+		case evError:
+			cl.outcome, cl.errClass = "midstream_error", "upstream_error_event"
+		}
+		if err := w.write(ev); err != nil {
+			return err
+		}
+	}
+}
+
+// streamBroke ends a stream whose upstream failed after the first token:
+// there is no silent retry now, only an honest in-band error event.
+func (s *Server) streamBroke(w *sseWriter, cl *call, u *upstream, err error, idle bool) error {
+	if cl.ctx.Err() != nil {
+		return cl.ctx.Err() // the client went away; finish records it
 	}
 	if errors.Is(err, io.EOF) {
 		err = errMidstream
 	}
-	if w.isCommitted() {
-		// The client already has a 200 (and maybe tokens): the only honest
-		// thing left is an in-band error event.
-		_ = w.write(midstreamEvent)
-		cl.outcome, cl.errClass = "midstream_error", "upstream_midstream"
+	if idle {
+		err = errIdle
+		s.reg.Eject(u.rep, "idle_deadline")
 	}
-	return &upstreamError{err: err}
+	_ = w.write(midstreamEvent)
+	cl.outcome, cl.errClass = "midstream_error", "upstream_midstream"
+	if idle {
+		cl.errClass = "idle_deadline"
+	}
+	return err
 }

@@ -16,6 +16,16 @@
 // [Config.StallProb] a request stalls: both delays are multiplied by
 // [Config.StallFactor]. A client that disconnects aborts its request at once.
 //
+// Unlike vLLM, the simulator reports each request's queue time (arrival to
+// slot, in milliseconds with three decimals): a JSON answer carries it in the
+// [tailgate/serving.HeaderSimQueue] header; a stream, whose 200 goes out
+// before the slot is taken (as vLLM sends it), carries it in a comment event
+// sent just before the first token event:
+//
+//	: sim-queue-ms=1.234
+//
+// SSE clients ignore comments; tailgate's sidecar reads and strips it.
+//
 // Token counts are deterministic and documented on [ChatPromptTokens],
 // [TextPromptTokens] and [CompletionTokens], so tests and the gateway's
 // metering can predict them exactly.

@@ -4,7 +4,10 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"strconv"
 	"time"
+
+	"tailgate/serving"
 )
 
 // flushBytes bounds how much a stream buffers while tokens are due at once
@@ -42,7 +45,8 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, arrive
 			e.sched.release()
 		}
 	}()
-	e.metrics.queue.Observe(time.Since(arrived).Seconds())
+	queued := time.Since(arrived)
+	e.metrics.queue.Observe(queued.Seconds())
 
 	var p pacer
 	defer p.stop()
@@ -62,6 +66,7 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, arrive
 		e.sched.release()
 		e.finish(j, n, arrived, first, time.Now())
 		buf := e.getBuf()
+		w.Header()[serving.HeaderSimQueue] = []string{string(appendMillis(nil, queued))}
 		*buf = resp.appendBody((*buf)[:0], j.hash, n)
 		writeJSON(w, http.StatusOK, *buf)
 		e.putBuf(buf)
@@ -81,6 +86,13 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, arrive
 				e.abort(i)
 				return
 			}
+		}
+		if i == 0 {
+			// The 200 went out before the slot was taken, so the queue time
+			// travels in-band, as a comment the sidecar reads and strips.
+			buf = append(buf, queueComment...)
+			buf = appendMillis(buf, queued)
+			buf = append(buf, "\n\n"...)
 		}
 		last := i == n-1
 		if last {
@@ -103,6 +115,14 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, arrive
 		_ = rc.Flush()
 		buf = buf[:0]
 	}
+}
+
+// queueComment starts the SSE comment that reports a stream's queue time.
+const queueComment = ": sim-queue-ms="
+
+// appendMillis appends d in milliseconds with three decimals.
+func appendMillis(b []byte, d time.Duration) []byte {
+	return strconv.AppendFloat(b, float64(d)/float64(time.Millisecond), 'f', 3, 64)
 }
 
 // getBuf and putBuf recycle response buffers, which would otherwise be the

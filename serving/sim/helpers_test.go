@@ -80,7 +80,8 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 }
 
 // events splits an SSE body into its data payloads, failing on anything that
-// is not a "data: …" line followed by a blank line.
+// is not a "data: …" line followed by a blank line. The queue-time comment
+// event is skipped.
 func events(t testing.TB, body []byte) []string {
 	t.Helper()
 	var out []string
@@ -88,6 +89,12 @@ func events(t testing.TB, body []byte) []string {
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
+		if strings.HasPrefix(line, queueComment) {
+			if !sc.Scan() || sc.Text() != "" {
+				t.Fatalf("comment %q not followed by a blank line", line)
+			}
+			continue
+		}
 		data, ok := strings.CutPrefix(line, "data: ")
 		if !ok {
 			t.Fatalf("line %q is not a data line in:\n%s", line, body)
@@ -100,17 +107,21 @@ func events(t testing.TB, body []byte) []string {
 	return out
 }
 
-// readEvent reads one SSE event from a live stream.
+// readEvent reads one SSE data event from a live stream, skipping comments.
 func readEvent(t testing.TB, r *bufio.Reader) string {
 	t.Helper()
-	line, err := r.ReadString('\n')
-	if err != nil {
-		t.Fatalf("read event: %v", err)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("read event: %v", err)
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatalf("read event end: %v", err)
+		}
+		if !strings.HasPrefix(line, ":") {
+			return strings.TrimSuffix(strings.TrimPrefix(line, "data: "), "\n")
+		}
 	}
-	if _, err := r.ReadString('\n'); err != nil {
-		t.Fatalf("read event end: %v", err)
-	}
-	return strings.TrimSuffix(strings.TrimPrefix(line, "data: "), "\n")
 }
 
 func decode(t testing.TB, s string) map[string]any {

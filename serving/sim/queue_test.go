@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -131,5 +132,59 @@ func TestDisconnectAbortsAndFreesTheSlot(t *testing.T) {
 	}
 	if got := metricValue(t, metrics, `vllm:request_success_total{finished_reason="abort",model_name="m"}`); got != 2 {
 		t.Errorf("aborted success count = %v, want 2", got)
+	}
+}
+
+func TestQueueTimeIsReported(t *testing.T) {
+	e, srv := start(t, Config{Model: "m", MaxSeqs: 1, TPOT: time.Hour})
+	chat := srv.URL + "/v1/chat/completions"
+
+	// The stream's 200 comes before its slot, so its queue time is a comment
+	// just before the first token event.
+	blockCtx, unblock := context.WithCancel(context.Background())
+	defer unblock()
+	r := openStream(t, blockCtx, chat, `{"messages":[{"role":"user","content":"block"}],"max_tokens":2,"ignore_eos":true,"stream":true}`)
+	var lines []string
+	for len(lines) < 6 {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("read stream: %v (so far %q)", err, lines)
+		}
+		lines = append(lines, line)
+	}
+	if !strings.Contains(lines[0], `"role":"assistant"`) || lines[1] != "\n" {
+		t.Fatalf("stream opens with %q, want the role event", lines[:2])
+	}
+	ms, ok := strings.CutPrefix(strings.TrimSuffix(lines[2], "\n"), ": sim-queue-ms=")
+	if !ok || lines[3] != "\n" {
+		t.Fatalf("third event %q, want the queue-time comment", lines[2:4])
+	}
+	if v, err := strconv.ParseFloat(ms, 64); err != nil || v < 0 {
+		t.Errorf("stream queue time %q", ms)
+	}
+	if !strings.Contains(lines[4], `"content":"`) || lines[5] != "\n" {
+		t.Errorf("event after the comment = %q, want the first token", lines[4])
+	}
+
+	// A JSON answer queued behind the stream says how long it waited.
+	var hdr http.Header
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var status int
+		status, hdr, _ = post(t, chat, `{"messages":[{"role":"user","content":"q"}],"max_tokens":1}`)
+		if status != http.StatusOK {
+			t.Errorf("queued request: status %d", status)
+		}
+	}()
+	waitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == 1 })
+	unblock()
+	<-done
+	if hdr == nil {
+		return
+	}
+	v, err := strconv.ParseFloat(hdr.Get("X-Sim-Queue-Ms"), 64)
+	if err != nil || v <= 0 {
+		t.Errorf("X-Sim-Queue-Ms = %q, want a positive number of milliseconds", hdr.Get("X-Sim-Queue-Ms"))
 	}
 }

@@ -1,0 +1,283 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// AttemptReason says why an attempt was made.
+type AttemptReason int
+
+const (
+	ReasonFirst AttemptReason = iota
+	ReasonRetry
+	ReasonHedge
+)
+
+func (a AttemptReason) String() string {
+	switch a {
+	case ReasonRetry:
+		return "retry"
+	case ReasonHedge:
+		return "hedge"
+	}
+	return "first"
+}
+
+// Attempt is an attempt that got as far as its first token (or, for an
+// answer that is not streamed, the whole answer). Abort cancels it by
+// closing its connection.
+type Attempt interface {
+	Abort()
+}
+
+// OpenFunc starts attempt n on rep and returns once it has produced its
+// first token. It must not write anything to the client: the router may run
+// two at once and keeps only the winner. Failures are classified with
+// [ErrNotSent], [ErrDeclined] or [ErrNoToken]; any other error is final
+// (the replica's answer stands, e.g. a 400) and ends the request.
+type OpenFunc func(ctx context.Context, rep *Replica, n int, reason AttemptReason) (Attempt, error)
+
+// Request is what the router needs to know of one request.
+type Request struct {
+	Hint
+	// Stream tells streamed answers (hedged on time to first token) from
+	// JSON answers (hedged on time to the whole answer).
+	Stream bool
+	// NoHedge opts this request out of hedging (callers whose requests are
+	// not safe to duplicate).
+	NoHedge bool
+}
+
+// Lost is an attempt that did not produce the answer.
+type Lost struct {
+	Replica *Replica
+	N       int
+	Reason  AttemptReason
+	// Attempt is non-nil when the attempt had produced a first token before
+	// it was cancelled (it lost a close race).
+	Attempt Attempt
+	Err     error
+}
+
+// Result tells how a request was served. Call Finish when the winner's
+// answer has been relayed.
+type Result struct {
+	Replica  *Replica // the winning replica (or the last one tried, on failure)
+	Attempt  Attempt  // the winning attempt, nil on failure
+	N        int      // the winning attempt's number
+	Reason   AttemptReason
+	Attempts int  // attempts started
+	Hedged   bool // a hedge was started
+
+	finish     func()
+	losersDone chan struct{}
+	mu         sync.Mutex
+	lost       []Lost
+}
+
+// Finish gives back the winner's in-flight slot and cancels its context.
+// Safe to call more than once and on a failed result.
+func (res *Result) Finish() {
+	if res.finish != nil {
+		res.finish()
+		res.finish = nil
+	}
+}
+
+// Losers waits until every losing attempt has ended and returns them.
+func (res *Result) Losers() []Lost {
+	if res.losersDone != nil {
+		<-res.losersDone
+	}
+	res.mu.Lock()
+	defer res.mu.Unlock()
+	return res.lost
+}
+
+type outcome struct {
+	n       int
+	rep     *Replica
+	reason  AttemptReason
+	att     Attempt
+	err     error
+	release func()
+	started time.Time
+}
+
+// Do serves one request: it opens an attempt on a replica chosen by the
+// selection policy; retries at once elsewhere when the attempt never reached
+// its replica or was declined; retries within the budget when it reached the
+// replica but produced no token; and, when hedging is on for the model and
+// no token came within the hedge delay, opens a second attempt on another
+// replica — the first to produce a token wins and the other is cancelled.
+func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result, error) {
+	r.budget.Deposit()
+	res := &Result{losersDone: make(chan struct{})}
+	outcomes := make(chan outcome, r.cfg.MaxAttempts)
+	cancels := map[int]context.CancelFunc{}
+	var tried []*Replica
+	live := 0
+
+	start := func(reason AttemptReason) error {
+		rep, err := r.Pick(req.Hint, tried)
+		if err != nil {
+			return err
+		}
+		tried = append(tried, rep)
+		res.Attempts++
+		n := res.Attempts
+		actx, cancel := context.WithCancel(ctx)
+		cancels[n] = cancel
+		release := rep.acquire()
+		live++
+		if r.cfg.Events != nil {
+			r.cfg.Events.Attempt(req.Model, reason)
+		}
+		started := r.cfg.Now()
+		go func() {
+			var (
+				att Attempt
+				err error
+			)
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						err = fmt.Errorf("attempt panicked: %v", p)
+					}
+				}()
+				att, err = open(actx, rep, n, reason)
+			}()
+			outcomes <- outcome{n: n, rep: rep, reason: reason, att: att, err: err, release: release, started: started}
+		}()
+		return nil
+	}
+	// drain collects the attempts still running after the request is decided.
+	drain := func(pending int) {
+		for n, c := range cancels {
+			if n != res.N || res.Attempt == nil {
+				c()
+			}
+		}
+		go func() {
+			defer close(res.losersDone)
+			for range pending {
+				o := <-outcomes
+				if o.att != nil {
+					o.att.Abort()
+				}
+				o.release()
+				res.mu.Lock()
+				res.lost = append(res.lost, Lost{Replica: o.rep, N: o.n, Reason: o.reason, Attempt: o.att, Err: o.err})
+				res.mu.Unlock()
+			}
+		}()
+	}
+
+	if err := start(ReasonFirst); err != nil {
+		close(res.losersDone)
+		return res, err
+	}
+	key := hedgeKey(req.Model, req.Stream)
+	var hedgeC <-chan time.Time
+	if !req.NoHedge {
+		if d, ok := r.hedges.delay(req.Model, key); ok {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			hedgeC = t.C
+		}
+	}
+	var last error
+	for {
+		select {
+		case o := <-outcomes:
+			live--
+			if o.err == nil {
+				now := r.cfg.Now()
+				o.rep.markOK(now)
+				ttft := now.Sub(o.started)
+				o.rep.ObserveTTFT(ttft)
+				r.hedges.observe(req.Model, key, ttft)
+				res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
+				cancel := cancels[o.n]
+				release := o.release
+				res.finish = func() { release(); cancel() }
+				if res.Hedged && r.cfg.Events != nil {
+					r.cfg.Events.Hedge(req.Model, o.reason == ReasonHedge)
+				}
+				drain(live)
+				return res, nil
+			}
+			o.release()
+			cancels[o.n]()
+			res.Replica = o.rep
+			res.mu.Lock()
+			res.lost = append(res.lost, Lost{Replica: o.rep, N: o.n, Reason: o.reason, Err: o.err})
+			res.mu.Unlock()
+			last = o.err
+			if ctx.Err() != nil {
+				drain(live)
+				return res, last
+			}
+			class := ""
+			switch {
+			case IsNotSent(o.err):
+				r.Eject(o.rep, "connect")
+				class = "not_sent"
+			case IsDeclined(o.err):
+				class = "declined"
+			case IsNoToken(o.err):
+				if why := noTokenEject(o.err); why != "" {
+					r.Eject(o.rep, why)
+				} else {
+					o.rep.markFailure(r.cfg.Now())
+				}
+				if live == 0 && r.budget.TakeRetry() {
+					class = "no_token"
+				}
+			default: // final: the replica's answer stands
+				drain(live)
+				return res, o.err
+			}
+			if class != "" && live == 0 && res.Attempts < r.cfg.MaxAttempts {
+				if err := start(ReasonRetry); err == nil {
+					if r.cfg.Events != nil {
+						r.cfg.Events.Retry(req.Model, class)
+					}
+					continue
+				} else if class == "no_token" {
+					r.budget.Refund()
+				}
+			}
+			if live == 0 {
+				drain(0)
+				return res, last
+			}
+		case <-hedgeC:
+			hedgeC = nil
+			if live != 1 || res.Attempts >= r.cfg.MaxAttempts || r.saturated(req.Hint, tried) || !r.budget.TakeHedge() {
+				continue
+			}
+			if err := start(ReasonHedge); err != nil {
+				r.budget.Refund()
+				continue
+			}
+			res.Hedged = true
+		}
+	}
+}
+
+// saturated reports whether a hedge would only queue: the replica it would go
+// to already has requests waiting in its engine, or none is free.
+func (r *Registry) saturated(hint Hint, tried []*Replica) bool {
+	rep, err := r.Pick(hint, tried)
+	if err != nil {
+		return true
+	}
+	return rep.Load().Waiting >= r.hedges.cfg.MaxQueue
+}
+
+// Budget returns the retry and hedge budget (for metrics).
+func (r *Registry) Budget() *Budget { return r.budget }

@@ -1,0 +1,102 @@
+package router
+
+import (
+	"sync"
+	"time"
+)
+
+// BudgetConfig sizes the token bucket that bounds extra upstream work:
+// retries of attempts that reached a replica, and hedges. Attempts that never
+// reached a replica (or that it declined) are retried for free: nothing ran.
+type BudgetConfig struct {
+	// Ratio is the tokens every request earns; 0 means 0.1 (up to 10 % extra
+	// attempts in the long run).
+	Ratio float64
+	// Burst caps the bucket; 0 means 50.
+	Burst float64
+	// MinPerSecond refills the bucket even without traffic, so a quiet gateway
+	// can still retry; 0 means 5.
+	MinPerSecond float64
+	// HedgeReserve is the part of Burst kept for retries: hedges only spend
+	// while the bucket holds more than this. 0 means half of Burst.
+	HedgeReserve float64
+}
+
+// Budget is a token bucket shared by retries and hedges.
+type Budget struct {
+	cfg BudgetConfig
+	now func() time.Time
+
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time
+}
+
+// NewBudget returns a full bucket.
+func NewBudget(cfg BudgetConfig, now func() time.Time) *Budget {
+	if cfg.Ratio <= 0 {
+		cfg.Ratio = 0.1
+	}
+	if cfg.Burst <= 0 {
+		cfg.Burst = 50
+	}
+	if cfg.MinPerSecond <= 0 {
+		cfg.MinPerSecond = 5
+	}
+	if cfg.HedgeReserve <= 0 || cfg.HedgeReserve > cfg.Burst {
+		cfg.HedgeReserve = cfg.Burst / 2
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Budget{cfg: cfg, now: now, tokens: cfg.Burst, last: now()}
+}
+
+func (b *Budget) refillLocked() {
+	now := b.now()
+	if el := now.Sub(b.last); el > 0 {
+		b.tokens = min(b.cfg.Burst, b.tokens+el.Seconds()*b.cfg.MinPerSecond)
+	}
+	b.last = now
+}
+
+// Deposit credits one request's share.
+func (b *Budget) Deposit() {
+	b.mu.Lock()
+	b.refillLocked()
+	b.tokens = min(b.cfg.Burst, b.tokens+b.cfg.Ratio)
+	b.mu.Unlock()
+}
+
+// withdraw takes one token if at least reserve+1 are there.
+func (b *Budget) withdraw(reserve float64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked()
+	if b.tokens-1 < reserve {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// TakeRetry spends a token on a retry.
+func (b *Budget) TakeRetry() bool { return b.withdraw(0) }
+
+// TakeHedge spends a token on a hedge, leaving the reserve for retries.
+func (b *Budget) TakeHedge() bool { return b.withdraw(b.cfg.HedgeReserve) }
+
+// Refund gives a token back (an attempt that could not start).
+func (b *Budget) Refund() {
+	b.mu.Lock()
+	b.tokens = min(b.cfg.Burst, b.tokens+1)
+	b.mu.Unlock()
+}
+
+// Tokens returns the bucket's level (for metrics and tests).
+func (b *Budget) Tokens() float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked()
+	return b.tokens
+}

@@ -1,0 +1,199 @@
+package router
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestHedgeDelayIsAPercentileOfRecentTTFT(t *testing.T) {
+	h := newHedger(HedgeConfig{Enabled: true, Percentile: 0.95, MinSamples: 50, Min: time.Millisecond, Max: time.Second}, time.Now)
+	for i := 1; i <= 49; i++ {
+		h.observe("m", "m", time.Duration(i)*time.Millisecond)
+	}
+	if _, ok := h.delay("m", "m"); ok {
+		t.Fatal("hedging before MinSamples")
+	}
+	for i := 50; i <= 96; i++ {
+		h.observe("m", "m", time.Duration(i)*time.Millisecond)
+	}
+	// p95 of 1..96 ms: the 92nd smallest (ceil(0.95·96) = 92).
+	if d, ok := h.delay("m", "m"); !ok || d != 92*time.Millisecond {
+		t.Fatalf("delay = %v %v, want p95 = 92ms", d, ok)
+	}
+	// Clamped.
+	for range 1000 {
+		h.observe("m", "m", time.Hour)
+	}
+	if d, _ := h.delay("m", "m"); d != time.Second {
+		t.Fatalf("delay = %v, want the 1s max", d)
+	}
+	// Per-model override off.
+	off := false
+	h2 := newHedger(HedgeConfig{Enabled: true, Models: map[string]HedgeModel{"m": {Enabled: &off}}}, time.Now)
+	for range 200 {
+		h2.observe("m", "m", time.Millisecond)
+	}
+	if _, ok := h2.delay("m", "m"); ok {
+		t.Fatal("hedging a model configured off")
+	}
+}
+
+type hedgeEvents struct {
+	mu       sync.Mutex
+	won      int
+	lost     int
+	attempts map[AttemptReason]int
+}
+
+func (e *hedgeEvents) Attempt(_ string, r AttemptReason) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.attempts == nil {
+		e.attempts = map[AttemptReason]int{}
+	}
+	e.attempts[r]++
+}
+func (e *hedgeEvents) Retry(string, string) {}
+func (e *hedgeEvents) Hedge(_ string, won bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if won {
+		e.won++
+	} else {
+		e.lost++
+	}
+}
+
+// primed returns a registry whose hedge delay for "m" is known (~10ms).
+func primed(t *testing.T, cfg Config) (*Registry, *hedgeEvents) {
+	t.Helper()
+	ev := &hedgeEvents{}
+	cfg.Events = ev
+	cfg.Hedge.Enabled = true
+	cfg.Hedge.MinSamples = 10
+	cfg.Hedge.Min = 10 * time.Millisecond
+	reg := New(cfg, nil)
+	reg.Add(readyReplica("a", "m"))
+	reg.Add(readyReplica("b", "m"))
+	for range 20 {
+		reg.hedges.observe("m", hedgeKey("m", false), time.Millisecond)
+	}
+	return reg, ev
+}
+
+// slowFirst makes attempt 1 hang until cancelled and later attempts answer at once.
+func slowFirst(aborted *sync.Map) OpenFunc {
+	return func(ctx context.Context, rep *Replica, n int, reason AttemptReason) (Attempt, error) {
+		if n == 1 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second): // bound the test if the hedge never comes
+			}
+			aborted.Store(n, true)
+			return nil, ErrNoToken(ctx.Err(), "")
+		}
+		return &fakeAttempt{}, nil
+	}
+}
+
+func TestHedgeWinsAndTheLoserIsCancelled(t *testing.T) {
+	reg, ev := primed(t, Config{})
+	var aborted sync.Map
+	res, err := reg.Do(context.Background(), hint("m"), slowFirst(&aborted))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Hedged || res.Reason != ReasonHedge || res.N != 2 {
+		t.Fatalf("result %+v: want the hedge (attempt 2) to win", res)
+	}
+	lost := res.Losers()
+	res.Finish()
+	if _, ok := aborted.Load(1); !ok || len(lost) != 1 || lost[0].N != 1 {
+		t.Fatalf("the first attempt was not cancelled: lost %+v", lost)
+	}
+	if ev.won != 1 || ev.attempts[ReasonHedge] != 1 {
+		t.Fatalf("events: won %d, hedge attempts %d", ev.won, ev.attempts[ReasonHedge])
+	}
+	for _, r := range reg.Replicas() {
+		if r.Inflight() != 0 {
+			t.Fatalf("%s inflight %d", r.ID, r.Inflight())
+		}
+	}
+}
+
+func TestHedgeLoserThatAlsoGotATokenIsAborted(t *testing.T) {
+	reg, _ := primed(t, Config{})
+	release := make(chan struct{})
+	first := &fakeAttempt{}
+	res, err := reg.Do(context.Background(), hint("m"), func(ctx context.Context, rep *Replica, n int, _ AttemptReason) (Attempt, error) {
+		if n == 1 {
+			select { // answers only after the hedge has won
+			case <-release:
+			case <-time.After(5 * time.Second):
+			}
+			return first, nil
+		}
+		return &fakeAttempt{}, nil
+	})
+	if err != nil || res.N != 2 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	close(release)
+	lost := res.Losers()
+	if len(lost) != 1 || lost[0].Attempt != first || !first.aborted.Load() {
+		t.Fatalf("late first attempt not aborted: %+v", lost)
+	}
+}
+
+func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
+	t.Run("opt-out", func(t *testing.T) {
+		reg, ev := primed(t, Config{})
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Millisecond)
+		defer cancel()
+		var aborted sync.Map
+		req := hint("m")
+		req.NoHedge = true
+		res, _ := reg.Do(ctx, req, slowFirst(&aborted))
+		if res.Hedged || ev.attempts[ReasonHedge] != 0 {
+			t.Fatal("hedged a request that opted out")
+		}
+	})
+	t.Run("saturated", func(t *testing.T) {
+		reg, ev := primed(t, Config{})
+		for _, r := range reg.Replicas() {
+			r.load.Store(&Load{Waiting: 3})
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Millisecond)
+		defer cancel()
+		var aborted sync.Map
+		res, _ := reg.Do(ctx, hint("m"), slowFirst(&aborted))
+		if res.Hedged || ev.attempts[ReasonHedge] != 0 {
+			t.Fatal("hedged onto a replica with a queue")
+		}
+	})
+	t.Run("budget", func(t *testing.T) {
+		now := time.Unix(0, 0)
+		reg, ev := primed(t, Config{Now: func() time.Time { return now },
+			Budget: BudgetConfig{Ratio: 0.05, Burst: 4, HedgeReserve: 2, MinPerSecond: 1e-9}})
+		slow := func(ctx context.Context, rep *Replica, n int, reason AttemptReason) (Attempt, error) {
+			if reason == ReasonFirst {
+				select { // slower than the 10ms hedge delay, but it answers
+				case <-ctx.Done():
+					return nil, ErrNoToken(ctx.Err(), "")
+				case <-time.After(25 * time.Millisecond):
+				}
+			}
+			return &fakeAttempt{}, nil
+		}
+		for range 100 {
+			res, _ := reg.Do(context.Background(), hint("m"), slow)
+			res.Finish()
+		}
+		// Burst above the reserve (2) plus 5 % of 100 requests.
+		if h := ev.attempts[ReasonHedge]; h < 2 || h > 2+5 {
+			t.Fatalf("%d hedges for 100 requests with a 5 %% budget", h)
+		}
+	})
+}

@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# bench-overhead.sh — what the gateway adds over calling the engine directly.
+#
+# One run, everything on 127.0.0.1: a simulated engine answering at once
+# (--sim-ttft 0 --sim-tpot 0), a second one streaming a token every
+# STREAM_TPOT, and `tailgate gateway` in front of both with a real key (every
+# limit on, far away), admission and metering into SQLite. vegeta sends an
+# open-loop load at each rate in RATES, alternating between the engine
+# directly and the gateway (and a bare nginx proxy_pass hop when nginx is
+# installed), with the same body and keep-alive on. Then bench/streamgap holds
+# STREAMS streams open on each path and compares time to first chunk and the
+# gaps between chunks.
+#
+# Usage: scripts/bench-overhead.sh
+# Environment (all optional):
+#   RATES="500 1000 2000 3000 4000 5000"  request rates, req/s
+#   DURATION=10s                           length of each vegeta run
+#   WARMUP=2s                              warm-up run per path before the rates
+#   STREAMS=200 STREAM_TOKENS=100 STREAM_TPOT=20ms STREAM_DURATION=10s STREAM_ROUNDS=1
+#   VEGETA_MAX_CONNS=512                   connections vegeta may open per path
+#   NGINX=auto|off                         baseline row through nginx if installed
+#   KEEP_TMP=1                             keep the temp dir (results, logs)
+# Needs go and curl; vegeta is installed with `go install` when it is not on
+# PATH.
+set -euo pipefail
+
+RATES=${RATES:-"500 1000 2000 3000 4000 5000"}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-2s}
+STREAMS=${STREAMS:-200}
+STREAM_TOKENS=${STREAM_TOKENS:-100}
+STREAM_TPOT=${STREAM_TPOT:-20ms}
+STREAM_DURATION=${STREAM_DURATION:-10s}
+STREAM_ROUNDS=${STREAM_ROUNDS:-1}
+VEGETA_MAX_CONNS=${VEGETA_MAX_CONNS:-512}
+NGINX=${NGINX:-auto}
+VEGETA_VERSION=v12.13.0
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tailgate-bench.XXXXXX")
+PIDS=()
+
+cleanup() {
+	local pid
+	for pid in "${PIDS[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${PIDS[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	if [[ "${KEEP_TMP:-}" == 1 ]]; then
+		echo "kept $TMP" >&2
+	else
+		rm -rf "$TMP"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "bench-overhead: $*" >&2; }
+die() {
+	log "$*"
+	exit 1
+}
+
+# wait_for_line FILE PATTERN: waits (10 s at most) for a line matching
+# PATTERN in FILE and prints it.
+wait_for_line() {
+	local i line
+	for ((i = 0; i < 100; i++)); do
+		if line=$(grep -m1 -E "$2" "$1" 2>/dev/null); then
+			echo "$line"
+			return 0
+		fi
+		sleep 0.1
+	done
+	return 1
+}
+
+# free_port: a TCP port on 127.0.0.1 nothing listens on right now.
+free_port() {
+	local p i
+	for ((i = 0; i < 50; i++)); do
+		p=$((20000 + RANDOM % 30000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# --- tools -------------------------------------------------------------------
+command -v curl >/dev/null || die "curl is required"
+VEGETA=$(command -v vegeta || true)
+if [[ -z "$VEGETA" ]]; then
+	VEGETA="$(go env GOPATH)/bin/vegeta"
+	if [[ ! -x "$VEGETA" ]]; then
+		log "installing vegeta $VEGETA_VERSION"
+		go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION"
+	fi
+fi
+log "building tailgate and the bench helpers into $TMP"
+(cd "$ROOT" && go build -o "$TMP/tailgate" . && go build -o "$TMP/streamgap" ./bench/streamgap &&
+	go build -o "$TMP/overheadtable" ./bench/overheadtable)
+
+# --- engines and gateway -----------------------------------------------------
+start_sim() { # NAME MODEL TPOT; sets ADDR
+	"$TMP/tailgate" sim --listen 127.0.0.1:0 --announce --model "$2" --sim-ttft 0 --sim-tpot "$3" \
+		--sim-max-seqs 4096 --log-level warn >"$TMP/$1.out" 2>"$TMP/$1.log" &
+	PIDS+=($!)
+	ADDR=$(wait_for_line "$TMP/$1.out" '^TAILGATE_LISTEN ' | awk '{print $2}') || die "$1 did not start: $(cat "$TMP/$1.log")"
+}
+start_sim sim tailgate-sim 0
+SIM=$ADDR
+start_sim sim-stream tailgate-sim-stream "$STREAM_TPOT"
+SIM_STREAM=$ADDR
+log "engines: $SIM (instant), $SIM_STREAM (token every $STREAM_TPOT)"
+
+DATA="$TMP/data"
+"$TMP/tailgate" gateway --data "$DATA" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+	--upstream "http://$SIM" --upstream "http://$SIM_STREAM" \
+	--price tailgate-sim=0.2,0.6 --price tailgate-sim-stream=0.2,0.6 >"$TMP/gateway.out" 2>"$TMP/gateway.log" &
+PIDS+=($!)
+GW=$(wait_for_line "$TMP/gateway.out" '^tailgate gateway: API ' | sed -E 's|.*API http://([^/]+)/v1.*|\1|') ||
+	die "gateway did not start: $(cat "$TMP/gateway.log")"
+# Every limit on and far away, so admission does all of its work.
+KEY=$("$TMP/tailgate" keys create --data "$DATA" --tenant bench --rpm 1000000000 --tpm 1000000000000 \
+	--max-concurrency 100000 --budget-tokens 1000000000000000 2>/dev/null | tail -n1)
+[[ -n "$KEY" ]] || die "keys create printed no key"
+
+ready=
+for ((i = 0; i < 100; i++)); do
+	if [[ $(curl -s -o /dev/null -w '%{http_code}' "http://$GW/healthz") == 200 ]] &&
+		models=$(curl -sf -H "Authorization: Bearer $KEY" "http://$GW/v1/models") &&
+		[[ "$models" == *'"tailgate-sim"'* && "$models" == *'"tailgate-sim-stream"'* ]]; then
+		ready=1
+		break
+	fi
+	sleep 0.1
+done
+[[ -n "$ready" ]] || die "gateway never became ready: $(tail -n 20 "$TMP/gateway.log")"
+log "gateway: $GW (healthz 200, both models ready)"
+
+PATHS="direct gateway"
+declare -A BASE=([direct]="http://$SIM" [gateway]="http://$GW")
+if [[ "$NGINX" != off ]] && command -v nginx >/dev/null 2>&1; then
+	NGINX_PORT=$(free_port) || die "no free port for nginx"
+	mkdir -p "$TMP/nginx/logs" "$TMP/nginx/tmp"
+	cat >"$TMP/nginx/nginx.conf" <<EOF
+worker_processes auto;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+	access_log off;
+	client_body_temp_path $TMP/nginx/tmp/body;
+	proxy_temp_path $TMP/nginx/tmp/proxy;
+	fastcgi_temp_path $TMP/nginx/tmp/fastcgi;
+	uwsgi_temp_path $TMP/nginx/tmp/uwsgi;
+	scgi_temp_path $TMP/nginx/tmp/scgi;
+	upstream engine { server $SIM; keepalive 256; }
+	server {
+		listen 127.0.0.1:$NGINX_PORT;
+		location / {
+			proxy_pass http://engine;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+			proxy_buffering off;
+		}
+	}
+}
+EOF
+	nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
+	PIDS+=($!)
+	for ((i = 0; i < 50; i++)); do
+		curl -sf -o /dev/null "http://127.0.0.1:$NGINX_PORT/health" && break
+		sleep 0.1
+	done
+	if curl -sf -o /dev/null "http://127.0.0.1:$NGINX_PORT/health"; then
+		PATHS="direct gateway nginx"
+		BASE[nginx]="http://127.0.0.1:$NGINX_PORT"
+		log "nginx baseline: 127.0.0.1:$NGINX_PORT"
+	else
+		log "nginx did not start, no baseline row: $(cat "$TMP/nginx/stderr" "$TMP/nginx/logs/error.log" 2>/dev/null)"
+	fi
+fi
+
+# --- non-streaming: vegeta at fixed rates ------------------------------------
+BODY="$TMP/body.json"
+printf '%s' '{"model":"tailgate-sim","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":16,"ignore_eos":true}' >"$BODY"
+for p in $PATHS; do
+	printf 'POST %s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' \
+		"${BASE[$p]}" "$KEY" "$BODY" >"$TMP/targets-$p.txt"
+done
+
+attack() { # PATH RATE DURATION OUT.csv
+	"$VEGETA" attack -targets="$TMP/targets-$1.txt" -rate="$2/1s" -duration="$3" -keepalive=true \
+		-max-connections="$VEGETA_MAX_CONNS" -timeout=10s -max-body=0 -name="$1-$2" >"$TMP/$1-$2.bin"
+	"$VEGETA" encode --to csv "$TMP/$1-$2.bin" >"$4"
+	rm -f "$TMP/$1-$2.bin"
+}
+
+log "cpus: $(nproc), load: $(cut -d' ' -f1-3 /proc/loadavg); paths: $PATHS; rates: $RATES; $DURATION each"
+for p in $PATHS; do
+	attack "$p" 200 "$WARMUP" "$TMP/warmup-$p.csv"
+done
+mkdir -p "$TMP/results"
+# A path that broke down at a rate is not driven harder: an overloaded run
+# leaves thousands of connections in TIME_WAIT, which would spoil the runs
+# after it on the other paths.
+declare -A BROKE=()
+n=0
+for rate in $RATES; do
+	# Alternate the order, so neither path always runs right after the other.
+	order=$PATHS
+	if ((n % 2 == 1)); then order=$(echo "$PATHS" | tr ' ' '\n' | tac | tr '\n' ' '); fi
+	for p in $order; do
+		if [[ -n "${BROKE[$p]:-}" ]]; then
+			log "$p at $rate req/s: skipped, it broke down at ${BROKE[$p]} req/s"
+			continue
+		fi
+		log "$p at $rate req/s for $DURATION"
+		attack "$p" "$rate" "$DURATION" "$TMP/results/$p-$rate.csv"
+		if why=$("$TMP/overheadtable" --collapsed "$TMP/results/$p-$rate.csv"); then
+			log "$p broke down at $rate req/s ($why); no higher rate on it"
+			BROKE[$p]=$rate
+			sleep 5
+		fi
+		sleep 1 # let the ledger flush and the previous connections go idle
+	done
+	n=$((n + 1))
+done
+
+echo "== gateway overhead, non-streaming chat (vegeta open loop, $DURATION per rate and path, $(nproc) cpus shared) =="
+"$TMP/overheadtable" --dir "$TMP/results" --rates "$RATES" --paths "$PATHS"
+
+# --- streams -----------------------------------------------------------------
+echo
+echo "== streams: engine token every $STREAM_TPOT =="
+log "streams: $STREAMS at once, $STREAM_TOKENS tokens, $STREAM_DURATION per path"
+"$TMP/streamgap" --direct "http://$SIM_STREAM" --gateway "http://$GW" --key "$KEY" --model tailgate-sim-stream \
+	--streams "$STREAMS" --tokens "$STREAM_TOKENS" --duration "$STREAM_DURATION" --rounds "$STREAM_ROUNDS"
+
+# The gateway metered what it served.
+usage=$("$TMP/tailgate" usage --data "$DATA" --tenant bench 2>/dev/null | tail -n +2 | awk '{n += $4} END {print n + 0}')
+echo
+echo "metered by the gateway: $usage requests in the ledger for tenant bench"

@@ -1,0 +1,339 @@
+// Package launcher starts and supervises one inference engine process (vLLM,
+// or anything that speaks its HTTP API) on a worker box.
+//
+// # Overview
+//
+// A [Launcher] picks a free loopback port, starts the engine in a process
+// group of its own, forwards its output to the log line by line, waits until
+// GET /health answers 200 and the model is listed on GET /v1/models, runs a
+// few short warm-up generations, and only then reports [serving.StateReady].
+// An engine that exits, never becomes ready within the startup deadline, or
+// fails its warm-up is stopped and started again after an exponential
+// backoff; its state is reported through [Config.OnState] and
+// [Launcher.State] all along.
+//
+// When Run's context ends the launcher stops the whole process group:
+// SIGTERM, then SIGKILL after [Config.StopGrace]. Draining requests before
+// that is the sidecar's job, not this package's; it never touches requests
+// other than its own readiness probes and warm-up.
+//
+// The package is Linux-only in practice: it relies on process groups and on
+// the parent-death signal so an engine never outlives a killed worker.
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tailgate/serving"
+)
+
+// State is a replica state: one of the serving.State* names. The launcher
+// reports starting, warming, ready and failed; draining is the worker's.
+type State = string
+
+// Config configures a [Launcher]. Zero durations mean the documented default.
+type Config struct {
+	// Command builds the engine's argv (argv[0] the executable) and the
+	// environment added to the worker's own, for an engine listening on
+	// 127.0.0.1:port. It is called before every start with a fresh port.
+	// Required; see [VLLMCommand].
+	Command func(port int) (argv []string, env []string, err error)
+	// Model is the served model name readiness waits for on /v1/models and
+	// that the warm-up requests name. Required.
+	Model string
+	// StartupTimeout bounds the time from start to readiness; 0 means 20m
+	// (large models load for minutes). Past it the engine is stopped, the
+	// state is failed, and it is started again after the backoff.
+	StartupTimeout time.Duration
+	// Progress is how often a line reports the wait for readiness; 0 means 15s.
+	Progress time.Duration
+	// PollInterval is how often readiness is probed; 0 means 500ms.
+	PollInterval time.Duration
+	// Warmup is the number of short generations run before ready; 0 means 3
+	// and a negative value means none.
+	Warmup int
+	// WarmupTimeout bounds the whole warm-up; 0 means 2m.
+	WarmupTimeout time.Duration
+	// BackoffMin and BackoffMax bound the pause before a restart, which
+	// doubles after each failure; 0 means 1s and 60s.
+	BackoffMin, BackoffMax time.Duration
+	// StableAfter is how long an engine must stay ready for the backoff to
+	// start over from BackoffMin; 0 means 10m.
+	StableAfter time.Duration
+	// StopGrace is how long the engine has to exit after SIGTERM before its
+	// process group is killed; 0 means 30s.
+	StopGrace time.Duration
+	// Log receives the launcher's lines and the engine's output, one record
+	// per output line; nil means discard.
+	Log *slog.Logger
+	// OnState, when set, is called whenever the state or its reason
+	// changes, from Run's goroutine and in order. It must not block for
+	// long. Progress updates of the reason while starting are visible
+	// through [Launcher.State] but do not call it.
+	OnState func(state State, reason string)
+}
+
+// Defaults of the zero Config fields.
+const (
+	DefaultStartupTimeout = 20 * time.Minute
+	DefaultProgress       = 15 * time.Second
+	DefaultPollInterval   = 500 * time.Millisecond
+	DefaultWarmup         = 3
+	DefaultWarmupTimeout  = 2 * time.Minute
+	DefaultBackoffMin     = time.Second
+	DefaultBackoffMax     = 60 * time.Second
+	DefaultStableAfter    = 10 * time.Minute
+	DefaultStopGrace      = 30 * time.Second
+)
+
+// Validate reports whether c is usable.
+func (c Config) Validate() error {
+	switch {
+	case c.Command == nil:
+		return errors.New("launcher: Command is required")
+	case c.Model == "":
+		return errors.New("launcher: Model is required")
+	case c.StartupTimeout < 0, c.Progress < 0, c.PollInterval < 0, c.WarmupTimeout < 0,
+		c.BackoffMin < 0, c.BackoffMax < 0, c.StableAfter < 0, c.StopGrace < 0:
+		return errors.New("launcher: durations must not be negative")
+	}
+	if d := c.withDefaults(); d.BackoffMin > d.BackoffMax {
+		return fmt.Errorf("launcher: BackoffMin %s exceeds BackoffMax %s", d.BackoffMin, d.BackoffMax)
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.StartupTimeout, DefaultStartupTimeout)
+	def(&c.Progress, DefaultProgress)
+	def(&c.PollInterval, DefaultPollInterval)
+	def(&c.WarmupTimeout, DefaultWarmupTimeout)
+	def(&c.BackoffMin, DefaultBackoffMin)
+	def(&c.BackoffMax, DefaultBackoffMax)
+	def(&c.StableAfter, DefaultStableAfter)
+	def(&c.StopGrace, DefaultStopGrace)
+	switch {
+	case c.Warmup == 0:
+		c.Warmup = DefaultWarmup
+	case c.Warmup < 0:
+		c.Warmup = 0
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Launcher supervises one engine process. Its accessors are safe for
+// concurrent use; Run may be called once.
+type Launcher struct {
+	cfg    Config // defaults applied
+	log    *slog.Logger
+	client *http.Client
+	ran    atomic.Bool
+
+	mu       sync.Mutex
+	state    State
+	reason   string
+	url      string
+	pid      int
+	restarts int
+}
+
+// New returns a launcher for cfg; nothing runs until [Launcher.Run].
+func New(cfg Config) (*Launcher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	return &Launcher{
+		cfg: cfg,
+		log: cfg.Log,
+		// No keep-alives: probes are rare, and each engine process is a new
+		// server on a new port.
+		client: &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}},
+		state:  serving.StateStarting,
+		reason: "not started",
+	}, nil
+}
+
+// State returns the replica state and why it is not ready, if it is not.
+func (l *Launcher) State() (state State, reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state, l.reason
+}
+
+// EngineURL returns the base URL of the current engine process,
+// "http://127.0.0.1:PORT", or "" before the first start.
+func (l *Launcher) EngineURL() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.url
+}
+
+// Restarts returns how many times the engine was started again after its
+// first start.
+func (l *Launcher) Restarts() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.restarts
+}
+
+// PID returns the engine process id, or 0 when no engine runs.
+func (l *Launcher) PID() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pid
+}
+
+// setState records a state change and tells OnState. Only Run's goroutine
+// calls it, so OnState sees changes in order.
+func (l *Launcher) setState(state State, reason string) {
+	l.mu.Lock()
+	changed := state != l.state || reason != l.reason
+	l.state, l.reason = state, reason
+	l.mu.Unlock()
+	if changed && l.cfg.OnState != nil {
+		l.cfg.OnState(state, reason)
+	}
+}
+
+// setReason updates the reason without a state change (progress while
+// starting); OnState is not called.
+func (l *Launcher) setReason(reason string) {
+	l.mu.Lock()
+	l.reason = reason
+	l.mu.Unlock()
+}
+
+// Run supervises the engine until ctx is done, then stops its process group,
+// reports the state failed with reason "engine stopped", and returns nil. It returns an error at once, without retrying, when the
+// engine cannot be started at all (Command fails, or the executable is
+// missing): that is a configuration error for a person to fix.
+func (l *Launcher) Run(ctx context.Context) error {
+	if !l.ran.CompareAndSwap(false, true) {
+		return errors.New("launcher: Run called twice")
+	}
+	backoff := l.cfg.BackoffMin
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		readyFor, reason, err := l.runOnce(ctx, attempt > 0)
+		if err != nil {
+			l.setState(serving.StateFailed, err.Error())
+			return fmt.Errorf("launcher: %w", err)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if readyFor >= l.cfg.StableAfter {
+			backoff = l.cfg.BackoffMin
+		}
+		l.log.Warn("engine down; restarting", "reason", reason, "in", backoff)
+		l.setState(serving.StateFailed, fmt.Sprintf("%s; restarting in %s", reason, backoff))
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, l.cfg.BackoffMax)
+	}
+	l.setState(serving.StateFailed, "engine stopped")
+	return nil
+}
+
+// errExited cancels an engine's context when its process exits.
+var errExited = errors.New("engine exited")
+
+// runOnce runs one engine process from start to exit or to ctx's end. It
+// returns how long the engine was ready and why it is gone (empty when ctx
+// ended), or an error when it could not be started at all. A restart is
+// counted once its process runs.
+func (l *Launcher) runOnce(ctx context.Context, restart bool) (readyFor time.Duration, reason string, err error) {
+	port, err := freePort()
+	if err != nil {
+		return 0, "", err
+	}
+	argv, env, err := l.cfg.Command(port)
+	if err != nil {
+		return 0, "", err
+	}
+	if len(argv) == 0 {
+		return 0, "", errors.New("empty engine command")
+	}
+	p, err := startProcess(argv, env, l.log)
+	if err != nil {
+		return 0, "", err
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	l.mu.Lock()
+	l.pid, l.url = p.pid, url
+	if restart {
+		l.restarts++
+	}
+	l.mu.Unlock()
+	l.log.Info("engine started", "pid", p.pid, "url", url, "argv", redact(argv))
+
+	// pctx ends when ctx does or when the process exits, whichever is first.
+	pctx, cancel := context.WithCancelCause(ctx)
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		select {
+		case <-p.done:
+			cancel(errExited)
+		case <-pctx.Done():
+		}
+	})
+	defer func() {
+		cancel(nil)
+		watch.Wait()
+		p.stop(l.cfg.StopGrace)
+		l.mu.Lock()
+		l.pid = 0
+		l.mu.Unlock()
+		l.log.Info("engine stopped", "pid", p.pid, "exit", p.exitErr())
+	}()
+	gone := func(phase string, err error) string {
+		if errors.Is(context.Cause(pctx), errExited) {
+			return fmt.Sprintf("engine exited %s: %v", phase, p.exitErr())
+		}
+		return err.Error()
+	}
+
+	l.setState(serving.StateStarting, fmt.Sprintf("waiting for the engine to serve %q", l.cfg.Model))
+	if err := l.waitReady(pctx, url); err != nil {
+		if ctx.Err() != nil {
+			return 0, "", nil
+		}
+		return 0, gone("while starting", err), nil
+	}
+	if l.cfg.Warmup > 0 {
+		l.setState(serving.StateWarming, fmt.Sprintf("running %d warm-up requests", l.cfg.Warmup))
+		if err := l.warmUp(pctx, url); err != nil {
+			if ctx.Err() != nil {
+				return 0, "", nil
+			}
+			return 0, gone("while warming up", err), nil
+		}
+	}
+	readySince := time.Now()
+	l.setState(serving.StateReady, "")
+	l.log.Info("engine ready", "pid", p.pid, "url", url)
+	<-pctx.Done()
+	if ctx.Err() != nil {
+		return time.Since(readySince), "", nil
+	}
+	return time.Since(readySince), fmt.Sprintf("engine exited: %v", p.exitErr()), nil
+}

@@ -1,0 +1,361 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	cmd := func(int) ([]string, []string, error) { return []string{"true"}, nil, nil }
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no command", Config{Model: "m"}, "Command is required"},
+		{"no model", Config{Command: cmd}, "Model is required"},
+		{"negative duration", Config{Command: cmd, Model: "m", StopGrace: -time.Second}, "must not be negative"},
+		{"backoff bounds reversed", Config{Command: cmd, Model: "m", BackoffMin: time.Minute, BackoffMax: time.Second}, "exceeds BackoffMax"},
+		{"min above default max", Config{Command: cmd, Model: "m", BackoffMin: 2 * time.Minute}, "exceeds BackoffMax"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := New(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRunFailsAtOnceWhenEngineCannotStart(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		command func(port int) ([]string, []string, error)
+		want    string
+	}{
+		{
+			name: "explicit vllm binary missing",
+			command: func(port int) ([]string, []string, error) {
+				return VLLMCommand(VLLMOptions{Binary: "/nonexistent/bin/vllm", Model: "m"}, port)
+			},
+			want: "/nonexistent/bin/vllm",
+		},
+		{
+			name:    "executable vanished after lookup",
+			command: func(int) ([]string, []string, error) { return []string{"/nonexistent/engine", "serve"}, nil, nil },
+			want:    "start engine: fork/exec /nonexistent/engine: no such file or directory",
+		},
+		{
+			name:    "command error",
+			command: func(int) ([]string, []string, error) { return nil, nil, errors.New("bad flags") },
+			want:    "bad flags",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var states []string
+			l, err := New(Config{Model: "m", Command: tt.command, OnState: func(s, _ string) { states = append(states, s) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = l.Run(t.Context())
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Run = %v, want an error containing %q", err, tt.want)
+			}
+			if state, reason := l.State(); state != "failed" || !strings.Contains(reason, tt.want) {
+				t.Errorf("State = %q, %q; want failed naming the problem", state, reason)
+			}
+			if !slices.Equal(states, []string{"failed"}) || l.Restarts() != 0 {
+				t.Errorf("states %q, restarts %d; want one failure, no retry", states, l.Restarts())
+			}
+		})
+	}
+}
+
+func TestReadyOnlyAfterHealthModelAndWarmup(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		warmup     int
+		wantChats  int
+		wantStates []string
+	}{
+		{"default warm-up", 0, 3, []string{"starting", "warming", "ready"}},
+		{"one warm-up request", 1, 1, []string{"starting", "warming", "ready"}},
+		{"warm-up off", -1, 0, []string{"starting", "ready"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := start(t, VLLMOptions{ServedModelName: "served", GPUs: "1"},
+				[]string{"FAKE_VLLM_STARTUP_DELAY=400ms"}, Config{Model: "served", Warmup: tt.warmup})
+			changes := h.waitState("ready", 1)
+
+			if got := h.stateNames(); !slices.Equal(got, tt.wantStates) {
+				t.Errorf("states = %q, want %q", got, tt.wantStates)
+			}
+			for _, c := range changes {
+				want := 0
+				if c.state == "ready" {
+					want = tt.wantChats
+				}
+				if c.chats != want {
+					t.Errorf("engine had %d warm-up requests when %s was reported, want %d", c.chats, c.state, want)
+				}
+			}
+			if state, reason := h.l.State(); state != "ready" || reason != "" {
+				t.Errorf("State = %q, %q; want ready", state, reason)
+			}
+
+			// The engine waited for is the one started, as configured.
+			starts := h.events("start")
+			if len(starts) != 1 {
+				t.Fatalf("%d engine starts, want 1", len(starts))
+			}
+			u, err := url.Parse(h.l.EngineURL())
+			if err != nil || u.Hostname() != "127.0.0.1" {
+				t.Fatalf("EngineURL = %q", h.l.EngineURL())
+			}
+			wantArgs := []string{fakeVLLM, "serve", "m", "--host", "127.0.0.1", "--port", u.Port(), "--served-model-name", "served"}
+			if !slices.Equal(starts[0].Argv, wantArgs) {
+				t.Errorf("engine argv = %q, want %q", starts[0].Argv, wantArgs)
+			}
+			if env := starts[0].Env; env["VLLM_NO_USAGE_STATS"] != "1" || env["CUDA_VISIBLE_DEVICES"] != "1" {
+				t.Errorf("engine env = %v, want usage stats off and GPU 1", env)
+			}
+			if starts[0].PID != h.l.PID() {
+				t.Errorf("PID = %d, engine reports %d", h.l.PID(), starts[0].PID)
+			}
+			resp, err := http.Get(h.l.EngineURL() + "/v1/models")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("GET /v1/models = %d", resp.StatusCode)
+			}
+
+			// Waiting was reported, and the engine's output reached the log,
+			// one record per line, tagged with the engine.
+			if lines := h.logs.logLines("engine starting: waited", "of 5s; last /health: connection refused"); len(lines) == 0 {
+				t.Errorf("no progress line while the engine loaded; log:\n%s", h.logs)
+			}
+			for _, want := range []string{"fakevllm: loading model m", "fakevllm: progress 1/2", "fakevllm: progress 2/2"} {
+				if lines := h.logs.logLines(`msg="`+want+`"`, "engine=vllm", fmt.Sprintf("pid=%d", h.l.PID())); len(lines) != 1 {
+					t.Errorf("engine output %q forwarded %d times, want once; log:\n%s", want, len(lines), h.logs)
+				}
+			}
+		})
+	}
+}
+
+func TestEngineThatNeverBecomesReadyIsKilledAndRestarted(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		opts       VLLMOptions
+		knobs      []string
+		wantReason string
+	}{
+		{
+			name:       "health never 200",
+			knobs:      []string{"FAKE_VLLM_NEVER_READY=1"},
+			wantReason: "model never became ready within 1s (last /health: 503 Service Unavailable); restarting in 50ms",
+		},
+		{
+			name:       "model never listed",
+			opts:       VLLMOptions{ServedModelName: "other"},
+			wantReason: `model never became ready within 1s (last /v1/models: model "m" not listed (listed: other)); restarting in 50ms`,
+		},
+		{
+			name:       "never listens",
+			knobs:      []string{"FAKE_VLLM_STARTUP_DELAY=1h"},
+			wantReason: "model never became ready within 1s (last /health: connection refused); restarting in 50ms",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := start(t, tt.opts, tt.knobs, Config{StartupTimeout: time.Second})
+			changes := h.waitState("starting", 2)
+
+			want := []stateChange{
+				{state: "starting", reason: `waiting for the engine to serve "m"`},
+				{state: "failed", reason: tt.wantReason},
+				{state: "starting", reason: `waiting for the engine to serve "m"`},
+			}
+			if !slices.Equal(changes[:3], want) {
+				t.Errorf("state changes:\n got %+v\nwant %+v", changes[:3], want)
+			}
+			if h.l.Restarts() < 1 {
+				t.Errorf("Restarts = %d, want at least 1", h.l.Restarts())
+			}
+			first := h.events("start")[0]
+			waitGone(t, "first engine", first.PID)
+			waitGone(t, "first engine's child", first.ChildPID)
+			if !slices.ContainsFunc(h.events("sigterm"), func(e event) bool { return e.PID == first.PID }) {
+				t.Error("the engine past its deadline was not sent SIGTERM first")
+			}
+			if err := h.stop(); err != nil {
+				t.Errorf("Run = %v, want nil", err)
+			}
+		})
+	}
+}
+
+func TestWarmupFailureIsNotReady(t *testing.T) {
+	t.Parallel()
+	h := start(t, VLLMOptions{}, []string{"FAKE_VLLM_CHAT_STATUS=500"}, Config{})
+	changes := h.waitState("starting", 2)
+	want := []string{"starting", "warming", "failed", "starting"}
+	if got := h.stateNames()[:4]; !slices.Equal(got, want) {
+		t.Fatalf("states = %q, want %q", got, want)
+	}
+	if reason := changes[2].reason; !strings.HasPrefix(reason, "warm-up 1 of 3: 500 Internal Server Error: ") ||
+		!strings.Contains(reason, "fake failure") {
+		t.Errorf("failure reason = %q", reason)
+	}
+	if slices.Contains(h.stateNames(), "ready") {
+		t.Error("reported ready although warm-up failed")
+	}
+}
+
+func TestCrashedEngineIsRestarted(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		stableAfter time.Duration
+		readyFor    time.Duration // before each crash
+		wantBackoff []string
+	}{
+		{"backoff grows", 0, 0, []string{"50ms", "100ms"}},
+		{"backoff starts over after a stable run", 100 * time.Millisecond, 300 * time.Millisecond, []string{"50ms", "50ms"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := start(t, VLLMOptions{}, nil, Config{StableAfter: tt.stableAfter})
+			for i := range 2 {
+				h.waitState("ready", i+1)
+				time.Sleep(tt.readyFor)
+				pid := h.l.PID()
+				child := h.events("start")[i].ChildPID
+				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				changes := h.waitState("ready", i+2)
+				waitGone(t, "crashed engine's orphaned child", child)
+				if h.l.PID() == pid || h.l.PID() == 0 {
+					t.Errorf("PID = %d after restart, crashed engine was %d", h.l.PID(), pid)
+				}
+				// After the crash: failed (with the cause and the pause),
+				// then a full new start up to ready.
+				tail := changes[len(changes)-4:]
+				wantReason := "engine exited: signal: killed; restarting in " + tt.wantBackoff[i]
+				if tail[0].state != "failed" || tail[0].reason != wantReason {
+					t.Errorf("after crash %d: %+v, want failed %q", i+1, tail[0], wantReason)
+				}
+				if got := []string{tail[1].state, tail[2].state, tail[3].state}; !slices.Equal(got, []string{"starting", "warming", "ready"}) {
+					t.Errorf("after crash %d: states %q", i+1, got)
+				}
+			}
+			if h.l.Restarts() != 2 {
+				t.Errorf("Restarts = %d, want 2", h.l.Restarts())
+			}
+		})
+	}
+}
+
+func TestBackoffDoublesWhileEngineKeepsCrashing(t *testing.T) {
+	t.Parallel()
+	h := start(t, VLLMOptions{}, []string{"FAKE_VLLM_EXIT_AFTER=0s"}, Config{BackoffMin: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	backoffs := []time.Duration{50, 100, 200, 200, 200}
+	waitFor(t, "six engine starts", func() bool { return h.count("start") >= len(backoffs)+1 })
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	starts := h.events("start")
+	for i, b := range backoffs {
+		b *= time.Millisecond
+		if gap := time.Duration(starts[i+1].Time - starts[i].Time); gap < b {
+			t.Errorf("restart %d came %s after the previous start, want at least the backoff %s", i+1, gap, b)
+		}
+	}
+	var reasons []string
+	for _, c := range h.changes() {
+		if c.state == "failed" && len(reasons) < len(backoffs) {
+			reasons = append(reasons, c.reason)
+		}
+		if c.state == "ready" || c.state == "warming" {
+			t.Errorf("state %s reported for an engine that never served", c.state)
+		}
+	}
+	for i, b := range backoffs {
+		want := fmt.Sprintf("engine exited while starting: exit status 1; restarting in %s", b*time.Millisecond)
+		if i >= len(reasons) || reasons[i] != want {
+			t.Errorf("failure %d reason = %q, want %q", i+1, reasons[i:], want)
+		}
+	}
+	if h.l.Restarts() < len(backoffs) {
+		t.Errorf("Restarts = %d, want at least %d", h.l.Restarts(), len(backoffs))
+	}
+	for _, s := range starts {
+		waitGone(t, "engine", s.PID)
+		waitGone(t, "engine's child", s.ChildPID)
+	}
+}
+
+func TestStopEndsTheWholeProcessGroup(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		knobs     []string
+		untilFrom string // state to reach before stopping
+		stopGrace time.Duration
+		minStop   time.Duration // Run must wait at least this long after cancel
+	}{
+		{name: "ready engine", untilFrom: "ready"},
+		{name: "engine still loading", knobs: []string{"FAKE_VLLM_STARTUP_DELAY=1h"}, untilFrom: "starting"},
+		{name: "engine ignoring SIGTERM", knobs: []string{"FAKE_VLLM_IGNORE_SIGTERM=1"}, untilFrom: "ready",
+			stopGrace: 300 * time.Millisecond, minStop: 300 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := start(t, VLLMOptions{}, tt.knobs, Config{StopGrace: tt.stopGrace})
+			h.waitState(tt.untilFrom, 1)
+			waitFor(t, "the engine to record its start", func() bool { return h.count("start") == 1 })
+			eng := h.events("start")[0]
+
+			began := time.Now()
+			if err := h.stop(); err != nil {
+				t.Fatalf("Run = %v, want nil", err)
+			}
+			if took := time.Since(began); took < tt.minStop {
+				t.Errorf("Run returned %s after cancel, before the grace of %s", took, tt.minStop)
+			}
+			if !slices.ContainsFunc(h.events("sigterm"), func(e event) bool { return e.PID == eng.PID }) {
+				t.Error("engine was not sent SIGTERM")
+			}
+			waitGone(t, "engine", eng.PID)
+			waitGone(t, "engine's child in its process group", eng.ChildPID)
+			if state, reason := h.l.State(); state != "failed" || reason != "engine stopped" {
+				t.Errorf("State = %q, %q after stop", state, reason)
+			}
+			if h.l.PID() != 0 {
+				t.Errorf("PID = %d after stop, want 0", h.l.PID())
+			}
+		})
+	}
+}

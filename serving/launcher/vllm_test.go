@@ -1,0 +1,142 @@
+package launcher
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestVLLMCommandBuildsServeLine(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		opts     VLLMOptions
+		wantArgs []string // after argv[0]
+		wantEnv  []string
+	}{
+		{
+			name:     "model only",
+			opts:     VLLMOptions{Model: "Qwen/Qwen2.5-0.5B-Instruct"},
+			wantArgs: []string{"serve", "Qwen/Qwen2.5-0.5B-Instruct", "--host", "127.0.0.1", "--port", "8123"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1"},
+		},
+		{
+			name: "every flag",
+			opts: VLLMOptions{
+				Model: "meta-llama/Llama-3.1-8B-Instruct", ServedModelName: "llama", GPUs: "0,1",
+				TensorParallelSize: 2, MaxNumSeqs: 64, MaxNumBatchedTokens: 8192, GPUMemoryUtilization: 0.9,
+				ExtraArgs: []string{"--enable-prefix-caching", "--max-model-len", "4096"},
+			},
+			wantArgs: []string{"serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1", "--port", "8123",
+				"--served-model-name", "llama", "--tensor-parallel-size", "2", "--max-num-seqs", "64",
+				"--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.9",
+				"--enable-prefix-caching", "--max-model-len", "4096"},
+			wantEnv: []string{"VLLM_NO_USAGE_STATS=1", "CUDA_VISIBLE_DEVICES=0,1"},
+		},
+		{
+			name:     "gpus without tensor parallelism",
+			opts:     VLLMOptions{Model: "/models/m", GPUs: "3"},
+			wantArgs: []string{"serve", "/models/m", "--host", "127.0.0.1", "--port", "8123"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "CUDA_VISIBLE_DEVICES=3"},
+		},
+		{
+			name:     "full memory and extra args only",
+			opts:     VLLMOptions{Model: "m", GPUMemoryUtilization: 1, ExtraArgs: []string{"--dtype=half"}},
+			wantArgs: []string{"serve", "m", "--host", "127.0.0.1", "--port", "8123", "--gpu-memory-utilization", "1", "--dtype=half"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1"},
+		},
+		{
+			name:     "explicit binary",
+			opts:     VLLMOptions{Binary: fakeVLLM, Model: "m", MaxNumSeqs: 1},
+			wantArgs: []string{"serve", "m", "--host", "127.0.0.1", "--port", "8123", "--max-num-seqs", "1"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			argv, env, err := VLLMCommand(tt.opts, 8123)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if argv[0] != fakeVLLM {
+				t.Errorf("argv[0] = %q, want the vllm on PATH %q", argv[0], fakeVLLM)
+			}
+			if !slices.Equal(argv[1:], tt.wantArgs) {
+				t.Errorf("args:\n got %q\nwant %q", argv[1:], tt.wantArgs)
+			}
+			if !slices.Equal(env, tt.wantEnv) {
+				t.Errorf("env = %q, want %q", env, tt.wantEnv)
+			}
+		})
+	}
+}
+
+func TestVLLMCommandRejectsBadOptions(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		opts VLLMOptions
+		port int
+		want string
+	}{
+		{"no model", VLLMOptions{}, 8000, "a model is required"},
+		{"negative tensor parallelism", VLLMOptions{Model: "m", TensorParallelSize: -1}, 8000, "--tensor-parallel-size"},
+		{"negative max seqs", VLLMOptions{Model: "m", MaxNumSeqs: -1}, 8000, "--max-num-seqs"},
+		{"negative batched tokens", VLLMOptions{Model: "m", MaxNumBatchedTokens: -1}, 8000, "--max-num-batched-tokens"},
+		{"utilization above one", VLLMOptions{Model: "m", GPUMemoryUtilization: 1.5}, 8000, "--gpu-memory-utilization must be in (0, 1]"},
+		{"negative utilization", VLLMOptions{Model: "m", GPUMemoryUtilization: -0.5}, 8000, "--gpu-memory-utilization"},
+		{"NaN utilization", VLLMOptions{Model: "m", GPUMemoryUtilization: math.NaN()}, 8000, "--gpu-memory-utilization"},
+		{"missing explicit binary", VLLMOptions{Binary: "/nonexistent/bin/vllm", Model: "m"}, 8000, "/nonexistent/bin/vllm"},
+		{"no port", VLLMOptions{Model: "m"}, 0, "bad port"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			argv, _, err := VLLMCommand(tt.opts, tt.port)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("VLLMCommand = %q, %v; want an error containing %q", argv, err, tt.want)
+			}
+		})
+	}
+}
+
+// Not parallel: it empties PATH for the whole process while it runs.
+func TestVLLMMissingFromPATHIsAClearError(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	const want = "vllm not found on PATH: install vLLM or pass --vllm-binary"
+
+	_, _, err := VLLMCommand(VLLMOptions{Model: "m"}, 8000)
+	if !errors.Is(err, ErrVLLMNotFound) || err.Error() != want {
+		t.Fatalf("VLLMCommand error = %v, want %q", err, want)
+	}
+
+	l, err := New(Config{
+		Model:   "m",
+		Command: func(port int) ([]string, []string, error) { return VLLMCommand(VLLMOptions{Model: "m"}, port) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.Run(t.Context())
+	if !errors.Is(err, ErrVLLMNotFound) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Run = %v, want %q", err, want)
+	}
+	if state, reason := l.State(); state != "failed" || !strings.Contains(reason, want) {
+		t.Errorf("State = %q, %q; want failed with %q", state, reason, want)
+	}
+	if l.Restarts() != 0 || l.PID() != 0 {
+		t.Errorf("Restarts = %d, PID = %d; want nothing started", l.Restarts(), l.PID())
+	}
+}
+
+func TestRedactHidesSecretFlagValues(t *testing.T) {
+	t.Parallel()
+	argv := []string{"/usr/bin/vllm", "serve", "m", "--api-key", "sk-1", "--hf-token=hf_2", "--max-num-batched-tokens", "8192",
+		"--ssl-keyfile", "/k.pem", "--tokenizer", "t"}
+	want := []string{"/usr/bin/vllm", "serve", "m", "--api-key", "REDACTED", "--hf-token=REDACTED", "--max-num-batched-tokens", "8192",
+		"--ssl-keyfile", "/k.pem", "--tokenizer", "t"}
+	if got := redact(argv); !slices.Equal(got, want) {
+		t.Errorf("redact:\n got %q\nwant %q", got, want)
+	}
+}

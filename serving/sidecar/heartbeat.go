@@ -1,0 +1,211 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"tailgate/serving"
+)
+
+// HeartbeatConfig describes a worker's registration with a gateway.
+type HeartbeatConfig struct {
+	// GatewayURL is the base URL of the gateway's admin listener, e.g.
+	// http://127.0.0.1:8081 or, in mesh mode, http://tg-gateway:8081.
+	// Required.
+	GatewayURL string
+	// ClusterToken is sent as bearer token with every beat. Required.
+	ClusterToken string
+	// Interval is the time between beats; 0 means 1s. The gateway drops a
+	// replica that misses about three.
+	Interval time.Duration
+	// Build returns the heartbeat to send; it is called for every beat, one
+	// call at a time. Required.
+	Build func() serving.Heartbeat
+	// Client sends the beats; nil means a client with a 2s timeout. Each
+	// beat also gets a deadline of the client's timeout, or 2s if it has
+	// none.
+	Client *http.Client
+	// Log receives the registration's log lines; nil discards them.
+	Log *slog.Logger
+}
+
+const (
+	defaultHeartbeatInterval = time.Second
+	defaultBeatTimeout       = 2 * time.Second
+)
+
+// Validate reports whether c is usable.
+func (c HeartbeatConfig) Validate() error {
+	switch {
+	case c.GatewayURL == "":
+		return errors.New("heartbeat: gateway URL is required")
+	case c.ClusterToken == "":
+		return errors.New("heartbeat: cluster token is required")
+	case c.Build == nil:
+		return errors.New("heartbeat: build function is required")
+	case c.Interval < 0:
+		return errors.New("heartbeat: interval must not be negative")
+	}
+	u, err := url.Parse(c.GatewayURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("heartbeat: gateway URL %q is not an http(s) URL", c.GatewayURL)
+	}
+	return nil
+}
+
+// Errors a beat may end in, besides transport errors and unexpected answers.
+var (
+	// ErrTokenRejected means the gateway refused the cluster token.
+	ErrTokenRejected = errors.New("gateway rejected the cluster token")
+	// ErrGatewayUnreachable means no connection to the gateway could be made.
+	ErrGatewayUnreachable = errors.New("gateway unreachable")
+)
+
+// Heartbeater registers a replica with a gateway and keeps it registered.
+// It is safe for concurrent use.
+type Heartbeater struct {
+	cfg      HeartbeatConfig // defaults applied
+	endpoint string
+	client   *http.Client
+	timeout  time.Duration
+	log      *slog.Logger
+
+	// sem serializes beats, so a beat built after a state change is never
+	// overtaken by one built before it. It also guards the fields below.
+	sem        chan struct{}
+	registered bool   // the last beat succeeded
+	failing    string // message of the failure streak being logged; "" if none
+}
+
+// NewHeartbeater returns a heartbeater for cfg.
+func NewHeartbeater(cfg HeartbeatConfig) (*Heartbeater, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = defaultHeartbeatInterval
+	}
+	h := &Heartbeater{
+		cfg:      cfg,
+		endpoint: strings.TrimRight(cfg.GatewayURL, "/") + serving.HeartbeatPath,
+		client:   cfg.Client,
+		timeout:  defaultBeatTimeout,
+		log:      cfg.Log,
+		sem:      make(chan struct{}, 1),
+	}
+	if h.client == nil {
+		h.client = &http.Client{Timeout: defaultBeatTimeout}
+	} else if h.client.Timeout > 0 {
+		h.timeout = h.client.Timeout
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	return h, nil
+}
+
+// Run beats at once, then every Interval until ctx ends; it then returns
+// nil. Failures do not stop it: the first of a streak is logged (again if
+// the kind of failure changes), and "registered with gateway" is logged on
+// the first success and on every recovery.
+func (h *Heartbeater) Run(ctx context.Context) error {
+	t := time.NewTicker(h.cfg.Interval)
+	defer t.Stop()
+	for {
+		_ = h.Beat(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Beat sends one heartbeat now, e.g. right after a state change, and logs
+// its outcome the way Run does; callers need not log the error again.
+func (h *Heartbeater) Beat(ctx context.Context) error {
+	select {
+	case h.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-h.sem }()
+
+	hb := h.cfg.Build()
+	err := h.send(ctx, &hb)
+	if ctx.Err() != nil {
+		return err // shutting down: not a failure worth a log line
+	}
+	h.record(&hb, err)
+	return err
+}
+
+func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
+	body, err := json.Marshal(hb)
+	if err != nil {
+		return fmt.Errorf("encode heartbeat: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.endpoint, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("heartbeat request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+h.cfg.ClusterToken)
+	resp, err := h.client.Do(req)
+	if err != nil {
+		if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
+			return fmt.Errorf("%w at %s: %w", ErrGatewayUnreachable, h.cfg.GatewayURL, op)
+		}
+		return fmt.Errorf("heartbeat to %s: %w", h.cfg.GatewayURL, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		return nil
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		return ErrTokenRejected
+	default:
+		return fmt.Errorf("heartbeat to %s: gateway answered %s", h.cfg.GatewayURL, resp.Status)
+	}
+}
+
+// record logs the beat's outcome when it starts or ends a streak of
+// failures. The caller holds sem.
+func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
+	if err == nil {
+		if !h.registered {
+			h.log.Info("registered with gateway", "gateway", h.cfg.GatewayURL,
+				"replica", hb.ReplicaID, "state", hb.State)
+		}
+		h.registered, h.failing = true, ""
+		return
+	}
+	h.registered = false
+	var msg string
+	switch {
+	case errors.Is(err, ErrTokenRejected):
+		msg = "gateway rejected the cluster token"
+	case errors.Is(err, ErrGatewayUnreachable):
+		msg = "gateway unreachable at " + h.cfg.GatewayURL
+	default:
+		msg = "heartbeat to gateway failed"
+	}
+	if msg == h.failing {
+		return
+	}
+	h.failing = msg
+	h.log.Warn(msg, "gateway", h.cfg.GatewayURL, "replica", hb.ReplicaID, "err", err)
+}
