@@ -256,8 +256,8 @@ func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
 // clientLoad runs n clients sending mixed requests until stop; it counts outcomes.
 type clientLoad struct {
 	ok, failedBeforeToken, failedMidStream, other atomic.Int64
-	byReplica                                    sync.Map // replica → *atomic.Int64
-	errs                                         sync.Map
+	byReplica                                     sync.Map // replica → *atomic.Int64
+	errs                                          sync.Map
 }
 
 func (l *clientLoad) run(g *gatewayProcess, clients int, stop *atomic.Bool, wg *sync.WaitGroup) {
