@@ -21,10 +21,12 @@ const usageText = `tailgate — an OpenAI-compatible LLM gateway with a tail-lat
 
 Usage:
   tailgate up       [flags]   gateway + N local simulated replicas on one machine (start here)
-  tailgate gateway  [flags]   the gateway alone, in front of --upstream servers
+  tailgate gateway  [flags]   the gateway alone, in front of --upstream servers and registered workers
+  tailgate worker   [flags]   one GPU box: launches vLLM (or the sim), fronts it, registers with a gateway
   tailgate sim      [flags]   the simulated engine alone (vLLM-compatible HTTP)
   tailgate keys create|list|revoke [flags]   manage API keys in a data directory
   tailgate usage    [flags]   usage totals per tenant, key and model
+  tailgate bench    [flags]   matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)
 
 Run 'tailgate COMMAND -h' for the flags of a command.
 `
@@ -59,10 +61,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdGateway(ctx, rest, stdout, stderr)
 	case "sim":
 		return cmdSim(ctx, rest, stdout, stderr)
+	case "worker":
+		return cmdWorker(ctx, rest, stdout, stderr)
 	case "keys":
 		return cmdKeys(ctx, rest, stdout, stderr)
 	case "usage":
 		return cmdUsage(ctx, rest, stdout, stderr)
+	case "bench":
+		return cmdBench(ctx, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usageText)
 		return nil

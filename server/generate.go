@@ -49,8 +49,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
 		cl := &call{start: time.Now(), ctx: r.Context(), id: s.newRequestID(), ep: ep, stages: data.UnknownStages(), status: http.StatusOK}
-		h := c.Response().Header()
-		h.Set("X-Request-Id", cl.id)
+		c.Response().Header().Set("X-Request-Id", cl.id)
 		s.m.inflight.Inc()
 		defer s.m.inflight.Dec()
 
@@ -58,85 +57,106 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		if err != nil {
 			return writeError(c, toAPIError(err, ""))
 		}
-		cl.principal = p
-
-		rc := http.NewResponseController(c.Response())
-		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
-		body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
-		if err != nil {
-			// The deadline stays in force, so the server's own drain of the
-			// unread body fails fast too and the connection is closed.
-			var (
-				mbe *http.MaxBytesError
-				ne  net.Error
-			)
-			switch {
-			case errors.As(err, &mbe):
-				return s.reject(c, cl, errBodyTooLarge)
-			case errors.As(err, &ne) && ne.Timeout():
-				return s.reject(c, cl, errBodyTimeout)
-			}
-			return s.reject(c, cl, badRequest("", "could not read the request body"))
-		}
-		_ = rc.SetReadDeadline(time.Time{})
-		pr, err := parseRequest(ep, body, s.maxTokensFor)
-		if err != nil {
-			return s.reject(c, cl, err)
-		}
-		cl.req = pr
-		switch {
-		case !p.Allows(pr.model):
-			return s.reject(c, cl, errModelNotAllowed(pr.model))
-		case !s.reg.Known(pr.model):
-			return s.reject(c, cl, errUnknownModel(pr.model))
-		}
-		cl.mm = s.m.model(pr.model)
-
-		ticket, rs, err := s.gate.Admit(p, policy.Request{
-			Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.maxTokens,
-		})
-		setRateHeaders(h, rs)
-		if err != nil {
-			return s.reject(c, cl, err)
-		}
-		cl.ticket = ticket
-
-		var w *sseWriter
-		if pr.stream {
-			w = s.newSSEWriter(c, cl)
-			defer w.close()
-		}
-		rreq := router.Request{
-			Hint:    router.Hint{Model: pr.model, Prefix: pr.prefix},
-			Stream:  pr.stream,
-			NoHedge: strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off"),
-		}
-		if cl.stages.Gateway < 0 {
-			cl.stages.Gateway = time.Since(cl.start)
-		}
-		res, err := s.reg.Do(cl.ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
-			return s.open(ctx, cl, rep, n, reason)
-		})
-		cl.attempts, cl.hedged = res.Attempts, res.Hedged
-		if res.Replica != nil {
-			cl.replica = res.Replica.ID
-		}
-		if err == nil {
-			u := res.Attempt.(*upstream)
-			cl.winner = res.Reason.String()
-			cl.adopt(u)
-			if pr.stream {
-				err = s.relayStream(w, cl, u)
-			} else {
-				s.writeJSON(c, cl, u)
-			}
-			cl.adopt(u) // usage and timings learned while relaying
-			u.Abort()   // done with it: close the connection's body, free buffers
-			res.Finish()
-		}
-		s.hedgeOverhead(cl, res)
-		return s.finish(c, cl, err)
+		return s.generate(c, cl, p)
 	}
+}
+
+// Generate runs one generation request for an already authenticated
+// principal, exactly as the public API does (admission, routing, hedging,
+// metering, ledger), writing the answer to c's response. Path must be
+// /v1/chat/completions or /v1/completions. The batch executor uses it.
+func (s *Server) Generate(c echo.Context, p *policy.Principal, path string) error {
+	ep := chatEndpoint
+	if path == completionEndpoint.path {
+		ep = completionEndpoint
+	}
+	cl := &call{start: time.Now(), ctx: c.Request().Context(), id: s.newRequestID(), ep: ep, stages: data.UnknownStages(), status: http.StatusOK}
+	c.Response().Header().Set("X-Request-Id", cl.id)
+	return s.generate(c, cl, p)
+}
+
+func (s *Server) generate(c echo.Context, cl *call, p *policy.Principal) error {
+	r := c.Request()
+	h := c.Response().Header()
+	ep := cl.ep
+	cl.principal = p
+
+	rc := http.NewResponseController(c.Response())
+	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		// The deadline stays in force, so the server's own drain of the
+		// unread body fails fast too and the connection is closed.
+		var (
+			mbe *http.MaxBytesError
+			ne  net.Error
+		)
+		switch {
+		case errors.As(err, &mbe):
+			return s.reject(c, cl, errBodyTooLarge)
+		case errors.As(err, &ne) && ne.Timeout():
+			return s.reject(c, cl, errBodyTimeout)
+		}
+		return s.reject(c, cl, badRequest("", "could not read the request body"))
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	pr, err := parseRequest(ep, body, s.maxTokensFor)
+	if err != nil {
+		return s.reject(c, cl, err)
+	}
+	cl.req = pr
+	switch {
+	case !p.Allows(pr.model):
+		return s.reject(c, cl, errModelNotAllowed(pr.model))
+	case !s.reg.Known(pr.model):
+		return s.reject(c, cl, errUnknownModel(pr.model))
+	}
+	cl.mm = s.m.model(pr.model)
+
+	ticket, rs, err := s.gate.Admit(p, policy.Request{
+		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.maxTokens,
+	})
+	setRateHeaders(h, rs)
+	if err != nil {
+		return s.reject(c, cl, err)
+	}
+	cl.ticket = ticket
+
+	var w *sseWriter
+	if pr.stream {
+		w = s.newSSEWriter(c, cl)
+		defer w.close()
+	}
+	rreq := router.Request{
+		Hint:    router.Hint{Model: pr.model, Prefix: pr.prefix},
+		Stream:  pr.stream,
+		NoHedge: strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off"),
+	}
+	if cl.stages.Gateway < 0 {
+		cl.stages.Gateway = time.Since(cl.start)
+	}
+	res, err := s.reg.Do(cl.ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+		return s.open(ctx, cl, rep, n, reason)
+	})
+	cl.attempts, cl.hedged = res.Attempts, res.Hedged
+	if res.Replica != nil {
+		cl.replica = res.Replica.ID
+	}
+	if err == nil {
+		u := res.Attempt.(*upstream)
+		cl.winner = res.Reason.String()
+		cl.adopt(u)
+		if pr.stream {
+			err = s.relayStream(w, cl, u)
+		} else {
+			s.writeJSON(c, cl, u)
+		}
+		cl.adopt(u) // usage and timings learned while relaying
+		u.Abort()   // done with it: close the connection's body, free buffers
+		res.Finish()
+	}
+	s.hedgeOverhead(cl, res)
+	return s.finish(c, cl, err)
 }
 
 // adopt takes the winning attempt's stages and usage.

@@ -1,0 +1,63 @@
+package load
+
+// Scenario is a ready-made benchmark run on a fleet the bench starts itself.
+type Scenario struct {
+	Name  string
+	About string
+	// Replicas is the number of simulated replicas started.
+	Replicas int
+	// Static makes the replicas plain `tailgate sim` engines behind
+	// --upstream (no workers, so no kill or scaleout), and compares the
+	// gateway with calling the engine directly.
+	Static         bool
+	Rate           float64
+	Phases         string
+	Prompt, Output string
+	StreamFraction float64
+	// SimArgs are the simulated engine's knobs for every replica.
+	SimArgs []string
+}
+
+// Scenarios returns the built-in scenarios.
+func Scenarios() []Scenario {
+	return []Scenario{
+		{
+			Name:     "failover",
+			About:    "3 workers; steady load, a burst, one worker SIGKILLed (a replacement is started), a scale-out",
+			Replicas: 3, Rate: 20, Phases: "steady:10s,burst:5s:x3,kill:1,steady:15s,scaleout:1,steady:10s",
+			Prompt: "lognormal:256:0.5", Output: "lognormal:32:0.5", StreamFraction: 0.7,
+			SimArgs: []string{"--sim-ttft", "40ms", "--sim-tpot", "4ms", "--sim-max-seqs", "4"},
+		},
+		{
+			Name:     "burst",
+			About:    "2 workers; a burst at 3x the steady rate, near the replicas' capacity",
+			Replicas: 2, Rate: 15, Phases: "steady:10s,burst:10s:x3,steady:10s",
+			Prompt: "lognormal:256:0.5", Output: "lognormal:32:0.5", StreamFraction: 0.7,
+			SimArgs: []string{"--sim-ttft", "40ms", "--sim-tpot", "4ms", "--sim-max-seqs", "4"},
+		},
+		{
+			Name:     "scaleout",
+			About:    "1 busy worker, then a second one: how soon it takes traffic and the queue drains",
+			Replicas: 1, Rate: 20, Phases: "steady:10s,scaleout:1,steady:15s",
+			Prompt: "lognormal:256:0.5", Output: "lognormal:32:0.5", StreamFraction: 0.7,
+			SimArgs: []string{"--sim-ttft", "40ms", "--sim-tpot", "4ms", "--sim-max-seqs", "4"},
+		},
+		{
+			Name:     "overhead",
+			About:    "what the gateway adds: the same load through the gateway and straight to an instant engine",
+			Replicas: 1, Static: true, Rate: 100, Phases: "steady:15s",
+			Prompt: "64", Output: "16", StreamFraction: 0.5,
+			SimArgs: []string{"--sim-ttft", "0s", "--sim-tpot", "0s", "--sim-max-seqs", "4096"},
+		},
+	}
+}
+
+// LookupScenario returns the built-in scenario with that name.
+func LookupScenario(name string) (Scenario, bool) {
+	for _, s := range Scenarios() {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Scenario{}, false
+}
