@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"tailgate/data"
+	"tailgate/mesh"
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
@@ -55,6 +57,10 @@ type gatewayFlags struct {
 	hedgeMin        time.Duration
 	hedgeMax        time.Duration
 	budgetRatio     float64
+
+	mesh      meshFlags
+	meshAllow string
+	withMesh  bool // the mesh flags were registered (gateway, not up)
 }
 
 func (g *gatewayFlags) register(fs *flag.FlagSet, withUpstreams bool) {
@@ -208,6 +214,9 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		lf logFlags
 	)
 	gf.register(fs, true)
+	gf.withMesh = true
+	gf.mesh.register(fs, "tg-gateway")
+	fs.StringVar(&gf.meshAllow, "mesh-allow-peers", "", "with --mesh: only tailnet peers with one of these tags or host names may register as workers (comma-separated), besides the cluster token")
 	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -247,6 +256,9 @@ type gateway struct {
 	admin      *http.Server
 	publicLn   net.Listener
 	adminLn    net.Listener
+	node       *mesh.Node
+	meshAdmin  *http.Server // the admin routes on the tailnet
+	meshLn     net.Listener
 	publicAddr string
 	adminAddr  string
 }
@@ -279,7 +291,17 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 	rcfg.Events = events
 	rcfg.OnEject = events.eject
 	gw.reg = router.New(rcfg, log)
-	transport := server.NewTransport(2*time.Second, nil)
+	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	if gf.withMesh && gf.mesh.enabled {
+		if gw.node, err = gf.mesh.up(ctx, gf.dataDir, log); err != nil {
+			return nil, err
+		}
+		dial = gw.node.Dial // tailnet names over WireGuard, anything else from the host
+		setup.srvCfg.PeerCheck = peerCheck(gw.node, splitList(gf.meshAllow))
+	} else if gf.meshAllow != "" {
+		return nil, errors.New("--mesh-allow-peers needs --mesh")
+	}
+	transport := server.NewTransport(2*time.Second, dial)
 	for _, u := range setup.upstreams {
 		rep := router.NewReplica(u.id, u.url)
 		rep.Static = true
@@ -309,9 +331,49 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 	// a deadline here; bodies get one per request in the handler.
 	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	gw.admin = &http.Server{Handler: srv.Admin(web.Handler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+	adminHandler := srv.Admin(web.Handler())
+	gw.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	if gw.node != nil {
+		// The same admin routes on the tailnet, at the same port number, so
+		// workers register at http://<gateway tailnet name>:<admin port>.
+		_, port, _ := net.SplitHostPort(gw.adminAddr)
+		if gw.meshLn, err = gw.node.Listen("tcp", ":"+port); err != nil {
+			return nil, fmt.Errorf("mesh listen :%s: %w", port, err)
+		}
+		gw.meshAdmin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+			ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, viaMesh{}, true) }}
+		log.Info("admin routes on the tailnet", "url", fmt.Sprintf("http://%s:%s", gw.node.Hostname(), port))
+	}
 	return gw, nil
+}
+
+// viaMesh marks requests that arrived on the tailnet listener.
+type viaMesh struct{}
+
+// peerCheck returns the gateway's registration check in mesh mode: with an
+// allow list, a worker must register over the tailnet from a peer whose
+// host name or one of whose tags is listed.
+func peerCheck(node *mesh.Node, allow []string) func(*http.Request) error {
+	if len(allow) == 0 {
+		return nil
+	}
+	return func(r *http.Request) error {
+		if r.Context().Value(viaMesh{}) == nil {
+			return errors.New("registration must come over the tailnet (--mesh-allow-peers is set)")
+		}
+		peer, err := node.WhoIs(r.Context(), r.RemoteAddr)
+		if err != nil {
+			return fmt.Errorf("unknown tailnet peer: %w", err)
+		}
+		for _, a := range allow {
+			if a == peer.Hostname || slices.Contains(peer.Tags, a) {
+				return nil
+			}
+		}
+		return fmt.Errorf("tailnet peer %s (tags %v) is not in --mesh-allow-peers", peer.Hostname, peer.Tags)
+	}
 }
 
 // run serves until ctx is done, then shuts down in order: stop accepting,
@@ -326,6 +388,9 @@ func (gw *gateway) run(ctx context.Context) error {
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()
 	go func() { serveErr <- gw.admin.Serve(gw.adminLn) }()
+	if gw.meshAdmin != nil {
+		go func() { serveErr <- gw.meshAdmin.Serve(gw.meshLn) }()
+	}
 	gw.log.Info("gateway serving", "api", "http://"+gw.publicAddr+"/v1", "admin", "http://"+gw.adminAddr)
 
 	var runErr error
@@ -343,6 +408,9 @@ func (gw *gateway) run(ctx context.Context) error {
 		_ = gw.public.Close()
 	}
 	_ = gw.admin.Shutdown(sctx)
+	if gw.meshAdmin != nil {
+		_ = gw.meshAdmin.Shutdown(sctx)
+	}
 	cancel() // stop gate, health; the ledger writer drains what it holds
 	if err := g.Wait(); err != nil && runErr == nil {
 		runErr = err
@@ -366,6 +434,12 @@ func (gw *gateway) close() {
 	}
 	if gw.store != nil {
 		_ = gw.store.Close()
+	}
+	if gw.meshLn != nil {
+		_ = gw.meshLn.Close()
+	}
+	if gw.node != nil {
+		_ = gw.node.Close()
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"tailgate/mesh"
 	"tailgate/serving"
 	"tailgate/serving/launcher"
 	"tailgate/serving/sidecar"
@@ -41,6 +42,7 @@ type workerFlags struct {
 	warmup           int
 	drainGrace       time.Duration
 	sim              simFlags
+	mesh             meshFlags
 }
 
 func (w *workerFlags) register(fs *flag.FlagSet) {
@@ -65,6 +67,7 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&w.warmup, "warmup", 3, "short generations run before the replica is announced ready (0: none)")
 	fs.DurationVar(&w.drainGrace, "drain-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
 	w.sim.register(fs)
+	w.mesh.register(fs, "")
 }
 
 func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -82,10 +85,11 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	w, err := newWorker(&wf, log)
+	w, err := newWorker(ctx, &wf, log)
 	if err != nil {
 		return err
 	}
+	defer w.close()
 	return w.run(ctx)
 }
 
@@ -101,6 +105,7 @@ type worker struct {
 	launch *launcher.Launcher
 	side   *sidecar.Sidecar
 	beats  *sidecar.Heartbeater
+	node   *mesh.Node
 
 	mu       sync.Mutex
 	state    string
@@ -108,8 +113,13 @@ type worker struct {
 	draining bool
 }
 
-func newWorker(wf *workerFlags, log *slog.Logger) (*worker, error) {
-	w := &worker{flags: wf, log: log, state: serving.StateStarting, reason: "engine starting"}
+func newWorker(ctx context.Context, wf *workerFlags, log *slog.Logger) (w *worker, err error) {
+	w = &worker{flags: wf, log: log, state: serving.StateStarting, reason: "engine starting"}
+	defer func() {
+		if err != nil {
+			w.close()
+		}
+	}()
 	if wf.gateway == "" {
 		return nil, errors.New("--gateway is required: the gateway's admin URL, e.g. http://gateway-host:8081")
 	}
@@ -170,15 +180,46 @@ func newWorker(wf *workerFlags, log *slog.Logger) (*worker, error) {
 		return nil, err
 	}
 
-	if w.ln, err = net.Listen("tcp", wf.listen); err != nil {
-		return nil, fmt.Errorf("sidecar listen %s: %w", wf.listen, err)
-	}
-	w.addr = wf.advertise
-	if w.addr == "" {
-		w.addr = "http://" + w.ln.Addr().String()
-		if host, _, _ := net.SplitHostPort(w.ln.Addr().String()); host == "0.0.0.0" || host == "::" {
-			w.ln.Close()
-			return nil, fmt.Errorf("--listen %s binds every interface: also pass --advertise http://<address the gateway can reach>:<port>", wf.listen)
+	if wf.mesh.enabled {
+		// The sidecar listens on the tailnet only: no host port at all.
+		_, port, err := net.SplitHostPort(wf.listen)
+		if err != nil {
+			return nil, fmt.Errorf("--listen %q: %w", wf.listen, err)
+		}
+		if port == "0" {
+			port = "9000"
+		}
+		if wf.mesh.hostname == "" {
+			host, _ := os.Hostname()
+			wf.mesh.hostname = "tg-worker-" + host
+			if wf.replicaID != "" {
+				wf.mesh.hostname = "tg-" + wf.replicaID
+			}
+		}
+		if w.node, err = wf.mesh.up(ctx, wf.dataDir, log); err != nil {
+			return nil, err
+		}
+		if w.ln, err = w.node.Listen("tcp", ":"+port); err != nil {
+			return nil, fmt.Errorf("sidecar listen on the tailnet :%s: %w", port, err)
+		}
+		ip, ok := w.node.Addr()
+		if !ok {
+			return nil, errors.New("mesh: the node has no tailnet address")
+		}
+		w.addr = wf.advertise
+		if w.addr == "" {
+			w.addr = "http://" + net.JoinHostPort(ip.String(), port)
+		}
+	} else {
+		if w.ln, err = net.Listen("tcp", wf.listen); err != nil {
+			return nil, fmt.Errorf("sidecar listen %s: %w", wf.listen, err)
+		}
+		w.addr = wf.advertise
+		if w.addr == "" {
+			w.addr = "http://" + w.ln.Addr().String()
+			if host, _, _ := net.SplitHostPort(w.ln.Addr().String()); host == "0.0.0.0" || host == "::" {
+				return nil, fmt.Errorf("--listen %s binds every interface: also pass --advertise http://<address the gateway can reach>:<port>", wf.listen)
+			}
 		}
 	}
 	w.id = wf.replicaID
@@ -187,14 +228,24 @@ func newWorker(wf *workerFlags, log *slog.Logger) (*worker, error) {
 		_, port, _ := net.SplitHostPort(w.ln.Addr().String())
 		w.id = host + "-" + port
 	}
-	w.beats, err = sidecar.NewHeartbeater(sidecar.HeartbeatConfig{
-		GatewayURL: strings.TrimSuffix(wf.gateway, "/"), ClusterToken: tok, Build: w.heartbeat, Log: log,
-	})
-	if err != nil {
-		w.ln.Close()
+	hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(wf.gateway, "/"), ClusterToken: tok, Build: w.heartbeat, Log: log}
+	if w.node != nil { // the gateway is reached by its tailnet name
+		hc.Client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: w.node.Dial}}
+	}
+	if w.beats, err = sidecar.NewHeartbeater(hc); err != nil {
 		return nil, err
 	}
 	return w, nil
+}
+
+// close releases the listener and the tailnet node.
+func (w *worker) close() {
+	if w.ln != nil {
+		_ = w.ln.Close()
+	}
+	if w.node != nil {
+		_ = w.node.Close()
+	}
 }
 
 // clusterToken reads the token from the flag or the file.

@@ -64,6 +64,13 @@ type Config struct {
 	// UpTimeout bounds how long [Up] waits for the node to be running.
 	// Zero means 60s.
 	UpTimeout time.Duration
+
+	// UploadLogs lets the node upload its logs to Tailscale's log service
+	// (needed for Tailscale's support). The default, false, keeps every log
+	// on the box and sets TS_NO_LOGS_NO_SUPPORT for the whole process: a
+	// self-hosted gateway should talk to nothing but its control server and
+	// peers.
+	UploadLogs bool
 }
 
 const defaultUpTimeout = 60 * time.Second

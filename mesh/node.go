@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"tailscale.com/client/local"
+	"tailscale.com/envknob"
 	"tailscale.com/tsnet"
 )
 
@@ -38,6 +39,9 @@ func Up(ctx context.Context, cfg Config) (*Node, error) {
 	cfg = cfg.withDefaults()
 	if cfg.ControlURL == "" {
 		cfg.ControlURL = os.Getenv("TS_CONTROL_URL") // as tsnet would; named in messages
+	}
+	if !cfg.UploadLogs {
+		envknob.SetNoLogsNoSupport()
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("mesh: state directory: %w", err)

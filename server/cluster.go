@@ -21,6 +21,13 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	if s.cfg.ClusterToken == "" || tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.ClusterToken)) != 1 {
 		return writeError(c, errBadClusterToken)
 	}
+	if s.cfg.PeerCheck != nil {
+		if err := s.cfg.PeerCheck(c.Request()); err != nil {
+			s.log.Warn("registration refused", "remote", c.Request().RemoteAddr, "err", err)
+			return writeError(c, &apiError{Status: http.StatusForbidden, Type: "invalid_request_error",
+				Code: "peer_not_allowed", Message: err.Error()})
+		}
+	}
 	var hb serving.Heartbeat
 	if err := c.Bind(&hb); err != nil {
 		return writeError(c, badRequest("", "body must be a JSON heartbeat"))

@@ -52,6 +52,9 @@ type Config struct {
 	// Lease is how long a registered replica stays routable without a
 	// heartbeat; 0 means 3.5s (about three missed one-second beats).
 	Lease time.Duration
+	// PeerCheck, when set, must accept a worker's heartbeat request besides
+	// its cluster token (the mesh checks the tailnet peer's identity).
+	PeerCheck func(*http.Request) error
 	// ConnectTimeout bounds dialing a replica; 0 means 2s.
 	ConnectTimeout time.Duration
 	// BodyTimeout bounds reading a request body, so a client that trickles

@@ -67,6 +67,9 @@ func (c HeartbeatConfig) Validate() error {
 var (
 	// ErrTokenRejected means the gateway refused the cluster token.
 	ErrTokenRejected = errors.New("gateway rejected the cluster token")
+	// ErrRefused means the gateway accepted the token but refused this
+	// worker (403), e.g. a tailnet peer outside --mesh-allow-peers.
+	ErrRefused = errors.New("gateway refused this worker's registration")
 	// ErrGatewayUnreachable means no connection to the gateway could be made.
 	ErrGatewayUnreachable = errors.New("gateway unreachable")
 )
@@ -171,12 +174,22 @@ func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
 		return fmt.Errorf("heartbeat to %s: %w", h.cfg.GatewayURL, err)
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	switch {
 	case resp.StatusCode == http.StatusOK:
 		return nil
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+	case resp.StatusCode == http.StatusUnauthorized:
 		return ErrTokenRejected
+	case resp.StatusCode == http.StatusForbidden:
+		// The token was fine; the gateway refuses this worker (e.g. a tailnet
+		// peer outside its allow list) and says why.
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		return fmt.Errorf("%w: %s", ErrRefused, e.Error.Message)
 	default:
 		return fmt.Errorf("heartbeat to %s: gateway answered %s", h.cfg.GatewayURL, resp.Status)
 	}
@@ -198,6 +211,8 @@ func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
 	switch {
 	case errors.Is(err, ErrTokenRejected):
 		msg = "gateway rejected the cluster token"
+	case errors.Is(err, ErrRefused):
+		msg = "gateway refused this worker's registration"
 	case errors.Is(err, ErrGatewayUnreachable):
 		msg = "gateway unreachable at " + h.cfg.GatewayURL
 	default:

@@ -1,0 +1,44 @@
+// Package meshtest runs tailscale's in-process control server and a DERP
+// and STUN relay on loopback, for tests of programs that join a tailnet with
+// package mesh (as separate processes too: pass ControlURL to them). It is
+// test support only; it lives under mesh because only mesh imports
+// tailscale.com.
+package meshtest
+
+import (
+	"net/http/httptest"
+	"testing"
+
+	"tailscale.com/net/netns"
+	"tailscale.com/tailcfg"
+	"tailscale.com/tstest/integration"
+	"tailscale.com/tstest/integration/testcontrol"
+	"tailscale.com/types/logger"
+)
+
+// Tags the control server lets nodes claim.
+const (
+	TagGateway = "tag:tailgate-gateway"
+	TagWorker  = "tag:tailgate-worker"
+)
+
+// StartControl starts the control server and relay for the test's duration
+// and returns the control server's URL.
+func StartControl(tb testing.TB) string {
+	tb.Helper()
+	// Sockets must not be bound to a device or marked in tests, and netns is
+	// process-wide (tailscale's own tests do the same).
+	netns.SetEnabled(false)
+	tb.Cleanup(func() { netns.SetEnabled(true) })
+	control := &testcontrol.Server{
+		DERPMap:        integration.RunDERPAndSTUN(tb, logger.Discard, "127.0.0.1"),
+		DNSConfig:      &tailcfg.DNSConfig{Proxied: true},
+		MagicDNSDomain: "tail-scale.ts.net",
+		TagOwners:      map[string][]string{TagGateway: nil, TagWorker: nil},
+		Logf:           logger.Discard,
+	}
+	control.HTTPTestServer = httptest.NewUnstartedServer(control)
+	control.HTTPTestServer.Start()
+	tb.Cleanup(control.HTTPTestServer.Close)
+	return control.HTTPTestServer.URL
+}
