@@ -255,6 +255,10 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 			"ready": r.State() == router.StateReady, "reason": r.Reason(), "inflight": r.Inflight(),
 			"static": r.Static, "engine": r.Engine(), "last_ok_age_seconds": age,
 		}
+		_, _, ttft, slow, score := s.reg.ScoreInputs(r)
+		row["ttft_estimate_ms"] = ttft * 1000
+		row["slow_start"] = slow
+		row["score"] = score
 		if !r.Static {
 			row["last_heartbeat_age_seconds"] = age
 			row["lease_expires_in_seconds"] = r.LeaseExpiry().Sub(now).Seconds()

@@ -47,7 +47,7 @@ var stageNames = [8]string{stageGateway, stageConnect, stageUpstreamTTFT, stageE
 // model time at the top.
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
-func newMetrics(reg prometheus.Registerer, replicas func() []*router.Replica) *metrics {
+func newMetrics(reg prometheus.Registerer, routes *router.Registry) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_requests_total", Help: "Requests answered, by model and HTTP status code.",
@@ -88,10 +88,18 @@ func newMetrics(reg prometheus.Registerer, replicas func() []*router.Replica) *m
 	}
 	reg.MustRegister(m.requests, m.stages, m.ttft, m.attempts, m.hedges, m.tokens, m.ejections, m.ejectDelay,
 		m.retries, m.attemptsPer, m.inflight,
-		&replicaCollector{replicas: replicas, desc: prometheus.NewDesc("tailgate_replica_inflight",
+		&replicaCollector{reg: routes, desc: prometheus.NewDesc("tailgate_replica_inflight",
 			"Requests the gateway has in flight on each replica.", []string{"replica"}, nil),
 			stateDesc: prometheus.NewDesc("tailgate_replica_ready",
-				"1 if the replica may take traffic, else 0.", []string{"replica"}, nil)})
+				"1 if the replica may take traffic, else 0.", []string{"replica"}, nil),
+			waitingDesc: prometheus.NewDesc("tailgate_replica_engine_waiting",
+				"Requests waiting in the replica's engine, from its last heartbeat.", []string{"replica"}, nil),
+			ttftDesc: prometheus.NewDesc("tailgate_replica_ttft_estimate_seconds",
+				"The replica's recent time to first token as the gateway sees it (selection input).", []string{"replica"}, nil),
+			scoreDesc: prometheus.NewDesc("tailgate_replica_score",
+				"The replica's load score (expected wait; lower is picked first).", []string{"replica"}, nil),
+			budgetDesc: prometheus.NewDesc("tailgate_retry_budget_tokens",
+				"Tokens left in the retry and hedge budget.", nil, nil)})
 	return m
 }
 
@@ -134,15 +142,24 @@ func (mm *modelMetrics) request(code int) {
 }
 
 type replicaCollector struct {
-	replicas  func() []*router.Replica
-	desc      *prometheus.Desc
-	stateDesc *prometheus.Desc
+	reg                                               *router.Registry
+	desc, stateDesc, waitingDesc, ttftDesc, scoreDesc *prometheus.Desc
+	budgetDesc                                        *prometheus.Desc
 }
 
-func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc; ch <- c.stateDesc }
+func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.desc, c.stateDesc, c.waitingDesc, c.ttftDesc, c.scoreDesc, c.budgetDesc} {
+		ch <- d
+	}
+}
 
 func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, r := range c.replicas() {
+	ch <- prometheus.MustNewConstMetric(c.budgetDesc, prometheus.GaugeValue, c.reg.Budget().Tokens())
+	for _, r := range c.reg.Replicas() {
+		_, waiting, ttft, _, score := c.reg.ScoreInputs(r)
+		ch <- prometheus.MustNewConstMetric(c.waitingDesc, prometheus.GaugeValue, waiting, r.ID)
+		ch <- prometheus.MustNewConstMetric(c.ttftDesc, prometheus.GaugeValue, ttft, r.ID)
+		ch <- prometheus.MustNewConstMetric(c.scoreDesc, prometheus.GaugeValue, score, r.ID)
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(r.Inflight()), r.ID)
 		ready := 0.0
 		if r.State() == router.StateReady {

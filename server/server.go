@@ -159,7 +159,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		gatherer: d.Gatherer, log: d.Log, transport: d.Transport,
 		idPrefix: "req_" + strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36) + "_",
 	}
-	s.m = newMetrics(d.Registerer, d.Registry.Replicas)
+	s.m = newMetrics(d.Registerer, d.Registry)
 	return s, nil
 }
 
