@@ -121,6 +121,9 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	var tried []*Replica
 	live := 0
 
+	// inline runs attempts on the caller's goroutine when no hedge can
+	// start for this request: nothing needs to run beside them.
+	inline := false
 	start := func(reason AttemptReason) error {
 		rep, err := r.Pick(req.Hint, tried)
 		if err != nil {
@@ -137,7 +140,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 			r.cfg.Events.Attempt(req.Model, reason)
 		}
 		started := r.cfg.Now()
-		go func() {
+		run := func() {
 			var (
 				att Attempt
 				err error
@@ -150,8 +153,14 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 				}()
 				att, err = open(actx, rep, n, reason)
 			}()
+			// Never blocks: the channel holds one outcome per possible attempt.
 			outcomes <- outcome{n: n, rep: rep, reason: reason, att: att, err: err, release: release, started: started}
-		}()
+		}
+		if inline {
+			run()
+		} else {
+			go run()
+		}
 		return nil
 	}
 	// drain collects the attempts still running after the request is decided.
@@ -176,10 +185,6 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 		}()
 	}
 
-	if err := start(ReasonFirst); err != nil {
-		close(res.losersDone)
-		return res, err
-	}
 	key := hedgeKey(req.Model, req.Stream)
 	var hedgeC <-chan time.Time
 	if !req.NoHedge {
@@ -188,6 +193,11 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 			defer t.Stop()
 			hedgeC = t.C
 		}
+	}
+	inline = hedgeC == nil
+	if err := start(ReasonFirst); err != nil {
+		close(res.losersDone)
+		return res, err
 	}
 	var last error
 	for {

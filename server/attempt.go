@@ -210,7 +210,7 @@ func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int,
 	u.br = readerPool.Get().(*bufio.Reader)
 	u.br.Reset(resp.Body)
 	for {
-		ev, err := readEvent(u.br)
+		ev, err := readEvent(u.br, nil)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = errNoTokenEOF

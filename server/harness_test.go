@@ -54,6 +54,10 @@ type harnessOpts struct {
 	deadUpstreams int
 	// health runs a health checker (probes, lease expiry) at this interval.
 	health time.Duration
+	// router configures the registry (hedging, policy, budget).
+	router router.Config
+	// sims overrides the sim config per replica (by index), e.g. one slow replica.
+	sims map[int]sim.Config
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -77,11 +81,14 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	h.ledger = h.store.NewLedgerWriter(data.LedgerConfig{FlushInterval: 5 * time.Millisecond}, log)
-	h.reg = router.New(router.Config{}, log)
+	h.reg = router.New(o.router, log)
 	h.promReg = prometheus.NewRegistry()
 
 	for i := range o.replicas {
 		cfg := o.sim
+		if c, ok := o.sims[i]; ok {
+			cfg = c
+		}
 		cfg.Seed = int64(i + 1)
 		eng, err := sim.New(cfg, nil)
 		if err != nil {

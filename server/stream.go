@@ -56,7 +56,12 @@ func (w *sseWriter) commitLocked() {
 }
 
 // write sends whole events and flushes them.
-func (w *sseWriter) write(evs ...[]byte) error {
+func (w *sseWriter) write(evs ...[]byte) error { return w.send(true, evs...) }
+
+// send writes whole events, flushing them when flush is set. The relay
+// skips the flush only when the next event has already arrived, so nothing
+// that reached the gateway ever waits.
+func (w *sseWriter) send(flush bool, evs ...[]byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.failed != nil {
@@ -69,9 +74,21 @@ func (w *sseWriter) write(evs ...[]byte) error {
 			return err
 		}
 	}
-	w.c.Response().Flush()
+	if flush {
+		w.c.Response().Flush()
+	}
 	w.lastWrite = time.Now()
 	return nil
+}
+
+// nextEventBuffered reports whether a whole next event is already in br.
+func nextEventBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := br.Peek(n)
+	return bytes.Contains(b, []byte("\n\n"))
 }
 
 func (w *sseWriter) keepAlive() {
@@ -128,9 +145,10 @@ var (
 	midstreamEvent = []byte(`data: {"error":{"message":"the model replica failed in the middle of the answer; the output is incomplete","type":"server_error","param":null,"code":"upstream_midstream_error"}}` + "\n\n")
 )
 
-// readEvent reads one SSE event (lines up to a blank line), verbatim.
-func readEvent(br *bufio.Reader) ([]byte, error) {
-	var ev []byte
+// readEvent reads one SSE event (lines up to a blank line), verbatim,
+// appending to buf (which may be reused between events).
+func readEvent(br *bufio.Reader, buf []byte) ([]byte, error) {
+	ev := buf[:0]
 	for {
 		line, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -241,24 +259,36 @@ func (s *Server) relayStream(w *sseWriter, cl *call, u *upstream) error {
 	var idleFired atomic.Bool
 	timer := time.AfterFunc(idle, func() { idleFired.Store(true); u.cancel() })
 	defer timer.Stop()
+	var buf []byte
+	unflushed := false
 	for {
-		ev, err := readEvent(u.br)
+		raw, err := readEvent(u.br, buf)
 		if err != nil {
+			if unflushed {
+				_ = w.write()
+			}
 			return s.streamBroke(w, cl, u, err, idleFired.Load())
 		}
+		buf = raw
 		timer.Reset(idle)
-		kind, ev := u.inspect(cl, ev)
+		kind, ev := u.inspect(cl, raw)
 		switch kind {
 		case evDrop:
+			if unflushed && !nextEventBuffered(u.br) {
+				_ = w.write()
+				unflushed = false
+			}
 			continue
 		case evDone:
 			return w.write(ev)
 		case evError:
 			cl.outcome, cl.errClass = "midstream_error", "upstream_error_event"
 		}
-		if err := w.write(ev); err != nil {
+		flush := !nextEventBuffered(u.br)
+		if err := w.send(flush, ev); err != nil {
 			return err
 		}
+		unflushed = !flush
 	}
 }
 

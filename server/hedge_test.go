@@ -1,0 +1,115 @@
+package server_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"tailgate/policy"
+	"tailgate/router"
+	"tailgate/serving/sim"
+)
+
+// hedgeHarness has replica sim-a slow (1s to first token) and sim-b fast,
+// hedging on with a delay learnt from a few fast requests, and selection
+// forced to try sim-a first.
+func hedgeHarness(t *testing.T) (*harness, string) {
+	t.Helper()
+	h := newHarness(t, harnessOpts{
+		replicas: 2,
+		sims: map[int]sim.Config{
+			0: {TTFT: time.Second, TTFTSigma: -1},
+			1: {TTFT: 5 * time.Millisecond, TTFTSigma: -1},
+		},
+		router: router.Config{
+			Rand:  func(n int) int { return 0 },
+			Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: time.Millisecond},
+		},
+	})
+	secret := h.key(policy.KeyOptions{})
+	// Learn the model's time to first token on the fast replica alone.
+	slow := h.reg.Get("sim-a")
+	slow.SetState(router.StateDraining, "test")
+	for range 8 {
+		for _, stream := range []bool{true, false} {
+			body := `{"model":"tailgate-sim","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`
+			if stream {
+				body = `{"model":"tailgate-sim","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+			}
+			resp := h.post("/v1/chat/completions", secret, body)
+			_, _ = readAll(resp)
+			resp.Body.Close()
+		}
+	}
+	if _, ok := h.reg.HedgeDelay(simModel, true); !ok {
+		t.Fatal("no hedge delay learnt")
+	}
+	slow.SetState(router.StateReady, "")
+	return h, secret
+}
+
+func TestHedgeBeatsASlowReplicaAndCancelsIt(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		name := map[bool]string{true: "stream", false: "json"}[stream]
+		t.Run(name, func(t *testing.T) {
+			h, secret := hedgeHarness(t)
+			before := len(h.ledgerRows())
+			body := `{"model":"tailgate-sim","max_tokens":4,"messages":[{"role":"user","content":"hedge me"}]}`
+			if stream {
+				body = `{"model":"tailgate-sim","max_tokens":4,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hedge me"}]}`
+			}
+			start := time.Now()
+			resp := h.post("/v1/chat/completions", secret, body)
+			raw, _ := readAll(resp)
+			resp.Body.Close()
+			took := time.Since(start)
+			if resp.StatusCode != 200 || resp.Header.Get("X-Tailgate-Hedged") != "true" ||
+				resp.Header.Get("X-Tailgate-Winner") != "hedge" || resp.Header.Get("X-Tailgate-Replica") != "sim-b" {
+				t.Fatalf("status %d hedged %q winner %q replica %q (took %v)", resp.StatusCode, resp.Header.Get("X-Tailgate-Hedged"),
+					resp.Header.Get("X-Tailgate-Winner"), resp.Header.Get("X-Tailgate-Replica"), took)
+			}
+			if stream && !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
+				t.Fatalf("hedged stream incomplete: %s", raw)
+			}
+			// The slow replica's engine saw the cancel.
+			deadline := time.Now().Add(3 * time.Second)
+			for h.engines[0].Stats().Aborted < 1 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the losing attempt was not cancelled: %+v", h.engines[0].Stats())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			rows := h.ledgerRows()[before:]
+			if len(rows) != 1 {
+				t.Fatalf("%d ledger rows for one hedged request", len(rows))
+			}
+			r := rows[0]
+			wantPrompt := int64(sim.ChatPromptTokens("hedge me"))
+			if !r.Hedged || r.Upstream != "sim-b" || r.PromptTokens != wantPrompt || r.CompletionTokens != 4 ||
+				r.HedgeOverheadTokens <= 0 || r.Attempts != 2 {
+				t.Fatalf("ledger row %+v: want hedged, billed %d+4 for the winner only, overhead recorded", r, wantPrompt)
+			}
+		})
+	}
+}
+
+func TestHedgeOptOutHeader(t *testing.T) {
+	h, secret := hedgeHarness(t)
+	req, _ := http.NewRequest(http.MethodPost, h.public.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"tailgate-sim","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"once only"}]}`))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("X-Tailgate-Hedge", "off")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = readAll(resp)
+	resp.Body.Close()
+	if resp.Header.Get("X-Tailgate-Hedged") != "false" || resp.Header.Get("X-Tailgate-Replica") != "sim-a" {
+		t.Fatalf("opted-out request: hedged %q via %q", resp.Header.Get("X-Tailgate-Hedged"), resp.Header.Get("X-Tailgate-Replica"))
+	}
+	if h.engines[0].Stats().Aborted != 0 || h.engines[1].Stats().Completed != 16 {
+		t.Fatalf("a second attempt ran: slow %+v fast %+v", h.engines[0].Stats(), h.engines[1].Stats())
+	}
+}
