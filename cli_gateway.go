@@ -86,7 +86,7 @@ func (g *gatewayFlags) register(fs *flag.FlagSet, withUpstreams bool) {
 	fs.Float64Var(&g.hedgePercentile, "hedge-percentile", 0.95, "hedge delay: this percentile of recent time to first token, per model")
 	fs.DurationVar(&g.hedgeMin, "hedge-min", 20*time.Millisecond, "smallest hedge delay")
 	fs.DurationVar(&g.hedgeMax, "hedge-max", 30*time.Second, "largest hedge delay")
-	fs.Float64Var(&g.budgetRatio, "retry-budget", 0.1, "extra attempts (retries after a request reached a replica, and hedges) as a fraction of requests")
+	fs.Float64Var(&g.budgetRatio, "retry-budget", 0.05, "extra attempts (retries after a request reached a replica, and hedges) as a fraction of requests")
 }
 
 // fileConfig is the YAML config file.

@@ -9,8 +9,8 @@ import (
 // retries of attempts that reached a replica, and hedges. Attempts that never
 // reached a replica (or that it declined) are retried for free: nothing ran.
 type BudgetConfig struct {
-	// Ratio is the tokens every request earns; 0 means 0.1 (up to 10 % extra
-	// attempts in the long run).
+	// Ratio is the tokens every request earns; 0 means 0.05 (up to 5 % extra
+	// attempts in the long run, DESIGN's default hedge budget).
 	Ratio float64
 	// Burst caps the bucket; 0 means 50.
 	Burst float64
@@ -35,7 +35,7 @@ type Budget struct {
 // NewBudget returns a full bucket.
 func NewBudget(cfg BudgetConfig, now func() time.Time) *Budget {
 	if cfg.Ratio <= 0 {
-		cfg.Ratio = 0.1
+		cfg.Ratio = 0.05
 	}
 	if cfg.Burst <= 0 {
 		cfg.Burst = 50
