@@ -108,20 +108,9 @@ func cmdKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	if *asJSON {
-		type view struct {
-			ID             string    `json:"id"`
-			Tenant         string    `json:"tenant"`
-			Prefix         string    `json:"prefix"`
-			RPM            int64     `json:"rpm"`
-			TPM            int64     `json:"tpm"`
-			MaxConcurrency int64     `json:"max_concurrency"`
-			Models         []string  `json:"models"`
-			CreatedAt      time.Time `json:"created_at"`
-			Revoked        bool      `json:"revoked"`
-		}
-		out := make([]view, 0, len(keys))
+		out := make([]server.KeyView, 0, len(keys))
 		for _, k := range keys {
-			out = append(out, view{k.ID, k.Tenant.Name, k.Prefix, k.RPM, k.TPM, k.MaxConcurrency, k.Models, k.CreatedAt, k.Revoked()})
+			out = append(out, server.ViewKey(k))
 		}
 		return writeJSON(stdout, out)
 	}

@@ -256,6 +256,7 @@ type gateway struct {
 	admin      *http.Server
 	publicLn   net.Listener
 	adminLn    net.Listener
+	srv        *server.Server
 	node       *mesh.Node
 	meshAdmin  *http.Server // the admin routes on the tailnet
 	meshLn     net.Listener
@@ -310,6 +311,7 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 	gw.health = router.NewHealthChecker(gw.reg, &server.Prober{Transport: transport, ClusterToken: clusterToken}, router.HealthConfig{})
 
 	setup.srvCfg.AdminToken = adminToken
+	setup.srvCfg.Batch = server.BatchConfig{FilesDir: filepath.Join(gf.dataDir, "files"), DrainTimeout: min(gf.shutdownGrace, 10*time.Second)}
 	setup.srvCfg.ClusterToken = clusterToken
 	srv, err := server.New(setup.srvCfg, server.Deps{
 		Gate: gw.gate, Registry: gw.reg, Store: gw.store, Ledger: gw.ledger,
@@ -319,6 +321,7 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 		return nil, err
 	}
 	events.bind(srv)
+	gw.srv = srv
 
 	if gw.publicLn, err = net.Listen("tcp", gf.listen); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", gf.listen, err)
@@ -385,6 +388,7 @@ func (gw *gateway) run(ctx context.Context) error {
 	g.Go(func() error { return gw.gate.Run(gctx) })
 	g.Go(func() error { return gw.ledger.Run(gctx) })
 	g.Go(func() error { return gw.health.Run(gctx) })
+	g.Go(func() error { return gw.srv.RunBatches(gctx) })
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()
 	go func() { serveErr <- gw.admin.Serve(gw.adminLn) }()

@@ -61,7 +61,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var (
 		listen   = fs.String("listen", "127.0.0.1:8000", "address to serve the vLLM-compatible API on (port 0: any free port)")
 		model    = fs.String("model", "tailgate-sim", "model name to serve")
-		announce = fs.Bool("announce", false, "print '"+announcePrefix+"ADDR' on stdout once listening (used by `up`)")
+		announce = fs.Bool("announce", false, "print '"+announcePrefix+"ADDR' on stdout once listening (for programs that start it on port 0)")
 		sf       simFlags
 		lf       logFlags
 	)

@@ -139,11 +139,10 @@ func ensureDemoKey(ctx context.Context, gw *gateway, path string) error {
 // child runs one child process of this binary and restarts it with backoff
 // when it exits, until ctx is done.
 type child struct {
-	name     string
-	path     string
-	args     []string
-	log      *slog.Logger
-	onListen func(addr string)
+	name string
+	path string
+	args []string
+	log  *slog.Logger
 }
 
 func (c *child) supervise(ctx context.Context) {
@@ -183,8 +182,8 @@ func (c *child) runOnce(ctx context.Context) error {
 	}
 	c.log.Info("child started", "pid", cmd.Process.Pid)
 	var pipes sync.WaitGroup
-	pipes.Go(func() { c.forward(stderr, false) })
-	pipes.Go(func() { c.forward(stdout, true) })
+	pipes.Go(func() { c.forward(stderr) })
+	pipes.Go(func() { c.forward(stdout) })
 
 	done := make(chan error, 1)
 	go func() { pipes.Wait(); done <- cmd.Wait() }()
@@ -203,20 +202,13 @@ func (c *child) runOnce(ctx context.Context) error {
 	}
 }
 
-// forward copies the child's output lines into the log; on stdout it also
-// watches for the listen announcement.
-func (c *child) forward(r io.Reader, watch bool) {
+// forward copies the child's output lines to our stderr, prefixed with its
+// name.
+func (c *child) forward(r io.Reader) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		line := sc.Text()
-		if watch && c.onListen != nil {
-			if addr, ok := strings.CutPrefix(line, announcePrefix); ok {
-				c.onListen(strings.TrimSpace(addr))
-				continue
-			}
-		}
-		fmt.Fprintf(os.Stderr, "[%s] %s\n", c.name, line)
+		fmt.Fprintf(os.Stderr, "[%s] %s\n", c.name, sc.Text())
 	}
 }
 

@@ -213,3 +213,17 @@ func findKey(ctx context.Context, tx *sql.Tx, ref string, hash []byte) (Key, err
 		return Key{}, fmt.Errorf("prefix %q: %w", ref, ErrAmbiguous)
 	}
 }
+
+// KeyByID returns the key with that id, with its tenant, or [ErrNotFound].
+// Revoked keys are returned too: check [Key.Revoked]. Work that runs on
+// after its request (a batch) uses it to find its key again.
+func (s *Store) KeyByID(ctx context.Context, id string) (Key, error) {
+	k, err := scanKey(s.read.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = ErrNotFound
+	}
+	if err != nil {
+		return Key{}, fmt.Errorf("key %s: %w", id, err)
+	}
+	return k, nil
+}

@@ -8,13 +8,14 @@
 #   saturate  the same fleet pushed past its slots: hedging off vs on
 #
 # Usage: scripts/bench-routing.sh [policy|hedge|saturate ...]   (default: all)
-# Env: DURATION (default 40s), RATE (20), SAT_RATE (60), TTFT (50ms), KEEP_TMP=1.
+# Env: DURATION (default 40s), RATE (20), SAT_RATE (55), SAT_SEQS (2), TTFT (50ms), KEEP_TMP=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-40s}
 RATE=${RATE:-20}
-SAT_RATE=${SAT_RATE:-60}
+SAT_RATE=${SAT_RATE:-55}
+SAT_SEQS=${SAT_SEQS:-2}
 TTFT=${TTFT:-50ms}
 TTFT_MS=${TTFT%ms}
 SCENARIOS=("$@")
@@ -127,12 +128,12 @@ for s in "${SCENARIOS[@]}"; do
 		w="--sim-ttft $TTFT --sim-tpot 2ms --sim-stall-prob 0.03 --sim-stall-factor 10"
 		rate=$RATE
 		if [ "$s" = saturate ]; then
-			w="$w --sim-max-seqs 4"
+			w="$w --sim-max-seqs $SAT_SEQS"
 			rate=$SAT_RATE
 		fi
 		fleet "${s}_off" "" "$w" "$w" "$w"
 		fleet "${s}_on" "--hedge" "$w" "$w" "$w"
-		compare "${s}_off" "${s}_on" "$rate" "stall-prone fleet (stall prob 0.03 x10)$([ "$s" = saturate ] && echo ", 4 slots per replica (saturated)"), $rate req/s: hedging off (A) vs on (B)"
+		compare "${s}_off" "${s}_on" "$rate" "stall-prone fleet (stall prob 0.03 x10)$([ "$s" = saturate ] && echo ", $SAT_SEQS slots per replica (saturated)"), $rate req/s: hedging off (A) vs on (B)"
 		;;
 	*)
 		echo "unknown scenario $s (want policy, hedge or saturate)" >&2

@@ -47,8 +47,9 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	}
 }
 
-// keyView is a key as the admin API shows it: never the secret or its hash.
-type keyView struct {
+// KeyView is a key as the admin API and `tailgate keys list --json` show
+// it: never the secret or its hash.
+type KeyView struct {
 	ID             string    `json:"id"`
 	Tenant         string    `json:"tenant"`
 	Prefix         string    `json:"prefix"`
@@ -60,12 +61,13 @@ type keyView struct {
 	Revoked        bool      `json:"revoked"`
 }
 
-func viewKey(k data.Key) keyView {
+// ViewKey converts a stored key to its view.
+func ViewKey(k data.Key) KeyView {
 	m := k.Models
 	if m == nil {
 		m = []string{}
 	}
-	return keyView{ID: k.ID, Tenant: k.Tenant.Name, Prefix: k.Prefix, RPM: k.RPM, TPM: k.TPM,
+	return KeyView{ID: k.ID, Tenant: k.Tenant.Name, Prefix: k.Prefix, RPM: k.RPM, TPM: k.TPM,
 		MaxConcurrency: k.MaxConcurrency, Models: m, CreatedAt: k.CreatedAt, Revoked: k.Revoked()}
 }
 
@@ -74,9 +76,9 @@ func (s *Server) handleGetKeys(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := make([]keyView, 0, len(keys))
+	out := make([]KeyView, 0, len(keys))
 	for _, k := range keys {
-		out = append(out, viewKey(k))
+		out = append(out, ViewKey(k))
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})
 }
@@ -110,7 +112,7 @@ func (s *Server) handlePostKeys(c echo.Context) error {
 		return err
 	}
 	s.log.Info("key created", "key_id", k.ID, "prefix", k.Prefix, "tenant", k.Tenant.Name)
-	return c.JSON(http.StatusCreated, map[string]any{"secret": secret, "key": viewKey(k)})
+	return c.JSON(http.StatusCreated, map[string]any{"secret": secret, "key": ViewKey(k)})
 }
 
 func (s *Server) handleDeleteKey(c echo.Context) error { return s.revoke(c, c.Param("ref")) }
@@ -136,7 +138,7 @@ func (s *Server) revoke(c echo.Context, ref string) error {
 		return err
 	}
 	s.log.Info("key revoked", "key_id", k.ID, "prefix", k.Prefix)
-	return c.JSON(http.StatusOK, map[string]any{"key": viewKey(k)})
+	return c.JSON(http.StatusOK, map[string]any{"key": ViewKey(k)})
 }
 
 func (s *Server) handleGetTenants(c echo.Context) error {

@@ -5,99 +5,37 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"tailgate/data"
 	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server"
 	"tailgate/serving/sim"
 )
 
 // benchStack is the gateway wired as `tailgate gateway` wires it (default
 // ledger batching, default policy polling) in front of one sim engine, with
 // both reachable over loopback HTTP so a benchmark can call either.
-//
-// It mirrors newHarness, which takes a *testing.T; benchmarks need a
-// testing.TB.
 type benchStack struct {
-	store  *data.Store
-	ledger *data.LedgerWriter
-	engine *sim.Engine
+	*harness
 	direct *httptest.Server // the sim engine
-	public *httptest.Server // the gateway's public API
 	secret string
 }
 
 func newBenchStack(tb testing.TB, cfg sim.Config) *benchStack {
 	tb.Helper()
-	log := slog.New(slog.DiscardHandler)
-	st, err := data.Open(filepath.Join(tb.TempDir(), "tailgate.db"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	prices := map[string]policy.Price{cfg.Model: {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}
-	gate, err := policy.New(ctx, policy.Config{Prices: prices}, st, log)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ledger := st.NewLedgerWriter(data.LedgerConfig{}, log)
-	reg := router.New(router.Config{}, log)
-
-	eng, err := sim.New(cfg, nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	direct := httptest.NewServer(eng.Handler())
-	rep := router.NewReplica("sim-a", direct.URL)
-	rep.Static = true
-	rep.SetModels([]string{cfg.Model})
-	rep.SetState(router.StateReady, "")
-	reg.Add(rep)
-
-	promReg := prometheus.NewRegistry()
-	srv, err := server.New(server.Config{AdminToken: "tga-bench-admin"}, server.Deps{
-		Gate: gate, Registry: reg, Store: st, Ledger: ledger,
-		Registerer: promReg, Gatherer: promReg, Log: log,
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	public := httptest.NewServer(srv.Public())
-
+	h := newHarness(tb, harnessOpts{replicas: 1, sim: cfg, production: true,
+		prices: map[string]policy.Price{cfg.Model: {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}})
 	// Every limit is on (and far away), so admission does all its work.
 	huge := int64(1 << 60)
-	secret, _, err := policy.CreateKey(ctx, st, policy.KeyOptions{
+	secret := h.key(policy.KeyOptions{
 		Tenant: "bench", RPM: 1 << 40, TPM: 1 << 40, MaxConcurrency: 1 << 20,
 		BudgetTokens: &huge, BudgetMicros: &huge,
 	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-
-	done := make(chan struct{}, 2)
-	go func() { _ = gate.Run(ctx); done <- struct{}{} }()
-	go func() { _ = ledger.Run(ctx); done <- struct{}{} }()
-	tb.Cleanup(func() {
-		public.Close()
-		direct.Close()
-		cancel()
-		<-done
-		<-done
-		_ = ledger.Close()
-		_ = gate.Close()
-		_ = st.Close()
-	})
-	return &benchStack{store: st, ledger: ledger, engine: eng, direct: direct, public: public, secret: secret}
+	return &benchStack{harness: h, direct: h.upstreams[0], secret: secret}
 }
 
 // meteredRequests flushes the ledger and returns how many requests it holds.

@@ -30,7 +30,7 @@ const (
 // harness is a real gateway on loopback: SQLite in a temp dir, policy,
 // router, the echo server, and sim engines behind real HTTP servers.
 type harness struct {
-	t          *testing.T
+	t          testing.TB
 	dir        string
 	store      *data.Store
 	gate       *policy.Gate
@@ -58,9 +58,12 @@ type harnessOpts struct {
 	router router.Config
 	// sims overrides the sim config per replica (by index), e.g. one slow replica.
 	sims map[int]sim.Config
+	// production keeps the ledger batching and key polling of `tailgate
+	// gateway` (benchmarks); tests flush faster.
+	production bool
 }
 
-func newHarness(t *testing.T, o harnessOpts) *harness {
+func newHarness(t testing.TB, o harnessOpts) *harness {
 	t.Helper()
 	if o.replicas == 0 {
 		o.replicas = 2
@@ -76,11 +79,15 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h.gate, err = policy.New(ctx, policy.Config{PollInterval: 50 * time.Millisecond, Prices: o.prices}, h.store, log)
+	poll, flush := 50*time.Millisecond, 5*time.Millisecond
+	if o.production {
+		poll, flush = 0, 0
+	}
+	h.gate, err = policy.New(ctx, policy.Config{PollInterval: poll, Prices: o.prices}, h.store, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.ledger = h.store.NewLedgerWriter(data.LedgerConfig{FlushInterval: 5 * time.Millisecond}, log)
+	h.ledger = h.store.NewLedgerWriter(data.LedgerConfig{FlushInterval: flush}, log)
 	h.reg = router.New(o.router, log)
 	h.promReg = prometheus.NewRegistry()
 
@@ -206,7 +213,7 @@ func (h *harness) post(path, secret, body string) *http.Response {
 	return resp
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w *testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))

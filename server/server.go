@@ -73,6 +73,9 @@ type Config struct {
 	// JSONDeadline bounds one attempt of a request that is not streamed (its
 	// whole answer comes at once); 0 means 10m.
 	JSONDeadline time.Duration
+	// Batch configures the Batch API (/v1/files, /v1/batches) and its
+	// executor; see [BatchConfig]. Its zero value leaves the API off.
+	Batch BatchConfig
 }
 
 func (c *Config) setDefaults() {
@@ -193,6 +196,7 @@ func (s *Server) Public() http.Handler {
 	v1.GET("/models", s.handleGetModels)
 	v1.POST("/chat/completions", s.handleGenerate(chatEndpoint))
 	v1.POST("/completions", s.handleGenerate(completionEndpoint))
+	s.batchRoutes(v1)
 	return e
 }
 

@@ -1,0 +1,557 @@
+package data
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ErrBatchStatus: the batch is not in a status that allows the change (for
+// example cancelling a completed batch, or recording a line of a batch that
+// is no longer running).
+var ErrBatchStatus = errors.New("batch status does not allow this")
+
+// File is a stored file of the Batch API. Its body lives on disk, kept by
+// the caller under the file's id; the store only says who owns it.
+type File struct {
+	ID        string
+	TenantID  int64
+	Purpose   string // "batch" (uploaded input), "batch_output" (written by the executor)
+	Filename  string
+	Bytes     int64
+	CreatedAt time.Time
+}
+
+// Batch statuses, named as OpenAI names them. A batch moves
+// validating → in_progress → finalizing → completed, or ends failed (no
+// line could run), expired (its window passed) or, through cancelling,
+// cancelled.
+const (
+	BatchValidating = "validating"
+	BatchFailed     = "failed"
+	BatchInProgress = "in_progress"
+	BatchFinalizing = "finalizing"
+	BatchCompleted  = "completed"
+	BatchExpired    = "expired"
+	BatchCancelling = "cancelling"
+	BatchCancelled  = "cancelled"
+)
+
+// batchTimeColumn names the column stamped when a batch enters a status.
+var batchTimeColumn = map[string]string{
+	BatchFailed:     "failed_at",
+	BatchInProgress: "in_progress_at",
+	BatchFinalizing: "finalizing_at",
+	BatchCompleted:  "completed_at",
+	BatchExpired:    "expired_at",
+	BatchCancelling: "cancelling_at",
+	BatchCancelled:  "cancelled_at",
+}
+
+// Batch is a batch of requests run asynchronously for the key that created
+// it. Zero times are times not reached yet.
+type Batch struct {
+	ID               string
+	TenantID         int64
+	KeyID            string // the key that created the batch; its lines run as this key
+	Endpoint         string
+	InputFileID      string
+	CompletionWindow string
+	Status           string
+	Metadata         map[string]string
+	Errors           []BatchError // why the batch failed, if it did
+	OutputFileID     string
+	ErrorFileID      string
+
+	Total, Completed, Failed       int64
+	PromptTokens, CompletionTokens int64 // summed over completed lines
+
+	CreatedAt, ExpiresAt             time.Time
+	InProgressAt, FinalizingAt       time.Time
+	CompletedAt, FailedAt, ExpiredAt time.Time
+	CancellingAt, CancelledAt        time.Time
+}
+
+// BatchError is one reason a batch failed.
+type BatchError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Param   string `json:"param,omitempty"`
+	Line    int64  `json:"line,omitempty"` // 1-based line of the input file; 0 when not about a line
+}
+
+// BatchLine is the result of one line of a batch's input file: a response
+// (of any status) or, with no response, an error code saying why the line
+// did not run.
+type BatchLine struct {
+	Line       int64  // 0-based line number in the input file
+	ID         string // "batch_req_…"
+	CustomID   string
+	OK         bool // the line succeeded: it goes to the output file, else to the error file
+	StatusCode int  // HTTP status of the response; 0 when there was none
+	RequestID  string
+	Body       []byte // response body; nil when there was none
+	ErrorCode  string
+	ErrorMsg   string
+	FinishedAt time.Time // set by the store
+	// PromptTokens and CompletionTokens of an OK line are added to the
+	// batch's usage; they are not stored per line (the body has them).
+	PromptTokens, CompletionTokens int64
+}
+
+// CreateFile stores f's metadata and returns it with CreatedAt set.
+func (s *Store) CreateFile(ctx context.Context, f File) (File, error) {
+	if f.ID == "" || f.TenantID == 0 || f.Purpose == "" {
+		return File{}, errors.New("create file: id, tenant and purpose are required")
+	}
+	f.CreatedAt = now()
+	if _, err := s.write.ExecContext(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, created_at)
+		VALUES (?, ?, ?, ?, ?, ?)`, f.ID, f.TenantID, f.Purpose, f.Filename, f.Bytes, toMicros(f.CreatedAt)); err != nil {
+		return File{}, fmt.Errorf("create file: %w", err)
+	}
+	return f, nil
+}
+
+const fileCols = `id, tenant_id, purpose, filename, bytes, created_at`
+
+func scanFile(r rowScanner) (File, error) {
+	var f File
+	var created int64
+	if err := r.Scan(&f.ID, &f.TenantID, &f.Purpose, &f.Filename, &f.Bytes, &created); err != nil {
+		return File{}, err
+	}
+	f.CreatedAt = fromMicros(created)
+	return f, nil
+}
+
+// FileByID returns the tenant's file with that id, or [ErrNotFound] (also
+// when the file belongs to another tenant).
+func (s *Store) FileByID(ctx context.Context, tenantID int64, id string) (File, error) {
+	f, err := scanFile(s.read.QueryRowContext(ctx, `SELECT `+fileCols+` FROM files WHERE id = ? AND tenant_id = ?`, id, tenantID))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = ErrNotFound
+	}
+	if err != nil {
+		return File{}, fmt.Errorf("file %s: %w", id, err)
+	}
+	return f, nil
+}
+
+// Files returns up to limit of the tenant's files, newest first, starting
+// after the file with id after ("" = from the newest); purpose "" means any.
+func (s *Store) Files(ctx context.Context, tenantID int64, purpose, after string, limit int) ([]File, error) {
+	q := `SELECT ` + fileCols + ` FROM files WHERE tenant_id = ?`
+	args := []any{tenantID}
+	if purpose != "" {
+		q += ` AND purpose = ?`
+		args = append(args, purpose)
+	}
+	if after != "" {
+		q += ` AND rowid < (SELECT rowid FROM files WHERE id = ? AND tenant_id = ?)`
+		args = append(args, after, tenantID)
+	}
+	q += ` ORDER BY rowid DESC LIMIT ?`
+	args = append(args, limit)
+	rows, err := s.read.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("files: %w", err)
+	}
+	defer rows.Close()
+	var fs []File
+	for rows.Next() {
+		f, err := scanFile(rows)
+		if err != nil {
+			return nil, fmt.Errorf("files: %w", err)
+		}
+		fs = append(fs, f)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("files: %w", err)
+	}
+	return fs, nil
+}
+
+// CreateBatch stores a new batch in status validating, created now and
+// expiring after window, and returns it as stored.
+func (s *Store) CreateBatch(ctx context.Context, b Batch, window time.Duration) (Batch, error) {
+	if b.ID == "" || b.TenantID == 0 || b.KeyID == "" || b.Endpoint == "" || b.InputFileID == "" || window <= 0 {
+		return Batch{}, errors.New("create batch: id, tenant, key, endpoint, input file and window are required")
+	}
+	meta := ""
+	if len(b.Metadata) > 0 {
+		raw, err := json.Marshal(b.Metadata)
+		if err != nil {
+			return Batch{}, fmt.Errorf("create batch: metadata: %w", err)
+		}
+		meta = string(raw)
+	}
+	created := now()
+	var out Batch
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO batches
+			(id, tenant_id, key_id, endpoint, input_file_id, completion_window, status, metadata, created_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			b.ID, b.TenantID, b.KeyID, b.Endpoint, b.InputFileID, b.CompletionWindow, BatchValidating, meta,
+			toMicros(created), toMicros(created.Add(window))); err != nil {
+			return err
+		}
+		var err error
+		out, err = scanBatch(tx.QueryRowContext(ctx, `SELECT `+batchCols+` FROM batches WHERE id = ?`, b.ID))
+		return err
+	})
+	if err != nil {
+		return Batch{}, fmt.Errorf("create batch: %w", err)
+	}
+	return out, nil
+}
+
+const batchCols = `id, tenant_id, key_id, endpoint, input_file_id, completion_window, status, metadata, errors,
+	output_file_id, error_file_id, total, completed, failed, prompt_tokens, completion_tokens,
+	created_at, expires_at, in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, cancelled_at`
+
+func scanBatch(r rowScanner) (Batch, error) {
+	var b Batch
+	var meta, errs string
+	var created, expires int64
+	var times [7]sql.NullInt64
+	err := r.Scan(&b.ID, &b.TenantID, &b.KeyID, &b.Endpoint, &b.InputFileID, &b.CompletionWindow, &b.Status, &meta, &errs,
+		&b.OutputFileID, &b.ErrorFileID, &b.Total, &b.Completed, &b.Failed, &b.PromptTokens, &b.CompletionTokens,
+		&created, &expires, &times[0], &times[1], &times[2], &times[3], &times[4], &times[5], &times[6])
+	if err != nil {
+		return Batch{}, err
+	}
+	if meta != "" {
+		if err := json.Unmarshal([]byte(meta), &b.Metadata); err != nil {
+			return Batch{}, fmt.Errorf("batch %s: metadata: %w", b.ID, err)
+		}
+	}
+	if errs != "" {
+		if err := json.Unmarshal([]byte(errs), &b.Errors); err != nil {
+			return Batch{}, fmt.Errorf("batch %s: errors: %w", b.ID, err)
+		}
+	}
+	b.CreatedAt, b.ExpiresAt = fromMicros(created), fromMicros(expires)
+	for i, p := range []*time.Time{&b.InProgressAt, &b.FinalizingAt, &b.CompletedAt, &b.FailedAt, &b.ExpiredAt, &b.CancellingAt, &b.CancelledAt} {
+		*p = fromNullMicros(times[i])
+	}
+	return b, nil
+}
+
+// BatchByID returns the batch with that id, or [ErrNotFound]. tenantID,
+// when not 0, restricts the lookup to that tenant's batches.
+func (s *Store) BatchByID(ctx context.Context, tenantID int64, id string) (Batch, error) {
+	b, err := getBatch(ctx, s.read, tenantID, id)
+	if err != nil {
+		return Batch{}, fmt.Errorf("batch %s: %w", id, err)
+	}
+	return b, nil
+}
+
+type queryRower interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func getBatch(ctx context.Context, q queryRower, tenantID int64, id string) (Batch, error) {
+	var row *sql.Row
+	if tenantID != 0 {
+		row = q.QueryRowContext(ctx, `SELECT `+batchCols+` FROM batches WHERE id = ? AND tenant_id = ?`, id, tenantID)
+	} else {
+		row = q.QueryRowContext(ctx, `SELECT `+batchCols+` FROM batches WHERE id = ?`, id)
+	}
+	b, err := scanBatch(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = ErrNotFound
+	}
+	return b, err
+}
+
+// Batches returns up to limit of the tenant's batches, newest first,
+// starting after the batch with id after ("" = from the newest).
+func (s *Store) Batches(ctx context.Context, tenantID int64, after string, limit int) ([]Batch, error) {
+	q := `SELECT ` + batchCols + ` FROM batches WHERE tenant_id = ?`
+	args := []any{tenantID}
+	if after != "" {
+		q += ` AND seq < (SELECT seq FROM batches WHERE id = ? AND tenant_id = ?)`
+		args = append(args, after, tenantID)
+	}
+	q += ` ORDER BY seq DESC LIMIT ?`
+	args = append(args, limit)
+	rows, err := s.read.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("batches: %w", err)
+	}
+	defer rows.Close()
+	var bs []Batch
+	for rows.Next() {
+		b, err := scanBatch(rows)
+		if err != nil {
+			return nil, fmt.Errorf("batches: %w", err)
+		}
+		bs = append(bs, b)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("batches: %w", err)
+	}
+	return bs, nil
+}
+
+// UnfinishedBatches returns the ids of the batches an executor still has
+// work on (validating, in_progress, finalizing or cancelling), oldest first.
+func (s *Store) UnfinishedBatches(ctx context.Context) ([]string, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT id FROM batches WHERE status IN (?, ?, ?, ?) ORDER BY seq`,
+		BatchValidating, BatchInProgress, BatchFinalizing, BatchCancelling)
+	if err != nil {
+		return nil, fmt.Errorf("unfinished batches: %w", err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("unfinished batches: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("unfinished batches: %w", err)
+	}
+	return ids, nil
+}
+
+// setStatus moves batch id from one of the from statuses to status to,
+// stamping the time column of to; ErrBatchStatus if it was in none of them.
+func setStatus(ctx context.Context, tx *sql.Tx, id string, from []string, to string, extra string, args ...any) error {
+	col, ok := batchTimeColumn[to]
+	if !ok {
+		return fmt.Errorf("unknown batch status %q", to)
+	}
+	q := `UPDATE batches SET status = ?, ` + col + ` = ?` + extra + ` WHERE id = ? AND status IN (?` + strings.Repeat(", ?", len(from)-1) + `)`
+	all := append([]any{to, toMicros(now())}, args...)
+	all = append(all, id)
+	for _, f := range from {
+		all = append(all, f)
+	}
+	res, err := tx.ExecContext(ctx, q, all...)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n == 0 {
+		return ErrBatchStatus
+	}
+	return nil
+}
+
+// SetBatchStatus moves batch id from one of the from statuses to status
+// to, or returns [ErrBatchStatus] if it is in none of them.
+func (s *Store) SetBatchStatus(ctx context.Context, id string, from []string, to string) error {
+	err := s.writeTx(ctx, func(tx *sql.Tx) error { return setStatus(ctx, tx, id, from, to, "") })
+	if err != nil {
+		return fmt.Errorf("batch %s: %w", id, err)
+	}
+	return nil
+}
+
+// StartBatch moves a validating batch to in_progress with total lines, and
+// records the lines that failed validation in the same transaction.
+func (s *Store) StartBatch(ctx context.Context, id string, total int64, invalid []BatchLine) error {
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		if err := setStatus(ctx, tx, id, []string{BatchValidating}, BatchInProgress, `, total = ?`, total); err != nil {
+			return err
+		}
+		for _, l := range invalid {
+			if _, err := insertLine(ctx, tx, id, l); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("start batch %s: %w", id, err)
+	}
+	return nil
+}
+
+// FailBatch moves a validating batch to failed with errs saying why.
+func (s *Store) FailBatch(ctx context.Context, id string, errs []BatchError) error {
+	raw, err := json.Marshal(errs)
+	if err != nil {
+		return fmt.Errorf("fail batch %s: %w", id, err)
+	}
+	err = s.writeTx(ctx, func(tx *sql.Tx) error {
+		return setStatus(ctx, tx, id, []string{BatchValidating}, BatchFailed, `, errors = ?`, string(raw))
+	})
+	if err != nil {
+		return fmt.Errorf("fail batch %s: %w", id, err)
+	}
+	return nil
+}
+
+// CancelBatch asks for the tenant's batch to be cancelled: a validating or
+// in_progress batch moves to cancelling; a cancelling or cancelled batch is
+// returned as it is; any other status is [ErrBatchStatus].
+func (s *Store) CancelBatch(ctx context.Context, tenantID int64, id string) (Batch, error) {
+	var out Batch
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		b, err := getBatch(ctx, tx, tenantID, id)
+		if err != nil {
+			return err
+		}
+		switch b.Status {
+		case BatchCancelling, BatchCancelled:
+			out = b
+			return nil
+		case BatchValidating, BatchInProgress:
+		default:
+			return ErrBatchStatus
+		}
+		if err := setStatus(ctx, tx, id, []string{b.Status}, BatchCancelling, ""); err != nil {
+			return err
+		}
+		out, err = getBatch(ctx, tx, tenantID, id)
+		return err
+	})
+	if err != nil {
+		return Batch{}, fmt.Errorf("cancel batch %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// RecordBatchLines records the results of lines of a running (in_progress
+// or cancelling) batch and moves its counters, all in one transaction. A
+// line already recorded is left as it is and not counted again. It returns
+// how many lines were new.
+func (s *Store) RecordBatchLines(ctx context.Context, id string, lines ...BatchLine) (int, error) {
+	n := 0
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		var status string
+		if err := tx.QueryRowContext(ctx, `SELECT status FROM batches WHERE id = ?`, id).Scan(&status); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return ErrNotFound
+			}
+			return err
+		}
+		if status != BatchInProgress && status != BatchCancelling {
+			return ErrBatchStatus
+		}
+		n = 0
+		for _, l := range lines {
+			added, err := insertLine(ctx, tx, id, l)
+			if err != nil {
+				return err
+			}
+			if added {
+				n++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("record batch %s lines: %w", id, err)
+	}
+	return n, nil
+}
+
+func insertLine(ctx context.Context, tx *sql.Tx, batchID string, l BatchLine) (bool, error) {
+	res, err := tx.ExecContext(ctx, `INSERT INTO batch_lines
+		(batch_id, line, id, custom_id, ok, status_code, request_id, body, error_code, error_message, finished_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (batch_id, line) DO NOTHING`,
+		batchID, l.Line, l.ID, l.CustomID, l.OK, l.StatusCode, l.RequestID, l.Body, l.ErrorCode, l.ErrorMsg, toMicros(now()))
+	if err != nil {
+		return false, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, err
+	}
+	if l.OK {
+		_, err = tx.ExecContext(ctx, `UPDATE batches SET completed = completed + 1,
+			prompt_tokens = prompt_tokens + ?, completion_tokens = completion_tokens + ? WHERE id = ?`,
+			l.PromptTokens, l.CompletionTokens, batchID)
+	} else {
+		_, err = tx.ExecContext(ctx, `UPDATE batches SET failed = failed + 1 WHERE id = ?`, batchID)
+	}
+	return err == nil, err
+}
+
+// BatchLinesDone returns the line numbers of batch id that have a result.
+func (s *Store) BatchLinesDone(ctx context.Context, id string) (map[int64]bool, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT line FROM batch_lines WHERE batch_id = ?`, id)
+	if err != nil {
+		return nil, fmt.Errorf("batch %s lines: %w", id, err)
+	}
+	defer rows.Close()
+	done := map[int64]bool{}
+	for rows.Next() {
+		var l int64
+		if err := rows.Scan(&l); err != nil {
+			return nil, fmt.Errorf("batch %s lines: %w", id, err)
+		}
+		done[l] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("batch %s lines: %w", id, err)
+	}
+	return done, nil
+}
+
+// EachBatchLine calls fn with every recorded line of batch id in line
+// order, stopping at the first error fn returns.
+func (s *Store) EachBatchLine(ctx context.Context, id string, fn func(BatchLine) error) error {
+	rows, err := s.read.QueryContext(ctx, `SELECT line, id, custom_id, ok, status_code, request_id, body,
+		error_code, error_message, finished_at FROM batch_lines WHERE batch_id = ? ORDER BY line`, id)
+	if err != nil {
+		return fmt.Errorf("batch %s lines: %w", id, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var l BatchLine
+		var finished int64
+		if err := rows.Scan(&l.Line, &l.ID, &l.CustomID, &l.OK, &l.StatusCode, &l.RequestID, &l.Body,
+			&l.ErrorCode, &l.ErrorMsg, &finished); err != nil {
+			return fmt.Errorf("batch %s lines: %w", id, err)
+		}
+		l.FinishedAt = fromMicros(finished)
+		if err := fn(l); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("batch %s lines: %w", id, err)
+	}
+	return nil
+}
+
+// FinishBatch moves batch id from one of the from statuses to its final
+// status to, registering its output and error files (either may be nil) in
+// the same transaction.
+func (s *Store) FinishBatch(ctx context.Context, id string, from []string, to string, output, errorFile *File) error {
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		var outID, errID string
+		for _, f := range []*File{output, errorFile} {
+			if f == nil {
+				continue
+			}
+			f.CreatedAt = now()
+			if _, err := tx.ExecContext(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, created_at)
+				VALUES (?, ?, ?, ?, ?, ?)`, f.ID, f.TenantID, f.Purpose, f.Filename, f.Bytes, toMicros(f.CreatedAt)); err != nil {
+				return err
+			}
+		}
+		if output != nil {
+			outID = output.ID
+		}
+		if errorFile != nil {
+			errID = errorFile.ID
+		}
+		return setStatus(ctx, tx, id, from, to, `, output_file_id = ?, error_file_id = ?`, outID, errID)
+	})
+	if err != nil {
+		return fmt.Errorf("finish batch %s: %w", id, err)
+	}
+	return nil
+}

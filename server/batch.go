@@ -1,0 +1,577 @@
+package server
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"tailgate/data"
+	"tailgate/policy"
+)
+
+// The Batch API, OpenAI's subset: upload a JSONL file of requests
+// (POST /v1/files, purpose "batch"), start a batch on it (POST /v1/batches),
+// follow it (GET /v1/batches/{id}), cancel it, and download its output and
+// error files (GET /v1/files/{id}/content). File bodies live on disk under
+// BatchConfig.FilesDir, their owners and the batches' state in SQLite;
+// [Server.RunBatches] (batch_exec.go) runs the lines.
+
+// BatchConfig configures the Batch API and its executor. Zero values mean
+// the defaults.
+type BatchConfig struct {
+	// FilesDir holds the bodies of uploaded and generated files, one file
+	// per id. Empty disables the Batch API: its routes answer 501 and
+	// RunBatches returns at once.
+	FilesDir string
+	// MaxFileBytes bounds an uploaded file; larger uploads get 413.
+	// 0 means 100 MiB.
+	MaxFileBytes int64
+	// Concurrency bounds the lines in flight across all batches; 0 means 32.
+	Concurrency int
+	// TenantConcurrency bounds one tenant's lines in flight; 0 means 8. A
+	// key's MaxConcurrency, when lower, bounds the lines of its batches.
+	TenantConcurrency int
+	// PollInterval is how often the executor looks for new, cancelled and
+	// expired batches and re-reads the owner's key; 0 means 500ms.
+	PollInterval time.Duration
+	// DrainTimeout is how long RunBatches lets the lines in flight finish
+	// once its context is done before it cancels them. A cancelled line is
+	// not recorded, so it runs again after a restart. 0 means 10s; negative
+	// cancels them at once.
+	DrainTimeout time.Duration
+	// ProgressInterval is how often a running batch logs its progress;
+	// 0 means 10s.
+	ProgressInterval time.Duration
+	// RetryWait is the wait before retrying a line that failed upstream (a
+	// 5xx), doubled per retry; a line is retried at most twice. 0 means 1s.
+	RetryWait time.Duration
+	// UploadTimeout bounds reading one upload; 0 means 10m.
+	UploadTimeout time.Duration
+	// Now is the clock that decides when a batch's completion window has
+	// passed; nil means time.Now.
+	Now func() time.Time
+}
+
+func (c BatchConfig) withDefaults() BatchConfig {
+	if c.MaxFileBytes <= 0 {
+		c.MaxFileBytes = 100 << 20
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 32
+	}
+	if c.TenantConcurrency <= 0 {
+		c.TenantConcurrency = 8
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = 500 * time.Millisecond
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.ProgressInterval <= 0 {
+		c.ProgressInterval = 10 * time.Second
+	}
+	if c.RetryWait <= 0 {
+		c.RetryWait = time.Second
+	}
+	if c.UploadTimeout <= 0 {
+		c.UploadTimeout = 10 * time.Minute
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+const (
+	batchWindow     = 24 * time.Hour
+	purposeBatch    = "batch"
+	purposeOutput   = "batch_output"
+	maxListLimit    = 100
+	maxMetadataKeys = 16
+)
+
+var (
+	errBatchDisabled = &apiError{Status: http.StatusNotImplemented, Type: "invalid_request_error", Code: "batch_disabled",
+		Message: "the Batch API is not enabled on this gateway (it has no files directory)"}
+	errFileTooLarge = &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "file_too_large",
+		Message: "the file is too large"}
+)
+
+func errNoSuch(kind, id, param string) *apiError {
+	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Param: param,
+		Message: fmt.Sprintf("No such %s object: %s", kind, id)}
+}
+
+// batchRoutes registers the Batch API on the /v1 group.
+func (s *Server) batchRoutes(g *echo.Group) {
+	g.POST("/files", s.batchHandler(s.handlePostFile))
+	g.GET("/files", s.batchHandler(s.handleGetFiles))
+	g.GET("/files/:id", s.batchHandler(s.handleGetFile))
+	g.GET("/files/:id/content", s.batchHandler(s.handleGetFileContent))
+	g.POST("/batches", s.batchHandler(s.handlePostBatch))
+	g.GET("/batches", s.batchHandler(s.handleGetBatches))
+	g.GET("/batches/:id", s.batchHandler(s.handleGetBatch))
+	g.POST("/batches/:id/cancel", s.batchHandler(s.handlePostBatchCancel))
+}
+
+// batchHandler checks that the Batch API is on and authenticates the caller.
+func (s *Server) batchHandler(h func(c echo.Context, p *policy.Principal) error) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if s.cfg.Batch.FilesDir == "" {
+			return writeError(c, errBatchDisabled)
+		}
+		p, err := s.authenticate(c)
+		if err != nil {
+			return writeError(c, toAPIError(err, ""))
+		}
+		if err := h(c, p); err != nil {
+			ae := toAPIError(err, "")
+			if ae == errInternal {
+				s.log.Error("batch api", "path", c.Path(), "err", err)
+			}
+			return writeError(c, ae)
+		}
+		return nil
+	}
+}
+
+// filePath is where the body of file id lives. Ids come from the store,
+// which only holds ids this package made, so they are safe path elements.
+func (s *Server) filePath(id string) string { return filepath.Join(s.cfg.Batch.FilesDir, id) }
+
+// newID returns prefix followed by 24 random lowercase letters and digits.
+func newID(prefix string) string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return prefix + string(b[:])
+}
+
+type fileJSON struct {
+	ID            string  `json:"id"`
+	Object        string  `json:"object"`
+	Bytes         int64   `json:"bytes"`
+	CreatedAt     int64   `json:"created_at"`
+	ExpiresAt     *int64  `json:"expires_at"`
+	Filename      string  `json:"filename"`
+	Purpose       string  `json:"purpose"`
+	Status        string  `json:"status"`
+	StatusDetails *string `json:"status_details"`
+}
+
+func fileObject(f data.File) fileJSON {
+	return fileJSON{ID: f.ID, Object: "file", Bytes: f.Bytes, CreatedAt: f.CreatedAt.Unix(), Filename: f.Filename,
+		Purpose: f.Purpose, Status: "processed"}
+}
+
+// handlePostFile stores an uploaded file: multipart/form-data with the
+// fields file and purpose ("batch"). The body is streamed to disk, never
+// held in memory.
+func (s *Server) handlePostFile(c echo.Context, p *policy.Principal) error {
+	cfg := s.cfg.Batch.withDefaults()
+	r := c.Request()
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "multipart/form-data" {
+		return badRequest("", "upload the file as multipart/form-data with the fields 'file' and 'purpose'")
+	}
+	_ = http.NewResponseController(c.Response()).SetReadDeadline(time.Now().Add(cfg.UploadTimeout))
+	// The file plus a little room for the other fields and the part headers.
+	r.Body = http.MaxBytesReader(c.Response(), r.Body, cfg.MaxFileBytes+64<<10)
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return badRequest("", "upload the file as multipart/form-data with the fields 'file' and 'purpose'")
+	}
+	if err := os.MkdirAll(cfg.FilesDir, 0o700); err != nil {
+		return fmt.Errorf("files dir: %w", err)
+	}
+	var (
+		purpose, filename, tmp string
+		size                   int64
+	)
+	defer func() {
+		if tmp != "" {
+			_ = os.Remove(tmp)
+		}
+	}()
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return uploadError(err)
+		}
+		switch part.FormName() {
+		case "purpose":
+			b, err := io.ReadAll(io.LimitReader(part, 64))
+			if err != nil {
+				return uploadError(err)
+			}
+			purpose = strings.TrimSpace(string(b))
+		case "file":
+			if tmp != "" {
+				return badRequest("file", "send one file per upload")
+			}
+			filename = filepath.Base(part.FileName())
+			tmp, size, err = spool(cfg.FilesDir, part, cfg.MaxFileBytes)
+			if err != nil {
+				return err
+			}
+		default:
+			if _, err := io.Copy(io.Discard, part); err != nil {
+				return uploadError(err)
+			}
+		}
+	}
+	switch {
+	case purpose != purposeBatch:
+		return badRequest("purpose", "purpose must be 'batch' (the only purpose this gateway stores)")
+	case tmp == "":
+		return badRequest("file", "the upload has no 'file' field")
+	case size == 0:
+		return badRequest("file", "the file is empty")
+	}
+	if filename == "" || filename == "." || filename == string(filepath.Separator) {
+		filename = "upload.jsonl"
+	}
+	id := newID("file-")
+	if err := os.Rename(tmp, s.filePath(id)); err != nil {
+		return fmt.Errorf("store upload: %w", err)
+	}
+	tmp = ""
+	f, err := s.store.CreateFile(r.Context(), data.File{ID: id, TenantID: p.TenantID, Purpose: purposeBatch, Filename: filename, Bytes: size})
+	if err != nil {
+		_ = os.Remove(s.filePath(id))
+		return err
+	}
+	return c.JSON(http.StatusOK, fileObject(f))
+}
+
+func uploadError(err error) error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return errFileTooLarge
+	}
+	return badRequest("", "could not read the upload: %v", err)
+}
+
+// spool copies at most limit bytes of r to a new temporary file in dir,
+// synced to disk, and returns its path and size. More than limit bytes is
+// errFileTooLarge.
+func spool(dir string, r io.Reader, limit int64) (path string, n int64, err error) {
+	f, err := os.CreateTemp(dir, ".upload-*")
+	if err != nil {
+		return "", 0, fmt.Errorf("spool upload: %w", err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("spool upload: %w", cerr)
+		}
+		if err != nil {
+			_ = os.Remove(f.Name())
+			path = ""
+		}
+	}()
+	n, err = io.Copy(f, io.LimitReader(r, limit+1))
+	switch {
+	case err != nil:
+		return "", 0, uploadError(err)
+	case n > limit:
+		return "", 0, errFileTooLarge
+	}
+	if err := f.Sync(); err != nil {
+		return "", 0, fmt.Errorf("spool upload: %w", err)
+	}
+	return f.Name(), n, nil
+}
+
+// listParams reads OpenAI's cursor pagination: limit (1..100, default 20)
+// and after (the id to continue after).
+func listParams(c echo.Context) (limit int, after string, err error) {
+	limit = 20
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			return 0, "", badRequest("limit", "limit must be an integer from 1 to %d", maxListLimit)
+		}
+		limit = n
+	}
+	return limit, c.QueryParam("after"), nil
+}
+
+func listObject[T any](items []T, limit int, id func(T) string) map[string]any {
+	more := len(items) > limit
+	if more {
+		items = items[:limit]
+	}
+	out := map[string]any{"object": "list", "data": items, "has_more": more, "first_id": nil, "last_id": nil}
+	if len(items) > 0 {
+		out["first_id"], out["last_id"] = id(items[0]), id(items[len(items)-1])
+	}
+	return out
+}
+
+func (s *Server) handleGetFiles(c echo.Context, p *policy.Principal) error {
+	limit, after, err := listParams(c)
+	if err != nil {
+		return err
+	}
+	fs, err := s.store.Files(c.Request().Context(), p.TenantID, c.QueryParam("purpose"), after, limit+1)
+	if err != nil {
+		return err
+	}
+	out := make([]fileJSON, len(fs))
+	for i, f := range fs {
+		out[i] = fileObject(f)
+	}
+	return c.JSON(http.StatusOK, listObject(out, limit, func(f fileJSON) string { return f.ID }))
+}
+
+func (s *Server) fileOf(c echo.Context, p *policy.Principal) (data.File, error) {
+	id := c.Param("id")
+	f, err := s.store.FileByID(c.Request().Context(), p.TenantID, id)
+	if errors.Is(err, data.ErrNotFound) {
+		return data.File{}, errNoSuch("File", id, "file_id")
+	}
+	return f, err
+}
+
+func (s *Server) handleGetFile(c echo.Context, p *policy.Principal) error {
+	f, err := s.fileOf(c, p)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, fileObject(f))
+}
+
+func (s *Server) handleGetFileContent(c echo.Context, p *policy.Principal) error {
+	f, err := s.fileOf(c, p)
+	if err != nil {
+		return err
+	}
+	fh, err := os.Open(s.filePath(f.ID))
+	if err != nil {
+		return fmt.Errorf("open file %s: %w", f.ID, err)
+	}
+	defer fh.Close()
+	c.Response().Header().Set("Content-Type", "application/octet-stream")
+	c.Response().Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": f.Filename}))
+	http.ServeContent(c.Response(), c.Request(), "", f.CreatedAt, fh)
+	return nil
+}
+
+// batchJSON is a batch exactly in OpenAI's shape: times in unix seconds,
+// null until reached.
+type batchJSON struct {
+	ID               string            `json:"id"`
+	Object           string            `json:"object"`
+	Endpoint         string            `json:"endpoint"`
+	Errors           *batchErrorsJSON  `json:"errors"`
+	InputFileID      string            `json:"input_file_id"`
+	CompletionWindow string            `json:"completion_window"`
+	Status           string            `json:"status"`
+	OutputFileID     *string           `json:"output_file_id"`
+	ErrorFileID      *string           `json:"error_file_id"`
+	CreatedAt        int64             `json:"created_at"`
+	InProgressAt     *int64            `json:"in_progress_at"`
+	ExpiresAt        *int64            `json:"expires_at"`
+	FinalizingAt     *int64            `json:"finalizing_at"`
+	CompletedAt      *int64            `json:"completed_at"`
+	FailedAt         *int64            `json:"failed_at"`
+	ExpiredAt        *int64            `json:"expired_at"`
+	CancellingAt     *int64            `json:"cancelling_at"`
+	CancelledAt      *int64            `json:"cancelled_at"`
+	RequestCounts    batchCountsJSON   `json:"request_counts"`
+	Metadata         map[string]string `json:"metadata"`
+	Usage            batchUsageJSON    `json:"usage"`
+}
+
+type batchErrorsJSON struct {
+	Object string           `json:"object"`
+	Data   []batchErrorJSON `json:"data"`
+}
+
+type batchErrorJSON struct {
+	Code    string  `json:"code"`
+	Message string  `json:"message"`
+	Param   *string `json:"param"`
+	Line    *int64  `json:"line"`
+}
+
+type batchCountsJSON struct {
+	Total     int64 `json:"total"`
+	Completed int64 `json:"completed"`
+	Failed    int64 `json:"failed"`
+}
+
+type batchUsageJSON struct {
+	InputTokens         int64          `json:"input_tokens"`
+	InputTokensDetails  map[string]int `json:"input_tokens_details"`
+	OutputTokens        int64          `json:"output_tokens"`
+	OutputTokensDetails map[string]int `json:"output_tokens_details"`
+	TotalTokens         int64          `json:"total_tokens"`
+}
+
+func batchObject(b data.Batch) batchJSON {
+	unix := func(t time.Time) *int64 {
+		if t.IsZero() {
+			return nil
+		}
+		v := t.Unix()
+		return &v
+	}
+	str := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	out := batchJSON{
+		ID: b.ID, Object: "batch", Endpoint: b.Endpoint, InputFileID: b.InputFileID, CompletionWindow: b.CompletionWindow,
+		Status: b.Status, OutputFileID: str(b.OutputFileID), ErrorFileID: str(b.ErrorFileID), CreatedAt: b.CreatedAt.Unix(),
+		InProgressAt: unix(b.InProgressAt), ExpiresAt: unix(b.ExpiresAt), FinalizingAt: unix(b.FinalizingAt),
+		CompletedAt: unix(b.CompletedAt), FailedAt: unix(b.FailedAt), ExpiredAt: unix(b.ExpiredAt),
+		CancellingAt: unix(b.CancellingAt), CancelledAt: unix(b.CancelledAt),
+		RequestCounts: batchCountsJSON{Total: b.Total, Completed: b.Completed, Failed: b.Failed},
+		Metadata:      b.Metadata,
+		Usage: batchUsageJSON{InputTokens: b.PromptTokens, OutputTokens: b.CompletionTokens, TotalTokens: b.PromptTokens + b.CompletionTokens,
+			InputTokensDetails: map[string]int{"cached_tokens": 0}, OutputTokensDetails: map[string]int{"reasoning_tokens": 0}},
+	}
+	if len(b.Errors) > 0 {
+		out.Errors = &batchErrorsJSON{Object: "list"}
+		for _, e := range b.Errors {
+			je := batchErrorJSON{Code: e.Code, Message: e.Message, Param: str(e.Param)}
+			if e.Line > 0 {
+				je.Line = &e.Line
+			}
+			out.Errors.Data = append(out.Errors.Data, je)
+		}
+	}
+	return out
+}
+
+// handlePostBatch creates a batch in status validating; the executor
+// validates its lines and runs them.
+func (s *Server) handlePostBatch(c echo.Context, p *policy.Principal) error {
+	var req struct {
+		InputFileID      string            `json:"input_file_id"`
+		Endpoint         string            `json:"endpoint"`
+		CompletionWindow string            `json:"completion_window"`
+		Metadata         map[string]string `json:"metadata"`
+	}
+	r := c.Request()
+	dec := json.NewDecoder(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+	if err := dec.Decode(&req); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errBodyTooLarge
+		}
+		return badRequest("", "the body must be a JSON object with input_file_id, endpoint and completion_window: %v", err)
+	}
+	switch {
+	case req.InputFileID == "":
+		return badRequest("input_file_id", "input_file_id is required")
+	case req.Endpoint != chatEndpoint.path && req.Endpoint != completionEndpoint.path:
+		return badRequest("endpoint", "endpoint must be %s or %s", chatEndpoint.path, completionEndpoint.path)
+	case req.CompletionWindow != "24h":
+		return badRequest("completion_window", "completion_window must be '24h'")
+	case len(req.Metadata) > maxMetadataKeys:
+		return badRequest("metadata", "metadata may hold at most %d keys", maxMetadataKeys)
+	}
+	for k, v := range req.Metadata {
+		if len(k) > 64 || len(v) > 512 {
+			return badRequest("metadata", "metadata keys are at most 64 characters and values at most 512")
+		}
+	}
+	f, err := s.store.FileByID(r.Context(), p.TenantID, req.InputFileID)
+	if errors.Is(err, data.ErrNotFound) {
+		return errNoSuch("File", req.InputFileID, "input_file_id")
+	}
+	if err != nil {
+		return err
+	}
+	if f.Purpose != purposeBatch {
+		return badRequest("input_file_id", "the input file must have purpose 'batch', not %q", f.Purpose)
+	}
+	b, err := s.store.CreateBatch(r.Context(), data.Batch{
+		ID: newID("batch_"), TenantID: p.TenantID, KeyID: p.KeyID, Endpoint: req.Endpoint, InputFileID: f.ID,
+		CompletionWindow: req.CompletionWindow, Metadata: req.Metadata,
+	}, batchWindow)
+	if err != nil {
+		return err
+	}
+	s.log.Info("batch created", "batch", b.ID, "tenant", p.Tenant, "key", p.KeyPrefix, "endpoint", b.Endpoint, "input_file", f.ID)
+	return c.JSON(http.StatusOK, batchObject(b))
+}
+
+func (s *Server) batchOf(c echo.Context, p *policy.Principal) (data.Batch, error) {
+	id := c.Param("id")
+	b, err := s.store.BatchByID(c.Request().Context(), p.TenantID, id)
+	if errors.Is(err, data.ErrNotFound) {
+		return data.Batch{}, errNoSuch("Batch", id, "batch_id")
+	}
+	return b, err
+}
+
+func (s *Server) handleGetBatch(c echo.Context, p *policy.Principal) error {
+	b, err := s.batchOf(c, p)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, batchObject(b))
+}
+
+func (s *Server) handleGetBatches(c echo.Context, p *policy.Principal) error {
+	limit, after, err := listParams(c)
+	if err != nil {
+		return err
+	}
+	bs, err := s.store.Batches(c.Request().Context(), p.TenantID, after, limit+1)
+	if err != nil {
+		return err
+	}
+	out := make([]batchJSON, len(bs))
+	for i, b := range bs {
+		out[i] = batchObject(b)
+	}
+	return c.JSON(http.StatusOK, listObject(out, limit, func(b batchJSON) string { return b.ID }))
+}
+
+// handlePostBatchCancel moves a batch to cancelling; the executor starts no
+// new line of it, lets the lines in flight finish, and then marks it
+// cancelled with the output and error files of what was done.
+func (s *Server) handlePostBatchCancel(c echo.Context, p *policy.Principal) error {
+	id := c.Param("id")
+	b, err := s.store.CancelBatch(c.Request().Context(), p.TenantID, id)
+	switch {
+	case errors.Is(err, data.ErrNotFound):
+		return errNoSuch("Batch", id, "batch_id")
+	case errors.Is(err, data.ErrBatchStatus):
+		cur, gerr := s.batchOf(c, p)
+		if gerr != nil {
+			return gerr
+		}
+		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "batch_not_cancellable",
+			Message: fmt.Sprintf("cannot cancel a batch with status %q", cur.Status)}
+	case err != nil:
+		return err
+	}
+	if b.Status == data.BatchCancelling {
+		s.log.Info("batch cancelling", "batch", b.ID, "tenant", p.Tenant)
+	}
+	return c.JSON(http.StatusOK, batchObject(b))
+}

@@ -1,0 +1,815 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/tidwall/gjson"
+
+	"tailgate/data"
+	"tailgate/policy"
+)
+
+// The batch executor. SQLite is the only state that matters: a batch's
+// status and one batch_lines row per finished line. The executor re-reads
+// both whenever it (re)starts a batch, so a gateway restart resumes every
+// unfinished batch and runs only the lines without a row. Handlers talk to
+// it only through the store (a cancel is a status change it polls for).
+//
+// Each line runs through [Server.Generate] as the key that created the
+// batch, so it is admitted, routed, hedged and metered — one ledger row —
+// exactly like a request to the public API.
+//
+// The owner's key is re-read every PollInterval. Once it is revoked no new
+// line starts: the lines not yet run are recorded as failed with the code
+// api_key_revoked and the batch completes, so its owner still gets every
+// answer already paid for.
+
+// Stop causes of a batch's run.
+var (
+	errRunCancelled = errors.New("batch cancelled")
+	errRunExpired   = errors.New("batch expired")
+	errRunRevoked   = errors.New("owner key revoked")
+)
+
+// maxUpstreamRetries bounds the retries of a line that failed upstream.
+const maxUpstreamRetries = 2
+
+// RunBatches runs batches until ctx is done: it picks up every batch that is
+// validating, in progress, finalizing or cancelling (so after a restart the
+// unfinished ones resume), validates input files, runs lines with bounded
+// concurrency, and writes the output and error files. When ctx is done it
+// starts no new line, waits up to BatchConfig.DrainTimeout for the lines in
+// flight, cancels the rest (they are not recorded and run again after a
+// restart) and returns nil. Call it at most once per Server; only one
+// gateway per database may run batches.
+func (s *Server) RunBatches(ctx context.Context) error {
+	cfg := s.cfg.Batch.withDefaults()
+	if cfg.FilesDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(cfg.FilesDir, 0o700); err != nil {
+		return fmt.Errorf("batches: %w", err)
+	}
+	lineCtx, cancelLines := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelLines()
+	x := &batchExec{
+		s: s, cfg: cfg, log: s.log, e: echo.New(), lineCtx: lineCtx,
+		global: make(chan struct{}, cfg.Concurrency),
+		lanes:  map[int64]*tenantLane{},
+	}
+
+	running := map[string]bool{}
+	backoff := map[string]time.Time{} // batches whose last run failed, and when to try again
+	done := make(chan batchDone)
+	var wg sync.WaitGroup
+	tick := time.NewTicker(cfg.PollInterval)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		ids, err := s.store.UnfinishedBatches(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("batches: list unfinished", "err", err)
+		}
+		for _, id := range ids {
+			if running[id] || time.Now().Before(backoff[id]) {
+				continue
+			}
+			running[id] = true
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				done <- batchDone{id, x.runBatch(ctx, id)}
+			}()
+		}
+		select {
+		case <-ctx.Done():
+		case d := <-done:
+			x.ended(d, running, backoff)
+		case <-tick.C:
+		}
+	}
+
+	if cfg.DrainTimeout < 0 {
+		cancelLines()
+	} else {
+		stop := time.AfterFunc(cfg.DrainTimeout, cancelLines)
+		defer stop.Stop()
+	}
+	for len(running) > 0 {
+		x.ended(<-done, running, backoff)
+	}
+	wg.Wait()
+	return nil
+}
+
+type batchDone struct {
+	id  string
+	err error
+}
+
+func (x *batchExec) ended(d batchDone, running map[string]bool, backoff map[string]time.Time) {
+	delete(running, d.id)
+	delete(backoff, d.id)
+	if d.err != nil && !errors.Is(d.err, context.Canceled) {
+		x.log.Error("batch run failed; will retry", "batch", d.id, "err", d.err)
+		backoff[d.id] = time.Now().Add(10 * x.cfg.PollInterval)
+	}
+}
+
+// batchExec is the state RunBatches shares with the batches it runs.
+type batchExec struct {
+	s   *Server
+	cfg BatchConfig
+	log *slog.Logger
+	e   *echo.Echo // makes the contexts lines run in
+	// lineCtx is the context of lines in flight: it outlives RunBatches'
+	// context by the drain timeout.
+	lineCtx context.Context
+	global  chan struct{}
+
+	mu    sync.Mutex
+	lanes map[int64]*tenantLane
+}
+
+// tenantLane bounds a tenant's lines in flight and holds them back while
+// the tenant is rate limited.
+type tenantLane struct {
+	slots chan struct{}
+
+	mu        sync.Mutex
+	notBefore time.Time
+}
+
+func (x *batchExec) lane(tenantID int64) *tenantLane {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l := x.lanes[tenantID]
+	if l == nil {
+		l = &tenantLane{slots: make(chan struct{}, x.cfg.TenantConcurrency)}
+		x.lanes[tenantID] = l
+	}
+	return l
+}
+
+// pause holds the tenant's lines back for d.
+func (l *tenantLane) pause(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t := time.Now().Add(d); t.After(l.notBefore) {
+		l.notBefore = t
+	}
+}
+
+// wait returns once the tenant is not paused, false if ctx ends first.
+func (l *tenantLane) wait(ctx context.Context) bool {
+	for {
+		l.mu.Lock()
+		d := time.Until(l.notBefore)
+		l.mu.Unlock()
+		if d <= 0 {
+			return true
+		}
+		if !sleep(ctx, d) {
+			return false
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func acquire(ctx context.Context, sem chan struct{}) bool {
+	if sem == nil {
+		return true
+	}
+	select {
+	case sem <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func release(sem chan struct{}) {
+	if sem != nil {
+		<-sem
+	}
+}
+
+// runBatch takes batch id as far as it can: validate, run the lines it has
+// no result for, finalize. It returns nil when the batch is finished or ctx
+// ended the run.
+func (x *batchExec) runBatch(ctx context.Context, id string) error {
+	b, err := x.s.store.BatchByID(ctx, 0, id)
+	if err != nil {
+		return err
+	}
+	switch b.Status {
+	case data.BatchFinalizing:
+		return x.finalize(ctx, b, data.BatchFinalizing, data.BatchCompleted)
+	case data.BatchCancelling:
+		return x.finalize(ctx, b, data.BatchCancelling, data.BatchCancelled)
+	case data.BatchValidating, data.BatchInProgress:
+	default:
+		return nil
+	}
+	f, err := os.Open(x.s.filePath(b.InputFileID))
+	if errors.Is(err, os.ErrNotExist) && b.Status == data.BatchValidating {
+		x.log.Error("batch failed: its input file is gone from the files directory", "batch", b.ID, "file", b.InputFileID)
+		return x.s.store.FailBatch(ctx, b.ID, []data.BatchError{{Code: "input_file_missing",
+			Message: "the input file's contents are missing on the gateway"}})
+	}
+	if err != nil {
+		return fmt.Errorf("open input file: %w", err)
+	}
+	defer f.Close()
+	lines, err := scanBatchInput(f, b.Endpoint)
+	if err != nil {
+		return fmt.Errorf("read input file: %w", err)
+	}
+	if b.Status == data.BatchValidating {
+		if ok, err := x.validate(ctx, b, lines); !ok || err != nil {
+			return err
+		}
+	}
+	doneLines, err := x.s.store.BatchLinesDone(ctx, id)
+	if err != nil {
+		return err
+	}
+	var pending []inputLine
+	for _, l := range lines {
+		if l.errCode == "" && !doneLines[l.n] {
+			pending = append(pending, l)
+		}
+	}
+	cause := x.runLines(ctx, b, f, pending, int64(len(doneLines)), int64(len(lines)))
+	if ctx.Err() != nil {
+		return nil
+	}
+	switch cause {
+	case errRunCancelled:
+		return x.finalize(ctx, b, data.BatchCancelling, data.BatchCancelled)
+	case errRunExpired, errRunRevoked:
+		code, msg := "batch_expired", "this request could not be executed before the completion window expired"
+		if cause == errRunRevoked {
+			code, msg = "api_key_revoked", "the API key that created this batch was revoked before this request ran"
+		}
+		if err := x.failUnrun(ctx, b, pending, code, msg); err != nil {
+			if errors.Is(err, data.ErrBatchStatus) {
+				return nil // cancelled meanwhile: the next poll finalizes it
+			}
+			return err
+		}
+		if cause == errRunExpired {
+			return x.finalize(ctx, b, data.BatchInProgress, data.BatchExpired)
+		}
+	case nil:
+		// Every line ran, but a result that could not be stored leaves its
+		// line to run again: finish only when every line has one.
+		doneLines, err := x.s.store.BatchLinesDone(ctx, id)
+		if err != nil {
+			return err
+		}
+		if missing := len(lines) - len(doneLines); missing > 0 {
+			return fmt.Errorf("%d lines have no stored result", missing)
+		}
+	default:
+		return cause
+	}
+	if err := x.s.store.SetBatchStatus(ctx, id, []string{data.BatchInProgress}, data.BatchFinalizing); err != nil {
+		if errors.Is(err, data.ErrBatchStatus) {
+			return nil // cancelled while the last lines ran: the next poll finalizes it
+		}
+		return err
+	}
+	return x.finalize(ctx, b, data.BatchFinalizing, data.BatchCompleted)
+}
+
+// validate records the lines that cannot run and moves the batch to
+// in_progress, or to failed when no line can run. ok is false when the
+// batch is not to be run now.
+func (x *batchExec) validate(ctx context.Context, b data.Batch, lines []inputLine) (ok bool, err error) {
+	var invalid []data.BatchLine
+	var errs []data.BatchError
+	for _, l := range lines {
+		if l.errCode == "" {
+			continue
+		}
+		invalid = append(invalid, data.BatchLine{Line: l.n, ID: newID("batch_req_"), CustomID: l.customID,
+			ErrorCode: l.errCode, ErrorMsg: l.errMsg})
+		if len(errs) < 100 {
+			errs = append(errs, data.BatchError{Code: l.errCode, Message: l.errMsg, Line: l.n + 1})
+		}
+	}
+	if len(invalid) == len(lines) {
+		if len(lines) == 0 {
+			errs = []data.BatchError{{Code: "empty_file", Message: "the input file has no requests"}}
+		}
+		if err := x.s.store.FailBatch(ctx, b.ID, errs); err != nil && !errors.Is(err, data.ErrBatchStatus) {
+			return false, err
+		}
+		x.log.Warn("batch failed validation: no line can run", "batch", b.ID, "lines", len(lines))
+		return false, nil
+	}
+	if err := x.s.store.StartBatch(ctx, b.ID, int64(len(lines)), invalid); err != nil {
+		if errors.Is(err, data.ErrBatchStatus) {
+			return false, nil // cancelled while validating: the next poll finalizes it
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// runLines runs the pending lines of batch b until they are all done or
+// the run stops (ctx ends, the batch is cancelled or expires, its key is
+// revoked); it returns the stop cause, nil when every line was started. It
+// returns once the lines it started have finished.
+func (x *batchExec) runLines(ctx context.Context, b data.Batch, in io.ReaderAt, pending []inputLine, doneBefore, total int64) error {
+	start := time.Now()
+	x.log.Info("batch running", "batch", b.ID, "endpoint", b.Endpoint, "lines", total, "done", doneBefore, "to_run", len(pending))
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+
+	p, err := x.s.gate.PrincipalForKey(ctx, b.KeyID)
+	switch {
+	case errors.Is(err, policy.ErrInvalidKey):
+		return errRunRevoked
+	case err != nil:
+		return err
+	}
+	var principal atomic.Pointer[policy.Principal]
+	principal.Store(p)
+	if !x.cfg.Now().Before(b.ExpiresAt) {
+		return errRunExpired
+	}
+
+	var finished atomic.Int64
+	var watchers sync.WaitGroup
+	watchers.Go(func() {
+		x.watch(runCtx, b, stop, &principal, func() {
+			x.log.Info("batch progress", "batch", b.ID, "done", doneBefore+finished.Load(), "lines", total,
+				"elapsed", time.Since(start).Round(time.Millisecond))
+		})
+	})
+	defer watchers.Wait()
+	defer stop(nil) // runs before watchers.Wait
+
+	lane := x.lane(b.TenantID)
+	var local chan struct{}
+	if mc := p.MaxConcurrency; mc > 0 && mc < int64(x.cfg.TenantConcurrency) {
+		local = make(chan struct{}, mc)
+	}
+	var lines sync.WaitGroup
+	sems := []chan struct{}{local, lane.slots, x.global}
+	for _, l := range pending {
+		held := 0
+		for _, sem := range sems {
+			if !acquire(runCtx, sem) {
+				break
+			}
+			held++
+		}
+		if held < len(sems) || !lane.wait(runCtx) {
+			for _, sem := range sems[:held] {
+				release(sem)
+			}
+			break
+		}
+		p := principal.Load()
+		lines.Go(func() {
+			defer func() {
+				for _, sem := range sems {
+					release(sem)
+				}
+			}()
+			if x.runLine(runCtx, b, in, p, lane, l) {
+				finished.Add(1)
+			}
+		})
+	}
+	lines.Wait()
+	return context.Cause(runCtx)
+}
+
+// watch stops the run when the batch is cancelled, expires or its key is
+// revoked, keeps the principal fresh (limits may change), and logs
+// progress, until ctx ends.
+func (x *batchExec) watch(ctx context.Context, b data.Batch, stop context.CancelCauseFunc,
+	principal *atomic.Pointer[policy.Principal], progress func()) {
+	poll := time.NewTicker(x.cfg.PollInterval)
+	defer poll.Stop()
+	prog := time.NewTicker(x.cfg.ProgressInterval)
+	defer prog.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-prog.C:
+			progress()
+		case <-poll.C:
+			if !x.cfg.Now().Before(b.ExpiresAt) {
+				stop(errRunExpired)
+				return
+			}
+			if cur, err := x.s.store.BatchByID(ctx, 0, b.ID); err == nil && cur.Status == data.BatchCancelling {
+				stop(errRunCancelled)
+				return
+			}
+			p, err := x.s.gate.PrincipalForKey(ctx, b.KeyID)
+			switch {
+			case errors.Is(err, policy.ErrInvalidKey):
+				x.log.Warn("batch stopped: its key was revoked", "batch", b.ID, "key", b.KeyID)
+				stop(errRunRevoked)
+				return
+			case err == nil:
+				principal.Store(p)
+			}
+		}
+	}
+}
+
+// runLine runs one line to a result and records it; false means it has no
+// result (the run stopped first, or the result could not be recorded), so
+// it runs again if the batch does. Lines refused by a rate limit wait and
+// retry for as long as the batch's window lasts; lines that failed upstream
+// are retried a bounded number of times; every other answer is final.
+func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt, p *policy.Principal, lane *tenantLane, l inputLine) bool {
+	raw := make([]byte, l.size)
+	if _, err := in.ReadAt(raw, l.off); err != nil && !errors.Is(err, io.EOF) {
+		x.log.Error("batch line: read input", "batch", b.ID, "line", l.n+1, "err", err)
+		return false
+	}
+	body := []byte(gjson.GetBytes(raw, "body").Raw)
+	for attempt := 0; ; attempt++ {
+		res := x.generate(x.lineCtx, p, b.Endpoint, body)
+		if res.cancelled {
+			return false // cancelled at shutdown, unanswered: it runs again after a restart
+		}
+		var wait time.Duration
+		switch {
+		case res.status == http.StatusTooManyRequests && res.code == "rate_limit_exceeded" && x.cfg.Now().Before(b.ExpiresAt):
+			wait = res.retryAfter
+			lane.pause(wait)
+		case res.status >= 500 && attempt < maxUpstreamRetries:
+			wait = x.cfg.RetryWait << attempt
+		}
+		if wait == 0 {
+			return x.record(b, l, res)
+		}
+		if !sleep(runCtx, wait) || !lane.wait(runCtx) {
+			return false
+		}
+	}
+}
+
+// lineResponse is what Generate answered a line.
+type lineResponse struct {
+	status     int
+	body       []byte
+	requestID  string
+	code       string // error.code of an error answer
+	retryAfter time.Duration
+	// cancelled: ctx ended the request before it had an answer (Generate
+	// then writes nothing). An answer that raced the cancellation counts.
+	cancelled bool
+}
+
+// generate runs one request body through Generate as p and captures the answer.
+func (x *batchExec) generate(ctx context.Context, p *policy.Principal, path string, body []byte) lineResponse {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader(body))
+	if err != nil {
+		return lineResponse{status: http.StatusInternalServerError, body: []byte(`{"error":{"message":"internal error","type":"server_error","param":null,"code":"internal_error"}}`)}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	rec := &lineRecorder{header: http.Header{}}
+	_ = x.s.Generate(x.e.NewContext(req, rec), p, path)
+	res := lineResponse{status: rec.status, body: rec.body.Bytes(), requestID: rec.header.Get("X-Request-Id"), retryAfter: time.Second}
+	if res.status == 0 && ctx.Err() != nil {
+		res.cancelled = true
+		return res
+	}
+	if res.status == 0 {
+		res.status = http.StatusInternalServerError
+		res.body = []byte(`{"error":{"message":"the gateway produced no answer","type":"server_error","param":null,"code":"internal_error"}}`)
+	}
+	if res.status != http.StatusOK {
+		res.code = gjson.GetBytes(res.body, "error.code").String()
+	}
+	if secs, err := strconv.Atoi(rec.header.Get("Retry-After")); err == nil && secs > 0 {
+		res.retryAfter = time.Duration(secs) * time.Second
+	}
+	return res
+}
+
+// lineRecorder is the response writer a line runs against.
+type lineRecorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *lineRecorder) Header() http.Header { return r.header }
+
+func (r *lineRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+}
+
+func (r *lineRecorder) Write(b []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	return r.body.Write(b)
+}
+
+func (r *lineRecorder) Flush() {}
+
+// record stores a line's answer; it returns whether it was stored.
+func (x *batchExec) record(b data.Batch, l inputLine, res lineResponse) bool {
+	bl := data.BatchLine{Line: l.n, ID: newID("batch_req_"), CustomID: l.customID, OK: res.status == http.StatusOK,
+		StatusCode: res.status, RequestID: res.requestID, Body: res.body}
+	if bl.OK {
+		u := gjson.GetBytes(res.body, "usage")
+		bl.PromptTokens, bl.CompletionTokens = u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
+	}
+	// The answer is in hand (and billed): store it even while shutting down.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.lineCtx), 30*time.Second)
+	defer cancel()
+	if _, err := x.s.store.RecordBatchLines(ctx, b.ID, bl); err != nil {
+		x.log.Error("batch line: record result", "batch", b.ID, "line", l.n+1, "request_id", res.requestID, "err", err)
+		return false
+	}
+	return true
+}
+
+// failUnrun records every pending line that has no result yet as failed
+// with code.
+func (x *batchExec) failUnrun(ctx context.Context, b data.Batch, pending []inputLine, code, msg string) error {
+	done, err := x.s.store.BatchLinesDone(ctx, b.ID)
+	if err != nil {
+		return err
+	}
+	var ls []data.BatchLine
+	for _, l := range pending {
+		if !done[l.n] {
+			ls = append(ls, data.BatchLine{Line: l.n, ID: newID("batch_req_"), CustomID: l.customID, ErrorCode: code, ErrorMsg: msg})
+		}
+	}
+	_, err = x.s.store.RecordBatchLines(ctx, b.ID, ls...)
+	return err
+}
+
+// finalize writes the batch's output and error files and moves it from
+// status from to its final status to.
+func (x *batchExec) finalize(ctx context.Context, b data.Batch, from, to string) error {
+	out, errFile, err := x.writeResults(ctx, b)
+	if err != nil {
+		return err
+	}
+	if err := x.s.store.FinishBatch(ctx, b.ID, []string{from}, to, out, errFile); err != nil {
+		for _, f := range []*data.File{out, errFile} {
+			if f != nil {
+				_ = os.Remove(x.s.filePath(f.ID))
+			}
+		}
+		if errors.Is(err, data.ErrBatchStatus) {
+			return nil // its status moved meanwhile (a cancel): the next poll takes it from there
+		}
+		return err
+	}
+	cur, err := x.s.store.BatchByID(ctx, 0, b.ID)
+	if err != nil {
+		return err
+	}
+	since := cur.InProgressAt
+	if since.IsZero() {
+		since = cur.CreatedAt
+	}
+	x.log.Info("batch finished", "batch", b.ID, "status", to, "lines", cur.Total, "completed", cur.Completed,
+		"failed", cur.Failed, "took", time.Since(since).Round(time.Millisecond))
+	return nil
+}
+
+// resultLine is one line of an output or error file, in OpenAI's format.
+type resultLine struct {
+	ID       string          `json:"id"`
+	CustomID *string         `json:"custom_id"`
+	Response *resultResponse `json:"response"`
+	Error    *resultError    `json:"error"`
+}
+
+type resultResponse struct {
+	StatusCode int             `json:"status_code"`
+	RequestID  string          `json:"request_id"`
+	Body       json.RawMessage `json:"body"`
+}
+
+type resultError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// writeResults writes the recorded lines of b, in input order, to a new
+// output file (successes) and error file (the rest); a file with no line is
+// not written (nil).
+func (x *batchExec) writeResults(ctx context.Context, b data.Batch) (out, errFile *data.File, err error) {
+	ow, err := x.newResultWriter(b, "output")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ow.discard()
+	ew, err := x.newResultWriter(b, "error")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ew.discard()
+	err = x.s.store.EachBatchLine(ctx, b.ID, func(l data.BatchLine) error {
+		rl := resultLine{ID: l.ID}
+		if l.CustomID != "" {
+			rl.CustomID = &l.CustomID
+		}
+		if l.StatusCode > 0 {
+			body := json.RawMessage(l.Body)
+			if !json.Valid(body) {
+				body, _ = json.Marshal(string(l.Body))
+			}
+			rl.Response = &resultResponse{StatusCode: l.StatusCode, RequestID: l.RequestID, Body: body}
+		} else {
+			rl.Error = &resultError{Code: l.ErrorCode, Message: l.ErrorMsg}
+		}
+		if l.OK {
+			return ow.add(rl)
+		}
+		return ew.add(rl)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if out, err = ow.commit(); err != nil {
+		return nil, nil, err
+	}
+	if errFile, err = ew.commit(); err != nil {
+		if out != nil {
+			_ = os.Remove(x.s.filePath(out.ID))
+		}
+		return nil, nil, err
+	}
+	return out, errFile, nil
+}
+
+// resultWriter writes one result file to a temporary file, then moves it
+// under its new id.
+type resultWriter struct {
+	x     *batchExec
+	b     data.Batch
+	kind  string
+	tmp   *os.File
+	bw    *bufio.Writer
+	enc   *json.Encoder
+	lines int
+}
+
+func (x *batchExec) newResultWriter(b data.Batch, kind string) (*resultWriter, error) {
+	f, err := os.CreateTemp(x.cfg.FilesDir, ".result-*")
+	if err != nil {
+		return nil, fmt.Errorf("write %s file: %w", kind, err)
+	}
+	w := &resultWriter{x: x, b: b, kind: kind, tmp: f, bw: bufio.NewWriterSize(f, 64<<10)}
+	w.enc = json.NewEncoder(w.bw)
+	w.enc.SetEscapeHTML(false)
+	return w, nil
+}
+
+func (w *resultWriter) add(rl resultLine) error {
+	w.lines++
+	return w.enc.Encode(rl)
+}
+
+// commit makes the file durable under a new id and describes it; nil when
+// it has no line.
+func (w *resultWriter) commit() (*data.File, error) {
+	if w.lines == 0 {
+		return nil, nil
+	}
+	if err := w.bw.Flush(); err != nil {
+		return nil, fmt.Errorf("write %s file: %w", w.kind, err)
+	}
+	if err := w.tmp.Sync(); err != nil {
+		return nil, fmt.Errorf("write %s file: %w", w.kind, err)
+	}
+	fi, err := w.tmp.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("write %s file: %w", w.kind, err)
+	}
+	id := newID("file-")
+	if err := os.Rename(w.tmp.Name(), w.x.s.filePath(id)); err != nil {
+		return nil, fmt.Errorf("write %s file: %w", w.kind, err)
+	}
+	return &data.File{ID: id, TenantID: w.b.TenantID, Purpose: purposeOutput,
+		Filename: w.b.ID + "_" + w.kind + ".jsonl", Bytes: fi.Size()}, nil
+}
+
+// discard closes the temporary file and removes it unless it was committed.
+func (w *resultWriter) discard() {
+	_ = w.tmp.Close()
+	_ = os.Remove(w.tmp.Name()) // after a commit the name is gone: a no-op
+}
+
+// inputLine is a non-blank line of a batch's input file: where it is and,
+// when it cannot run, why.
+type inputLine struct {
+	n         int64 // 0-based line number
+	off, size int64
+	customID  string
+	errCode   string // "" for a line that can run
+	errMsg    string
+}
+
+// scanBatchInput reads a JSONL input file and checks each line: a JSON
+// object {"custom_id","method":"POST","url","body"} whose url is the batch's
+// endpoint, whose custom_id is not used by an earlier line, and whose body
+// is an object naming a model and not asking for a stream. Blank lines are
+// skipped. Checking is deterministic, so a restarted executor finds the
+// same lines again.
+func scanBatchInput(r io.Reader, endpoint string) ([]inputLine, error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	seen := map[string]int64{}
+	var out []inputLine
+	var off int64
+	for n := int64(0); ; n++ {
+		raw, err := br.ReadBytes('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, err
+		}
+		if len(bytes.TrimSpace(raw)) > 0 {
+			l := checkInputLine(raw, endpoint, seen, n)
+			l.n, l.off, l.size = n, off, int64(len(raw))
+			out = append(out, l)
+		}
+		off += int64(len(raw))
+		if err != nil {
+			return out, nil
+		}
+	}
+}
+
+func checkInputLine(raw []byte, endpoint string, seen map[string]int64, n int64) inputLine {
+	var l inputLine
+	bad := func(code, format string, args ...any) inputLine {
+		l.errCode, l.errMsg = code, fmt.Sprintf(format, args...)
+		return l
+	}
+	if !gjson.ValidBytes(raw) {
+		return bad("invalid_json", "line %d is not valid JSON", n+1)
+	}
+	v := gjson.ParseBytes(raw)
+	if !v.IsObject() {
+		return bad("invalid_request", "line %d is not a JSON object", n+1)
+	}
+	cid := v.Get("custom_id")
+	if cid.Type != gjson.String || cid.Str == "" {
+		return bad("missing_custom_id", "line %d has no custom_id (a non-empty string)", n+1)
+	}
+	l.customID = cid.Str
+	if first, dup := seen[cid.Str]; dup {
+		return bad("duplicate_custom_id", "custom_id %q is already used on line %d", cid.Str, first+1)
+	}
+	seen[cid.Str] = n
+	if m := v.Get("method"); m.Type != gjson.String || m.Str != http.MethodPost {
+		return bad("invalid_method", "method must be \"POST\"")
+	}
+	if u := v.Get("url"); u.Type != gjson.String || u.Str != endpoint {
+		return bad("invalid_url", "url %q does not match the batch's endpoint %q", u.String(), endpoint)
+	}
+	body := v.Get("body")
+	if !body.IsObject() {
+		return bad("invalid_body", "body must be a JSON object")
+	}
+	if m := body.Get("model"); m.Type != gjson.String || m.Str == "" {
+		return bad("missing_model", "body.model is required")
+	}
+	if body.Get("stream").Type == gjson.True {
+		return bad("stream_not_allowed", "stream: true is not allowed in a batch")
+	}
+	return l
+}
