@@ -78,7 +78,7 @@ func (g *gatewayFlags) register(fs *flag.FlagSet, withUpstreams bool) {
 	fs.DurationVar(&g.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
 	fs.StringVar(&g.policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
 	fs.BoolVar(&g.affinity, "affinity", false, "prefer the same replica for the same prompt prefix when load is comparable (reuses the engine's prefix cache)")
-	fs.DurationVar(&g.slowStart, "slow-start", 5*time.Second, "how long a freshly ready replica ramps up to a full share (0: off)")
+	fs.DurationVar(&g.slowStart, "slow-start", 3*time.Second, "how long a freshly ready replica ramps up to a full share; its load counts double at first (0: off)")
 	fs.DurationVar(&g.ttftDeadline, "ttft-deadline", 30*time.Second, "an attempt with no first token by then is abandoned and its replica ejected")
 	fs.DurationVar(&g.idleDeadline, "idle-deadline", 30*time.Second, "a stream silent this long between tokens is cut and its replica ejected")
 	fs.DurationVar(&g.jsonDeadline, "json-deadline", 10*time.Minute, "how long a request that is not streamed may wait for its answer")

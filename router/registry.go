@@ -28,7 +28,8 @@ type Config struct {
 	// Policy names the selection policy: "p2c" (default) or "round-robin".
 	Policy string
 	// SlowStart is how long a freshly ready replica ramps up to its full
-	// share; 0 means 5s, negative disables.
+	// share (its load score counts double at first); 0 means 3s, negative
+	// disables.
 	SlowStart time.Duration
 	// Affinity turns on prefix affinity (same prompt prefix → same replica
 	// when load is comparable).
@@ -65,7 +66,7 @@ func (c *Config) setDefaults() {
 		c.Now = time.Now
 	}
 	if c.SlowStart == 0 {
-		c.SlowStart = 5 * time.Second
+		c.SlowStart = 3 * time.Second
 	}
 }
 

@@ -72,13 +72,13 @@ func TestSlowStartRampsAFreshReplica(t *testing.T) {
 	fresh := reg.Add(readyReplica("fresh", "m"))
 	fresh.readySince.Store(now.UnixNano())
 	old.readySince.Store(now.Add(-time.Hour).UnixNano())
-	old.inflight.Store(3)
-	// Just ready: even a busier warm replica wins (score ×10).
+	// Just ready: its score counts double, so an equally idle warm replica wins.
 	if got, _ := reg.Pick(Hint{Model: "m"}, nil); got != old {
 		t.Fatalf("fresh replica picked at once: %s", got.ID)
 	}
 	// Ten seconds later it competes on load alone.
 	now = now.Add(10 * time.Second)
+	old.inflight.Store(1)
 	if got, _ := reg.Pick(Hint{Model: "m"}, nil); got != fresh {
 		t.Fatalf("after the ramp the idle replica should win, got %s", got.ID)
 	}

@@ -58,7 +58,10 @@ func (s scorer) inputs(r *Replica, fallbackTTFT float64) scoreInputs {
 		if since := r.readySince.Load(); since != 0 {
 			age := s.now().Sub(time.Unix(0, since))
 			if age < s.slowStart {
-				in.SlowStart = math.Max(0.1, float64(age)/float64(s.slowStart))
+				// From half weight to full: a fresh, empty replica must not
+				// draw every new request at once, yet it should take load
+				// from busy ones straight away (the launcher warmed it up).
+				in.SlowStart = 0.5 + 0.5*math.Max(0, float64(age)/float64(s.slowStart))
 			}
 		}
 	}
