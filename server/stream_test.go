@@ -13,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"tailgate/policy"
+	"tailgate/router"
 	"tailgate/server"
 	"tailgate/serving/sim"
 )
@@ -160,7 +161,8 @@ func TestKeepAliveWhileFirstTokenIsSlow(t *testing.T) {
 }
 
 func TestDeadReplicaIsRetriedElsewhereAndEjected(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 1, deadUpstreams: 2})
+	// Round robin, so every replica is tried within the first requests.
+	h := newHarness(t, harnessOpts{replicas: 1, deadUpstreams: 2, router: router.Config{Policy: "round-robin"}})
 	secret := h.key(policy.KeyOptions{})
 	for i := range 10 {
 		resp := h.post("/v1/chat/completions", secret, hiBody)
