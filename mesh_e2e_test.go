@@ -38,7 +38,8 @@ func hostListens(t *testing.T, port int) bool {
 func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
 	control := meshtest.StartControl(t)
 	meshArgs := []string{"--mesh", "--mesh-control-url", control, "--mesh-ephemeral"}
-	g := startGateway(t, append(meshArgs, "--mesh-hostname", "tg-gateway", "--mesh-allow-peers", "tg-w1,tg-w2")...)
+	g := startGateway(t, append(meshArgs, "--mesh-hostname", "tg-gateway", "--mesh-allow-peers", "tg-w1,tg-w2",
+		"--slow-start", "0")...) // both fresh replicas take requests at once
 	u, _ := url.Parse(g.admin)
 	gatewayOnTailnet := "http://tg-gateway:" + u.Port()
 

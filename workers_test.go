@@ -199,7 +199,7 @@ func serverTimingMillis(h string) map[string]float64 {
 }
 
 func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
-	g := startGateway(t)
+	g := startGateway(t, "--slow-start", "0") // both fresh replicas take requests at once
 	w1 := g.startWorker("w1")
 	g.startWorker("w2")
 	g.waitReady("w1", "w2")
