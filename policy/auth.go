@@ -83,18 +83,7 @@ func (g *Gate) lookup(ctx context.Context, ck uint64, sum [sha256.Size]byte, gen
 	}
 	e := &entry{sum: sum, gen: gen}
 	if err == nil && !k.Revoked() {
-		e.p = &Principal{
-			KeyID:          k.ID,
-			KeyPrefix:      k.Prefix,
-			TenantID:       k.Tenant.ID,
-			Tenant:         k.Tenant.Name,
-			RPM:            k.RPM,
-			TPM:            k.TPM,
-			MaxConcurrency: k.MaxConcurrency,
-			Models:         slices.Clip(k.Models),
-			key:            g.keyFor(k.ID),
-			tenant:         g.tenantFor(k.Tenant.ID, k.Tenant.Name, k.Tenant.BudgetTokens, k.Tenant.BudgetMicros),
-		}
+		e.p = g.principal(k)
 	}
 	// Set is applied asynchronously; wait so that the next request with
 	// this secret hits.
@@ -105,4 +94,21 @@ func (g *Gate) lookup(ctx context.Context, ck uint64, sum [sha256.Size]byte, gen
 		return nil, ErrInvalidKey
 	}
 	return e.p, nil
+}
+
+// principal builds the Principal of a stored key, bound to the key's and
+// tenant's limiter and budget state.
+func (g *Gate) principal(k data.Key) *Principal {
+	return &Principal{
+		KeyID:          k.ID,
+		KeyPrefix:      k.Prefix,
+		TenantID:       k.Tenant.ID,
+		Tenant:         k.Tenant.Name,
+		RPM:            k.RPM,
+		TPM:            k.TPM,
+		MaxConcurrency: k.MaxConcurrency,
+		Models:         slices.Clip(k.Models),
+		key:            g.keyFor(k.ID),
+		tenant:         g.tenantFor(k.Tenant.ID, k.Tenant.Name, k.Tenant.BudgetTokens, k.Tenant.BudgetMicros),
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"tailgate/data"
 )
@@ -25,16 +24,5 @@ func (g *Gate) PrincipalForKey(ctx context.Context, keyID string) (*Principal, e
 	case k.Revoked():
 		return nil, ErrInvalidKey
 	}
-	return &Principal{
-		KeyID:          k.ID,
-		KeyPrefix:      k.Prefix,
-		TenantID:       k.Tenant.ID,
-		Tenant:         k.Tenant.Name,
-		RPM:            k.RPM,
-		TPM:            k.TPM,
-		MaxConcurrency: k.MaxConcurrency,
-		Models:         slices.Clip(k.Models),
-		key:            g.keyFor(k.ID),
-		tenant:         g.tenantFor(k.Tenant.ID, k.Tenant.Name, k.Tenant.BudgetTokens, k.Tenant.BudgetMicros),
-	}, nil
+	return g.principal(k), nil
 }
