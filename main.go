@@ -20,7 +20,7 @@ import (
 const usageText = `tailgate — an OpenAI-compatible LLM gateway with a tail-latency budget
 
 Usage:
-  tailgate up       [flags]   gateway + N local simulated replicas on one machine (start here)
+  tailgate up       [flags]   gateway + N local workers on one machine, simulated engine by default (start here)
   tailgate gateway  [flags]   the gateway alone, in front of --upstream servers and registered workers
   tailgate worker   [flags]   one GPU box: launches vLLM (or the sim), fronts it, registers with a gateway
   tailgate sim      [flags]   the simulated engine alone (vLLM-compatible HTTP)
