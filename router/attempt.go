@@ -279,14 +279,16 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	}
 }
 
-// saturated reports whether a hedge would only queue: the replica it would go
-// to already has requests waiting in its engine, or none is free.
+// saturated reports whether a hedge would only queue: no other replica is
+// free, the one it would go to had requests waiting in its engine at its
+// last heartbeat, or the gateway's own requests there already fill every
+// engine slot (known once the engine has been seen queueing).
 func (r *Registry) saturated(hint Hint, tried []*Replica) bool {
 	rep, err := r.Pick(hint, tried)
 	if err != nil {
 		return true
 	}
-	return rep.Load().Waiting >= r.hedges.cfg.MaxQueue
+	return rep.Load().Waiting >= r.hedges.cfg.MaxQueue || rep.full()
 }
 
 // Budget returns the retry and hedge budget (for metrics).

@@ -173,6 +173,24 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 			t.Fatal("hedged onto a replica with a queue")
 		}
 	})
+	t.Run("engine slots full", func(t *testing.T) {
+		reg, ev := primed(t, Config{})
+		for _, r := range reg.Replicas() {
+			// A heartbeat once showed the engine queueing behind 2 running
+			// sequences; now the gateway alone has 2 in flight there.
+			reg.Heartbeat(Update{ID: r.ID, URL: r.URL, Models: r.Models(), State: StateReady,
+				Load: Load{Running: 2, Waiting: 1}, Lease: time.Minute})
+			r.load.Store(&Load{Running: 2})
+			r.inflight.Store(2)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Millisecond)
+		defer cancel()
+		var aborted sync.Map
+		res, _ := reg.Do(ctx, hint("m"), slowFirst(&aborted))
+		if res.Hedged || ev.attempts[ReasonHedge] != 0 {
+			t.Fatal("hedged onto a replica whose engine slots are all taken")
+		}
+	})
 	t.Run("budget", func(t *testing.T) {
 		now := time.Unix(0, 0)
 		reg, ev := primed(t, Config{Now: func() time.Time { return now },

@@ -35,6 +35,11 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 	}
 	load := u.Load
 	rep.load.Store(&load)
+	if load.Waiting > 0 && int64(load.Running) > rep.slots.Load() {
+		// Requests queue behind this many running sequences: that is the
+		// engine's concurrency.
+		rep.slots.Store(int64(load.Running))
+	}
 	if rep.Engine() != u.Engine {
 		e := u.Engine
 		rep.engine.Store(&e)

@@ -65,6 +65,18 @@ type Replica struct {
 	backoffUntil atomic.Int64  // unix nanos: the replica pushed back (429/503 Retry-After)
 	firstFailAt  atomic.Int64  // unix nanos of the first failure of the current streak
 	ejectCh      atomic.Pointer[chan struct{}]
+	slots        atomic.Int64 // engine concurrency learnt from heartbeats (0: unknown)
+}
+
+// Slots returns the engine's concurrency as learnt from heartbeats: the
+// number of sequences it was running while requests waited (0: not seen yet).
+func (r *Replica) Slots() int64 { return r.slots.Load() }
+
+// full reports whether the gateway alone keeps every engine slot busy, a
+// live sign of saturation between two heartbeats.
+func (r *Replica) full() bool {
+	s := r.slots.Load()
+	return s > 0 && r.Inflight() >= s
 }
 
 // Ejected returns a channel closed when the replica is next ejected, so
