@@ -1,15 +1,22 @@
 // Package router owns tailgate's replica registry: which replicas exist, which
 // models they serve, whether they may take traffic, how busy they are, and how
-// one request's attempts are spread over them (selection, retries, failover).
+// one request's attempts are spread over them (selection, retries, failover,
+// hedging).
 //
 // # Overview
 //
-// A [Registry] holds [Replica] values. Replicas come from static upstreams
-// (health-probed through a [Prober]) or, later, from worker heartbeats. [Registry.Do]
-// runs one request: it picks a ready replica for the model, calls the caller's
-// attempt function, and retries on another replica when the attempt never
-// reached the replica (see [ErrNotSent]). In-flight counts are taken and given
-// back by Do itself, so they cannot leak or go negative.
+// A [Registry] holds [Replica] values. Replicas come from static upstreams or
+// from worker heartbeats ([Registry.Heartbeat], with leases); a
+// [HealthChecker] probes them through a [Prober] and expires leases.
+// Selection is a [Selector], one file per policy: [P2C] (load and latency
+// aware, with slow start and prefix affinity) and [RoundRobin].
+//
+// [Registry.Do] runs one request: it opens an attempt on a chosen replica
+// through the caller's [OpenFunc], retries elsewhere by failure class
+// ([ErrNotSent], [ErrDeclined] at once; [ErrNoToken] within a [Budget]),
+// and, when hedging is on, opens a second attempt after an adaptive delay
+// and keeps whichever produces a first token. In-flight counts are taken and
+// given back by Do itself, so they cannot leak or go negative.
 //
 // The package talks to replicas only through the caller's functions; it
 // imports no HTTP framework and nothing of the project.
