@@ -279,12 +279,7 @@ func (w *worker) engineState(state, reason string) {
 	w.mu.Unlock()
 	w.side.SetState(state, reason)
 	w.log.Info("replica state", "state", state, "reason", reason)
-	// Tell the gateway now rather than at the next beat.
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = w.beats.Beat(ctx)
-	}()
+	w.beats.Kick() // tell the gateway now rather than at the next beat
 }
 
 func (w *worker) heartbeat() serving.Heartbeat {

@@ -88,6 +88,17 @@ type Heartbeater struct {
 	sem        chan struct{}
 	registered bool   // the last beat succeeded
 	failing    string // message of the failure streak being logged; "" if none
+
+	kick chan struct{} // Kick's request for a beat now (capacity 1)
+}
+
+// Kick asks Run to beat now rather than at the next tick (after a state
+// change). It never blocks; kicks made before that beat starts merge.
+func (h *Heartbeater) Kick() {
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
 }
 
 // NewHeartbeater returns a heartbeater for cfg.
@@ -105,6 +116,7 @@ func NewHeartbeater(cfg HeartbeatConfig) (*Heartbeater, error) {
 		timeout:  defaultBeatTimeout,
 		log:      cfg.Log,
 		sem:      make(chan struct{}, 1),
+		kick:     make(chan struct{}, 1),
 	}
 	if h.client == nil {
 		h.client = &http.Client{Timeout: defaultBeatTimeout}
@@ -130,6 +142,7 @@ func (h *Heartbeater) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-h.kick:
 		}
 	}
 }

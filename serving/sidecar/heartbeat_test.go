@@ -258,3 +258,38 @@ func TestHeartbeatConfigIsValidated(t *testing.T) {
 		}
 	}
 }
+
+func TestKickBeatsAtOnce(t *testing.T) {
+	beats := make(chan serving.Heartbeat, 16)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var hb serving.Heartbeat
+		_ = json.NewDecoder(r.Body).Decode(&hb)
+		beats <- hb
+		_, _ = w.Write([]byte(`{"lease_seconds":3.5}`))
+	}))
+	defer gw.Close()
+	var state atomic.Value
+	state.Store("starting")
+	h, err := NewHeartbeater(HeartbeatConfig{GatewayURL: gw.URL, ClusterToken: "t", Interval: time.Hour,
+		Build: func() serving.Heartbeat { return serving.Heartbeat{ReplicaID: "r", State: state.Load().(string)} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = h.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	if hb := <-beats; hb.State != "starting" {
+		t.Fatalf("first beat %q", hb.State)
+	}
+	state.Store("ready")
+	h.Kick()
+	select {
+	case hb := <-beats:
+		if hb.State != "ready" {
+			t.Fatalf("kicked beat says %q", hb.State)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Kick did not make Run beat (the interval is an hour)")
+	}
+}
