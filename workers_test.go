@@ -168,9 +168,14 @@ func (g *gatewayProcess) waitReady(ids ...string) {
 	})
 }
 
-// chat sends one request and returns status, headers and body.
+// chat sends one chat request for the sim model and returns status,
+// headers and body.
 func (g *gatewayProcess) chat(ctx context.Context, stream bool, maxTokens int) (int, http.Header, string, error) {
-	body := fmt.Sprintf(`{"model":"tailgate-sim","stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"hello there"}]}`, stream, maxTokens)
+	return g.chatBody(ctx, fmt.Sprintf(`{"model":"tailgate-sim","stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"hello there"}]}`, stream, maxTokens))
+}
+
+// chatBody posts body to /v1/chat/completions with the test's key.
+func (g *gatewayProcess) chatBody(ctx context.Context, body string) (int, http.Header, string, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.api+"/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+g.key)
 	req.Header.Set("Content-Type", "application/json")
