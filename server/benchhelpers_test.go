@@ -41,6 +41,9 @@ func newBenchStack(tb testing.TB, cfg sim.Config) *benchStack {
 // meteredRequests flushes the ledger and returns how many requests it holds.
 func (s *benchStack) meteredRequests(tb testing.TB) int64 {
 	tb.Helper()
+	for deadline := time.Now().Add(10 * time.Second); s.inflight() > 0 && time.Now().Before(deadline); {
+		time.Sleep(2 * time.Millisecond)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := s.ledger.Flush(ctx); err != nil {

@@ -121,6 +121,9 @@ func (s *Server) generate(c echo.Context, cl *call, p *policy.Principal) error {
 		return s.reject(c, cl, err)
 	}
 	cl.ticket = ticket
+	// Settle is once only: this releases the reservation and the concurrency
+	// slot if anything below panics before finish settles the real usage.
+	defer ticket.Release()
 
 	var w *sseWriter
 	if pr.stream {
@@ -142,8 +145,10 @@ func (s *Server) generate(c echo.Context, cl *call, p *policy.Principal) error {
 	if res.Replica != nil {
 		cl.replica = res.Replica.ID
 	}
+	defer res.Finish() // the winner's in-flight slot, even if the relay panics
 	if err == nil {
 		u := res.Attempt.(*upstream)
+		defer u.Abort() // done with it: close the connection's body, free buffers
 		cl.winner = res.Reason.String()
 		cl.adopt(u)
 		if pr.stream {
@@ -152,8 +157,6 @@ func (s *Server) generate(c echo.Context, cl *call, p *policy.Principal) error {
 			s.writeJSON(c, cl, u)
 		}
 		cl.adopt(u) // usage and timings learned while relaying
-		u.Abort()   // done with it: close the connection's body, free buffers
-		res.Finish()
 	}
 	s.hedgeOverhead(cl, res)
 	return s.finish(c, cl, err)

@@ -183,9 +183,28 @@ func (h *harness) client(secret string, opts ...option.RequestOption) openai.Cli
 	}, opts...)...)
 }
 
-// ledgerRows flushes the ledger and returns every row.
+// inflight reads the gateway's tailgate_inflight_requests gauge.
+func (h *harness) inflight() float64 {
+	mfs, err := h.promReg.Gather()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "tailgate_inflight_requests" && len(mf.GetMetric()) > 0 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+// ledgerRows waits until no request is in its handler (a client can have
+// the whole answer a moment before the handler writes its ledger row),
+// flushes the ledger and returns every row.
 func (h *harness) ledgerRows() []data.LedgerRow {
 	h.t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); h.inflight() > 0 && time.Now().Before(deadline); {
+		time.Sleep(2 * time.Millisecond)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := h.ledger.Flush(ctx); err != nil {
