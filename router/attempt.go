@@ -271,7 +271,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 				continue
 			}
 			if err := start(ReasonHedge); err != nil {
-				r.budget.Refund()
+				r.budget.RefundHedge()
 				continue
 			}
 			res.Hedged = true

@@ -22,13 +22,17 @@ type BudgetConfig struct {
 	HedgeReserve float64
 }
 
-// Budget is a token bucket shared by retries and hedges.
+// Budget is a token bucket shared by retries and hedges. Hedges also need a
+// token of their own, earned only by requests (Ratio each), so that however
+// quiet the gateway, hedges never exceed Ratio of the requests; the time
+// refill (MinPerSecond) is for retries only.
 type Budget struct {
 	cfg BudgetConfig
 	now func() time.Time
 
 	mu     sync.Mutex
 	tokens float64
+	hedge  float64 // earned by requests only
 	last   time.Time
 }
 
@@ -49,7 +53,7 @@ func NewBudget(cfg BudgetConfig, now func() time.Time) *Budget {
 	if now == nil {
 		now = time.Now
 	}
-	return &Budget{cfg: cfg, now: now, tokens: cfg.Burst, last: now()}
+	return &Budget{cfg: cfg, now: now, tokens: cfg.Burst, hedge: cfg.Burst - cfg.HedgeReserve, last: now()}
 }
 
 func (b *Budget) refillLocked() {
@@ -65,6 +69,7 @@ func (b *Budget) Deposit() {
 	b.mu.Lock()
 	b.refillLocked()
 	b.tokens = min(b.cfg.Burst, b.tokens+b.cfg.Ratio)
+	b.hedge = min(b.cfg.Burst-b.cfg.HedgeReserve, b.hedge+b.cfg.Ratio)
 	b.mu.Unlock()
 }
 
@@ -84,7 +89,25 @@ func (b *Budget) withdraw(reserve float64) bool {
 func (b *Budget) TakeRetry() bool { return b.withdraw(0) }
 
 // TakeHedge spends a token on a hedge, leaving the reserve for retries.
-func (b *Budget) TakeHedge() bool { return b.withdraw(b.cfg.HedgeReserve) }
+func (b *Budget) TakeHedge() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked()
+	if b.hedge < 1 || b.tokens-1 < b.cfg.HedgeReserve {
+		return false
+	}
+	b.hedge--
+	b.tokens--
+	return true
+}
+
+// RefundHedge gives back a hedge that could not start.
+func (b *Budget) RefundHedge() {
+	b.mu.Lock()
+	b.hedge = min(b.cfg.Burst-b.cfg.HedgeReserve, b.hedge+1)
+	b.tokens = min(b.cfg.Burst, b.tokens+1)
+	b.mu.Unlock()
+}
 
 // Refund gives a token back (an attempt that could not start).
 func (b *Budget) Refund() {

@@ -214,4 +214,29 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 			t.Fatalf("%d hedges for 100 requests with a 5 %% budget", h)
 		}
 	})
+	t.Run("budget on a quiet gateway", func(t *testing.T) {
+		// The time refill is for retries: seconds between requests must not
+		// let hedges go past their share of requests.
+		now := time.Unix(0, 0)
+		reg, ev := primed(t, Config{Now: func() time.Time { return now },
+			Budget: BudgetConfig{Ratio: 0.05, Burst: 4, HedgeReserve: 2, MinPerSecond: 100}})
+		slow := func(ctx context.Context, rep *Replica, n int, reason AttemptReason) (Attempt, error) {
+			if reason == ReasonFirst {
+				select {
+				case <-ctx.Done():
+					return nil, ErrNoToken(ctx.Err(), "")
+				case <-time.After(25 * time.Millisecond):
+				}
+			}
+			return &fakeAttempt{}, nil
+		}
+		for range 100 {
+			now = now.Add(10 * time.Second)
+			res, _ := reg.Do(context.Background(), hint("m"), slow)
+			res.Finish()
+		}
+		if h := ev.attempts[ReasonHedge]; h > 2+5 {
+			t.Fatalf("%d hedges for 100 requests with a 5 %% budget on a quiet gateway", h)
+		}
+	})
 }
