@@ -36,7 +36,8 @@ echo "bench-routing: building" >&2
 go build -o "$BIN" .
 
 # fleet NAME "GATEWAY FLAGS" "WORKER FLAGS 1" "WORKER FLAGS 2" ... — starts a
-# gateway and one worker per flag set; sets ${NAME}_API, ${NAME}_ADMIN, ${NAME}_DIR.
+# gateway and one worker per flag set (worker i seeded i, so replicas stall
+# independently); sets ${NAME}_API, ${NAME}_ADMIN, ${NAME}_DIR.
 fleet() {
 	local name=$1 gwflags=$2
 	shift 2
@@ -61,7 +62,7 @@ fleet() {
 		i=$((i + 1))
 		# shellcheck disable=SC2086
 		"$BIN" worker --gateway "$admin" --cluster-token-file "$dir/cluster.token" --engine sim \
-			--listen 127.0.0.1:0 --replica-id "$name-$i" --data "$dir/w$i" --warmup 1 $wflags \
+			--listen 127.0.0.1:0 --replica-id "$name-$i" --data "$dir/w$i" --warmup 1 --sim-seed "$i" $wflags \
 			2>"$dir/worker-$i.log" &
 		PIDS+=($!)
 	done
