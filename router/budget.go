@@ -20,6 +20,9 @@ type BudgetConfig struct {
 	// HedgeReserve is the part of Burst kept for retries: hedges only spend
 	// while the bucket holds more than this. 0 means half of Burst.
 	HedgeReserve float64
+	// HedgeBurst caps the hedges that may run ahead of their Ratio share
+	// (their own bucket, earned by requests only); 0 means 5.
+	HedgeBurst float64
 }
 
 // Budget is a token bucket shared by retries and hedges. Hedges also need a
@@ -50,10 +53,13 @@ func NewBudget(cfg BudgetConfig, now func() time.Time) *Budget {
 	if cfg.HedgeReserve <= 0 || cfg.HedgeReserve > cfg.Burst {
 		cfg.HedgeReserve = cfg.Burst / 2
 	}
+	if cfg.HedgeBurst <= 0 {
+		cfg.HedgeBurst = 5
+	}
 	if now == nil {
 		now = time.Now
 	}
-	return &Budget{cfg: cfg, now: now, tokens: cfg.Burst, hedge: cfg.Burst - cfg.HedgeReserve, last: now()}
+	return &Budget{cfg: cfg, now: now, tokens: cfg.Burst, hedge: cfg.HedgeBurst, last: now()}
 }
 
 func (b *Budget) refillLocked() {
@@ -69,7 +75,7 @@ func (b *Budget) Deposit() {
 	b.mu.Lock()
 	b.refillLocked()
 	b.tokens = min(b.cfg.Burst, b.tokens+b.cfg.Ratio)
-	b.hedge = min(b.cfg.Burst-b.cfg.HedgeReserve, b.hedge+b.cfg.Ratio)
+	b.hedge = min(b.cfg.HedgeBurst, b.hedge+b.cfg.Ratio)
 	b.mu.Unlock()
 }
 
@@ -104,7 +110,7 @@ func (b *Budget) TakeHedge() bool {
 // RefundHedge gives back a hedge that could not start.
 func (b *Budget) RefundHedge() {
 	b.mu.Lock()
-	b.hedge = min(b.cfg.Burst-b.cfg.HedgeReserve, b.hedge+1)
+	b.hedge = min(b.cfg.HedgeBurst, b.hedge+1)
 	b.tokens = min(b.cfg.Burst, b.tokens+1)
 	b.mu.Unlock()
 }

@@ -194,7 +194,7 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 	t.Run("budget", func(t *testing.T) {
 		now := time.Unix(0, 0)
 		reg, ev := primed(t, Config{Now: func() time.Time { return now },
-			Budget: BudgetConfig{Ratio: 0.05, Burst: 4, HedgeReserve: 2, MinPerSecond: 1e-9}})
+			Budget: BudgetConfig{Ratio: 0.05, Burst: 4, HedgeReserve: 2, HedgeBurst: 2, MinPerSecond: 1e-9}})
 		slow := func(ctx context.Context, rep *Replica, n int, reason AttemptReason) (Attempt, error) {
 			if reason == ReasonFirst {
 				select { // slower than the 10ms hedge delay, but it answers
@@ -209,7 +209,7 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 			res, _ := reg.Do(context.Background(), hint("m"), slow)
 			res.Finish()
 		}
-		// Burst above the reserve (2) plus 5 % of 100 requests.
+		// The hedge burst (2) plus 5 % of 100 requests.
 		if h := ev.attempts[ReasonHedge]; h < 2 || h > 2+5 {
 			t.Fatalf("%d hedges for 100 requests with a 5 %% budget", h)
 		}
@@ -219,7 +219,7 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 		// let hedges go past their share of requests.
 		now := time.Unix(0, 0)
 		reg, ev := primed(t, Config{Now: func() time.Time { return now },
-			Budget: BudgetConfig{Ratio: 0.05, Burst: 4, HedgeReserve: 2, MinPerSecond: 100}})
+			Budget: BudgetConfig{Ratio: 0.05, Burst: 4, HedgeReserve: 2, HedgeBurst: 2, MinPerSecond: 100}})
 		slow := func(ctx context.Context, rep *Replica, n int, reason AttemptReason) (Attempt, error) {
 			if reason == ReasonFirst {
 				select {
