@@ -43,16 +43,72 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// proc is a running tailgate child process: killed when the test ends, its
+// stderr logged if the test failed.
+type proc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	stdout io.Reader // nil unless asked for
+	exited chan struct{}
+	err    error // Wait's result, once exited is closed
+}
+
+// startProc starts the binary with args; name labels its stderr in a failed
+// test's log.
+func startProc(t *testing.T, name string, withStdout bool, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(binPath, args...), stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p.cmd.Stderr = p.stderr
+	if withStdout {
+		out, err := p.cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.stdout = out
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			t.Logf("%s stderr:\n%s", name, p.stderr.String())
+		}
+	})
+	return p
+}
+
+// scanUntil reads stdout lines until done says it has what it needs, then
+// drains the rest in the background so the process never blocks on it.
+func (p *proc) scanUntil(done func(line string) bool) {
+	sc := bufio.NewScanner(p.stdout)
+	for sc.Scan() {
+		if done(sc.Text()) {
+			break
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, p.stdout) }()
+}
+
+// readToken reads a token or key file.
+func readToken(t *testing.T, path string) string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(raw))
+}
+
 // upProcess is a running `tailgate up`.
 type upProcess struct {
-	cmd     *exec.Cmd
+	*proc
 	dir     string
 	api     string // http://host:port/v1
 	admin   string // http://host:port
 	demoKey string
-	stderr  *syncBuffer
-	exited  chan struct{}
-	exitErr error
 }
 
 type syncBuffer struct {
@@ -77,47 +133,22 @@ var dashLine = regexp.MustCompile(`dashboard\s+(http://\S+)/ui/`)
 
 func startUp(t *testing.T, extra ...string) *upProcess {
 	t.Helper()
-	p := &upProcess{dir: t.TempDir(), stderr: &syncBuffer{}, exited: make(chan struct{})}
-	args := append([]string{"up", "--data", p.dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)
-	p.cmd = exec.Command(binPath, args...)
-	p.cmd.Stderr = p.stderr
-	stdout, err := p.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.exitErr = p.cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() {
-			t.Logf("tailgate up stderr:\n%s", p.stderr.String())
-		}
-	})
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		line := sc.Text()
+	dir := t.TempDir()
+	p := &upProcess{dir: dir, proc: startProc(t, "tailgate up", true,
+		append([]string{"up", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)...)}
+	p.scanUntil(func(line string) bool {
 		if m := apiLine.FindStringSubmatch(line); m != nil {
 			p.api = m[1]
 		}
 		if m := dashLine.FindStringSubmatch(line); m != nil {
 			p.admin = m[1]
 		}
-		if p.api != "" && p.admin != "" {
-			break
-		}
-	}
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+		return p.api != "" && p.admin != ""
+	})
 	if p.api == "" {
 		t.Fatalf("up printed no API address; stderr:\n%s", p.stderr.String())
 	}
-	key, err := os.ReadFile(filepath.Join(p.dir, "demo.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.demoKey = strings.TrimSpace(string(key))
+	p.demoKey = readToken(t, filepath.Join(p.dir, "demo.key"))
 	for _, f := range []string{"admin.token", "cluster.token", "demo.key"} {
 		st, err := os.Stat(filepath.Join(p.dir, f))
 		if err != nil || st.Mode().Perm() != 0o600 {
@@ -280,8 +311,8 @@ func TestLedgerExactAfterSIGTERMDuringLoad(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
-	if p.exitErr != nil {
-		t.Fatalf("up exited with %v\n%s", p.exitErr, p.stderr.String())
+	if p.err != nil {
+		t.Fatalf("up exited with %v\n%s", p.err, p.stderr.String())
 	}
 
 	var usage []struct {

@@ -28,8 +28,7 @@ func TestUpWithVLLMEngine(t *testing.T) {
 
 	p := startUp(t, "--replicas", "2", "--engine", "vllm", "--model", "org/fake-model",
 		"--vllm-arg=--enable-prefix-caching", "--warmup", "2")
-	tok, _ := os.ReadFile(filepath.Join(p.dir, "admin.token"))
-	g := &gatewayProcess{t: t, admin: p.admin, api: p.api, key: p.demoKey, token: strings.TrimSpace(string(tok))}
+	g := &gatewayProcess{t: t, admin: p.admin, api: p.api, key: p.demoKey, token: readToken(t, filepath.Join(p.dir, "admin.token"))}
 	g.waitReady("worker-1", "worker-2")
 
 	body := `{"model":"org/fake-model","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`

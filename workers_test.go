@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -22,89 +20,58 @@ import (
 
 // gatewayProcess is a running `tailgate gateway` with its workers.
 type gatewayProcess struct {
-	t      *testing.T
-	dir    string
-	api    string // http://host:port/v1
-	admin  string // http://host:port
-	key    string
-	token  string // admin token
-	stderr *syncBuffer
-	cmd    *exec.Cmd
+	*proc
+	t     *testing.T
+	dir   string
+	api   string // http://host:port/v1
+	admin string // http://host:port
+	key   string
+	token string // admin token
 }
 
 var gatewayLine = regexp.MustCompile(`API (http://\S+/v1)\s+admin (http://\S+)/ui/`)
 
 func startGateway(t *testing.T, extra ...string) *gatewayProcess {
 	t.Helper()
-	g := &gatewayProcess{t: t, dir: t.TempDir(), stderr: &syncBuffer{}}
-	args := append([]string{"gateway", "--data", g.dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)
-	g.cmd = exec.Command(binPath, args...)
-	g.cmd.Stderr = g.stderr
-	stdout, err := g.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = g.cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = g.cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("gateway stderr:\n%s", g.stderr.String())
-		}
-	})
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if m := gatewayLine.FindStringSubmatch(sc.Text()); m != nil {
+	dir := t.TempDir()
+	g := &gatewayProcess{t: t, dir: dir, proc: startProc(t, "gateway", true,
+		append([]string{"gateway", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)...)}
+	g.scanUntil(func(line string) bool {
+		if m := gatewayLine.FindStringSubmatch(line); m != nil {
 			g.api, g.admin = m[1], m[2]
-			break
 		}
-	}
-	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+		return g.api != ""
+	})
 	if g.api == "" {
 		t.Fatalf("gateway printed no addresses; stderr:\n%s", g.stderr.String())
 	}
-	tok, err := os.ReadFile(filepath.Join(g.dir, "admin.token"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.token = strings.TrimSpace(string(tok))
+	g.token = readToken(t, filepath.Join(g.dir, "admin.token"))
 	g.key = lastLine(tailgate(t, "keys", "create", "--data", g.dir, "--tenant", "test"))
 	return g
 }
 
-// workerProcess is a running `tailgate worker`.
-type workerProcess struct {
-	id     string
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	exited chan struct{}
-	err    error
+// startFleet starts workers w1..wn with the same extra flags and waits
+// until all are ready.
+func (g *gatewayProcess) startFleet(n int, extra ...string) []*proc {
+	g.t.Helper()
+	var ws []*proc
+	var ids []string
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("w%d", i)
+		ws = append(ws, g.startWorker(id, extra...))
+		ids = append(ids, id)
+	}
+	g.waitReady(ids...)
+	return ws
 }
 
-func (g *gatewayProcess) startWorker(id string, extra ...string) *workerProcess {
+// startWorker starts `tailgate worker --engine sim` registering with g.
+func (g *gatewayProcess) startWorker(id string, extra ...string) *proc {
 	g.t.Helper()
-	w := &workerProcess{id: id, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	args := append([]string{"worker", "--gateway", g.admin, "--cluster-token-file", filepath.Join(g.dir, "cluster.token"),
+	return startProc(g.t, "worker "+id, false, append([]string{"worker", "--gateway", g.admin,
+		"--cluster-token-file", filepath.Join(g.dir, "cluster.token"),
 		"--engine", "sim", "--listen", "127.0.0.1:0", "--replica-id", id, "--data", filepath.Join(g.dir, id),
-		"--sim-ttft", "5ms", "--sim-tpot", "1ms", "--warmup", "1"}, extra...)
-	w.cmd = exec.Command(binPath, args...)
-	w.cmd.Stderr = w.stderr
-	if err := w.cmd.Start(); err != nil {
-		g.t.Fatal(err)
-	}
-	go func() { w.err = w.cmd.Wait(); close(w.exited) }()
-	g.t.Cleanup(func() {
-		_ = w.cmd.Process.Kill()
-		<-w.exited
-		if g.t.Failed() {
-			g.t.Logf("worker %s stderr:\n%s", id, w.stderr.String())
-		}
-	})
-	return w
+		"--sim-ttft", "5ms", "--sim-tpot", "1ms", "--warmup", "1"}, extra...)...)
 }
 
 type replicaView struct {
@@ -258,17 +225,23 @@ func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
 	}
 }
 
-// clientLoad runs n clients sending mixed requests until stop; it counts outcomes.
+// clientLoad is n clients sending mixed requests until stopped; it counts
+// outcomes.
 type clientLoad struct {
+	stopped atomic.Bool
+	wg      sync.WaitGroup
+
 	ok, failedBeforeToken, failedMidStream, other atomic.Int64
 	byReplica                                     sync.Map // replica → *atomic.Int64
 	errs                                          sync.Map
 }
 
-func (l *clientLoad) run(g *gatewayProcess, clients int, stop *atomic.Bool, wg *sync.WaitGroup) {
+// startLoad starts clients sending to g.
+func startLoad(g *gatewayProcess, clients int) *clientLoad {
+	l := &clientLoad{}
 	for c := range clients {
-		wg.Go(func() {
-			for i := 0; !stop.Load() && i < 10000; i++ {
+		l.wg.Go(func() {
+			for i := 0; !l.stopped.Load() && i < 10000; i++ {
 				stream := (c+i)%2 == 0
 				code, h, body, err := g.chat(context.Background(), stream, 20)
 				switch {
@@ -288,6 +261,13 @@ func (l *clientLoad) run(g *gatewayProcess, clients int, stop *atomic.Bool, wg *
 			}
 		})
 	}
+	return l
+}
+
+// stop stops the clients and waits for them.
+func (l *clientLoad) stop() {
+	l.stopped.Store(true)
+	l.wg.Wait()
 }
 
 func (l *clientLoad) errors() string {
@@ -298,16 +278,8 @@ func (l *clientLoad) errors() string {
 
 func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
 	g := startGateway(t)
-	w1 := g.startWorker("w1", "--sim-tpot", "5ms")
-	g.startWorker("w2", "--sim-tpot", "5ms")
-	g.waitReady("w1", "w2")
-
-	var (
-		l    clientLoad
-		stop atomic.Bool
-		wg   sync.WaitGroup
-	)
-	l.run(g, 6, &stop, &wg)
+	w1 := g.startFleet(2, "--sim-tpot", "5ms")[0]
+	l := startLoad(g, 6)
 	time.Sleep(500 * time.Millisecond)
 	if err := w1.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -325,8 +297,7 @@ func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
 		}
 	})
 	time.Sleep(300 * time.Millisecond)
-	stop.Store(true)
-	wg.Wait()
+	l.stop()
 	if w1.err != nil {
 		t.Fatalf("worker exited with %v", w1.err)
 	}
@@ -375,25 +346,15 @@ func (g *gatewayProcess) metric(name string, filters ...string) float64 {
 
 func TestFailoverOnSIGKILLHasNoClientErrorsBeforeTheFirstToken(t *testing.T) {
 	g := startGateway(t)
-	victim := g.startWorker("w1", "--sim-tpot", "3ms")
-	g.startWorker("w2", "--sim-tpot", "3ms")
-	g.startWorker("w3", "--sim-tpot", "3ms")
-	g.waitReady("w1", "w2", "w3")
-
-	var (
-		l    clientLoad
-		stop atomic.Bool
-		wg   sync.WaitGroup
-	)
-	l.run(g, 8, &stop, &wg)
+	victim := g.startFleet(3, "--sim-tpot", "3ms")[0]
+	l := startLoad(g, 8)
 	time.Sleep(time.Second)
 	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	took := waitFor(t, 5*time.Second, "dead worker out of routing", func() bool { return g.state("w1") != "ready" })
 	time.Sleep(2 * time.Second)
-	stop.Store(true)
-	wg.Wait()
+	l.stop()
 
 	t.Logf("out of routing %v after the kill; ok %d, failed mid-stream %d, before first token %d, other %d",
 		took, l.ok.Load(), l.failedMidStream.Load(), l.failedBeforeToken.Load(), l.other.Load())
@@ -410,17 +371,8 @@ func TestFailoverOnSIGKILLHasNoClientErrorsBeforeTheFirstToken(t *testing.T) {
 
 func TestHungWorkerIsEjectedAndReadmitted(t *testing.T) {
 	g := startGateway(t)
-	victim := g.startWorker("w1", "--sim-tpot", "2ms")
-	g.startWorker("w2", "--sim-tpot", "2ms")
-	g.startWorker("w3", "--sim-tpot", "2ms")
-	g.waitReady("w1", "w2", "w3")
-
-	var (
-		l    clientLoad
-		stop atomic.Bool
-		wg   sync.WaitGroup
-	)
-	l.run(g, 6, &stop, &wg)
+	victim := g.startFleet(3, "--sim-tpot", "2ms")[0]
+	l := startLoad(g, 6)
 	time.Sleep(500 * time.Millisecond)
 	if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -434,8 +386,7 @@ func TestHungWorkerIsEjectedAndReadmitted(t *testing.T) {
 	back := waitFor(t, 5*time.Second, "re-admitted after SIGCONT", func() bool { return g.state("w1") == "ready" })
 	t.Logf("re-admitted %v after SIGCONT", back)
 	time.Sleep(500 * time.Millisecond)
-	stop.Store(true)
-	wg.Wait()
+	l.stop()
 	if n := l.failedBeforeToken.Load() + l.other.Load(); n != 0 {
 		t.Fatalf("%d requests failed before their first token (ok %d, mid-stream %d):\n%s",
 			n, l.ok.Load(), l.failedMidStream.Load(), l.errors())
@@ -470,8 +421,7 @@ func childPID(t *testing.T, parent int, id string) int {
 
 func TestUpReplacesAKilledWorker(t *testing.T) {
 	p := startUp(t, "--replicas", "3", "--sim-ttft", "5ms", "--sim-tpot", "1ms", "--warmup", "1")
-	tok, _ := os.ReadFile(filepath.Join(p.dir, "admin.token"))
-	g := &gatewayProcess{t: t, admin: p.admin, api: p.api, key: p.demoKey, token: strings.TrimSpace(string(tok))}
+	g := &gatewayProcess{t: t, admin: p.admin, api: p.api, key: p.demoKey, token: readToken(t, filepath.Join(p.dir, "admin.token"))}
 	g.waitReady("worker-1", "worker-2", "worker-3")
 	before := ""
 	for _, r := range g.replicas() {
