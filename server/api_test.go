@@ -130,11 +130,17 @@ func TestStreamUsageChunkOnlyWhenAsked(t *testing.T) {
 			if payloads[len(payloads)-1] != "[DONE]" {
 				t.Fatalf("last event %q, want [DONE]", payloads[len(payloads)-1])
 			}
-			sawUsage := false
+			sawUsage, usageOnly := false, false
 			for _, p := range payloads {
 				if strings.Contains(p, `"usage":{`) {
 					sawUsage = true
 				}
+				if strings.Contains(p, `"choices":[]`) {
+					usageOnly = true
+				}
+			}
+			if usageOnly != tc.wantUsage {
+				t.Fatalf("usage-only chunk (choices []) present = %v, want %v: it exists only when asked for", usageOnly, tc.wantUsage)
 			}
 			if sawUsage != tc.wantUsage {
 				t.Fatalf("usage chunk present = %v, want %v:\n%s", sawUsage, tc.wantUsage, strings.Join(payloads, "\n"))
