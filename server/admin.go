@@ -225,18 +225,15 @@ func (s *Server) handleGetRequests(c echo.Context) error {
 	}
 	out := make([]map[string]any, 0, len(rows))
 	for _, r := range rows {
-		st := r.Stages
+		stages := make(map[string]*float64, len(data.StageNames))
+		r.Stages.Each(func(_ int, name string, d time.Duration) { stages[name] = ms(d) })
 		out = append(out, map[string]any{
 			"id": r.ID, "time": r.Time, "tenant": r.Tenant, "key_id": r.KeyID, "model": r.Model,
 			"replica": r.Upstream, "stream": r.Stream, "status": r.Status, "outcome": r.Outcome, "error": r.Error,
 			"attempts": r.Attempts, "hedged": r.Hedged,
 			"prompt_tokens": r.PromptTokens, "completion_tokens": r.CompletionTokens,
 			"hedge_overhead_tokens": r.HedgeOverheadTokens, "cost_micros": r.CostMicros,
-			"stages_ms": map[string]*float64{
-				stageGateway: ms(st.Gateway), stageConnect: ms(st.Connect), stageUpstreamTTFT: ms(st.UpstreamTTFT),
-				stageEngineQueue: ms(st.EngineQueue), stageEngineTTFT: ms(st.EngineTTFT), stageNetwork: ms(st.Network),
-				stageTTFT: ms(st.TTFT), stageTotal: ms(st.Total),
-			},
+			"stages_ms": stages,
 		})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})

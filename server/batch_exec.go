@@ -9,12 +9,10 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/tidwall/gjson"
 
 	"tailgate/data"
@@ -65,7 +63,7 @@ func (s *Server) RunBatches(ctx context.Context) error {
 	lineCtx, cancelLines := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelLines()
 	x := &batchExec{
-		s: s, cfg: cfg, log: s.log, e: echo.New(), lineCtx: lineCtx,
+		s: s, cfg: cfg, log: s.log, lineCtx: lineCtx,
 		global: make(chan struct{}, cfg.Concurrency),
 		lanes:  map[int64]*tenantLane{},
 	}
@@ -132,7 +130,6 @@ type batchExec struct {
 	s   *Server
 	cfg BatchConfig
 	log *slog.Logger
-	e   *echo.Echo // makes the contexts lines run in
 	// lineCtx is the context of lines in flight: it outlives RunBatches'
 	// context by the drain timeout.
 	lineCtx context.Context
@@ -493,54 +490,44 @@ type lineResponse struct {
 	cancelled bool
 }
 
-// generate runs one request body through Generate as p and captures the answer.
+// generate runs one request body through the pipeline as p and captures
+// the answer.
 func (x *batchExec) generate(ctx context.Context, p *policy.Principal, path string, body []byte) lineResponse {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader(body))
-	if err != nil {
-		return lineResponse{status: http.StatusInternalServerError, body: []byte(`{"error":{"message":"internal error","type":"server_error","param":null,"code":"internal_error"}}`)}
+	ep := chatEndpoint
+	if path == completionEndpoint.path {
+		ep = completionEndpoint
 	}
-	req.Header.Set("Content-Type", "application/json")
-	rec := &lineRecorder{header: http.Header{}}
-	_ = x.s.Generate(x.e.NewContext(req, rec), p, path)
-	res := lineResponse{status: rec.status, body: rec.body.Bytes(), requestID: rec.header.Get("X-Request-Id"), retryAfter: time.Second}
-	if res.status == 0 && ctx.Err() != nil {
-		res.cancelled = true
-		return res
+	cl := x.s.newCall(ep, p)
+	out := &lineSink{}
+	x.s.serve(ctx, cl, body, out)
+	res := lineResponse{status: out.status, body: out.body, requestID: cl.id, code: out.code, retryAfter: time.Second}
+	if out.retryAfter > 0 {
+		res.retryAfter = out.retryAfter
 	}
 	if res.status == 0 {
-		res.status = http.StatusInternalServerError
-		res.body = []byte(`{"error":{"message":"the gateway produced no answer","type":"server_error","param":null,"code":"internal_error"}}`)
-	}
-	if res.status != http.StatusOK {
-		res.code = gjson.GetBytes(res.body, "error.code").String()
-	}
-	if secs, err := strconv.Atoi(rec.header.Get("Retry-After")); err == nil && secs > 0 {
-		res.retryAfter = time.Duration(secs) * time.Second
+		res.cancelled = true // the client (the executor) went away first
 	}
 	return res
 }
 
-// lineRecorder is the response writer a line runs against.
-type lineRecorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
+// lineSink captures a batch line's answer.
+type lineSink struct {
+	status     int
+	body       []byte
+	code       string
+	retryAfter time.Duration
 }
 
-func (r *lineRecorder) Header() http.Header { return r.header }
+func (o *lineSink) rateLimits(policy.RateState) {}
+func (o *lineSink) stream(*call) *sseWriter     { return nil } // batch lines are never streamed
+func (o *lineSink) json(_ *call, body []byte)   { o.status, o.body = http.StatusOK, bytes.Clone(body) }
 
-func (r *lineRecorder) WriteHeader(code int) {
-	if r.status == 0 {
-		r.status = code
+func (o *lineSink) error(cl *call, ae *apiError) {
+	if cl.outcome == data.OutcomeClientCancelled {
+		return
 	}
+	o.status, o.body, o.code, o.retryAfter = ae.Status, ae.body(), ae.Code, ae.RetryAfter
 }
-
-func (r *lineRecorder) Write(b []byte) (int, error) {
-	r.WriteHeader(http.StatusOK)
-	return r.body.Write(b)
-}
-
-func (r *lineRecorder) Flush() {}
 
 // record stores a line's answer; it returns whether it was stored.
 func (x *batchExec) record(b data.Batch, l inputLine, res lineResponse) bool {

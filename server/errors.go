@@ -1,14 +1,18 @@
 package server
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
 )
@@ -43,15 +47,27 @@ var (
 		Message: "invalid API key"}
 	errBadAdminToken = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_admin_token",
 		Message: "missing or invalid admin token"}
-	errNoReplica = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_replica",
+	errNoReplica = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: string(data.ClassNoReplica),
 		Message: "no replica is ready to serve this model; try again shortly", RetryAfter: time.Second}
-	errUpstream = &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_error",
+	errUpstream = &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: string(data.ClassUpstreamError),
 		Message: "the model replica failed to answer"}
-	errUpstreamTimeout = &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+	errUnreachable = &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: string(data.ClassUpstreamUnreachable),
+		Message: "no model replica could be reached"}
+	errUpstreamTimeout = &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: string(data.ClassUpstreamTimeout),
 		Message: "the model replica did not answer in time"}
-	errInternal = &apiError{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error",
+	errClientGone = &apiError{Status: statusClientClosed, Type: "invalid_request_error", Code: string(data.ClassClientCancelled),
+		Message: "the client closed the request"}
+	errMidstream = &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_midstream_error",
+		Message: "the model replica failed in the middle of the answer; the output is incomplete"}
+	errIdle = &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_midstream_error",
+		Message: "the model replica stopped sending tokens in the middle of the answer; the output is incomplete"}
+	errInternal = &apiError{Status: http.StatusInternalServerError, Type: "server_error", Code: string(data.ClassInternal),
 		Message: "internal error"}
 )
+
+// statusClientClosed is what the ledger and the metrics record for a client
+// that went away before its answer (nginx's 499); no client ever sees it.
+const statusClientClosed = 499
 
 func errUnknownModel(model string) *apiError {
 	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
@@ -64,7 +80,11 @@ func errModelNotAllowed(model string) *apiError {
 }
 
 // toAPIError maps any error of the request path to the one the client sees.
-// This is the one table from error kind to HTTP status.
+// This is the one table from error kind to HTTP status; the order of the
+// cases matters where an error is of several kinds (a deadline is also a
+// failed attempt). Its last rows follow caddy's reverse proxy: a replica
+// that failed or could not be reached is a bad gateway (502), a deadline is
+// a gateway timeout (504), a client that went away is 499.
 func toAPIError(err error, model string) *apiError {
 	var (
 		ae    *apiError
@@ -72,6 +92,9 @@ func toAPIError(err error, model string) *apiError {
 		quota *policy.QuotaError
 		he    *echo.HTTPError
 		mbe   *http.MaxBytesError
+		rel   *relayError
+		us    *upstreamStatusError
+		ne    net.Error
 	)
 	switch {
 	case errors.As(err, &ae):
@@ -94,8 +117,6 @@ func toAPIError(err error, model string) *apiError {
 		return errModelNotAllowed(model)
 	case errors.Is(err, router.ErrUnknownModel):
 		return errUnknownModel(model)
-	case errors.Is(err, router.ErrNoReplica):
-		return errNoReplica
 	case errors.As(err, &mbe):
 		return errBodyTooLarge
 	case errors.As(err, &he):
@@ -108,6 +129,31 @@ func toAPIError(err error, model string) *apiError {
 			typ = "server_error"
 		}
 		return &apiError{Status: he.Code, Type: typ, Code: "http_" + strconv.Itoa(he.Code), Message: msg}
+
+	// The routed path, from the engine's own answer to the gateway's view.
+	case errors.As(err, &rel):
+		return rel.apiError()
+	case errors.Is(err, context.Canceled):
+		return errClientGone
+	case errors.Is(err, errTTFTDeadline), errors.Is(err, errJSONDeadline), errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &ne) && ne.Timeout():
+		return errUpstreamTimeout
+	case router.IsDeclined(err) && errors.As(err, &us) && us.status == http.StatusTooManyRequests:
+		// Every replica that could take it is busy: the engine's 429, with
+		// its Retry-After, so the client backs off as the engine asked.
+		return &apiError{Status: http.StatusTooManyRequests, Type: "server_error", Code: string(data.ClassUpstreamOverloaded),
+			Message:    fmt.Sprintf("every replica of the model %q is at capacity; retry after %s", model, max(us.retryAfter, time.Second)),
+			RetryAfter: max(us.retryAfter, time.Second)}
+	case errors.Is(err, router.ErrNoReplica), router.IsDeclined(err):
+		e := *errNoReplica
+		if errors.As(err, &us) && us.retryAfter > 0 {
+			e.RetryAfter = us.retryAfter
+		}
+		return &e
+	case router.IsNotSent(err):
+		return errUnreachable
+	case router.IsNoToken(err):
+		return errUpstream
 	}
 	return errInternal
 }
@@ -117,17 +163,37 @@ func writeError(c echo.Context, e *apiError) error {
 	if c.Response().Committed {
 		return nil
 	}
+	writeAPIError(c.Response(), e)
+	return nil
+}
+
+// writeAPIError sends e in OpenAI's shape, with Retry-After when e has one.
+func writeAPIError(w http.ResponseWriter, e *apiError) {
+	h := w.Header()
 	if e.RetryAfter > 0 {
 		secs := int64((e.RetryAfter + time.Second - 1) / time.Second)
-		c.Response().Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+		h.Set("Retry-After", strconv.FormatInt(secs, 10))
 	}
-	var param any
+	body := e.body()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(body)
+}
+
+// body renders e in OpenAI's shape; an empty Param or Code is null.
+func (e *apiError) body() []byte {
+	var param, code any
 	if e.Param != "" {
 		param = e.Param
 	}
-	return c.JSON(e.Status, map[string]any{"error": map[string]any{
-		"message": e.Message, "type": e.Type, "param": param, "code": e.Code,
+	if e.Code != "" {
+		code = e.Code
+	}
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": e.Message, "type": e.Type, "param": param, "code": code,
 	}})
+	return b
 }
 
 // errorHandler is echo's HTTPErrorHandler: every error leaves in OpenAI's shape,

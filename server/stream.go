@@ -3,41 +3,48 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
+	"tailgate/data"
 	"tailgate/serving"
 )
 
-// sseWriter writes SSE events to the client, flushing each one at once, and
-// sends a comment when the stream has been silent for the keep-alive
-// interval (a slow first token must not look like a dead connection to
-// proxies and clients). Headers are committed with the first write.
+// sseWriter owns the ResponseWriter of a streamed answer: every write and
+// flush goes through it, under one lock, so the keep-alive timer and the
+// relay never interleave. It sends a comment when the stream has been silent
+// for the keep-alive interval (a slow first token must not look like a dead
+// connection to proxies and clients), and commits the SSE headers with the
+// first write. A stream ends badly in one place only: [sseWriter.fail].
 type sseWriter struct {
-	s  *Server
-	c  echo.Context
-	cl *call
+	rw        http.ResponseWriter
+	flusher   http.Flusher
+	keepAlive time.Duration
+	headers   func(http.Header) // route headers, set when the stream commits once armed
 
 	mu        sync.Mutex
+	armed     bool // routing is decided: headers may be read
 	committed bool
-	closed    bool
+	closed    bool // no write may follow: close or fail ran
 	lastWrite time.Time
 	timer     *time.Timer
 	failed    error // the first write error (client gone)
 }
 
-func (s *Server) newSSEWriter(c echo.Context, cl *call) *sseWriter {
-	w := &sseWriter{s: s, c: c, cl: cl, lastWrite: time.Now()}
-	w.mu.Lock() // keepAlive may fire before the assignment below is visible
-	w.timer = time.AfterFunc(s.cfg.KeepAlive, w.keepAlive)
+func newSSEWriter(rw http.ResponseWriter, keepAlive time.Duration, headers func(http.Header)) *sseWriter {
+	w := &sseWriter{rw: rw, keepAlive: keepAlive, headers: headers, lastWrite: time.Now()}
+	w.flusher, _ = rw.(http.Flusher)
+	w.mu.Lock() // the timer may fire before the assignment below is visible
+	w.timer = time.AfterFunc(keepAlive, w.keepAliveTick)
 	w.mu.Unlock()
 	return w
 }
@@ -47,12 +54,28 @@ func (w *sseWriter) commitLocked() {
 		return
 	}
 	w.committed = true
-	h := w.c.Response().Header()
+	h := w.rw.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
-	w.s.setRouteHeaders(h, w.cl)
-	w.c.Response().WriteHeader(http.StatusOK)
+	if w.headers != nil && w.armed {
+		w.headers(h)
+	}
+	w.rw.WriteHeader(http.StatusOK)
+}
+
+// routed says routing is decided, so the route headers may be sent with the
+// commit (a keep-alive before it commits the stream without them).
+func (w *sseWriter) routed() {
+	w.mu.Lock()
+	w.armed = true
+	w.mu.Unlock()
+}
+
+func (w *sseWriter) flushLocked() {
+	if w.flusher != nil {
+		w.flusher.Flush()
+	}
 }
 
 // write sends whole events and flushes them.
@@ -67,15 +90,18 @@ func (w *sseWriter) send(flush bool, evs ...[]byte) error {
 	if w.failed != nil {
 		return w.failed
 	}
+	if w.closed {
+		return errStreamClosed
+	}
 	w.commitLocked()
 	for _, ev := range evs {
-		if _, err := w.c.Response().Write(ev); err != nil {
+		if _, err := w.rw.Write(ev); err != nil {
 			w.failed = err
 			return err
 		}
 	}
 	if flush {
-		w.c.Response().Flush()
+		w.flushLocked()
 	}
 	w.lastWrite = time.Now()
 	return nil
@@ -91,38 +117,64 @@ func nextEventBuffered(br *bufio.Reader) bool {
 	return bytes.Contains(b, []byte("\n\n"))
 }
 
-func (w *sseWriter) keepAlive() {
+func (w *sseWriter) keepAliveTick() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed || w.failed != nil {
 		return
 	}
-	if idle := time.Since(w.lastWrite); idle < w.s.cfg.KeepAlive {
-		w.timer.Reset(w.s.cfg.KeepAlive - idle)
+	if idle := time.Since(w.lastWrite); idle < w.keepAlive {
+		w.timer.Reset(w.keepAlive - idle)
 		return
 	}
 	w.commitLocked()
-	if _, err := w.c.Response().Write([]byte(": keep-alive\n\n")); err != nil {
+	if _, err := w.rw.Write(keepAliveComment); err != nil {
 		w.failed = err
 		return
 	}
-	w.c.Response().Flush()
+	w.flushLocked()
 	w.lastWrite = time.Now()
-	w.timer.Reset(w.s.cfg.KeepAlive)
+	w.timer.Reset(w.keepAlive)
 }
 
-// close stops keep-alives; after it returns no write happens from the timer.
+// fail ends the stream with ae and closes the writer; nothing, not even a
+// keep-alive, can follow. If nothing was sent yet the client gets a plain
+// HTTP error with ae's status; otherwise an in-band error event in OpenAI's
+// shape (the status line is long gone). It is the only way a stream ends
+// badly; a second call does nothing.
+func (w *sseWriter) fail(ae *apiError) {
+	w.timer.Stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	w.closed = true
+	if w.failed != nil {
+		return // the client is gone
+	}
+	if !w.committed {
+		w.committed = true
+		if w.headers != nil && w.armed {
+			w.headers(w.rw.Header())
+		}
+		writeAPIError(w.rw, ae)
+		return
+	}
+	ev := append(append([]byte("data: "), ae.body()...), "\n\n"...)
+	if _, err := w.rw.Write(ev); err != nil {
+		w.failed = err
+		return
+	}
+	w.flushLocked()
+}
+
+// close stops keep-alives; after it returns nothing more is written.
 func (w *sseWriter) close() {
 	w.timer.Stop()
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
-}
-
-func (w *sseWriter) isCommitted() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.committed
 }
 
 var (
@@ -140,9 +192,8 @@ var (
 	simQueue      = []byte(": sim-queue-ms=")
 	readerPool    = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
 
-	errMidstream   = errors.New("upstream stream ended before [DONE]")
-	errIdle        = errors.New("no token within the inter-token deadline")
-	midstreamEvent = []byte(`data: {"error":{"message":"the model replica failed in the middle of the answer; the output is incomplete","type":"server_error","param":null,"code":"upstream_midstream_error"}}` + "\n\n")
+	keepAliveComment = []byte(": keep-alive\n\n")
+	errStreamClosed  = errors.New("stream already ended")
 )
 
 // readEvent reads one SSE event (lines up to a blank line), verbatim,
@@ -241,10 +292,22 @@ func eventData(ev []byte) []byte {
 	return nil
 }
 
+// midstreamError is a stream that broke after its first token reached the
+// client: there is no silent retry then, only an honest in-band error event.
+type midstreamError struct {
+	class data.ErrorClass
+	err   error
+}
+
+func (e *midstreamError) Error() string { return fmt.Sprintf("%s: %v", e.class, e.err) }
+func (e *midstreamError) Unwrap() error { return e.err }
+
 // relayStream relays the winning attempt: the events it buffered up to its
 // first token, then the rest as they arrive, each flushed at once. An
-// inter-token idle deadline catches a replica that hangs mid-answer.
-func (s *Server) relayStream(w *sseWriter, cl *call, u *upstream) error {
+// inter-token idle deadline catches a replica that hangs mid-answer. It
+// returns nil when the stream ended with [DONE], a *midstreamError when the
+// replica broke it, or the client's error when the client went away.
+func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *upstream) error {
 	if err := w.write(u.pending...); err != nil {
 		return err
 	}
@@ -259,15 +322,27 @@ func (s *Server) relayStream(w *sseWriter, cl *call, u *upstream) error {
 	var idleFired atomic.Bool
 	timer := time.AfterFunc(idle, func() { idleFired.Store(true); u.cancel() })
 	defer timer.Stop()
-	var buf []byte
-	unflushed := false
+	var (
+		buf        []byte
+		unflushed  bool
+		errorEvent []byte // an in-band error the replica sent mid-stream
+	)
 	for {
 		raw, err := readEvent(u.br, buf)
 		if err != nil {
 			if unflushed {
 				_ = w.write()
 			}
-			return s.streamBroke(w, cl, u, err, idleFired.Load())
+			switch {
+			case ctx.Err() != nil:
+				return ctx.Err() // the client went away
+			case idleFired.Load():
+				s.reg.Eject(u.rep, "idle_deadline")
+				return &midstreamError{class: data.ClassIdleDeadline, err: errors.New("no token within the inter-token deadline")}
+			case errors.Is(err, io.EOF):
+				err = errors.New("upstream stream ended before [DONE]")
+			}
+			return &midstreamError{class: data.ClassMidstream, err: err}
 		}
 		buf = raw
 		timer.Reset(idle)
@@ -280,9 +355,16 @@ func (s *Server) relayStream(w *sseWriter, cl *call, u *upstream) error {
 			}
 			continue
 		case evDone:
-			return w.write(ev)
+			if err := w.write(ev); err != nil {
+				return err
+			}
+			if errorEvent != nil {
+				return &midstreamError{class: data.ClassErrorEvent, err: fmt.Errorf("error event: %s", bytes.TrimSpace(errorEvent))}
+			}
+			return nil
 		case evError:
-			cl.outcome, cl.errClass = "midstream_error", "upstream_error_event"
+			// Relayed as the replica sent it; the stream still ends with [DONE].
+			errorEvent = bytes.Clone(ev)
 		}
 		flush := !nextEventBuffered(u.br)
 		if err := w.send(flush, ev); err != nil {
@@ -290,25 +372,4 @@ func (s *Server) relayStream(w *sseWriter, cl *call, u *upstream) error {
 		}
 		unflushed = !flush
 	}
-}
-
-// streamBroke ends a stream whose upstream failed after the first token:
-// there is no silent retry now, only an honest in-band error event.
-func (s *Server) streamBroke(w *sseWriter, cl *call, u *upstream, err error, idle bool) error {
-	if cl.ctx.Err() != nil {
-		return cl.ctx.Err() // the client went away; finish records it
-	}
-	if errors.Is(err, io.EOF) {
-		err = errMidstream
-	}
-	if idle {
-		err = errIdle
-		s.reg.Eject(u.rep, "idle_deadline")
-	}
-	_ = w.write(midstreamEvent)
-	cl.outcome, cl.errClass = "midstream_error", "upstream_midstream"
-	if idle {
-		cl.errClass = "idle_deadline"
-	}
-	return err
 }

@@ -136,7 +136,7 @@ func waitRow(t *testing.T, h *harness) (row struct {
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		if rows := h.ledgerRows(); len(rows) > 0 {
-			row.Outcome, row.CompletionTokens = rows[0].Outcome, rows[0].CompletionTokens
+			row.Outcome, row.CompletionTokens = string(rows[0].Outcome), rows[0].CompletionTokens
 			return row
 		}
 		time.Sleep(10 * time.Millisecond)
