@@ -67,7 +67,7 @@ type sink interface {
 // upstream is cancelled. The ledger row is written whatever happens.
 func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	p := cl.principal
-	pr, err := parseRequest(cl.ep, body, s.maxTokensFor)
+	pr, err := parseRequest(cl.ep, body, parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor})
 	if err != nil {
 		s.reject(cl, out, err)
 		return
@@ -84,7 +84,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	cl.mm = s.m.model(pr.model)
 
 	ticket, rs, err := s.gate.Admit(p, policy.Request{
-		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.maxTokens,
+		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.reservedCompletion(),
 	})
 	out.rateLimits(rs)
 	if err != nil {

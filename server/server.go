@@ -31,6 +31,7 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/strictjson"
 )
 
 // Config tunes the gateway's HTTP behaviour. Zero values mean the defaults.
@@ -70,6 +71,13 @@ type Config struct {
 	// 0 means 30s. IdleDeadlineByModel overrides it per model.
 	IdleDeadline        time.Duration
 	IdleDeadlineByModel map[string]time.Duration
+	// MaxJSONDepth bounds the nesting of objects and arrays in a request
+	// body; deeper bodies get 400. 0 means 64.
+	MaxJSONDepth int
+	// MediaPartTokens is the prompt tokens reserved against the budget for
+	// each image, audio or video part of a chat message (the engine turns a
+	// short URL into many tokens); 0 means 16384.
+	MediaPartTokens int64
 	// JSONDeadline bounds one attempt of a request that is not streamed (its
 	// whole answer comes at once); 0 means 10m.
 	JSONDeadline time.Duration
@@ -102,6 +110,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.IdleDeadline <= 0 {
 		c.IdleDeadline = 30 * time.Second
+	}
+	if c.MaxJSONDepth <= 0 {
+		c.MaxJSONDepth = strictjson.DefaultMaxDepth
+	}
+	if c.MediaPartTokens <= 0 {
+		c.MediaPartTokens = DefaultMediaPartTokens
 	}
 	if c.JSONDeadline <= 0 {
 		c.JSONDeadline = 10 * time.Minute
