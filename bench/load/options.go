@@ -119,7 +119,8 @@ type Side struct {
 	// or the scenario and its extra flags ("A: "/"B: " in front when
 	// comparing).
 	Label string
-	// Target is the OpenAI base URL of a deployment, ending in /v1.
+	// Target is the OpenAI base URL of a deployment, ending in /v1; a
+	// scenario has none.
 	Target string
 	// Key, or the trimmed content of KeyFile, is the API key; at most one
 	// is set, and neither sends none. B without either uses A's.
@@ -128,8 +129,9 @@ type Side struct {
 	// AdminTokenFile holds its admin token (required with Admin); they add
 	// the stage timings of streams and the replica samples. "" means none.
 	Admin, AdminTokenFile string
-	// Model is the model asked for; "" means the scenario's, or the first
-	// the target lists (B: A's model).
+	// Model is the model asked for; "" means tailgate-sim in a scenario
+	// (whose fleets all serve A's model), or the first the target lists (B:
+	// A's model).
 	Model string
 	// GatewayArgs and WorkerArgs are extra flags, split at white space, for
 	// a scenario's gateway and for each of its workers (or engines); B's
@@ -204,23 +206,38 @@ func (o *Options) lookupScenario() (*Scenario, error) {
 	return &s, nil
 }
 
-// checkMode refuses what belongs to the other mode: hooks and B's target in
-// a scenario, fleet flags against a target, a comparison without a B.
+// checkMode refuses what belongs to the other mode.
 func (o *Options) checkMode(sc *Scenario) error {
-	bArgs := o.B.GatewayArgs != "" || o.B.WorkerArgs != ""
+	if sc != nil {
+		return o.checkScenario(sc)
+	}
+	return o.checkTargets()
+}
+
+// checkScenario refuses hooks and B's target in a scenario, a comparison
+// without B's configuration, and a replica count out of range.
+func (o *Options) checkScenario(sc *Scenario) error {
 	switch {
-	case sc != nil && (o.OnKill != "" || o.OnScaleOut != ""):
+	case o.OnKill != "" || o.OnScaleOut != "":
 		return errors.New("--on-kill and --on-scaleout are for --target; a scenario kills and starts its own workers")
-	case sc != nil && o.B.Target != "":
+	case o.B.Target != "":
 		return errors.New("--target-b is for comparing --target deployments; compare scenario configurations with --b-gateway-args/--b-worker-args")
-	case sc != nil && o.Compare && !sc.Static && !bArgs:
+	case o.Compare && !sc.Static && o.B.GatewayArgs == "" && o.B.WorkerArgs == "":
 		return errors.New("--compare with a scenario needs B's configuration: --b-gateway-args or --b-worker-args")
-	case sc == nil && o.Compare && o.B.Target == "":
-		return errors.New("--compare with --target needs --target-b")
-	case sc == nil && (bArgs || o.A.GatewayArgs != "" || o.A.WorkerArgs != ""):
-		return errors.New("--gateway-args and --worker-args configure a --scenario's own fleet")
-	case sc != nil && (o.Replicas < 0 || o.Replicas > 32):
+	case o.Replicas < 0 || o.Replicas > 32:
 		return fmt.Errorf("--replicas %d: want 1 to 32", o.Replicas)
+	}
+	return nil
+}
+
+// checkTargets refuses a comparison without B's target and a fleet's flags
+// against targets.
+func (o *Options) checkTargets() error {
+	switch {
+	case o.Compare && o.B.Target == "":
+		return errors.New("--compare with --target needs --target-b")
+	case o.A.GatewayArgs != "" || o.A.WorkerArgs != "" || o.B.GatewayArgs != "" || o.B.WorkerArgs != "":
+		return errors.New("--gateway-args and --worker-args configure a --scenario's own fleet")
 	}
 	return nil
 }
