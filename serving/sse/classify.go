@@ -3,8 +3,6 @@ package sse
 import (
 	"bytes"
 	"strconv"
-
-	"github.com/tidwall/gjson"
 )
 
 // Kind is what an event means to a relay.
@@ -28,22 +26,9 @@ func (k Kind) String() string {
 }
 
 var (
-	dataField = []byte("data:")
-	doneData  = []byte("[DONE]")
-
-	// Keys whose value, when it is a non-empty string, is generated output.
-	// "reasoning" is current vLLM, "reasoning_content" vLLM before 0.12 and
-	// other servers (0.11 to 0.1x sent both).
-	keyContent   = []byte(`"content"`)
-	keyText      = []byte(`"text"`)
-	keyReasoning = []byte(`"reasoning"`)
-	keyReasonCnt = []byte(`"reasoning_content"`)
-	keyRefusal   = []byte(`"refusal"`)
-	keyToolCalls = []byte(`"tool_calls"`) // output when a non-empty array
-	keyFinish    = []byte(`"finish_reason"`)
-	keyError     = []byte(`"error"`)
-	keyDelta     = []byte(`"delta"`)
-	keyMessage   = []byte(`"message"`)
+	dataField   = []byte("data:")
+	doneData    = []byte("[DONE]")
+	quotedError = []byte(`"error"`)
 )
 
 // Data returns the payload of an event's data line, without "data:" and one
@@ -97,27 +82,25 @@ func fieldValue(line []byte) []byte {
 // also an event with a non-null finish_reason.
 //
 // An event is Error when its payload is an object with a non-null "error"
-// (vLLM's in-band error, `{"error": {"message": …, "code": 500}}`) or with
+// (vLLM's in-band error, {"error": {"message": …, "code": 500}}) or with
 // "object": "error" (an error object sent bare).
 //
-// Keys are recognised wherever they are nested: no chunk vLLM or OpenAI sends
-// has a key of those names outside its choices.
+// Keys are recognised however deep they are nested: no chunk vLLM or OpenAI
+// sends has a key of those names outside its choices.
 func Classify(ev []byte) Kind {
 	p := Data(ev)
 	if p == nil {
 		return Comment
 	}
 	p = trimSpace(p)
-	if bytes.Equal(p, doneData) {
+	switch {
+	case bytes.Equal(p, doneData):
 		return Done
-	}
-	if firstKeyIsError(p) {
+	case firstKeyIsError(p):
 		return Error
-	}
-	if hasOutput(p) || hasKey(p, keyFinish, nonNull) {
+	case hasOutput(p), find(p, keyFinish, nonNull) >= 0:
 		return Token
-	}
-	if bytes.Contains(p, keyError) && isErrorObject(p) {
+	case bytes.Contains(p, quotedError) && isErrorObject(p):
 		return Error
 	}
 	return Other
@@ -126,174 +109,100 @@ func Classify(ev []byte) Kind {
 // Pieces counts the generated-output pieces in a Token event's payload (for
 // partial billing when usage is missing): one per choice that carries
 // content, text, reasoning, a tool call or a refusal. A choice that only
-// finishes counts none.
+// finishes counts none, and so does a payload that is no Token.
 func Pieces(payload []byte) int {
-	n := countOutput(payload)
-	if n <= 1 {
-		return n
+	p := payload
+	// A chat choice holds one delta (or message) object: the bytes from one
+	// such object to the next are one choice's.
+	body := nameDelta
+	at := objectOf(p, 0, body)
+	if at < 0 && object(p) != textCompletion {
+		body = nameMessage
+		at = objectOf(p, 0, body)
 	}
-	// Several outputs: one chat choice with, say, reasoning and content, or
-	// several choices. Count choices exactly unless there is plainly one.
-	if countKeys(payload, keyDelta, anyValue)+countKeys(payload, keyMessage, anyValue) == 1 &&
-		!hasKey(payload, keyText, anyValue) {
-		return 1
+	if at < 0 {
+		return textPieces(p)
 	}
-	return piecesParsed(payload)
-}
-
-// valueTest is what a key's value must look like to count.
-type valueTest uint8
-
-const (
-	anyValue       valueTest = iota
-	nonEmptyString           // "…", not ""
-	nonEmptyArray            // [x…], not []
-	nonNull                  // anything but null
-)
-
-func hasOutput(p []byte) bool {
-	return hasKey(p, keyContent, nonEmptyString) ||
-		hasKey(p, keyText, nonEmptyString) ||
-		hasKey(p, keyReasoning, nonEmptyString) ||
-		hasKey(p, keyReasonCnt, nonEmptyString) ||
-		hasKey(p, keyToolCalls, nonEmptyArray) ||
-		hasKey(p, keyRefusal, nonEmptyString)
-}
-
-func countOutput(p []byte) int {
-	return countKeys(p, keyContent, nonEmptyString) +
-		countKeys(p, keyText, nonEmptyString) +
-		countKeys(p, keyReasoning, nonEmptyString) +
-		countKeys(p, keyReasonCnt, nonEmptyString) +
-		countKeys(p, keyToolCalls, nonEmptyArray) +
-		countKeys(p, keyRefusal, nonEmptyString)
-}
-
-func hasKey(p, key []byte, t valueTest) bool {
-	for off := 0; ; {
-		i := bytes.Index(p[off:], key)
-		if i < 0 {
-			return false
-		}
-		off += i + len(key)
-		if v, ok := valueAfter(p, off); ok && passes(v, t) {
-			return true
-		}
-	}
-}
-
-func countKeys(p, key []byte, t valueTest) int {
 	n := 0
-	for off := 0; ; {
-		i := bytes.Index(p[off:], key)
-		if i < 0 {
-			return n
+	for at >= 0 {
+		next := objectOf(p, at+1, body)
+		end := len(p)
+		if next >= 0 {
+			end = next
 		}
-		off += i + len(key)
-		if v, ok := valueAfter(p, off); ok && passes(v, t) {
+		if choiceHasOutput(p[at:end]) {
 			n++
 		}
+		at = next
 	}
-}
-
-// valueAfter returns the bytes from the value of the key whose quoted name
-// ends at p[off]; ok is false when no ':' follows, so the quoted name was no
-// key. In valid JSON a quoted name followed by ':' is always a key, however
-// deep: a string value is never followed by ':', and a quote inside a string
-// is always escaped, so content that spells a key cannot be taken for one.
-func valueAfter(p []byte, off int) (v []byte, ok bool) {
-	v = trimLeft(p[off:])
-	if len(v) == 0 || v[0] != ':' {
-		return nil, false
-	}
-	return trimLeft(v[1:]), true
-}
-
-func passes(v []byte, t valueTest) bool {
-	switch t {
-	case nonEmptyString:
-		return len(v) > 1 && v[0] == '"' && v[1] != '"'
-	case nonEmptyArray:
-		if len(v) == 0 || v[0] != '[' {
-			return false
-		}
-		v = trimLeft(v[1:])
-		return len(v) > 0 && v[0] != ']'
-	case nonNull:
-		return len(v) > 0 && !bytes.HasPrefix(v, []byte("null"))
-	}
-	return true
-}
-
-// firstKeyIsError reports whether p is an object whose first key is "error",
-// as vLLM writes its in-band errors.
-func firstKeyIsError(p []byte) bool {
-	if len(p) == 0 || p[0] != '{' {
-		return false
-	}
-	v := trimLeft(p[1:])
-	if !bytes.HasPrefix(v, keyError) {
-		return false
-	}
-	val, ok := valueAfter(v, len(keyError))
-	return ok && passes(val, nonNull)
-}
-
-// isErrorObject reports whether p is an object with a non-null "error" or
-// with "object": "error", wherever the key stands.
-func isErrorObject(p []byte) bool {
-	r := gjson.GetManyBytes(p, "error", "object")
-	return (r[0].Exists() && r[0].Type != gjson.Null) || (r[1].Type == gjson.String && r[1].Str == "error")
-}
-
-// piecesParsed counts the choices with output by parsing p.
-func piecesParsed(p []byte) int {
-	n := 0
-	gjson.GetBytes(p, "choices").ForEach(func(_, c gjson.Result) bool {
-		if choiceHasOutput(c) {
-			n++
-		}
-		return true
-	})
 	return n
 }
 
-func choiceHasOutput(c gjson.Result) bool {
-	if nonEmptyStr(c.Get("text")) {
+// textPieces counts the completion choices in p with non-empty text: each
+// choice has one text.
+func textPieces(p []byte) int {
+	at := find(p, keyText, anyValue)
+	if at < 0 {
+		return 0
+	}
+	if bytes.IndexByte(p[at:], '{') < 0 {
+		// No object after the first text: it was the only choice.
+		if passes(p[at:], nonEmptyString) {
+			return 1
+		}
+		return 0
+	}
+	return count(p, keyText, nonEmptyString)
+}
+
+// hasOutput reports whether p holds a key whose value is generated output.
+func hasOutput(p []byte) bool {
+	// Most events are one delta that opens with its output: one scan.
+	if at := objectOf(p, 0, nameDelta); at >= 0 && opensWithOutput(p[at:]) {
 		return true
 	}
-	for _, m := range [...]string{"delta", "message"} {
-		d := c.Get(m)
-		if !d.IsObject() {
-			continue
-		}
-		for _, k := range [...]string{"content", "reasoning", "reasoning_content", "refusal"} {
-			if nonEmptyStr(d.Get(k)) {
-				return true
-			}
-		}
-		if tc := d.Get("tool_calls"); tc.IsArray() && len(tc.Array()) > 0 {
+	if find(p, keyText, nonEmptyString) >= 0 {
+		return true
+	}
+	for _, k := range chatOutput {
+		if find(p, k.key, k.test) >= 0 {
 			return true
 		}
 	}
 	return false
 }
 
-func nonEmptyStr(r gjson.Result) bool { return r.Type == gjson.String && r.Str != "" }
-
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-
-func trimLeft(b []byte) []byte {
-	for len(b) > 0 && isSpace(b[0]) {
-		b = b[1:]
+// choiceHasOutput reports whether the bytes of one chat choice, from the
+// value of its delta or message on, hold output.
+func choiceHasOutput(c []byte) bool {
+	if opensWithOutput(c) {
+		return true
 	}
-	return b
+	for _, k := range chatOutput {
+		if find(c, k.key, k.test) >= 0 {
+			return true
+		}
+	}
+	return false
 }
 
-func trimSpace(b []byte) []byte {
-	b = trimLeft(b)
-	for len(b) > 0 && isSpace(b[len(b)-1]) {
-		b = b[:len(b)-1]
+// opensWithOutput reports whether v starts with an object whose first key
+// is an output key with an output value. False says nothing about the
+// object's other keys.
+func opensWithOutput(v []byte) bool {
+	if len(v) == 0 || v[0] != '{' {
+		return false
 	}
-	return b
+	d := trimLeft(v[1:])
+	if len(d) < 2 || d[0] != '"' {
+		return false
+	}
+	d = d[1:]
+	for _, k := range chatOutput {
+		if bytes.HasPrefix(d, k.name) {
+			at := valueStart(d, len(k.name))
+			return at >= 0 && passes(d[at:], k.test)
+		}
+	}
+	return false
 }

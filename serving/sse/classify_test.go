@@ -389,42 +389,60 @@ func short(s string) string {
 // quotes, backslashes and newlines) with encoding/json and checks the byte
 // scan against a decode of the same JSON.
 func FuzzClassify(f *testing.F) {
-	f.Add("", "", "", uint8(0))
-	f.Add(`"content":"x"`, `\"`, `{"content":""}`, uint8(0b0101_0101))
-	f.Add("Hi", "", `"tool_calls":[]`, uint8(0b1010_1010))
-	f.Add(`","finish_reason":"stop`, "null", "[]", uint8(0xff))
-	f.Fuzz(func(t *testing.T, content, reasoning, args string, flags uint8) {
-		delta := map[string]any{}
-		if flags&1 != 0 {
-			delta["role"] = "assistant"
-		}
-		if flags&2 != 0 {
-			delta["content"] = nil
-		} else {
-			delta["content"] = content
-		}
-		if flags&8 == 0 {
-			key := "reasoning"
-			if flags&4 != 0 {
-				key = "reasoning_content"
+	f.Add("", "", "", uint8(0), uint8(0))
+	f.Add(`"content":"x"`, `\"`, `{"content":""}`, uint8(0b0101_0101), uint8(1))
+	f.Add("Hi", "", `"tool_calls":[]`, uint8(0b1010_1010), uint8(2))
+	f.Add(`","finish_reason":"stop`, "null", "[]", uint8(0xff), uint8(1))
+	f.Fuzz(func(t *testing.T, content, reasoning, args string, flags, shape uint8) {
+		delta := func(flags uint8, content, reasoning, args string) map[string]any {
+			d := map[string]any{}
+			if flags&1 != 0 {
+				d["role"] = "assistant"
 			}
-			delta[key] = reasoning
+			if flags&2 != 0 {
+				d["content"] = nil
+			} else {
+				d["content"] = content
+			}
+			if flags&8 == 0 {
+				key := "reasoning"
+				if flags&4 != 0 {
+					key = "reasoning_content"
+				}
+				d[key] = reasoning
+			}
+			switch {
+			case flags&16 != 0:
+				d["tool_calls"] = []any{map[string]any{"index": 0, "function": map[string]any{"arguments": args}}}
+			case flags&32 != 0:
+				d["tool_calls"] = []any{}
+			}
+			return d
 		}
-		switch {
-		case flags&16 != 0:
-			delta["tool_calls"] = []any{map[string]any{"index": 0, "function": map[string]any{"arguments": args}}}
-		case flags&32 != 0:
-			delta["tool_calls"] = []any{}
+		finish := func(set bool) any {
+			if set {
+				return "stop"
+			}
+			return nil
 		}
-		choice := map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": nil}
-		if flags&64 != 0 {
-			choice["finish_reason"] = "stop"
+		var choices []any
+		object := "chat.completion.chunk"
+		switch shape % 3 {
+		case 0: // chat, one choice, as vLLM sends even for n>1
+			choices = []any{map[string]any{"index": 0, "delta": delta(flags, content, reasoning, args), "logprobs": nil, "finish_reason": finish(flags&64 != 0)}}
+		case 1: // chat, two choices in one chunk
+			choices = []any{
+				map[string]any{"index": 0, "delta": delta(flags, content, reasoning, args), "finish_reason": finish(flags&64 != 0)},
+				map[string]any{"index": 1, "delta": delta(flags>>1|flags<<7, args, content, reasoning), "finish_reason": finish(flags&128 != 0)},
+			}
+		default: // completions, one or two choices
+			object = "text_completion"
+			choices = []any{map[string]any{"index": 0, "text": content, "logprobs": nil, "finish_reason": finish(flags&64 != 0)}}
+			if flags&1 != 0 {
+				choices = append(choices, map[string]any{"index": 1, "text": args, "finish_reason": finish(flags&128 != 0)})
+			}
 		}
-		choices := []any{choice}
-		if flags&128 != 0 {
-			choices = append(choices, map[string]any{"index": 1, "text": args, "finish_reason": nil})
-		}
-		chunk := map[string]any{"id": "chatcmpl-" + args, "object": "chat.completion.chunk", "choices": choices, "prompt_text": content}
+		chunk := map[string]any{"id": "chatcmpl-" + args, "object": object, "choices": choices, "prompt_text": content}
 
 		var b bytes.Buffer
 		enc := json.NewEncoder(&b)

@@ -13,12 +13,14 @@
 // refusal) or a finish_reason. [Pieces] counts the choices of a token event
 // that carry output, for billing a stream whose usage never came.
 //
-// Classification is on every event's path, so it scans bytes: a quoted key
-// followed by ':' is a key in valid JSON wherever it appears (a quote inside a
-// string is always escaped), and the first bytes of its value say whether it
-// is an empty string, null, an empty array or output. JSON is parsed (gjson)
-// only for the rare shapes bytes cannot settle: several choices in one event
-// and error objects whose first key is not "error".
+// Classification is on every event's path, so it scans bytes instead of
+// parsing JSON: a quoted name followed by ':' is a key in valid JSON wherever
+// it appears (a quote inside a string is always escaped), and the first bytes
+// of its value say whether it is an empty string, null, an empty array or
+// output. Choices are told apart by their delta (or message) objects. JSON is
+// parsed (gjson) only for an event with no output whose payload names
+// "error" somewhere but not as its first key, to tell an error object from
+// anything else.
 //
 // The package reads and classifies; it never writes to a client, never
 // rewrites an event and keeps no state between calls.
