@@ -203,12 +203,8 @@ func streams() []struct {
 	}
 }
 
-// BenchmarkClassifyRatio times Classify and a baseline over the same stream
-// in alternation, each iteration both, so a machine whose load changes during
-// the run slows both alike. It reports the mean ns/event of each and their
-// ratio, and the ratio of the fastest pass of each (a pass is one stream,
-// microseconds long, so the fastest is one no other process interrupted: the
-// steadier figure on a shared machine). Below 1: the new code is faster.
+// BenchmarkClassifyRatio times Classify and a baseline over the same
+// streams (see alternate).
 func BenchmarkClassifyRatio(b *testing.B) {
 	for _, s := range streams() {
 		for _, cmp := range []struct {
@@ -220,43 +216,56 @@ func BenchmarkClassifyRatio(b *testing.B) {
 			{"classify+pieces-vs-old-inspect", classifyPieces, func(ev []byte) int { return int(oldInspect(ev)) }},
 		} {
 			b.Run(s.name+"/"+cmp.name, func(b *testing.B) {
-				var tNew, tOld time.Duration
-				minNew, minOld := time.Duration(1<<62), time.Duration(1<<62)
 				sink := 0
-				for i := 0; b.Loop(); i++ {
-					for j := range 2 {
-						start := time.Now()
-						if (i+j)%2 == 0 {
-							for _, ev := range s.evs {
-								sink += cmp.new(ev)
-							}
-							d := time.Since(start)
-							tNew += d
-							minNew = min(minNew, d)
-						} else {
-							for _, ev := range s.evs {
-								sink += cmp.base(ev)
-							}
-							d := time.Since(start)
-							tOld += d
-							minOld = min(minOld, d)
+				pass := func(f func([]byte) int) func() {
+					return func() {
+						for _, ev := range s.evs {
+							sink += f(ev)
 						}
 					}
 				}
-				n := float64(b.N * len(s.evs))
-				b.ReportMetric(float64(tNew.Nanoseconds())/n, "new-ns/event")
-				b.ReportMetric(float64(tOld.Nanoseconds())/n, "base-ns/event")
-				b.ReportMetric(float64(tNew)/float64(tOld), "new/base")
-				b.ReportMetric(float64(minNew.Nanoseconds())/float64(len(s.evs)), "new-min-ns/event")
-				b.ReportMetric(float64(minOld.Nanoseconds())/float64(len(s.evs)), "base-min-ns/event")
-				b.ReportMetric(float64(minNew)/float64(minOld), "new/base-min")
-				b.ReportMetric(0, "ns/op")
+				alternate(b, len(s.evs), "event", pass(cmp.new), pass(cmp.base))
 				if sink < 0 {
 					b.Log(sink)
 				}
 			})
 		}
 	}
+}
+
+// alternate runs a pass of the new code and one of the baseline in each
+// iteration, in alternating order, so a machine whose load changes during the
+// run slows both alike. It reports the mean ns per unit of each and their
+// ratio, and the ratio of the fastest pass of each: a pass is microseconds
+// long, so the fastest is one no other process interrupted, the steadier
+// figure on a shared machine. Below 1: the new code is faster.
+func alternate(b *testing.B, units int, unit string, newPass, basePass func()) {
+	var tNew, tBase time.Duration
+	minNew, minBase := time.Duration(1<<62), time.Duration(1<<62)
+	for i := 0; b.Loop(); i++ {
+		for j := range 2 {
+			start := time.Now()
+			if (i+j)%2 == 0 {
+				newPass()
+				d := time.Since(start)
+				tNew += d
+				minNew = min(minNew, d)
+			} else {
+				basePass()
+				d := time.Since(start)
+				tBase += d
+				minBase = min(minBase, d)
+			}
+		}
+	}
+	n := float64(b.N * units)
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(tNew.Nanoseconds())/n, "new-ns/"+unit)
+	b.ReportMetric(float64(tBase.Nanoseconds())/n, "base-ns/"+unit)
+	b.ReportMetric(float64(tNew)/float64(tBase), "new/base")
+	b.ReportMetric(float64(minNew.Nanoseconds())/float64(units), "new-min-ns/"+unit)
+	b.ReportMetric(float64(minBase.Nanoseconds())/float64(units), "base-min-ns/"+unit)
+	b.ReportMetric(float64(minNew)/float64(minBase), "new/base-min")
 }
 
 func classifyOnly(ev []byte) int { return int(Classify(ev)) }
@@ -298,33 +307,30 @@ func BenchmarkClassifyShape(b *testing.B) {
 }
 
 // BenchmarkReadEvent reads a whole chat stream from memory through a 16 KiB
-// reader, as the relays do.
+// reader, as the relays do, against server/stream.go's old readEvent (see
+// alternate).
 func BenchmarkReadEvent(b *testing.B) {
 	var stream bytes.Buffer
-	for _, ev := range streams()[0].evs {
+	evs := streams()[0].evs
+	for _, ev := range evs {
 		stream.Write(ev)
 	}
 	data := stream.Bytes()
-	for _, impl := range []struct {
-		name string
-		read func(*bufio.Reader, []byte) ([]byte, error)
-	}{{"new", ReadEvent}, {"old", oldReadEvent}} {
-		b.Run(impl.name, func(b *testing.B) {
-			br := bufio.NewReaderSize(nil, 16<<10)
-			buf := make([]byte, 0, 1024)
-			b.SetBytes(int64(len(data)))
-			for b.Loop() {
-				br.Reset(bytes.NewReader(data))
-				for {
-					ev, err := impl.read(br, buf)
-					if err != nil {
-						break
-					}
-					buf = ev
+	br := bufio.NewReaderSize(nil, 16<<10)
+	buf := make([]byte, 0, 1024)
+	pass := func(read func(*bufio.Reader, []byte) ([]byte, error)) func() {
+		return func() {
+			br.Reset(bytes.NewReader(data))
+			for {
+				ev, err := read(br, buf)
+				if err != nil {
+					return
 				}
+				buf = ev
 			}
-		})
+		}
 	}
+	alternate(b, len(evs), "event", pass(ReadEvent), pass(oldReadEvent))
 }
 
 // TestBaselinesAreTheOldBehaviour keeps the copied baselines honest: they

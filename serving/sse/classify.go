@@ -116,7 +116,7 @@ func Pieces(payload []byte) int {
 	// such object to the next are one choice's.
 	body := nameDelta
 	at := objectOf(p, 0, body)
-	if at < 0 && object(p) != textCompletion {
+	if at < 0 && !isTextCompletion(p) {
 		body = nameMessage
 		at = objectOf(p, 0, body)
 	}

@@ -33,35 +33,18 @@ var (
 	keyToolCalls = newKey("tool_calls", '_')
 	keyFinish    = newKey("finish_reason", 'f')
 	keyObject    = newKey("object", 'j')
-	keyError     = newKey("error", 'e')
 
 	// Objects are found by their '{' (see objectOf), not by an anchor.
 	nameDelta   = []byte(`delta"`)
 	nameMessage = []byte(`message"`)
+	nameError   = []byte(`error"`) // only ever the first key, see firstKeyIsError
 )
 
-// chunkObject is what a chunk's "object" says it is.
-type chunkObject uint8
-
-const (
-	unknownObject  chunkObject = iota
-	chatCompletion             // "chat.completion.chunk" (or "chat.completion")
-	textCompletion             // "text_completion"
-)
-
-// object reads a chunk's "object", which vLLM and OpenAI write second, right
-// after the id: a short scan that tells which keys to look for first.
-func object(p []byte) chunkObject {
+// isTextCompletion reports whether p's "object" is "text_completion": a
+// short scan, since vLLM and OpenAI write "object" right after the id.
+func isTextCompletion(p []byte) bool {
 	at := find(p, keyObject, anyValue)
-	switch {
-	case at < 0:
-		return unknownObject
-	case bytes.HasPrefix(p[at:], []byte(`"chat.completion`)):
-		return chatCompletion
-	case bytes.HasPrefix(p[at:], []byte(`"text_completion"`)):
-		return textCompletion
-	}
-	return unknownObject
+	return at >= 0 && bytes.HasPrefix(p[at:], []byte(`"text_completion"`))
 }
 
 // chatOutput are the keys of a chat delta or message whose value can be
@@ -197,10 +180,10 @@ func firstKeyIsError(p []byte) bool {
 		return false
 	}
 	v := trimLeft(p[1:])
-	if len(v) == 0 || v[0] != '"' || !bytes.HasPrefix(v[1:], keyError.name) {
+	if len(v) == 0 || v[0] != '"' || !bytes.HasPrefix(v[1:], nameError) {
 		return false
 	}
-	at := valueStart(v, 1+len(keyError.name))
+	at := valueStart(v, 1+len(nameError))
 	return at >= 0 && passes(v[at:], nonNull)
 }
 
