@@ -161,25 +161,20 @@ func hasOutput(p []byte) bool {
 	if at := objectOf(p, 0, nameDelta); at >= 0 && opensWithOutput(p[at:]) {
 		return true
 	}
-	if find(p, keyText, nonEmptyString) >= 0 {
-		return true
-	}
-	for _, k := range chatOutput {
-		if find(p, k.key, k.test) >= 0 {
-			return true
-		}
-	}
-	return false
+	return find(p, keyText, nonEmptyString) >= 0 || hasChatOutput(p)
 }
 
-// choiceHasOutput reports whether the bytes of one chat choice, from the
-// value of its delta or message on, hold output.
+// choiceHasOutput reports whether the bytes of one chat choice, from its
+// delta or message object on, hold output.
 func choiceHasOutput(c []byte) bool {
-	if opensWithOutput(c) {
-		return true
-	}
+	return opensWithOutput(c) || hasChatOutput(c)
+}
+
+// hasChatOutput reports whether b holds a chat output key with an output
+// value.
+func hasChatOutput(b []byte) bool {
 	for _, k := range chatOutput {
-		if find(c, k.key, k.test) >= 0 {
+		if find(b, k.key, k.test) >= 0 {
 			return true
 		}
 	}
