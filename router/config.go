@@ -20,8 +20,8 @@ type Config struct {
 	// MaxAttempts bounds the attempts of one request, first try included;
 	// 0 means 3.
 	MaxAttempts int
-	// Rand returns a random int in [0,n); nil means math/rand/v2.IntN.
-	// Tests inject a deterministic one.
+	// Rand returns a random int in [0,n) for the default P2C; nil means
+	// math/rand/v2.IntN. Tests inject a deterministic one.
 	Rand func(n int) int
 	// Now is the clock; nil means time.Now. Replicas added to the registry
 	// use it too (slow start, leases, ejection delays).

@@ -8,6 +8,7 @@ package router
 //
 // A Registry builds its P2C from its Config (leave Config.Selector nil):
 // the random source, the clock, slow start and affinity are the Config's.
+// A P2C made any other way has none of them and is not usable.
 type P2C struct {
 	rand     func(n int) int
 	score    scorer
