@@ -78,7 +78,7 @@ func (g *gatewayFlags) register(fs *flag.FlagSet, withUpstreams bool) {
 	fs.DurationVar(&g.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
 	fs.StringVar(&g.policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
 	fs.BoolVar(&g.affinity, "affinity", false, "prefer the same replica for the same prompt prefix when load is comparable (reuses the engine's prefix cache)")
-	fs.DurationVar(&g.slowStart, "slow-start", 3*time.Second, "how long a freshly ready replica ramps up to a full share; its load counts double at first (0: off)")
+	fs.DurationVar(&g.slowStart, "slow-start", router.DefaultSlowStart, "how long a freshly ready replica ramps up to a full share; its load counts double at first (0: off)")
 	fs.DurationVar(&g.ttftDeadline, "ttft-deadline", 30*time.Second, "an attempt with no first token by then is abandoned and its replica ejected")
 	fs.DurationVar(&g.idleDeadline, "idle-deadline", 30*time.Second, "a stream silent this long between tokens is cut and its replica ejected")
 	fs.DurationVar(&g.jsonDeadline, "json-deadline", 10*time.Minute, "how long a request that is not streamed may wait for its answer")
@@ -86,7 +86,7 @@ func (g *gatewayFlags) register(fs *flag.FlagSet, withUpstreams bool) {
 	fs.Float64Var(&g.hedgePercentile, "hedge-percentile", 0.95, "hedge delay: this percentile of recent time to first token, per model")
 	fs.DurationVar(&g.hedgeMin, "hedge-min", 20*time.Millisecond, "smallest hedge delay")
 	fs.DurationVar(&g.hedgeMax, "hedge-max", 30*time.Second, "largest hedge delay")
-	fs.Float64Var(&g.budgetRatio, "retry-budget", 0.05, "extra attempts (retries after a request reached a replica, and hedges) as a fraction of requests")
+	fs.Float64Var(&g.budgetRatio, "retry-budget", 0.05, "extra attempts (retries after a request reached a replica, and hedges) as a fraction of requests, between 0 and 1 (0: the default)")
 }
 
 // fileConfig is the YAML config file.
@@ -129,11 +129,11 @@ func (g *gatewayFlags) resolve() (*gatewaySetup, error) {
 	st.srvCfg = server.Config{DefaultMaxTokens: g.defaultMaxTokens, MaxBodyBytes: g.maxBody, KeepAlive: g.keepAlive,
 		MaxTokensByModel: map[string]int64{}, TTFTDeadline: g.ttftDeadline, IdleDeadline: g.idleDeadline,
 		JSONDeadline: g.jsonDeadline, TTFTDeadlineByModel: map[string]time.Duration{}, IdleDeadlineByModel: map[string]time.Duration{}}
-	slow := g.slowStart
-	if slow == 0 {
-		slow = -1 // off
+	sel, err := router.ParsePolicy(g.policy)
+	if err != nil {
+		return nil, err
 	}
-	st.routerCfg = router.Config{Policy: g.policy, Affinity: g.affinity, SlowStart: slow,
+	st.routerCfg = router.Config{Selector: sel, Affinity: g.affinity, SlowStart: g.slowStart,
 		Budget: router.BudgetConfig{Ratio: g.budgetRatio},
 		Hedge: router.HedgeConfig{Enabled: g.hedge, Percentile: g.hedgePercentile, Min: g.hedgeMin, Max: g.hedgeMax,
 			Models: map[string]router.HedgeModel{}}}
@@ -188,9 +188,6 @@ func (g *gatewayFlags) resolve() (*gatewaySetup, error) {
 	}
 	if err := st.routerCfg.Validate(); err != nil {
 		return nil, err
-	}
-	if g.budgetRatio < 0 || g.budgetRatio > 1 {
-		return nil, fmt.Errorf("--retry-budget %v: want a fraction between 0 and 1", g.budgetRatio)
 	}
 	for _, p := range g.prices {
 		model, rest, ok := strings.Cut(p, "=")
@@ -285,13 +282,11 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 	promReg := prometheus.NewRegistry()
 	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	// The router reports to the server's metrics; the server needs the
-	// router. The late binding is done before anything is served.
-	events := &lateEvents{}
 	rcfg := setup.routerCfg
-	rcfg.Events = events
-	rcfg.OnEject = events.eject
-	gw.reg = router.New(rcfg, log)
+	rcfg.Registerer = promReg
+	if gw.reg, err = router.New(rcfg, log); err != nil {
+		return nil, err
+	}
 	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	if gf.withMesh && gf.mesh.enabled {
 		if gw.node, err = gf.mesh.up(ctx, gf.dataDir, log); err != nil {
@@ -320,7 +315,6 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 	if err != nil {
 		return nil, err
 	}
-	events.bind(srv)
 	gw.srv = srv
 
 	if gw.publicLn, err = net.Listen("tcp", gf.listen); err != nil {
@@ -491,34 +485,4 @@ func ensureSecretFile(path, prefix string) (string, error) {
 		return "", err
 	}
 	return tok, f.Close()
-}
-
-// lateEvents forwards router events to the server's metrics once the server
-// exists (bind runs before any request is served).
-type lateEvents struct{ srv *server.Server }
-
-func (l *lateEvents) bind(srv *server.Server) { l.srv = srv }
-
-func (l *lateEvents) Attempt(model string, reason router.AttemptReason) {
-	if l.srv != nil {
-		l.srv.Events().Attempt(model, reason)
-	}
-}
-
-func (l *lateEvents) Retry(model, class string) {
-	if l.srv != nil {
-		l.srv.Events().Retry(model, class)
-	}
-}
-
-func (l *lateEvents) Hedge(model string, won bool) {
-	if l.srv != nil {
-		l.srv.Events().Hedge(model, won)
-	}
-}
-
-func (l *lateEvents) eject(rep *router.Replica, reason string, delay time.Duration) {
-	if l.srv != nil {
-		l.srv.CountEjection(rep, reason, delay)
-	}
 }

@@ -302,8 +302,8 @@ func (s *Server) upstreamStatus(rep *router.Replica, resp *http.Response, fail f
 		if err.retryAfter > 0 {
 			rep.BackOff(time.Now().Add(err.retryAfter))
 		}
-		if gjson.GetBytes(body, "error.code").String() == "replica_draining" && rep.State() == router.StateReady {
-			rep.SetState(router.StateDraining, "draining (told by the replica)")
+		if gjson.GetBytes(body, "error.code").String() == "replica_draining" {
+			s.reg.Drain(rep, "draining (told by the replica)")
 		}
 		// Overloaded, draining or not ready: nothing ran; go elsewhere.
 		return router.ErrDeclined(err)

@@ -95,7 +95,9 @@ func startBatchGateway(t *testing.T, dir string, fleet []string, o batchOpts) *b
 		t.Fatal(err)
 	}
 	g.ledger = g.store.NewLedgerWriter(data.LedgerConfig{FlushInterval: 5 * time.Millisecond}, log)
-	g.reg = router.New(o.router, log)
+	if g.reg, err = router.New(o.router, log); err != nil {
+		t.Fatal(err)
+	}
 	for i, u := range fleet {
 		rep := router.NewReplica("sim-"+strconv.Itoa(i), u)
 		rep.Static = true

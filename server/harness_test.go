@@ -88,8 +88,11 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	h.ledger = h.store.NewLedgerWriter(data.LedgerConfig{FlushInterval: flush}, log)
-	h.reg = router.New(o.router, log)
 	h.promReg = prometheus.NewRegistry()
+	o.router.Registerer = h.promReg
+	if h.reg, err = router.New(o.router, log); err != nil {
+		t.Fatal(err)
+	}
 
 	for i := range o.replicas {
 		cfg := o.sim

@@ -23,9 +23,8 @@ func hedgeHarness(t *testing.T) (*harness, string) {
 			1: {TTFT: 5 * time.Millisecond, TTFTSigma: -1},
 		},
 		router: router.Config{
-			Rand:      func(n int) int { return 0 },
-			SlowStart: -1, // sim-a is put back to ready below: no ramp, so the forced pick holds
-			Hedge:     router.HedgeConfig{Enabled: true, MinSamples: 5, Min: time.Millisecond},
+			Rand:  func(n int) int { return 0 }, // no slow start: sim-a is put back to ready below and the forced pick holds
+			Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: time.Millisecond},
 		},
 	})
 	secret := h.key(policy.KeyOptions{})

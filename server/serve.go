@@ -281,9 +281,6 @@ func (s *Server) record(cl *call, cost int64) {
 	if cl.overhead > 0 {
 		mm.overhead.Add(float64(cl.overhead))
 	}
-	if cl.attempts > 0 {
-		s.m.attemptsPer.Observe(float64(cl.attempts))
-	}
 	if cl.principal == nil {
 		return
 	}

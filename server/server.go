@@ -128,8 +128,10 @@ type Deps struct {
 	Registry *router.Registry
 	Store    *data.Store
 	Ledger   *data.LedgerWriter
-	// Registerer receives the gateway's metrics and Gatherer serves them on
-	// /metrics; both required.
+	// Registerer receives the request, stage, token and TTFT metrics and
+	// Gatherer serves everything registered on /metrics (give the same
+	// registry to router.Config.Registerer for the routing metrics); both
+	// required.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
 	Log        *slog.Logger
@@ -176,7 +178,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 		gatherer: d.Gatherer, log: d.Log, transport: d.Transport,
 		idPrefix: "req_" + strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36) + "_",
 	}
-	s.m = newMetrics(d.Registerer, d.Registry)
+	m, err := newMetrics(d.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s.m = m
 	return s, nil
 }
 

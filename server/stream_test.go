@@ -162,7 +162,7 @@ func TestKeepAliveWhileFirstTokenIsSlow(t *testing.T) {
 
 func TestDeadReplicaIsRetriedElsewhereAndEjected(t *testing.T) {
 	// Round robin, so every replica is tried within the first requests.
-	h := newHarness(t, harnessOpts{replicas: 1, deadUpstreams: 2, router: router.Config{Policy: "round-robin"}})
+	h := newHarness(t, harnessOpts{replicas: 1, deadUpstreams: 2, router: router.Config{Selector: &router.RoundRobin{}}})
 	secret := h.key(policy.KeyOptions{})
 	for i := range 10 {
 		resp := h.post("/v1/chat/completions", secret, hiBody)
