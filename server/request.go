@@ -5,6 +5,8 @@ import (
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"tailgate/server/apierr"
 )
 
 // endpoint is one of the OpenAI generation endpoints the gateway serves.
@@ -44,14 +46,14 @@ type parsedRequest struct {
 // always ask upstream for usage (stripped again if the client did not ask).
 func parseRequest(ep endpoint, body []byte, defaultMaxTokens func(model string) int64) (*parsedRequest, error) {
 	if len(body) == 0 {
-		return nil, badRequest("", "request body is empty; send a JSON object")
+		return nil, apierr.BadRequest("", "request body is empty; send a JSON object")
 	}
 	if !gjson.ValidBytes(body) {
-		return nil, badRequest("", "request body is not valid JSON")
+		return nil, apierr.BadRequest("", "request body is not valid JSON")
 	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
-		return nil, badRequest("", "request body must be a JSON object")
+		return nil, apierr.BadRequest("", "request body must be a JSON object")
 	}
 	fields := gjson.GetManyBytes(body, "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n")
 	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
@@ -59,37 +61,37 @@ func parseRequest(ep endpoint, body []byte, defaultMaxTokens func(model string) 
 	p := &parsedRequest{body: body}
 	switch {
 	case !model.Exists():
-		return nil, badRequest("model", "you must provide a model parameter")
+		return nil, apierr.BadRequest("model", "you must provide a model parameter")
 	case model.Type != gjson.String || model.Str == "":
-		return nil, badRequest("model", "model must be a non-empty string")
+		return nil, apierr.BadRequest("model", "model must be a non-empty string")
 	}
 	p.model = model.Str
 	if stream.Exists() && !isBool(stream) && stream.Type != gjson.Null {
-		return nil, badRequest("stream", "stream must be a boolean")
+		return nil, apierr.BadRequest("stream", "stream must be a boolean")
 	}
 	p.stream = stream.Type == gjson.True
 	if ep.chat {
 		if !messages.Exists() {
-			return nil, badRequest("messages", "you must provide a messages parameter")
+			return nil, apierr.BadRequest("messages", "you must provide a messages parameter")
 		}
 		if !messages.IsArray() || len(messages.Array()) == 0 {
-			return nil, badRequest("messages", "messages must be a non-empty array")
+			return nil, apierr.BadRequest("messages", "messages must be a non-empty array")
 		}
 		for i, m := range messages.Array() {
 			if !m.IsObject() || m.Get("role").Type != gjson.String {
-				return nil, badRequest("messages", "messages[%d] must be an object with a string role", i)
+				return nil, apierr.BadRequest("messages", "messages[%d] must be an object with a string role", i)
 			}
 		}
 	} else {
 		if !prompt.Exists() {
-			return nil, badRequest("prompt", "you must provide a prompt parameter")
+			return nil, apierr.BadRequest("prompt", "you must provide a prompt parameter")
 		}
 		if prompt.Type != gjson.String && !prompt.IsArray() {
-			return nil, badRequest("prompt", "prompt must be a string or an array")
+			return nil, apierr.BadRequest("prompt", "prompt must be a string or an array")
 		}
 	}
 	if n.Exists() && (n.Type != gjson.Number || n.Int() != 1) && n.Type != gjson.Null {
-		return nil, badRequest("n", "only n=1 is supported")
+		return nil, apierr.BadRequest("n", "only n=1 is supported")
 	}
 	for _, f := range []struct {
 		name string
@@ -97,17 +99,17 @@ func parseRequest(ep endpoint, body []byte, defaultMaxTokens func(model string) 
 	}{{"max_tokens", maxTok}, {"max_completion_tokens", maxCompl}} {
 		if f.v.Exists() && f.v.Type != gjson.Null {
 			if f.v.Type != gjson.Number || f.v.Num != float64(int64(f.v.Num)) || f.v.Num < 1 {
-				return nil, badRequest(f.name, "%s must be a positive integer", f.name)
+				return nil, apierr.BadRequest(f.name, "%s must be a positive integer", f.name)
 			}
 			p.maxTokens = max(p.maxTokens, int64(f.v.Num))
 		}
 	}
 	if streamOpts.Exists() && streamOpts.Type != gjson.Null {
 		if !streamOpts.IsObject() {
-			return nil, badRequest("stream_options", "stream_options must be an object")
+			return nil, apierr.BadRequest("stream_options", "stream_options must be an object")
 		}
 		if !p.stream {
-			return nil, badRequest("stream_options", "stream_options is only allowed when stream is true")
+			return nil, apierr.BadRequest("stream_options", "stream_options is only allowed when stream is true")
 		}
 		p.wantUsage = streamOpts.Get("include_usage").Type == gjson.True
 	}
@@ -116,12 +118,12 @@ func parseRequest(ep endpoint, body []byte, defaultMaxTokens func(model string) 
 	if p.maxTokens == 0 {
 		p.maxTokens = defaultMaxTokens(p.model)
 		if p.body, err = sjson.SetBytes(p.body, "max_tokens", p.maxTokens); err != nil {
-			return nil, badRequest("", "request body cannot be edited: %v", err)
+			return nil, apierr.BadRequest("", "request body cannot be edited: %v", err)
 		}
 	}
 	if p.stream && !p.wantUsage {
 		if p.body, err = sjson.SetBytes(p.body, "stream_options.include_usage", true); err != nil {
-			return nil, badRequest("stream_options", "stream_options cannot be edited: %v", err)
+			return nil, apierr.BadRequest("stream_options", "stream_options cannot be edited: %v", err)
 		}
 	}
 	p.prefix = prefixHash(ep, messages, prompt)

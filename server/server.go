@@ -31,6 +31,8 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/apierr"
+	"tailgate/server/batch"
 )
 
 // Config tunes the gateway's HTTP behaviour. Zero values mean the defaults.
@@ -74,8 +76,9 @@ type Config struct {
 	// whole answer comes at once); 0 means 10m.
 	JSONDeadline time.Duration
 	// Batch configures the Batch API (/v1/files, /v1/batches) and its
-	// executor; see [BatchConfig]. Its zero value leaves the API off.
-	Batch BatchConfig
+	// executor; see [batch.Config]. Its zero value leaves the API off. Its
+	// MaxBodyBytes, when 0, is this Config's.
+	Batch batch.Config
 }
 
 func (c *Config) setDefaults() {
@@ -135,6 +138,7 @@ type Server struct {
 	log       *slog.Logger
 	transport http.RoundTripper
 	m         *metrics
+	batches   *batch.Batches
 
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -163,8 +167,24 @@ func New(cfg Config, d Deps) (*Server, error) {
 		idPrefix: "req_" + strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36) + "_",
 	}
 	s.m = newMetrics(d.Registerer, d.Registry)
+	bcfg := cfg.Batch
+	if bcfg.MaxBodyBytes == 0 {
+		bcfg.MaxBodyBytes = cfg.MaxBodyBytes
+	}
+	var err error
+	s.batches, err = batch.New(bcfg, batch.Deps{
+		Store: d.Store, Gate: d.Gate, Generator: s, Authenticate: s.authenticate,
+		APIError: func(err error) *apierr.Error { return toAPIError(err, "") }, Log: d.Log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	return s, nil
 }
+
+// RunBatches runs the Batch API's batches until ctx is done; see
+// [batch.Batches.Run]. With the Batch API off it returns at once.
+func (s *Server) RunBatches(ctx context.Context) error { return s.batches.Run(ctx) }
 
 // NewTransport returns the transport the gateway uses to reach replicas:
 // keep-alive connections reused aggressively, no compression (streams must
@@ -196,7 +216,7 @@ func (s *Server) Public() http.Handler {
 	v1.GET("/models", s.handleGetModels)
 	v1.POST("/chat/completions", s.handleGenerate(chatEndpoint))
 	v1.POST("/completions", s.handleGenerate(completionEndpoint))
-	s.batchRoutes(v1)
+	s.batches.Routes(v1)
 	return e
 }
 
@@ -273,7 +293,7 @@ func (s *Server) handleGetHealthz(c echo.Context) error {
 func (s *Server) handleGetModels(c echo.Context) error {
 	p, err := s.authenticate(c)
 	if err != nil {
-		return writeError(c, toAPIError(err, ""))
+		return apierr.Reply(c, toAPIError(err, ""))
 	}
 	type model struct {
 		ID      string `json:"id"`

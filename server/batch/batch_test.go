@@ -1,4 +1,4 @@
-package server_test
+package batch_test
 
 import (
 	"bufio"
@@ -29,6 +29,7 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
+	"tailgate/server/batch"
 	"tailgate/serving/sim"
 )
 
@@ -54,7 +55,7 @@ type batchGateway struct {
 
 type batchOpts struct {
 	router router.Config
-	batch  server.BatchConfig
+	batch  batch.Config
 	// disabled leaves BatchConfig.FilesDir empty (else it defaults to
 	// DIR/files).
 	disabled bool
@@ -589,7 +590,7 @@ func testBatchRestart(t *testing.T, drain time.Duration) {
 	const n = 24
 	dir := t.TempDir()
 	fleet := newSimFleet(t, 2, slowSim)
-	opts := batchOpts{batch: server.BatchConfig{DrainTimeout: drain}}
+	opts := batchOpts{batch: batch.Config{DrainTimeout: drain}}
 	g1 := startBatchGateway(t, dir, fleet, opts)
 	secret := g1.key("acme")
 	c1 := g1.client(secret)
@@ -708,7 +709,7 @@ func multipartBody(t *testing.T, purpose, content string) (string, *bytes.Buffer
 func TestBatchUploadRules(t *testing.T) {
 	fleet := newSimFleet(t, 1, sim.Config{Model: simModel})
 	dir := t.TempDir()
-	g := startBatchGateway(t, dir, fleet, batchOpts{batch: server.BatchConfig{MaxFileBytes: 1024}})
+	g := startBatchGateway(t, dir, fleet, batchOpts{batch: batch.Config{MaxFileBytes: 1024}})
 	secret := g.key("acme")
 	for _, tc := range []struct {
 		name, purpose, content string
@@ -920,7 +921,7 @@ func TestBatchExpiresAfterItsWindow(t *testing.T) {
 	var skew atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
 	fleet := newSimFleet(t, 2, slowSim)
-	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{batch: server.BatchConfig{Now: now}})
+	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{batch: batch.Config{Now: now}})
 	c := g.client(g.key("acme"))
 	const n = 40
 	b := createBatch(t, c, uploadBatchFile(t, c, chatLines(n)).ID, openai.BatchNewParamsEndpointV1ChatCompletions)
@@ -942,4 +943,13 @@ func TestBatchExpiresAfterItsWindow(t *testing.T) {
 		t.Errorf("%d output and %d error lines for counts %+v", len(out), len(errs), done.RequestCounts)
 	}
 	checkMeteredOnce(t, g, out)
+}
+
+const simModel = "tailgate-sim"
+
+type testWriter struct{ t testing.TB }
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
