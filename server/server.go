@@ -8,7 +8,9 @@
 // [New] wires the parts a gateway needs (policy's Gate, router's Registry,
 // data's Store and ledger writer, a Prometheus registry). [Server.Public] and
 // [Server.Admin] return the two HTTP handlers; the caller owns the listeners.
-// Nothing imports this package.
+// The Batch API (package server/batch) is mounted on the public API and runs
+// its lines through [Server.Generate]; [Server.RunBatches] runs its
+// executor. Nothing imports this package.
 package server
 
 import (
