@@ -30,6 +30,7 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
+	"tailgate/server/batch"
 	"tailgate/web"
 )
 
@@ -306,7 +307,7 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 	gw.health = router.NewHealthChecker(gw.reg, &server.Prober{Transport: transport, ClusterToken: clusterToken}, router.HealthConfig{})
 
 	setup.srvCfg.AdminToken = adminToken
-	setup.srvCfg.Batch = server.BatchConfig{FilesDir: filepath.Join(gf.dataDir, "files"), DrainTimeout: min(gf.shutdownGrace, 10*time.Second)}
+	setup.srvCfg.Batch = batch.Config{FilesDir: filepath.Join(gf.dataDir, "files"), DrainTimeout: min(gf.shutdownGrace, 10*time.Second)}
 	setup.srvCfg.ClusterToken = clusterToken
 	srv, err := server.New(setup.srvCfg, server.Deps{
 		Gate: gw.gate, Registry: gw.reg, Store: gw.store, Ledger: gw.ledger,

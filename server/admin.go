@@ -13,6 +13,7 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/apierr"
 	"tailgate/serving"
 )
 
@@ -20,7 +21,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	guard := func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			if !s.checkAdmin(c) {
-				return writeError(c, errBadAdminToken)
+				return apierr.Reply(c, errBadAdminToken)
 			}
 			return next(c)
 		}
@@ -96,13 +97,13 @@ type createKeyRequest struct {
 func (s *Server) handlePostKeys(c echo.Context) error {
 	var req createKeyRequest
 	if err := c.Bind(&req); err != nil {
-		return writeError(c, badRequest("", "body must be a JSON object: tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros"))
+		return apierr.Reply(c, apierr.BadRequest("", "body must be a JSON object: tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros"))
 	}
 	if req.Tenant == "" {
-		return writeError(c, badRequest("tenant", "tenant is required"))
+		return apierr.Reply(c, apierr.BadRequest("tenant", "tenant is required"))
 	}
 	if req.RPM < 0 || req.TPM < 0 || req.MaxConcurrency < 0 {
-		return writeError(c, badRequest("", "limits must not be negative"))
+		return apierr.Reply(c, apierr.BadRequest("", "limits must not be negative"))
 	}
 	secret, k, err := policy.CreateKey(c.Request().Context(), s.store, policy.KeyOptions{
 		Tenant: req.Tenant, RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency,
@@ -122,7 +123,7 @@ func (s *Server) handlePostKeysRevoke(c echo.Context) error {
 		Ref string `json:"ref"`
 	}
 	if err := c.Bind(&req); err != nil || req.Ref == "" {
-		return writeError(c, badRequest("ref", "send {\"ref\": key id, display prefix or secret}"))
+		return apierr.Reply(c, apierr.BadRequest("ref", "send {\"ref\": key id, display prefix or secret}"))
 	}
 	return s.revoke(c, req.Ref)
 }
@@ -131,9 +132,9 @@ func (s *Server) revoke(c echo.Context, ref string) error {
 	k, err := policy.RevokeKey(c.Request().Context(), s.store, ref)
 	switch {
 	case errors.Is(err, data.ErrNotFound):
-		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "no such key"})
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "no such key"})
 	case errors.Is(err, data.ErrAmbiguous):
-		return writeError(c, badRequest("ref", "that prefix matches more than one key; use the key id"))
+		return apierr.Reply(c, apierr.BadRequest("ref", "that prefix matches more than one key; use the key id"))
 	case err != nil:
 		return err
 	}

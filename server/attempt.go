@@ -19,6 +19,7 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/apierr"
 	"tailgate/serving"
 )
 
@@ -46,8 +47,8 @@ func (e *relayError) Error() string { return fmt.Sprintf("upstream answered %d",
 // (older releases the same fields at the top level with "object":"error");
 // OpenAI's clients expect code to be a string or null, so an integer code
 // becomes null. A body that is not JSON becomes the message.
-func (e *relayError) apiError() *apiError {
-	ae := &apiError{Status: e.status, Type: "invalid_request_error"}
+func (e *relayError) apiError() *apierr.Error {
+	ae := &apierr.Error{Status: e.status, Type: "invalid_request_error"}
 	if !gjson.ValidBytes(e.body) {
 		ae.Message = strings.TrimSpace(string(e.body[:min(len(e.body), 1024)]))
 	} else {

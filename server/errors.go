@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -15,53 +14,37 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/apierr"
 )
 
-// apiError is an error as OpenAI clients expect it:
-// {"error":{"message","type","param","code"}} with a matching HTTP status.
-type apiError struct {
-	Status  int
-	Type    string
-	Code    string
-	Param   string
-	Message string
-	// RetryAfter, when positive, is sent as the Retry-After header.
-	RetryAfter time.Duration
-}
-
-func (e *apiError) Error() string { return e.Message }
-
-func badRequest(param, format string, args ...any) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_request", Param: param,
-		Message: fmt.Sprintf(format, args...)}
-}
-
+// The errors a client of the public or admin API can see, in apierr's one
+// OpenAI shape, and toAPIError: the one table from any error to one of them.
 var (
-	errBodyTooLarge = &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+	errBodyTooLarge = &apierr.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 		Message: "request body is too large"}
-	errBodyTimeout = &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+	errBodyTimeout = &apierr.Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
 		Message: "the request body did not arrive in time"}
-	errMissingKey = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+	errMissingKey = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 		Message: "missing API key: send it as 'Authorization: Bearer <key>'"}
-	errBadKey = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+	errBadKey = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 		Message: "invalid API key"}
-	errBadAdminToken = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_admin_token",
+	errBadAdminToken = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_admin_token",
 		Message: "missing or invalid admin token"}
-	errNoReplica = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: string(data.ClassNoReplica),
+	errNoReplica = &apierr.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: string(data.ClassNoReplica),
 		Message: "no replica is ready to serve this model; try again shortly", RetryAfter: time.Second}
-	errUpstream = &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: string(data.ClassUpstreamError),
+	errUpstream = &apierr.Error{Status: http.StatusBadGateway, Type: "server_error", Code: string(data.ClassUpstreamError),
 		Message: "the model replica failed to answer"}
-	errUnreachable = &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: string(data.ClassUpstreamUnreachable),
+	errUnreachable = &apierr.Error{Status: http.StatusBadGateway, Type: "server_error", Code: string(data.ClassUpstreamUnreachable),
 		Message: "no model replica could be reached"}
-	errUpstreamTimeout = &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: string(data.ClassUpstreamTimeout),
+	errUpstreamTimeout = &apierr.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: string(data.ClassUpstreamTimeout),
 		Message: "the model replica did not answer in time"}
-	errClientGone = &apiError{Status: statusClientClosed, Type: "invalid_request_error", Code: string(data.ClassClientCancelled),
+	errClientGone = &apierr.Error{Status: statusClientClosed, Type: "invalid_request_error", Code: string(data.ClassClientCancelled),
 		Message: "the client closed the request"}
-	errMidstream = &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_midstream_error",
+	errMidstream = &apierr.Error{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_midstream_error",
 		Message: "the model replica failed in the middle of the answer; the output is incomplete"}
-	errIdle = &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_midstream_error",
+	errIdle = &apierr.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_midstream_error",
 		Message: "the model replica stopped sending tokens in the middle of the answer; the output is incomplete"}
-	errInternal = &apiError{Status: http.StatusInternalServerError, Type: "server_error", Code: string(data.ClassInternal),
+	errInternal = &apierr.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: string(data.ClassInternal),
 		Message: "internal error"}
 )
 
@@ -69,13 +52,13 @@ var (
 // that went away before its answer (nginx's 499); no client ever sees it.
 const statusClientClosed = 499
 
-func errUnknownModel(model string) *apiError {
-	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+func errUnknownModel(model string) *apierr.Error {
+	return &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
 		Message: fmt.Sprintf("the model %q does not exist or is not served here", model)}
 }
 
-func errModelNotAllowed(model string) *apiError {
-	return &apiError{Status: http.StatusForbidden, Type: "invalid_request_error", Code: "model_not_allowed", Param: "model",
+func errModelNotAllowed(model string) *apierr.Error {
+	return &apierr.Error{Status: http.StatusForbidden, Type: "invalid_request_error", Code: "model_not_allowed", Param: "model",
 		Message: fmt.Sprintf("this API key may not use the model %q", model)}
 }
 
@@ -85,9 +68,9 @@ func errModelNotAllowed(model string) *apiError {
 // failed attempt). Its last rows follow caddy's reverse proxy: a replica
 // that failed or could not be reached is a bad gateway (502), a deadline is
 // a gateway timeout (504), a client that went away is 499.
-func toAPIError(err error, model string) *apiError {
+func toAPIError(err error, model string) *apierr.Error {
 	var (
-		ae    *apiError
+		ae    *apierr.Error
 		limit *policy.LimitError
 		quota *policy.QuotaError
 		he    *echo.HTTPError
@@ -105,11 +88,11 @@ func toAPIError(err error, model string) *apiError {
 		if retry <= 0 {
 			retry = time.Second // concurrency: a slot frees when a request ends
 		}
-		return &apiError{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded",
+		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded",
 			Message:    fmt.Sprintf("rate limit exceeded (%s); retry after %s", kind, limit.RetryAfter.Round(time.Millisecond)),
 			RetryAfter: retry}
 	case errors.As(err, &quota):
-		return &apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
 			Message: "you exceeded your current quota: the tenant's budget is used up"}
 	case errors.Is(err, policy.ErrInvalidKey):
 		return errBadKey
@@ -128,7 +111,7 @@ func toAPIError(err error, model string) *apiError {
 		if he.Code >= 500 {
 			typ = "server_error"
 		}
-		return &apiError{Status: he.Code, Type: typ, Code: "http_" + strconv.Itoa(he.Code), Message: msg}
+		return &apierr.Error{Status: he.Code, Type: typ, Code: "http_" + strconv.Itoa(he.Code), Message: msg}
 
 	// The routed path, from the engine's own answer to the gateway's view.
 	case errors.As(err, &rel):
@@ -141,7 +124,7 @@ func toAPIError(err error, model string) *apiError {
 	case router.IsDeclined(err) && errors.As(err, &us) && us.status == http.StatusTooManyRequests:
 		// Every replica that could take it is busy: the engine's 429, with
 		// its Retry-After, so the client backs off as the engine asked.
-		return &apiError{Status: http.StatusTooManyRequests, Type: "server_error", Code: string(data.ClassUpstreamOverloaded),
+		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "server_error", Code: string(data.ClassUpstreamOverloaded),
 			Message:    fmt.Sprintf("every replica of the model %q is at capacity; retry after %s", model, max(us.retryAfter, time.Second)),
 			RetryAfter: max(us.retryAfter, time.Second)}
 	case errors.Is(err, router.ErrNoReplica), router.IsDeclined(err):
@@ -158,44 +141,6 @@ func toAPIError(err error, model string) *apiError {
 	return errInternal
 }
 
-// writeError sends e in OpenAI's shape unless the response is already committed.
-func writeError(c echo.Context, e *apiError) error {
-	if c.Response().Committed {
-		return nil
-	}
-	writeAPIError(c.Response(), e)
-	return nil
-}
-
-// writeAPIError sends e in OpenAI's shape, with Retry-After when e has one.
-func writeAPIError(w http.ResponseWriter, e *apiError) {
-	h := w.Header()
-	if e.RetryAfter > 0 {
-		secs := int64((e.RetryAfter + time.Second - 1) / time.Second)
-		h.Set("Retry-After", strconv.FormatInt(secs, 10))
-	}
-	body := e.body()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(e.Status)
-	_, _ = w.Write(body)
-}
-
-// body renders e in OpenAI's shape; an empty Param or Code is null.
-func (e *apiError) body() []byte {
-	var param, code any
-	if e.Param != "" {
-		param = e.Param
-	}
-	if e.Code != "" {
-		code = e.Code
-	}
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"message": e.Message, "type": e.Type, "param": param, "code": code,
-	}})
-	return b
-}
-
 // errorHandler is echo's HTTPErrorHandler: every error leaves in OpenAI's shape,
 // never with a stack trace.
 func (s *Server) errorHandler(err error, c echo.Context) {
@@ -203,5 +148,5 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if ae == errInternal {
 		s.log.Error("request failed", "path", c.Path(), "err", err)
 	}
-	_ = writeError(c, ae)
+	_ = apierr.Reply(c, ae)
 }

@@ -13,6 +13,7 @@ import (
 
 	"tailgate/data"
 	"tailgate/policy"
+	"tailgate/server/apierr"
 )
 
 // handleGenerate serves POST /v1/chat/completions and /v1/completions: it
@@ -27,7 +28,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		p, err := s.authenticate(c)
 		if err != nil {
 			c.Response().Header().Set("X-Request-Id", s.newRequestID())
-			return writeError(c, toAPIError(err, ""))
+			return apierr.Reply(c, toAPIError(err, ""))
 		}
 		cl := s.newCall(ep, p)
 		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
@@ -50,7 +51,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 			case errors.As(err, &ne) && ne.Timeout():
 				err = errBodyTimeout
 			default:
-				err = badRequest("", "could not read the request body")
+				err = apierr.BadRequest("", "could not read the request body")
 			}
 			s.reject(cl, out, err)
 			return nil
@@ -84,12 +85,12 @@ func (o httpSink) json(cl *call, body []byte) {
 	_, _ = o.c.Response().Write(body)
 }
 
-func (o httpSink) error(cl *call, ae *apiError) {
+func (o httpSink) error(cl *call, ae *apierr.Error) {
 	if cl.outcome == data.OutcomeClientCancelled {
 		return // nobody to tell
 	}
 	setRouteHeaders(o.c.Response().Header(), cl)
-	_ = writeError(o.c, ae)
+	_ = apierr.Reply(o.c, ae)
 }
 
 // setRouteHeaders says which replica answered and how: x-tailgate-replica,

@@ -9,6 +9,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"tailgate/server/strictjson"
+	"tailgate/server/apierr"
 )
 
 // endpoint is one of the OpenAI generation endpoints the gateway serves.
@@ -76,7 +77,7 @@ type parseLimits struct {
 // client did not ask).
 func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, error) {
 	if len(body) == 0 {
-		return nil, badRequest("", "request body is empty; send a JSON object")
+		return nil, apierr.BadRequest("", "request body is empty; send a JSON object")
 	}
 	if err := strictjson.Check(body, lim.maxDepth); err != nil {
 		var (
@@ -85,14 +86,14 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 		)
 		switch {
 		case errors.As(err, &dup):
-			return nil, badRequest(dup.Key, "request body has %s: send each field once", err)
+			return nil, apierr.BadRequest(dup.Key, "request body has %s: send each field once", err)
 		case errors.As(err, &depth):
-			return nil, badRequest("", "request body is %s", err)
+			return nil, apierr.BadRequest("", "request body is %s", err)
 		}
-		return nil, badRequest("", "request body is not valid JSON: %s", err)
+		return nil, apierr.BadRequest("", "request body is not valid JSON: %s", err)
 	}
 	if body[firstNonSpace(body)] != '{' {
-		return nil, badRequest("", "request body must be a JSON object")
+		return nil, apierr.BadRequest("", "request body must be a JSON object")
 	}
 	fields := gjson.GetManyBytes(body, "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of")
 	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n, bestOf := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7], fields[8]
@@ -100,28 +101,28 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	p := &parsedRequest{body: body, sequences: 1}
 	switch {
 	case !model.Exists():
-		return nil, badRequest("model", "you must provide a model parameter")
+		return nil, apierr.BadRequest("model", "you must provide a model parameter")
 	case model.Type != gjson.String || model.Str == "":
-		return nil, badRequest("model", "model must be a non-empty string")
+		return nil, apierr.BadRequest("model", "model must be a non-empty string")
 	}
 	p.model = model.Str
 	if stream.Exists() && !isBool(stream) && stream.Type != gjson.Null {
-		return nil, badRequest("stream", "stream must be a boolean")
+		return nil, apierr.BadRequest("stream", "stream must be a boolean")
 	}
 	p.stream = stream.Type == gjson.True
 	var media int64
 	if ep.chat {
 		if !messages.Exists() {
-			return nil, badRequest("messages", "you must provide a messages parameter")
+			return nil, apierr.BadRequest("messages", "you must provide a messages parameter")
 		}
 		if !messages.IsArray() {
-			return nil, badRequest("messages", "messages must be a non-empty array")
+			return nil, apierr.BadRequest("messages", "messages must be a non-empty array")
 		}
 		i := 0
 		var bad error
 		messages.ForEach(func(_, m gjson.Result) bool {
 			if !m.IsObject() || m.Get("role").Type != gjson.String {
-				bad = badRequest("messages", "messages[%d] must be an object with a string role", i)
+				bad = apierr.BadRequest("messages", "messages[%d] must be an object with a string role", i)
 				return false
 			}
 			if c := m.Get("content"); c.IsArray() {
@@ -141,14 +142,14 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 			return nil, bad
 		}
 		if i == 0 {
-			return nil, badRequest("messages", "messages must be a non-empty array")
+			return nil, apierr.BadRequest("messages", "messages must be a non-empty array")
 		}
 	} else {
 		if !prompt.Exists() {
-			return nil, badRequest("prompt", "you must provide a prompt parameter")
+			return nil, apierr.BadRequest("prompt", "you must provide a prompt parameter")
 		}
 		if prompt.Type != gjson.String && !prompt.IsArray() {
-			return nil, badRequest("prompt", "prompt must be a string or an array")
+			return nil, apierr.BadRequest("prompt", "prompt must be a string or an array")
 		}
 		if prompt.IsArray() {
 			// A list of strings or of token-id lists is one request per
@@ -156,7 +157,7 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 			if first := prompt.Get("0"); first.Type == gjson.String || first.IsArray() {
 				k := int64(len(prompt.Array()))
 				if k > maxPrompts {
-					return nil, badRequest("prompt", "at most %d prompts in one request", maxPrompts)
+					return nil, apierr.BadRequest("prompt", "at most %d prompts in one request", maxPrompts)
 				}
 				p.sequences = max(k, 1)
 			}
@@ -164,12 +165,12 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	}
 	if n.Exists() && n.Type != gjson.Null {
 		if n.Type != gjson.Number || n.Num != float64(int64(n.Num)) || n.Num < 1 || n.Num > maxN {
-			return nil, badRequest("n", "n must be an integer from 1 to %d", maxN)
+			return nil, apierr.BadRequest("n", "n must be an integer from 1 to %d", maxN)
 		}
 		p.sequences *= int64(n.Num)
 	}
 	if bestOf.Exists() && bestOf.Type != gjson.Null && !(bestOf.Type == gjson.Number && bestOf.Num == 1) {
-		return nil, badRequest("best_of", "best_of is not supported")
+		return nil, apierr.BadRequest("best_of", "best_of is not supported")
 	}
 	for _, f := range []struct {
 		name string
@@ -177,21 +178,21 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	}{{"max_tokens", maxTok}, {"max_completion_tokens", maxCompl}} {
 		if f.v.Exists() && f.v.Type != gjson.Null {
 			if f.v.Type != gjson.Number || f.v.Num != float64(int64(f.v.Num)) || f.v.Num < 1 || f.v.Num > 1<<31 {
-				return nil, badRequest(f.name, "%s must be a positive integer", f.name)
+				return nil, apierr.BadRequest(f.name, "%s must be a positive integer", f.name)
 			}
 			p.maxTokens = max(p.maxTokens, int64(f.v.Num))
 		}
 	}
 	if streamOpts.Exists() && streamOpts.Type != gjson.Null {
 		if !streamOpts.IsObject() {
-			return nil, badRequest("stream_options", "stream_options must be an object")
+			return nil, apierr.BadRequest("stream_options", "stream_options must be an object")
 		}
 		if !p.stream {
-			return nil, badRequest("stream_options", "stream_options is only allowed when stream is true")
+			return nil, apierr.BadRequest("stream_options", "stream_options is only allowed when stream is true")
 		}
 		iu := streamOpts.Get("include_usage")
 		if iu.Exists() && !isBool(iu) && iu.Type != gjson.Null {
-			return nil, badRequest("stream_options", "stream_options.include_usage must be a boolean")
+			return nil, apierr.BadRequest("stream_options", "stream_options.include_usage must be a boolean")
 		}
 		p.wantUsage = iu.Type == gjson.True
 	}
@@ -230,7 +231,7 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 		set("stream_options.include_usage", iu.Raw, true, "true")
 	}
 	if err != nil {
-		return nil, badRequest("", "request body cannot be edited: %v", err)
+		return nil, apierr.BadRequest("", "request body cannot be edited: %v", err)
 	}
 	p.prefix = prefixHash(ep, messages, prompt)
 	p.promptBound = int64(len(body)) + 16 + media*lim.mediaPart

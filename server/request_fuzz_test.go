@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"tailgate/server/apierr"
 	"tailgate/serving/sim"
 )
 
@@ -105,7 +106,7 @@ func TestHostileBodiesAreRefusedOrReadAlike(t *testing.T) {
 			}
 			continue
 		}
-		ae, ok := err.(*apiError)
+		ae, ok := err.(*apierr.Error)
 		if !ok || ae.Status != 400 || ae.Param != tc.wantParam || !strings.Contains(ae.Message, "duplicate key") {
 			t.Errorf("%s: got %v, want a 400 naming %q", tc.body, err, tc.wantParam)
 		}

@@ -9,6 +9,7 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/apierr"
 )
 
 // call is one generation request on its way through the pipeline: what was
@@ -58,7 +59,7 @@ type sink interface {
 	// json delivers a whole answer.
 	json(cl *call, body []byte)
 	// error answers with ae; nothing was delivered before.
-	error(cl *call, ae *apiError)
+	error(cl *call, ae *apierr.Error)
 }
 
 // serve runs one generation request of an authenticated principal, whose
@@ -98,7 +99,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	var w *sseWriter
 	if pr.stream {
 		if w = out.stream(cl); w == nil {
-			s.reject(cl, out, badRequest("stream", "stream: true is not allowed here"))
+			s.reject(cl, out, apierr.BadRequest("stream", "stream: true is not allowed here"))
 			return
 		}
 		defer w.close()
@@ -151,9 +152,9 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 // failure class and status, and the error the client must still be told
 // (nil when the answer was delivered, the client is gone, or the failure was
 // already relayed in-band).
-func (s *Server) conclude(ctx context.Context, cl *call, err error) *apiError {
+func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Error {
 	var mid *midstreamError
-	var ae *apiError
+	var ae *apierr.Error
 	switch {
 	case err == nil:
 		cl.outcome = data.OutcomeOK

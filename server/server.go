@@ -8,7 +8,9 @@
 // [New] wires the parts a gateway needs (policy's Gate, router's Registry,
 // data's Store and ledger writer, a Prometheus registry). [Server.Public] and
 // [Server.Admin] return the two HTTP handlers; the caller owns the listeners.
-// Nothing imports this package.
+// The Batch API (package server/batch) is mounted on the public API and runs
+// its lines through [Server.Generate]; [Server.RunBatches] runs its
+// executor. Nothing imports this package.
 package server
 
 import (
@@ -32,6 +34,8 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server/strictjson"
+	"tailgate/server/apierr"
+	"tailgate/server/batch"
 )
 
 // Config tunes the gateway's HTTP behaviour. Zero values mean the defaults.
@@ -82,8 +86,9 @@ type Config struct {
 	// whole answer comes at once); 0 means 10m.
 	JSONDeadline time.Duration
 	// Batch configures the Batch API (/v1/files, /v1/batches) and its
-	// executor; see [BatchConfig]. Its zero value leaves the API off.
-	Batch BatchConfig
+	// executor; see [batch.Config]. Its zero value leaves the API off. Its
+	// MaxBodyBytes, when 0, is this Config's.
+	Batch batch.Config
 }
 
 func (c *Config) setDefaults() {
@@ -151,6 +156,7 @@ type Server struct {
 	log       *slog.Logger
 	transport http.RoundTripper
 	m         *metrics
+	batches   *batch.Batches
 
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -183,8 +189,23 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.m = m
+	bcfg := cfg.Batch
+	if bcfg.MaxBodyBytes == 0 {
+		bcfg.MaxBodyBytes = cfg.MaxBodyBytes
+	}
+	s.batches, err = batch.New(bcfg, batch.Deps{
+		Store: d.Store, Gate: d.Gate, Generator: s, Authenticate: s.authenticate,
+		APIError: func(err error) *apierr.Error { return toAPIError(err, "") }, Log: d.Log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	return s, nil
 }
+
+// RunBatches runs the Batch API's batches until ctx is done; see
+// [batch.Batches.Run]. With the Batch API off it returns at once.
+func (s *Server) RunBatches(ctx context.Context) error { return s.batches.Run(ctx) }
 
 // NewTransport returns the transport the gateway uses to reach replicas:
 // keep-alive connections reused aggressively, no compression (streams must
@@ -216,7 +237,7 @@ func (s *Server) Public() http.Handler {
 	v1.GET("/models", s.handleGetModels)
 	v1.POST("/chat/completions", s.handleGenerate(chatEndpoint))
 	v1.POST("/completions", s.handleGenerate(completionEndpoint))
-	s.batchRoutes(v1)
+	s.batches.Routes(v1)
 	return e
 }
 
@@ -293,7 +314,7 @@ func (s *Server) handleGetHealthz(c echo.Context) error {
 func (s *Server) handleGetModels(c echo.Context) error {
 	p, err := s.authenticate(c)
 	if err != nil {
-		return writeError(c, toAPIError(err, ""))
+		return apierr.Reply(c, toAPIError(err, ""))
 	}
 	type model struct {
 		ID      string `json:"id"`

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"tailgate/data"
+	"tailgate/server/apierr"
 	"tailgate/serving"
 )
 
@@ -142,7 +143,7 @@ func (w *sseWriter) keepAliveTick() {
 // HTTP error with ae's status; otherwise an in-band error event in OpenAI's
 // shape (the status line is long gone). It is the only way a stream ends
 // badly; a second call does nothing.
-func (w *sseWriter) fail(ae *apiError) {
+func (w *sseWriter) fail(ae *apierr.Error) {
 	w.timer.Stop()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -158,10 +159,10 @@ func (w *sseWriter) fail(ae *apiError) {
 		if w.headers != nil && w.armed {
 			w.headers(w.rw.Header())
 		}
-		writeAPIError(w.rw, ae)
+		apierr.Write(w.rw, ae)
 		return
 	}
-	ev := append(append([]byte("data: "), ae.body()...), "\n\n"...)
+	ev := append(append([]byte("data: "), ae.Body()...), "\n\n"...)
 	if _, err := w.rw.Write(ev); err != nil {
 		w.failed = err
 		return

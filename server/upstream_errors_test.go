@@ -13,15 +13,16 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/server"
+	"tailgate/server/internal/servertest"
 )
 
 // fakeEngine serves h as a replica of model "broken" (the harness's sim
 // replicas serve another model, so every request below reaches only these).
-func fakeEngine(t *testing.T, h *harness, id string, handler http.HandlerFunc) {
+func fakeEngine(t *testing.T, h *servertest.Gateway, id string, handler http.HandlerFunc) {
 	t.Helper()
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
-	h.addReplica(id, srv.URL, "broken")
+	h.AddReplica(id, srv.URL, "broken")
 }
 
 // TestUpstreamFailuresMapToGatewayStatuses pins the error table's routed
@@ -112,17 +113,17 @@ func TestUpstreamFailuresMapToGatewayStatuses(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, harnessOpts{replicas: 1, cfg: server.Config{JSONDeadline: 300 * time.Millisecond, TTFTDeadline: 300 * time.Millisecond}})
+			h := servertest.Start(t, servertest.Options{Replicas: 1, Server: server.Config{JSONDeadline: 300 * time.Millisecond, TTFTDeadline: 300 * time.Millisecond}})
 			if tc.engine == nil {
 				dead := httptest.NewServer(http.NotFoundHandler())
 				url := dead.URL
 				dead.Close()
-				h.addReplica("dead", url, "broken")
+				h.AddReplica("dead", url, "broken")
 			} else {
 				fakeEngine(t, h, "fake", tc.engine)
 			}
-			secret := h.key(policy.KeyOptions{})
-			resp := h.post("/v1/chat/completions", secret, tc.body)
+			secret := h.Key(policy.KeyOptions{})
+			resp := h.Post("/v1/chat/completions", secret, tc.body)
 			defer resp.Body.Close()
 			raw, _ := io.ReadAll(resp.Body)
 			if resp.StatusCode != tc.wantStatus {
@@ -157,7 +158,7 @@ func TestUpstreamFailuresMapToGatewayStatuses(t *testing.T) {
 			if got := resp.Header.Get("Retry-After"); got != tc.wantRetry {
 				t.Fatalf("Retry-After %q, want %q", got, tc.wantRetry)
 			}
-			rows := h.ledgerRows()
+			rows := h.LedgerRows()
 			if len(rows) != 1 || rows[0].Outcome != tc.wantOutcome || rows[0].Status != tc.wantStatus {
 				t.Fatalf("ledger %+v, want one row %s/%d", rows, tc.wantOutcome, tc.wantStatus)
 			}
@@ -170,7 +171,7 @@ func TestUpstreamFailuresMapToGatewayStatuses(t *testing.T) {
 // nothing (no keep-alive) follows it. Run under -race: the keep-alive timer
 // and the failure path share one writer.
 func TestStreamFailsOnceAfterKeepAlives(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 1, cfg: server.Config{KeepAlive: 5 * time.Millisecond}})
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Server: server.Config{KeepAlive: 5 * time.Millisecond}})
 	fakeEngine(t, h, "fake", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(200)
@@ -179,8 +180,8 @@ func TestStreamFailsOnceAfterKeepAlives(t *testing.T) {
 		io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n")
 		// ... and the engine dies before its first token.
 	})
-	secret := h.key(policy.KeyOptions{})
-	resp := h.post("/v1/chat/completions", secret, `{"model":"broken","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	secret := h.Key(policy.KeyOptions{})
+	resp := h.Post("/v1/chat/completions", secret, `{"model":"broken","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d: the stream was committed by keep-alives", resp.StatusCode)
@@ -219,7 +220,7 @@ func TestStreamFailsOnceAfterKeepAlives(t *testing.T) {
 		t.Fatalf("want exactly one data event (the error), got %d: %q", n, events)
 	}
 	time.Sleep(30 * time.Millisecond) // a stray keep-alive timer would write now, racing the handler's end
-	rows := h.ledgerRows()
+	rows := h.LedgerRows()
 	if len(rows) != 1 || rows[0].Outcome != data.OutcomeUpstreamError || rows[0].Error != data.ClassUpstreamError {
 		t.Fatalf("ledger %+v", rows)
 	}

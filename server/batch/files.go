@@ -1,4 +1,4 @@
-package server
+package batch
 
 // Batch files: reading a batch's input JSONL and writing its output and
 // error files in OpenAI's format.
