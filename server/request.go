@@ -8,8 +8,8 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
-	"tailgate/server/strictjson"
 	"tailgate/server/apierr"
+	"tailgate/server/strictjson"
 )
 
 // endpoint is one of the OpenAI generation endpoints the gateway serves.

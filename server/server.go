@@ -33,9 +33,9 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
-	"tailgate/server/strictjson"
 	"tailgate/server/apierr"
 	"tailgate/server/batch"
+	"tailgate/server/strictjson"
 )
 
 // Config tunes the gateway's HTTP behaviour. Zero values mean the defaults.
