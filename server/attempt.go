@@ -20,6 +20,7 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server/apierr"
+	"tailgate/server/strictjson"
 	"tailgate/serving"
 )
 
@@ -49,7 +50,7 @@ func (e *relayError) Error() string { return fmt.Sprintf("upstream answered %d",
 // becomes null. A body that is not JSON becomes the message.
 func (e *relayError) apiError() *apierr.Error {
 	ae := &apierr.Error{Status: e.status, Type: "invalid_request_error"}
-	if !gjson.ValidBytes(e.body) {
+	if strictjson.Check(e.body, 0) != nil {
 		ae.Message = strings.TrimSpace(string(e.body[:min(len(e.body), 1024)]))
 	} else {
 		v := gjson.ParseBytes(e.body)

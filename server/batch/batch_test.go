@@ -821,3 +821,44 @@ func TestBatchExpiresAfterItsWindow(t *testing.T) {
 	}
 	checkMeteredOnce(t, g, out)
 }
+
+// TestBatchHostileLinesFailAlone: a line nested millions of levels deep
+// (once a fatal stack overflow that a restart replayed forever) and a line
+// whose body repeats "stream" (read as a stream by the engine, billed as
+// JSON by the gateway) fail on their own; the batch completes, and the
+// gateway serves and restarts on the same data.
+func TestBatchHostileLinesFailAlone(t *testing.T) {
+	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
+	dir := t.TempDir()
+	g := startBatchGateway(t, dir, fleet, batchOpts{})
+	secret := key(g, "acme")
+	c := g.Client(secret)
+	deep := `{"custom_id":"deep","method":"POST","url":"/v1/chat/completions","body":{"model":"` + servertest.SimModel +
+		`","messages":[{"role":"user","content":"hi"}],"x":` + strings.Repeat("[", 2_000_000) + strings.Repeat("]", 2_000_000) + `}}`
+	dup := `{"custom_id":"dup","method":"POST","url":"/v1/chat/completions","body":{"model":"` + servertest.SimModel +
+		`","stream":false,"messages":[{"role":"user","content":"hi"}],"stream":true}}`
+	f := uploadBatchFile(t, c, strings.Join([]string{chatLine("good", "one"), deep, dup}, "\n")+"\n")
+	b := createBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	b = waitBatch(t, c, b.ID, statusIs(openai.BatchStatusCompleted, openai.BatchStatusFailed))
+	if b.Status != openai.BatchStatusCompleted || b.RequestCounts.Completed != 1 || b.RequestCounts.Failed != 2 {
+		t.Fatalf("batch = %s", b.RawJSON())
+	}
+	var msgs []string
+	for _, r := range fileResults(t, c, b.ErrorFileID) {
+		if r.Error == nil || r.Error.Code != "invalid_request" {
+			t.Fatalf("error line %+v, want invalid_request", r)
+		}
+		msgs = append(msgs, r.Error.Message)
+	}
+	if j := strings.Join(msgs, "|"); !strings.Contains(j, "nested deeper") || !strings.Contains(j, `duplicate key "stream"`) {
+		t.Fatalf("error messages %q", msgs)
+	}
+	g.Close()
+	g = startBatchGateway(t, dir, fleet, batchOpts{}) // the same data: a restart finds nothing to choke on
+	c = g.Client(secret)
+	if _, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+		Model: servertest.SimModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("still up?")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
