@@ -22,6 +22,7 @@ import (
 	"tailgate/server/apierr"
 	"tailgate/server/strictjson"
 	"tailgate/serving"
+	"tailgate/serving/sse"
 )
 
 // maxUpstreamBody bounds a non-streaming answer read from a replica.
@@ -269,7 +270,7 @@ func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int,
 	u.br = readerPool.Get().(*bufio.Reader)
 	u.br.Reset(resp.Body)
 	for {
-		ev, err := readEvent(u.br, nil)
+		ev, err := sse.ReadEvent(u.br, nil)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = errNoTokenEOF

@@ -18,6 +18,7 @@ import (
 	"tailgate/data"
 	"tailgate/server/apierr"
 	"tailgate/serving"
+	"tailgate/serving/sse"
 )
 
 // sseWriter owns the ResponseWriter of a streamed answer: every write and
@@ -108,16 +109,6 @@ func (w *sseWriter) send(flush bool, evs ...[]byte) error {
 	return nil
 }
 
-// nextEventBuffered reports whether a whole next event is already in br.
-func nextEventBuffered(br *bufio.Reader) bool {
-	n := br.Buffered()
-	if n == 0 {
-		return false
-	}
-	b, _ := br.Peek(n)
-	return bytes.Contains(b, []byte("\n\n"))
-}
-
 func (w *sseWriter) keepAliveTick() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -179,76 +170,46 @@ func (w *sseWriter) close() {
 }
 
 var (
-	dataPrefix    = []byte("data:")
-	doneData      = []byte("[DONE]")
-	usageMarker   = []byte(`"usage":{`)
-	emptyChoices  = []byte(`"choices":[]`)
-	contentMarker = []byte(`"content":"`)
-	textMarker    = []byte(`"text":"`)
-	emptyContent  = []byte(`"content":""`)
-	emptyText     = []byte(`"text":""`)
-	finishMarker  = []byte(`"finish_reason":"`)
-	errorPrefix   = []byte(`{"error"`)
-	timingPrefix  = []byte(serving.TimingComment)
-	simQueue      = []byte(": sim-queue-ms=")
-	readerPool    = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+	usageMarker  = []byte(`"usage":{`)
+	emptyChoices = []byte(`"choices":[]`)
+	timingPrefix = []byte(serving.TimingComment)
+	simQueue     = []byte(": sim-queue-ms=")
+	readerPool   = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
 
 	keepAliveComment = []byte(": keep-alive\n\n")
 	errStreamClosed  = errors.New("stream already ended")
 )
 
-// readEvent reads one SSE event (lines up to a blank line), verbatim,
-// appending to buf (which may be reused between events).
-func readEvent(br *bufio.Reader, buf []byte) ([]byte, error) {
-	ev := buf[:0]
-	for {
-		line, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			ev = append(ev, line...)
-			continue
-		}
-		ev = append(ev, line...)
-		if err != nil {
-			return nil, err
-		}
-		if len(bytes.TrimRight(line, "\r\n")) == 0 {
-			if len(bytes.TrimSpace(ev)) == 0 {
-				ev = ev[:0] // stray blank line
-				continue
-			}
-			return ev, nil
-		}
-	}
-}
-
+// eventKind is how the gateway handles an upstream event.
 type eventKind int
 
 const (
 	evOther eventKind = iota // relay as is (role chunk, usage, ...)
-	evToken                  // carries a token or a finish reason
+	evToken                  // carries generated output of any kind, or a finish reason
 	evDone                   // data: [DONE]
 	evError                  // an error event
 	evDrop                   // for the gateway only (timing comments, stripped usage)
 )
 
-// inspect classifies an upstream event and learns usage and timings from
-// it; it returns the event as the client may see it (usage stripped when the
-// client did not ask for it).
+// inspect classifies an upstream event (serving/sse decides what counts as
+// a token: content, reasoning, a tool-call delta, a refusal, a finish) and
+// learns usage and timings from it; it returns the event as the client may
+// see it (usage stripped when the client did not ask for it).
 func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
-	payload := eventData(ev)
-	if payload == nil {
+	kind := sse.Classify(ev)
+	switch kind {
+	case sse.Comment:
 		switch {
 		case bytes.HasPrefix(ev, timingPrefix), bytes.HasPrefix(ev, simQueue):
 			parseTiming(&u.stages, bytes.TrimRight(ev, "\r\n"))
 		}
 		return evDrop, nil // upstream comments are not the client's business
-	}
-	if bytes.Equal(payload, doneData) {
+	case sse.Done:
 		return evDone, ev
-	}
-	if bytes.HasPrefix(bytes.TrimSpace(payload), errorPrefix) {
+	case sse.Error:
 		return evError, ev
 	}
+	payload := sse.Data(ev)
 	if bytes.Contains(payload, usageMarker) {
 		if us := gjson.GetBytes(payload, "usage"); us.IsObject() {
 			u.usage.PromptTokens = us.Get("prompt_tokens").Int()
@@ -264,33 +225,11 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 			}
 		}
 	}
-	if (bytes.Contains(payload, contentMarker) && !bytes.Contains(payload, emptyContent)) ||
-		(bytes.Contains(payload, textMarker) && !bytes.Contains(payload, emptyText)) {
-		u.tokens++
-		return evToken, ev
-	}
-	if bytes.Contains(payload, finishMarker) {
+	if kind == sse.Token {
+		u.tokens += int64(sse.Pieces(payload))
 		return evToken, ev
 	}
 	return evOther, ev
-}
-
-// eventData returns the payload of an event's data line, nil if it has none.
-func eventData(ev []byte) []byte {
-	for len(ev) > 0 {
-		i := bytes.IndexByte(ev, '\n')
-		var line []byte
-		if i < 0 {
-			line, ev = ev, nil
-		} else {
-			line, ev = ev[:i], ev[i+1:]
-		}
-		line = bytes.TrimRight(line, "\r")
-		if bytes.HasPrefix(line, dataPrefix) {
-			return bytes.TrimPrefix(line[len(dataPrefix):], []byte(" "))
-		}
-	}
-	return nil
 }
 
 // midstreamError is a stream that broke after its first token reached the
@@ -329,7 +268,7 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 		errorEvent []byte // an in-band error the replica sent mid-stream
 	)
 	for {
-		raw, err := readEvent(u.br, buf)
+		raw, err := sse.ReadEvent(u.br, buf)
 		if err != nil {
 			if unflushed {
 				_ = w.write()
@@ -350,7 +289,7 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 		kind, ev := u.inspect(cl, raw)
 		switch kind {
 		case evDrop:
-			if unflushed && !nextEventBuffered(u.br) {
+			if unflushed && !sse.NextBuffered(u.br) {
 				_ = w.write()
 				unflushed = false
 			}
@@ -367,7 +306,7 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 			// Relayed as the replica sent it; the stream still ends with [DONE].
 			errorEvent = bytes.Clone(ev)
 		}
-		flush := !nextEventBuffered(u.br)
+		flush := !sse.NextBuffered(u.br)
 		if err := w.send(flush, ev); err != nil {
 			return err
 		}
