@@ -60,6 +60,9 @@ const (
 	ClassIdleDeadline ErrorClass = "idle_deadline"
 	// ClassClientCancelled: the client went away.
 	ClassClientCancelled ErrorClass = "client_cancelled"
+	// ClassClientStalled: the client stopped reading its answer for longer
+	// than the write timeout and was cut.
+	ClassClientStalled ErrorClass = "client_stalled"
 	// ClassInternal: a gateway bug; the client got a 500.
 	ClassInternal ErrorClass = "internal_error"
 )

@@ -71,7 +71,7 @@ type httpSink struct {
 func (o httpSink) rateLimits(rs policy.RateState) { setRateHeaders(o.c.Response().Header(), rs) }
 
 func (o httpSink) stream(cl *call) *sseWriter {
-	return newSSEWriter(o.c.Response(), o.s.cfg.KeepAlive, func(h http.Header) { setRouteHeaders(h, cl) })
+	return newSSEWriter(o.c.Response(), o.s.cfg.KeepAlive, o.s.cfg.ClientWriteTimeout, func(h http.Header) { setRouteHeaders(h, cl) })
 }
 
 // json sends the winning attempt's JSON answer byte for byte.
@@ -81,6 +81,7 @@ func (o httpSink) json(cl *call, body []byte) {
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	setRouteHeaders(h, cl)
 	h.Set("Server-Timing", serverTiming(cl))
+	_ = http.NewResponseController(o.c.Response()).SetWriteDeadline(time.Now().Add(o.s.cfg.ClientWriteTimeout))
 	o.c.Response().WriteHeader(http.StatusOK)
 	_, _ = o.c.Response().Write(body)
 }

@@ -6,18 +6,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// Stage names used in Server-Timing, metrics and the ledger.
-const (
-	stageGateway      = "gateway"
-	stageConnect      = "connect"
-	stageUpstreamTTFT = "upstream_ttft"
-	stageEngineQueue  = "engine_queue"
-	stageEngineTTFT   = "engine_ttft"
-	stageNetwork      = "network"
-	stageTTFT         = "ttft"
-	stageTotal        = "total"
+	"tailgate/data"
 )
 
 // metrics holds the server's Prometheus collectors: requests, stages,
@@ -29,12 +19,13 @@ type metrics struct {
 	ttft     *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
 	inflight prometheus.Gauge
+	// rowsSkipped counts refused requests whose ledger row was not written
+	// (over Config.RejectedRows).
+	rowsSkipped prometheus.Counter
 
-	stageObs [8]prometheus.Observer // indexed like stageNames
-	perModel sync.Map               // model → *modelMetrics
+	stageObs [len(data.StageNames)]prometheus.Observer // indexed like data.StageNames
+	perModel sync.Map                                  // model → *modelMetrics
 }
-
-var stageNames = [8]string{stageGateway, stageConnect, stageUpstreamTTFT, stageEngineQueue, stageEngineTTFT, stageNetwork, stageTTFT, stageTotal}
 
 // latencyBuckets run from 100 µs to 60 s: gateway stages live at the bottom,
 // model time at the top.
@@ -58,11 +49,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tailgate_inflight_requests", Help: "Requests being served now.",
 		}),
+		rowsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tailgate_ledger_rows_skipped_total", Help: "Refused requests not written to the ledger (over the rejected-rows rate).",
+		}),
 	}
-	for i, name := range stageNames {
+	for i, name := range data.StageNames {
 		m.stageObs[i] = m.stages.WithLabelValues(name)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight} {
+	for _, c := range []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.rowsSkipped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("server: register metrics: %w", err)
 		}

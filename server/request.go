@@ -33,6 +33,9 @@ type parsedRequest struct {
 	model     string
 	stream    bool
 	wantUsage bool  // the client asked for the usage chunk
+	// wantContinuous: the client asked for usage on every chunk too
+	// (stream_options.continuous_usage_stats, with include_usage).
+	wantContinuous bool
 	maxTokens int64 // the completion cap in force for one sequence (client's or the default)
 	// sequences is how many completions the engine generates: n, times the
 	// number of prompts of a /v1/completions prompt list.
@@ -195,6 +198,11 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 			return nil, apierr.BadRequest("stream_options", "stream_options.include_usage must be a boolean")
 		}
 		p.wantUsage = iu.Type == gjson.True
+		cu := streamOpts.Get("continuous_usage_stats")
+		if cu.Exists() && !isBool(cu) && cu.Type != gjson.Null {
+			return nil, apierr.BadRequest("stream_options", "stream_options.continuous_usage_stats must be a boolean")
+		}
+		p.wantContinuous = p.wantUsage && cu.Type == gjson.True
 	}
 
 	// Forward exactly what was decided: each field the gateway acts on is
@@ -227,8 +235,10 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 		}
 	}
 	if p.stream {
-		iu := streamOpts.Get("include_usage")
-		set("stream_options.include_usage", iu.Raw, true, "true")
+		// Usage on every chunk: an aborted stream and a cancelled hedge are
+		// billed from the engine's own running count, not estimated.
+		set("stream_options.include_usage", streamOpts.Get("include_usage").Raw, true, "true")
+		set("stream_options.continuous_usage_stats", streamOpts.Get("continuous_usage_stats").Raw, true, "true")
 	}
 	if err != nil {
 		return nil, apierr.BadRequest("", "request body cannot be edited: %v", err)

@@ -3,7 +3,10 @@ package server
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"tailgate/data"
@@ -153,12 +156,18 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 // (nil when the answer was delivered, the client is gone, or the failure was
 // already relayed in-band).
 func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Error {
-	var mid *midstreamError
-	var ae *apierr.Error
+	var (
+		mid  *midstreamError
+		cerr *clientError
+		ae   *apierr.Error
+	)
 	switch {
 	case err == nil:
 		cl.outcome = data.OutcomeOK
-	case ctx.Err() != nil:
+	case errors.As(err, &cerr) && isTimeout(cerr):
+		// The client stopped reading for longer than the write timeout: cut.
+		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientStalled, statusClientClosed
+	case ctx.Err() != nil, errors.As(err, &cerr):
 		// The client went away: nobody to answer; the ledger says 499.
 		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientCancelled, statusClientClosed
 	case errors.As(err, &mid):
@@ -242,6 +251,10 @@ func (s *Server) hedgeOverhead(cl *call, res *router.Result) {
 	}
 	for _, l := range res.Losers() {
 		switch {
+		case l.Attempt != nil && l.Attempt.(*upstream).gotUsage:
+			// The engine's own running count when the loser was cancelled.
+			u := l.Attempt.(*upstream).usage
+			cl.overhead += u.PromptTokens + u.CompletionTokens
 		case l.Attempt != nil:
 			cl.overhead += cl.req.promptEstimate + l.Attempt.(*upstream).tokens
 		case router.IsNoToken(l.Err):
@@ -285,6 +298,10 @@ func (s *Server) record(cl *call, cost int64) {
 	if cl.principal == nil {
 		return
 	}
+	if cl.outcome == data.OutcomeRejected && !s.rejectedRows.Allow() {
+		s.m.rowsSkipped.Inc()
+		return
+	}
 	row := data.LedgerRow{
 		ID: cl.id, Time: cl.start, TenantID: cl.principal.TenantID, KeyID: cl.principal.KeyID,
 		Upstream: cl.replica, PromptTokens: cl.usage.PromptTokens, CompletionTokens: cl.usage.CompletionTokens,
@@ -292,7 +309,23 @@ func (s *Server) record(cl *call, cost int64) {
 		Attempts: cl.attempts, Hedged: cl.hedged, HedgeOverheadTokens: cl.overhead, Stages: cl.stages,
 	}
 	if cl.req != nil {
-		row.Model, row.Stream = cl.req.model, cl.req.stream
+		row.Model, row.Stream = boundString(cl.req.model), cl.req.stream
 	}
 	s.ledger.Add(row)
+}
+
+// maxStoredString bounds a client-chosen string (a model name) in a ledger
+// row: the body may be megabytes, the row stays small.
+const maxStoredString = 256
+
+func boundString(v string) string {
+	if len(v) <= maxStoredString {
+		return v
+	}
+	return strings.ToValidUTF8(v[:maxStoredString], "") + "…"
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded)
 }

@@ -28,9 +28,11 @@ import (
 // connection to proxies and clients), and commits the SSE headers with the
 // first write. A stream ends badly in one place only: [sseWriter.fail].
 type sseWriter struct {
-	rw        http.ResponseWriter
-	flusher   http.Flusher
-	keepAlive time.Duration
+	rw           http.ResponseWriter
+	flusher      http.Flusher
+	rc           *http.ResponseController
+	writeTimeout time.Duration // how long one write may block on a client that does not read
+	keepAlive    time.Duration
 	headers   func(http.Header) // route headers, set when the stream commits once armed
 
 	mu        sync.Mutex
@@ -42,9 +44,10 @@ type sseWriter struct {
 	failed    error // the first write error (client gone)
 }
 
-func newSSEWriter(rw http.ResponseWriter, keepAlive time.Duration, headers func(http.Header)) *sseWriter {
-	w := &sseWriter{rw: rw, keepAlive: keepAlive, headers: headers, lastWrite: time.Now()}
+func newSSEWriter(rw http.ResponseWriter, keepAlive, writeTimeout time.Duration, headers func(http.Header)) *sseWriter {
+	w := &sseWriter{rw: rw, keepAlive: keepAlive, writeTimeout: writeTimeout, headers: headers, lastWrite: time.Now()}
 	w.flusher, _ = rw.(http.Flusher)
+	w.rc = http.NewResponseController(rw)
 	w.mu.Lock() // the timer may fire before the assignment below is visible
 	w.timer = time.AfterFunc(keepAlive, w.keepAliveTick)
 	w.mu.Unlock()
@@ -74,6 +77,14 @@ func (w *sseWriter) routed() {
 	w.mu.Unlock()
 }
 
+// deadlineLocked bounds the next write: a client that stops reading fails
+// the write instead of holding the stream (and everything it holds) forever.
+func (w *sseWriter) deadlineLocked() {
+	if w.writeTimeout > 0 {
+		_ = w.rc.SetWriteDeadline(time.Now().Add(w.writeTimeout))
+	}
+}
+
 func (w *sseWriter) flushLocked() {
 	if w.flusher != nil {
 		w.flusher.Flush()
@@ -95,11 +106,12 @@ func (w *sseWriter) send(flush bool, evs ...[]byte) error {
 	if w.closed {
 		return errStreamClosed
 	}
+	w.deadlineLocked()
 	w.commitLocked()
 	for _, ev := range evs {
 		if _, err := w.rw.Write(ev); err != nil {
-			w.failed = err
-			return err
+			w.failed = &clientError{err}
+			return w.failed
 		}
 	}
 	if flush {
@@ -119,9 +131,10 @@ func (w *sseWriter) keepAliveTick() {
 		w.timer.Reset(w.keepAlive - idle)
 		return
 	}
+	w.deadlineLocked()
 	w.commitLocked()
 	if _, err := w.rw.Write(keepAliveComment); err != nil {
-		w.failed = err
+		w.failed = &clientError{err}
 		return
 	}
 	w.flushLocked()
@@ -145,6 +158,7 @@ func (w *sseWriter) fail(ae *apierr.Error) {
 	if w.failed != nil {
 		return // the client is gone
 	}
+	w.deadlineLocked()
 	if !w.committed {
 		w.committed = true
 		if w.headers != nil && w.armed {
@@ -155,7 +169,7 @@ func (w *sseWriter) fail(ae *apierr.Error) {
 	}
 	ev := append(append([]byte("data: "), ae.Body()...), "\n\n"...)
 	if _, err := w.rw.Write(ev); err != nil {
-		w.failed = err
+		w.failed = &clientError{err}
 		return
 	}
 	w.flushLocked()
@@ -215,10 +229,11 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 			u.usage.PromptTokens = us.Get("prompt_tokens").Int()
 			u.usage.CompletionTokens = us.Get("completion_tokens").Int()
 			u.gotUsage = true
-			if !cl.req.wantUsage {
-				if bytes.Contains(payload, emptyChoices) {
-					return evDrop, nil // the usage chunk only the gateway wanted
-				}
+			usageOnly := bytes.Contains(payload, emptyChoices)
+			switch {
+			case usageOnly && !cl.req.wantUsage:
+				return evDrop, nil // the usage chunk only the gateway wanted
+			case !usageOnly && !cl.req.wantContinuous:
 				if stripped, err := sjson.DeleteBytes(payload, "usage"); err == nil {
 					ev = append(append([]byte("data: "), stripped...), "\n\n"...)
 				}
@@ -231,6 +246,13 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 	}
 	return evOther, ev
 }
+
+// clientError is a failed write to the client: it went away or stopped
+// reading for longer than the write timeout.
+type clientError struct{ err error }
+
+func (e *clientError) Error() string { return "write to client: " + e.err.Error() }
+func (e *clientError) Unwrap() error { return e.err }
 
 // midstreamError is a stream that broke after its first token reached the
 // client: there is no silent retry then, only an honest in-band error event.
