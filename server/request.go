@@ -32,11 +32,11 @@ type parsedRequest struct {
 	body      []byte // as sent upstream
 	model     string
 	stream    bool
-	wantUsage bool  // the client asked for the usage chunk
+	wantUsage bool // the client asked for the usage chunk
 	// wantContinuous: the client asked for usage on every chunk too
 	// (stream_options.continuous_usage_stats, with include_usage).
 	wantContinuous bool
-	maxTokens int64 // the completion cap in force for one sequence (client's or the default)
+	maxTokens      int64 // the completion cap in force for one sequence (client's or the default)
 	// sequences is how many completions the engine generates: n, times the
 	// number of prompts of a /v1/completions prompt list.
 	sequences int64

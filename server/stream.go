@@ -33,7 +33,7 @@ type sseWriter struct {
 	rc           *http.ResponseController
 	writeTimeout time.Duration // how long one write may block on a client that does not read
 	keepAlive    time.Duration
-	headers   func(http.Header) // route headers, set when the stream commits once armed
+	headers      func(http.Header) // route headers, set when the stream commits once armed
 
 	mu        sync.Mutex
 	armed     bool // routing is decided: headers may be read
