@@ -4,6 +4,7 @@ import (
 	"errors"
 	"hash/fnv"
 	"strconv"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -86,19 +87,24 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 		var (
 			dup   *strictjson.DuplicateKeyError
 			depth *strictjson.DepthError
+			keys  *strictjson.TooManyKeysError
 		)
 		switch {
 		case errors.As(err, &dup):
 			return nil, apierr.BadRequest(dup.Key, "request body has %s: send each field once", err)
 		case errors.As(err, &depth):
 			return nil, apierr.BadRequest("", "request body is %s", err)
+		case errors.As(err, &keys):
+			return nil, apierr.BadRequest("", "request body has %s", err)
 		}
 		return nil, apierr.BadRequest("", "request body is not valid JSON: %s", err)
 	}
 	if body[firstNonSpace(body)] != '{' {
 		return nil, apierr.BadRequest("", "request body must be a JSON object")
 	}
-	fields := gjson.GetManyBytes(body, "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of")
+	// gjson over a string view of the body: results alias it instead of
+	// copying (a 4 MiB messages array would otherwise be copied whole).
+	fields := gjson.GetMany(unsafe.String(unsafe.SliceData(body), len(body)), "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of")
 	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n, bestOf := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7], fields[8]
 
 	p := &parsedRequest{body: body, sequences: 1}
