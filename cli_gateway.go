@@ -262,8 +262,10 @@ type gateway struct {
 	adminAddr  string
 }
 
-func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log *slog.Logger) (gw *gateway, err error) {
-	gw = &gateway{flags: gf, log: log}
+func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log *slog.Logger) (_ *gateway, err error) {
+	// gw is not the result: an error returns nil, and this still closes
+	// what was opened before it.
+	gw := &gateway{flags: gf, log: log}
 	defer func() {
 		if err != nil {
 			gw.close()
@@ -319,10 +321,10 @@ func openGateway(ctx context.Context, gf *gatewayFlags, setup *gatewaySetup, log
 	gw.srv = srv
 
 	if gw.publicLn, err = net.Listen("tcp", gf.listen); err != nil {
-		return nil, fmt.Errorf("listen %s: %w", gf.listen, err)
+		return nil, fmt.Errorf("--listen %s: %w", gf.listen, err)
 	}
 	if gw.adminLn, err = net.Listen("tcp", gf.adminListen); err != nil {
-		return nil, fmt.Errorf("admin listen %s: %w", gf.adminListen, err)
+		return nil, fmt.Errorf("--admin-listen %s: %w", gf.adminListen, err)
 	}
 	gw.publicAddr, gw.adminAddr = gw.publicLn.Addr().String(), gw.adminLn.Addr().String()
 	// No ReadTimeout/WriteTimeout: they would cut long streams. Headers have
@@ -446,7 +448,7 @@ func (gw *gateway) close() {
 // first start and returns their contents.
 func ensureTokens(dir string) (admin, cluster string, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", "", fmt.Errorf("data dir: %w", err)
+		return "", "", fmt.Errorf("--data: %w", err)
 	}
 	if admin, err = ensureSecretFile(filepath.Join(dir, "admin.token"), "tga-"); err != nil {
 		return "", "", err

@@ -113,8 +113,8 @@ type worker struct {
 	draining bool
 }
 
-func newWorker(ctx context.Context, wf *workerFlags, log *slog.Logger) (w *worker, err error) {
-	w = &worker{flags: wf, log: log, state: serving.StateStarting, reason: "engine starting"}
+func newWorker(ctx context.Context, wf *workerFlags, log *slog.Logger) (_ *worker, err error) {
+	w := &worker{flags: wf, log: log, state: serving.StateStarting, reason: "engine starting"}
 	defer func() {
 		if err != nil {
 			w.close()
