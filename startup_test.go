@@ -44,35 +44,50 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 		return append([]string{"worker", "--data", t.TempDir(), "--engine", "sim", "--gateway", "http://127.0.0.1:9",
 			"--cluster-token-file", tokenFile, "--listen", "127.0.0.1:0"}, extra...)
 	}
+	// The test control server refuses tags only when a registered node asks
+	// for other ones (it trusts the tags a node asks for when it signs up),
+	// so that row's node joins once with a tag, then again with one nobody
+	// owns.
+	retagDir := t.TempDir()
+	retag := func(tag string) []string {
+		return []string{"gateway", "--data", retagDir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+			"--mesh", "--mesh-control-url", control, "--mesh-authkey", "tskey-auth-good", "--mesh-tags", tag}
+	}
 	for _, tc := range []struct {
-		name string
-		args []string
-		want []string // all in the error line
+		name    string
+		prepare func(t *testing.T)
+		args    []string
+		want    []string // all in the error line
 	}{
-		{"gateway public port in use", gateway("--listen", held),
+		{"gateway public port in use", nil, gateway("--listen", held),
 			[]string{"--listen " + held, "address already in use"}},
-		{"gateway admin port in use", gateway("--admin-listen", held),
+		{"gateway admin port in use", nil, gateway("--admin-listen", held),
 			[]string{"--admin-listen " + held, "address already in use"}},
-		{"up public port in use", up("--listen", held),
+		{"up public port in use", nil, up("--listen", held),
 			[]string{"--listen " + held, "address already in use"}},
-		{"worker sidecar port in use", worker("--listen", held),
+		{"worker sidecar port in use", nil, worker("--listen", held),
 			[]string{"listen " + held, "address already in use"}},
-		{"gateway data dir under a regular file", gateway("--data", filepath.Join(regular, "data")),
+		{"gateway data dir under a regular file", nil, gateway("--data", filepath.Join(regular, "data")),
 			[]string{"--data", regular, "not a directory"}},
-		{"up data dir under a regular file", up("--data", filepath.Join(regular, "data")),
+		{"up data dir under a regular file", nil, up("--data", filepath.Join(regular, "data")),
 			[]string{"--data", regular, "not a directory"}},
-		{"worker without --gateway", []string{"worker", "--engine", "sim", "--cluster-token", "x"},
+		{"worker without --gateway", nil, []string{"worker", "--engine", "sim", "--cluster-token", "x"},
 			[]string{"--gateway is required"}},
-		{"worker on every interface without --advertise", worker("--listen", "0.0.0.0:0"),
+		{"worker on every interface without --advertise", nil, worker("--listen", "0.0.0.0:0"),
 			[]string{"--listen 0.0.0.0:0 binds every interface", "--advertise"}},
-		{"--mesh-allow-peers without --mesh", gateway("--mesh-allow-peers", "tg-w1"),
+		{"--mesh-allow-peers without --mesh", nil, gateway("--mesh-allow-peers", "tg-w1"),
 			[]string{"--mesh-allow-peers needs --mesh"}},
-		{"gateway mesh key refused", gateway("--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-authkey", "tskey-auth-bad"),
+		{"gateway mesh key refused", nil, gateway("--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-authkey", "tskey-auth-bad"),
 			[]string{"refused", "invalid authkey", "--mesh-authkey"}},
-		{"worker mesh key refused", worker("--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-authkey", "tskey-auth-bad"),
+		{"worker mesh key refused", nil, worker("--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-authkey", "tskey-auth-bad"),
 			[]string{"refused", "invalid authkey", "--mesh-authkey"}},
+		{"gateway asks for tags the control server refuses", joinOnce(retag(meshtest.TagGateway)), retag("tag:nobody-owns"),
+			[]string{"refused", "expired the node's key", "tag:nobody-owns", "--mesh-tags"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.prepare != nil {
+				tc.prepare(t)
+			}
 			code, stderr := runToExit(t, 90*time.Second, tc.args...)
 			if code != 1 {
 				t.Errorf("exit status %d, want 1", code)
@@ -90,6 +105,26 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 				t.Logf("tailgate %s\nstderr:\n%s", strings.Join(tc.args, " "), stderr)
 			}
 		})
+	}
+}
+
+// joinOnce returns a step that starts the gateway with args, waits until it
+// serves, and stops it.
+func joinOnce(args []string) func(t *testing.T) {
+	return func(t *testing.T) {
+		p := startProc(t, "gateway (first start)", true, args...)
+		bound := time.AfterFunc(60*time.Second, func() { _ = p.cmd.Process.Kill() })
+		defer bound.Stop()
+		served := false
+		p.scanUntil(func(line string) bool {
+			served = strings.HasPrefix(line, "tailgate gateway: API")
+			return served
+		})
+		if !served {
+			t.Fatalf("the gateway did not start:\n%s", p.stderr.String())
+		}
+		_ = p.cmd.Process.Kill()
+		<-p.exited
 	}
 }
 
