@@ -76,7 +76,7 @@ type upstreamConfig struct {
 	ID  string `yaml:"id"` // "": the URL's host:port
 	URL string `yaml:"url"`
 
-	flag bool // from --upstream, not the file (for error messages)
+	fromFlag bool // from --upstream, not the file (for error messages)
 }
 
 // modelConfig is one model's entry in the catalog, models.NAME in the file.
@@ -165,7 +165,7 @@ func (c *gatewayConfig) load(fs *flag.FlagSet) error {
 		}
 	}
 	for _, u := range c.upstreamFlags {
-		c.Upstreams = append(c.Upstreams, upstreamConfig{URL: u, flag: true})
+		c.Upstreams = append(c.Upstreams, upstreamConfig{URL: u, fromFlag: true})
 	}
 	c.upstreamFlags = nil
 	for _, p := range c.priceFlags {
@@ -244,7 +244,7 @@ func (c *gatewayConfig) Validate() error {
 	for i, u := range c.Upstreams {
 		if _, _, err := parseUpstream(u.URL); err != nil {
 			where := fmt.Sprintf("upstreams[%d].url", i)
-			if u.flag {
+			if u.fromFlag {
 				where = "--upstream"
 			}
 			return fmt.Errorf("%s %q: %w", where, u.URL, err)
