@@ -55,6 +55,11 @@ type gatewayConfig struct {
 	IdleDeadline time.Duration `yaml:"-"` // --idle-deadline; 0: 30s
 	JSONDeadline time.Duration `yaml:"-"` // --json-deadline; 0: 10m
 
+	ClientWriteTimeout time.Duration `yaml:"-"` // --client-write-timeout; 0: 30s
+	MaxJSONDepth       int           `yaml:"-"` // --max-json-depth; 0: 64
+	MediaPartTokens    int64         `yaml:"-"` // --media-part-tokens; 0: 16384
+	RejectedRows       float64       `yaml:"-"` // --rejected-rows; 0: 20 per second
+
 	Policy          string        `yaml:"-"` // --policy; "": p2c
 	Affinity        bool          `yaml:"-"` // --affinity
 	SlowStart       time.Duration `yaml:"-"` // --slow-start; 0: off
@@ -123,6 +128,10 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TTFTDeadline, "ttft-deadline", 30*time.Second, "an attempt with no first token by then is abandoned and its replica ejected")
 	fs.DurationVar(&c.IdleDeadline, "idle-deadline", 30*time.Second, "a stream silent this long between tokens is cut and its replica ejected")
 	fs.DurationVar(&c.JSONDeadline, "json-deadline", 10*time.Minute, "how long a request that is not streamed may wait for its answer")
+	fs.DurationVar(&c.ClientWriteTimeout, "client-write-timeout", 30*time.Second, "a client that does not read its answer for this long is cut, and what it held is released")
+	fs.IntVar(&c.MaxJSONDepth, "max-json-depth", 64, "deepest nesting of objects and arrays in a request body (deeper: 400)")
+	fs.Int64Var(&c.MediaPartTokens, "media-part-tokens", 16384, "prompt tokens reserved against the budget for each image, audio or video part of a chat message")
+	fs.Float64Var(&c.RejectedRows, "rejected-rows", 20, "ledger rows per second for refused requests (bad input, limits); past it they are only counted in tailgate_ledger_rows_skipped_total")
 	fs.BoolVar(&c.Hedge, "hedge", false, "hedge requests: a second attempt on another replica when the first has no token by the hedge delay")
 	fs.Float64Var(&c.HedgePercentile, "hedge-percentile", 0.95, "hedge delay: this percentile of recent time to first token, per model")
 	fs.DurationVar(&c.HedgeMin, "hedge-min", 20*time.Millisecond, "smallest hedge delay")
@@ -202,6 +211,12 @@ func (c *gatewayConfig) Validate() error {
 		return errors.New("--data: a data directory is required")
 	case c.DefaultMaxTokens < 0:
 		return fmt.Errorf("--default-max-tokens (default_max_tokens) %d: want a positive count (0: 1024)", c.DefaultMaxTokens)
+	case c.MaxJSONDepth < 0 || c.MaxJSONDepth > 10000:
+		return fmt.Errorf("--max-json-depth %d: want 1 to 10000 (0: 64)", c.MaxJSONDepth)
+	case c.MediaPartTokens < 0:
+		return fmt.Errorf("--media-part-tokens %d: want a positive number of tokens (0: 16384)", c.MediaPartTokens)
+	case c.RejectedRows < 0:
+		return fmt.Errorf("--rejected-rows %v: want a positive rate per second (0: 20)", c.RejectedRows)
 	case c.MaxBody < 0:
 		return fmt.Errorf("--max-body %d: want a positive size in bytes (0: 4 MiB)", c.MaxBody)
 	case c.MeshAllowPeers != "" && !c.Mesh.enabled:
@@ -213,6 +228,7 @@ func (c *gatewayConfig) Validate() error {
 	}{
 		{"--shutdown-grace", c.ShutdownGrace}, {"--sse-keepalive", c.KeepAlive},
 		{"--ttft-deadline", c.TTFTDeadline}, {"--idle-deadline", c.IdleDeadline}, {"--json-deadline", c.JSONDeadline},
+		{"--client-write-timeout", c.ClientWriteTimeout},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s %v: want a positive duration", d.flag, d.v)
@@ -312,6 +328,8 @@ func (c *gatewayConfig) setup() (*gatewaySetup, error) {
 		srvCfg: server.Config{
 			DefaultMaxTokens: c.DefaultMaxTokens, MaxBodyBytes: c.MaxBody, KeepAlive: c.KeepAlive,
 			TTFTDeadline: c.TTFTDeadline, IdleDeadline: c.IdleDeadline, JSONDeadline: c.JSONDeadline,
+			ClientWriteTimeout: c.ClientWriteTimeout, MaxJSONDepth: c.MaxJSONDepth, MediaPartTokens: c.MediaPartTokens,
+			RejectedRows:     c.RejectedRows,
 			MaxTokensByModel: map[string]int64{}, TTFTDeadlineByModel: map[string]time.Duration{},
 			IdleDeadlineByModel: map[string]time.Duration{},
 		},
