@@ -102,6 +102,14 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		return nil, err
 	}
 	gw.ledger = gw.store.NewLedgerWriter(data.LedgerConfig{}, log)
+	// Streams a previous run was serving when it died have open rows:
+	// settle them (billed at what their clients had received) before the
+	// budgets are read.
+	if n, err := gw.store.SettleOpen(ctx); err != nil {
+		return nil, fmt.Errorf("settle interrupted requests: %w", err)
+	} else if n > 0 {
+		log.Warn("settled requests that were in flight when the gateway last stopped", "interrupted", n)
+	}
 	if gw.gate, err = policy.New(ctx, policy.Config{Prices: setup.prices}, gw.store, log); err != nil {
 		return nil, err
 	}
