@@ -43,8 +43,8 @@ type call struct {
 	// How it ended: set once, by conclude (or reject).
 	recorded bool // the ledger row is written (or committed)
 	outcome  data.Outcome
-	class   data.ErrorClass
-	status  int
+	class    data.ErrorClass
+	status   int
 }
 
 func (s *Server) newCall(ep endpoint, p *policy.Principal) *call {
