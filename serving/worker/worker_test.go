@@ -189,8 +189,8 @@ func TestNewNamesTheReplicaAfterHostAndPort(t *testing.T) {
 func TestRunDrainsBeforeStoppingTheEngine(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name        string
-		noDrain     bool
+		name         string
+		noDrain      bool
 		wantFinished bool
 	}{
 		{"in-flight request finishes", false, true},
