@@ -4,16 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +24,9 @@ import (
 // and replaced, and the report has the figures of it. Nothing is left
 // running afterwards.
 func TestBenchScenarioFailoverEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	dir := t.TempDir()
 	jsonPath, htmlPath := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.html")
 	const phases, rate, seed = "steady:2s,kill:1,steady:4s", 15, 3
@@ -144,112 +146,108 @@ func processesMentioning(s string) []string {
 	return out
 }
 
-// openAIStub is a minimal OpenAI-compatible server that records the bodies
-// it was sent.
-type openAIStub struct {
-	srv    *httptest.Server
-	mu     sync.Mutex
-	bodies []string
-}
-
-func newOpenAIStub(t *testing.T, delay time.Duration) *openAIStub {
-	s := &openAIStub{}
-	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		s.mu.Lock()
-		s.bodies = append(s.bodies, string(body))
-		s.mu.Unlock()
-		time.Sleep(delay)
-		if bytes.Contains(body, []byte(`"stream":true`)) {
-			w.Header().Set("Content-Type", "text/event-stream")
-			_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
-			return
+// TestBenchFlagsMapToOptions: each flag lands in its load.Options field,
+// the negated booleans in their No…/Disable… fields, and --stream-fraction
+// only when given (else the scenario's share applies).
+func TestBenchFlagsMapToOptions(t *testing.T) {
+	defaults := load.Options{Seed: 1, StartupTimeout: time.Minute, Endpoint: "chat", Timeout: 30 * time.Second,
+		MaxInflight: 4096, HookTimeout: 2 * time.Minute, Window: 10 * time.Second, SampleInterval: 250 * time.Millisecond}
+	zero := 0.0
+	for _, tc := range []struct {
+		args []string
+		want func(o *load.Options)
+	}{
+		{[]string{"--scenario", "failover"}, func(o *load.Options) { o.Scenario = "failover" }},
+		{[]string{"--target", "http://gw/v1", "--key", "k", "--key-file", "kf", "--admin", "http://gw:8081", "--admin-token-file", "at",
+			"--admin-tenant", "team", "--model", "m", "--label", "L", "--gateway-args", "--g 1", "--worker-args", "--w 2"},
+			func(o *load.Options) {
+				o.A = load.Side{Label: "L", Target: "http://gw/v1", Key: "k", KeyFile: "kf", Admin: "http://gw:8081", AdminTokenFile: "at",
+					Model: "m", GatewayArgs: "--g 1", WorkerArgs: "--w 2"}
+				o.AdminTenant = "team"
+			}},
+		{[]string{"--compare", "--target-b", "http://b/v1", "--key-b", "k", "--key-file-b", "kf", "--admin-b", "http://b:8081",
+			"--admin-token-file-b", "at", "--model-b", "m", "--label-b", "L", "--b-gateway-args", "--g 1", "--b-worker-args", "--w 2"},
+			func(o *load.Options) {
+				o.Compare = true
+				o.B = load.Side{Label: "L", Target: "http://b/v1", Key: "k", KeyFile: "kf", Admin: "http://b:8081", AdminTokenFile: "at",
+					Model: "m", GatewayArgs: "--g 1", WorkerArgs: "--w 2"}
+			}},
+		{[]string{"--replicas", "5", "--replace=false", "--replace-delay", "2s", "--keep", "--startup-timeout", "3m"},
+			func(o *load.Options) {
+				o.Replicas, o.NoReplace, o.ReplaceDelay, o.Keep, o.StartupTimeout = 5, true, 2*time.Second, true, 3*time.Minute
+			}},
+		{[]string{"--rate", "7.5", "--phases", "steady:1s", "--seed", "0", "--prompt-tokens", "8", "--output-tokens", "4",
+			"--stream-fraction", "0", "--replay", "r.jsonl", "--endpoint", "completions", "--ignore-eos=false", "--timeout", "5s",
+			"--keepalive=false", "--max-conns", "3", "--max-inflight", "9"},
+			func(o *load.Options) {
+				o.Rate, o.Phases, o.Seed, o.PromptTokens, o.OutputTokens, o.StreamFraction = 7.5, "steady:1s", 0, "8", "4", &zero
+				o.Replay, o.Endpoint, o.NoIgnoreEOS, o.Timeout, o.DisableKeepAlive, o.MaxConns, o.MaxInflight = "r.jsonl", "completions", true, 5*time.Second, true, 3, 9
+			}},
+		{[]string{"--concurrency", "4", "--on-kill", "k", "--on-scaleout", "s", "--hook-timeout", "1s", "--json", "r.json", "--html", "r.html",
+			"--window", "3s", "--sample-interval", "20ms", "--quiet"},
+			func(o *load.Options) {
+				o.Concurrency, o.OnKill, o.OnScaleOut, o.HookTimeout, o.JSONFile, o.HTMLFile = 4, "k", "s", time.Second, "r.json", "r.html"
+				o.Window, o.SampleInterval = 3*time.Second, 20*time.Millisecond
+			}},
+	} {
+		fs := newFlagSet("bench", benchSynopsis, io.Discard)
+		var f benchFlags
+		f.register(fs)
+		if err := parseFlags(fs, tc.args); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"completion_tokens":1}}`)
-	}))
-	t.Cleanup(s.srv.Close)
-	return s
-}
-
-func (s *openAIStub) sorted() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := slices.Clone(s.bodies)
-	slices.Sort(out)
-	return out
-}
-
-// TestBenchCompareSendsBothTargetsTheSameRequests: --compare runs the same
-// seeded workload against A and B — the same request bodies, the same
-// number — and prints them side by side.
-func TestBenchCompareSendsBothTargetsTheSameRequests(t *testing.T) {
-	a, b := newOpenAIStub(t, 2*time.Millisecond), newOpenAIStub(t, 8*time.Millisecond)
-	jsonPath := filepath.Join(t.TempDir(), "c.json")
-	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"bench", "--target", a.srv.URL + "/v1", "--key", "k", "--model", "m",
-		"--compare", "--target-b", b.srv.URL + "/v1", "--phases", "steady:500ms", "--rate", "40", "--quiet", "--json", jsonPath},
-		&stdout, &stderr)
-	if err != nil {
-		t.Fatalf("bench: %v\n%s", err, stderr.String())
-	}
-	ba, bb := a.sorted(), b.sorted()
-	if len(ba) == 0 || !slices.Equal(ba, bb) {
-		t.Fatalf("A got %d requests, B %d; same bodies: %v", len(ba), len(bb), slices.Equal(ba, bb))
-	}
-	out := stdout.String()
-	for _, want := range []string{"== compare: A = A: " + a.srv.URL, "matched: seed 1", "B/A", "ttft p99"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("stdout lacks %q:\n%s", want, out)
+		got, err := f.options(fs)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		want := defaults
+		tc.want(&want)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%v:\n got %+v\nwant %+v", tc.args, got, want)
 		}
 	}
-	var c load.Comparison
-	raw, _ := os.ReadFile(jsonPath)
-	if err := json.Unmarshal(raw, &c); err != nil {
-		t.Fatal(err)
-	}
-	if !c.Matched || len(c.A.Requests) != len(ba) || len(c.B.Requests) != len(bb) {
-		t.Errorf("comparison JSON: matched %v, %d and %d requests", c.Matched, len(c.A.Requests), len(c.B.Requests))
-	}
 }
 
-// TestBenchHooksActOnAnExternalTarget: against a target the bench did not
-// start, a kill phase runs --on-kill and the replica it prints is the one the
-// failover figures are about.
-func TestBenchHooksActOnAnExternalTarget(t *testing.T) {
-	a := newOpenAIStub(t, time.Millisecond)
-	marker := filepath.Join(t.TempDir(), "killed")
-	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"bench", "--target", a.srv.URL + "/v1", "--model", "m", "--quiet",
-		"--phases", "steady:300ms,kill:1,steady:300ms", "--rate", "20",
-		"--on-kill", "echo $TAILGATE_BENCH_COUNT > " + marker + "; echo gpu-7"}, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("bench: %v\n%s", err, stderr.String())
-	}
-	if got, _ := os.ReadFile(marker); string(got) != "1\n" {
-		t.Errorf("hook wrote %q", got)
-	}
-	if !strings.Contains(stdout.String(), "== failover: kill at") || !strings.Contains(stdout.String(), "(gpu-7)") {
-		t.Errorf("stdout:\n%s", stdout.String())
-	}
-}
-
+// TestBenchRejectsBadFlags: a bad invocation fails before anything starts,
+// with one line naming the flag at fault and exit status 1 (2 for a flag
+// the command does not know).
 func TestBenchRejectsBadFlags(t *testing.T) {
-	for _, args := range [][]string{
-		{},
-		{"--scenario", "nope"},
-		{"--scenario", "failover", "--target", "http://x/v1"},
-		{"--target", "http://x/v1", "--rate", "1", "--concurrency", "2"},
-		{"--target", "http://x/v1", "--model", "m", "--phases", "steady:1s,kill:1"},
-		{"--target", "http://x/v1", "--compare"},
-		{"--scenario", "failover", "--compare"},
-		{"--scenario", "overhead", "--phases", "steady:1s,kill:1,steady:1s"},
-		{"--target", "http://x/v1", "--phases", "steady"},
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "give --scenario NAME"},
+		{[]string{"--scenario", "nope"}, `unknown scenario "nope"`},
+		{[]string{"--scenario", "failover", "--target", "http://x/v1"}, "give --scenario or --target, not both"},
+		{[]string{"--target", "http://x/v1", "--rate", "1", "--concurrency", "2"}, "give --rate (open loop) or --concurrency (closed loop), not both"},
+		{[]string{"--target", "http://x/v1", "--rate", "0", "--concurrency", "2"}, "give --rate (open loop) or --concurrency (closed loop), not both"},
+		{[]string{"--target", "http://x/v1", "--concurrency", "0"}, "--concurrency must be at least 1"},
+		{[]string{"--target", "http://x/v1", "--model", "m", "--phases", "steady:1s,kill:1"}, "--on-kill CMD"},
+		{[]string{"--target", "http://x/v1", "--compare"}, "--compare with --target needs --target-b"},
+		{[]string{"--scenario", "failover", "--compare"}, "--b-gateway-args or --b-worker-args"},
+		{[]string{"--scenario", "overhead", "--phases", "steady:1s,kill:1,steady:1s"}, "scenario overhead has no workers"},
+		{[]string{"--target", "http://x/v1", "--phases", "steady"}, "--phases: "},
+		{[]string{"--scenario", "failover", "--replicas", "0"}, "--replicas 0: want 1 to 32"},
+		{[]string{"--target", "http://x/v1", "--endpoint="}, `--endpoint "": want chat or completions`},
+		{[]string{"--target", "http://x/v1", "--timeout", "0"}, "--timeout and --window must be positive"},
+		{[]string{"--target", "http://x/v1", "--sample-interval", "0"}, "--sample-interval at least 10ms"},
+		{[]string{"--target", "x:8000/v1", "--model", "m"}, `--target "x:8000/v1"`},
+		{[]string{"--target", "http://x/v1", "--model", "m", "--stream-fraction", "2"}, "--stream-fraction 2"},
+		{[]string{"--target", "http://x/v1", "stray"}, `unexpected argument "stray"`},
 	} {
 		var stdout, stderr bytes.Buffer
-		if err := run(context.Background(), append([]string{"bench"}, args...), &stdout, &stderr); err == nil {
-			t.Errorf("bench %v ran", args)
+		err := run(context.Background(), append([]string{"bench"}, tc.args...), &stdout, &stderr)
+		switch {
+		case err == nil:
+			t.Errorf("bench %v ran", tc.args)
+		case errors.Is(err, errUsage):
+			t.Errorf("bench %v: a usage error (exit 2), want %q (exit 1)", tc.args, tc.want)
+		case !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n"):
+			t.Errorf("bench %v: %q, want one line with %q", tc.args, err, tc.want)
 		}
+	}
+	if err := run(context.Background(), []string{"bench", "--no-such-flag"}, io.Discard, io.Discard); !errors.Is(err, errUsage) {
+		t.Errorf("an unknown flag: %v, want a usage error (exit 2)", err)
 	}
 	var stdout bytes.Buffer
 	if err := run(context.Background(), []string{"bench", "--scenario", "list"}, &stdout, io.Discard); err != nil || !strings.Contains(stdout.String(), "failover") {

@@ -20,7 +20,7 @@ import (
 func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("up", "up [--data DIR] [--listen ADDR] [--admin-listen ADDR] [--replicas N] [--model NAME] [--sim-* knobs]", stderr)
 	var (
-		gf       gatewayFlags
+		cfg      gatewayConfig
 		sf       simFlags
 		lf       logFlags
 		replicas = fs.Int("replicas", 2, "number of local replicas to start")
@@ -30,7 +30,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		vllmArgs stringList
 	)
 	fs.Var(&vllmArgs, "vllm-arg", "extra argument for every vllm serve (repeatable)")
-	gf.register(fs, true)
+	cfg.register(fs)
 	sf.register(fs)
 	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -54,17 +54,17 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	setup, err := gf.resolve()
+	setup, err := cfg.resolve(fs)
 	if err != nil {
 		return err
 	}
-	gw, err := openGateway(ctx, &gf, setup, log)
+	gw, err := openGateway(ctx, &cfg, setup, log)
 	if err != nil {
 		return err
 	}
 	defer gw.close()
 
-	keyPath := filepath.Join(gf.dataDir, "demo.key")
+	keyPath := filepath.Join(cfg.DataDir, "demo.key")
 	if err := ensureDemoKey(ctx, gw, keyPath); err != nil {
 		return err
 	}
@@ -78,8 +78,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for i := 1; i <= *replicas; i++ {
 		id := fmt.Sprintf("worker-%d", i)
 		childArgs := []string{"worker", "--gateway", "http://" + gw.adminAddr,
-			"--cluster-token-file", filepath.Join(gf.dataDir, "cluster.token"),
-			"--data", filepath.Join(gf.dataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
+			"--cluster-token-file", filepath.Join(cfg.DataDir, "cluster.token"),
+			"--data", filepath.Join(cfg.DataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
 			"--engine", *engine, "--model", *model, "--log-level", lf.level, "--log-format", lf.format,
 			"--warmup", fmt.Sprint(*warmup)}
 		switch *engine {
@@ -98,7 +98,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer func() { stopChildren(); wg.Wait() }()
 	wg.Go(func() { reportReadiness(cctx, gw, *replicas) })
 
-	admin := filepath.Join(gf.dataDir, "admin.token")
+	admin := filepath.Join(cfg.DataDir, "admin.token")
 	what := "SIMULATED replica(s)"
 	if *engine == "vllm" {
 		what = "vLLM replica(s)"

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -27,6 +28,10 @@ import (
 var binPath string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() { // the tests that start the binary skip themselves
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "tailgate-e2e")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -58,6 +63,9 @@ type process struct {
 // test's log.
 func startProc(t *testing.T, name string, withStdout bool, args ...string) *process {
 	t.Helper()
+	if binPath == "" {
+		t.Fatal("the binary is not built with -short: skip this test when testing.Short()")
+	}
 	p := &process{stderr: &syncBuffer{}}
 	cfg := proc.Config{Argv: append([]string{binPath}, args...), Stderr: proc.LineWriter(p.stderr, "")}
 	if withStdout {
@@ -204,6 +212,9 @@ func lastLine(s string) string {
 }
 
 func TestUpServesStreamingChatWithDemoKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	p := startUp(t, "--replicas", "2", "--sim-ttft", "5ms", "--sim-tpot", "1ms")
 	req, _ := http.NewRequest(http.MethodPost, p.api+"/chat/completions", strings.NewReader(
 		`{"model":"tailgate-sim","stream":true,"messages":[{"role":"user","content":"Say hello"}]}`))
@@ -224,6 +235,9 @@ func TestUpServesStreamingChatWithDemoKey(t *testing.T) {
 }
 
 func TestKeysCLIAgainstRunningGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	p := startUp(t, "--replicas", "1", "--sim-ttft", "1ms", "--sim-tpot", "0s")
 	secret := lastLine(tailgate(t, "keys", "create", "--data", p.dir, "--tenant", "team-a", "--rpm", "600"))
 	client := p.client(secret)
@@ -264,6 +278,9 @@ func asAPIError(err error, target **openai.Error) bool {
 // is in the ledger with the usage the client saw, none more, after a clean
 // stop in the middle of load.
 func TestLedgerExactAfterSIGTERMDuringLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	p := startUp(t, "--replicas", "2", "--sim-ttft", "20ms", "--sim-tpot", "2ms")
 	client := p.client(p.demoKey)
 	var (

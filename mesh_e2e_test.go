@@ -36,6 +36,9 @@ func hostListens(t *testing.T, port int) bool {
 }
 
 func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	control := meshtest.StartControl(t)
 	meshArgs := []string{"--mesh", "--mesh-control-url", control, "--mesh-ephemeral"}
 	g := startGateway(t, append(meshArgs, "--mesh-hostname", "tg-gateway", "--mesh-allow-peers", "tg-w1,tg-w2",
@@ -89,6 +92,9 @@ func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
 }
 
 func TestMeshRefusesPeersNotAllowed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	control := meshtest.StartControl(t)
 	meshArgs := []string{"--mesh", "--mesh-control-url", control, "--mesh-ephemeral"}
 	g := startGateway(t, append(meshArgs, "--mesh-hostname", "tg-gateway", "--mesh-allow-peers", "tg-trusted")...)

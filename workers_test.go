@@ -171,6 +171,9 @@ func serverTimingMillis(h string) map[string]float64 {
 }
 
 func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	g := startGateway(t, "--slow-start", "0") // both fresh replicas take requests at once
 	w1 := g.startWorker("w1")
 	g.startWorker("w2")
@@ -277,6 +280,9 @@ func (l *clientLoad) errors() string {
 }
 
 func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	g := startGateway(t)
 	w1 := g.startFleet(2, "--sim-tpot", "5ms")[0]
 	l := startLoad(g, 6)
@@ -345,6 +351,9 @@ func (g *gatewayProcess) metric(name string, filters ...string) float64 {
 }
 
 func TestFailoverOnSIGKILLHasNoClientErrorsBeforeTheFirstToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	g := startGateway(t)
 	victim := g.startFleet(3, "--sim-tpot", "3ms")[0]
 	l := startLoad(g, 8)
@@ -370,6 +379,9 @@ func TestFailoverOnSIGKILLHasNoClientErrorsBeforeTheFirstToken(t *testing.T) {
 }
 
 func TestHungWorkerIsEjectedAndReadmitted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	g := startGateway(t)
 	victim := g.startFleet(3, "--sim-tpot", "2ms")[0]
 	l := startLoad(g, 6)
@@ -420,6 +432,9 @@ func childPID(t *testing.T, parent int, id string) int {
 }
 
 func TestUpReplacesAKilledWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	p := startUp(t, "--replicas", "3", "--sim-ttft", "5ms", "--sim-tpot", "1ms", "--warmup", "1")
 	g := &gatewayProcess{t: t, admin: p.admin, api: p.api, key: p.demoKey, token: readToken(t, filepath.Join(p.dir, "admin.token"))}
 	g.waitReady("worker-1", "worker-2", "worker-3")

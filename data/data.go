@@ -97,9 +97,9 @@ type LedgerRow struct {
 	HedgeOverheadTokens int64 // tokens burned by losing hedges; not billed
 	CostMicros          int64
 
-	Status  int    // HTTP status sent to the client (200 even for a mid-stream failure)
-	Outcome string // "ok", "midstream_error", "client_cancelled", "upstream_error", "rejected", ...
-	Error   string // short error class, "" on success; never a key or a prompt
+	Status  int        // HTTP status sent to the client (200 even for a mid-stream failure)
+	Outcome Outcome    // how it ended: one of the Outcome constants
+	Error   ErrorClass // short failure class, "" on success; never a key or a prompt
 
 	Attempts int
 	Hedged   bool

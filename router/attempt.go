@@ -116,6 +116,7 @@ type outcome struct {
 func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result, error) {
 	r.budget.Deposit()
 	res := &Result{losersDone: make(chan struct{})}
+	defer func() { r.m.routed(res.Attempts) }()
 	outcomes := make(chan outcome, r.cfg.MaxAttempts)
 	cancels := map[int]context.CancelFunc{}
 	var tried []*Replica
@@ -136,9 +137,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 		cancels[n] = cancel
 		release := rep.acquire()
 		live++
-		if r.cfg.Events != nil {
-			r.cfg.Events.Attempt(req.Model, reason)
-		}
+		r.m.attempt(req.Model, reason)
 		started := r.cfg.Now()
 		run := func() {
 			var (
@@ -214,8 +213,8 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 				cancel := cancels[o.n]
 				release := o.release
 				res.finish = func() { release(); cancel() }
-				if res.Hedged && r.cfg.Events != nil {
-					r.cfg.Events.Hedge(req.Model, o.reason == ReasonHedge)
+				if res.Hedged {
+					r.m.hedged(req.Model, o.reason == ReasonHedge)
 				}
 				drain(live)
 				return res, nil
@@ -253,9 +252,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 			}
 			if class != "" && live == 0 && res.Attempts < r.cfg.MaxAttempts {
 				if err := start(ReasonRetry); err == nil {
-					if r.cfg.Events != nil {
-						r.cfg.Events.Retry(req.Model, class)
-					}
+					r.m.retry(req.Model, class)
 					continue
 				} else if class == "no_token" {
 					r.budget.Refund()
@@ -290,6 +287,3 @@ func (r *Registry) saturated(hint Hint, tried []*Replica) bool {
 	}
 	return rep.Load().Waiting >= r.hedges.cfg.MaxQueue || rep.full()
 }
-
-// Budget returns the retry and hedge budget (for metrics).
-func (r *Registry) Budget() *Budget { return r.budget }

@@ -18,7 +18,8 @@ type BudgetConfig struct {
 	// can still retry; 0 means 5.
 	MinPerSecond float64
 	// HedgeReserve is the part of Burst kept for retries: hedges only spend
-	// while the bucket holds more than this. 0 means half of Burst.
+	// while the bucket holds more than this. 0 (or more than Burst) means
+	// half of Burst.
 	HedgeReserve float64
 	// HedgeBurst caps the hedges that may run ahead of their Ratio share
 	// (their own bucket, earned by requests only); 0 means 5.
@@ -39,23 +40,32 @@ type Budget struct {
 	last   time.Time
 }
 
-// NewBudget returns a full bucket.
+// defaultBudgetRatio is DESIGN's default hedge budget: 5 % of requests.
+const defaultBudgetRatio = 0.05
+
+// withDefaults returns c with every zero field filled in.
+func (c BudgetConfig) withDefaults() BudgetConfig {
+	if c.Ratio == 0 {
+		c.Ratio = defaultBudgetRatio
+	}
+	if c.Burst == 0 {
+		c.Burst = 50
+	}
+	if c.MinPerSecond == 0 {
+		c.MinPerSecond = 5
+	}
+	if c.HedgeReserve == 0 || c.HedgeReserve > c.Burst {
+		c.HedgeReserve = c.Burst / 2
+	}
+	if c.HedgeBurst == 0 {
+		c.HedgeBurst = 5
+	}
+	return c
+}
+
+// NewBudget returns a full bucket; a nil now means time.Now.
 func NewBudget(cfg BudgetConfig, now func() time.Time) *Budget {
-	if cfg.Ratio <= 0 {
-		cfg.Ratio = 0.05
-	}
-	if cfg.Burst <= 0 {
-		cfg.Burst = 50
-	}
-	if cfg.MinPerSecond <= 0 {
-		cfg.MinPerSecond = 5
-	}
-	if cfg.HedgeReserve <= 0 || cfg.HedgeReserve > cfg.Burst {
-		cfg.HedgeReserve = cfg.Burst / 2
-	}
-	if cfg.HedgeBurst <= 0 {
-		cfg.HedgeBurst = 5
-	}
+	cfg = cfg.withDefaults()
 	if now == nil {
 		now = time.Now
 	}

@@ -20,6 +20,17 @@ type HealthConfig struct {
 	Timeout time.Duration
 }
 
+// withDefaults returns c with every zero field filled in.
+func (c HealthConfig) withDefaults() HealthConfig {
+	if c.Interval == 0 {
+		c.Interval = time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = time.Second
+	}
+	return c
+}
+
 // ErrProbeNotReady is what a Prober returns for a replica that answered but
 // is not ready (starting, warming, draining): alive, so not ejected.
 var ErrProbeNotReady = errors.New("replica answered but is not ready")
@@ -36,15 +47,9 @@ type HealthChecker struct {
 	cfg    HealthConfig
 }
 
-// NewHealthChecker returns a checker for reg's static replicas.
+// NewHealthChecker returns a checker for reg's replicas.
 func NewHealthChecker(reg *Registry, p Prober, cfg HealthConfig) *HealthChecker {
-	if cfg.Interval <= 0 {
-		cfg.Interval = time.Second
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = time.Second
-	}
-	return &HealthChecker{reg: reg, prober: p, cfg: cfg}
+	return &HealthChecker{reg: reg, prober: p, cfg: cfg.withDefaults()}
 }
 
 // Run probes until ctx is done. The first round runs at once.
@@ -89,31 +94,30 @@ func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
 	if errors.Is(err, ErrProbeNotReady) {
 		return // alive; its heartbeat carries the state
 	}
+	now := h.reg.cfg.Now()
 	if err != nil {
-		switch rep.State() {
+		switch cur := rep.State(); cur {
 		case StateReady:
 			h.reg.Eject(rep, "probe")
 		case StateStarting, StateEjected:
-			rep.failures.Add(1)
-			rep.SetState(rep.State(), "probe: "+err.Error())
+			rep.markFailure(now)
+			rep.transition(cur, cur, "probe: "+err.Error(), now)
 		}
 		return
 	}
+	rep.markOK(now)
 	if !rep.Static {
 		// A registered replica's state is its worker's to report; a good
 		// probe only lifts the gateway's own ejection.
-		if rep.state.CompareAndSwap(int32(StateEjected), int32(StateReady)) {
-			rep.reason.Store(new(string))
-			rep.readySince.Store(h.reg.cfg.Now().UnixNano())
+		if rep.transition(StateEjected, StateReady, "", now) {
 			h.reg.log.Info("replica re-admitted after a good probe", "replica", rep.ID)
 		}
-		rep.markOK(h.reg.cfg.Now())
 		return
 	}
 	rep.SetModels(models)
-	rep.markOK(h.reg.cfg.Now())
-	if s := rep.State(); s != StateReady && s != StateDraining {
+	// A static replica is ready once it answers, unless it said it is
+	// draining (see Registry.Drain).
+	if cur := rep.State(); cur != StateReady && cur != StateDraining && rep.transition(cur, StateReady, "", now) {
 		h.reg.log.Info("replica ready", "replica", rep.ID, "models", models)
-		rep.SetState(StateReady, "")
 	}
 }

@@ -40,7 +40,7 @@ type HedgeModel struct {
 	Min, Max   time.Duration
 }
 
-func (c *HedgeConfig) validate() error {
+func (c HedgeConfig) validate() error {
 	check := func(p float64, lo, hi time.Duration, where string) error {
 		if p < 0 || p >= 1 {
 			return fmt.Errorf("router: hedge percentile%s must be in (0,1), e.g. 0.95", where)
@@ -81,26 +81,31 @@ type ttftWindow struct {
 	delay   atomic.Int64 // cached delay in ns; 0 = not enough samples
 }
 
+// withDefaults returns c with every zero field that has a default filled in.
+func (c HedgeConfig) withDefaults() HedgeConfig {
+	if c.Percentile == 0 {
+		c.Percentile = 0.95
+	}
+	if c.Min == 0 {
+		c.Min = 20 * time.Millisecond
+	}
+	if c.Max == 0 {
+		c.Max = 30 * time.Second
+	}
+	if c.Window == 0 {
+		c.Window = 1000
+	}
+	if c.MinSamples == 0 {
+		c.MinSamples = 50
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = 1
+	}
+	return c
+}
+
 func newHedger(cfg HedgeConfig, now func() time.Time) *hedger {
-	if cfg.Percentile == 0 {
-		cfg.Percentile = 0.95
-	}
-	if cfg.Min == 0 {
-		cfg.Min = 20 * time.Millisecond
-	}
-	if cfg.Max == 0 {
-		cfg.Max = 30 * time.Second
-	}
-	if cfg.Window == 0 {
-		cfg.Window = 1000
-	}
-	if cfg.MinSamples == 0 {
-		cfg.MinSamples = 50
-	}
-	if cfg.MaxQueue == 0 {
-		cfg.MaxQueue = 1
-	}
-	return &hedger{cfg: cfg, now: now, models: map[string]*ttftWindow{}}
+	return &hedger{cfg: cfg.withDefaults(), now: now, models: map[string]*ttftWindow{}}
 }
 
 func (h *hedger) settings(model string) (enabled bool, p float64, lo, hi time.Duration) {

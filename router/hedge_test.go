@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestHedgeDelayIsAPercentileOfRecentTTFT(t *testing.T) {
@@ -40,47 +42,37 @@ func TestHedgeDelayIsAPercentileOfRecentTTFT(t *testing.T) {
 	}
 }
 
-type hedgeEvents struct {
-	mu       sync.Mutex
-	won      int
-	lost     int
-	attempts map[AttemptReason]int
+// hedgeCounts reads what a registry's metrics say of its hedges.
+type hedgeCounts struct {
+	t    *testing.T
+	prom *prometheus.Registry
 }
 
-func (e *hedgeEvents) Attempt(_ string, r AttemptReason) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.attempts == nil {
-		e.attempts = map[AttemptReason]int{}
-	}
-	e.attempts[r]++
+// attempts returns the hedge attempts started.
+func (h hedgeCounts) attempts() float64 {
+	return metricValue(h.t, h.prom, "tailgate_upstream_attempts_total", "reason", "hedge")
 }
-func (e *hedgeEvents) Retry(string, string) {}
-func (e *hedgeEvents) Hedge(_ string, won bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if won {
-		e.won++
-	} else {
-		e.lost++
-	}
+
+// won returns the hedged requests the hedge answered.
+func (h hedgeCounts) won() float64 {
+	return metricValue(h.t, h.prom, "tailgate_hedges_total", "outcome", "won")
 }
 
 // primed returns a registry whose hedge delay for "m" is known (~10ms).
-func primed(t *testing.T, cfg Config) (*Registry, *hedgeEvents) {
+func primed(t *testing.T, cfg Config) (*Registry, hedgeCounts) {
 	t.Helper()
-	ev := &hedgeEvents{}
-	cfg.Events = ev
+	prom := prometheus.NewRegistry()
+	cfg.Registerer = prom
 	cfg.Hedge.Enabled = true
 	cfg.Hedge.MinSamples = 10
 	cfg.Hedge.Min = 10 * time.Millisecond
-	reg := New(cfg, nil)
+	reg := newRegistry(t, cfg)
 	reg.Add(readyReplica("a", "m"))
 	reg.Add(readyReplica("b", "m"))
 	for range 20 {
 		reg.hedges.observe("m", hedgeKey("m", false), time.Millisecond)
 	}
-	return reg, ev
+	return reg, hedgeCounts{t, prom}
 }
 
 // slowFirst makes attempt 1 hang until cancelled and later attempts answer at once.
@@ -113,8 +105,8 @@ func TestHedgeWinsAndTheLoserIsCancelled(t *testing.T) {
 	if _, ok := aborted.Load(1); !ok || len(lost) != 1 || lost[0].N != 1 {
 		t.Fatalf("the first attempt was not cancelled: lost %+v", lost)
 	}
-	if ev.won != 1 || ev.attempts[ReasonHedge] != 1 {
-		t.Fatalf("events: won %d, hedge attempts %d", ev.won, ev.attempts[ReasonHedge])
+	if ev.won() != 1 || ev.attempts() != 1 {
+		t.Fatalf("metrics: won %v, hedge attempts %v", ev.won(), ev.attempts())
 	}
 	for _, r := range reg.Replicas() {
 		if r.Inflight() != 0 {
@@ -156,7 +148,7 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 		req := hint("m")
 		req.NoHedge = true
 		res, _ := reg.Do(ctx, req, slowFirst(&aborted))
-		if res.Hedged || ev.attempts[ReasonHedge] != 0 {
+		if res.Hedged || ev.attempts() != 0 {
 			t.Fatal("hedged a request that opted out")
 		}
 	})
@@ -169,7 +161,7 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 		defer cancel()
 		var aborted sync.Map
 		res, _ := reg.Do(ctx, hint("m"), slowFirst(&aborted))
-		if res.Hedged || ev.attempts[ReasonHedge] != 0 {
+		if res.Hedged || ev.attempts() != 0 {
 			t.Fatal("hedged onto a replica with a queue")
 		}
 	})
@@ -187,7 +179,7 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 		defer cancel()
 		var aborted sync.Map
 		res, _ := reg.Do(ctx, hint("m"), slowFirst(&aborted))
-		if res.Hedged || ev.attempts[ReasonHedge] != 0 {
+		if res.Hedged || ev.attempts() != 0 {
 			t.Fatal("hedged onto a replica whose engine slots are all taken")
 		}
 	})
@@ -210,8 +202,8 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 			res.Finish()
 		}
 		// The hedge burst (2) plus 5 % of 100 requests.
-		if h := ev.attempts[ReasonHedge]; h < 2 || h > 2+5 {
-			t.Fatalf("%d hedges for 100 requests with a 5 %% budget", h)
+		if h := ev.attempts(); h < 2 || h > 2+5 {
+			t.Fatalf("%v hedges for 100 requests with a 5 %% budget", h)
 		}
 	})
 	t.Run("budget on a quiet gateway", func(t *testing.T) {
@@ -235,8 +227,8 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 			res, _ := reg.Do(context.Background(), hint("m"), slow)
 			res.Finish()
 		}
-		if h := ev.attempts[ReasonHedge]; h > 2+5 {
-			t.Fatalf("%d hedges for 100 requests with a 5 %% budget on a quiet gateway", h)
+		if h := ev.attempts(); h > 2+5 {
+			t.Fatalf("%v hedges for 100 requests with a 5 %% budget on a quiet gateway", h)
 		}
 	})
 }

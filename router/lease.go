@@ -52,10 +52,11 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 	case cur == StateEjected && u.State == StateReady:
 		// stays ejected: the health checker re-admits it after a good probe
 	case cur != u.State || rep.Reason() != u.Reason:
-		if cur != u.State {
+		// From the state seen here only: if the gateway ejected the replica
+		// meanwhile, that stands, and the next heartbeat is judged afresh.
+		if rep.transition(cur, u.State, u.Reason, now) && cur != u.State {
 			r.log.Info("replica state", "replica", u.ID, "from", cur.String(), "to", u.State.String(), "reason", u.Reason)
 		}
-		rep.SetState(u.State, u.Reason)
 	}
 	return rep
 }

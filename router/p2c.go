@@ -1,24 +1,27 @@
 package router
 
-import "time"
-
 // P2C is the default selection policy: power of two choices. It draws two
 // candidates at random and takes the one with the lower load score. With
-// Affinity set it prefers the replica a request's prefix hashes to
+// affinity on it prefers the replica a request's prefix hashes to
 // (rendezvous hashing), as long as that replica's score is within
-// AffinitySlack of the better of the two draws.
+// affinitySlack of the better of the two draws.
+//
+// A Registry builds its P2C from its Config (leave Config.Selector nil):
+// the random source, the clock, slow start and affinity are the Config's.
+// A P2C made any other way has none of them and is not usable.
 type P2C struct {
-	// Rand returns a random int in [0,n).
-	Rand func(n int) int
-	// Now is the clock (for slow start).
-	Now func() time.Time
-	// SlowStart is how long a freshly ready replica ramps up; 0 disables.
-	SlowStart time.Duration
-	// Affinity enables prefix affinity.
-	Affinity bool
-	// AffinitySlack is how much worse (as a factor) the preferred replica's
-	// score may be and still win; 0 means 1.5.
-	AffinitySlack float64
+	rand     func(n int) int
+	score    scorer
+	affinity bool
+}
+
+// affinitySlack is how much worse (as a factor) the replica a prefix
+// prefers may score and still win.
+const affinitySlack = 1.5
+
+// newP2C takes what P2C needs from a Config with its defaults applied.
+func newP2C(cfg Config) *P2C {
+	return &P2C{rand: cfg.Rand, score: scorer{now: cfg.Now, slowStart: cfg.SlowStart}, affinity: cfg.Affinity}
 }
 
 // Select implements Selector.
@@ -26,26 +29,21 @@ func (p *P2C) Select(cands []*Replica, hint Hint) *Replica {
 	if len(cands) == 1 {
 		return cands[0]
 	}
-	sc := scorer{now: p.Now, slowStart: p.SlowStart}
 	fb := fallbackTTFT(cands)
-	i := p.Rand(len(cands))
-	j := p.Rand(len(cands) - 1)
+	i := p.rand(len(cands))
+	j := p.rand(len(cands) - 1)
 	if j >= i {
 		j++
 	}
 	a, b := cands[i], cands[j]
-	sa, sb := sc.inputs(a, fb).Score, sc.inputs(b, fb).Score
+	sa, sb := p.score.inputs(a, fb).Score, p.score.inputs(b, fb).Score
 	best, bestScore := a, sa
 	if sb < sa {
 		best, bestScore = b, sb
 	}
-	if p.Affinity && hint.Prefix != 0 {
+	if p.affinity && hint.Prefix != 0 {
 		pref := rendezvous(cands, hint.Prefix)
-		slack := p.AffinitySlack
-		if slack <= 0 {
-			slack = 1.5
-		}
-		if pref != best && sc.inputs(pref, fb).Score <= bestScore*slack {
+		if pref != best && p.score.inputs(pref, fb).Score <= bestScore*affinitySlack {
 			return pref
 		}
 	}

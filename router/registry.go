@@ -1,84 +1,12 @@
 package router
 
 import (
-	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 )
-
-// Config configures a Registry. The zero value is usable.
-type Config struct {
-	// MaxAttempts bounds the attempts of one request, first try included;
-	// 0 means 3.
-	MaxAttempts int
-	// Rand returns a random int in [0,n); nil means math/rand/v2.IntN.
-	// Tests inject a deterministic one.
-	Rand func(n int) int
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
-	// OnEject is called when a replica is taken out of routing after a
-	// failure: reason is a short, bounded label ("connect", "probe",
-	// "ttft_deadline", "idle_deadline"), delay the time since the first
-	// failure of the streak.
-	OnEject func(rep *Replica, reason string, delay time.Duration)
-	// Policy names the selection policy: "p2c" (default) or "round-robin".
-	Policy string
-	// SlowStart is how long a freshly ready replica ramps up to its full
-	// share (its load score counts double at first); 0 means 3s, negative
-	// disables.
-	SlowStart time.Duration
-	// Affinity turns on prefix affinity (same prompt prefix → same replica
-	// when load is comparable).
-	Affinity bool
-	// Budget bounds retries after a request reached a replica, and hedges.
-	Budget BudgetConfig
-	// Hedge configures delayed hedging; the zero value disables it.
-	Hedge HedgeConfig
-	// Events receives attempt outcomes for metrics; may be nil.
-	Events Events
-}
-
-// Events receives what happened to attempts, for metrics. Every method must
-// be cheap and safe for concurrent use.
-type Events interface {
-	// Attempt is called when an attempt starts.
-	Attempt(model string, reason AttemptReason)
-	// Retry is called when a failed attempt is retried; class is
-	// "not_sent", "declined" or "no_token".
-	Retry(model, class string)
-	// Hedge is called when a hedged request ends: won is true when the hedge
-	// (not the first attempt) produced the answer.
-	Hedge(model string, won bool)
-}
-
-func (c *Config) setDefaults() {
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 3
-	}
-	if c.Rand == nil {
-		c.Rand = rand.IntN
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	if c.SlowStart == 0 {
-		c.SlowStart = 3 * time.Second
-	}
-}
-
-// Validate reports a configuration that cannot work.
-func (c Config) Validate() error {
-	switch c.Policy {
-	case "", "p2c", "round-robin":
-	default:
-		return fmt.Errorf("router: unknown selection policy %q (want p2c or round-robin)", c.Policy)
-	}
-	return c.Hedge.validate()
-}
 
 // Registry is the set of replicas the gateway may route to.
 type Registry struct {
@@ -87,36 +15,40 @@ type Registry struct {
 	sel    Selector
 	budget *Budget
 	hedges *hedger
+	m      *metrics
 
 	mu   sync.Mutex // serialises writers of list
 	list atomic.Pointer[[]*Replica]
 }
 
-// New returns an empty registry. It panics on a configuration Validate
-// rejects; call Validate first on user input.
-func New(cfg Config, log *slog.Logger) *Registry {
+// New returns an empty registry, or an error for a configuration Validate
+// rejects or metrics the Registerer refuses. A nil log discards.
+func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
-		panic(err)
+		return nil, err
 	}
-	cfg.setDefaults()
+	cfg = cfg.withDefaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Registry{cfg: cfg, log: log, budget: NewBudget(cfg.Budget, cfg.Now)}
-	switch cfg.Policy {
-	case "round-robin":
-		r.sel = &RoundRobin{}
-	default:
-		r.sel = &P2C{Rand: cfg.Rand, Now: cfg.Now, SlowStart: max(cfg.SlowStart, 0), Affinity: cfg.Affinity}
+	r := &Registry{cfg: cfg, log: log, sel: cfg.Selector, budget: NewBudget(cfg.Budget, cfg.Now), hedges: newHedger(cfg.Hedge, cfg.Now)}
+	if r.sel == nil {
+		r.sel = newP2C(cfg)
 	}
-	r.hedges = newHedger(cfg.Hedge, cfg.Now)
 	r.list.Store(&[]*Replica{})
-	return r
+	m, err := newMetrics(cfg.Registerer, r)
+	if err != nil {
+		return nil, err
+	}
+	r.m = m
+	return r, nil
 }
 
 // Add puts rep in the registry, replacing a replica with the same ID, and
-// returns the replica now registered under that ID.
+// returns the replica now registered under that ID. From then on rep keeps
+// time by the registry's clock.
 func (r *Registry) Add(rep *Replica) *Replica {
+	rep.clock.Store(&r.cfg.Now)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := *r.list.Load()
@@ -199,22 +131,31 @@ func (r *Registry) Known(model string) bool {
 	return false
 }
 
-// Eject takes rep out of routing until a probe succeeds again.
+// Eject takes rep out of routing until a probe succeeds again. Only a ready
+// replica is ejected; for any other the failure is only counted.
 func (r *Registry) Eject(rep *Replica, reason string) {
 	now := r.cfg.Now()
 	rep.markFailure(now)
-	if !rep.state.CompareAndSwap(int32(StateReady), int32(StateEjected)) {
+	if !rep.transition(StateReady, StateEjected, reason, now) {
 		return
 	}
-	rep.reason.Store(&reason)
 	rep.signalEjected()
 	delay := time.Duration(0)
 	if f := rep.firstFailAt.Load(); f != 0 {
 		delay = now.Sub(time.Unix(0, f))
 	}
 	r.log.Warn("replica ejected", "replica", rep.ID, "reason", reason, "since_first_failure", delay.Round(time.Millisecond))
-	if r.cfg.OnEject != nil {
-		r.cfg.OnEject(rep, reason, delay)
+	r.m.ejected(rep.ID, reason, delay)
+}
+
+// Drain takes a ready replica out of routing because it said it is
+// draining (it declined a request for that reason): it finishes what it
+// has and takes nothing new. A registered replica's heartbeats say when it
+// is back; a static one stays out, since its probe cannot tell draining
+// from ready.
+func (r *Registry) Drain(rep *Replica, reason string) {
+	if rep.transition(StateReady, StateDraining, reason, r.cfg.Now()) {
+		r.log.Info("replica draining", "replica", rep.ID, "reason", reason)
 	}
 }
 
@@ -250,6 +191,6 @@ func (r *Registry) Pick(hint Hint, exclude []*Replica) (*Replica, error) {
 // ScoreInputs returns the numbers the load-aware policy scores rep with, for
 // metrics and the admin API.
 func (r *Registry) ScoreInputs(rep *Replica) (inflight, waiting, ttftSeconds, slowStart, score float64) {
-	in := scorer{now: r.cfg.Now, slowStart: max(r.cfg.SlowStart, 0)}.inputs(rep, fallbackTTFT(r.Replicas()))
+	in := scorer{now: r.cfg.Now, slowStart: r.cfg.SlowStart}.inputs(rep, fallbackTTFT(r.Replicas()))
 	return in.Inflight, in.Waiting, in.TTFT, in.SlowStart, in.Score
 }

@@ -3,17 +3,27 @@ package router
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
+
+// newRegistry returns a registry for cfg, failing the test on an error.
+func newRegistry(t testing.TB, cfg Config) *Registry {
+	t.Helper()
+	reg, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
 
 func readyReplica(id string, models ...string) *Replica {
 	r := NewReplica(id, "http://"+id)
 	r.SetModels(models)
 	r.SetState(StateReady, "")
-	r.readySince.Store(time.Now().Add(-time.Hour).UnixNano()) // warm: no slow start
 	return r
 }
 
@@ -25,7 +35,7 @@ func (f *fakeAttempt) Abort() { f.aborted.Store(true) }
 func hint(model string) Request { return Request{Hint: Hint{Model: model}} }
 
 func TestPickLeastLoadedOfTwo(t *testing.T) {
-	reg := New(Config{Rand: func(n int) int { return 0 }}, nil)
+	reg := newRegistry(t, Config{Rand: func(n int) int { return 0 }})
 	a := reg.Add(readyReplica("a", "m"))
 	b := reg.Add(readyReplica("b", "m"))
 	a.inflight.Store(5)
@@ -52,7 +62,7 @@ func TestPickWeighsEngineQueueAndTTFT(t *testing.T) {
 		}, "a"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			reg := New(Config{Rand: func(n int) int { return 0 }}, nil)
+			reg := newRegistry(t, Config{Rand: func(n int) int { return 0 }})
 			a := reg.Add(readyReplica("a", "m"))
 			b := reg.Add(readyReplica("b", "m"))
 			tc.setup(a, b)
@@ -67,11 +77,15 @@ func TestPickWeighsEngineQueueAndTTFT(t *testing.T) {
 func TestSlowStartRampsAFreshReplica(t *testing.T) {
 	now := time.Unix(1000, 0)
 	clock := func() time.Time { return now }
-	reg := New(Config{Now: clock, SlowStart: 10 * time.Second, Rand: func(n int) int { return 0 }}, nil)
-	old := reg.Add(readyReplica("old", "m"))
-	fresh := reg.Add(readyReplica("fresh", "m"))
-	fresh.readySince.Store(now.UnixNano())
-	old.readySince.Store(now.Add(-time.Hour).UnixNano())
+	reg := newRegistry(t, Config{Now: clock, SlowStart: 10 * time.Second, Rand: func(n int) int { return 0 }})
+	old := reg.Add(NewReplica("old", "http://old"))
+	fresh := reg.Add(NewReplica("fresh", "http://fresh"))
+	for _, r := range []*Replica{old, fresh} {
+		r.SetModels([]string{"m"})
+	}
+	old.SetState(StateReady, "")
+	now = now.Add(time.Hour)
+	fresh.SetState(StateReady, "")
 	// Just ready: its score counts double, so an equally idle warm replica wins.
 	if got, _ := reg.Pick(Hint{Model: "m"}, nil); got != old {
 		t.Fatalf("fresh replica picked at once: %s", got.ID)
@@ -88,8 +102,18 @@ func TestSlowStartRampsAFreshReplica(t *testing.T) {
 	}
 }
 
+func TestSlowStartOffByDefault(t *testing.T) {
+	now := time.Unix(1000, 0)
+	reg := newRegistry(t, Config{Now: func() time.Time { return now }})
+	fresh := reg.Add(NewReplica("fresh", "http://fresh"))
+	fresh.SetState(StateReady, "")
+	if _, _, _, ss, _ := reg.ScoreInputs(fresh); ss != 1 {
+		t.Fatalf("slow-start factor of a replica ready this instant = %v with SlowStart 0; want 1 (off)", ss)
+	}
+}
+
 func TestPrefixAffinityKeepsAPrefixTogetherWhenLoadIsComparable(t *testing.T) {
-	reg := New(Config{Affinity: true}, nil)
+	reg := newRegistry(t, Config{Affinity: true})
 	for _, id := range []string{"a", "b", "c", "d"} {
 		reg.Add(readyReplica(id, "m"))
 	}
@@ -112,7 +136,7 @@ func TestPrefixAffinityKeepsAPrefixTogetherWhenLoadIsComparable(t *testing.T) {
 }
 
 func TestRoundRobinTakesTurns(t *testing.T) {
-	reg := New(Config{Policy: "round-robin"}, nil)
+	reg := newRegistry(t, Config{Selector: &RoundRobin{}})
 	reg.Add(readyReplica("a", "m"))
 	reg.Add(readyReplica("b", "m")).inflight.Store(100) // blind to load
 	seen := map[string]int{}
@@ -126,13 +150,14 @@ func TestRoundRobinTakesTurns(t *testing.T) {
 }
 
 func TestPickSkipsReplicasThatMayNotTakeTraffic(t *testing.T) {
-	reg := New(Config{}, nil)
+	reg := newRegistry(t, Config{})
 	ready := reg.Add(readyReplica("ready", "m"))
-	for _, s := range []State{StateStarting, StateWarming, StateDraining, StateEjected, StateFailed} {
+	for _, s := range []State{StateStarting, StateWarming, StateDraining, StateFailed} {
 		r := readyReplica("x-"+s.String(), "m")
 		r.SetState(s, "test")
 		reg.Add(r)
 	}
+	reg.Eject(reg.Add(readyReplica("x-ejected", "m")), "test")
 	backing := reg.Add(readyReplica("backing-off", "m"))
 	backing.BackOff(time.Now().Add(time.Minute))
 	for range 50 {
@@ -144,25 +169,20 @@ func TestPickSkipsReplicasThatMayNotTakeTraffic(t *testing.T) {
 }
 
 func TestPickUnknownVersusUnavailable(t *testing.T) {
-	reg := New(Config{}, nil)
+	reg := newRegistry(t, Config{})
 	r := reg.Add(readyReplica("a", "m"))
 	if _, err := reg.Pick(Hint{Model: "other"}, nil); !errors.Is(err, ErrUnknownModel) {
 		t.Fatalf("unknown model: err = %v", err)
 	}
-	r.SetState(StateEjected, "test")
+	reg.Eject(r, "test")
 	if _, err := reg.Pick(Hint{Model: "m"}, nil); !errors.Is(err, ErrNoReplica) {
 		t.Fatalf("known model, nothing ready: err = %v", err)
 	}
 }
 
 func TestDoRetriesNotSentOnAnotherReplicaAndEjects(t *testing.T) {
-	var mu sync.Mutex
-	var ejected []string
-	reg := New(Config{OnEject: func(r *Replica, reason string, _ time.Duration) {
-		mu.Lock()
-		ejected = append(ejected, r.ID+":"+reason)
-		mu.Unlock()
-	}}, nil)
+	prom := prometheus.NewRegistry()
+	reg := newRegistry(t, Config{Registerer: prom})
 	a := reg.Add(readyReplica("a", "m"))
 	b := reg.Add(readyReplica("b", "m"))
 	var seen []string
@@ -181,8 +201,17 @@ func TestDoRetriesNotSentOnAnotherReplicaAndEjects(t *testing.T) {
 	}
 	res.Finish()
 	res.Losers()
-	if len(ejected) != 1 || ejected[0] != seen[0]+":connect" {
-		t.Fatalf("ejected = %v, want the first replica", ejected)
+	if first := reg.Get(seen[0]); first.State() != StateEjected || first.Reason() != "connect" {
+		t.Fatalf("first replica %s is %s (%q), want ejected for connect", first.ID, first.State(), first.Reason())
+	}
+	if n := metricValue(t, prom, "tailgate_ejections_total"); n != 1 {
+		t.Fatalf("%v ejections counted, want 1", n)
+	}
+	if n := metricValue(t, prom, "tailgate_ejections_total", "replica", seen[0], "reason", "connect"); n != 1 {
+		t.Fatalf("ejection of %s for connect counted %v times, want 1", seen[0], n)
+	}
+	if n := metricValue(t, prom, "tailgate_retries_total", "model", "m", "class", "not_sent"); n != 1 {
+		t.Fatalf("not_sent retries counted %v, want 1", n)
 	}
 	if a.Inflight() != 0 || b.Inflight() != 0 {
 		t.Fatalf("inflight after Do: a=%d b=%d", a.Inflight(), b.Inflight())
@@ -190,7 +219,7 @@ func TestDoRetriesNotSentOnAnotherReplicaAndEjects(t *testing.T) {
 }
 
 func TestDoFinalErrorIsNotRetried(t *testing.T) {
-	reg := New(Config{}, nil)
+	reg := newRegistry(t, Config{})
 	reg.Add(readyReplica("a", "m"))
 	reg.Add(readyReplica("b", "m"))
 	calls := 0
@@ -206,8 +235,8 @@ func TestDoFinalErrorIsNotRetried(t *testing.T) {
 
 func TestDoRetriesNoTokenWithinBudget(t *testing.T) {
 	now := time.Unix(0, 0)
-	reg := New(Config{Now: func() time.Time { return now }, MaxAttempts: 2,
-		Budget: BudgetConfig{Burst: 2, Ratio: 0.01, MinPerSecond: 0.001}}, nil)
+	reg := newRegistry(t, Config{Now: func() time.Time { return now }, MaxAttempts: 2,
+		Budget: BudgetConfig{Burst: 2, Ratio: 0.01, MinPerSecond: 0.001}})
 	reg.Add(readyReplica("a", "m"))
 	reg.Add(readyReplica("b", "m"))
 	fail := func(ctx context.Context, rep *Replica, n int, _ AttemptReason) (Attempt, error) {
@@ -230,7 +259,7 @@ func TestDoRetriesNoTokenWithinBudget(t *testing.T) {
 }
 
 func TestDoRetriesDeclinedElsewhereWithoutEjecting(t *testing.T) {
-	reg := New(Config{}, nil)
+	reg := newRegistry(t, Config{})
 	a := reg.Add(readyReplica("a", "m"))
 	b := reg.Add(readyReplica("b", "m"))
 	var seen []*Replica
@@ -264,7 +293,7 @@ func TestInflightReturnsToZeroOnEveryOutcome(t *testing.T) {
 		{"panic", func(context.Context, *Replica, int, AttemptReason) (Attempt, error) { panic("handler bug") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			reg := New(Config{}, nil)
+			reg := newRegistry(t, Config{})
 			a := reg.Add(readyReplica("a", "m"))
 			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			defer cancel()

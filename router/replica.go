@@ -22,8 +22,35 @@ const (
 
 var stateNames = [...]string{"starting", "warming", "ready", "draining", "ejected", "failed"}
 
+// moves is the replica state machine: moves[from][to] says whether a replica
+// may go from one state to another. A worker reports its own lifecycle by
+// heartbeat, so every state it can report (starting, warming, ready,
+// draining, failed) is reachable from every other; only the gateway ejects,
+// and only a replica that is taking traffic. Which writer may make which
+// move beyond this (a heartbeat does not lift an ejection; a probe does) is
+// the writer's rule, kept with it. Staying in a state is always allowed: it
+// refreshes the reason.
+var moves = [len(stateNames)][len(stateNames)]bool{
+	StateStarting: {StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true},
+	StateWarming:  {StateStarting: true, StateReady: true, StateDraining: true, StateFailed: true},
+	StateReady:    {StateStarting: true, StateWarming: true, StateDraining: true, StateEjected: true, StateFailed: true},
+	StateDraining: {StateStarting: true, StateWarming: true, StateReady: true, StateFailed: true},
+	StateEjected:  {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true},
+	StateFailed:   {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true},
+}
+
+// canMove reports whether moves allows from → to.
+func canMove(from, to State) bool {
+	if !from.valid() || !to.valid() {
+		return false
+	}
+	return from == to || moves[from][to]
+}
+
+func (s State) valid() bool { return s >= 0 && int(s) < len(stateNames) }
+
 func (s State) String() string {
-	if int(s) < len(stateNames) {
+	if s.valid() {
 		return stateNames[s]
 	}
 	return "unknown"
@@ -40,7 +67,10 @@ func ParseState(name string) (State, bool) {
 }
 
 // Replica is one upstream engine endpoint. Its counters are atomic so the hot
-// path never takes a lock.
+// path never takes a lock; its state, the reason for it and when it last
+// became ready change together, in one step ([Replica.SetState] and the
+// registry's own writers all go through one transition). Replica values
+// must not be copied.
 type Replica struct {
 	// ID names the replica in metrics, headers and the ledger.
 	ID string
@@ -49,10 +79,10 @@ type Replica struct {
 	// Static replicas come from configuration and are never dropped.
 	Static bool
 
-	state    atomic.Int32
+	status   atomic.Pointer[status]
+	clock    atomic.Pointer[func() time.Time] // the registry's clock, once added to one
 	inflight atomic.Int64
 	models   atomic.Pointer[[]string]
-	reason   atomic.Pointer[string] // why the replica is out, "" when ready
 	failures atomic.Int64           // consecutive failed attempts or probes
 	lastOK   atomic.Int64           // unix nanos of the last good probe or heartbeat
 	lease    atomic.Int64           // unix nanos when a registered replica's lease ends
@@ -60,7 +90,6 @@ type Replica struct {
 	engine   atomic.Pointer[string] // engine kind reported by the worker
 
 	idHash       uint64        // for rendezvous hashing
-	readySince   atomic.Int64  // unix nanos of the last move to ready (slow start)
 	ttftBits     atomic.Uint64 // EWMA of time to first token, float64 nanoseconds
 	backoffUntil atomic.Int64  // unix nanos: the replica pushed back (429/503 Retry-After)
 	firstFailAt  atomic.Int64  // unix nanos of the first failure of the current streak
@@ -163,13 +192,19 @@ func NewReplica(id, url string) *Replica {
 	r.ejectCh.Store(&ch)
 	empty := []string{}
 	r.models.Store(&empty)
-	reason := "not probed yet"
-	r.reason.Store(&reason)
+	r.status.Store(&status{state: StateStarting, reason: "not probed yet"})
 	return r
 }
 
+// status is what a transition changes, as one value.
+type status struct {
+	state      State
+	reason     string // why the replica is out, "" when ready
+	readySince int64  // unix nanos of the last move to ready (slow start); 0: never
+}
+
 // State returns the replica's state.
-func (r *Replica) State() State { return State(r.state.Load()) }
+func (r *Replica) State() State { return r.status.Load().state }
 
 // Inflight returns the number of requests the gateway has on the replica now.
 func (r *Replica) Inflight() int64 { return r.inflight.Load() }
@@ -181,7 +216,11 @@ func (r *Replica) Models() []string { return *r.models.Load() }
 func (r *Replica) Serves(model string) bool { return slices.Contains(*r.models.Load(), model) }
 
 // Reason says why the replica is not ready ("" when it is).
-func (r *Replica) Reason() string { return *r.reason.Load() }
+func (r *Replica) Reason() string { return r.status.Load().reason }
+
+// readySince returns when the replica last became ready (0: never), in unix
+// nanoseconds of its registry's clock.
+func (r *Replica) readySince() int64 { return r.status.Load().readySince }
 
 // LastOK returns the time of the last successful probe or heartbeat.
 func (r *Replica) LastOK() time.Time {
@@ -198,12 +237,62 @@ func (r *Replica) SetModels(models []string) {
 	r.models.Store(&m)
 }
 
-// SetState moves the replica to s, recording why (reason is "" for ready).
-func (r *Replica) SetState(s State, reason string) {
-	r.reason.Store(&reason)
-	if prev := State(r.state.Swap(int32(s))); s == StateReady && prev != StateReady {
-		r.readySince.Store(time.Now().UnixNano())
+// SetState moves the replica to lifecycle state s from whatever state it is
+// in, recording why (reason is "" for ready), and reports whether it did.
+// It does not eject: that is [Registry.Eject]'s, which also wakes the
+// attempts waiting there and counts it. A move to ready starts slow start,
+// timed by the registry's clock (the wall clock before the replica is added
+// to a registry).
+func (r *Replica) SetState(s State, reason string) bool {
+	if s == StateEjected {
+		return false
 	}
+	now := r.now()
+	for {
+		cur := r.State()
+		if !canMove(cur, s) {
+			return false
+		}
+		if r.transition(cur, s, reason, now) {
+			return true
+		}
+		// Another writer moved the replica meanwhile: decide again.
+	}
+}
+
+// transition moves the replica from state from to state to, recording
+// reason, when it is still in from and moves allows the move; it reports
+// whether it did. Every state change goes through here. A caller names the
+// state it saw so that its decision cannot land on a state another writer
+// set meanwhile (a heartbeat must not lift an ejection that happened since
+// it looked). A move to ready records now as the start of slow start;
+// staying in a state only refreshes the reason.
+func (r *Replica) transition(from, to State, reason string, now time.Time) bool {
+	if !canMove(from, to) {
+		return false
+	}
+	for {
+		old := r.status.Load()
+		if old.state != from {
+			return false
+		}
+		next := &status{state: to, reason: reason, readySince: old.readySince}
+		if to == StateReady && from != StateReady {
+			next.readySince = now.UnixNano()
+		}
+		if r.status.CompareAndSwap(old, next) {
+			return true
+		}
+		// Another writer got there first: look again.
+	}
+}
+
+// now reads the clock of the registry the replica belongs to.
+func (r *Replica) now() time.Time {
+	if c := r.clock.Load(); c != nil {
+		return (*c)()
+	}
+	return time.Now()
 }
 
 // markOK records a successful probe or attempt.

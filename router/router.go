@@ -7,9 +7,14 @@
 //
 // A [Registry] holds [Replica] values. Replicas come from static upstreams or
 // from worker heartbeats ([Registry.Heartbeat], with leases); a
-// [HealthChecker] probes them through a [Prober] and expires leases.
-// Selection is a [Selector], one file per policy: [P2C] (load and latency
-// aware, with slow start and prefix affinity) and [RoundRobin].
+// [HealthChecker] probes them through a [Prober] and expires leases. A
+// replica's state changes in one place, a transition checked against the
+// table of allowed moves in replica.go; heartbeats, probes,
+// [Registry.Eject], [Registry.Drain] and [Replica.SetState] all go through
+// it, on the registry's clock.
+// Selection is a [Selector] in [Config], one file per policy: [P2C] (load
+// and latency aware, with slow start and prefix affinity; the default) and
+// [RoundRobin]; [ParsePolicy] maps a policy name to one.
 //
 // [Registry.Do] runs one request: it opens an attempt on a chosen replica
 // through the caller's [OpenFunc], retries elsewhere by failure class
@@ -17,6 +22,10 @@
 // and, when hedging is on, opens a second attempt after an adaptive delay
 // and keeps whichever produces a first token. In-flight counts are taken and
 // given back by Do itself, so they cannot leak or go negative.
+//
+// The router counts what it decides (attempts, retries, hedges, ejections)
+// and exports each replica's load and score as Prometheus metrics, through
+// the [Config.Registerer] it is given, never a global registry.
 //
 // The package talks to replicas only through the caller's functions; it
 // imports no HTTP framework and nothing of the project.

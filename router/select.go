@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"math"
 	"time"
 )
@@ -10,6 +11,26 @@ import (
 // candidate and never keeps the slice.
 type Selector interface {
 	Select(cands []*Replica, hint Hint) *Replica
+}
+
+// Interface guards.
+var (
+	_ Selector = (*P2C)(nil)
+	_ Selector = (*RoundRobin)(nil)
+)
+
+// ParsePolicy returns the Config.Selector for a policy name (the gateway's
+// --policy flag): "p2c" (or "") gives nil, which New turns into the
+// load-aware [P2C] built from the Config; "round-robin" gives a new
+// [RoundRobin], the baseline.
+func ParsePolicy(name string) (Selector, error) {
+	switch name {
+	case "", "p2c":
+		return nil, nil
+	case "round-robin":
+		return &RoundRobin{}, nil
+	}
+	return nil, fmt.Errorf("router: unknown selection policy %q (want p2c or round-robin)", name)
 }
 
 // Hint is what a selector may know of the request.
@@ -55,7 +76,7 @@ func (s scorer) inputs(r *Replica, fallbackTTFT float64) scoreInputs {
 		ttft = 1 // nothing known anywhere: compare queues alone
 	}
 	if s.slowStart > 0 {
-		if since := r.readySince.Load(); since != 0 {
+		if since := r.readySince(); since != 0 {
 			age := s.now().Sub(time.Unix(0, since))
 			if age < s.slowStart {
 				// From half weight to full: a fresh, empty replica must not

@@ -15,3 +15,9 @@ fi
 
 go vet ./...
 go test -race -count=1 "$@" ./...
+
+
+# The differential fuzz tests of the request reader, for a short, bounded
+# time each (their seed corpora already ran above as ordinary tests).
+go test -run '^$' -fuzz '^FuzzGatewayAndEngineReadBodiesAlike$' -fuzztime 20s ./server/
+go test -run '^$' -fuzz '^FuzzCheckAgreesWithEncodingJSON$' -fuzztime 10s ./server/strictjson/

@@ -13,6 +13,7 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/apierr"
 	"tailgate/serving"
 )
 
@@ -20,7 +21,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	guard := func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			if !s.checkAdmin(c) {
-				return writeError(c, errBadAdminToken)
+				return apierr.Reply(c, errBadAdminToken)
 			}
 			return next(c)
 		}
@@ -96,13 +97,13 @@ type createKeyRequest struct {
 func (s *Server) handlePostKeys(c echo.Context) error {
 	var req createKeyRequest
 	if err := c.Bind(&req); err != nil {
-		return writeError(c, badRequest("", "body must be a JSON object: tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros"))
+		return apierr.Reply(c, apierr.BadRequest("", "body must be a JSON object: tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros"))
 	}
 	if req.Tenant == "" {
-		return writeError(c, badRequest("tenant", "tenant is required"))
+		return apierr.Reply(c, apierr.BadRequest("tenant", "tenant is required"))
 	}
 	if req.RPM < 0 || req.TPM < 0 || req.MaxConcurrency < 0 {
-		return writeError(c, badRequest("", "limits must not be negative"))
+		return apierr.Reply(c, apierr.BadRequest("", "limits must not be negative"))
 	}
 	secret, k, err := policy.CreateKey(c.Request().Context(), s.store, policy.KeyOptions{
 		Tenant: req.Tenant, RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency,
@@ -122,7 +123,7 @@ func (s *Server) handlePostKeysRevoke(c echo.Context) error {
 		Ref string `json:"ref"`
 	}
 	if err := c.Bind(&req); err != nil || req.Ref == "" {
-		return writeError(c, badRequest("ref", "send {\"ref\": key id, display prefix or secret}"))
+		return apierr.Reply(c, apierr.BadRequest("ref", "send {\"ref\": key id, display prefix or secret}"))
 	}
 	return s.revoke(c, req.Ref)
 }
@@ -131,9 +132,9 @@ func (s *Server) revoke(c echo.Context, ref string) error {
 	k, err := policy.RevokeKey(c.Request().Context(), s.store, ref)
 	switch {
 	case errors.Is(err, data.ErrNotFound):
-		return writeError(c, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "no such key"})
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "no such key"})
 	case errors.Is(err, data.ErrAmbiguous):
-		return writeError(c, badRequest("ref", "that prefix matches more than one key; use the key id"))
+		return apierr.Reply(c, apierr.BadRequest("ref", "that prefix matches more than one key; use the key id"))
 	case err != nil:
 		return err
 	}
@@ -225,18 +226,15 @@ func (s *Server) handleGetRequests(c echo.Context) error {
 	}
 	out := make([]map[string]any, 0, len(rows))
 	for _, r := range rows {
-		st := r.Stages
+		stages := make(map[string]*float64, len(data.StageNames))
+		r.Stages.Each(func(_ int, name string, d time.Duration) { stages[name] = ms(d) })
 		out = append(out, map[string]any{
 			"id": r.ID, "time": r.Time, "tenant": r.Tenant, "key_id": r.KeyID, "model": r.Model,
 			"replica": r.Upstream, "stream": r.Stream, "status": r.Status, "outcome": r.Outcome, "error": r.Error,
 			"attempts": r.Attempts, "hedged": r.Hedged,
 			"prompt_tokens": r.PromptTokens, "completion_tokens": r.CompletionTokens,
 			"hedge_overhead_tokens": r.HedgeOverheadTokens, "cost_micros": r.CostMicros,
-			"stages_ms": map[string]*float64{
-				stageGateway: ms(st.Gateway), stageConnect: ms(st.Connect), stageUpstreamTTFT: ms(st.UpstreamTTFT),
-				stageEngineQueue: ms(st.EngineQueue), stageEngineTTFT: ms(st.EngineTTFT), stageNetwork: ms(st.Network),
-				stageTTFT: ms(st.TTFT), stageTotal: ms(st.Total),
-			},
+			"stages_ms": stages,
 		})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})

@@ -12,25 +12,26 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"tailgate/policy"
+	"tailgate/server/internal/servertest"
 	"tailgate/serving/sim"
 )
 
 func TestSDKListChatStreamAndCompletions(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
-	client := h.client(h.key(policy.KeyOptions{}))
+	h := servertest.Start(t, servertest.Options{})
+	client := h.Client(h.Key(policy.KeyOptions{}))
 	ctx := context.Background()
 
 	models, err := client.Models.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(models.Data) != 1 || models.Data[0].ID != simModel {
-		t.Fatalf("models = %+v, want [%s]", models.Data, simModel)
+	if len(models.Data) != 1 || models.Data[0].ID != servertest.SimModel {
+		t.Fatalf("models = %+v, want [%s]", models.Data, servertest.SimModel)
 	}
 
 	prompt := "Tell me about tail latency."
 	chat, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-		Model:     simModel,
+		Model:     servertest.SimModel,
 		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
 		MaxTokens: openai.Int(7),
 	})
@@ -44,7 +45,7 @@ func TestSDKListChatStreamAndCompletions(t *testing.T) {
 	}
 
 	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
-		Model:         simModel,
+		Model:         servertest.SimModel,
 		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
 		MaxTokens:     openai.Int(9),
 		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
@@ -67,7 +68,7 @@ func TestSDKListChatStreamAndCompletions(t *testing.T) {
 	}
 
 	comp, err := client.Completions.New(ctx, openai.CompletionNewParams{
-		Model:     openai.CompletionNewParamsModel(simModel),
+		Model:     openai.CompletionNewParamsModel(servertest.SimModel),
 		Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
 		MaxTokens: openai.Int(4),
 	})
@@ -78,7 +79,7 @@ func TestSDKListChatStreamAndCompletions(t *testing.T) {
 		t.Fatalf("completion usage = %+v", comp.Usage)
 	}
 
-	rows := h.ledgerRows()
+	rows := h.LedgerRows()
 	if len(rows) != 3 {
 		t.Fatalf("ledger has %d rows, want 3", len(rows))
 	}
@@ -108,8 +109,8 @@ func readSSE(t *testing.T, r io.Reader) (payloads []string, comments int) {
 }
 
 func TestStreamUsageChunkOnlyWhenAsked(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
-	secret := h.key(policy.KeyOptions{})
+	h := servertest.Start(t, servertest.Options{})
+	secret := h.Key(policy.KeyOptions{})
 	for _, tc := range []struct {
 		name      string
 		opts      string
@@ -120,7 +121,7 @@ func TestStreamUsageChunkOnlyWhenAsked(t *testing.T) {
 		{"asked false", `,"stream_options":{"include_usage":false}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := h.post("/v1/chat/completions", secret,
+			resp := h.Post("/v1/chat/completions", secret,
 				`{"model":"tailgate-sim","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"hi"}]`+tc.opts+`}`)
 			defer resp.Body.Close()
 			if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
@@ -148,7 +149,7 @@ func TestStreamUsageChunkOnlyWhenAsked(t *testing.T) {
 		})
 	}
 	// Billing knew the usage every time.
-	for _, r := range h.ledgerRows() {
+	for _, r := range h.LedgerRows() {
 		if r.PromptTokens != int64(sim.ChatPromptTokens("hi")) || r.CompletionTokens != 3 {
 			t.Fatalf("ledger row usage %d/%d, want %d/3", r.PromptTokens, r.CompletionTokens, sim.ChatPromptTokens("hi"))
 		}
@@ -156,9 +157,9 @@ func TestStreamUsageChunkOnlyWhenAsked(t *testing.T) {
 }
 
 func TestResponseHeaders(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
-	secret := h.key(policy.KeyOptions{RPM: 100, TPM: 100000})
-	resp := h.post("/v1/chat/completions", secret, `{"model":"tailgate-sim","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+	h := servertest.Start(t, servertest.Options{})
+	secret := h.Key(policy.KeyOptions{RPM: 100, TPM: 100000})
+	resp := h.Post("/v1/chat/completions", secret, `{"model":"tailgate-sim","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -179,16 +180,16 @@ func TestResponseHeaders(t *testing.T) {
 	if got := resp.Header.Get("X-Ratelimit-Remaining-Requests"); got != "99" {
 		t.Errorf("remaining requests %q, want 99", got)
 	}
-	rows := h.ledgerRows()
+	rows := h.LedgerRows()
 	if len(rows) != 1 || rows[0].ID != resp.Header.Get("X-Request-Id") || rows[0].Upstream != resp.Header.Get("X-Tailgate-Replica") {
 		t.Fatalf("ledger row does not match headers: %+v", rows)
 	}
 }
 
 func TestHealthz(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 1})
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
 	get := func() int {
-		resp, err := http.Get(h.public.URL + "/healthz")
+		resp, err := http.Get(h.Public.URL + "/healthz")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,7 +199,7 @@ func TestHealthz(t *testing.T) {
 	if got := get(); got != 200 {
 		t.Fatalf("healthz with a ready replica = %d", got)
 	}
-	h.reg.Replicas()[0].SetState(3, "draining") // StateDraining
+	h.Reg.Replicas()[0].SetState(3, "draining") // StateDraining
 	if got := get(); got != 503 {
 		t.Fatalf("healthz with no ready replica = %d", got)
 	}

@@ -19,7 +19,10 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/apierr"
+	"tailgate/server/strictjson"
 	"tailgate/serving"
+	"tailgate/serving/sse"
 )
 
 // maxUpstreamBody bounds a non-streaming answer read from a replica.
@@ -33,13 +36,71 @@ var (
 )
 
 // relayError is a replica's client error (4xx but 429): its answer stands and
-// is passed to the client as it is.
+// is relayed to the client with the engine's status, in OpenAI's shape.
 type relayError struct {
 	status int
 	body   []byte
 }
 
 func (e *relayError) Error() string { return fmt.Sprintf("upstream answered %d", e.status) }
+
+// apiError renders the engine's answer as OpenAI's error shape. vLLM sends
+// {"error":{"message","type","param","code":<the status as an integer>}}
+// (older releases the same fields at the top level with "object":"error");
+// OpenAI's clients expect code to be a string or null, so an integer code
+// becomes null. A body that is not JSON becomes the message.
+func (e *relayError) apiError() *apierr.Error {
+	ae := &apierr.Error{Status: e.status, Type: "invalid_request_error"}
+	if strictjson.Check(e.body, 0) != nil {
+		ae.Message = strings.TrimSpace(string(e.body[:min(len(e.body), 1024)]))
+	} else {
+		v := gjson.ParseBytes(e.body)
+		if inner := v.Get("error"); inner.IsObject() {
+			v = inner
+		}
+		ae.Message = v.Get("message").String()
+		if p := v.Get("param"); p.Type == gjson.String {
+			ae.Param = p.Str
+		}
+		if c := v.Get("code"); c.Type == gjson.String {
+			ae.Code = c.Str
+		}
+		if ae.Message == "" {
+			if s := v.Get("error"); s.Type == gjson.String {
+				ae.Message = s.Str // {"error":"Unauthorized"}
+			}
+		}
+	}
+	if ae.Message == "" {
+		ae.Message = fmt.Sprintf("the model replica refused the request (%d %s)", e.status, http.StatusText(e.status))
+	}
+	return ae
+}
+
+// upstreamStatusError is a replica's answer with a status that is neither
+// 200 nor a client error: a server error, or a refusal to take work (429,
+// 503) with the Retry-After the engine asked for.
+type upstreamStatusError struct {
+	status     int
+	retryAfter time.Duration
+}
+
+func (e *upstreamStatusError) Error() string { return fmt.Sprintf("upstream answered %d", e.status) }
+
+// parseRetryAfter reads a Retry-After header: seconds or an HTTP date.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.Atoi(v); err == nil {
+		return time.Duration(max(secs, 0)) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0)
+	}
+	return 0
+}
 
 // attemptTrace records, through httptrace, how far an attempt got.
 type attemptTrace struct {
@@ -69,7 +130,6 @@ type upstream struct {
 	reason  router.AttemptReason
 	resp    *http.Response
 	cancel  context.CancelFunc
-	ctx     context.Context
 	br      *bufio.Reader
 	body    []byte   // JSON answer
 	pending [][]byte // SSE events read before relaying began (first token last)
@@ -103,7 +163,7 @@ func (u *upstream) release() {
 // client: the router may run two at once and keep one.
 func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	u := &upstream{rep: rep, n: n, reason: reason, cancel: cancel, ctx: ctx, stages: data.UnknownStages()}
+	u := &upstream{rep: rep, n: n, reason: reason, cancel: cancel, stages: data.UnknownStages()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -210,7 +270,7 @@ func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int,
 	u.br = readerPool.Get().(*bufio.Reader)
 	u.br.Reset(resp.Body)
 	for {
-		ev, err := readEvent(u.br, nil)
+		ev, err := sse.ReadEvent(u.br, nil)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = errNoTokenEOF
@@ -240,16 +300,13 @@ func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int,
 func (s *Server) upstreamStatus(rep *router.Replica, resp *http.Response, fail func(error) error) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	status := resp.StatusCode
-	err := fmt.Errorf("upstream answered %d", status)
 	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
-		if ra := resp.Header.Get("Retry-After"); ra != "" {
-			if secs, perr := strconv.Atoi(strings.TrimSpace(ra)); perr == nil && secs > 0 {
-				rep.BackOff(time.Now().Add(time.Duration(min(secs, 60)) * time.Second))
-			}
+		err := &upstreamStatusError{status: status, retryAfter: min(parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()), time.Minute)}
+		if err.retryAfter > 0 {
+			rep.BackOff(time.Now().Add(err.retryAfter))
 		}
-		code := gjson.GetBytes(body, "error.code").String()
-		if code == "replica_draining" && rep.State() == router.StateReady {
-			rep.SetState(router.StateDraining, "draining (told by the replica)")
+		if gjson.GetBytes(body, "error.code").String() == "replica_draining" {
+			s.reg.Drain(rep, "draining (told by the replica)")
 		}
 		// Overloaded, draining or not ready: nothing ran; go elsewhere.
 		return router.ErrDeclined(err)
@@ -257,7 +314,7 @@ func (s *Server) upstreamStatus(rep *router.Replica, resp *http.Response, fail f
 	if status >= 400 && status < 500 {
 		return &relayError{status: status, body: body}
 	}
-	return fail(err)
+	return fail(&upstreamStatusError{status: status})
 }
 
 // deadlines returns the first-token deadline for a model's streams, or the
@@ -310,32 +367,20 @@ func parseTiming(st *data.Stages, comment []byte) {
 	}
 }
 
-func (s *Server) setRouteHeaders(h http.Header, cl *call) {
-	if cl.replica != "" {
-		h.Set("X-Tailgate-Replica", cl.replica)
-	}
-	h.Set("X-Tailgate-Attempts", strconv.Itoa(max(cl.attempts, 1)))
-	if cl.winner != "" {
-		h.Set("X-Tailgate-Hedged", strconv.FormatBool(cl.hedged))
-		h.Set("X-Tailgate-Winner", cl.winner)
-	}
-}
-
 // serverTiming renders the call's known stages as a Server-Timing header, in
 // milliseconds.
 func serverTiming(cl *call) string {
-	st := cl.stages
 	var b []byte
-	for i, d := range [8]time.Duration{st.Gateway, st.Connect, st.UpstreamTTFT, st.EngineQueue, st.EngineTTFT, st.Network, st.TTFT, st.Total} {
+	cl.stages.Each(func(_ int, name string, d time.Duration) {
 		if d < 0 {
-			continue
+			return
 		}
 		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
-		b = append(b, stageNames[i]...)
+		b = append(b, name...)
 		b = append(b, ";dur="...)
 		b = strconv.AppendFloat(b, float64(d)/float64(time.Millisecond), 'f', 3, 64)
-	}
+	})
 	return string(b)
 }

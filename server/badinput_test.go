@@ -7,14 +7,15 @@ import (
 
 	"tailgate/policy"
 	"tailgate/server"
+	"tailgate/server/internal/servertest"
 )
 
 func TestBadInputGetsOpenAIErrors(t *testing.T) {
-	h := newHarness(t, harnessOpts{cfg: server.Config{MaxBodyBytes: 2048}})
-	secret := h.key(policy.KeyOptions{})
-	limited := h.key(policy.KeyOptions{Tenant: "narrow", Models: []string{"other-model"}})
-	revoked := h.key(policy.KeyOptions{})
-	if _, err := policy.RevokeKey(t.Context(), h.store, revoked); err != nil {
+	h := servertest.Start(t, servertest.Options{Server: server.Config{MaxBodyBytes: 2048}})
+	secret := h.Key(policy.KeyOptions{})
+	limited := h.Key(policy.KeyOptions{Tenant: "narrow", Models: []string{"other-model"}})
+	revoked := h.Key(policy.KeyOptions{})
+	if _, err := policy.RevokeKey(t.Context(), h.Store, revoked); err != nil {
 		t.Fatal(err)
 	}
 	msg := `"messages":[{"role":"user","content":"hi"}]`
@@ -47,7 +48,7 @@ func TestBadInputGetsOpenAIErrors(t *testing.T) {
 		{"revoked key", "/v1/chat/completions", revoked, `{"model":"tailgate-sim",` + msg + `}`, 401, "invalid_api_key", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := h.post(tc.path, tc.key, tc.body)
+			resp := h.Post(tc.path, tc.key, tc.body)
 			defer resp.Body.Close()
 			if resp.StatusCode != tc.wantStatus {
 				t.Fatalf("status %d, want %d", resp.StatusCode, tc.wantStatus)
@@ -62,13 +63,13 @@ func TestBadInputGetsOpenAIErrors(t *testing.T) {
 		})
 	}
 	// The gateway is still up and serving, and nothing was billed.
-	resp := h.post("/v1/chat/completions", secret, `{"model":"tailgate-sim","max_tokens":2,`+msg+`}`)
+	resp := h.Post("/v1/chat/completions", secret, `{"model":"tailgate-sim","max_tokens":2,`+msg+`}`)
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("after bad input, a good request got %d", resp.StatusCode)
 	}
 	var billed, ok int64
-	for _, r := range h.ledgerRows() {
+	for _, r := range h.LedgerRows() {
 		billed += r.PromptTokens + r.CompletionTokens
 		if r.Outcome == "ok" {
 			ok++
@@ -80,9 +81,9 @@ func TestBadInputGetsOpenAIErrors(t *testing.T) {
 }
 
 func TestMetricsAndAdminNeedTheAdminToken(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
+	h := servertest.Start(t, servertest.Options{})
 	for _, path := range []string{"/metrics", "/admin/v1/keys", "/admin/v1/usage", "/admin/v1/requests", "/admin/v1/replicas"} {
-		resp, err := http.Get(h.admin.URL + path)
+		resp, err := http.Get(h.Admin.URL + path)
 		if err != nil {
 			t.Fatal(err)
 		}

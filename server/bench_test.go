@@ -30,7 +30,7 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 	s := newBenchStack(b, benchEngine)
 	for _, target := range []struct{ name, url string }{
 		{"direct", s.direct.URL + "/v1/chat/completions"},
-		{"gateway", s.public.URL + "/v1/chat/completions"},
+		{"gateway", s.Public.URL + "/v1/chat/completions"},
 	} {
 		b.Run(target.name, func(b *testing.B) {
 			runParallelPosts(b, s, target.url, body, false)
@@ -49,7 +49,7 @@ func BenchmarkStreamRelay(b *testing.B) {
 	s := newBenchStack(b, benchEngine)
 	for _, target := range []struct{ name, url string }{
 		{"direct", s.direct.URL + "/v1/chat/completions"},
-		{"gateway", s.public.URL + "/v1/chat/completions"},
+		{"gateway", s.Public.URL + "/v1/chat/completions"},
 	} {
 		b.Run(target.name, func(b *testing.B) {
 			// Both paths must deliver every token as its own event.
@@ -70,7 +70,7 @@ func BenchmarkStreamRelay(b *testing.B) {
 // the gateway, checks afterwards that every request was metered.
 func runParallelPosts(b *testing.B, s *benchStack, url, body string, stream bool) {
 	client := benchClient(b)
-	gateway := strings.HasPrefix(url, s.public.URL)
+	gateway := strings.HasPrefix(url, s.Public.URL)
 	var before int64
 	if gateway {
 		before = s.meteredRequests(b)

@@ -13,6 +13,7 @@ import (
 
 	"tailgate/data"
 	"tailgate/policy"
+	"tailgate/server/internal/servertest"
 	"tailgate/serving/sim"
 )
 
@@ -20,36 +21,36 @@ import (
 // ledger batching, default policy polling) in front of one sim engine, with
 // both reachable over loopback HTTP so a benchmark can call either.
 type benchStack struct {
-	*harness
+	*servertest.Gateway
 	direct *httptest.Server // the sim engine
 	secret string
 }
 
 func newBenchStack(tb testing.TB, cfg sim.Config) *benchStack {
 	tb.Helper()
-	h := newHarness(tb, harnessOpts{replicas: 1, sim: cfg, production: true,
-		prices: map[string]policy.Price{cfg.Model: {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}})
+	h := servertest.Start(tb, servertest.Options{Replicas: 1, Sim: cfg, Production: true,
+		Prices: map[string]policy.Price{cfg.Model: {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}})
 	// Every limit is on (and far away), so admission does all its work.
 	huge := int64(1 << 60)
-	secret := h.key(policy.KeyOptions{
+	secret := h.Key(policy.KeyOptions{
 		Tenant: "bench", RPM: 1 << 40, TPM: 1 << 40, MaxConcurrency: 1 << 20,
 		BudgetTokens: &huge, BudgetMicros: &huge,
 	})
-	return &benchStack{harness: h, direct: h.upstreams[0], secret: secret}
+	return &benchStack{Gateway: h, direct: h.Upstreams[0], secret: secret}
 }
 
 // meteredRequests flushes the ledger and returns how many requests it holds.
 func (s *benchStack) meteredRequests(tb testing.TB) int64 {
 	tb.Helper()
-	for deadline := time.Now().Add(10 * time.Second); s.inflight() > 0 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(10 * time.Second); s.Inflight() > 0 && time.Now().Before(deadline); {
 		time.Sleep(2 * time.Millisecond)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.ledger.Flush(ctx); err != nil {
+	if err := s.Ledger.Flush(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	rows, err := s.store.Usage(ctx, data.UsageFilter{})
+	rows, err := s.Store.Usage(ctx, data.UsageFilter{})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -9,39 +9,40 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"tailgate/router"
+	"tailgate/server/apierr"
 	"tailgate/serving"
 )
 
-var errBadClusterToken = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_cluster_token",
+var errBadClusterToken = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_cluster_token",
 	Message: "missing or invalid cluster token"}
 
 // handlePostHeartbeat registers or refreshes a worker's replica.
 func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	tok := bearer(c.Request())
 	if s.cfg.ClusterToken == "" || tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.ClusterToken)) != 1 {
-		return writeError(c, errBadClusterToken)
+		return apierr.Reply(c, errBadClusterToken)
 	}
 	if s.cfg.PeerCheck != nil {
 		if err := s.cfg.PeerCheck(c.Request()); err != nil {
 			s.log.Warn("registration refused", "remote", c.Request().RemoteAddr, "err", err)
-			return writeError(c, &apiError{Status: http.StatusForbidden, Type: "invalid_request_error",
+			return apierr.Reply(c, &apierr.Error{Status: http.StatusForbidden, Type: "invalid_request_error",
 				Code: "peer_not_allowed", Message: err.Error()})
 		}
 	}
 	var hb serving.Heartbeat
 	if err := c.Bind(&hb); err != nil {
-		return writeError(c, badRequest("", "body must be a JSON heartbeat"))
+		return apierr.Reply(c, apierr.BadRequest("", "body must be a JSON heartbeat"))
 	}
 	if hb.ReplicaID == "" || len(hb.ReplicaID) > 128 || strings.ContainsAny(hb.ReplicaID, " \t\n\"") {
-		return writeError(c, badRequest("replica_id", "replica_id must be a short name without spaces"))
+		return apierr.Reply(c, apierr.BadRequest("replica_id", "replica_id must be a short name without spaces"))
 	}
 	u, err := url.Parse(hb.Address)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return writeError(c, badRequest("address", "address must be the sidecar's base URL, e.g. http://10.0.0.5:9000"))
+		return apierr.Reply(c, apierr.BadRequest("address", "address must be the sidecar's base URL, e.g. http://10.0.0.5:9000"))
 	}
 	state, ok := router.ParseState(hb.State)
 	if !ok || state == router.StateEjected {
-		return writeError(c, badRequest("state", "state must be one of starting, warming, ready, draining, failed"))
+		return apierr.Reply(c, apierr.BadRequest("state", "state must be one of starting, warming, ready, draining, failed"))
 	}
 	s.reg.Heartbeat(router.Update{
 		ID: hb.ReplicaID, URL: strings.TrimSuffix(hb.Address, "/"), Models: hb.Models, State: state, Reason: hb.Reason,

@@ -9,19 +9,20 @@ import (
 	"time"
 
 	"tailgate/policy"
+	"tailgate/server/internal/servertest"
 	"tailgate/serving"
 	"tailgate/serving/sim"
 )
 
-func (h *harness) heartbeat(token string, hb serving.Heartbeat) *http.Response {
-	h.t.Helper()
+func heartbeat(h *servertest.Gateway, token string, hb serving.Heartbeat) *http.Response {
+	h.T.Helper()
 	body, _ := json.Marshal(hb)
-	req, _ := http.NewRequest(http.MethodPost, h.admin.URL+serving.HeartbeatPath, bytes.NewReader(body))
+	req, _ := http.NewRequest(http.MethodPost, h.Admin.URL+serving.HeartbeatPath, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		h.t.Fatal(err)
+		h.T.Fatal(err)
 	}
 	resp.Body.Close()
 	return resp
@@ -35,7 +36,7 @@ func tokenCheckingEngine(t *testing.T) *httptest.Server {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer "+clusterToken {
+		if r.Header.Get("Authorization") != "Bearer "+servertest.ClusterToken {
 			http.Error(w, `{"error":{"message":"no token"}}`, 401)
 			return
 		}
@@ -46,37 +47,37 @@ func tokenCheckingEngine(t *testing.T) *httptest.Server {
 }
 
 func TestHeartbeatRegistersReplicaAndLeaseExpires(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 1, health: 50 * time.Millisecond})
-	h.reg.Remove("sim-a") // only the registered worker serves
-	secret := h.key(policy.KeyOptions{})
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Health: 50 * time.Millisecond})
+	h.Reg.Remove("sim-a") // only the registered worker serves
+	secret := h.Key(policy.KeyOptions{})
 	engine := tokenCheckingEngine(t)
 
-	if resp := h.heartbeat("wrong", serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{simModel}, State: "ready"}); resp.StatusCode != 401 {
+	if resp := heartbeat(h, "wrong", serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{servertest.SimModel}, State: "ready"}); resp.StatusCode != 401 {
 		t.Fatalf("heartbeat with a wrong cluster token: %d", resp.StatusCode)
 	}
-	if resp := h.heartbeat(clusterToken, serving.Heartbeat{ReplicaID: "w1", Address: "not a url", State: "ready"}); resp.StatusCode != 400 {
+	if resp := heartbeat(h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: "not a url", State: "ready"}); resp.StatusCode != 400 {
 		t.Fatalf("heartbeat with a bad address: %d", resp.StatusCode)
 	}
 	// Warming: registered, not routed to.
-	h.heartbeat(clusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{simModel}, State: "warming", Engine: "sim"})
-	resp := h.post("/v1/chat/completions", secret, hiBody)
+	heartbeat(h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{servertest.SimModel}, State: "warming", Engine: "sim"})
+	resp := h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
 	if resp.StatusCode != 503 {
 		t.Fatalf("request while the only replica warms: %d, want 503", resp.StatusCode)
 	}
 	// Ready: routed to, with the cluster token.
-	if resp := h.heartbeat(clusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{simModel}, State: "ready", Engine: "sim",
+	if resp := heartbeat(h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{servertest.SimModel}, State: "ready", Engine: "sim",
 		Load: serving.Load{Waiting: 2, Running: 5, KVCacheUsage: 0.5}}); resp.StatusCode != 200 {
 		t.Fatalf("heartbeat: %d", resp.StatusCode)
 	}
-	resp = h.post("/v1/chat/completions", secret, hiBody)
+	resp = h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("X-Tailgate-Replica") != "w1" {
 		t.Fatalf("request to the registered replica: %d via %q", resp.StatusCode, resp.Header.Get("X-Tailgate-Replica"))
 	}
 	// The admin API shows it with its load.
-	req, _ := http.NewRequest(http.MethodGet, h.admin.URL+"/admin/v1/replicas", nil)
-	req.Header.Set("Authorization", "Bearer "+h.adminToken)
+	req, _ := http.NewRequest(http.MethodGet, h.Admin.URL+"/admin/v1/replicas", nil)
+	req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
 	aresp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -91,13 +92,13 @@ func TestHeartbeatRegistersReplicaAndLeaseExpires(t *testing.T) {
 	}
 	// Lease: with no more heartbeats the replica is dropped (lease 3.5s by default).
 	deadline := time.Now().Add(10 * time.Second)
-	for h.reg.Get("w1") != nil {
+	for h.Reg.Get("w1") != nil {
 		if time.Now().After(deadline) {
 			t.Fatal("replica still registered 10s after its last heartbeat")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	resp = h.post("/v1/chat/completions", secret, hiBody)
+	resp = h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
 	if resp.StatusCode == 200 {
 		t.Fatal("request served after the only replica's lease expired")
@@ -105,8 +106,8 @@ func TestHeartbeatRegistersReplicaAndLeaseExpires(t *testing.T) {
 }
 
 func TestEngineTimingFromSidecarReachesLedger(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 1})
-	h.reg.Remove("sim-a")
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h.Reg.Remove("sim-a")
 	// A stand-in sidecar that reports the engine timings per the wire contract.
 	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
@@ -128,10 +129,10 @@ func TestEngineTimingFromSidecarReachesLedger(t *testing.T) {
 		_, _ = w.Write([]byte("data: [DONE]\n\n"))
 	}))
 	defer fake.Close()
-	h.heartbeat(clusterToken, serving.Heartbeat{ReplicaID: "w1", Address: fake.URL, Models: []string{simModel}, State: "ready"})
-	secret := h.key(policy.KeyOptions{})
+	heartbeat(h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: fake.URL, Models: []string{servertest.SimModel}, State: "ready"})
+	secret := h.Key(policy.KeyOptions{})
 
-	resp := h.post("/v1/chat/completions", secret, hiBody)
+	resp := h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
 	st := resp.Header.Get("Server-Timing")
 	for _, want := range []string{"engine_ttft;dur=7.500", "engine_queue;dur=1.250", "network;dur="} {
@@ -139,13 +140,13 @@ func TestEngineTimingFromSidecarReachesLedger(t *testing.T) {
 			t.Fatalf("Server-Timing %q lacks %q", st, want)
 		}
 	}
-	resp = h.post("/v1/chat/completions", secret, `{"model":"tailgate-sim","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	resp = h.Post("/v1/chat/completions", secret, `{"model":"tailgate-sim","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	payloads, comments := readSSE(t, resp.Body)
 	resp.Body.Close()
 	if comments != 0 {
 		t.Fatalf("the sidecar's timing comment reached the client: %q", payloads)
 	}
-	for _, r := range h.ledgerRows() {
+	for _, r := range h.LedgerRows() {
 		if r.Stages.EngineTTFT != 7500*time.Microsecond || r.Stages.EngineQueue != 1250*time.Microsecond ||
 			r.Stages.Network < 0 || r.Stages.Network != max(r.Stages.UpstreamTTFT-r.Stages.EngineTTFT, 0) {
 			t.Fatalf("stages %+v (stream %v)", r.Stages, r.Stream)

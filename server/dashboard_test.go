@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"tailgate/policy"
+	"tailgate/server/internal/servertest"
 	"tailgate/web"
 )
 
@@ -37,16 +38,16 @@ func renderPage(t *testing.T, url string, extra ...string) string {
 }
 
 func TestDashboardShowsReplicasRequestsAndUsage(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 2})
-	ui := httptest.NewServer(h.srv.Admin(web.Handler()))
+	h := servertest.Start(t, servertest.Options{Replicas: 2})
+	ui := httptest.NewServer(h.Srv.Admin(web.Handler()))
 	defer ui.Close()
-	secret := h.key(policy.KeyOptions{Tenant: "dashboard-tenant"})
+	secret := h.Key(policy.KeyOptions{Tenant: "dashboard-tenant"})
 	for range 3 {
-		resp := h.post("/v1/chat/completions", secret, hiBody)
+		resp := h.Post("/v1/chat/completions", secret, hiBody)
 		resp.Body.Close()
 	}
 
-	dom := renderPage(t, ui.URL+"/ui/#token="+h.adminToken, "--dump-dom")
+	dom := renderPage(t, ui.URL+"/ui/#token="+servertest.AdminToken, "--dump-dom")
 	for _, want := range []string{
 		"2/2 replicas ready", // the status line, computed from /admin/v1/replicas
 		">sim-a<", ">sim-b<", `class="state-ready">ready<`,

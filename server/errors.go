@@ -1,77 +1,83 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/apierr"
 )
 
-// apiError is an error as OpenAI clients expect it:
-// {"error":{"message","type","param","code"}} with a matching HTTP status.
-type apiError struct {
-	Status  int
-	Type    string
-	Code    string
-	Param   string
-	Message string
-	// RetryAfter, when positive, is sent as the Retry-After header.
-	RetryAfter time.Duration
-}
-
-func (e *apiError) Error() string { return e.Message }
-
-func badRequest(param, format string, args ...any) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_request", Param: param,
-		Message: fmt.Sprintf(format, args...)}
-}
-
+// The errors a client of the public or admin API can see, in apierr's one
+// OpenAI shape, and toAPIError: the one table from any error to one of them.
 var (
-	errBodyTooLarge = &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+	errBodyTooLarge = &apierr.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 		Message: "request body is too large"}
-	errBodyTimeout = &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+	errBodyTimeout = &apierr.Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
 		Message: "the request body did not arrive in time"}
-	errMissingKey = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+	errMissingKey = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 		Message: "missing API key: send it as 'Authorization: Bearer <key>'"}
-	errBadKey = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+	errBadKey = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 		Message: "invalid API key"}
-	errBadAdminToken = &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_admin_token",
+	errBadAdminToken = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_admin_token",
 		Message: "missing or invalid admin token"}
-	errNoReplica = &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_replica",
+	errNoReplica = &apierr.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: string(data.ClassNoReplica),
 		Message: "no replica is ready to serve this model; try again shortly", RetryAfter: time.Second}
-	errUpstream = &apiError{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_error",
+	errUpstream = &apierr.Error{Status: http.StatusBadGateway, Type: "server_error", Code: string(data.ClassUpstreamError),
 		Message: "the model replica failed to answer"}
-	errUpstreamTimeout = &apiError{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_timeout",
+	errUnreachable = &apierr.Error{Status: http.StatusBadGateway, Type: "server_error", Code: string(data.ClassUpstreamUnreachable),
+		Message: "no model replica could be reached"}
+	errUpstreamTimeout = &apierr.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: string(data.ClassUpstreamTimeout),
 		Message: "the model replica did not answer in time"}
-	errInternal = &apiError{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error",
+	errClientGone = &apierr.Error{Status: statusClientClosed, Type: "invalid_request_error", Code: string(data.ClassClientCancelled),
+		Message: "the client closed the request"}
+	errMidstream = &apierr.Error{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_midstream_error",
+		Message: "the model replica failed in the middle of the answer; the output is incomplete"}
+	errIdle = &apierr.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_midstream_error",
+		Message: "the model replica stopped sending tokens in the middle of the answer; the output is incomplete"}
+	errInternal = &apierr.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: string(data.ClassInternal),
 		Message: "internal error"}
 )
 
-func errUnknownModel(model string) *apiError {
-	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+// statusClientClosed is what the ledger and the metrics record for a client
+// that went away before its answer (nginx's 499); no client ever sees it.
+const statusClientClosed = 499
+
+func errUnknownModel(model string) *apierr.Error {
+	return &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
 		Message: fmt.Sprintf("the model %q does not exist or is not served here", model)}
 }
 
-func errModelNotAllowed(model string) *apiError {
-	return &apiError{Status: http.StatusForbidden, Type: "invalid_request_error", Code: "model_not_allowed", Param: "model",
+func errModelNotAllowed(model string) *apierr.Error {
+	return &apierr.Error{Status: http.StatusForbidden, Type: "invalid_request_error", Code: "model_not_allowed", Param: "model",
 		Message: fmt.Sprintf("this API key may not use the model %q", model)}
 }
 
 // toAPIError maps any error of the request path to the one the client sees.
-// This is the one table from error kind to HTTP status.
-func toAPIError(err error, model string) *apiError {
+// This is the one table from error kind to HTTP status; the order of the
+// cases matters where an error is of several kinds (a deadline is also a
+// failed attempt). Its last rows follow caddy's reverse proxy: a replica
+// that failed or could not be reached is a bad gateway (502), a deadline is
+// a gateway timeout (504), a client that went away is 499.
+func toAPIError(err error, model string) *apierr.Error {
 	var (
-		ae    *apiError
+		ae    *apierr.Error
 		limit *policy.LimitError
 		quota *policy.QuotaError
 		he    *echo.HTTPError
 		mbe   *http.MaxBytesError
+		rel   *relayError
+		us    *upstreamStatusError
+		ne    net.Error
 	)
 	switch {
 	case errors.As(err, &ae):
@@ -82,11 +88,11 @@ func toAPIError(err error, model string) *apiError {
 		if retry <= 0 {
 			retry = time.Second // concurrency: a slot frees when a request ends
 		}
-		return &apiError{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded",
+		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded",
 			Message:    fmt.Sprintf("rate limit exceeded (%s); retry after %s", kind, limit.RetryAfter.Round(time.Millisecond)),
 			RetryAfter: retry}
 	case errors.As(err, &quota):
-		return &apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
 			Message: "you exceeded your current quota: the tenant's budget is used up"}
 	case errors.Is(err, policy.ErrInvalidKey):
 		return errBadKey
@@ -94,8 +100,6 @@ func toAPIError(err error, model string) *apiError {
 		return errModelNotAllowed(model)
 	case errors.Is(err, router.ErrUnknownModel):
 		return errUnknownModel(model)
-	case errors.Is(err, router.ErrNoReplica):
-		return errNoReplica
 	case errors.As(err, &mbe):
 		return errBodyTooLarge
 	case errors.As(err, &he):
@@ -107,27 +111,34 @@ func toAPIError(err error, model string) *apiError {
 		if he.Code >= 500 {
 			typ = "server_error"
 		}
-		return &apiError{Status: he.Code, Type: typ, Code: "http_" + strconv.Itoa(he.Code), Message: msg}
+		return &apierr.Error{Status: he.Code, Type: typ, Code: "http_" + strconv.Itoa(he.Code), Message: msg}
+
+	// The routed path, from the engine's own answer to the gateway's view.
+	case errors.As(err, &rel):
+		return rel.apiError()
+	case errors.Is(err, context.Canceled):
+		return errClientGone
+	case errors.Is(err, errTTFTDeadline), errors.Is(err, errJSONDeadline), errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &ne) && ne.Timeout():
+		return errUpstreamTimeout
+	case router.IsDeclined(err) && errors.As(err, &us) && us.status == http.StatusTooManyRequests:
+		// Every replica that could take it is busy: the engine's 429, with
+		// its Retry-After, so the client backs off as the engine asked.
+		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "server_error", Code: string(data.ClassUpstreamOverloaded),
+			Message:    fmt.Sprintf("every replica of the model %q is at capacity; retry after %s", model, max(us.retryAfter, time.Second)),
+			RetryAfter: max(us.retryAfter, time.Second)}
+	case errors.Is(err, router.ErrNoReplica), router.IsDeclined(err):
+		e := *errNoReplica
+		if errors.As(err, &us) && us.retryAfter > 0 {
+			e.RetryAfter = us.retryAfter
+		}
+		return &e
+	case router.IsNotSent(err):
+		return errUnreachable
+	case router.IsNoToken(err):
+		return errUpstream
 	}
 	return errInternal
-}
-
-// writeError sends e in OpenAI's shape unless the response is already committed.
-func writeError(c echo.Context, e *apiError) error {
-	if c.Response().Committed {
-		return nil
-	}
-	if e.RetryAfter > 0 {
-		secs := int64((e.RetryAfter + time.Second - 1) / time.Second)
-		c.Response().Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	}
-	var param any
-	if e.Param != "" {
-		param = e.Param
-	}
-	return c.JSON(e.Status, map[string]any{"error": map[string]any{
-		"message": e.Message, "type": e.Type, "param": param, "code": e.Code,
-	}})
 }
 
 // errorHandler is echo's HTTPErrorHandler: every error leaves in OpenAI's shape,
@@ -137,5 +148,5 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	if ae == errInternal {
 		s.log.Error("request failed", "path", c.Path(), "err", err)
 	}
-	_ = writeError(c, ae)
+	_ = apierr.Reply(c, ae)
 }

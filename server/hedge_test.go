@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -8,29 +9,29 @@ import (
 
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/internal/servertest"
 	"tailgate/serving/sim"
 )
 
 // hedgeHarness has replica sim-a slow (1s to first token) and sim-b fast,
 // hedging on with a delay learnt from a few fast requests, and selection
 // forced to try sim-a first.
-func hedgeHarness(t *testing.T) (*harness, string) {
+func hedgeHarness(t *testing.T) (*servertest.Gateway, string) {
 	t.Helper()
-	h := newHarness(t, harnessOpts{
-		replicas: 2,
-		sims: map[int]sim.Config{
+	h := servertest.Start(t, servertest.Options{
+		Replicas: 2,
+		Sims: map[int]sim.Config{
 			0: {TTFT: time.Second, TTFTSigma: -1},
 			1: {TTFT: 5 * time.Millisecond, TTFTSigma: -1},
 		},
-		router: router.Config{
-			Rand:      func(n int) int { return 0 },
-			SlowStart: -1, // sim-a is put back to ready below: no ramp, so the forced pick holds
-			Hedge:     router.HedgeConfig{Enabled: true, MinSamples: 5, Min: time.Millisecond},
+		Router: router.Config{
+			Rand:  func(n int) int { return 0 }, // no slow start: sim-a is put back to ready below and the forced pick holds
+			Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: time.Millisecond},
 		},
 	})
-	secret := h.key(policy.KeyOptions{})
+	secret := h.Key(policy.KeyOptions{})
 	// Learn the model's time to first token on the fast replica alone.
-	slow := h.reg.Get("sim-a")
+	slow := h.Reg.Get("sim-a")
 	slow.SetState(router.StateDraining, "test")
 	for range 8 {
 		for _, stream := range []bool{true, false} {
@@ -38,12 +39,12 @@ func hedgeHarness(t *testing.T) (*harness, string) {
 			if stream {
 				body = `{"model":"tailgate-sim","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
 			}
-			resp := h.post("/v1/chat/completions", secret, body)
-			_, _ = readAll(resp)
+			resp := h.Post("/v1/chat/completions", secret, body)
+			_, _ = io.ReadAll(resp.Body)
 			resp.Body.Close()
 		}
 	}
-	if _, ok := h.reg.HedgeDelay(simModel, true); !ok {
+	if _, ok := h.Reg.HedgeDelay(servertest.SimModel, true); !ok {
 		t.Fatal("no hedge delay learnt")
 	}
 	slow.SetState(router.StateReady, "")
@@ -55,14 +56,14 @@ func TestHedgeBeatsASlowReplicaAndCancelsIt(t *testing.T) {
 		name := map[bool]string{true: "stream", false: "json"}[stream]
 		t.Run(name, func(t *testing.T) {
 			h, secret := hedgeHarness(t)
-			before := len(h.ledgerRows())
+			before := len(h.LedgerRows())
 			body := `{"model":"tailgate-sim","max_tokens":4,"messages":[{"role":"user","content":"hedge me"}]}`
 			if stream {
 				body = `{"model":"tailgate-sim","max_tokens":4,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hedge me"}]}`
 			}
 			start := time.Now()
-			resp := h.post("/v1/chat/completions", secret, body)
-			raw, _ := readAll(resp)
+			resp := h.Post("/v1/chat/completions", secret, body)
+			raw, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			took := time.Since(start)
 			if resp.StatusCode != 200 || resp.Header.Get("X-Tailgate-Hedged") != "true" ||
@@ -75,13 +76,13 @@ func TestHedgeBeatsASlowReplicaAndCancelsIt(t *testing.T) {
 			}
 			// The slow replica's engine saw the cancel.
 			deadline := time.Now().Add(3 * time.Second)
-			for h.engines[0].Stats().Aborted < 1 {
+			for h.Engines[0].Stats().Aborted < 1 {
 				if time.Now().After(deadline) {
-					t.Fatalf("the losing attempt was not cancelled: %+v", h.engines[0].Stats())
+					t.Fatalf("the losing attempt was not cancelled: %+v", h.Engines[0].Stats())
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			rows := h.ledgerRows()[before:]
+			rows := h.LedgerRows()[before:]
 			if len(rows) != 1 {
 				t.Fatalf("%d ledger rows for one hedged request", len(rows))
 			}
@@ -97,7 +98,7 @@ func TestHedgeBeatsASlowReplicaAndCancelsIt(t *testing.T) {
 
 func TestHedgeOptOutHeader(t *testing.T) {
 	h, secret := hedgeHarness(t)
-	req, _ := http.NewRequest(http.MethodPost, h.public.URL+"/v1/chat/completions",
+	req, _ := http.NewRequest(http.MethodPost, h.Public.URL+"/v1/chat/completions",
 		strings.NewReader(`{"model":"tailgate-sim","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"once only"}]}`))
 	req.Header.Set("Authorization", "Bearer "+secret)
 	req.Header.Set("X-Tailgate-Hedge", "off")
@@ -105,12 +106,12 @@ func TestHedgeOptOutHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _ = readAll(resp)
+	_, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.Header.Get("X-Tailgate-Hedged") != "false" || resp.Header.Get("X-Tailgate-Replica") != "sim-a" {
 		t.Fatalf("opted-out request: hedged %q via %q", resp.Header.Get("X-Tailgate-Hedged"), resp.Header.Get("X-Tailgate-Replica"))
 	}
-	if h.engines[0].Stats().Aborted != 0 || h.engines[1].Stats().Completed != 16 {
-		t.Fatalf("a second attempt ran: slow %+v fast %+v", h.engines[0].Stats(), h.engines[1].Stats())
+	if h.Engines[0].Stats().Aborted != 0 || h.Engines[1].Stats().Completed != 16 {
+		t.Fatalf("a second attempt ran: slow %+v fast %+v", h.Engines[0].Stats(), h.Engines[1].Stats())
 	}
 }

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -11,16 +12,17 @@ import (
 
 	"tailgate/data"
 	"tailgate/policy"
+	"tailgate/server/internal/servertest"
 	"tailgate/serving/sim"
 )
 
 const hiBody = `{"model":"tailgate-sim","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
 
 func TestRequestsPerMinuteLimit(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
-	secret := h.key(policy.KeyOptions{RPM: 3})
+	h := servertest.Start(t, servertest.Options{})
+	secret := h.Key(policy.KeyOptions{RPM: 3})
 	for i := range 3 {
-		resp := h.post("/v1/chat/completions", secret, hiBody)
+		resp := h.Post("/v1/chat/completions", secret, hiBody)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
 			t.Fatalf("request %d: %d", i+1, resp.StatusCode)
@@ -29,7 +31,7 @@ func TestRequestsPerMinuteLimit(t *testing.T) {
 			t.Fatalf("request %d: remaining %q, want %q", i+1, got, want)
 		}
 	}
-	resp := h.post("/v1/chat/completions", secret, hiBody)
+	resp := h.Post("/v1/chat/completions", secret, hiBody)
 	defer resp.Body.Close()
 	if resp.StatusCode != 429 {
 		t.Fatalf("4th request: %d, want 429", resp.StatusCode)
@@ -47,13 +49,13 @@ func TestRequestsPerMinuteLimit(t *testing.T) {
 }
 
 func TestTokensPerMinuteLimit(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
+	h := servertest.Start(t, servertest.Options{})
 	// Each request reserves its prompt estimate plus max_tokens=4 against the
 	// minute's tokens; 40 tokens admit a few, not many.
-	secret := h.key(policy.KeyOptions{TPM: 40})
+	secret := h.Key(policy.KeyOptions{TPM: 40})
 	var codes []int
 	for range 10 {
-		resp := h.post("/v1/chat/completions", secret, hiBody)
+		resp := h.Post("/v1/chat/completions", secret, hiBody)
 		resp.Body.Close()
 		codes = append(codes, resp.StatusCode)
 		if resp.StatusCode == 429 {
@@ -68,23 +70,23 @@ func TestTokensPerMinuteLimit(t *testing.T) {
 }
 
 func TestConcurrencyLimit(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 1, sim: sim.Config{TTFT: 300 * time.Millisecond, TTFTSigma: -1}})
-	secret := h.key(policy.KeyOptions{MaxConcurrency: 2})
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TTFT: 300 * time.Millisecond, TTFTSigma: -1}})
+	secret := h.Key(policy.KeyOptions{MaxConcurrency: 2})
 	var wg sync.WaitGroup
 	results := make(chan int, 2)
 	for range 2 {
 		wg.Go(func() {
-			resp := h.post("/v1/chat/completions", secret, hiBody)
+			resp := h.Post("/v1/chat/completions", secret, hiBody)
 			resp.Body.Close()
 			results <- resp.StatusCode
 		})
 	}
 	// Wait until both are in flight on the replica.
 	deadline := time.Now().Add(5 * time.Second)
-	for h.reg.Replicas()[0].Inflight() < 2 && time.Now().Before(deadline) {
+	for h.Reg.Replicas()[0].Inflight() < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	resp := h.post("/v1/chat/completions", secret, hiBody)
+	resp := h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("third concurrent request: %d (Retry-After %q), want 429", resp.StatusCode, resp.Header.Get("Retry-After"))
@@ -97,7 +99,7 @@ func TestConcurrencyLimit(t *testing.T) {
 		}
 	}
 	// Slots are given back: the next request passes.
-	resp = h.post("/v1/chat/completions", secret, hiBody)
+	resp = h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("after the others finished: %d", resp.StatusCode)
@@ -105,9 +107,9 @@ func TestConcurrencyLimit(t *testing.T) {
 }
 
 func TestBudgetNeverExceededUnderConcurrency(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 2, sim: sim.Config{TTFT: 2 * time.Millisecond, TPOT: time.Millisecond}})
+	h := servertest.Start(t, servertest.Options{Replicas: 2, Sim: sim.Config{TTFT: 2 * time.Millisecond, TPOT: time.Millisecond}})
 	budget := int64(2000)
-	secret := h.key(policy.KeyOptions{Tenant: "small", BudgetTokens: &budget})
+	secret := h.Key(policy.KeyOptions{Tenant: "small", BudgetTokens: &budget})
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -117,7 +119,7 @@ func TestBudgetNeverExceededUnderConcurrency(t *testing.T) {
 	for i := range 120 {
 		wg.Go(func() {
 			body := fmt.Sprintf(`{"model":"tailgate-sim","max_tokens":20,"stream":%v,"stream_options":null,"messages":[{"role":"user","content":"question %d"}]}`, i%2 == 0, i)
-			resp := h.post("/v1/chat/completions", secret, body)
+			resp := h.Post("/v1/chat/completions", secret, body)
 			defer resp.Body.Close()
 			mu.Lock()
 			defer mu.Unlock()
@@ -125,7 +127,7 @@ func TestBudgetNeverExceededUnderConcurrency(t *testing.T) {
 			case 200:
 				content := fmt.Sprintf("question %d", i)
 				received += int64(sim.ChatPromptTokens(content) + sim.CompletionTokens(20, 0, false, content))
-				_, _ = readAll(resp)
+				_, _ = io.ReadAll(resp.Body)
 			case 429:
 				if code, _, _ := decodeError(t, resp); code != "insufficient_quota" {
 					t.Errorf("429 code %q", code)
@@ -138,7 +140,7 @@ func TestBudgetNeverExceededUnderConcurrency(t *testing.T) {
 	}
 	wg.Wait()
 	var billed int64
-	for _, r := range h.ledgerRows() {
+	for _, r := range h.LedgerRows() {
 		billed += r.PromptTokens + r.CompletionTokens
 	}
 	if quota == 0 {
@@ -150,23 +152,23 @@ func TestBudgetNeverExceededUnderConcurrency(t *testing.T) {
 	if billed != received {
 		t.Fatalf("ledger billed %d tokens, clients received %d", billed, received)
 	}
-	tenant, _ := h.store.TenantByName(context.Background(), "small")
-	spent, reserved := h.gate.TenantState(tenant.ID)
+	tenant, _ := h.Store.TenantByName(context.Background(), "small")
+	spent, reserved := h.Gate.TenantState(tenant.ID)
 	if spent.Tokens != billed || reserved.Tokens != 0 {
 		t.Fatalf("gate spent %d reserved %d; ledger %d", spent.Tokens, reserved.Tokens, billed)
 	}
 }
 
 func TestRevokedKeyRejectedWithinASecond(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
-	secret := h.key(policy.KeyOptions{})
-	resp := h.post("/v1/chat/completions", secret, hiBody)
+	h := servertest.Start(t, servertest.Options{})
+	secret := h.Key(policy.KeyOptions{})
+	resp := h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("before revoke: %d", resp.StatusCode)
 	}
 	// Revoke through a second handle on the same file, as `tailgate keys revoke` does.
-	other, err := data.Open(h.store.Path())
+	other, err := data.Open(h.Store.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +178,7 @@ func TestRevokedKeyRejectedWithinASecond(t *testing.T) {
 	}
 	revokedAt := time.Now()
 	for {
-		resp := h.post("/v1/chat/completions", secret, hiBody)
+		resp := h.Post("/v1/chat/completions", secret, hiBody)
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusUnauthorized {
 			break
@@ -191,7 +193,7 @@ func TestRevokedKeyRejectedWithinASecond(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp = h.post("/v1/chat/completions", fresh, hiBody)
+	resp = h.Post("/v1/chat/completions", fresh, hiBody)
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("fresh key: %d", resp.StatusCode)

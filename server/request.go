@@ -1,10 +1,16 @@
 package server
 
 import (
+	"errors"
 	"hash/fnv"
+	"strconv"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"tailgate/server/apierr"
+	"tailgate/server/strictjson"
 )
 
 // endpoint is one of the OpenAI generation endpoints the gateway serves.
@@ -20,16 +26,26 @@ var (
 
 // parsedRequest is what the gateway needs to know of a generation request.
 // The body is kept as bytes and forwarded with minimal edits, so fields the
-// gateway does not know reach the engine untouched.
+// gateway does not know reach the engine untouched; the fields it acts on
+// are rewritten to exactly what it decided, so the engine cannot read them
+// another way.
 type parsedRequest struct {
 	body      []byte // as sent upstream
 	model     string
 	stream    bool
-	wantUsage bool  // the client asked for the usage chunk
-	maxTokens int64 // the completion cap in force (client's or the default)
+	wantUsage bool // the client asked for the usage chunk
+	// wantContinuous: the client asked for usage on every chunk too
+	// (stream_options.continuous_usage_stats, with include_usage).
+	wantContinuous bool
+	maxTokens      int64 // the completion cap in force for one sequence (client's or the default)
+	// sequences is how many completions the engine generates: n, times the
+	// number of prompts of a /v1/completions prompt list.
+	sequences int64
 	// promptBound is a guaranteed upper bound of the prompt's tokens: every
 	// token of a byte-level tokenizer covers at least one byte, so the body's
-	// length (plus room for template tokens) can never be exceeded.
+	// length (plus room for template tokens) can never be exceeded — except
+	// by media the engine fetches or decodes (images, audio, video), each of
+	// which is bounded by the configured media part size.
 	promptBound int64
 	// promptEstimate is the likely prompt size (about 4 bytes a token), used
 	// for token-per-minute limits and reconciled after the answer.
@@ -39,95 +55,219 @@ type parsedRequest struct {
 	prefix uint64
 }
 
-// parseRequest validates body for ep and prepares what is sent upstream:
-// the default max_tokens is applied when the client set none, and streams
-// always ask upstream for usage (stripped again if the client did not ask).
-func parseRequest(ep endpoint, body []byte, defaultMaxTokens func(model string) int64) (*parsedRequest, error) {
-	if len(body) == 0 {
-		return nil, badRequest("", "request body is empty; send a JSON object")
-	}
-	if !gjson.ValidBytes(body) {
-		return nil, badRequest("", "request body is not valid JSON")
-	}
-	root := gjson.ParseBytes(body)
-	if !root.IsObject() {
-		return nil, badRequest("", "request body must be a JSON object")
-	}
-	fields := gjson.GetManyBytes(body, "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n")
-	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
+// Bounds on what one request may ask for.
+const (
+	// maxN bounds n (completions per prompt).
+	maxN = 128
+	// maxPrompts bounds the prompts of one /v1/completions prompt list.
+	maxPrompts = 1024
+	// DefaultMediaPartTokens is the prompt tokens reserved for each image,
+	// audio or video part of a chat message when Config.MediaPartTokens is 0.
+	DefaultMediaPartTokens = 16384
+)
 
-	p := &parsedRequest{body: body}
+// parseLimits are the request-reading settings parseRequest needs.
+type parseLimits struct {
+	maxDepth   int
+	mediaPart  int64
+	defaultMax func(model string) int64
+}
+
+// parseRequest validates body for ep and prepares what is sent upstream:
+// the body must be JSON that reads one way only (no repeated key, bounded
+// nesting); the fields the gateway acts on are checked and rewritten in
+// canonical form; the default max_tokens is applied when the client set
+// none, and streams always ask upstream for usage (stripped again if the
+// client did not ask).
+func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, error) {
+	if len(body) == 0 {
+		return nil, apierr.BadRequest("", "request body is empty; send a JSON object")
+	}
+	if err := strictjson.Check(body, lim.maxDepth); err != nil {
+		var (
+			dup   *strictjson.DuplicateKeyError
+			depth *strictjson.DepthError
+			keys  *strictjson.TooManyKeysError
+		)
+		switch {
+		case errors.As(err, &dup):
+			return nil, apierr.BadRequest(dup.Key, "request body has %s: send each field once", err)
+		case errors.As(err, &depth):
+			return nil, apierr.BadRequest("", "request body is %s", err)
+		case errors.As(err, &keys):
+			return nil, apierr.BadRequest("", "request body has %s", err)
+		}
+		return nil, apierr.BadRequest("", "request body is not valid JSON: %s", err)
+	}
+	if body[firstNonSpace(body)] != '{' {
+		return nil, apierr.BadRequest("", "request body must be a JSON object")
+	}
+	// gjson over a string view of the body: results alias it instead of
+	// copying (a 4 MiB messages array would otherwise be copied whole).
+	fields := gjson.GetMany(unsafe.String(unsafe.SliceData(body), len(body)), "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of")
+	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n, bestOf := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7], fields[8]
+
+	p := &parsedRequest{body: body, sequences: 1}
 	switch {
 	case !model.Exists():
-		return nil, badRequest("model", "you must provide a model parameter")
+		return nil, apierr.BadRequest("model", "you must provide a model parameter")
 	case model.Type != gjson.String || model.Str == "":
-		return nil, badRequest("model", "model must be a non-empty string")
+		return nil, apierr.BadRequest("model", "model must be a non-empty string")
 	}
 	p.model = model.Str
 	if stream.Exists() && !isBool(stream) && stream.Type != gjson.Null {
-		return nil, badRequest("stream", "stream must be a boolean")
+		return nil, apierr.BadRequest("stream", "stream must be a boolean")
 	}
 	p.stream = stream.Type == gjson.True
+	var media int64
 	if ep.chat {
 		if !messages.Exists() {
-			return nil, badRequest("messages", "you must provide a messages parameter")
+			return nil, apierr.BadRequest("messages", "you must provide a messages parameter")
 		}
-		if !messages.IsArray() || len(messages.Array()) == 0 {
-			return nil, badRequest("messages", "messages must be a non-empty array")
+		if !messages.IsArray() {
+			return nil, apierr.BadRequest("messages", "messages must be a non-empty array")
 		}
-		for i, m := range messages.Array() {
+		i := 0
+		var bad error
+		messages.ForEach(func(_, m gjson.Result) bool {
 			if !m.IsObject() || m.Get("role").Type != gjson.String {
-				return nil, badRequest("messages", "messages[%d] must be an object with a string role", i)
+				bad = apierr.BadRequest("messages", "messages[%d] must be an object with a string role", i)
+				return false
 			}
+			if c := m.Get("content"); c.IsArray() {
+				c.ForEach(func(_, part gjson.Result) bool {
+					switch part.Get("type").Str {
+					case "text", "refusal", "":
+					default: // image_url, input_audio, audio_url, video_url, file, …
+						media++
+					}
+					return true
+				})
+			}
+			i++
+			return true
+		})
+		if bad != nil {
+			return nil, bad
+		}
+		if i == 0 {
+			return nil, apierr.BadRequest("messages", "messages must be a non-empty array")
 		}
 	} else {
 		if !prompt.Exists() {
-			return nil, badRequest("prompt", "you must provide a prompt parameter")
+			return nil, apierr.BadRequest("prompt", "you must provide a prompt parameter")
 		}
 		if prompt.Type != gjson.String && !prompt.IsArray() {
-			return nil, badRequest("prompt", "prompt must be a string or an array")
+			return nil, apierr.BadRequest("prompt", "prompt must be a string or an array")
+		}
+		if prompt.IsArray() {
+			// A list of strings or of token-id lists is one request per
+			// prompt; a flat list of token ids is one prompt.
+			if first := prompt.Get("0"); first.Type == gjson.String || first.IsArray() {
+				k := int64(len(prompt.Array()))
+				if k > maxPrompts {
+					return nil, apierr.BadRequest("prompt", "at most %d prompts in one request", maxPrompts)
+				}
+				p.sequences = max(k, 1)
+			}
 		}
 	}
-	if n.Exists() && (n.Type != gjson.Number || n.Int() != 1) && n.Type != gjson.Null {
-		return nil, badRequest("n", "only n=1 is supported")
+	if n.Exists() && n.Type != gjson.Null {
+		if n.Type != gjson.Number || n.Num != float64(int64(n.Num)) || n.Num < 1 || n.Num > maxN {
+			return nil, apierr.BadRequest("n", "n must be an integer from 1 to %d", maxN)
+		}
+		p.sequences *= int64(n.Num)
+	}
+	if bestOf.Exists() && bestOf.Type != gjson.Null && !(bestOf.Type == gjson.Number && bestOf.Num == 1) {
+		return nil, apierr.BadRequest("best_of", "best_of is not supported")
 	}
 	for _, f := range []struct {
 		name string
 		v    gjson.Result
 	}{{"max_tokens", maxTok}, {"max_completion_tokens", maxCompl}} {
 		if f.v.Exists() && f.v.Type != gjson.Null {
-			if f.v.Type != gjson.Number || f.v.Num != float64(int64(f.v.Num)) || f.v.Num < 1 {
-				return nil, badRequest(f.name, "%s must be a positive integer", f.name)
+			if f.v.Type != gjson.Number || f.v.Num != float64(int64(f.v.Num)) || f.v.Num < 1 || f.v.Num > 1<<31 {
+				return nil, apierr.BadRequest(f.name, "%s must be a positive integer", f.name)
 			}
 			p.maxTokens = max(p.maxTokens, int64(f.v.Num))
 		}
 	}
 	if streamOpts.Exists() && streamOpts.Type != gjson.Null {
 		if !streamOpts.IsObject() {
-			return nil, badRequest("stream_options", "stream_options must be an object")
+			return nil, apierr.BadRequest("stream_options", "stream_options must be an object")
 		}
 		if !p.stream {
-			return nil, badRequest("stream_options", "stream_options is only allowed when stream is true")
+			return nil, apierr.BadRequest("stream_options", "stream_options is only allowed when stream is true")
 		}
-		p.wantUsage = streamOpts.Get("include_usage").Type == gjson.True
+		iu := streamOpts.Get("include_usage")
+		if iu.Exists() && !isBool(iu) && iu.Type != gjson.Null {
+			return nil, apierr.BadRequest("stream_options", "stream_options.include_usage must be a boolean")
+		}
+		p.wantUsage = iu.Type == gjson.True
+		cu := streamOpts.Get("continuous_usage_stats")
+		if cu.Exists() && !isBool(cu) && cu.Type != gjson.Null {
+			return nil, apierr.BadRequest("stream_options", "stream_options.continuous_usage_stats must be a boolean")
+		}
+		p.wantContinuous = p.wantUsage && cu.Type == gjson.True
 	}
 
+	// Forward exactly what was decided: each field the gateway acts on is
+	// rewritten unless its bytes already say it in the one canonical way.
 	var err error
+	set := func(path string, raw string, want any, canonical string) {
+		if err != nil || raw == canonical {
+			return
+		}
+		p.body, err = sjson.SetBytes(p.body, path, want)
+	}
+	set("model", model.Raw, p.model, strconv.Quote(p.model))
+	if stream.Exists() {
+		set("stream", stream.Raw, p.stream, strconv.FormatBool(p.stream))
+	}
+	if n.Exists() && n.Type != gjson.Null {
+		set("n", n.Raw, int64(n.Num), strconv.FormatInt(int64(n.Num), 10))
+	}
 	if p.maxTokens == 0 {
-		p.maxTokens = defaultMaxTokens(p.model)
-		if p.body, err = sjson.SetBytes(p.body, "max_tokens", p.maxTokens); err != nil {
-			return nil, badRequest("", "request body cannot be edited: %v", err)
+		p.maxTokens = lim.defaultMax(p.model)
+		set("max_tokens", "", p.maxTokens, "-")
+	} else {
+		for _, f := range []struct {
+			name string
+			v    gjson.Result
+		}{{"max_tokens", maxTok}, {"max_completion_tokens", maxCompl}} {
+			if f.v.Exists() && f.v.Type != gjson.Null {
+				set(f.name, f.v.Raw, int64(f.v.Num), strconv.FormatInt(int64(f.v.Num), 10))
+			}
 		}
 	}
-	if p.stream && !p.wantUsage {
-		if p.body, err = sjson.SetBytes(p.body, "stream_options.include_usage", true); err != nil {
-			return nil, badRequest("stream_options", "stream_options cannot be edited: %v", err)
-		}
+	if p.stream {
+		// Usage on every chunk: an aborted stream and a cancelled hedge are
+		// billed from the engine's own running count, not estimated.
+		set("stream_options.include_usage", streamOpts.Get("include_usage").Raw, true, "true")
+		set("stream_options.continuous_usage_stats", streamOpts.Get("continuous_usage_stats").Raw, true, "true")
+	}
+	if err != nil {
+		return nil, apierr.BadRequest("", "request body cannot be edited: %v", err)
 	}
 	p.prefix = prefixHash(ep, messages, prompt)
-	p.promptBound = int64(len(body)) + 16
-	p.promptEstimate = int64(len(body))/4 + 1
+	p.promptBound = int64(len(body)) + 16 + media*lim.mediaPart
+	p.promptEstimate = int64(len(body))/4 + 1 + media*lim.mediaPart/4
 	return p, nil
+}
+
+// reservedCompletion is the completion tokens the request may produce in
+// all: the cap per sequence times the sequences.
+func (p *parsedRequest) reservedCompletion() int64 { return p.maxTokens * p.sequences }
+
+func firstNonSpace(b []byte) int {
+	for i, c := range b {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+		default:
+			return i
+		}
+	}
+	return 0
 }
 
 func isBool(r gjson.Result) bool { return r.Type == gjson.True || r.Type == gjson.False }

@@ -8,7 +8,9 @@
 // [New] wires the parts a gateway needs (policy's Gate, router's Registry,
 // data's Store and ledger writer, a Prometheus registry). [Server.Public] and
 // [Server.Admin] return the two HTTP handlers; the caller owns the listeners.
-// Nothing imports this package.
+// The Batch API (package server/batch) is mounted on the public API and runs
+// its lines through [Server.Generate]; [Server.RunBatches] runs its
+// executor. Nothing imports this package.
 package server
 
 import (
@@ -27,10 +29,14 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/server/apierr"
+	"tailgate/server/batch"
+	"tailgate/server/strictjson"
 )
 
 // Config tunes the gateway's HTTP behaviour. Zero values mean the defaults.
@@ -70,12 +76,31 @@ type Config struct {
 	// 0 means 30s. IdleDeadlineByModel overrides it per model.
 	IdleDeadline        time.Duration
 	IdleDeadlineByModel map[string]time.Duration
+	// ClientWriteTimeout bounds how long one write to a client may block: a
+	// client that stops reading its stream (or a large answer) for longer
+	// is cut, and its concurrency slot, budget reservation and replica slot
+	// are released. 0 means 30s.
+	ClientWriteTimeout time.Duration
+	// RejectedRows bounds the ledger rows written for requests the gateway
+	// refused (bad input, limits), per second, with a burst of 5 seconds'
+	// worth; past it rejections are counted in
+	// tailgate_ledger_rows_skipped_total but not stored, so a flood of bad
+	// requests cannot fill the disk. 0 means 20 per second.
+	RejectedRows float64
+	// MaxJSONDepth bounds the nesting of objects and arrays in a request
+	// body; deeper bodies get 400. 0 means 64.
+	MaxJSONDepth int
+	// MediaPartTokens is the prompt tokens reserved against the budget for
+	// each image, audio or video part of a chat message (the engine turns a
+	// short URL into many tokens); 0 means 16384.
+	MediaPartTokens int64
 	// JSONDeadline bounds one attempt of a request that is not streamed (its
 	// whole answer comes at once); 0 means 10m.
 	JSONDeadline time.Duration
 	// Batch configures the Batch API (/v1/files, /v1/batches) and its
-	// executor; see [BatchConfig]. Its zero value leaves the API off.
-	Batch BatchConfig
+	// executor; see [batch.Config]. Its zero value leaves the API off. Its
+	// MaxBodyBytes, when 0, is this Config's.
+	Batch batch.Config
 }
 
 func (c *Config) setDefaults() {
@@ -103,6 +128,18 @@ func (c *Config) setDefaults() {
 	if c.IdleDeadline <= 0 {
 		c.IdleDeadline = 30 * time.Second
 	}
+	if c.ClientWriteTimeout <= 0 {
+		c.ClientWriteTimeout = 30 * time.Second
+	}
+	if c.RejectedRows <= 0 {
+		c.RejectedRows = 20
+	}
+	if c.MaxJSONDepth <= 0 {
+		c.MaxJSONDepth = strictjson.DefaultMaxDepth
+	}
+	if c.MediaPartTokens <= 0 {
+		c.MediaPartTokens = DefaultMediaPartTokens
+	}
 	if c.JSONDeadline <= 0 {
 		c.JSONDeadline = 10 * time.Minute
 	}
@@ -114,8 +151,10 @@ type Deps struct {
 	Registry *router.Registry
 	Store    *data.Store
 	Ledger   *data.LedgerWriter
-	// Registerer receives the gateway's metrics and Gatherer serves them on
-	// /metrics; both required.
+	// Registerer receives the request, stage, token and TTFT metrics and
+	// Gatherer serves everything registered on /metrics (give the same
+	// registry to router.Config.Registerer for the routing metrics); both
+	// required.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
 	Log        *slog.Logger
@@ -135,9 +174,12 @@ type Server struct {
 	log       *slog.Logger
 	transport http.RoundTripper
 	m         *metrics
+	batches   *batch.Batches
 
 	idPrefix string
 	idSeq    atomic.Uint64
+
+	rejectedRows *rate.Limiter // ledger rows of refused requests
 }
 
 // New returns a Server.
@@ -161,10 +203,31 @@ func New(cfg Config, d Deps) (*Server, error) {
 		cfg: cfg, gate: d.Gate, reg: d.Registry, store: d.Store, ledger: d.Ledger,
 		gatherer: d.Gatherer, log: d.Log, transport: d.Transport,
 		idPrefix: "req_" + strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36) + "_",
+
+		rejectedRows: rate.NewLimiter(rate.Limit(cfg.RejectedRows), int(max(5*cfg.RejectedRows, 1))),
 	}
-	s.m = newMetrics(d.Registerer, d.Registry)
+	m, err := newMetrics(d.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s.m = m
+	bcfg := cfg.Batch
+	if bcfg.MaxBodyBytes == 0 {
+		bcfg.MaxBodyBytes = cfg.MaxBodyBytes
+	}
+	s.batches, err = batch.New(bcfg, batch.Deps{
+		Store: d.Store, Gate: d.Gate, Generator: s, Authenticate: s.authenticate,
+		APIError: func(err error) *apierr.Error { return toAPIError(err, "") }, Log: d.Log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	return s, nil
 }
+
+// RunBatches runs the Batch API's batches until ctx is done; see
+// [batch.Batches.Run]. With the Batch API off it returns at once.
+func (s *Server) RunBatches(ctx context.Context) error { return s.batches.Run(ctx) }
 
 // NewTransport returns the transport the gateway uses to reach replicas:
 // keep-alive connections reused aggressively, no compression (streams must
@@ -196,7 +259,7 @@ func (s *Server) Public() http.Handler {
 	v1.GET("/models", s.handleGetModels)
 	v1.POST("/chat/completions", s.handleGenerate(chatEndpoint))
 	v1.POST("/completions", s.handleGenerate(completionEndpoint))
-	s.batchRoutes(v1)
+	s.batches.Routes(v1)
 	return e
 }
 
@@ -273,7 +336,7 @@ func (s *Server) handleGetHealthz(c echo.Context) error {
 func (s *Server) handleGetModels(c echo.Context) error {
 	p, err := s.authenticate(c)
 	if err != nil {
-		return writeError(c, toAPIError(err, ""))
+		return apierr.Reply(c, toAPIError(err, ""))
 	}
 	type model struct {
 		ID      string `json:"id"`

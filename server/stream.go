@@ -3,41 +3,53 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
+	"tailgate/data"
+	"tailgate/server/apierr"
 	"tailgate/serving"
+	"tailgate/serving/sse"
 )
 
-// sseWriter writes SSE events to the client, flushing each one at once, and
-// sends a comment when the stream has been silent for the keep-alive
-// interval (a slow first token must not look like a dead connection to
-// proxies and clients). Headers are committed with the first write.
+// sseWriter owns the ResponseWriter of a streamed answer: every write and
+// flush goes through it, under one lock, so the keep-alive timer and the
+// relay never interleave. It sends a comment when the stream has been silent
+// for the keep-alive interval (a slow first token must not look like a dead
+// connection to proxies and clients), and commits the SSE headers with the
+// first write. A stream ends badly in one place only: [sseWriter.fail].
 type sseWriter struct {
-	s  *Server
-	c  echo.Context
-	cl *call
+	rw           http.ResponseWriter
+	flusher      http.Flusher
+	rc           *http.ResponseController
+	writeTimeout time.Duration // how long one write may block on a client that does not read
+	keepAlive    time.Duration
+	headers      func(http.Header) // route headers, set when the stream commits once armed
 
 	mu        sync.Mutex
+	armed     bool // routing is decided: headers may be read
 	committed bool
-	closed    bool
+	closed    bool // no write may follow: close or fail ran
 	lastWrite time.Time
 	timer     *time.Timer
 	failed    error // the first write error (client gone)
 }
 
-func (s *Server) newSSEWriter(c echo.Context, cl *call) *sseWriter {
-	w := &sseWriter{s: s, c: c, cl: cl, lastWrite: time.Now()}
-	w.mu.Lock() // keepAlive may fire before the assignment below is visible
-	w.timer = time.AfterFunc(s.cfg.KeepAlive, w.keepAlive)
+func newSSEWriter(rw http.ResponseWriter, keepAlive, writeTimeout time.Duration, headers func(http.Header)) *sseWriter {
+	w := &sseWriter{rw: rw, keepAlive: keepAlive, writeTimeout: writeTimeout, headers: headers, lastWrite: time.Now()}
+	w.flusher, _ = rw.(http.Flusher)
+	w.rc = http.NewResponseController(rw)
+	w.mu.Lock() // the timer may fire before the assignment below is visible
+	w.timer = time.AfterFunc(keepAlive, w.keepAliveTick)
 	w.mu.Unlock()
 	return w
 }
@@ -47,12 +59,36 @@ func (w *sseWriter) commitLocked() {
 		return
 	}
 	w.committed = true
-	h := w.c.Response().Header()
+	h := w.rw.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
-	w.s.setRouteHeaders(h, w.cl)
-	w.c.Response().WriteHeader(http.StatusOK)
+	if w.headers != nil && w.armed {
+		w.headers(h)
+	}
+	w.rw.WriteHeader(http.StatusOK)
+}
+
+// routed says routing is decided, so the route headers may be sent with the
+// commit (a keep-alive before it commits the stream without them).
+func (w *sseWriter) routed() {
+	w.mu.Lock()
+	w.armed = true
+	w.mu.Unlock()
+}
+
+// deadlineLocked bounds the next write: a client that stops reading fails
+// the write instead of holding the stream (and everything it holds) forever.
+func (w *sseWriter) deadlineLocked() {
+	if w.writeTimeout > 0 {
+		_ = w.rc.SetWriteDeadline(time.Now().Add(w.writeTimeout))
+	}
+}
+
+func (w *sseWriter) flushLocked() {
+	if w.flusher != nil {
+		w.flusher.Flush()
+	}
 }
 
 // write sends whole events and flushes them.
@@ -67,51 +103,79 @@ func (w *sseWriter) send(flush bool, evs ...[]byte) error {
 	if w.failed != nil {
 		return w.failed
 	}
+	if w.closed {
+		return errStreamClosed
+	}
+	w.deadlineLocked()
 	w.commitLocked()
 	for _, ev := range evs {
-		if _, err := w.c.Response().Write(ev); err != nil {
-			w.failed = err
-			return err
+		if _, err := w.rw.Write(ev); err != nil {
+			w.failed = &clientError{err}
+			return w.failed
 		}
 	}
 	if flush {
-		w.c.Response().Flush()
+		w.flushLocked()
 	}
 	w.lastWrite = time.Now()
 	return nil
 }
 
-// nextEventBuffered reports whether a whole next event is already in br.
-func nextEventBuffered(br *bufio.Reader) bool {
-	n := br.Buffered()
-	if n == 0 {
-		return false
-	}
-	b, _ := br.Peek(n)
-	return bytes.Contains(b, []byte("\n\n"))
-}
-
-func (w *sseWriter) keepAlive() {
+func (w *sseWriter) keepAliveTick() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed || w.failed != nil {
 		return
 	}
-	if idle := time.Since(w.lastWrite); idle < w.s.cfg.KeepAlive {
-		w.timer.Reset(w.s.cfg.KeepAlive - idle)
+	if idle := time.Since(w.lastWrite); idle < w.keepAlive {
+		w.timer.Reset(w.keepAlive - idle)
 		return
 	}
+	w.deadlineLocked()
 	w.commitLocked()
-	if _, err := w.c.Response().Write([]byte(": keep-alive\n\n")); err != nil {
-		w.failed = err
+	if _, err := w.rw.Write(keepAliveComment); err != nil {
+		w.failed = &clientError{err}
 		return
 	}
-	w.c.Response().Flush()
+	w.flushLocked()
 	w.lastWrite = time.Now()
-	w.timer.Reset(w.s.cfg.KeepAlive)
+	w.timer.Reset(w.keepAlive)
 }
 
-// close stops keep-alives; after it returns no write happens from the timer.
+// fail ends the stream with ae and closes the writer; nothing, not even a
+// keep-alive, can follow. If nothing was sent yet the client gets a plain
+// HTTP error with ae's status; otherwise an in-band error event in OpenAI's
+// shape (the status line is long gone). It is the only way a stream ends
+// badly; a second call does nothing.
+func (w *sseWriter) fail(ae *apierr.Error) {
+	w.timer.Stop()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	w.closed = true
+	if w.failed != nil {
+		return // the client is gone
+	}
+	w.deadlineLocked()
+	if !w.committed {
+		w.committed = true
+		if w.headers != nil && w.armed {
+			w.headers(w.rw.Header())
+		}
+		apierr.Write(w.rw, ae)
+		return
+	}
+	ev := append(append([]byte("data: "), ae.Body()...), "\n\n"...)
+	if _, err := w.rw.Write(ev); err != nil {
+		w.failed = &clientError{err}
+		return
+	}
+	w.flushLocked()
+}
+
+// close stops keep-alives; after it returns nothing more is written.
 func (w *sseWriter) close() {
 	w.timer.Stop()
 	w.mu.Lock()
@@ -119,132 +183,93 @@ func (w *sseWriter) close() {
 	w.mu.Unlock()
 }
 
-func (w *sseWriter) isCommitted() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.committed
-}
-
 var (
-	dataPrefix    = []byte("data:")
-	doneData      = []byte("[DONE]")
-	usageMarker   = []byte(`"usage":{`)
-	emptyChoices  = []byte(`"choices":[]`)
-	contentMarker = []byte(`"content":"`)
-	textMarker    = []byte(`"text":"`)
-	emptyContent  = []byte(`"content":""`)
-	emptyText     = []byte(`"text":""`)
-	finishMarker  = []byte(`"finish_reason":"`)
-	errorPrefix   = []byte(`{"error"`)
-	timingPrefix  = []byte(serving.TimingComment)
-	simQueue      = []byte(": sim-queue-ms=")
-	readerPool    = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+	usageMarker  = []byte(`"usage":{`)
+	emptyChoices = []byte(`"choices":[]`)
+	timingPrefix = []byte(serving.TimingComment)
+	simQueue     = []byte(": sim-queue-ms=")
+	readerPool   = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
 
-	errMidstream   = errors.New("upstream stream ended before [DONE]")
-	errIdle        = errors.New("no token within the inter-token deadline")
-	midstreamEvent = []byte(`data: {"error":{"message":"the model replica failed in the middle of the answer; the output is incomplete","type":"server_error","param":null,"code":"upstream_midstream_error"}}` + "\n\n")
+	keepAliveComment = []byte(": keep-alive\n\n")
+	errStreamClosed  = errors.New("stream already ended")
 )
 
-// readEvent reads one SSE event (lines up to a blank line), verbatim,
-// appending to buf (which may be reused between events).
-func readEvent(br *bufio.Reader, buf []byte) ([]byte, error) {
-	ev := buf[:0]
-	for {
-		line, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			ev = append(ev, line...)
-			continue
-		}
-		ev = append(ev, line...)
-		if err != nil {
-			return nil, err
-		}
-		if len(bytes.TrimRight(line, "\r\n")) == 0 {
-			if len(bytes.TrimSpace(ev)) == 0 {
-				ev = ev[:0] // stray blank line
-				continue
-			}
-			return ev, nil
-		}
-	}
-}
-
+// eventKind is how the gateway handles an upstream event.
 type eventKind int
 
 const (
 	evOther eventKind = iota // relay as is (role chunk, usage, ...)
-	evToken                  // carries a token or a finish reason
+	evToken                  // carries generated output of any kind, or a finish reason
 	evDone                   // data: [DONE]
 	evError                  // an error event
 	evDrop                   // for the gateway only (timing comments, stripped usage)
 )
 
-// inspect classifies an upstream event and learns usage and timings from
-// it; it returns the event as the client may see it (usage stripped when the
-// client did not ask for it).
+// inspect classifies an upstream event (serving/sse decides what counts as
+// a token: content, reasoning, a tool-call delta, a refusal, a finish) and
+// learns usage and timings from it; it returns the event as the client may
+// see it (usage stripped when the client did not ask for it).
 func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
-	payload := eventData(ev)
-	if payload == nil {
+	kind := sse.Classify(ev)
+	switch kind {
+	case sse.Comment:
 		switch {
 		case bytes.HasPrefix(ev, timingPrefix), bytes.HasPrefix(ev, simQueue):
 			parseTiming(&u.stages, bytes.TrimRight(ev, "\r\n"))
 		}
 		return evDrop, nil // upstream comments are not the client's business
-	}
-	if bytes.Equal(payload, doneData) {
+	case sse.Done:
 		return evDone, ev
-	}
-	if bytes.HasPrefix(bytes.TrimSpace(payload), errorPrefix) {
+	case sse.Error:
 		return evError, ev
 	}
+	payload := sse.Data(ev)
 	if bytes.Contains(payload, usageMarker) {
 		if us := gjson.GetBytes(payload, "usage"); us.IsObject() {
 			u.usage.PromptTokens = us.Get("prompt_tokens").Int()
 			u.usage.CompletionTokens = us.Get("completion_tokens").Int()
 			u.gotUsage = true
-			if !cl.req.wantUsage {
-				if bytes.Contains(payload, emptyChoices) {
-					return evDrop, nil // the usage chunk only the gateway wanted
-				}
+			usageOnly := bytes.Contains(payload, emptyChoices)
+			switch {
+			case usageOnly && !cl.req.wantUsage:
+				return evDrop, nil // the usage chunk only the gateway wanted
+			case !usageOnly && !cl.req.wantContinuous:
 				if stripped, err := sjson.DeleteBytes(payload, "usage"); err == nil {
 					ev = append(append([]byte("data: "), stripped...), "\n\n"...)
 				}
 			}
 		}
 	}
-	if (bytes.Contains(payload, contentMarker) && !bytes.Contains(payload, emptyContent)) ||
-		(bytes.Contains(payload, textMarker) && !bytes.Contains(payload, emptyText)) {
-		u.tokens++
-		return evToken, ev
-	}
-	if bytes.Contains(payload, finishMarker) {
+	if kind == sse.Token {
+		u.tokens += int64(sse.Pieces(payload))
 		return evToken, ev
 	}
 	return evOther, ev
 }
 
-// eventData returns the payload of an event's data line, nil if it has none.
-func eventData(ev []byte) []byte {
-	for len(ev) > 0 {
-		i := bytes.IndexByte(ev, '\n')
-		var line []byte
-		if i < 0 {
-			line, ev = ev, nil
-		} else {
-			line, ev = ev[:i], ev[i+1:]
-		}
-		line = bytes.TrimRight(line, "\r")
-		if bytes.HasPrefix(line, dataPrefix) {
-			return bytes.TrimPrefix(line[len(dataPrefix):], []byte(" "))
-		}
-	}
-	return nil
+// clientError is a failed write to the client: it went away or stopped
+// reading for longer than the write timeout.
+type clientError struct{ err error }
+
+func (e *clientError) Error() string { return "write to client: " + e.err.Error() }
+func (e *clientError) Unwrap() error { return e.err }
+
+// midstreamError is a stream that broke after its first token reached the
+// client: there is no silent retry then, only an honest in-band error event.
+type midstreamError struct {
+	class data.ErrorClass
+	err   error
 }
+
+func (e *midstreamError) Error() string { return fmt.Sprintf("%s: %v", e.class, e.err) }
+func (e *midstreamError) Unwrap() error { return e.err }
 
 // relayStream relays the winning attempt: the events it buffered up to its
 // first token, then the rest as they arrive, each flushed at once. An
-// inter-token idle deadline catches a replica that hangs mid-answer.
-func (s *Server) relayStream(w *sseWriter, cl *call, u *upstream) error {
+// inter-token idle deadline catches a replica that hangs mid-answer. It
+// returns nil when the stream ended with [DONE], a *midstreamError when the
+// replica broke it, or the client's error when the client went away.
+func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *upstream) error {
 	if err := w.write(u.pending...); err != nil {
 		return err
 	}
@@ -259,56 +284,54 @@ func (s *Server) relayStream(w *sseWriter, cl *call, u *upstream) error {
 	var idleFired atomic.Bool
 	timer := time.AfterFunc(idle, func() { idleFired.Store(true); u.cancel() })
 	defer timer.Stop()
-	var buf []byte
-	unflushed := false
+	var (
+		buf        []byte
+		unflushed  bool
+		errorEvent []byte // an in-band error the replica sent mid-stream
+	)
 	for {
-		raw, err := readEvent(u.br, buf)
+		raw, err := sse.ReadEvent(u.br, buf)
 		if err != nil {
 			if unflushed {
 				_ = w.write()
 			}
-			return s.streamBroke(w, cl, u, err, idleFired.Load())
+			switch {
+			case ctx.Err() != nil:
+				return ctx.Err() // the client went away
+			case idleFired.Load():
+				s.reg.Eject(u.rep, "idle_deadline")
+				return &midstreamError{class: data.ClassIdleDeadline, err: errors.New("no token within the inter-token deadline")}
+			case errors.Is(err, io.EOF):
+				err = errors.New("upstream stream ended before [DONE]")
+			}
+			return &midstreamError{class: data.ClassMidstream, err: err}
 		}
 		buf = raw
 		timer.Reset(idle)
 		kind, ev := u.inspect(cl, raw)
 		switch kind {
 		case evDrop:
-			if unflushed && !nextEventBuffered(u.br) {
+			if unflushed && !sse.NextBuffered(u.br) {
 				_ = w.write()
 				unflushed = false
 			}
 			continue
 		case evDone:
-			return w.write(ev)
+			if err := w.write(ev); err != nil {
+				return err
+			}
+			if errorEvent != nil {
+				return &midstreamError{class: data.ClassErrorEvent, err: fmt.Errorf("error event: %s", bytes.TrimSpace(errorEvent))}
+			}
+			return nil
 		case evError:
-			cl.outcome, cl.errClass = "midstream_error", "upstream_error_event"
+			// Relayed as the replica sent it; the stream still ends with [DONE].
+			errorEvent = bytes.Clone(ev)
 		}
-		flush := !nextEventBuffered(u.br)
+		flush := !sse.NextBuffered(u.br)
 		if err := w.send(flush, ev); err != nil {
 			return err
 		}
 		unflushed = !flush
 	}
-}
-
-// streamBroke ends a stream whose upstream failed after the first token:
-// there is no silent retry now, only an honest in-band error event.
-func (s *Server) streamBroke(w *sseWriter, cl *call, u *upstream, err error, idle bool) error {
-	if cl.ctx.Err() != nil {
-		return cl.ctx.Err() // the client went away; finish records it
-	}
-	if errors.Is(err, io.EOF) {
-		err = errMidstream
-	}
-	if idle {
-		err = errIdle
-		s.reg.Eject(u.rep, "idle_deadline")
-	}
-	_ = w.write(midstreamEvent)
-	cl.outcome, cl.errClass = "midstream_error", "upstream_midstream"
-	if idle {
-		cl.errClass = "idle_deadline"
-	}
-	return err
 }

@@ -15,12 +15,13 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
+	"tailgate/server/internal/servertest"
 	"tailgate/serving/sim"
 )
 
 func TestMeteringIsExactUnderMixedConcurrentLoad(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 3, sim: sim.Config{TTFT: 2 * time.Millisecond, TPOT: 200 * time.Microsecond}})
-	client := h.client(h.key(policy.KeyOptions{}))
+	h := servertest.Start(t, servertest.Options{Replicas: 3, Sim: sim.Config{TTFT: 2 * time.Millisecond, TPOT: 200 * time.Microsecond}})
+	client := h.Client(h.Key(policy.KeyOptions{}))
 	var (
 		wg                 sync.WaitGroup
 		mu                 sync.Mutex
@@ -31,7 +32,7 @@ func TestMeteringIsExactUnderMixedConcurrentLoad(t *testing.T) {
 			ctx := context.Background()
 			content := fmt.Sprintf("request number %d %s", i, strings.Repeat("pad ", i%17))
 			params := openai.ChatCompletionNewParams{
-				Model:     simModel,
+				Model:     servertest.SimModel,
 				Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(content)},
 				MaxTokens: openai.Int(int64(5 + i%30)),
 			}
@@ -82,7 +83,7 @@ func TestMeteringIsExactUnderMixedConcurrentLoad(t *testing.T) {
 	}
 	wg.Wait()
 	var lp, lc int64
-	rows := h.ledgerRows()
+	rows := h.LedgerRows()
 	for _, r := range rows {
 		lp += r.PromptTokens
 		lc += r.CompletionTokens
@@ -91,7 +92,7 @@ func TestMeteringIsExactUnderMixedConcurrentLoad(t *testing.T) {
 		t.Fatalf("ledger: %d rows, %d prompt, %d completion; clients received %d prompt, %d completion over 150 requests",
 			len(rows), lp, lc, prompt, completion)
 	}
-	for _, rep := range h.reg.Replicas() {
+	for _, rep := range h.Reg.Replicas() {
 		if rep.Inflight() != 0 {
 			t.Fatalf("replica %s inflight %d after load", rep.ID, rep.Inflight())
 		}
@@ -99,10 +100,10 @@ func TestMeteringIsExactUnderMixedConcurrentLoad(t *testing.T) {
 }
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 1, sim: sim.Config{TTFT: time.Millisecond, TPOT: 50 * time.Millisecond}})
-	secret := h.key(policy.KeyOptions{})
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TTFT: time.Millisecond, TPOT: 50 * time.Millisecond}})
+	secret := h.Key(policy.KeyOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.public.URL+"/v1/chat/completions",
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.Public.URL+"/v1/chat/completions",
 		strings.NewReader(`{"model":"tailgate-sim","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"long"}]}`))
 	req.Header.Set("Authorization", "Bearer "+secret)
 	resp, err := http.DefaultClient.Do(req)
@@ -116,9 +117,9 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	cancel()
 	resp.Body.Close()
 	deadline := time.Now().Add(5 * time.Second)
-	for h.engines[0].Stats().Aborted != 1 {
+	for h.Engines[0].Stats().Aborted != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("engine never saw the cancel: %+v", h.engines[0].Stats())
+			t.Fatalf("engine never saw the cancel: %+v", h.Engines[0].Stats())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -128,15 +129,15 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 }
 
-func waitRow(t *testing.T, h *harness) (row struct {
+func waitRow(t *testing.T, h *servertest.Gateway) (row struct {
 	Outcome          string
 	CompletionTokens int64
 }) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		if rows := h.ledgerRows(); len(rows) > 0 {
-			row.Outcome, row.CompletionTokens = rows[0].Outcome, rows[0].CompletionTokens
+		if rows := h.LedgerRows(); len(rows) > 0 {
+			row.Outcome, row.CompletionTokens = string(rows[0].Outcome), rows[0].CompletionTokens
 			return row
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -146,9 +147,9 @@ func waitRow(t *testing.T, h *harness) (row struct {
 }
 
 func TestKeepAliveWhileFirstTokenIsSlow(t *testing.T) {
-	h := newHarness(t, harnessOpts{replicas: 1, sim: sim.Config{TTFT: 400 * time.Millisecond, TTFTSigma: -1},
-		cfg: server.Config{KeepAlive: 50 * time.Millisecond}})
-	resp := h.post("/v1/chat/completions", h.key(policy.KeyOptions{}),
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TTFT: 400 * time.Millisecond, TTFTSigma: -1},
+		Server: server.Config{KeepAlive: 50 * time.Millisecond}})
+	resp := h.Post("/v1/chat/completions", h.Key(policy.KeyOptions{}),
 		`{"model":"tailgate-sim","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
 	defer resp.Body.Close()
 	payloads, comments := readSSE(t, resp.Body)
@@ -162,22 +163,22 @@ func TestKeepAliveWhileFirstTokenIsSlow(t *testing.T) {
 
 func TestDeadReplicaIsRetriedElsewhereAndEjected(t *testing.T) {
 	// Round robin, so every replica is tried within the first requests.
-	h := newHarness(t, harnessOpts{replicas: 1, deadUpstreams: 2, router: router.Config{Policy: "round-robin"}})
-	secret := h.key(policy.KeyOptions{})
+	h := servertest.Start(t, servertest.Options{Replicas: 1, DeadUpstreams: 2, Router: router.Config{Selector: &router.RoundRobin{}}})
+	secret := h.Key(policy.KeyOptions{})
 	for i := range 10 {
-		resp := h.post("/v1/chat/completions", secret, hiBody)
+		resp := h.Post("/v1/chat/completions", secret, hiBody)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
 			t.Fatalf("request %d: %d", i, resp.StatusCode)
 		}
 	}
-	for _, rep := range h.reg.Replicas() {
+	for _, rep := range h.Reg.Replicas() {
 		if strings.HasPrefix(rep.ID, "dead") && rep.State().String() != "ejected" {
 			t.Fatalf("%s is %s, want ejected", rep.ID, rep.State())
 		}
 	}
 	var retried int
-	for _, r := range h.ledgerRows() {
+	for _, r := range h.LedgerRows() {
 		if r.Attempts > 1 {
 			retried++
 		}
@@ -191,9 +192,9 @@ func TestDeadReplicaIsRetriedElsewhereAndEjected(t *testing.T) {
 }
 
 func TestSlowBodyIsCutOff(t *testing.T) {
-	h := newHarness(t, harnessOpts{cfg: server.Config{BodyTimeout: 200 * time.Millisecond}})
-	secret := h.key(policy.KeyOptions{})
-	conn, err := net.Dial("tcp", h.public.Listener.Addr().String())
+	h := servertest.Start(t, servertest.Options{Server: server.Config{BodyTimeout: 200 * time.Millisecond}})
+	secret := h.Key(policy.KeyOptions{})
+	conn, err := net.Dial("tcp", h.Public.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +207,7 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 		t.Fatalf("a client that stops sending its body got: %q", buf[:n])
 	}
 	// The gateway still serves others.
-	resp := h.post("/v1/chat/completions", secret, hiBody)
+	resp := h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("after a slow client: %d", resp.StatusCode)

@@ -21,6 +21,12 @@
 // child processes of the tailgate binary) for the built-in [Scenarios];
 // [Hooks] act on a fleet the bench did not start, through user commands.
 //
+// [Main] is the whole command: from [Options] (the command's flags, as
+// typed fields whose zero value is the default, checked by
+// [Options.Validate]) it runs a scenario or the targets named, once or A
+// then B, and prints and writes the reports. Package main only maps flags
+// to Options.
+//
 // The package talks to the product only over HTTP and through its command
 // line; it imports no other tailgate package, so it measures what a client
 // would see.

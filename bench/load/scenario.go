@@ -1,5 +1,11 @@
 package load
 
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+)
+
 // Scenario is a ready-made benchmark run on a fleet the bench starts itself.
 type Scenario struct {
 	Name  string
@@ -60,4 +66,14 @@ func LookupScenario(name string) (Scenario, bool) {
 		}
 	}
 	return Scenario{}, false
+}
+
+// WriteScenarios writes a table of the built-in scenarios.
+func WriteScenarios(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCENARIO\tREPLICAS\tRATE\tPHASES\tWHAT")
+	for _, s := range Scenarios() {
+		fmt.Fprintf(tw, "%s\t%d\t%g/s\t%s\t%s\n", s.Name, s.Replicas, s.Rate, s.Phases, s.About)
+	}
+	return tw.Flush()
 }

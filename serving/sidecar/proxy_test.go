@@ -16,8 +16,9 @@ import (
 	"tailgate/serving/sim"
 )
 
-// carriesToken reports whether an SSE event holds generated text, decoded
-// independently of the sidecar's byte scan.
+// carriesToken reports whether an SSE event is a token event as DESIGN
+// defines the first token (generated output of any kind, or a finish
+// reason), decoded independently of the sidecar's byte scan.
 func carriesToken(t testing.TB, ev string) bool {
 	t.Helper()
 	data, ok := strings.CutPrefix(strings.TrimSuffix(ev, "\n\n"), "data: ")
@@ -28,15 +29,22 @@ func carriesToken(t testing.TB, ev string) bool {
 		Choices []struct {
 			Text  string `json:"text"`
 			Delta struct {
-				Content string `json:"content"`
+				Content          string `json:"content"`
+				Reasoning        string `json:"reasoning"`
+				ReasoningContent string `json:"reasoning_content"`
+				Refusal          string `json:"refusal"`
+				ToolCalls        []any  `json:"tool_calls"`
 			} `json:"delta"`
+			FinishReason *string `json:"finish_reason"`
 		} `json:"choices"`
 	}
 	if err := json.Unmarshal([]byte(data), &chunk); err != nil {
 		t.Fatalf("event %q: %v", ev, err)
 	}
 	for _, c := range chunk.Choices {
-		if c.Text != "" || c.Delta.Content != "" {
+		d := c.Delta
+		if c.Text != "" || d.Content != "" || d.Reasoning != "" || d.ReasoningContent != "" ||
+			d.Refusal != "" || len(d.ToolCalls) > 0 || c.FinishReason != nil {
 			return true
 		}
 	}

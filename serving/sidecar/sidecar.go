@@ -11,8 +11,10 @@
 //     of the serving wire contract added; SSE answers are relayed event by
 //     event, each flushed as soon as no further event is already at hand,
 //     with one "tailgate-timing" comment event inserted right before the
-//     first event that carries a token. The engine request lives in the
-//     client's context: a client that goes away aborts it.
+//     first event that carries a token: generated output of any kind, or a
+//     finish reason, as [tailgate/serving/sse.Classify] decides for the
+//     gateway too. The engine request lives in the client's context: a
+//     client that goes away aborts it.
 //   - GET /v1/models, proxied.
 //   - GET /health: 200 while the replica is ready and not draining.
 //

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"tailgate/serving"
+	"tailgate/serving/sse"
 )
 
 // maxPending bounds how much the relay gathers from events already at hand
@@ -17,15 +18,16 @@ import (
 const maxPending = 32 << 10
 
 // simQueuePrefix starts the simulated engine's queue-time comment line.
-const simQueuePrefix = ": sim-queue-ms="
+var simQueuePrefix = []byte(": sim-queue-ms=")
 
 var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
 
 // relayStream relays an SSE answer event by event, as the engine sent it,
 // except that the simulator's queue-time comment is taken out and the
-// timing comment is put in right before the first event that carries a
-// token. Events are flushed as soon as the next one is not already at hand,
-// so nothing waits in the sidecar for bytes still on their way.
+// timing comment is put in right before the first token event (the first
+// event with generated output of any kind, or a finish_reason; see
+// [sse.Classify]). Events are flushed as soon as the next one is not already
+// at hand, so nothing waits in the sidecar for bytes still on their way.
 func (s *Sidecar) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, wroteAt time.Time) {
 	h := w.Header()
 	copyResponseHeader(h, resp.Header)
@@ -48,24 +50,16 @@ func (s *Sidecar) relayStream(w http.ResponseWriter, r *http.Request, resp *http
 	defer func() { br.Reset(nil); readerPool.Put(br) }()
 
 	var (
-		ev       []byte // the event being assembled, lines verbatim
-		out      []byte // complete events not yet written
-		stripped bool   // ev lost a queue-time line
-		long     bool   // in the middle of a line longer than br's buffer
-		timed    bool   // the timing comment is out
+		buf   []byte // the event being read, reused
+		out   []byte // complete events not yet written
+		timed bool   // the timing comment is out
 	)
 	for {
-		line, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			ev = append(ev, line...)
-			long = true
-			continue
-		}
-		wasLong := long
-		long = false
+		ev, err := sse.ReadEvent(br, buf)
 		if err != nil {
 			// The body ended; pass on whatever came, even half an event.
-			out = append(append(out, ev...), line...)
+			ev, _ = takeQueue(ev, &queue, &haveQueue)
+			out = append(out, ev...)
 			if len(out) > 0 {
 				_, _ = w.Write(out)
 				_ = flush()
@@ -78,32 +72,18 @@ func (s *Sidecar) relayStream(w http.ResponseWriter, r *http.Request, resp *http
 			}
 			return
 		}
-		if !wasLong && bytes.HasPrefix(line, []byte(simQueuePrefix)) {
-			if q, ok := parseMillis(string(bytes.TrimRight(line[len(simQueuePrefix):], "\r\n"))); ok {
-				queue, haveQueue = q, true
+		buf = ev
+		ev, keep := takeQueue(ev, &queue, &haveQueue)
+		if keep {
+			if !timed && sse.Classify(ev) == sse.Token {
+				timed = true
+				ttft := time.Since(wroteAt)
+				s.ttft.add(ttft)
+				out = appendTiming(out, ttft, queue, haveQueue)
 			}
-			stripped = true
-			continue
-		}
-		ev = append(ev, line...)
-		if wasLong || !isBlank(line) {
-			continue // the event goes on
-		}
-
-		switch {
-		case stripped && len(ev) == len(line):
-			// Nothing was left of the event but its end.
-		case !timed && hasToken(ev):
-			timed = true
-			ttft := time.Since(wroteAt)
-			s.ttft.add(ttft)
-			out = appendTiming(out, ttft, queue, haveQueue)
-			out = append(out, ev...)
-		default:
 			out = append(out, ev...)
 		}
-		ev, stripped = ev[:0], false
-		if len(out) == 0 || (len(out) < maxPending && eventAtHand(br)) {
+		if len(out) == 0 || (len(out) < maxPending && sse.NextBuffered(br)) {
 			continue
 		}
 		if _, err := w.Write(out); err != nil {
@@ -114,6 +94,26 @@ func (s *Sidecar) relayStream(w http.ResponseWriter, r *http.Request, resp *http
 		}
 		out = out[:0]
 	}
+}
+
+// takeQueue takes the simulator's queue-time lines out of ev, in place, and
+// records the time they report. keep is false when nothing of the event is
+// left but its end.
+func takeQueue(ev []byte, queue *time.Duration, have *bool) (rest []byte, keep bool) {
+	if !bytes.Contains(ev, simQueuePrefix) {
+		return ev, true
+	}
+	rest = ev[:0]
+	for line := range bytes.Lines(ev) {
+		if !bytes.HasPrefix(line, simQueuePrefix) {
+			rest = append(rest, line...)
+			continue
+		}
+		if q, ok := parseMillis(string(bytes.TrimRight(line[len(simQueuePrefix):], "\r\n"))); ok {
+			*queue, *have = q, true
+		}
+	}
+	return rest, !isBlank(rest)
 }
 
 // appendTiming appends the timing comment event of the wire contract.
@@ -128,48 +128,7 @@ func appendTiming(b []byte, ttft, queue time.Duration, haveQueue bool) []byte {
 	return append(b, "\n\n"...)
 }
 
-func isBlank(line []byte) bool {
-	return len(line) == 1 || (len(line) == 2 && line[0] == '\r')
-}
-
-// eventAtHand reports whether br already holds the whole next event, so
-// reading it cannot block.
-func eventAtHand(br *bufio.Reader) bool {
-	b, _ := br.Peek(br.Buffered())
-	return bytes.HasPrefix(b, []byte("\n")) || bytes.HasPrefix(b, []byte("\r\n")) ||
-		bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
-}
-
-var (
-	dataField     = []byte("data:")
-	contentMarker = []byte(`"content":"`)
-	textMarker    = []byte(`"text":"`)
-	reasonMarker  = []byte(`"reasoning_content":"`)
-	toolMarker    = []byte(`"tool_calls":[{`)
-)
-
-// hasToken reports whether an event carries generated output: a non-empty
-// content, text or reasoning delta, or a tool call. The role chunk that
-// opens a chat stream (content "") does not.
-func hasToken(ev []byte) bool {
-	if !bytes.Contains(ev, dataField) {
-		return false
-	}
-	return nonEmpty(ev, contentMarker) || nonEmpty(ev, textMarker) ||
-		nonEmpty(ev, reasonMarker) || bytes.Contains(ev, toolMarker)
-}
-
-// nonEmpty reports whether some occurrence of marker (a key and the opening
-// quote of its string value) is followed by a non-empty string.
-func nonEmpty(b, marker []byte) bool {
-	for {
-		i := bytes.Index(b, marker)
-		if i < 0 {
-			return false
-		}
-		b = b[i+len(marker):]
-		if len(b) > 0 && b[0] != '"' {
-			return true
-		}
-	}
+// isBlank reports whether ev is an event's end alone: a blank line.
+func isBlank(ev []byte) bool {
+	return len(ev) == 1 && ev[0] == '\n' || len(ev) == 2 && ev[0] == '\r' && ev[1] == '\n'
 }

@@ -67,10 +67,59 @@ type completionRequest struct {
 	Prompt json.RawMessage `json:"prompt"`
 }
 
+// exactFields are the field names the simulator reads, by object: vLLM
+// (pydantic) matches them exactly, while encoding/json also takes "Stream"
+// for "stream". exactCase drops such near-misses first, so the simulator
+// reads a body exactly as vLLM does (extra fields ignored, the last copy of
+// a repeated key kept).
+var exactFields = []string{"model", "max_tokens", "min_tokens", "n", "stream", "stream_options", "ignore_eos",
+	"messages", "max_completion_tokens", "prompt"}
+
+var exactStreamOptions = []string{"include_usage", "continuous_usage_stats"}
+
+// exactCase returns body without the keys that differ only in case from a
+// field the simulator reads, at the top level and in stream_options.
+func exactCase(body []byte) []byte {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return body // the decoder reports the error
+	}
+	changed := dropNearMisses(top, exactFields)
+	if so, ok := top["stream_options"]; ok {
+		var inner map[string]json.RawMessage
+		if json.Unmarshal(so, &inner) == nil && dropNearMisses(inner, exactStreamOptions) {
+			top["stream_options"], _ = json.Marshal(inner)
+			changed = true
+		}
+	}
+	if !changed {
+		return body
+	}
+	out, err := json.Marshal(top)
+	if err != nil {
+		return body
+	}
+	return out
+}
+
+func dropNearMisses(m map[string]json.RawMessage, fields []string) bool {
+	changed := false
+	for k := range m {
+		for _, f := range fields {
+			if k != f && strings.EqualFold(k, f) {
+				delete(m, k)
+				changed = true
+				break
+			}
+		}
+	}
+	return changed
+}
+
 // parseChat validates a /v1/chat/completions body.
 func (e *Engine) parseChat(body []byte) (*job, *apiError) {
 	var req chatRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+	if err := json.Unmarshal(exactCase(body), &req); err != nil {
 		return nil, decodeError(err)
 	}
 	if aerr := e.checkModel(req.Model); aerr != nil {
@@ -140,7 +189,7 @@ func messageContent(raw json.RawMessage, i int, h *uint32) (int, *apiError) {
 // parseCompletion validates a /v1/completions body.
 func (e *Engine) parseCompletion(body []byte) (*job, *apiError) {
 	var req completionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+	if err := json.Unmarshal(exactCase(body), &req); err != nil {
 		return nil, decodeError(err)
 	}
 	if aerr := e.checkModel(req.Model); aerr != nil {
@@ -285,4 +334,39 @@ func jsonKind(t reflect.Type) string {
 	default:
 		return "an object"
 	}
+}
+
+// Reading is what the engine understood of a generation request: the
+// fields that decide routing, limits and billing.
+type Reading struct {
+	Model        string
+	Stream       bool
+	IncludeUsage bool
+	MaxTokens    int // the completion cap in force
+	N            int
+}
+
+// ReadRequest reads a chat (or completions) body exactly as the engine's
+// handlers do, without running it. The gateway's differential fuzz test
+// compares it with the gateway's own reading of the body it forwards.
+func (e *Engine) ReadRequest(chat bool, body []byte) (Reading, error) {
+	var (
+		j    *job
+		aerr *apiError
+		req  commonRequest
+	)
+	if chat {
+		j, aerr = e.parseChat(body)
+	} else {
+		j, aerr = e.parseCompletion(body)
+	}
+	if aerr != nil {
+		return Reading{}, errors.New(aerr.msg)
+	}
+	_ = json.Unmarshal(exactCase(body), &req)
+	n := 1
+	if req.N != nil {
+		n = *req.N
+	}
+	return Reading{Model: req.Model, Stream: j.stream, IncludeUsage: j.includeUsage, MaxTokens: j.limit, N: n}, nil
 }

@@ -1,4 +1,4 @@
-package server
+package batch
 
 import (
 	"crypto/rand"
@@ -18,81 +18,14 @@ import (
 
 	"tailgate/data"
 	"tailgate/policy"
+	"tailgate/server/apierr"
 )
 
-// The Batch API, OpenAI's subset: upload a JSONL file of requests
-// (POST /v1/files, purpose "batch"), start a batch on it (POST /v1/batches),
-// follow it (GET /v1/batches/{id}), cancel it, and download its output and
-// error files (GET /v1/files/{id}/content). File bodies live on disk under
-// BatchConfig.FilesDir, their owners and the batches' state in SQLite;
-// [Server.RunBatches] (batch_exec.go) runs the lines.
-
-// BatchConfig configures the Batch API and its executor. Zero values mean
-// the defaults.
-type BatchConfig struct {
-	// FilesDir holds the bodies of uploaded and generated files, one file
-	// per id. Empty disables the Batch API: its routes answer 501 and
-	// RunBatches returns at once.
-	FilesDir string
-	// MaxFileBytes bounds an uploaded file; larger uploads get 413.
-	// 0 means 100 MiB.
-	MaxFileBytes int64
-	// Concurrency bounds the lines in flight across all batches; 0 means 32.
-	Concurrency int
-	// TenantConcurrency bounds one tenant's lines in flight; 0 means 8. A
-	// key's MaxConcurrency, when lower, bounds the lines of its batches.
-	TenantConcurrency int
-	// PollInterval is how often the executor looks for new, cancelled and
-	// expired batches and re-reads the owner's key; 0 means 500ms.
-	PollInterval time.Duration
-	// DrainTimeout is how long RunBatches lets the lines in flight finish
-	// once its context is done before it cancels them. A cancelled line is
-	// not recorded, so it runs again after a restart. 0 means 10s; negative
-	// cancels them at once.
-	DrainTimeout time.Duration
-	// ProgressInterval is how often a running batch logs its progress;
-	// 0 means 10s.
-	ProgressInterval time.Duration
-	// RetryWait is the wait before retrying a line that failed upstream (a
-	// 5xx), doubled per retry; a line is retried at most twice. 0 means 1s.
-	RetryWait time.Duration
-	// UploadTimeout bounds reading one upload; 0 means 10m.
-	UploadTimeout time.Duration
-	// Now is the clock that decides when a batch's completion window has
-	// passed; nil means time.Now.
-	Now func() time.Time
-}
-
-func (c BatchConfig) withDefaults() BatchConfig {
-	if c.MaxFileBytes <= 0 {
-		c.MaxFileBytes = 100 << 20
-	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = 32
-	}
-	if c.TenantConcurrency <= 0 {
-		c.TenantConcurrency = 8
-	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = 500 * time.Millisecond
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = 10 * time.Second
-	}
-	if c.ProgressInterval <= 0 {
-		c.ProgressInterval = 10 * time.Second
-	}
-	if c.RetryWait <= 0 {
-		c.RetryWait = time.Second
-	}
-	if c.UploadTimeout <= 0 {
-		c.UploadTimeout = 10 * time.Minute
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return c
-}
+// The endpoints a batch may run, as OpenAI names them.
+const (
+	EndpointChat        = "/v1/chat/completions"
+	EndpointCompletions = "/v1/completions"
+)
 
 const (
 	batchWindow     = 24 * time.Hour
@@ -103,45 +36,46 @@ const (
 )
 
 var (
-	errBatchDisabled = &apiError{Status: http.StatusNotImplemented, Type: "invalid_request_error", Code: "batch_disabled",
+	errBatchDisabled = &apierr.Error{Status: http.StatusNotImplemented, Type: "invalid_request_error", Code: "batch_disabled",
 		Message: "the Batch API is not enabled on this gateway (it has no files directory)"}
-	errFileTooLarge = &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "file_too_large",
+	errFileTooLarge = &apierr.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "file_too_large",
 		Message: "the file is too large"}
 )
 
-func errNoSuch(kind, id, param string) *apiError {
-	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Param: param,
+func errNoSuch(kind, id, param string) *apierr.Error {
+	return &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Param: param,
 		Message: fmt.Sprintf("No such %s object: %s", kind, id)}
 }
 
-// batchRoutes registers the Batch API on the /v1 group.
-func (s *Server) batchRoutes(g *echo.Group) {
-	g.POST("/files", s.batchHandler(s.handlePostFile))
-	g.GET("/files", s.batchHandler(s.handleGetFiles))
-	g.GET("/files/:id", s.batchHandler(s.handleGetFile))
-	g.GET("/files/:id/content", s.batchHandler(s.handleGetFileContent))
-	g.POST("/batches", s.batchHandler(s.handlePostBatch))
-	g.GET("/batches", s.batchHandler(s.handleGetBatches))
-	g.GET("/batches/:id", s.batchHandler(s.handleGetBatch))
-	g.POST("/batches/:id/cancel", s.batchHandler(s.handlePostBatchCancel))
+// Routes registers the Batch API on g, the public API's /v1 group.
+func (s *Batches) Routes(g *echo.Group) {
+	g.POST("/files", s.handler(s.handlePostFile))
+	g.GET("/files", s.handler(s.handleGetFiles))
+	g.GET("/files/:id", s.handler(s.handleGetFile))
+	g.GET("/files/:id/content", s.handler(s.handleGetFileContent))
+	g.POST("/batches", s.handler(s.handlePostBatch))
+	g.GET("/batches", s.handler(s.handleGetBatches))
+	g.GET("/batches/:id", s.handler(s.handleGetBatch))
+	g.POST("/batches/:id/cancel", s.handler(s.handlePostBatchCancel))
 }
 
-// batchHandler checks that the Batch API is on and authenticates the caller.
-func (s *Server) batchHandler(h func(c echo.Context, p *policy.Principal) error) echo.HandlerFunc {
+// handler checks that the Batch API is on, authenticates the caller, runs
+// h as the caller and answers h's error through the gateway's error table.
+func (s *Batches) handler(h func(c echo.Context, p *policy.Principal) error) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		if s.cfg.Batch.FilesDir == "" {
-			return writeError(c, errBatchDisabled)
+		if s.cfg.FilesDir == "" {
+			return apierr.Reply(c, errBatchDisabled)
 		}
-		p, err := s.authenticate(c)
+		p, err := s.auth(c)
 		if err != nil {
-			return writeError(c, toAPIError(err, ""))
+			return apierr.Reply(c, s.apiError(err))
 		}
 		if err := h(c, p); err != nil {
-			ae := toAPIError(err, "")
-			if ae == errInternal {
+			ae := s.apiError(err)
+			if ae.Status == http.StatusInternalServerError {
 				s.log.Error("batch api", "path", c.Path(), "err", err)
 			}
-			return writeError(c, ae)
+			return apierr.Reply(c, ae)
 		}
 		return nil
 	}
@@ -149,7 +83,7 @@ func (s *Server) batchHandler(h func(c echo.Context, p *policy.Principal) error)
 
 // filePath is where the body of file id lives. Ids come from the store,
 // which only holds ids this package made, so they are safe path elements.
-func (s *Server) filePath(id string) string { return filepath.Join(s.cfg.Batch.FilesDir, id) }
+func (s *Batches) filePath(id string) string { return filepath.Join(s.cfg.FilesDir, id) }
 
 // newID returns prefix followed by 24 random lowercase letters and digits.
 func newID(prefix string) string {
@@ -182,20 +116,19 @@ func fileObject(f data.File) fileJSON {
 // handlePostFile stores an uploaded file: multipart/form-data with the
 // fields file and purpose ("batch"). The body is streamed to disk, never
 // held in memory.
-func (s *Server) handlePostFile(c echo.Context, p *policy.Principal) error {
-	cfg := s.cfg.Batch.withDefaults()
+func (s *Batches) handlePostFile(c echo.Context, p *policy.Principal) error {
 	r := c.Request()
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "multipart/form-data" {
-		return badRequest("", "upload the file as multipart/form-data with the fields 'file' and 'purpose'")
+		return apierr.BadRequest("", "upload the file as multipart/form-data with the fields 'file' and 'purpose'")
 	}
-	_ = http.NewResponseController(c.Response()).SetReadDeadline(time.Now().Add(cfg.UploadTimeout))
+	_ = http.NewResponseController(c.Response()).SetReadDeadline(time.Now().Add(s.cfg.UploadTimeout))
 	// The file plus a little room for the other fields and the part headers.
-	r.Body = http.MaxBytesReader(c.Response(), r.Body, cfg.MaxFileBytes+64<<10)
+	r.Body = http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxFileBytes+64<<10)
 	mr, err := r.MultipartReader()
 	if err != nil {
-		return badRequest("", "upload the file as multipart/form-data with the fields 'file' and 'purpose'")
+		return apierr.BadRequest("", "upload the file as multipart/form-data with the fields 'file' and 'purpose'")
 	}
-	if err := os.MkdirAll(cfg.FilesDir, 0o700); err != nil {
+	if err := os.MkdirAll(s.cfg.FilesDir, 0o700); err != nil {
 		return fmt.Errorf("files dir: %w", err)
 	}
 	var (
@@ -224,10 +157,10 @@ func (s *Server) handlePostFile(c echo.Context, p *policy.Principal) error {
 			purpose = strings.TrimSpace(string(b))
 		case "file":
 			if tmp != "" {
-				return badRequest("file", "send one file per upload")
+				return apierr.BadRequest("file", "send one file per upload")
 			}
 			filename = filepath.Base(part.FileName())
-			tmp, size, err = spool(cfg.FilesDir, part, cfg.MaxFileBytes)
+			tmp, size, err = spool(s.cfg.FilesDir, part, s.cfg.MaxFileBytes)
 			if err != nil {
 				return err
 			}
@@ -239,11 +172,11 @@ func (s *Server) handlePostFile(c echo.Context, p *policy.Principal) error {
 	}
 	switch {
 	case purpose != purposeBatch:
-		return badRequest("purpose", "purpose must be 'batch' (the only purpose this gateway stores)")
+		return apierr.BadRequest("purpose", "purpose must be 'batch' (the only purpose this gateway stores)")
 	case tmp == "":
-		return badRequest("file", "the upload has no 'file' field")
+		return apierr.BadRequest("file", "the upload has no 'file' field")
 	case size == 0:
-		return badRequest("file", "the file is empty")
+		return apierr.BadRequest("file", "the file is empty")
 	}
 	if filename == "" || filename == "." || filename == string(filepath.Separator) {
 		filename = "upload.jsonl"
@@ -266,7 +199,7 @@ func uploadError(err error) error {
 	if errors.As(err, &mbe) {
 		return errFileTooLarge
 	}
-	return badRequest("", "could not read the upload: %v", err)
+	return apierr.BadRequest("", "could not read the upload: %v", err)
 }
 
 // spool copies at most limit bytes of r to a new temporary file in dir,
@@ -306,7 +239,7 @@ func listParams(c echo.Context) (limit int, after string, err error) {
 	if v := c.QueryParam("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxListLimit {
-			return 0, "", badRequest("limit", "limit must be an integer from 1 to %d", maxListLimit)
+			return 0, "", apierr.BadRequest("limit", "limit must be an integer from 1 to %d", maxListLimit)
 		}
 		limit = n
 	}
@@ -325,7 +258,7 @@ func listObject[T any](items []T, limit int, id func(T) string) map[string]any {
 	return out
 }
 
-func (s *Server) handleGetFiles(c echo.Context, p *policy.Principal) error {
+func (s *Batches) handleGetFiles(c echo.Context, p *policy.Principal) error {
 	limit, after, err := listParams(c)
 	if err != nil {
 		return err
@@ -341,7 +274,7 @@ func (s *Server) handleGetFiles(c echo.Context, p *policy.Principal) error {
 	return c.JSON(http.StatusOK, listObject(out, limit, func(f fileJSON) string { return f.ID }))
 }
 
-func (s *Server) fileOf(c echo.Context, p *policy.Principal) (data.File, error) {
+func (s *Batches) fileOf(c echo.Context, p *policy.Principal) (data.File, error) {
 	id := c.Param("id")
 	f, err := s.store.FileByID(c.Request().Context(), p.TenantID, id)
 	if errors.Is(err, data.ErrNotFound) {
@@ -350,7 +283,7 @@ func (s *Server) fileOf(c echo.Context, p *policy.Principal) (data.File, error) 
 	return f, err
 }
 
-func (s *Server) handleGetFile(c echo.Context, p *policy.Principal) error {
+func (s *Batches) handleGetFile(c echo.Context, p *policy.Principal) error {
 	f, err := s.fileOf(c, p)
 	if err != nil {
 		return err
@@ -358,7 +291,7 @@ func (s *Server) handleGetFile(c echo.Context, p *policy.Principal) error {
 	return c.JSON(http.StatusOK, fileObject(f))
 }
 
-func (s *Server) handleGetFileContent(c echo.Context, p *policy.Principal) error {
+func (s *Batches) handleGetFileContent(c echo.Context, p *policy.Principal) error {
 	f, err := s.fileOf(c, p)
 	if err != nil {
 		return err
@@ -466,7 +399,7 @@ func batchObject(b data.Batch) batchJSON {
 
 // handlePostBatch creates a batch in status validating; the executor
 // validates its lines and runs them.
-func (s *Server) handlePostBatch(c echo.Context, p *policy.Principal) error {
+func (s *Batches) handlePostBatch(c echo.Context, p *policy.Principal) error {
 	var req struct {
 		InputFileID      string            `json:"input_file_id"`
 		Endpoint         string            `json:"endpoint"`
@@ -478,23 +411,23 @@ func (s *Server) handlePostBatch(c echo.Context, p *policy.Principal) error {
 	if err := dec.Decode(&req); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return errBodyTooLarge
+			return err // the error table's 413
 		}
-		return badRequest("", "the body must be a JSON object with input_file_id, endpoint and completion_window: %v", err)
+		return apierr.BadRequest("", "the body must be a JSON object with input_file_id, endpoint and completion_window: %v", err)
 	}
 	switch {
 	case req.InputFileID == "":
-		return badRequest("input_file_id", "input_file_id is required")
-	case req.Endpoint != chatEndpoint.path && req.Endpoint != completionEndpoint.path:
-		return badRequest("endpoint", "endpoint must be %s or %s", chatEndpoint.path, completionEndpoint.path)
+		return apierr.BadRequest("input_file_id", "input_file_id is required")
+	case req.Endpoint != EndpointChat && req.Endpoint != EndpointCompletions:
+		return apierr.BadRequest("endpoint", "endpoint must be %s or %s", EndpointChat, EndpointCompletions)
 	case req.CompletionWindow != "24h":
-		return badRequest("completion_window", "completion_window must be '24h'")
+		return apierr.BadRequest("completion_window", "completion_window must be '24h'")
 	case len(req.Metadata) > maxMetadataKeys:
-		return badRequest("metadata", "metadata may hold at most %d keys", maxMetadataKeys)
+		return apierr.BadRequest("metadata", "metadata may hold at most %d keys", maxMetadataKeys)
 	}
 	for k, v := range req.Metadata {
 		if len(k) > 64 || len(v) > 512 {
-			return badRequest("metadata", "metadata keys are at most 64 characters and values at most 512")
+			return apierr.BadRequest("metadata", "metadata keys are at most 64 characters and values at most 512")
 		}
 	}
 	f, err := s.store.FileByID(r.Context(), p.TenantID, req.InputFileID)
@@ -505,7 +438,7 @@ func (s *Server) handlePostBatch(c echo.Context, p *policy.Principal) error {
 		return err
 	}
 	if f.Purpose != purposeBatch {
-		return badRequest("input_file_id", "the input file must have purpose 'batch', not %q", f.Purpose)
+		return apierr.BadRequest("input_file_id", "the input file must have purpose 'batch', not %q", f.Purpose)
 	}
 	b, err := s.store.CreateBatch(r.Context(), data.Batch{
 		ID: newID("batch_"), TenantID: p.TenantID, KeyID: p.KeyID, Endpoint: req.Endpoint, InputFileID: f.ID,
@@ -518,7 +451,7 @@ func (s *Server) handlePostBatch(c echo.Context, p *policy.Principal) error {
 	return c.JSON(http.StatusOK, batchObject(b))
 }
 
-func (s *Server) batchOf(c echo.Context, p *policy.Principal) (data.Batch, error) {
+func (s *Batches) batchOf(c echo.Context, p *policy.Principal) (data.Batch, error) {
 	id := c.Param("id")
 	b, err := s.store.BatchByID(c.Request().Context(), p.TenantID, id)
 	if errors.Is(err, data.ErrNotFound) {
@@ -527,7 +460,7 @@ func (s *Server) batchOf(c echo.Context, p *policy.Principal) (data.Batch, error
 	return b, err
 }
 
-func (s *Server) handleGetBatch(c echo.Context, p *policy.Principal) error {
+func (s *Batches) handleGetBatch(c echo.Context, p *policy.Principal) error {
 	b, err := s.batchOf(c, p)
 	if err != nil {
 		return err
@@ -535,7 +468,7 @@ func (s *Server) handleGetBatch(c echo.Context, p *policy.Principal) error {
 	return c.JSON(http.StatusOK, batchObject(b))
 }
 
-func (s *Server) handleGetBatches(c echo.Context, p *policy.Principal) error {
+func (s *Batches) handleGetBatches(c echo.Context, p *policy.Principal) error {
 	limit, after, err := listParams(c)
 	if err != nil {
 		return err
@@ -554,7 +487,7 @@ func (s *Server) handleGetBatches(c echo.Context, p *policy.Principal) error {
 // handlePostBatchCancel moves a batch to cancelling; the executor starts no
 // new line of it, lets the lines in flight finish, and then marks it
 // cancelled with the output and error files of what was done.
-func (s *Server) handlePostBatchCancel(c echo.Context, p *policy.Principal) error {
+func (s *Batches) handlePostBatchCancel(c echo.Context, p *policy.Principal) error {
 	id := c.Param("id")
 	b, err := s.store.CancelBatch(c.Request().Context(), p.TenantID, id)
 	switch {
@@ -565,7 +498,7 @@ func (s *Server) handlePostBatchCancel(c echo.Context, p *policy.Principal) erro
 		if gerr != nil {
 			return gerr
 		}
-		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "batch_not_cancellable",
+		return &apierr.Error{Status: http.StatusConflict, Type: "invalid_request_error", Code: "batch_not_cancellable",
 			Message: fmt.Sprintf("cannot cancel a batch with status %q", cur.Status)}
 	case err != nil:
 		return err

@@ -1,4 +1,4 @@
-package server_test
+package batch_test
 
 import (
 	"bufio"
@@ -7,10 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"mime/multipart"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,87 +20,36 @@ import (
 	"time"
 
 	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
+	"tailgate/server/batch"
+	"tailgate/server/internal/servertest"
 	"tailgate/serving/sim"
 )
 
-// batchGateway is a gateway with its batch executor running, on a data
-// directory that outlives it: a test can stop it and start another on the
-// same SQLite file and files directory (a restart) in front of the same
-// sim fleet.
-type batchGateway struct {
-	t      *testing.T
-	store  *data.Store
-	gate   *policy.Gate
-	ledger *data.LedgerWriter
-	reg    *router.Registry
-	srv    *server.Server
-	public *httptest.Server
-
-	cancel   context.CancelFunc // gate and ledger
-	done     chan struct{}
-	stopExec context.CancelFunc
-	execDone chan struct{}
-	once     sync.Once
-}
-
 type batchOpts struct {
 	router router.Config
-	batch  server.BatchConfig
-	// disabled leaves BatchConfig.FilesDir empty (else it defaults to
+	batch  batch.Config
+	// disabled leaves batch.Config.FilesDir empty (else it defaults to
 	// DIR/files).
 	disabled bool
 }
 
-// newSimFleet starts n sim engines on loopback and returns their URLs.
-func newSimFleet(t *testing.T, n int, cfg sim.Config) []string {
+// newSimFleet starts n sim engines on loopback; they outlive the gateways
+// of a test, so a restarted gateway finds the same fleet.
+func newSimFleet(t *testing.T, n int, cfg sim.Config) []servertest.Sim {
 	t.Helper()
-	var urls []string
-	for i := range n {
-		c := cfg
-		c.Seed = int64(i + 1)
-		eng, err := sim.New(c, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		up := httptest.NewServer(eng.Handler())
-		t.Cleanup(up.Close)
-		urls = append(urls, up.URL)
-	}
-	return urls
+	return servertest.StartSims(t, n, cfg, nil)
 }
 
-func startBatchGateway(t *testing.T, dir string, fleet []string, o batchOpts) *batchGateway {
+// startBatchGateway starts a gateway with the Batch API on (files under
+// DIR/files) and its executor polling fast, in front of fleet. A test can
+// Close it and start another on the same dir and fleet: a restart.
+func startBatchGateway(t *testing.T, dir string, fleet []servertest.Sim, o batchOpts) *servertest.Gateway {
 	t.Helper()
-	log := slog.New(slog.DiscardHandler)
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(&testWriter{t}, nil))
-	}
-	g := &batchGateway{t: t, done: make(chan struct{}, 2), execDone: make(chan struct{})}
-	var err error
-	if g.store, err = data.Open(filepath.Join(dir, "tailgate.db")); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	g.cancel = cancel
-	if g.gate, err = policy.New(ctx, policy.Config{PollInterval: 50 * time.Millisecond}, g.store, log); err != nil {
-		t.Fatal(err)
-	}
-	g.ledger = g.store.NewLedgerWriter(data.LedgerConfig{FlushInterval: 5 * time.Millisecond}, log)
-	g.reg = router.New(o.router, log)
-	for i, u := range fleet {
-		rep := router.NewReplica("sim-"+strconv.Itoa(i), u)
-		rep.Static = true
-		rep.SetModels([]string{simModel})
-		rep.SetState(router.StateReady, "")
-		g.reg.Add(rep)
-	}
 	if o.batch.FilesDir == "" && !o.disabled {
 		o.batch.FilesDir = filepath.Join(dir, "files")
 	}
@@ -112,89 +59,27 @@ func startBatchGateway(t *testing.T, dir string, fleet []string, o batchOpts) *b
 	if o.batch.RetryWait == 0 {
 		o.batch.RetryWait = 10 * time.Millisecond
 	}
-	promReg := prometheus.NewRegistry()
-	g.srv, err = server.New(server.Config{AdminToken: "tga-test-admin", Batch: o.batch}, server.Deps{
-		Gate: g.gate, Registry: g.reg, Store: g.store, Ledger: g.ledger, Registerer: promReg, Gatherer: promReg, Log: log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.public = httptest.NewServer(g.srv.Public())
-	go func() { _ = g.gate.Run(ctx); g.done <- struct{}{} }()
-	go func() { _ = g.ledger.Run(ctx); g.done <- struct{}{} }()
-	execCtx, stopExec := context.WithCancel(context.Background())
-	g.stopExec = stopExec
-	go func() {
-		if err := g.srv.RunBatches(execCtx); err != nil {
-			t.Errorf("RunBatches: %v", err)
-		}
-		close(g.execDone)
-	}()
-	t.Cleanup(g.close)
-	return g
+	return servertest.Start(t, servertest.Options{Dir: dir, Fleet: fleet, Router: o.router, Server: server.Config{Batch: o.batch}})
 }
 
-// stopExecutor cancels RunBatches' context and waits for it to return.
-func (g *batchGateway) stopExecutor() {
-	g.stopExec()
-	<-g.execDone
-}
-
-// close stops everything as the gateway does on SIGTERM: executor first,
-// then the rest, draining the ledger.
-func (g *batchGateway) close() {
-	g.once.Do(func() {
-		g.stopExecutor()
-		g.public.Close()
-		g.cancel()
-		<-g.done
-		<-g.done
-		_ = g.ledger.Close()
-		_ = g.gate.Close()
-		_ = g.store.Close()
-	})
-}
-
-func (g *batchGateway) key(tenant string) string {
-	g.t.Helper()
-	secret, _, err := policy.CreateKey(context.Background(), g.store, policy.KeyOptions{Tenant: tenant})
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	return secret
-}
-
-func (g *batchGateway) client(secret string) openai.Client {
-	return openai.NewClient(option.WithBaseURL(g.public.URL+"/v1"), option.WithAPIKey(secret), option.WithMaxRetries(0))
-}
-
-func (g *batchGateway) ledgerRows() []data.LedgerRow {
-	g.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := g.ledger.Flush(ctx); err != nil {
-		g.t.Fatal(err)
-	}
-	rows, err := g.store.LedgerRows(ctx, data.UsageFilter{})
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	return rows
+// key creates a key of tenant and returns its secret.
+func key(g *servertest.Gateway, tenant string) string {
+	return g.Key(policy.KeyOptions{Tenant: tenant})
 }
 
 // batchRow reads a batch straight from the store (microsecond times).
-func (g *batchGateway) batchRow(id string) data.Batch {
-	g.t.Helper()
-	b, err := g.store.BatchByID(context.Background(), 0, id)
+func batchRow(t *testing.T, g *servertest.Gateway, id string) data.Batch {
+	t.Helper()
+	b, err := g.Store.BatchByID(context.Background(), 0, id)
 	if err != nil {
-		g.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return b
 }
 
 func chatLine(customID, content string) string {
 	return fmt.Sprintf(`{"custom_id":%q,"method":"POST","url":"/v1/chat/completions","body":{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":16}}`,
-		customID, simModel, content)
+		customID, servertest.SimModel, content)
 }
 
 func chatLines(n int) string {
@@ -319,7 +204,7 @@ func bodyUsage(t *testing.T, body []byte) usage {
 
 // checkMeteredOnce checks that every successful line was billed by exactly
 // one ledger row and that the ledger's billed tokens are the output's.
-func checkMeteredOnce(t *testing.T, g *batchGateway, out []batchResult) {
+func checkMeteredOnce(t *testing.T, g *servertest.Gateway, out []batchResult) {
 	t.Helper()
 	var want usage
 	ids := map[string]bool{}
@@ -331,7 +216,7 @@ func checkMeteredOnce(t *testing.T, g *batchGateway, out []batchResult) {
 	}
 	var got usage
 	ok := 0
-	for _, row := range g.ledgerRows() {
+	for _, row := range g.LedgerRows() {
 		got.prompt += row.PromptTokens
 		got.completion += row.CompletionTokens
 		if row.Outcome == "ok" {
@@ -347,9 +232,9 @@ func checkMeteredOnce(t *testing.T, g *batchGateway, out []batchResult) {
 }
 
 func TestBatchHappyPath(t *testing.T) {
-	fleet := newSimFleet(t, 2, sim.Config{Model: simModel})
+	fleet := newSimFleet(t, 2, sim.Config{Model: servertest.SimModel})
 	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{})
-	c := g.client(g.key("acme"))
+	c := g.Client(key(g, "acme"))
 	ctx := context.Background()
 
 	input := chatLines(10)
@@ -411,7 +296,7 @@ func TestBatchHappyPath(t *testing.T) {
 	if b.Usage.InputTokens != sum.prompt || b.Usage.OutputTokens != sum.completion || b.Usage.TotalTokens != sum.prompt+sum.completion {
 		t.Errorf("batch usage = %+v, output bodies sum to %+v", b.Usage, sum)
 	}
-	if rows := g.ledgerRows(); len(rows) != 10 {
+	if rows := g.LedgerRows(); len(rows) != 10 {
 		t.Errorf("%d ledger rows, want 10 (one per line)", len(rows))
 	}
 	checkMeteredOnce(t, g, out)
@@ -426,7 +311,7 @@ func TestBatchHappyPath(t *testing.T) {
 	}
 
 	// The legacy completions endpoint works the same way.
-	comp := `{"custom_id":"c1","method":"POST","url":"/v1/completions","body":{"model":"` + simModel + `","prompt":"Once upon","max_tokens":8}}` + "\n"
+	comp := `{"custom_id":"c1","method":"POST","url":"/v1/completions","body":{"model":"` + servertest.SimModel + `","prompt":"Once upon","max_tokens":8}}` + "\n"
 	cb := createBatch(t, c, uploadBatchFile(t, c, comp).ID, openai.BatchNewParamsEndpointV1Completions)
 	cb = waitBatch(t, c, cb.ID, statusIs(openai.BatchStatusCompleted, openai.BatchStatusFailed))
 	if res := fileResults(t, c, cb.OutputFileID); cb.RequestCounts.Completed != 1 || len(res) != 1 ||
@@ -446,9 +331,9 @@ func TestBatchHappyPath(t *testing.T) {
 }
 
 func TestBatchMalformedLinesGoToTheErrorFile(t *testing.T) {
-	fleet := newSimFleet(t, 2, sim.Config{Model: simModel})
+	fleet := newSimFleet(t, 2, sim.Config{Model: servertest.SimModel})
 	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{})
-	c := g.client(g.key("acme"))
+	c := g.Client(key(g, "acme"))
 
 	lines := []string{
 		chatLine("good-1", "one"),
@@ -456,10 +341,10 @@ func TestBatchMalformedLinesGoToTheErrorFile(t *testing.T) {
 		strings.Replace(chatLine("wrong-url", "x"), "/v1/chat/completions", "/v1/completions", 1),
 		chatLine("good-2", "two"),
 		chatLine("good-1", "duplicate"),
-		`{"custom_id":"streamed","method":"POST","url":"/v1/chat/completions","body":{"model":"` + simModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}}`,
+		`{"custom_id":"streamed","method":"POST","url":"/v1/chat/completions","body":{"model":"` + servertest.SimModel + `","stream":true,"messages":[{"role":"user","content":"hi"}]}}`,
 		`{"custom_id":"no-model","method":"POST","url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"hi"}]}}`,
 		"",
-		`{"custom_id":"get","method":"GET","url":"/v1/chat/completions","body":{"model":"` + simModel + `"}}`,
+		`{"custom_id":"get","method":"GET","url":"/v1/chat/completions","body":{"model":"` + servertest.SimModel + `"}}`,
 		`{"custom_id":"unknown-model","method":"POST","url":"/v1/chat/completions","body":{"model":"nope","messages":[{"role":"user","content":"hi"}]}}`,
 		chatLine("good-3", "three"),
 	}
@@ -503,16 +388,16 @@ func TestBatchMalformedLinesGoToTheErrorFile(t *testing.T) {
 		t.Errorf("error file:\n got %v\nwant %v", got, want)
 	}
 	// The three good lines and the refused one went through the gateway.
-	if rows := g.ledgerRows(); len(rows) != 4 {
+	if rows := g.LedgerRows(); len(rows) != 4 {
 		t.Errorf("%d ledger rows, want 4", len(rows))
 	}
 	checkMeteredOnce(t, g, out)
 }
 
 func TestBatchWithNoValidLineFails(t *testing.T) {
-	fleet := newSimFleet(t, 1, sim.Config{Model: simModel})
+	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
 	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{})
-	c := g.client(g.key("acme"))
+	c := g.Client(key(g, "acme"))
 	f := uploadBatchFile(t, c, "not json\n"+strings.Replace(chatLine("a", "x"), `"POST"`, `"PUT"`, 1)+"\n")
 	b := createBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
 	b = waitBatch(t, c, b.ID, statusIs(openai.BatchStatusCompleted, openai.BatchStatusFailed))
@@ -525,18 +410,18 @@ func TestBatchWithNoValidLineFails(t *testing.T) {
 	if e := b.Errors.Data[1]; e.Code != "invalid_method" || e.Line != 2 {
 		t.Errorf("second error = %+v", e)
 	}
-	if rows := g.ledgerRows(); len(rows) != 0 {
+	if rows := g.LedgerRows(); len(rows) != 0 {
 		t.Errorf("%d ledger rows, want none", len(rows))
 	}
 }
 
 // slowSim answers one request at a time per replica, 200ms each.
-var slowSim = sim.Config{Model: simModel, TTFT: 200 * time.Millisecond, MaxSeqs: 1}
+var slowSim = sim.Config{Model: servertest.SimModel, TTFT: 200 * time.Millisecond, MaxSeqs: 1}
 
 func TestBatchCancelStopsNewLines(t *testing.T) {
 	fleet := newSimFleet(t, 2, slowSim)
 	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{})
-	c := g.client(g.key("acme"))
+	c := g.Client(key(g, "acme"))
 	f := uploadBatchFile(t, c, chatLines(40))
 	b := createBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
 	waitBatch(t, c, b.ID, func(b *openai.Batch) bool { return b.RequestCounts.Completed >= 2 })
@@ -554,7 +439,7 @@ func TestBatchCancelStopsNewLines(t *testing.T) {
 		t.Errorf("output has %d lines, counts say %d completed", len(out), b.RequestCounts.Completed)
 	}
 	// Lines in flight at the cancel finished and were kept; none started after.
-	if rows := g.ledgerRows(); int64(len(rows)) != b.RequestCounts.Completed+b.RequestCounts.Failed {
+	if rows := g.LedgerRows(); int64(len(rows)) != b.RequestCounts.Completed+b.RequestCounts.Failed {
 		t.Errorf("%d ledger rows for %d finished lines", len(rows), b.RequestCounts.Completed+b.RequestCounts.Failed)
 	}
 	checkMeteredOnce(t, g, out)
@@ -565,7 +450,7 @@ func TestBatchCancelStopsNewLines(t *testing.T) {
 	}
 	done := createBatch(t, c, uploadBatchFile(t, c, chatLines(1)).ID, openai.BatchNewParamsEndpointV1ChatCompletions)
 	waitBatch(t, c, done.ID, statusIs(openai.BatchStatusCompleted))
-	resp := batchPost(t, g, "/v1/batches/"+done.ID+"/cancel", g.key("acme"))
+	resp := batchPost(t, g, "/v1/batches/"+done.ID+"/cancel", key(g, "acme"))
 	if resp.StatusCode != http.StatusConflict {
 		t.Errorf("cancel of a completed batch: %d, want 409", resp.StatusCode)
 	}
@@ -589,24 +474,24 @@ func testBatchRestart(t *testing.T, drain time.Duration) {
 	const n = 24
 	dir := t.TempDir()
 	fleet := newSimFleet(t, 2, slowSim)
-	opts := batchOpts{batch: server.BatchConfig{DrainTimeout: drain}}
+	opts := batchOpts{batch: batch.Config{DrainTimeout: drain}}
 	g1 := startBatchGateway(t, dir, fleet, opts)
-	secret := g1.key("acme")
-	c1 := g1.client(secret)
+	secret := key(g1, "acme")
+	c1 := g1.Client(secret)
 	f := uploadBatchFile(t, c1, chatLines(n))
 	b := createBatch(t, c1, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
 	waitBatch(t, c1, b.ID, func(b *openai.Batch) bool { return b.RequestCounts.Completed >= 4 })
-	g1.stopExecutor()
-	before := g1.batchRow(b.ID)
+	g1.StopBatches()
+	before := batchRow(t, g1, b.ID)
 	if before.Status != data.BatchInProgress || before.Completed >= n {
 		t.Fatalf("after stopping the executor: %s with %d of %d done; want a batch in progress", before.Status, before.Completed, n)
 	}
-	rows1 := g1.ledgerRows()
-	g1.close()
+	rows1 := g1.LedgerRows()
+	g1.Close()
 	t.Logf("stopped with %d of %d lines done, %d ledger rows", before.Completed, n, len(rows1))
 
 	g2 := startBatchGateway(t, dir, fleet, opts)
-	c2 := g2.client(secret)
+	c2 := g2.Client(secret)
 	done := waitBatch(t, c2, b.ID, statusIs(openai.BatchStatusCompleted, openai.BatchStatusFailed))
 	if done.Status != openai.BatchStatusCompleted || done.RequestCounts.Completed != n || done.RequestCounts.Failed != 0 {
 		t.Fatalf("after restart: %s", done.RawJSON())
@@ -621,7 +506,7 @@ func testBatchRestart(t *testing.T, drain time.Duration) {
 			t.Errorf("%s answered %d times", id, seen[id])
 		}
 	}
-	rows := g2.ledgerRows()
+	rows := g2.LedgerRows()
 	cancelled := 0
 	for _, r := range rows {
 		if r.Outcome == "client_cancelled" {
@@ -638,33 +523,26 @@ func testBatchRestart(t *testing.T, drain time.Duration) {
 	checkMeteredOnce(t, g2, out)
 }
 
-func batchPost(t *testing.T, g *batchGateway, path, secret string) *http.Response {
+func batchPost(t *testing.T, g *servertest.Gateway, path, secret string) *http.Response {
 	t.Helper()
 	return batchDo(t, g, http.MethodPost, path, secret, "application/json", strings.NewReader(`{}`))
 }
 
-func batchDo(t *testing.T, g *batchGateway, method, path, secret, ctype string, body io.Reader) *http.Response {
+// batchDo sends a raw request to the public API and reads its body away.
+func batchDo(t *testing.T, g *servertest.Gateway, method, path, secret, ctype string, body io.Reader) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(method, g.public.URL+path, body)
-	req.Header.Set("Authorization", "Bearer "+secret)
-	if ctype != "" {
-		req.Header.Set("Content-Type", ctype)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := g.Do(method, path, secret, ctype, body)
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp
 }
 
 func TestBatchTenantIsolation(t *testing.T) {
-	fleet := newSimFleet(t, 1, sim.Config{Model: simModel})
+	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
 	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{})
-	ca := g.client(g.key("acme"))
-	other := g.key("globex")
-	cb := g.client(other)
+	ca := g.Client(key(g, "acme"))
+	other := key(g, "globex")
+	cb := g.Client(other)
 	f := uploadBatchFile(t, ca, chatLines(2))
 	b := createBatch(t, ca, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
 	b = waitBatch(t, ca, b.ID, statusIs(openai.BatchStatusCompleted))
@@ -706,10 +584,10 @@ func multipartBody(t *testing.T, purpose, content string) (string, *bytes.Buffer
 }
 
 func TestBatchUploadRules(t *testing.T) {
-	fleet := newSimFleet(t, 1, sim.Config{Model: simModel})
+	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
 	dir := t.TempDir()
-	g := startBatchGateway(t, dir, fleet, batchOpts{batch: server.BatchConfig{MaxFileBytes: 1024}})
-	secret := g.key("acme")
+	g := startBatchGateway(t, dir, fleet, batchOpts{batch: batch.Config{MaxFileBytes: 1024}})
+	secret := key(g, "acme")
 	for _, tc := range []struct {
 		name, purpose, content string
 		want                   int
@@ -736,7 +614,7 @@ func TestBatchUploadRules(t *testing.T) {
 
 	// Without a files directory the Batch API says it is off.
 	off := startBatchGateway(t, t.TempDir(), fleet, batchOpts{disabled: true})
-	offSecret := off.key("acme")
+	offSecret := key(off, "acme")
 	ct, body := multipartBody(t, "batch", "x")
 	if resp := batchDo(t, off, http.MethodPost, "/v1/files", offSecret, ct, body); resp.StatusCode != http.StatusNotImplemented {
 		t.Errorf("upload with the Batch API off: %d, want 501", resp.StatusCode)
@@ -747,15 +625,15 @@ func TestBatchUploadRules(t *testing.T) {
 }
 
 func TestBatchRateLimitedLinesWaitAndRetry(t *testing.T) {
-	fleet := newSimFleet(t, 2, sim.Config{Model: simModel})
+	fleet := newSimFleet(t, 2, sim.Config{Model: servertest.SimModel})
 	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{})
 	// 60 requests per minute: the first 60 lines pass at once, then one
 	// more every second.
-	secret, _, err := policy.CreateKey(context.Background(), g.store, policy.KeyOptions{Tenant: "acme", RPM: 60})
+	secret, _, err := policy.CreateKey(context.Background(), g.Store, policy.KeyOptions{Tenant: "acme", RPM: 60})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := g.client(secret)
+	c := g.Client(secret)
 	const n = 62
 	b := createBatch(t, c, uploadBatchFile(t, c, chatLines(n)).ID, openai.BatchNewParamsEndpointV1ChatCompletions)
 	b = waitBatch(t, c, b.ID, statusIs(openai.BatchStatusCompleted, openai.BatchStatusFailed))
@@ -764,7 +642,7 @@ func TestBatchRateLimitedLinesWaitAndRetry(t *testing.T) {
 	}
 	out := fileResults(t, c, b.OutputFileID)
 	rejected := 0
-	for _, r := range g.ledgerRows() {
+	for _, r := range g.LedgerRows() {
 		if r.Status == http.StatusTooManyRequests {
 			rejected++
 		}
@@ -780,19 +658,19 @@ func TestBatchRevokedKeyStopsNewLines(t *testing.T) {
 	fleet := newSimFleet(t, 2, slowSim)
 	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{})
 	ctx := context.Background()
-	owner, k, err := policy.CreateKey(ctx, g.store, policy.KeyOptions{Tenant: "acme"})
+	owner, k, err := policy.CreateKey(ctx, g.Store, policy.KeyOptions{Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := g.client(owner)
+	c := g.Client(owner)
 	const n = 40
 	b := createBatch(t, c, uploadBatchFile(t, c, chatLines(n)).ID, openai.BatchNewParamsEndpointV1ChatCompletions)
 	waitBatch(t, c, b.ID, func(b *openai.Batch) bool { return b.RequestCounts.Completed >= 2 })
-	if _, err := policy.RevokeKey(ctx, g.store, k.ID); err != nil {
+	if _, err := policy.RevokeKey(ctx, g.Store, k.ID); err != nil {
 		t.Fatal(err)
 	}
 	// The batch belongs to the tenant: another of its keys follows it.
-	c2 := g.client(g.key("acme"))
+	c2 := g.Client(key(g, "acme"))
 	done := waitBatch(t, c2, b.ID, statusIs(openai.BatchStatusCompleted, openai.BatchStatusFailed))
 	if done.Status != openai.BatchStatusCompleted || done.RequestCounts.Completed >= n ||
 		done.RequestCounts.Completed+done.RequestCounts.Failed != n {
@@ -823,7 +701,7 @@ func TestBatchHedgingReport(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("TAILGATE_BATCH_ROUNDS")); err == nil && v > 0 {
 		rounds = v
 	}
-	fleetCfg := sim.Config{Model: simModel, TTFT: 50 * time.Millisecond, TPOT: 2 * time.Millisecond, StallProb: 0.03, StallFactor: 10}
+	fleetCfg := sim.Config{Model: servertest.SimModel, TTFT: 50 * time.Millisecond, TPOT: 2 * time.Millisecond, StallProb: 0.03, StallFactor: 10}
 	const lines, warm = 200, 60
 	type figures struct {
 		took          time.Duration
@@ -836,12 +714,12 @@ func TestBatchHedgingReport(t *testing.T) {
 		for _, hedge := range []bool{false, true} {
 			fleet := newSimFleet(t, 3, fleetCfg)
 			g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{router: router.Config{Hedge: router.HedgeConfig{Enabled: hedge}}})
-			secret := g.key("acme")
+			secret := key(g, "acme")
 			// Warm up: the hedge delay needs recent samples of the model.
 			var wg sync.WaitGroup
 			for i := range warm {
 				wg.Go(func() {
-					body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"warm %d"}],"max_tokens":16}`, simModel, i)
+					body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"warm %d"}],"max_tokens":16}`, servertest.SimModel, i)
 					resp := batchDo(t, g, http.MethodPost, "/v1/chat/completions", secret, "application/json", strings.NewReader(body))
 					if resp.StatusCode != http.StatusOK {
 						t.Errorf("warm-up request: %d", resp.StatusCode)
@@ -853,7 +731,7 @@ func TestBatchHedgingReport(t *testing.T) {
 			}
 			wg.Wait()
 
-			c := g.client(secret)
+			c := g.Client(secret)
 			var in strings.Builder
 			for i := range lines {
 				in.WriteString(strings.Replace(chatLine(fmt.Sprintf("line-%03d", i), fmt.Sprintf("Tell me about %d.", i)),
@@ -864,7 +742,7 @@ func TestBatchHedgingReport(t *testing.T) {
 			if b.Status != openai.BatchStatusCompleted || b.RequestCounts.Completed != lines {
 				t.Fatalf("hedge=%v: batch = %s", hedge, b.RawJSON())
 			}
-			row := g.batchRow(b.ID)
+			row := batchRow(t, g, b.ID)
 			out := fileResults(t, c, b.OutputFileID)
 			ids := map[string]int{}
 			for _, r := range out {
@@ -872,7 +750,7 @@ func TestBatchHedgingReport(t *testing.T) {
 			}
 			f := figures{took: row.FinalizingAt.Sub(row.InProgressAt)}
 			var lat []time.Duration
-			all := g.ledgerRows()
+			all := g.LedgerRows()
 			for _, r := range all {
 				if _, ok := ids[r.ID]; !ok {
 					continue
@@ -898,7 +776,7 @@ func TestBatchHedgingReport(t *testing.T) {
 			t.Logf("round %d hedge=%-5v: %d lines in %v; %d hedged (%d overhead tokens); line latency p50 %v p99 %v max %v",
 				round+1, hedge, lines, f.took.Round(time.Millisecond), f.hedged, f.overhead,
 				f.p50.Round(time.Millisecond), f.p99.Round(time.Millisecond), f.max.Round(time.Millisecond))
-			g.close()
+			g.Close()
 		}
 	}
 	median := func(fs []figures, get func(figures) time.Duration) time.Duration {
@@ -920,8 +798,8 @@ func TestBatchExpiresAfterItsWindow(t *testing.T) {
 	var skew atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
 	fleet := newSimFleet(t, 2, slowSim)
-	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{batch: server.BatchConfig{Now: now}})
-	c := g.client(g.key("acme"))
+	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{batch: batch.Config{Now: now}})
+	c := g.Client(key(g, "acme"))
 	const n = 40
 	b := createBatch(t, c, uploadBatchFile(t, c, chatLines(n)).ID, openai.BatchNewParamsEndpointV1ChatCompletions)
 	waitBatch(t, c, b.ID, func(b *openai.Batch) bool { return b.RequestCounts.Completed >= 2 })
@@ -942,4 +820,45 @@ func TestBatchExpiresAfterItsWindow(t *testing.T) {
 		t.Errorf("%d output and %d error lines for counts %+v", len(out), len(errs), done.RequestCounts)
 	}
 	checkMeteredOnce(t, g, out)
+}
+
+// TestBatchHostileLinesFailAlone: a line nested millions of levels deep
+// (once a fatal stack overflow that a restart replayed forever) and a line
+// whose body repeats "stream" (read as a stream by the engine, billed as
+// JSON by the gateway) fail on their own; the batch completes, and the
+// gateway serves and restarts on the same data.
+func TestBatchHostileLinesFailAlone(t *testing.T) {
+	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
+	dir := t.TempDir()
+	g := startBatchGateway(t, dir, fleet, batchOpts{})
+	secret := key(g, "acme")
+	c := g.Client(secret)
+	deep := `{"custom_id":"deep","method":"POST","url":"/v1/chat/completions","body":{"model":"` + servertest.SimModel +
+		`","messages":[{"role":"user","content":"hi"}],"x":` + strings.Repeat("[", 2_000_000) + strings.Repeat("]", 2_000_000) + `}}`
+	dup := `{"custom_id":"dup","method":"POST","url":"/v1/chat/completions","body":{"model":"` + servertest.SimModel +
+		`","stream":false,"messages":[{"role":"user","content":"hi"}],"stream":true}}`
+	f := uploadBatchFile(t, c, strings.Join([]string{chatLine("good", "one"), deep, dup}, "\n")+"\n")
+	b := createBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	b = waitBatch(t, c, b.ID, statusIs(openai.BatchStatusCompleted, openai.BatchStatusFailed))
+	if b.Status != openai.BatchStatusCompleted || b.RequestCounts.Completed != 1 || b.RequestCounts.Failed != 2 {
+		t.Fatalf("batch = %s", b.RawJSON())
+	}
+	var msgs []string
+	for _, r := range fileResults(t, c, b.ErrorFileID) {
+		if r.Error == nil || r.Error.Code != "invalid_request" {
+			t.Fatalf("error line %+v, want invalid_request", r)
+		}
+		msgs = append(msgs, r.Error.Message)
+	}
+	if j := strings.Join(msgs, "|"); !strings.Contains(j, "nested deeper") || !strings.Contains(j, `duplicate key "stream"`) {
+		t.Fatalf("error messages %q", msgs)
+	}
+	g.Close()
+	g = startBatchGateway(t, dir, fleet, batchOpts{}) // the same data: a restart finds nothing to choke on
+	c = g.Client(secret)
+	if _, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+		Model: servertest.SimModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("still up?")},
+	}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,7 +1,6 @@
-package server
+package batch
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,12 +8,10 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/tidwall/gjson"
 
 	"tailgate/data"
@@ -27,7 +24,7 @@ import (
 // unfinished batch and runs only the lines without a row. Handlers talk to
 // it only through the store (a cancel is a status change it polls for).
 //
-// Each line runs through [Server.Generate] as the key that created the
+// Each line runs through the [Generator] as the key that created the
 // batch, so it is admitted, routed, hedged and metered — one ledger row —
 // exactly like a request to the public API.
 //
@@ -46,16 +43,17 @@ var (
 // maxUpstreamRetries bounds the retries of a line that failed upstream.
 const maxUpstreamRetries = 2
 
-// RunBatches runs batches until ctx is done: it picks up every batch that is
+// Run runs batches until ctx is done: it picks up every batch that is
 // validating, in progress, finalizing or cancelling (so after a restart the
 // unfinished ones resume), validates input files, runs lines with bounded
 // concurrency, and writes the output and error files. When ctx is done it
-// starts no new line, waits up to BatchConfig.DrainTimeout for the lines in
+// starts no new line, waits up to Config.DrainTimeout for the lines in
 // flight, cancels the rest (they are not recorded and run again after a
-// restart) and returns nil. Call it at most once per Server; only one
-// gateway per database may run batches.
-func (s *Server) RunBatches(ctx context.Context) error {
-	cfg := s.cfg.Batch.withDefaults()
+// restart) and returns nil. With the Batch API off it returns at once.
+// Call it at most once per Batches; only one gateway per database may run
+// batches.
+func (s *Batches) Run(ctx context.Context) error {
+	cfg := s.cfg
 	if cfg.FilesDir == "" {
 		return nil
 	}
@@ -65,7 +63,7 @@ func (s *Server) RunBatches(ctx context.Context) error {
 	lineCtx, cancelLines := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelLines()
 	x := &batchExec{
-		s: s, cfg: cfg, log: s.log, e: echo.New(), lineCtx: lineCtx,
+		s: s, cfg: cfg, log: s.log, lineCtx: lineCtx,
 		global: make(chan struct{}, cfg.Concurrency),
 		lanes:  map[int64]*tenantLane{},
 	}
@@ -127,13 +125,12 @@ func (x *batchExec) ended(d batchDone, running map[string]bool, backoff map[stri
 	}
 }
 
-// batchExec is the state RunBatches shares with the batches it runs.
+// batchExec is the state Run shares with the batches it runs.
 type batchExec struct {
-	s   *Server
-	cfg BatchConfig
+	s   *Batches
+	cfg Config
 	log *slog.Logger
-	e   *echo.Echo // makes the contexts lines run in
-	// lineCtx is the context of lines in flight: it outlives RunBatches'
+	// lineCtx is the context of lines in flight: it outlives Run's
 	// context by the drain timeout.
 	lineCtx context.Context
 	global  chan struct{}
@@ -460,16 +457,19 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 	}
 	body := []byte(gjson.GetBytes(raw, "body").Raw)
 	for attempt := 0; ; attempt++ {
-		res := x.generate(x.lineCtx, p, b.Endpoint, body)
-		if res.cancelled {
+		res := x.s.gen.Generate(x.lineCtx, p, b.Endpoint, body)
+		if res.Cancelled {
 			return false // cancelled at shutdown, unanswered: it runs again after a restart
 		}
 		var wait time.Duration
 		switch {
-		case res.status == http.StatusTooManyRequests && res.code == "rate_limit_exceeded" && x.cfg.Now().Before(b.ExpiresAt):
-			wait = res.retryAfter
+		case res.Status == http.StatusTooManyRequests && res.Code == "rate_limit_exceeded" && x.cfg.Now().Before(b.ExpiresAt):
+			wait = res.RetryAfter
+			if wait <= 0 {
+				wait = time.Second
+			}
 			lane.pause(wait)
-		case res.status >= 500 && attempt < maxUpstreamRetries:
+		case res.Status >= 500 && attempt < maxUpstreamRetries:
 			wait = x.cfg.RetryWait << attempt
 		}
 		if wait == 0 {
@@ -481,80 +481,19 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 	}
 }
 
-// lineResponse is what Generate answered a line.
-type lineResponse struct {
-	status     int
-	body       []byte
-	requestID  string
-	code       string // error.code of an error answer
-	retryAfter time.Duration
-	// cancelled: ctx ended the request before it had an answer (Generate
-	// then writes nothing). An answer that raced the cancellation counts.
-	cancelled bool
-}
-
-// generate runs one request body through Generate as p and captures the answer.
-func (x *batchExec) generate(ctx context.Context, p *policy.Principal, path string, body []byte) lineResponse {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader(body))
-	if err != nil {
-		return lineResponse{status: http.StatusInternalServerError, body: []byte(`{"error":{"message":"internal error","type":"server_error","param":null,"code":"internal_error"}}`)}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	rec := &lineRecorder{header: http.Header{}}
-	_ = x.s.Generate(x.e.NewContext(req, rec), p, path)
-	res := lineResponse{status: rec.status, body: rec.body.Bytes(), requestID: rec.header.Get("X-Request-Id"), retryAfter: time.Second}
-	if res.status == 0 && ctx.Err() != nil {
-		res.cancelled = true
-		return res
-	}
-	if res.status == 0 {
-		res.status = http.StatusInternalServerError
-		res.body = []byte(`{"error":{"message":"the gateway produced no answer","type":"server_error","param":null,"code":"internal_error"}}`)
-	}
-	if res.status != http.StatusOK {
-		res.code = gjson.GetBytes(res.body, "error.code").String()
-	}
-	if secs, err := strconv.Atoi(rec.header.Get("Retry-After")); err == nil && secs > 0 {
-		res.retryAfter = time.Duration(secs) * time.Second
-	}
-	return res
-}
-
-// lineRecorder is the response writer a line runs against.
-type lineRecorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (r *lineRecorder) Header() http.Header { return r.header }
-
-func (r *lineRecorder) WriteHeader(code int) {
-	if r.status == 0 {
-		r.status = code
-	}
-}
-
-func (r *lineRecorder) Write(b []byte) (int, error) {
-	r.WriteHeader(http.StatusOK)
-	return r.body.Write(b)
-}
-
-func (r *lineRecorder) Flush() {}
-
 // record stores a line's answer; it returns whether it was stored.
-func (x *batchExec) record(b data.Batch, l inputLine, res lineResponse) bool {
-	bl := data.BatchLine{Line: l.n, ID: newID("batch_req_"), CustomID: l.customID, OK: res.status == http.StatusOK,
-		StatusCode: res.status, RequestID: res.requestID, Body: res.body}
+func (x *batchExec) record(b data.Batch, l inputLine, res Answer) bool {
+	bl := data.BatchLine{Line: l.n, ID: newID("batch_req_"), CustomID: l.customID, OK: res.Status == http.StatusOK,
+		StatusCode: res.Status, RequestID: res.RequestID, Body: res.Body}
 	if bl.OK {
-		u := gjson.GetBytes(res.body, "usage")
+		u := gjson.GetBytes(res.Body, "usage")
 		bl.PromptTokens, bl.CompletionTokens = u.Get("prompt_tokens").Int(), u.Get("completion_tokens").Int()
 	}
 	// The answer is in hand (and billed): store it even while shutting down.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.lineCtx), 30*time.Second)
 	defer cancel()
 	if _, err := x.s.store.RecordBatchLines(ctx, b.ID, bl); err != nil {
-		x.log.Error("batch line: record result", "batch", b.ID, "line", l.n+1, "request_id", res.requestID, "err", err)
+		x.log.Error("batch line: record result", "batch", b.ID, "line", l.n+1, "request_id", res.RequestID, "err", err)
 		return false
 	}
 	return true

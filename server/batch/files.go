@@ -1,4 +1,4 @@
-package server
+package batch
 
 // Batch files: reading a batch's input JSONL and writing its output and
 // error files in OpenAI's format.
@@ -17,6 +17,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"tailgate/data"
+	"tailgate/server/strictjson"
 )
 
 // resultLine is one line of an output or error file, in OpenAI's format.
@@ -188,8 +189,15 @@ func checkInputLine(raw []byte, endpoint string, seen map[string]int64, n int64)
 		l.errCode, l.errMsg = code, fmt.Sprintf(format, args...)
 		return l
 	}
-	if !gjson.ValidBytes(raw) {
-		return bad("invalid_json", "line %d is not valid JSON", n+1)
+	// The line's body is read again when the line runs, by the same strict
+	// reader as a live request; checking the whole line here refuses a
+	// repeated key or deep nesting at upload, before anything recurses.
+	if err := strictjson.Check(raw, 0); err != nil {
+		var se *strictjson.SyntaxError
+		if errors.As(err, &se) {
+			return bad("invalid_json", "line %d is not valid JSON: %v", n+1, err)
+		}
+		return bad("invalid_request", "line %d: %v", n+1, err)
 	}
 	v := gjson.ParseBytes(raw)
 	if !v.IsObject() {

@@ -1,0 +1,89 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Registry. The zero value is usable: a zero field means
+// its documented default, and a feature that can be off is off at its zero
+// value (SlowStart) or has an explicit bool (Affinity, Hedge.Enabled).
+type Config struct {
+	// Selector picks a replica among the ready ones; nil means [P2C], built
+	// from Rand, Now, SlowStart and Affinity. [ParsePolicy] maps a policy
+	// name to a Selector.
+	Selector Selector
+	// MaxAttempts bounds the attempts of one request, first try included;
+	// 0 means 3.
+	MaxAttempts int
+	// Rand returns a random int in [0,n) for the default P2C; nil means
+	// math/rand/v2.IntN. Tests inject a deterministic one.
+	Rand func(n int) int
+	// Now is the clock; nil means time.Now. Replicas added to the registry
+	// use it too (slow start, leases, ejection delays).
+	Now func() time.Time
+	// SlowStart is how long a freshly ready replica ramps up to its full
+	// share (its load score counts double at first, easing to normal);
+	// 0 means no slow start. The gateway's --slow-start flag defaults to
+	// [DefaultSlowStart].
+	SlowStart time.Duration
+	// Affinity turns on prefix affinity (same prompt prefix → same replica
+	// when load is comparable).
+	Affinity bool
+	// Budget bounds retries after a request reached a replica, and hedges.
+	Budget BudgetConfig
+	// Hedge configures delayed hedging; it is off unless Hedge.Enabled.
+	Hedge HedgeConfig
+	// Registerer receives the router's metrics (attempts, retries, hedges,
+	// ejections, per-replica load and the budget; see metrics.go); nil
+	// means they are kept but not exported.
+	Registerer prometheus.Registerer
+}
+
+// DefaultSlowStart is the slow start the gateway uses unless told otherwise.
+const DefaultSlowStart = 3 * time.Second
+
+// withDefaults returns c with every zero field that has a default filled in.
+func (c Config) withDefaults() Config {
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 3
+	}
+	if c.Rand == nil {
+		c.Rand = rand.IntN
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	c.Budget = c.Budget.withDefaults()
+	c.Hedge = c.Hedge.withDefaults()
+	return c
+}
+
+// Validate reports a configuration that cannot work. Field names are those
+// of the gateway's flags where one sets the field.
+func (c Config) Validate() error {
+	if c.MaxAttempts < 0 {
+		return fmt.Errorf("router: max attempts %d: must not be negative", c.MaxAttempts)
+	}
+	if c.SlowStart < 0 {
+		return fmt.Errorf("router: slow start %v: must not be negative (0 turns it off)", c.SlowStart)
+	}
+	if err := c.Budget.validate(); err != nil {
+		return err
+	}
+	return c.Hedge.validate()
+}
+
+func (c BudgetConfig) validate() error {
+	if c.Ratio < 0 || c.Ratio > 1 {
+		return fmt.Errorf("router: retry budget ratio %v: want a fraction between 0 and 1 (0 means the default %v)", c.Ratio, defaultBudgetRatio)
+	}
+	if c.Burst < 0 || c.MinPerSecond < 0 || c.HedgeReserve < 0 || c.HedgeBurst < 0 {
+		return errors.New("router: retry budget burst, refill rate, hedge reserve and hedge burst must not be negative")
+	}
+	return nil
+}

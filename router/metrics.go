@@ -1,0 +1,139 @@
+package router
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics holds the router's Prometheus collectors: what happened to
+// attempts (counted where Do decides it) and, read at scrape time, each
+// replica's load and score and the budget's level.
+type metrics struct {
+	attempts    *prometheus.CounterVec // tailgate_upstream_attempts_total{model,reason}
+	retries     *prometheus.CounterVec // tailgate_retries_total{model,class}
+	hedges      *prometheus.CounterVec // tailgate_hedges_total{model,outcome}
+	attemptsPer prometheus.Histogram   // tailgate_request_attempts
+	ejections   *prometheus.CounterVec // tailgate_ejections_total{replica,reason}
+	ejectDelay  prometheus.Histogram   // tailgate_ejection_delay_seconds
+}
+
+// latencyBuckets run from 100 µs to 60 s, as the gateway's other latency
+// histograms do.
+var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// newMetrics makes the router's collectors and registers them with reg; a
+// nil reg leaves them unregistered (counted, never exported).
+func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
+	m := &metrics{
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_upstream_attempts_total", Help: "Upstream attempts by reason (first, retry, hedge).",
+		}, []string{"model", "reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_retries_total", Help: "Attempts retried on another replica, by failure class (not_sent, declined, no_token).",
+		}, []string{"model", "class"}),
+		hedges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_hedges_total", Help: "Hedged attempts by outcome (won, lost).",
+		}, []string{"model", "outcome"}),
+		attemptsPer: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tailgate_request_attempts", Help: "Upstream attempts per routed request.", Buckets: []float64{1, 2, 3, 4},
+		}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_ejections_total", Help: "Replicas taken out of routing, by reason.",
+		}, []string{"replica", "reason"}),
+		ejectDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tailgate_ejection_delay_seconds", Help: "Time from a replica's first failure to its ejection.", Buckets: latencyBuckets,
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.attempts, m.retries, m.hedges, m.attemptsPer, m.ejections, m.ejectDelay, newReplicaCollector(r)} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("router: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) attempt(model string, reason AttemptReason) {
+	m.attempts.WithLabelValues(model, reason.String()).Inc()
+}
+
+func (m *metrics) retry(model, class string) { m.retries.WithLabelValues(model, class).Inc() }
+
+// hedged counts a hedged request's outcome: won is true when the hedge (not
+// the first attempt) produced the answer.
+func (m *metrics) hedged(model string, won bool) {
+	outcome := "lost"
+	if won {
+		outcome = "won"
+	}
+	m.hedges.WithLabelValues(model, outcome).Inc()
+}
+
+// routed records how many attempts a request took (none when no replica
+// could be picked).
+func (m *metrics) routed(attempts int) {
+	if attempts > 0 {
+		m.attemptsPer.Observe(float64(attempts))
+	}
+}
+
+// ejected counts a replica taken out of routing: reason is a short, bounded
+// label ("connect", "probe", "ttft_deadline", "idle_deadline"), delay the
+// time since the first failure of the streak.
+func (m *metrics) ejected(replica, reason string, delay time.Duration) {
+	m.ejections.WithLabelValues(replica, reason).Inc()
+	m.ejectDelay.Observe(delay.Seconds())
+}
+
+// replicaCollector reads each replica's selection inputs and the budget's
+// level when scraped.
+type replicaCollector struct {
+	reg                                           *Registry
+	inflight, ready, waiting, ttft, score, budget *prometheus.Desc
+}
+
+func newReplicaCollector(r *Registry) *replicaCollector {
+	per := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, []string{"replica"}, nil)
+	}
+	return &replicaCollector{
+		reg:      r,
+		inflight: per("tailgate_replica_inflight", "Requests the gateway has in flight on each replica."),
+		ready:    per("tailgate_replica_ready", "1 if the replica may take traffic, else 0."),
+		waiting:  per("tailgate_replica_engine_waiting", "Requests waiting in the replica's engine, from its last heartbeat."),
+		ttft:     per("tailgate_replica_ttft_estimate_seconds", "The replica's recent time to first token as the gateway sees it (selection input)."),
+		score:    per("tailgate_replica_score", "The replica's load score (expected wait; lower is picked first)."),
+		budget:   prometheus.NewDesc("tailgate_retry_budget_tokens", "Tokens left in the retry and hedge budget.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.inflight, c.ready, c.waiting, c.ttft, c.score, c.budget} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(c.budget, c.reg.budget.Tokens())
+	for _, r := range c.reg.Replicas() {
+		_, waiting, ttft, _, score := c.reg.ScoreInputs(r)
+		gauge(c.waiting, waiting, r.ID)
+		gauge(c.ttft, ttft, r.ID)
+		gauge(c.score, score, r.ID)
+		gauge(c.inflight, float64(r.Inflight()), r.ID)
+		ready := 0.0
+		if r.State() == StateReady {
+			ready = 1
+		}
+		gauge(c.ready, ready, r.ID)
+	}
+}

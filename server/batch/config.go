@@ -1,0 +1,100 @@
+package batch
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config configures the Batch API and its executor. The zero value is a
+// Batch API that is off: its routes answer 501 and Run returns at once.
+// Every other zero value means the default named beside the field.
+type Config struct {
+	// FilesDir holds the bodies of uploaded and generated files, one file
+	// per id. Empty turns the Batch API off.
+	FilesDir string
+	// MaxFileBytes bounds an uploaded file; larger uploads get 413.
+	// 0 means 100 MiB.
+	MaxFileBytes int64
+	// MaxBodyBytes bounds the JSON body of POST /v1/batches; larger bodies
+	// get 413. 0 means 4 MiB.
+	MaxBodyBytes int64
+	// Concurrency bounds the lines in flight across all batches; 0 means 32.
+	Concurrency int
+	// TenantConcurrency bounds one tenant's lines in flight; 0 means 8. A
+	// key's MaxConcurrency, when lower, bounds the lines of its batches.
+	TenantConcurrency int
+	// PollInterval is how often the executor looks for new, cancelled and
+	// expired batches and re-reads the owner's key; 0 means 500ms.
+	PollInterval time.Duration
+	// DrainTimeout is how long Run lets the lines in flight finish once its
+	// context is done before it cancels them. A cancelled line is not
+	// recorded, so it runs again after a restart. 0 means 10s; negative
+	// cancels them at once.
+	DrainTimeout time.Duration
+	// ProgressInterval is how often a running batch logs its progress;
+	// 0 means 10s.
+	ProgressInterval time.Duration
+	// RetryWait is the wait before retrying a line that failed upstream (a
+	// 5xx), doubled per retry; a line is retried at most twice. 0 means 1s.
+	RetryWait time.Duration
+	// UploadTimeout bounds reading one upload; 0 means 10m.
+	UploadTimeout time.Duration
+	// Now is the clock that decides when a batch's completion window has
+	// passed; nil means time.Now.
+	Now func() time.Time
+}
+
+// Validate reports a setting that has no meaning: a negative size, count
+// or interval (only DrainTimeout may be negative).
+func (c Config) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"MaxFileBytes", c.MaxFileBytes}, {"MaxBodyBytes", c.MaxBodyBytes},
+		{"Concurrency", int64(c.Concurrency)}, {"TenantConcurrency", int64(c.TenantConcurrency)},
+		{"PollInterval", int64(c.PollInterval)}, {"ProgressInterval", int64(c.ProgressInterval)},
+		{"RetryWait", int64(c.RetryWait)}, {"UploadTimeout", int64(c.UploadTimeout)},
+	} {
+		if f.v < 0 {
+			errs = append(errs, fmt.Errorf("batch: %s must not be negative", f.name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxFileBytes == 0 {
+		c.MaxFileBytes = 100 << 20
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 4 << 20
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 32
+	}
+	if c.TenantConcurrency == 0 {
+		c.TenantConcurrency = 8
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 500 * time.Millisecond
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.ProgressInterval == 0 {
+		c.ProgressInterval = 10 * time.Second
+	}
+	if c.RetryWait == 0 {
+		c.RetryWait = time.Second
+	}
+	if c.UploadTimeout == 0 {
+		c.UploadTimeout = 10 * time.Minute
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}

@@ -1,0 +1,331 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"tailgate/data"
+	"tailgate/policy"
+	"tailgate/router"
+	"tailgate/server/apierr"
+)
+
+// call is one generation request on its way through the pipeline: what was
+// asked and decided, and what happened. The pipeline ([Server.serve]) owns
+// it; transports see it only through their sink.
+type call struct {
+	id        string
+	start     time.Time
+	principal *policy.Principal
+	ep        endpoint
+	noHedge   bool // the client asked for no hedge (x-tailgate-hedge: off)
+	req       *parsedRequest
+	mm        *modelMetrics
+
+	// What happened: set while routing and relaying.
+	stages        data.Stages
+	usage         policy.Usage
+	gotUsage      bool  // upstream reported usage
+	relayedTokens int64 // content events relayed (for partial billing)
+	overhead      int64 // tokens burned by losing hedges
+	firstToken    bool  // output reached the client
+	routed        bool  // the router was asked for a replica
+	replica       string
+	attempts      int
+	hedged        bool
+	winner        string // first, retry or hedge
+
+	// How it ended: set once, by conclude (or reject).
+	outcome data.Outcome
+	class   data.ErrorClass
+	status  int
+}
+
+func (s *Server) newCall(ep endpoint, p *policy.Principal) *call {
+	return &call{id: s.newRequestID(), start: time.Now(), ep: ep, principal: p, stages: data.UnknownStages(), status: http.StatusOK}
+}
+
+// sink is where the pipeline delivers an answer: the HTTP response of the
+// public API, or a batch line. Exactly one of json, stream or error delivers
+// the answer (a stream may still end with its writer's fail).
+type sink interface {
+	// rateLimits reports the key's rate-limit state once admission decided.
+	rateLimits(policy.RateState)
+	// stream returns the writer of a streamed answer; nil means this sink
+	// cannot stream and the request is refused.
+	stream(cl *call) *sseWriter
+	// json delivers a whole answer.
+	json(cl *call, body []byte)
+	// error answers with ae; nothing was delivered before.
+	error(cl *call, ae *apierr.Error)
+}
+
+// serve runs one generation request of an authenticated principal, whose
+// body has been read: parse, admit, route (with retries and hedging), relay,
+// settle, record. ctx is the client's: when it ends, everything started
+// upstream is cancelled. The ledger row is written whatever happens.
+func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
+	p := cl.principal
+	pr, err := parseRequest(cl.ep, body, parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor})
+	if err != nil {
+		s.reject(cl, out, err)
+		return
+	}
+	cl.req = pr
+	switch {
+	case !p.Allows(pr.model):
+		s.reject(cl, out, errModelNotAllowed(pr.model))
+		return
+	case !s.reg.Known(pr.model):
+		s.reject(cl, out, errUnknownModel(pr.model))
+		return
+	}
+	cl.mm = s.m.model(pr.model)
+
+	ticket, rs, err := s.gate.Admit(p, policy.Request{
+		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.reservedCompletion(),
+	})
+	out.rateLimits(rs)
+	if err != nil {
+		s.reject(cl, out, err)
+		return
+	}
+	// Settle is once only: this releases the reservation and the concurrency
+	// slot if anything below panics before the real usage is settled.
+	defer ticket.Release()
+
+	var w *sseWriter
+	if pr.stream {
+		if w = out.stream(cl); w == nil {
+			s.reject(cl, out, apierr.BadRequest("stream", "stream: true is not allowed here"))
+			return
+		}
+		defer w.close()
+	}
+	if cl.stages.Gateway < 0 {
+		cl.stages.Gateway = time.Since(cl.start)
+	}
+	cl.routed = true
+	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix}, Stream: pr.stream, NoHedge: cl.noHedge}
+	res, err := s.reg.Do(ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+		return s.open(ctx, cl, rep, n, reason)
+	})
+	cl.attempts, cl.hedged = res.Attempts, res.Hedged
+	if res.Replica != nil {
+		cl.replica = res.Replica.ID
+	}
+	if err == nil {
+		cl.replica, cl.winner = res.Replica.ID, res.Reason.String()
+	}
+	if w != nil {
+		w.routed()
+	}
+	defer res.Finish() // the winner's in-flight slot, even if the relay panics
+	if err == nil {
+		u := res.Attempt.(*upstream)
+		defer u.Abort() // done with it: close the connection's body, free buffers
+		if pr.stream {
+			err = s.relayStream(ctx, w, cl, u)
+			cl.adopt(u) // usage and timings learned while relaying
+		} else {
+			cl.firstToken = true
+			cl.stages.TTFT = time.Since(cl.start)
+			cl.stages.Total = cl.stages.TTFT
+			cl.adopt(u)
+			out.json(cl, u.body)
+		}
+	}
+	s.hedgeOverhead(cl, res)
+	if ae := s.conclude(ctx, cl, err); ae != nil {
+		if w != nil {
+			w.fail(ae)
+		} else {
+			out.error(cl, ae)
+		}
+	}
+	s.settle(cl, ticket)
+}
+
+// conclude decides, in one place, how a routed call ended: its outcome,
+// failure class and status, and the error the client must still be told
+// (nil when the answer was delivered, the client is gone, or the failure was
+// already relayed in-band).
+func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Error {
+	var (
+		mid  *midstreamError
+		cerr *clientError
+		ae   *apierr.Error
+	)
+	switch {
+	case err == nil:
+		cl.outcome = data.OutcomeOK
+	case errors.As(err, &cerr) && isTimeout(cerr):
+		// The client stopped reading for longer than the write timeout: cut.
+		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientStalled, statusClientClosed
+	case ctx.Err() != nil, errors.As(err, &cerr):
+		// The client went away: nobody to answer; the ledger says 499.
+		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientCancelled, statusClientClosed
+	case errors.As(err, &mid):
+		// The status line went out as 200 with the first token.
+		cl.outcome, cl.class = data.OutcomeMidstream, mid.class
+		switch mid.class {
+		case data.ClassErrorEvent: // the replica's own error event was relayed
+		case data.ClassIdleDeadline:
+			ae = errIdle
+		default:
+			ae = errMidstream
+		}
+	default:
+		ae = toAPIError(err, cl.req.model)
+		cl.outcome, cl.class, cl.status = data.OutcomeUpstreamError, data.ErrorClass(ae.Code), ae.Status
+		var rel *relayError
+		if errors.As(err, &rel) {
+			cl.outcome, cl.class = data.OutcomeUpstreamRejected, data.ClassUpstreamRejected
+		}
+		if ae == errInternal {
+			cl.class = data.ClassInternal
+		}
+	}
+	if err != nil && cl.outcome != data.OutcomeClientCancelled && cl.outcome != data.OutcomeUpstreamRejected {
+		s.log.Warn("request failed", "request_id", cl.id, "model", cl.req.model, "replica", cl.replica,
+			"attempts", cl.attempts, "outcome", cl.outcome, "class", cl.class, "err", err)
+	}
+	return ae
+}
+
+// settle bills what was used — the engine's own count when it reported
+// one, else what reached the client (prompt estimated), never the
+// reservation — and records the call.
+func (s *Server) settle(cl *call, ticket *policy.Ticket) {
+	if cl.stages.Total < 0 {
+		cl.stages.Total = time.Since(cl.start)
+	}
+	u := cl.usage
+	if !cl.gotUsage {
+		u = policy.Usage{}
+		if cl.firstToken && cl.relayedTokens > 0 {
+			u = policy.Usage{PromptTokens: cl.req.promptEstimate, CompletionTokens: cl.relayedTokens}
+		}
+	}
+	cl.usage = u
+	s.record(cl, ticket.Settle(u))
+}
+
+// reject answers a request that was refused before reaching any replica and
+// records it (it has a tenant, so it has a ledger row).
+func (s *Server) reject(cl *call, out sink, err error) {
+	model := ""
+	if cl.req != nil {
+		model = cl.req.model
+	}
+	ae := toAPIError(err, model)
+	cl.status, cl.outcome, cl.class = ae.Status, data.OutcomeRejected, data.ErrorClass(ae.Code)
+	cl.stages.Total = time.Since(cl.start)
+	s.record(cl, 0)
+	out.error(cl, ae)
+}
+
+// adopt takes the winning attempt's stages and usage.
+func (cl *call) adopt(u *upstream) {
+	cl.replica = u.rep.ID
+	st := u.stages
+	cl.stages.Connect, cl.stages.UpstreamTTFT = st.Connect, st.UpstreamTTFT
+	cl.stages.EngineTTFT, cl.stages.EngineQueue = st.EngineTTFT, st.EngineQueue
+	if st.EngineTTFT >= 0 && st.UpstreamTTFT >= 0 {
+		cl.stages.Network = max(st.UpstreamTTFT-st.EngineTTFT, 0)
+	}
+	cl.usage, cl.gotUsage, cl.relayedTokens = u.usage, u.gotUsage, u.tokens
+}
+
+// hedgeOverhead counts what losing attempts of a hedged request burned: the
+// prompt of every attempt that reached its replica, plus the tokens it
+// produced before it was cancelled. The tenant is not billed for them.
+func (s *Server) hedgeOverhead(cl *call, res *router.Result) {
+	if !res.Hedged {
+		return
+	}
+	for _, l := range res.Losers() {
+		switch {
+		case l.Attempt != nil && l.Attempt.(*upstream).gotUsage:
+			// The engine's own running count when the loser was cancelled.
+			u := l.Attempt.(*upstream).usage
+			cl.overhead += u.PromptTokens + u.CompletionTokens
+		case l.Attempt != nil:
+			cl.overhead += cl.req.promptEstimate + l.Attempt.(*upstream).tokens
+		case router.IsNoToken(l.Err):
+			cl.overhead += cl.req.promptEstimate
+		}
+	}
+}
+
+func (s *Server) maxTokensFor(model string) int64 {
+	if v, ok := s.cfg.MaxTokensByModel[model]; ok && v > 0 {
+		return v
+	}
+	return s.cfg.DefaultMaxTokens
+}
+
+// record writes the call's metrics and ledger row.
+func (s *Server) record(cl *call, cost int64) {
+	model := "unknown"
+	if cl.mm != nil {
+		model = cl.mm.model
+	}
+	mm := s.m.model(model)
+	mm.request(cl.status)
+	cl.stages.Each(func(i int, _ string, d time.Duration) {
+		if d >= 0 {
+			s.m.stageObs[i].Observe(d.Seconds())
+		}
+	})
+	if cl.stages.TTFT >= 0 {
+		mm.ttft.Observe(cl.stages.TTFT.Seconds())
+	}
+	if cl.usage.PromptTokens > 0 {
+		mm.prompt.Add(float64(cl.usage.PromptTokens))
+	}
+	if cl.usage.CompletionTokens > 0 {
+		mm.completion.Add(float64(cl.usage.CompletionTokens))
+	}
+	if cl.overhead > 0 {
+		mm.overhead.Add(float64(cl.overhead))
+	}
+	if cl.principal == nil {
+		return
+	}
+	if cl.outcome == data.OutcomeRejected && !s.rejectedRows.Allow() {
+		s.m.rowsSkipped.Inc()
+		return
+	}
+	row := data.LedgerRow{
+		ID: cl.id, Time: cl.start, TenantID: cl.principal.TenantID, KeyID: cl.principal.KeyID,
+		Upstream: cl.replica, PromptTokens: cl.usage.PromptTokens, CompletionTokens: cl.usage.CompletionTokens,
+		CostMicros: cost, Status: cl.status, Outcome: cl.outcome, Error: cl.class,
+		Attempts: cl.attempts, Hedged: cl.hedged, HedgeOverheadTokens: cl.overhead, Stages: cl.stages,
+	}
+	if cl.req != nil {
+		row.Model, row.Stream = boundString(cl.req.model), cl.req.stream
+	}
+	s.ledger.Add(row)
+}
+
+// maxStoredString bounds a client-chosen string (a model name) in a ledger
+// row: the body may be megabytes, the row stays small.
+const maxStoredString = 256
+
+func boundString(v string) string {
+	if len(v) <= maxStoredString {
+		return v
+	}
+	return strings.ToValidUTF8(v[:maxStoredString], "") + "…"
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded)
+}
