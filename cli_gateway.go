@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 
 	"tailgate/data"
@@ -101,6 +102,14 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		return nil, err
 	}
 	gw.ledger = gw.store.NewLedgerWriter(data.LedgerConfig{}, log)
+	// Streams a previous run was serving when it died have open rows:
+	// settle them (billed at what their clients had received) before the
+	// budgets are read.
+	if n, err := gw.store.SettleOpen(ctx); err != nil {
+		return nil, fmt.Errorf("settle interrupted requests: %w", err)
+	} else if n > 0 {
+		log.Warn("settled requests that were in flight when the gateway last stopped", "interrupted", n)
+	}
 	if gw.gate, err = policy.New(ctx, policy.Config{Prices: setup.prices}, gw.store, log); err != nil {
 		return nil, err
 	}
@@ -143,6 +152,14 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 	if gw.publicLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
+	// A cap on open client connections: past it new ones wait in the
+	// kernel's accept queue instead of costing a goroutine and buffers each.
+	// Connections that send no request are closed after the header timeout.
+	maxConns := cfg.MaxConnections
+	if maxConns == 0 {
+		maxConns = 4096
+	}
+	gw.publicLn = netutil.LimitListener(gw.publicLn, maxConns)
 	if gw.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
 	}
@@ -282,6 +299,10 @@ func ensureTokens(dir string) (admin, cluster string, err error) {
 func ensureSecretFile(path, prefix string) (string, error) {
 	raw, err := os.ReadFile(path)
 	if err == nil {
+		if fi, serr := os.Stat(path); serr == nil && fi.Mode().Perm()&0o077 != 0 {
+			return "", fmt.Errorf("%s is readable by other users (mode %04o): anyone on this box could take over the gateway; run: chmod 600 %s",
+				path, fi.Mode().Perm(), path)
+		}
 		tok := strings.TrimSpace(string(raw))
 		if tok == "" {
 			return "", fmt.Errorf("%s is empty; delete it to have a new token made", path)

@@ -59,6 +59,7 @@ type gatewayConfig struct {
 	MaxJSONDepth       int           `yaml:"-"` // --max-json-depth; 0: 64
 	MediaPartTokens    int64         `yaml:"-"` // --media-part-tokens; 0: 16384
 	RejectedRows       float64       `yaml:"-"` // --rejected-rows; 0: 20 per second
+	MaxConnections     int           `yaml:"-"` // --max-connections; 0: 4096
 
 	Policy          string        `yaml:"-"` // --policy; "": p2c
 	Affinity        bool          `yaml:"-"` // --affinity
@@ -132,6 +133,7 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxJSONDepth, "max-json-depth", 64, "deepest nesting of objects and arrays in a request body (deeper: 400)")
 	fs.Int64Var(&c.MediaPartTokens, "media-part-tokens", 16384, "prompt tokens reserved against the budget for each image, audio or video part of a chat message")
 	fs.Float64Var(&c.RejectedRows, "rejected-rows", 20, "ledger rows per second for refused requests (bad input, limits); past it they are only counted in tailgate_ledger_rows_skipped_total")
+	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections the public listener holds open at once; more wait to be accepted")
 	fs.BoolVar(&c.Hedge, "hedge", false, "hedge requests: a second attempt on another replica when the first has no token by the hedge delay")
 	fs.Float64Var(&c.HedgePercentile, "hedge-percentile", 0.95, "hedge delay: this percentile of recent time to first token, per model")
 	fs.DurationVar(&c.HedgeMin, "hedge-min", 20*time.Millisecond, "smallest hedge delay")
@@ -215,6 +217,8 @@ func (c *gatewayConfig) Validate() error {
 		return fmt.Errorf("--max-json-depth %d: want 1 to 10000 (0: 64)", c.MaxJSONDepth)
 	case c.MediaPartTokens < 0:
 		return fmt.Errorf("--media-part-tokens %d: want a positive number of tokens (0: 16384)", c.MediaPartTokens)
+	case c.MaxConnections < 0:
+		return fmt.Errorf("--max-connections %d: want a positive count (0: 4096)", c.MaxConnections)
 	case c.RejectedRows < 0:
 		return fmt.Errorf("--rejected-rows %v: want a positive rate per second (0: 20)", c.RejectedRows)
 	case c.MaxBody < 0:

@@ -33,6 +33,11 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	control := meshtest.StartControl(t, meshtest.RequireAuthKey("tskey-auth-good"))
+	// A data directory whose admin token others may read.
+	leaky := t.TempDir()
+	if err := os.WriteFile(filepath.Join(leaky, "admin.token"), []byte("tga-leaky\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	gateway := func(extra ...string) []string {
 		return append([]string{"gateway", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)
@@ -71,6 +76,8 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 			[]string{"--data", regular, "not a directory"}},
 		{"up data dir under a regular file", nil, up("--data", filepath.Join(regular, "data")),
 			[]string{"--data", regular, "not a directory"}},
+		{"admin token readable by other users", nil, []string{"gateway", "--data", leaky, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
+			[]string{"admin.token is readable by other users", "chmod 600"}},
 		{"worker without --gateway", nil, []string{"worker", "--engine", "sim", "--cluster-token", "x"},
 			[]string{"--gateway is required"}},
 		{"worker on every interface without --advertise", nil, worker("--listen", "0.0.0.0:0"),

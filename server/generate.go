@@ -2,7 +2,6 @@ package server
 
 import (
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/server/apierr"
+	"tailgate/serving"
 )
 
 // handleGenerate serves POST /v1/chat/completions and /v1/completions: it
@@ -37,7 +37,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 
 		rc := http.NewResponseController(c.Response())
 		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
-		body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+		body, err := serving.ReadBody(c.Response(), r, s.cfg.MaxBodyBytes)
 		if err != nil {
 			// The deadline stays in force, so the server's own drain of the
 			// unread body fails fast too and the connection is closed.

@@ -32,7 +32,7 @@ type metrics struct {
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
 // newMetrics makes the server's collectors and registers them with reg.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_requests_total", Help: "Requests answered, by model and HTTP status code.",
@@ -56,7 +56,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for i, name := range data.StageNames {
 		m.stageObs[i] = m.stages.WithLabelValues(name)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.rowsSkipped} {
+	ledgerUp := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tailgate_ledger_up", Help: "1 while the ledger persists rows and new requests are taken; 0 while it cannot (the gateway refuses with 503 ledger_unavailable).",
+	}, func() float64 {
+		if ledger.Healthy() != nil {
+			return 0
+		}
+		return 1
+	})
+	backlog := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tailgate_ledger_backlog_rows", Help: "Ledger rows waiting to be written.",
+	}, func() float64 { return float64(ledger.Backlog()) })
+	for _, c := range []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.rowsSkipped, ledgerUp, backlog} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("server: register metrics: %w", err)
 		}

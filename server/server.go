@@ -206,7 +206,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 
 		rejectedRows: rate.NewLimiter(rate.Limit(cfg.RejectedRows), int(max(5*cfg.RejectedRows, 1))),
 	}
-	m, err := newMetrics(d.Registerer)
+	m, err := newMetrics(d.Registerer, d.Ledger)
 	if err != nil {
 		return nil, err
 	}
@@ -327,10 +327,16 @@ func (s *Server) handleGetHealthz(c echo.Context) error {
 	}
 	status := http.StatusOK
 	word := "ok"
+	out := map[string]any{"ready_replicas": ready, "ledger": "ok"}
+	if err := s.ledger.Healthy(); err != nil {
+		status, word = http.StatusServiceUnavailable, "ledger unavailable"
+		out["ledger"] = err.Error()
+	}
 	if ready == 0 {
 		status, word = http.StatusServiceUnavailable, "no ready replica"
 	}
-	return c.JSON(status, map[string]any{"status": word, "ready_replicas": ready})
+	out["status"] = word
+	return c.JSON(status, out)
 }
 
 func (s *Server) handleGetModels(c echo.Context) error {

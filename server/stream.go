@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"tailgate/data"
+	"tailgate/policy"
 	"tailgate/server/apierr"
 	"tailgate/serving"
 	"tailgate/serving/sse"
@@ -264,21 +265,34 @@ type midstreamError struct {
 func (e *midstreamError) Error() string { return fmt.Sprintf("%s: %v", e.class, e.err) }
 func (e *midstreamError) Unwrap() error { return e.err }
 
+// openRowEvery is how often a stream's open ledger row is brought up to
+// date with what the client has received.
+const openRowEvery = 500 * time.Millisecond
+
 // relayStream relays the winning attempt: the events it buffered up to its
 // first token, then the rest as they arrive, each flushed at once. An
 // inter-token idle deadline catches a replica that hangs mid-answer. It
-// returns nil when the stream ended with [DONE], a *midstreamError when the
-// replica broke it, or the client's error when the client went away.
-func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *upstream) error {
-	if err := w.write(u.pending...); err != nil {
+// keeps an open ledger row up to date while the stream runs and calls done
+// (which commits the final row) before the last event, [DONE], goes out.
+// It returns nil when the stream ended with [DONE], a *midstreamError when
+// the replica broke it, or the client's error when the client went away.
+func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *upstream, ticket *policy.Ticket, done func()) error {
+	pending := u.pending
+	if u.done {
+		pending = pending[:len(pending)-1] // [DONE] waits for the ledger
+	}
+	if err := w.write(pending...); err != nil {
 		return err
 	}
 	cl.firstToken = true
 	cl.stages.TTFT = time.Since(cl.start)
-	u.pending = nil
 	if u.done {
-		return nil
+		done()
+		return w.write(u.pending[len(u.pending)-1])
 	}
+	u.pending = nil
+	s.openRow(cl, u, ticket)
+	lastOpen := time.Now()
 
 	idle := s.idleDeadline(cl.req.model)
 	var idleFired atomic.Bool
@@ -317,6 +331,7 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 			}
 			continue
 		case evDone:
+			done()
 			if err := w.write(ev); err != nil {
 				return err
 			}
@@ -333,5 +348,9 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 			return err
 		}
 		unflushed = !flush
+		if kind == evToken && time.Since(lastOpen) >= openRowEvery {
+			s.openRow(cl, u, ticket)
+			lastOpen = time.Now()
+		}
 	}
 }

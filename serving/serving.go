@@ -4,7 +4,7 @@
 // (serving/sidecar); the simulated engine (serving/sim); the process-group
 // helper they and the tools share (serving/proc); the SSE event reader the
 // sidecar shares with the gateway (serving/sse); and the wire types a worker
-// and the gateway exchange (this package).
+// and the gateway exchange and a bounded body reader (this package).
 //
 // # Wire contract between a worker and the gateway
 //
