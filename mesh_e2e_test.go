@@ -79,7 +79,7 @@ func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
 	}
 
 	// A worker node that stops is failed over like any replica.
-	if err := w1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := w1.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "stopped mesh worker out of routing", func() bool { return g.state("w1") != "ready" })

@@ -82,6 +82,21 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 			[]string{"--gateway is required"}},
 		{"worker on every interface without --advertise", nil, worker("--listen", "0.0.0.0:0"),
 			[]string{"--listen 0.0.0.0:0 binds every interface", "--advertise"}},
+		{"worker --gateway not a URL", nil, []string{"worker", "--engine", "sim", "--cluster-token", "x", "--gateway", "gw:8081"},
+			[]string{`--gateway "gw:8081": want a URL`}},
+		{"worker without a cluster token", nil, []string{"worker", "--engine", "sim", "--gateway", "http://127.0.0.1:9"},
+			[]string{"a cluster token is required"}},
+		{"worker cluster token file missing", nil, worker("--cluster-token-file", "/nonexistent/cluster.token"),
+			[]string{"--cluster-token-file", "/nonexistent/cluster.token", "no such file or directory"}},
+		{"worker with an unknown engine", nil, worker("--engine", "tgi"),
+			[]string{`--engine "tgi": want vllm or sim`}},
+		{"worker vllm without --model", nil, worker("--engine", "vllm"),
+			[]string{"--model is required with --engine vllm"}},
+		{"worker negative --warmup", nil, worker("--warmup", "-1"),
+			[]string{"--warmup -1"}},
+		{"worker tailnet port it cannot listen on", nil, worker("--mesh", "--mesh-control-url", control, "--mesh-ephemeral",
+			"--mesh-authkey", "tskey-auth-good", "--listen", "127.0.0.1:99999"),
+			[]string{"sidecar listen on the tailnet :99999"}},
 		{"--mesh-allow-peers without --mesh", nil, gateway("--mesh-allow-peers", "tg-w1"),
 			[]string{"--mesh-allow-peers needs --mesh"}},
 		{"gateway mesh key refused", nil, gateway("--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-authkey", "tskey-auth-bad"),
@@ -120,7 +135,7 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 func joinOnce(args []string) func(t *testing.T) {
 	return func(t *testing.T) {
 		p := startProc(t, "gateway (first start)", true, args...)
-		bound := time.AfterFunc(60*time.Second, func() { _ = p.cmd.Process.Kill() })
+		bound := time.AfterFunc(60*time.Second, func() { _ = p.Stop(0) })
 		defer bound.Stop()
 		served := false
 		p.scanUntil(func(line string) bool {
@@ -130,8 +145,7 @@ func joinOnce(args []string) func(t *testing.T) {
 		if !served {
 			t.Fatalf("the gateway did not start:\n%s", p.stderr.String())
 		}
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+		_ = p.Stop(0)
 	}
 }
 

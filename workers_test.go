@@ -20,7 +20,7 @@ import (
 
 // gatewayProcess is a running `tailgate gateway` with its workers.
 type gatewayProcess struct {
-	*proc
+	*process
 	t     *testing.T
 	dir   string
 	api   string // http://host:port/v1
@@ -34,7 +34,7 @@ var gatewayLine = regexp.MustCompile(`API (http://\S+/v1)\s+admin (http://\S+)/u
 func startGateway(t *testing.T, extra ...string) *gatewayProcess {
 	t.Helper()
 	dir := t.TempDir()
-	g := &gatewayProcess{t: t, dir: dir, proc: startProc(t, "gateway", true,
+	g := &gatewayProcess{t: t, dir: dir, process: startProc(t, "gateway", true,
 		append([]string{"gateway", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)...)}
 	g.scanUntil(func(line string) bool {
 		if m := gatewayLine.FindStringSubmatch(line); m != nil {
@@ -52,9 +52,9 @@ func startGateway(t *testing.T, extra ...string) *gatewayProcess {
 
 // startFleet starts workers w1..wn with the same extra flags and waits
 // until all are ready.
-func (g *gatewayProcess) startFleet(n int, extra ...string) []*proc {
+func (g *gatewayProcess) startFleet(n int, extra ...string) []*process {
 	g.t.Helper()
-	var ws []*proc
+	var ws []*process
 	var ids []string
 	for i := 1; i <= n; i++ {
 		id := fmt.Sprintf("w%d", i)
@@ -66,7 +66,7 @@ func (g *gatewayProcess) startFleet(n int, extra ...string) []*proc {
 }
 
 // startWorker starts `tailgate worker --engine sim` registering with g.
-func (g *gatewayProcess) startWorker(id string, extra ...string) *proc {
+func (g *gatewayProcess) startWorker(id string, extra ...string) *process {
 	g.t.Helper()
 	return startProc(g.t, "worker "+id, false, append([]string{"worker", "--gateway", g.admin,
 		"--cluster-token-file", filepath.Join(g.dir, "cluster.token"),
@@ -211,7 +211,7 @@ func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
 		t.Fatalf("requests went to %v, want both workers", seen)
 	}
 
-	if err := w1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := w1.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	took := waitFor(t, 10*time.Second, "killed worker dropped from routing", func() bool {
@@ -287,7 +287,7 @@ func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
 	w1 := g.startFleet(2, "--sim-tpot", "5ms")[0]
 	l := startLoad(g, 6)
 	time.Sleep(500 * time.Millisecond)
-	if err := w1.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := w1.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	sawDraining := false
@@ -296,7 +296,7 @@ func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
 			sawDraining = true
 		}
 		select {
-		case <-w1.exited:
+		case <-w1.Done():
 			return true
 		default:
 			return false
@@ -304,8 +304,8 @@ func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
 	})
 	time.Sleep(300 * time.Millisecond)
 	l.stop()
-	if w1.err != nil {
-		t.Fatalf("worker exited with %v", w1.err)
+	if err := w1.Err(); err != nil {
+		t.Fatalf("worker exited with %v", err)
 	}
 	if !sawDraining {
 		t.Error("the gateway never showed the worker as draining")
@@ -358,7 +358,7 @@ func TestFailoverOnSIGKILLHasNoClientErrorsBeforeTheFirstToken(t *testing.T) {
 	victim := g.startFleet(3, "--sim-tpot", "3ms")[0]
 	l := startLoad(g, 8)
 	time.Sleep(time.Second)
-	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := victim.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	took := waitFor(t, 5*time.Second, "dead worker out of routing", func() bool { return g.state("w1") != "ready" })
@@ -386,13 +386,13 @@ func TestHungWorkerIsEjectedAndReadmitted(t *testing.T) {
 	victim := g.startFleet(3, "--sim-tpot", "2ms")[0]
 	l := startLoad(g, 6)
 	time.Sleep(500 * time.Millisecond)
-	if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := victim.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	took := waitFor(t, 3*time.Second, "a SIGSTOPped worker is ejected within 3s", func() bool { return g.state("w1") == "ejected" })
 	t.Logf("ejected %v after SIGSTOP", took)
 	time.Sleep(time.Second)
-	if err := victim.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := victim.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	back := waitFor(t, 5*time.Second, "re-admitted after SIGCONT", func() bool { return g.state("w1") == "ready" })
@@ -444,7 +444,7 @@ func TestUpReplacesAKilledWorker(t *testing.T) {
 			before = r.Address
 		}
 	}
-	pid := childPID(t, p.cmd.Process.Pid, "worker-2")
+	pid := childPID(t, p.PID(), "worker-2")
 	if pid == 0 {
 		t.Fatal("no worker-2 child process found")
 	}
