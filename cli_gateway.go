@@ -46,6 +46,7 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	warnSecretFlags(log, fs, "mesh-authkey")
 	setup, err := cfg.resolve(fs)
 	if err != nil {
 		return err
