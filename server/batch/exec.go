@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"sync"
@@ -250,11 +251,17 @@ func (x *batchExec) runBatch(ctx context.Context, id string) error {
 		return fmt.Errorf("open input file: %w", err)
 	}
 	defer f.Close()
-	lines, err := scanBatchInput(f, b.Endpoint, x.cfg.MaxFileLines, x.cfg.MaxLineBytes)
+	// Validation applies the limits to a file stored under looser ones (an
+	// older gateway, a lowered setting): its batch fails rather than hold
+	// the whole file. A batch past validation passed them once and runs on
+	// whatever they are now.
+	maxLines, maxLineBytes := x.cfg.MaxFileLines, x.cfg.MaxLineBytes
+	if b.Status != data.BatchValidating {
+		maxLines, maxLineBytes = math.MaxInt, math.MaxInt64-1
+	}
+	lines, err := scanBatchInput(f, b.Endpoint, maxLines, maxLineBytes)
 	var le *lineLimitError
-	if errors.As(err, &le) && b.Status == data.BatchValidating {
-		// A file stored under looser limits (an older gateway, a lowered
-		// setting): fail the batch rather than hold the whole file.
+	if errors.As(err, &le) {
 		x.log.Warn("batch failed: its input file breaks a limit", "batch", b.ID, "file", b.InputFileID, "err", err)
 		err := x.s.store.FailBatch(ctx, b.ID, []data.BatchError{{Code: le.Code, Message: le.Message, Line: le.Line}})
 		if errors.Is(err, data.ErrBatchStatus) {

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -119,7 +120,7 @@ func (lr *lineReader) next() (line []byte, size int64, tooLong bool, err error) 
 // received, and never past hard. A body slower than that fails its read
 // with a timeout.
 type uploadBody struct {
-	body  interface{ Read([]byte) (int, error) }
+	body  io.Reader
 	rc    *http.ResponseController
 	start time.Time
 	grace time.Duration
@@ -130,7 +131,7 @@ type uploadBody struct {
 	set time.Time // the deadline in force
 }
 
-func newUploadBody(body interface{ Read([]byte) (int, error) }, rc *http.ResponseController, cfg Config) *uploadBody {
+func newUploadBody(body io.Reader, rc *http.ResponseController, cfg Config) *uploadBody {
 	now := time.Now()
 	b := &uploadBody{body: body, rc: rc, start: now, grace: cfg.BodyTimeout, rate: float64(cfg.UploadMinRate),
 		hard: now.Add(cfg.UploadTimeout)}

@@ -274,6 +274,25 @@ func TestBatchValidationAppliesTheLimitsToStoredFiles(t *testing.T) {
 	}
 }
 
+// TestBatchLoweredLimitsLetRunningBatchesFinish: a batch past validation
+// passed the limits once; a gateway restarted with lower ones finishes it.
+func TestBatchLoweredLimitsLetRunningBatchesFinish(t *testing.T) {
+	fleet := newSimFleet(t, 2, slowSim)
+	dir := t.TempDir()
+	g := startBatchGateway(t, dir, fleet, batchOpts{})
+	secret := key(g, "acme")
+	c := g.Client(secret)
+	b := createBatch(t, c, uploadBatchFile(t, c, chatLines(6)).ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	waitBatch(t, c, b.ID, func(b *openai.Batch) bool { return b.RequestCounts.Completed >= 1 })
+	g.Close()
+	g = startBatchGateway(t, dir, fleet, batchOpts{batch: batch.Config{MaxFileLines: 2, MaxLineBytes: 100}})
+	c = g.Client(secret)
+	b = waitBatch(t, c, b.ID, statusIs(openai.BatchStatusCompleted, openai.BatchStatusFailed))
+	if b.Status != openai.BatchStatusCompleted || b.RequestCounts.Completed != 6 {
+		t.Fatalf("batch = %s", b.RawJSON())
+	}
+}
+
 func TestBatchStorageQuotaPerTenant(t *testing.T) {
 	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
 	dir := t.TempDir()

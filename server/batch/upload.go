@@ -198,8 +198,6 @@ func uploadError(err error) error {
 		// The deadline stays in force, so the server's drain of the rest
 		// of the body fails fast too and the connection is closed.
 		return errBodyTimeout
-	case errors.As(err, new(*apierr.Error)):
-		return err
 	}
 	return apierr.BadRequest("", "could not read the upload: %v", err)
 }
