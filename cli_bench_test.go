@@ -24,6 +24,9 @@ import (
 // and replaced, and the report has the figures of it. Nothing is left
 // running afterwards.
 func TestBenchScenarioFailoverEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	dir := t.TempDir()
 	jsonPath, htmlPath := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.html")
 	const phases, rate, seed = "steady:2s,kill:1,steady:4s", 15, 3

@@ -40,11 +40,11 @@ func (m *meshFlags) up(ctx context.Context, dataDir string, log *slog.Logger) (*
 	var le *mesh.LoginError
 	switch {
 	case errors.As(err, &le):
-		return nil, fmt.Errorf("%w\n  this node needs to be authorised: open %s, or pass --mesh-authkey (or set TS_AUTHKEY) with a pre-authorised key", err, le.URL)
+		return nil, fmt.Errorf("%w; this node needs to be authorised: open %s, or pass --mesh-authkey (or set TS_AUTHKEY) with a pre-authorised key", err, le.URL)
 	case errors.Is(err, mesh.ErrRefused):
-		return nil, fmt.Errorf("%w\n  check --mesh-authkey: it may be expired, used up or for another tailnet", err)
+		return nil, fmt.Errorf("%w; check --mesh-authkey (it may be expired, used up or for another tailnet) and --mesh-tags (the control server decides which tags a node may have)", err)
 	case errors.Is(err, mesh.ErrTimeout):
-		return nil, fmt.Errorf("%w\n  check --mesh-control-url and that this box reaches the control server", err)
+		return nil, fmt.Errorf("%w; check --mesh-control-url and that this box reaches the control server", err)
 	}
 	return node, err
 }

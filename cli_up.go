@@ -1,38 +1,36 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/serving/proc"
 )
 
 func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("up", "up [--data DIR] [--listen ADDR] [--admin-listen ADDR] [--replicas N] [--model NAME] [--sim-* knobs]", stderr)
 	var (
-		gf       gatewayFlags
+		cfg      gatewayConfig
 		sf       simFlags
 		lf       logFlags
 		replicas = fs.Int("replicas", 2, "number of local replicas to start")
 		engine   = fs.String("engine", "sim", "engine of the local replicas: sim, or vllm (one GPU per replica: replica i gets GPU i-1)")
 		model    = fs.String("model", "", "model the replicas serve (sim default: tailgate-sim; required with --engine vllm)")
-		warmup   = fs.Int("warmup", 3, "short generations each replica runs before it takes traffic")
+		warmup   = fs.Int("warmup", 3, "short generations each replica runs before it takes traffic (0: none)")
 		vllmArgs stringList
 	)
 	fs.Var(&vllmArgs, "vllm-arg", "extra argument for every vllm serve (repeatable)")
-	gf.register(fs, true)
+	cfg.register(fs)
 	sf.register(fs)
 	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -49,21 +47,24 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *replicas < 1 || *replicas > 64 {
 		return fmt.Errorf("--replicas must be between 1 and 64, not %d", *replicas)
 	}
+	if *warmup < 0 {
+		return fmt.Errorf("--warmup %d: want 0 (none) or more", *warmup)
+	}
 	log, err := lf.logger(stderr)
 	if err != nil {
 		return err
 	}
-	setup, err := gf.resolve()
+	setup, err := cfg.resolve(fs)
 	if err != nil {
 		return err
 	}
-	gw, err := openGateway(ctx, &gf, setup, log)
+	gw, err := openGateway(ctx, &cfg, setup, log)
 	if err != nil {
 		return err
 	}
 	defer gw.close()
 
-	keyPath := filepath.Join(gf.dataDir, "demo.key")
+	keyPath := filepath.Join(cfg.DataDir, "demo.key")
 	if err := ensureDemoKey(ctx, gw, keyPath); err != nil {
 		return err
 	}
@@ -77,8 +78,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for i := 1; i <= *replicas; i++ {
 		id := fmt.Sprintf("worker-%d", i)
 		childArgs := []string{"worker", "--gateway", "http://" + gw.adminAddr,
-			"--cluster-token-file", filepath.Join(gf.dataDir, "cluster.token"),
-			"--data", filepath.Join(gf.dataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
+			"--cluster-token-file", filepath.Join(cfg.DataDir, "cluster.token"),
+			"--data", filepath.Join(cfg.DataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
 			"--engine", *engine, "--model", *model, "--log-level", lf.level, "--log-format", lf.format,
 			"--warmup", fmt.Sprint(*warmup)}
 		switch *engine {
@@ -91,13 +92,13 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				childArgs = append(childArgs, "--vllm-arg", a)
 			}
 		}
-		c := &child{name: id, path: self, args: childArgs, log: log.With("replica", id)}
+		c := &child{name: id, argv: append([]string{self}, childArgs...), out: stderr, log: log.With("replica", id)}
 		wg.Go(func() { c.supervise(cctx) })
 	}
 	defer func() { stopChildren(); wg.Wait() }()
 	wg.Go(func() { reportReadiness(cctx, gw, *replicas) })
 
-	admin := filepath.Join(gf.dataDir, "admin.token")
+	admin := filepath.Join(cfg.DataDir, "admin.token")
 	what := "SIMULATED replica(s)"
 	if *engine == "vllm" {
 		what = "vLLM replica(s)"
@@ -140,8 +141,8 @@ func ensureDemoKey(ctx context.Context, gw *gateway, path string) error {
 // when it exits, until ctx is done.
 type child struct {
 	name string
-	path string
-	args []string
+	argv []string
+	out  io.Writer // receives the child's output lines, prefixed with its name
 	log  *slog.Logger
 }
 
@@ -166,49 +167,20 @@ func (c *child) supervise(ctx context.Context) {
 	}
 }
 
+// runOnce runs the child until it exits or ctx is done; then its process
+// group is stopped (SIGTERM, SIGKILL after 5s).
 func (c *child) runOnce(ctx context.Context) error {
-	cmd := exec.Command(c.path, c.args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	stdout, err := cmd.StdoutPipe()
+	sink := proc.LineWriter(c.out, "["+c.name+"] ")
+	p, err := proc.Start(proc.Config{Argv: c.argv, Stdout: sink, Stderr: sink})
 	if err != nil {
-		return err
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
-	c.log.Info("child started", "pid", cmd.Process.Pid)
-	var pipes sync.WaitGroup
-	pipes.Go(func() { c.forward(stderr) })
-	pipes.Go(func() { c.forward(stdout) })
-
-	done := make(chan error, 1)
-	go func() { pipes.Wait(); done <- cmd.Wait() }()
+	c.log.Info("child started", "pid", p.PID())
 	select {
-	case err := <-done:
-		return err
+	case <-p.Done():
+		return p.Wait()
 	case <-ctx.Done():
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(5 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			return errors.Join(errors.New("killed after 5s"), <-done)
-		}
-	}
-}
-
-// forward copies the child's output lines to our stderr, prefixed with its
-// name.
-func (c *child) forward(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fmt.Fprintf(os.Stderr, "[%s] %s\n", c.name, sc.Text())
+		return p.Stop(5 * time.Second)
 	}
 }
 

@@ -8,20 +8,14 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
-	"tailgate/mesh"
-	"tailgate/serving"
 	"tailgate/serving/launcher"
-	"tailgate/serving/sidecar"
+	"tailgate/serving/worker"
 )
 
 // workerFlags configure one GPU box: launcher + sidecar + registration.
@@ -65,7 +59,7 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.Var(&w.vllmArgs, "vllm-arg", "extra argument passed to vllm serve as is (repeatable), e.g. --vllm-arg=--enable-prefix-caching")
 	fs.DurationVar(&w.startupTimeout, "startup-timeout", 20*time.Minute, "how long the engine may take to become ready (model download and load)")
 	fs.IntVar(&w.warmup, "warmup", 3, "short generations run before the replica is announced ready (0: none)")
-	fs.DurationVar(&w.drainGrace, "drain-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
+	fs.DurationVar(&w.drainGrace, "drain-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
 	w.sim.register(fs)
 	w.mesh.register(fs, "")
 }
@@ -85,167 +79,145 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	w, err := newWorker(ctx, &wf, log)
+	cfg, closeListener, err := wf.config(ctx, log)
 	if err != nil {
 		return err
 	}
-	defer w.close()
-	return w.run(ctx)
+	defer closeListener()
+	w, err := worker.New(cfg)
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx)
 }
 
-// worker is one GPU box's process: engine launcher, sidecar, heartbeats.
-type worker struct {
-	flags  *workerFlags
-	log    *slog.Logger
-	model  string
-	token  string
-	ln     net.Listener
-	addr   string // advertised sidecar URL
-	id     string
-	launch *launcher.Launcher
-	side   *sidecar.Sidecar
-	beats  *sidecar.Heartbeater
-	node   *mesh.Node
-
-	mu       sync.Mutex
-	state    string
-	reason   string
-	draining bool
-}
-
-func newWorker(ctx context.Context, wf *workerFlags, log *slog.Logger) (w *worker, err error) {
-	w = &worker{flags: wf, log: log, state: serving.StateStarting, reason: "engine starting"}
-	defer func() {
-		if err != nil {
-			w.close()
-		}
-	}()
+// config maps the flags to a worker.Config, its listener opened; the func
+// it returns closes the listener (and the tailnet node with --mesh).
+func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Config, func(), error) {
+	var cfg worker.Config
 	if wf.gateway == "" {
-		return nil, errors.New("--gateway is required: the gateway's admin URL, e.g. http://gateway-host:8081")
+		return cfg, nil, errors.New("--gateway is required: the gateway's admin URL, e.g. http://gateway-host:8081")
 	}
 	if u, err := url.Parse(wf.gateway); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--gateway %q: want a URL like http://gateway-host:8081", wf.gateway)
+		return cfg, nil, fmt.Errorf("--gateway %q: want a URL like http://gateway-host:8081", wf.gateway)
 	}
 	tok, err := clusterToken(wf.clusterToken, wf.clusterTokenFile)
 	if err != nil {
-		return nil, err
+		return cfg, nil, err
 	}
-	w.token = tok
 	switch wf.engine {
 	case "vllm":
 		if wf.model == "" {
-			return nil, errors.New("--model is required with --engine vllm")
+			return cfg, nil, errors.New("--model is required with --engine vllm")
 		}
 	case "sim":
 		if wf.model == "" {
 			wf.model = "tailgate-sim"
 		}
 	default:
-		return nil, fmt.Errorf("--engine %q: want vllm or sim", wf.engine)
+		return cfg, nil, fmt.Errorf("--engine %q: want vllm or sim", wf.engine)
 	}
-	w.model = wf.model
+	if wf.warmup < 0 {
+		return cfg, nil, fmt.Errorf("--warmup %d: want 0 (none) or more", wf.warmup)
+	}
+	if wf.drainGrace < 0 {
+		return cfg, nil, fmt.Errorf("--drain-grace %s: want 0 (none) or more", wf.drainGrace)
+	}
+	cfg = worker.Config{
+		GatewayURL: wf.gateway, ClusterToken: tok, Advertise: wf.advertise, ReplicaID: wf.replicaID,
+		Model: wf.model, Engine: wf.engine, StartupTimeout: wf.startupTimeout,
+		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, DrainGrace: wf.drainGrace, NoDrain: wf.drainGrace == 0,
+		Log: log,
+	}
 	if wf.servedModelName != "" {
-		w.model = wf.servedModelName
+		cfg.Model = wf.servedModelName
 	}
+	if cfg.Command, err = wf.engineCommand(cfg.Model); err != nil {
+		return cfg, nil, err
+	}
+	closeListener, err := wf.openListener(ctx, log, &cfg)
+	if err != nil {
+		return cfg, nil, err
+	}
+	return cfg, closeListener, nil
+}
 
-	command := func(port int) ([]string, []string, error) {
-		o := wf.vllm
-		o.Model, o.ServedModelName, o.ExtraArgs = wf.model, wf.servedModelName, wf.vllmArgs
-		return launcher.VLLMCommand(o, port)
+// openListener opens the sidecar's listener into cfg: a TCP listener, or with
+// --mesh one on the tailnet only (no host port at all), the advertised
+// address and the gateway dialer with it. The func it returns closes what
+// it opened.
+func (wf *workerFlags) openListener(ctx context.Context, log *slog.Logger, cfg *worker.Config) (func(), error) {
+	if !wf.mesh.enabled {
+		ln, err := net.Listen("tcp", wf.listen)
+		if err != nil {
+			return nil, fmt.Errorf("sidecar listen %s: %w", wf.listen, err)
+		}
+		if host, _, _ := net.SplitHostPort(ln.Addr().String()); wf.advertise == "" && (host == "0.0.0.0" || host == "::") {
+			_ = ln.Close()
+			return nil, fmt.Errorf("--listen %s binds every interface: also pass --advertise http://<address the gateway can reach>:<port>", wf.listen)
+		}
+		cfg.Listener = ln
+		return func() { _ = ln.Close() }, nil
 	}
+	_, port, err := net.SplitHostPort(wf.listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %q: %w", wf.listen, err)
+	}
+	if port == "0" {
+		port = "9000"
+	}
+	if wf.mesh.hostname == "" {
+		host, _ := os.Hostname()
+		wf.mesh.hostname = "tg-worker-" + host
+		if wf.replicaID != "" {
+			wf.mesh.hostname = "tg-" + wf.replicaID
+		}
+	}
+	node, err := wf.mesh.up(ctx, wf.dataDir, log)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := node.Listen("tcp", ":"+port)
+	if err != nil {
+		_ = node.Close()
+		return nil, fmt.Errorf("sidecar listen on the tailnet :%s: %w", port, err)
+	}
+	ip, ok := node.Addr()
+	if !ok {
+		_ = ln.Close()
+		_ = node.Close()
+		return nil, errors.New("mesh: the node has no tailnet address")
+	}
+	if cfg.Advertise == "" {
+		cfg.Advertise = "http://" + net.JoinHostPort(ip.String(), port)
+	}
+	// The gateway is reached by its tailnet name.
+	cfg.Listener, cfg.DialGateway = ln, node.Dial
+	return func() {
+		_ = ln.Close()
+		_ = node.Close()
+	}, nil
+}
+
+// engineCommand returns how the launcher starts the engine serving model:
+// vllm serve, or this binary's simulated engine.
+func (wf *workerFlags) engineCommand(model string) (func(port int) ([]string, []string, error), error) {
 	if wf.engine == "sim" {
 		self, err := os.Executable()
 		if err != nil {
 			return nil, fmt.Errorf("find own executable: %w", err)
 		}
-		command = func(port int) ([]string, []string, error) {
-			argv := append([]string{self, "sim", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--model", w.model,
+		return func(port int) ([]string, []string, error) {
+			argv := append([]string{self, "sim", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--model", model,
 				"--sim-seed", strconv.FormatInt(wf.sim.seed, 10)}, wf.sim.args()...)
 			return argv, nil, nil
-		}
+		}, nil
 	}
-	warmup := wf.warmup
-	if warmup == 0 {
-		warmup = -1 // the launcher's "none"
-	}
-	w.launch, err = launcher.New(launcher.Config{
-		Command: command, Model: w.model, StartupTimeout: wf.startupTimeout, Warmup: warmup,
-		Log: log.With("engine", wf.engine), OnState: w.engineState,
-	})
-	if err != nil {
-		return nil, err
-	}
-	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, ClusterToken: tok, Log: log})
-	if err != nil {
-		return nil, err
-	}
-
-	if wf.mesh.enabled {
-		// The sidecar listens on the tailnet only: no host port at all.
-		_, port, err := net.SplitHostPort(wf.listen)
-		if err != nil {
-			return nil, fmt.Errorf("--listen %q: %w", wf.listen, err)
-		}
-		if port == "0" {
-			port = "9000"
-		}
-		if wf.mesh.hostname == "" {
-			host, _ := os.Hostname()
-			wf.mesh.hostname = "tg-worker-" + host
-			if wf.replicaID != "" {
-				wf.mesh.hostname = "tg-" + wf.replicaID
-			}
-		}
-		if w.node, err = wf.mesh.up(ctx, wf.dataDir, log); err != nil {
-			return nil, err
-		}
-		if w.ln, err = w.node.Listen("tcp", ":"+port); err != nil {
-			return nil, fmt.Errorf("sidecar listen on the tailnet :%s: %w", port, err)
-		}
-		ip, ok := w.node.Addr()
-		if !ok {
-			return nil, errors.New("mesh: the node has no tailnet address")
-		}
-		w.addr = wf.advertise
-		if w.addr == "" {
-			w.addr = "http://" + net.JoinHostPort(ip.String(), port)
-		}
-	} else {
-		if w.ln, err = net.Listen("tcp", wf.listen); err != nil {
-			return nil, fmt.Errorf("sidecar listen %s: %w", wf.listen, err)
-		}
-		w.addr = wf.advertise
-		if w.addr == "" {
-			w.addr = "http://" + w.ln.Addr().String()
-			if host, _, _ := net.SplitHostPort(w.ln.Addr().String()); host == "0.0.0.0" || host == "::" {
-				return nil, fmt.Errorf("--listen %s binds every interface: also pass --advertise http://<address the gateway can reach>:<port>", wf.listen)
-			}
-		}
-	}
-	w.id = wf.replicaID
-	if w.id == "" {
-		host, _ := os.Hostname()
-		_, port, _ := net.SplitHostPort(w.ln.Addr().String())
-		w.id = host + "-" + port
-	}
-	hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(wf.gateway, "/"), ClusterToken: tok, Build: w.heartbeat, Log: log}
-	if w.node != nil { // the gateway is reached by its tailnet name
-		hc.Client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: w.node.Dial}}
-	}
-	if w.beats, err = sidecar.NewHeartbeater(hc); err != nil {
-		return nil, err
-	}
-	return w, nil
-}
-
-// close releases the listener and the tailnet node.
-func (w *worker) close() {
-	if w.ln != nil {
-		_ = w.ln.Close()
-	}
-	if w.node != nil {
-		_ = w.node.Close()
-	}
+	return func(port int) ([]string, []string, error) {
+		o := wf.vllm
+		o.Model, o.ServedModelName, o.ExtraArgs = wf.model, wf.servedModelName, wf.vllmArgs
+		return launcher.VLLMCommand(o, port)
+	}, nil
 }
 
 // clusterToken reads the token from the flag or the file.
@@ -266,87 +238,4 @@ func clusterToken(tok, file string) (string, error) {
 		return "", fmt.Errorf("--cluster-token-file %s is empty", file)
 	}
 	return "", errors.New("a cluster token is required: --cluster-token-file GATEWAY_DATA/cluster.token (copy it from the gateway box) or --cluster-token")
-}
-
-// engineState receives the launcher's state changes.
-func (w *worker) engineState(state, reason string) {
-	w.mu.Lock()
-	if w.draining {
-		w.mu.Unlock()
-		return
-	}
-	w.state, w.reason = state, reason
-	w.mu.Unlock()
-	w.side.SetState(state, reason)
-	w.log.Info("replica state", "state", state, "reason", reason)
-	w.beats.Kick() // tell the gateway now rather than at the next beat
-}
-
-func (w *worker) heartbeat() serving.Heartbeat {
-	w.mu.Lock()
-	state, reason := w.state, w.reason
-	w.mu.Unlock()
-	return serving.Heartbeat{ReplicaID: w.id, Address: w.addr, Models: []string{w.model}, State: state,
-		Reason: reason, Engine: w.flags.engine, Load: w.side.Load()}
-}
-
-func (w *worker) run(ctx context.Context) error {
-	w.log.Info("worker starting", "replica", w.id, "engine", w.flags.engine, "model", w.model,
-		"sidecar", w.addr, "gateway", w.flags.gateway)
-	if w.flags.engine == "sim" {
-		w.log.Info("engine is the SIMULATED engine: answers are filler text, not a model")
-	}
-	srv := &http.Server{Handler: w.side.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		ErrorLog: slog.NewLogLogger(w.log.Handler(), slog.LevelWarn)}
-
-	engineCtx, stopEngine := context.WithCancel(context.Background())
-	defer stopEngine()
-	bgCtx, stopBg := context.WithCancel(context.Background())
-	defer stopBg()
-	var g errgroup.Group
-	engineDone := make(chan error, 1)
-	go func() { engineDone <- w.launch.Run(engineCtx) }()
-	g.Go(func() error { return w.side.Run(bgCtx) })
-	g.Go(func() error { return w.beats.Run(bgCtx) })
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(w.ln) }()
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case err := <-engineDone:
-		engineDone <- err
-		if err != nil {
-			runErr = fmt.Errorf("engine: %w", err)
-		}
-	case err := <-serveErr:
-		runErr = fmt.Errorf("sidecar: %w", err)
-	}
-
-	// Drain: say so (the gateway stops routing here), let in-flight
-	// requests finish, then stop the engine's process group.
-	w.mu.Lock()
-	w.draining, w.state, w.reason = true, serving.StateDraining, "worker shutting down"
-	w.mu.Unlock()
-	w.side.SetState(serving.StateDraining, "worker shutting down")
-	bctx, bcancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = w.beats.Beat(bctx)
-	bcancel()
-	w.log.Info("draining: waiting for in-flight requests", "inflight", w.side.Inflight(), "grace", w.flags.drainGrace)
-	dctx, dcancel := context.WithTimeout(context.Background(), w.flags.drainGrace)
-	if err := w.side.Drain(dctx); err != nil {
-		w.log.Warn("drain grace over; cutting in-flight requests", "inflight", w.side.Inflight())
-	}
-	dcancel()
-	stopEngine()
-	if err := <-engineDone; err != nil && runErr == nil {
-		runErr = fmt.Errorf("engine: %w", err)
-	}
-	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-	_ = srv.Shutdown(sctx)
-	scancel()
-	stopBg()
-	_ = g.Wait()
-	w.log.Info("worker stopped")
-	return runErr
 }

@@ -1,9 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,12 +20,18 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"tailgate/serving/proc"
 )
 
 // binPath is the tailgate binary built once for the end-to-end tests.
 var binPath string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() { // the tests that start the binary skip themselves
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "tailgate-e2e")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -43,36 +49,46 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// proc is a running tailgate child process: killed when the test ends, its
-// stderr logged if the test failed.
-type proc struct {
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	stdout io.Reader // nil unless asked for
-	exited chan struct{}
-	err    error // Wait's result, once exited is closed
+// process is a running tailgate child process, the leader of its own
+// process group: the group is killed when the test ends, and its stderr
+// logged if the test failed.
+type process struct {
+	*proc.Process
+	stderr  *syncBuffer
+	stdout  chan string   // stdout lines for scanUntil; nil unless asked for
+	scanned chan struct{} // closed once scanUntil no longer reads stdout
 }
 
 // startProc starts the binary with args; name labels its stderr in a failed
 // test's log.
-func startProc(t *testing.T, name string, withStdout bool, args ...string) *proc {
+func startProc(t *testing.T, name string, withStdout bool, args ...string) *process {
 	t.Helper()
-	p := &proc{cmd: exec.Command(binPath, args...), stderr: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd.Stderr = p.stderr
-	if withStdout {
-		out, err := p.cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.stdout = out
+	if binPath == "" {
+		t.Fatal("the binary is not built with -short: skip this test when testing.Short()")
 	}
-	if err := p.cmd.Start(); err != nil {
+	p := &process{stderr: &syncBuffer{}}
+	cfg := proc.Config{Argv: append([]string{binPath}, args...), Stderr: proc.LineWriter(p.stderr, "")}
+	if withStdout {
+		p.stdout, p.scanned = make(chan string, 64), make(chan struct{})
+		cfg.Stdout = func(line string) {
+			select {
+			case p.stdout <- line:
+			case <-p.scanned: // the rest is not read
+			}
+		}
+	}
+	var err error
+	if p.Process, err = proc.Start(cfg); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	if withStdout {
+		go func() {
+			_ = p.Wait() // no line is forwarded after it returns
+			close(p.stdout)
+		}()
+	}
 	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+		_ = p.Stop(0)
 		if t.Failed() {
 			t.Logf("%s stderr:\n%s", name, p.stderr.String())
 		}
@@ -80,16 +96,15 @@ func startProc(t *testing.T, name string, withStdout bool, args ...string) *proc
 	return p
 }
 
-// scanUntil reads stdout lines until done says it has what it needs, then
-// drains the rest in the background so the process never blocks on it.
-func (p *proc) scanUntil(done func(line string) bool) {
-	sc := bufio.NewScanner(p.stdout)
-	for sc.Scan() {
-		if done(sc.Text()) {
-			break
+// scanUntil reads stdout lines until done says it has what it needs or
+// stdout ends; later lines are dropped so the process never blocks on them.
+func (p *process) scanUntil(done func(line string) bool) {
+	defer close(p.scanned)
+	for line := range p.stdout {
+		if done(line) {
+			return
 		}
 	}
-	go func() { _, _ = io.Copy(io.Discard, p.stdout) }()
 }
 
 // readToken reads a token or key file.
@@ -104,7 +119,7 @@ func readToken(t *testing.T, path string) string {
 
 // upProcess is a running `tailgate up`.
 type upProcess struct {
-	*proc
+	*process
 	dir     string
 	api     string // http://host:port/v1
 	admin   string // http://host:port
@@ -134,7 +149,7 @@ var dashLine = regexp.MustCompile(`dashboard\s+(http://\S+)/ui/`)
 func startUp(t *testing.T, extra ...string) *upProcess {
 	t.Helper()
 	dir := t.TempDir()
-	p := &upProcess{dir: dir, proc: startProc(t, "tailgate up", true,
+	p := &upProcess{dir: dir, process: startProc(t, "tailgate up", true,
 		append([]string{"up", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)...)}
 	p.scanUntil(func(line string) bool {
 		if m := apiLine.FindStringSubmatch(line); m != nil {
@@ -197,6 +212,9 @@ func lastLine(s string) string {
 }
 
 func TestUpServesStreamingChatWithDemoKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	p := startUp(t, "--replicas", "2", "--sim-ttft", "5ms", "--sim-tpot", "1ms")
 	req, _ := http.NewRequest(http.MethodPost, p.api+"/chat/completions", strings.NewReader(
 		`{"model":"tailgate-sim","stream":true,"messages":[{"role":"user","content":"Say hello"}]}`))
@@ -217,6 +235,9 @@ func TestUpServesStreamingChatWithDemoKey(t *testing.T) {
 }
 
 func TestKeysCLIAgainstRunningGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	p := startUp(t, "--replicas", "1", "--sim-ttft", "1ms", "--sim-tpot", "0s")
 	secret := lastLine(tailgate(t, "keys", "create", "--data", p.dir, "--tenant", "team-a", "--rpm", "600"))
 	client := p.client(secret)
@@ -257,6 +278,9 @@ func asAPIError(err error, target **openai.Error) bool {
 // is in the ledger with the usage the client saw, none more, after a clean
 // stop in the middle of load.
 func TestLedgerExactAfterSIGTERMDuringLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	p := startUp(t, "--replicas", "2", "--sim-ttft", "20ms", "--sim-tpot", "2ms")
 	client := p.client(p.demoKey)
 	var (
@@ -301,18 +325,18 @@ func TestLedgerExactAfterSIGTERMDuringLoad(t *testing.T) {
 	for completed.Load() < 100 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-p.exited:
+	case <-p.Done():
 	case <-time.After(40 * time.Second):
 		t.Fatal("tailgate up did not stop within 40s of SIGTERM")
 	}
 	stop.Store(true)
 	wg.Wait()
-	if p.err != nil {
-		t.Fatalf("up exited with %v\n%s", p.err, p.stderr.String())
+	if err := p.Err(); err != nil {
+		t.Fatalf("up exited with %v\n%s", err, p.stderr.String())
 	}
 
 	var usage []struct {

@@ -36,6 +36,9 @@ func hostListens(t *testing.T, port int) bool {
 }
 
 func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	control := meshtest.StartControl(t)
 	meshArgs := []string{"--mesh", "--mesh-control-url", control, "--mesh-ephemeral"}
 	g := startGateway(t, append(meshArgs, "--mesh-hostname", "tg-gateway", "--mesh-allow-peers", "tg-w1,tg-w2",
@@ -76,7 +79,7 @@ func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
 	}
 
 	// A worker node that stops is failed over like any replica.
-	if err := w1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := w1.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "stopped mesh worker out of routing", func() bool { return g.state("w1") != "ready" })
@@ -89,6 +92,9 @@ func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
 }
 
 func TestMeshRefusesPeersNotAllowed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	control := meshtest.StartControl(t)
 	meshArgs := []string{"--mesh", "--mesh-control-url", control, "--mesh-ephemeral"}
 	g := startGateway(t, append(meshArgs, "--mesh-hostname", "tg-gateway", "--mesh-allow-peers", "tg-trusted")...)

@@ -17,6 +17,9 @@ import (
 // workers launch it with the expected arguments, wait for it, warm it up,
 // register, and serve requests for the model.
 func TestUpWithVLLMEngine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	bin := t.TempDir()
 	build := exec.Command("go", "build", "-o", filepath.Join(bin, "vllm"), "./serving/launcher/testdata/fakevllm")
 	if out, err := build.CombinedOutput(); err != nil {

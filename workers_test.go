@@ -20,7 +20,7 @@ import (
 
 // gatewayProcess is a running `tailgate gateway` with its workers.
 type gatewayProcess struct {
-	*proc
+	*process
 	t     *testing.T
 	dir   string
 	api   string // http://host:port/v1
@@ -34,7 +34,7 @@ var gatewayLine = regexp.MustCompile(`API (http://\S+/v1)\s+admin (http://\S+)/u
 func startGateway(t *testing.T, extra ...string) *gatewayProcess {
 	t.Helper()
 	dir := t.TempDir()
-	g := &gatewayProcess{t: t, dir: dir, proc: startProc(t, "gateway", true,
+	g := &gatewayProcess{t: t, dir: dir, process: startProc(t, "gateway", true,
 		append([]string{"gateway", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)...)}
 	g.scanUntil(func(line string) bool {
 		if m := gatewayLine.FindStringSubmatch(line); m != nil {
@@ -52,9 +52,9 @@ func startGateway(t *testing.T, extra ...string) *gatewayProcess {
 
 // startFleet starts workers w1..wn with the same extra flags and waits
 // until all are ready.
-func (g *gatewayProcess) startFleet(n int, extra ...string) []*proc {
+func (g *gatewayProcess) startFleet(n int, extra ...string) []*process {
 	g.t.Helper()
-	var ws []*proc
+	var ws []*process
 	var ids []string
 	for i := 1; i <= n; i++ {
 		id := fmt.Sprintf("w%d", i)
@@ -66,7 +66,7 @@ func (g *gatewayProcess) startFleet(n int, extra ...string) []*proc {
 }
 
 // startWorker starts `tailgate worker --engine sim` registering with g.
-func (g *gatewayProcess) startWorker(id string, extra ...string) *proc {
+func (g *gatewayProcess) startWorker(id string, extra ...string) *process {
 	g.t.Helper()
 	return startProc(g.t, "worker "+id, false, append([]string{"worker", "--gateway", g.admin,
 		"--cluster-token-file", filepath.Join(g.dir, "cluster.token"),
@@ -171,6 +171,9 @@ func serverTimingMillis(h string) map[string]float64 {
 }
 
 func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	g := startGateway(t, "--slow-start", "0") // both fresh replicas take requests at once
 	w1 := g.startWorker("w1")
 	g.startWorker("w2")
@@ -208,7 +211,7 @@ func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
 		t.Fatalf("requests went to %v, want both workers", seen)
 	}
 
-	if err := w1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := w1.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	took := waitFor(t, 10*time.Second, "killed worker dropped from routing", func() bool {
@@ -277,11 +280,14 @@ func (l *clientLoad) errors() string {
 }
 
 func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	g := startGateway(t)
 	w1 := g.startFleet(2, "--sim-tpot", "5ms")[0]
 	l := startLoad(g, 6)
 	time.Sleep(500 * time.Millisecond)
-	if err := w1.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := w1.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	sawDraining := false
@@ -290,7 +296,7 @@ func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
 			sawDraining = true
 		}
 		select {
-		case <-w1.exited:
+		case <-w1.Done():
 			return true
 		default:
 			return false
@@ -298,8 +304,8 @@ func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
 	})
 	time.Sleep(300 * time.Millisecond)
 	l.stop()
-	if w1.err != nil {
-		t.Fatalf("worker exited with %v", w1.err)
+	if err := w1.Err(); err != nil {
+		t.Fatalf("worker exited with %v", err)
 	}
 	if !sawDraining {
 		t.Error("the gateway never showed the worker as draining")
@@ -345,11 +351,14 @@ func (g *gatewayProcess) metric(name string, filters ...string) float64 {
 }
 
 func TestFailoverOnSIGKILLHasNoClientErrorsBeforeTheFirstToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	g := startGateway(t)
 	victim := g.startFleet(3, "--sim-tpot", "3ms")[0]
 	l := startLoad(g, 8)
 	time.Sleep(time.Second)
-	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := victim.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	took := waitFor(t, 5*time.Second, "dead worker out of routing", func() bool { return g.state("w1") != "ready" })
@@ -370,17 +379,20 @@ func TestFailoverOnSIGKILLHasNoClientErrorsBeforeTheFirstToken(t *testing.T) {
 }
 
 func TestHungWorkerIsEjectedAndReadmitted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	g := startGateway(t)
 	victim := g.startFleet(3, "--sim-tpot", "2ms")[0]
 	l := startLoad(g, 6)
 	time.Sleep(500 * time.Millisecond)
-	if err := victim.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := victim.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	took := waitFor(t, 3*time.Second, "a SIGSTOPped worker is ejected within 3s", func() bool { return g.state("w1") == "ejected" })
 	t.Logf("ejected %v after SIGSTOP", took)
 	time.Sleep(time.Second)
-	if err := victim.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := victim.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	back := waitFor(t, 5*time.Second, "re-admitted after SIGCONT", func() bool { return g.state("w1") == "ready" })
@@ -420,6 +432,9 @@ func childPID(t *testing.T, parent int, id string) int {
 }
 
 func TestUpReplacesAKilledWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
 	p := startUp(t, "--replicas", "3", "--sim-ttft", "5ms", "--sim-tpot", "1ms", "--warmup", "1")
 	g := &gatewayProcess{t: t, admin: p.admin, api: p.api, key: p.demoKey, token: readToken(t, filepath.Join(p.dir, "admin.token"))}
 	g.waitReady("worker-1", "worker-2", "worker-3")
@@ -429,7 +444,7 @@ func TestUpReplacesAKilledWorker(t *testing.T) {
 			before = r.Address
 		}
 	}
-	pid := childPID(t, p.cmd.Process.Pid, "worker-2")
+	pid := childPID(t, p.PID(), "worker-2")
 	if pid == 0 {
 		t.Fatal("no worker-2 child process found")
 	}

@@ -11,7 +11,16 @@
 //
 // The ledger holds one row per request. Rows are written by one
 // [LedgerWriter] goroutine in batches; closing it drains every row it was
-// given, so a clean stop never loses a completed request.
+// given, so a clean stop never loses a completed request. [LedgerWriter.Commit]
+// waits until a row's transaction committed (rows of concurrent requests
+// share it), so an answer can be billed before its last bytes leave; a
+// stream in progress has an open row ([LedgerWriter.Open]) that its final
+// row replaces, and that [Store.SettleOpen] settles as interrupted after a
+// crash. Tenant spend counts each row once, when it is final.
+// [LedgerWriter.Healthy] says whether rows are being persisted, so that the
+// gateway can refuse work it could not bill (fail closed).
+//
+// [Store.Backup] takes a consistent copy of the database while it is in use.
 //
 // This package knows nothing of HTTP.
 package data

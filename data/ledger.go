@@ -41,22 +41,36 @@ func (s *Store) prepareLedger() error {
 func ledgerInsertSQL(rows int) string {
 	one := "(" + strings.TrimSuffix(strings.Repeat("?,", len(ledgerCols)), ",") + ")"
 	var b strings.Builder
-	// OR IGNORE: a row whose id is already stored is skipped, so re-sending a
-	// batch after an ambiguous failure (say, a commit whose result was lost)
-	// cannot bill a request twice. The spend trigger only sees inserted rows.
-	b.WriteString("INSERT OR IGNORE INTO ledger (" + strings.Join(ledgerCols[:], ", ") + ") VALUES ")
+	b.WriteString("INSERT INTO ledger (" + strings.Join(ledgerCols[:], ", ") + ") VALUES ")
 	for i := range rows {
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		b.WriteString(one)
 	}
+	// A row whose id is stored already replaces it only while the stored
+	// row is open (a stream's provisional row, updated by a newer open row
+	// or replaced by its final one); a final row is never overwritten. So
+	// re-sending a batch after an ambiguous failure (a commit whose result
+	// was lost) cannot bill a request twice, and a late open row cannot undo
+	// a final one. Rows of one statement apply in order, so this holds
+	// within a batch too. The spend triggers count a row when it is
+	// inserted final or stops being open, never twice.
+	b.WriteString(" ON CONFLICT (id) DO UPDATE SET ")
+	for i, c := range ledgerCols[1:] {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(c + " = excluded." + c)
+	}
+	b.WriteString(" WHERE ledger.outcome = '" + string(OutcomeOpen) + "'")
 	return b.String()
 }
 
 // InsertLedger writes rows in one transaction. A row whose ID is already in
-// the ledger is silently skipped (INSERT OR IGNORE), which makes a retried
-// batch harmless; a row with an empty ID gets a generated one, and a row
+// the ledger replaces the stored row only if that one is open
+// ([OutcomeOpen]); otherwise it is silently skipped, which makes a retried
+// batch harmless. A row with an empty ID gets a generated one, and a row
 // with a zero Time is stamped with the current time. Negative stage
 // durations are stored as NULL.
 //

@@ -10,17 +10,31 @@ import (
 	"time"
 )
 
+// ErrLedgerUnavailable is wrapped by the errors of a [LedgerWriter] that
+// cannot persist rows at the moment: its writes fail, or its backlog is
+// above the bound. Nothing should be served that the ledger could not bill.
+var ErrLedgerUnavailable = errors.New("ledger unavailable")
+
 // LedgerConfig tunes a [LedgerWriter]. Zero (or negative) fields take the
 // documented defaults.
 type LedgerConfig struct {
 	// BatchSize is the most rows written in one transaction; 0 means 512.
 	BatchSize int
-	// FlushInterval is the longest a row waits for its batch to fill before
-	// the batch is written anyway; 0 means 20ms.
+	// FlushInterval is the longest a row given to Add or Open waits for its
+	// batch to fill before the batch is written anyway; 0 means 20ms. A
+	// Commit or Flush does not wait for it: the writer starts a transaction
+	// as soon as the previous one is done, taking every row queued by then.
 	FlushInterval time.Duration
-	// Buffer is how many rows may wait to be written; Add blocks once it is
-	// full. 0 means 16384.
+	// Buffer is the hard cap: the most rows the writer holds (queued, or
+	// taken and not yet written). Add and Commit wait for room once it is
+	// reached; rows are never dropped. Open ignores it (it holds at most
+	// one row per stream in flight). 0 means 16384.
 	Buffer int
+	// MaxBacklog is the soft bound: with more rows held than this,
+	// [LedgerWriter.Healthy] reports the ledger unavailable, so that the
+	// server refuses new work while the rows of the requests in flight still
+	// fit under Buffer. 0 means Buffer/4; a value above Buffer means Buffer.
+	MaxBacklog int
 	// DrainTimeout bounds how long stopping keeps retrying a failing write.
 	// While running, a failed batch is retried until it succeeds; once the
 	// writer stops, rows that still cannot be written after this long are
@@ -38,51 +52,87 @@ func (c LedgerConfig) withDefaults() LedgerConfig {
 	if c.Buffer <= 0 {
 		c.Buffer = 16384
 	}
+	if c.MaxBacklog <= 0 {
+		c.MaxBacklog = max(c.Buffer/4, 1)
+	}
+	c.MaxBacklog = min(c.MaxBacklog, c.Buffer)
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
 	return c
 }
 
-// Backoff between attempts of a failing batch write.
+// Backoff between attempts of a failing batch write. The ceiling is also the
+// longest the writer takes to notice that writes work again.
 const (
 	retryMin = 10 * time.Millisecond
-	retryMax = 2 * time.Second
+	retryMax = time.Second
 )
 
-// ledgerItem is a row, or (flush != nil) a Flush marker: the channel is FIFO,
-// so once the writer reaches a marker every row sent before it is in hand.
-type ledgerItem struct {
-	row   LedgerRow
-	flush chan error
+// entry is a row waiting in the queue; done is its Commit's waiter (buffered,
+// sent to once), nil for Add and Open.
+type entry struct {
+	row  LedgerRow
+	done chan error
 }
 
 // LedgerWriter batches ledger rows from many requests into few transactions.
-// [LedgerWriter.Run] is its one writing goroutine; [LedgerWriter.Add] never
-// loses a row, and [LedgerWriter.Close] writes every row it was given before
-// it returns.
+// [LedgerWriter.Run] is its one writing goroutine.
+//
+// # Rows
+//
+//   - [LedgerWriter.Add] queues a final row and returns at once.
+//   - [LedgerWriter.Commit] queues a final row and waits until the
+//     transaction holding it committed (group commit: the rows of concurrent
+//     callers share one transaction).
+//   - [LedgerWriter.Open] queues a stream's provisional row; the row's final
+//     version (by Add or Commit, same ID) replaces it.
+//
+// No row given to the writer is dropped: a failing write is retried with
+// backoff until it succeeds, and [LedgerWriter.Close] writes every row held
+// before it returns (giving up only after DrainTimeout of failures).
+//
+// # Health
+//
+// [LedgerWriter.Healthy] says, with one or two atomic loads, whether rows are
+// being persisted. It turns unavailable on the first failed write or when the
+// backlog passes the soft bound, and back to nil by itself once a write
+// succeeds and the backlog is under the bound again.
 type LedgerWriter struct {
 	store *Store
 	cfg   LedgerConfig
 	log   *slog.Logger
-	items chan ledgerItem
 
-	// stopping is closed when the writer starts to stop; it wakes Adds and
-	// Flushes blocked on a full buffer.
-	stopping chan struct{}
-	stopOnce sync.Once
-	// sendMu fences senders: Add and Flush hold it shared while they put an
-	// item into items, stop takes it exclusively once. After that no item
-	// can enter, so a drain that empties items has seen every row.
-	sendMu  sync.RWMutex
-	stopped bool // guarded by sendMu
+	// Fast-path state for Healthy.
+	failure atomic.Pointer[error] // set while writes fail: the error Healthy returns
+	backlog atomic.Int64          // == held, published for Healthy
+	errFull error                 // Healthy's error for a backlog above the bound
 
 	mu      sync.Mutex
-	claimed bool  // a consumer (Run, or Close if Run never started) owns items
-	err     error // what stopping could not write; final once done is closed
-	done    chan struct{}
+	queue   []entry           // rows not yet taken by the writer, oldest first
+	headSeq uint64            // sequence number of queue[0]; entries are numbered in order
+	nextSeq uint64            // the number the next new entry gets
+	opens   map[string]uint64 // ID → sequence number of its open row in queue
+	held    int               // rows in queue plus rows taken and not yet settled
+	waiters int               // entries in queue with a Commit waiting
+	flushTo uint64            // the newest entry a Flush waits for
+	doneSeq uint64            // every entry up to this one is written (or lost)
+	// progress is closed and replaced whenever doneSeq moves and when the
+	// writer stops: it wakes Flushes and callers waiting for room.
+	progress chan struct{}
+	stopped  bool  // no entry may enter queue any more
+	claimed  bool  // a consumer (Run, or Close if Run never started) owns queue
+	err      error // rows lost while stopping; final once done is closed
 
-	failing atomic.Bool // inside a streak of failed writes (logged once)
+	wake     chan struct{} // capacity 1: the queue needs the writer's attention
+	stopping chan struct{} // closed when the writer starts to stop
+	stopOnce sync.Once
+	done     chan struct{} // closed when the drain is complete
+
+	txs atomic.Int64 // committed transactions, for tests and benchmarks
+
+	logMu sync.Mutex
+	flog  failureLog
 }
 
 // NewLedgerWriter returns a writer for s. Start [LedgerWriter.Run] in a
@@ -96,72 +146,36 @@ func (s *Store) NewLedgerWriter(cfg LedgerConfig, log *slog.Logger) *LedgerWrite
 		store:    s,
 		cfg:      cfg,
 		log:      log,
-		items:    make(chan ledgerItem, cfg.Buffer),
+		errFull:  fmt.Errorf("%w: writer backlog above %d rows", ErrLedgerUnavailable, cfg.MaxBacklog),
+		nextSeq:  1,
+		headSeq:  1,
+		opens:    make(map[string]uint64),
+		progress: make(chan struct{}),
+		wake:     make(chan struct{}, 1),
 		stopping: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
 }
 
-// Add queues row to be written. It blocks only while the buffer is full, and
-// never drops the row: once the writer has stopped, Add writes it itself
-// before returning.
-func (w *LedgerWriter) Add(row LedgerRow) {
-	w.sendMu.RLock()
-	if !w.stopped {
-		select {
-		case w.items <- ledgerItem{row: row}:
-			w.sendMu.RUnlock()
-			return
-		case <-w.stopping:
-		}
+// Healthy returns nil while rows are being persisted, and otherwise an error
+// wrapping [ErrLedgerUnavailable] that says why: the last write error (its
+// SQLite code first, e.g. "SQLITE_FULL") while writes fail, or a backlog
+// above LedgerConfig.MaxBacklog. It is cheap enough to call on every request.
+func (w *LedgerWriter) Healthy() error {
+	if p := w.failure.Load(); p != nil {
+		return *p
 	}
-	w.sendMu.RUnlock()
-	// Errors are logged by write; Add's callers (request handlers) have no
-	// better way to handle them.
-	_ = w.write(context.Background(), []LedgerRow{row})
+	if w.backlog.Load() > int64(w.cfg.MaxBacklog) {
+		return w.errFull
+	}
+	return nil
 }
 
-// Flush waits until every row whose Add returned before Flush was called is
-// committed, or ctx is done. It needs Run to be running (or the writer to be
-// closing). It returns an error if some of those rows could not be written.
-func (w *LedgerWriter) Flush(ctx context.Context) error {
-	c := make(chan error, 1)
-	w.sendMu.RLock()
-	if w.stopped {
-		w.sendMu.RUnlock()
-		return w.waitDone(ctx)
-	}
-	select {
-	case w.items <- ledgerItem{flush: c}:
-		w.sendMu.RUnlock()
-	case <-w.stopping:
-		w.sendMu.RUnlock()
-		return w.waitDone(ctx)
-	case <-ctx.Done():
-		w.sendMu.RUnlock()
-		return fmt.Errorf("flush ledger: %w", ctx.Err())
-	}
-	select {
-	case err := <-c:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("flush ledger: %w", ctx.Err())
-	}
-}
-
-// waitDone waits for a stopping writer to finish its drain, after which every
-// row Added before the stop is written (or reported in the error).
-func (w *LedgerWriter) waitDone(ctx context.Context) error {
-	select {
-	case <-w.done:
-		return w.result()
-	case <-ctx.Done():
-		return fmt.Errorf("flush ledger: %w", ctx.Err())
-	}
-}
+// Backlog returns how many rows the writer holds: queued, or being written.
+func (w *LedgerWriter) Backlog() int { return int(w.backlog.Load()) }
 
 // Run writes batches until ctx is done or the writer is closed, then writes
-// every row still buffered and returns. It returns nil unless some rows could
+// every row still held and returns. It returns nil unless some rows could
 // not be written while stopping. Only one Run may be active.
 func (w *LedgerWriter) Run(ctx context.Context) error {
 	w.mu.Lock()
@@ -185,9 +199,9 @@ func (w *LedgerWriter) Run(ctx context.Context) error {
 	return w.result()
 }
 
-// Close stops the writer, waits until every buffered row is written (by Run,
-// or here if Run was never started) and returns what could not be written.
-// It is safe to call more than once.
+// Close stops the writer, waits until every held row is written (by Run, or
+// here if Run was never started) and returns what could not be written. It
+// is safe to call more than once.
 func (w *LedgerWriter) Close() error {
 	w.stop()
 	w.mu.Lock()
@@ -204,11 +218,17 @@ func (w *LedgerWriter) Close() error {
 
 func (w *LedgerWriter) stop() {
 	w.stopOnce.Do(func() {
-		close(w.stopping) // releases senders blocked on a full buffer...
-		w.sendMu.Lock()   // ...so that this cannot wait on them forever
+		close(w.stopping)
+		w.mu.Lock()
 		w.stopped = true
-		w.sendMu.Unlock()
+		w.bumpLocked() // releases callers waiting for room; they write themselves
+		w.mu.Unlock()
 	})
+}
+
+func (w *LedgerWriter) bumpLocked() {
+	close(w.progress)
+	w.progress = make(chan struct{})
 }
 
 func (w *LedgerWriter) result() error {
@@ -217,59 +237,77 @@ func (w *LedgerWriter) result() error {
 	return w.err
 }
 
-// loop is Run's steady state: wait for a row, gather more until the batch is
-// full, FlushInterval has passed or a Flush asks for it, write, repeat.
+// readyLocked reports whether the queue should be written now rather than
+// after FlushInterval: it holds a full batch, a Commit is waiting, or a
+// Flush waits for a queued row.
+func (w *LedgerWriter) readyLocked() bool {
+	return len(w.queue) >= w.cfg.BatchSize || w.waiters > 0 || w.flushTo >= w.headSeq
+}
+
+// loop is Run's steady state: wait for a row; unless the queue is ready, give
+// it FlushInterval to become so; take a batch, write it, repeat. Rows queued
+// while a transaction runs go into the next one: that is the group commit.
 func (w *LedgerWriter) loop(ctx context.Context) {
 	b := w.newBatch()
 	timer := time.NewTimer(w.cfg.FlushInterval)
 	timer.Stop()
 	for {
-		select {
-		case it := <-w.items:
-			b.add(it)
-		case <-ctx.Done():
-			return
-		case <-w.stopping:
-			return
+		w.mu.Lock()
+		for len(w.queue) == 0 {
+			w.mu.Unlock()
+			select {
+			case <-w.wake:
+			case <-ctx.Done():
+				return
+			case <-w.stopping:
+				return
+			}
+			w.mu.Lock()
 		}
-		if !b.ready(w.cfg.BatchSize) {
+		if !w.readyLocked() {
+			w.mu.Unlock()
 			timer.Reset(w.cfg.FlushInterval)
-		fill:
-			for !b.ready(w.cfg.BatchSize) {
+		wait:
+			for {
 				select {
-				case it := <-w.items:
-					b.add(it)
+				case <-w.wake:
+					w.mu.Lock()
+					ready := w.readyLocked()
+					w.mu.Unlock()
+					if ready {
+						break wait
+					}
 				case <-timer.C:
-					break fill
+					break wait
 				case <-ctx.Done():
-					break fill
+					timer.Stop()
+					return // drain takes what is queued
 				case <-w.stopping:
-					break fill
+					timer.Stop()
+					return
 				}
 			}
 			timer.Stop()
+			w.mu.Lock()
 		}
+		w.takeLocked(&b)
+		w.mu.Unlock()
 		w.commit(ctx, &b)
 	}
 }
 
-// drain writes everything left in items once the writer is stopped (no
-// sender can add more).
+// drain writes everything left in the queue once the writer is stopped (no
+// caller can add more).
 func (w *LedgerWriter) drain() {
 	b := w.newBatch()
 	for {
-	fill:
-		for !b.ready(w.cfg.BatchSize) {
-			select {
-			case it := <-w.items:
-				b.add(it)
-			default:
-				break fill
-			}
-		}
-		if len(b.rows) == 0 && len(b.flushes) == 0 {
+		w.mu.Lock()
+		if len(w.queue) == 0 {
+			w.mu.Unlock()
 			return
 		}
+		w.takeLocked(&b)
+		w.mu.Unlock()
 		w.commit(context.Background(), &b)
 	}
 }
@@ -278,45 +316,70 @@ func (w *LedgerWriter) newBatch() batch {
 	return batch{rows: make([]LedgerRow, 0, min(w.cfg.BatchSize, 1024))}
 }
 
-// batch is the rows gathered for one transaction and the Flushes waiting on
+// batch is the rows taken for one transaction and the Commits waiting on
 // them.
 type batch struct {
 	rows    []LedgerRow
-	flushes []chan error
+	waiters []chan error
+	last    uint64 // sequence number of the last entry taken
 }
 
-func (b *batch) add(it ledgerItem) {
-	if it.flush != nil {
-		b.flushes = append(b.flushes, it.flush)
-		return
+// takeLocked moves up to BatchSize entries from the head of the queue into b.
+func (w *LedgerWriter) takeLocked(b *batch) {
+	k := min(len(w.queue), w.cfg.BatchSize)
+	for i, e := range w.queue[:k] {
+		if e.row.Outcome == OutcomeOpen {
+			if seq, ok := w.opens[e.row.ID]; ok && seq == w.headSeq+uint64(i) {
+				delete(w.opens, e.row.ID)
+			}
+		}
+		b.rows = append(b.rows, e.row)
+		if e.done != nil {
+			b.waiters = append(b.waiters, e.done)
+			w.waiters--
+		}
 	}
-	b.rows = append(b.rows, it.row)
+	clear(w.queue[:k]) // drop references to the rows' strings
+	if k == len(w.queue) {
+		w.queue = w.queue[:0]
+	} else {
+		w.queue = w.queue[k:]
+	}
+	w.headSeq += uint64(k)
+	b.last = w.headSeq - 1
 }
 
-// ready reports whether the batch should be written now: it is full, or a
-// Flush is waiting (rows behind its marker belong to the next batch).
-func (b *batch) ready(size int) bool { return len(b.rows) >= size || len(b.flushes) > 0 }
-
+// commit writes b, then settles it: its waiters learn the outcome, Flushes
+// and callers waiting for room wake up.
 func (w *LedgerWriter) commit(ctx context.Context, b *batch) {
-	err := w.write(ctx, b.rows)
+	err := w.write(ctx, b)
+	w.mu.Lock()
 	if err != nil {
-		w.mu.Lock()
 		w.err = errors.Join(w.err, err)
-		w.mu.Unlock()
 	}
-	for _, c := range b.flushes {
-		c <- err
+	w.doneSeq = b.last
+	w.held -= len(b.rows)
+	w.backlog.Store(int64(w.held))
+	w.bumpLocked()
+	held := w.held
+	w.mu.Unlock()
+	w.noteBacklog(held)
+	for _, c := range b.waiters {
+		if c != nil {
+			c <- err
+		}
 	}
-	clear(b.rows) // drop references to the rows' strings
-	b.rows, b.flushes = b.rows[:0], b.flushes[:0]
+	clear(b.rows)
+	clear(b.waiters)
+	b.rows, b.waiters = b.rows[:0], b.waiters[:0]
 }
 
-// write inserts rows, retrying with backoff until it succeeds. Once the
+// write inserts b's rows, retrying with backoff until it succeeds. Once the
 // writer is stopping (closed, or ctx is done), it gives up after
 // DrainTimeout and returns the error; the rows are then lost, and logged as
 // such. ctx only signals stopping: it never aborts an insert.
-func (w *LedgerWriter) write(ctx context.Context, rows []LedgerRow) error {
-	if len(rows) == 0 {
+func (w *LedgerWriter) write(ctx context.Context, b *batch) error {
+	if len(b.rows) == 0 {
 		return nil
 	}
 	backoff := retryMin
@@ -324,27 +387,31 @@ func (w *LedgerWriter) write(ctx context.Context, rows []LedgerRow) error {
 	for {
 		// Background: a request's or Run's context ending must not abort
 		// the write of rows already accepted.
-		err := w.store.InsertLedger(context.Background(), rows)
+		err := w.store.InsertLedger(context.Background(), b.rows)
 		if err == nil {
-			if w.failing.Swap(false) {
-				w.log.Info("ledger writes recovered")
-			}
+			w.txs.Add(1)
+			w.recovered()
 			return nil
 		}
-		if !w.failing.Swap(true) {
-			w.log.Warn("ledger write failed, retrying; rows are kept", "rows", len(rows), "err", err)
+		uerr := w.failed(err, len(b.rows))
+		// The Commits riding this batch learn at once; their rows stay.
+		for i, c := range b.waiters {
+			if c != nil {
+				c <- uerr
+				b.waiters[i] = nil
+			}
 		}
 		if w.store.closed.Load() {
 			// Retrying cannot help, and a straggler's Add must not hang.
-			w.log.Error("ledger rows lost: store closed before the ledger writer", "rows", len(rows))
-			return fmt.Errorf("write ledger: %d rows lost: store closed", len(rows))
+			w.log.Error("ledger rows lost: store closed before the ledger writer", "rows", len(b.rows))
+			return fmt.Errorf("write ledger: %d rows lost: store closed", len(b.rows))
 		}
 		if deadline.IsZero() && w.isStopping(ctx) {
 			deadline = time.Now().Add(w.cfg.DrainTimeout)
 		}
 		if !deadline.IsZero() && time.Now().After(deadline) {
-			w.log.Error("ledger rows lost: write kept failing while stopping", "rows", len(rows), "err", err)
-			return fmt.Errorf("write ledger: %d rows lost: %w", len(rows), err)
+			w.log.Error("ledger rows lost: write kept failing while stopping", "rows", len(b.rows), "err", err)
+			return fmt.Errorf("write ledger: %d rows lost: %w", len(b.rows), err)
 		}
 		time.Sleep(backoff)
 		backoff = min(2*backoff, retryMax)

@@ -24,6 +24,13 @@ const (
 	OutcomeMidstream Outcome = "midstream_error"
 	// OutcomeClientCancelled: the client went away first (status 499).
 	OutcomeClientCancelled Outcome = "client_cancelled"
+	// OutcomeOpen: a stream that is still running; its row is provisional
+	// (see [LedgerWriter.Open]) and counts as spend only once it is final.
+	OutcomeOpen Outcome = "open"
+	// OutcomeInterrupted: a stream that was still open when the gateway
+	// stopped without finishing it (a crash, a kill); [Store.SettleOpen]
+	// billed it at the counts its open row last carried.
+	OutcomeInterrupted Outcome = "interrupted"
 )
 
 // ErrorClass is the short failure class of a ledger row, "" on success. For
@@ -53,6 +60,9 @@ const (
 	ClassUpstreamRejected ErrorClass = "upstream_rejected"
 	// ClassMidstream: the replica's stream ended early after the first token.
 	ClassMidstream ErrorClass = "upstream_midstream"
+	// ClassInterrupted: the gateway stopped while the stream was open; the
+	// row was settled at the next start ([OutcomeInterrupted]).
+	ClassInterrupted ErrorClass = "gateway_interrupted"
 	// ClassErrorEvent: the replica sent an in-band error event mid-stream.
 	ClassErrorEvent ErrorClass = "upstream_error_event"
 	// ClassIdleDeadline: the replica went silent between two tokens for
@@ -60,6 +70,9 @@ const (
 	ClassIdleDeadline ErrorClass = "idle_deadline"
 	// ClassClientCancelled: the client went away.
 	ClassClientCancelled ErrorClass = "client_cancelled"
+	// ClassClientStalled: the client stopped reading its answer for longer
+	// than the write timeout and was cut.
+	ClassClientStalled ErrorClass = "client_stalled"
 	// ClassInternal: a gateway bug; the client got a 500.
 	ClassInternal ErrorClass = "internal_error"
 )

@@ -195,3 +195,27 @@ func fromNullMicros(us sql.NullInt64) time.Time {
 // now is the current time at the precision the database keeps, so a value
 // returned by a write compares equal to the same value read back.
 func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// SetMaxPageCount limits the database to n pages (SQLite's max_page_count,
+// on the writing connection, until the store is closed); a write that would
+// grow it further fails with SQLITE_FULL. It cannot shrink the limit below
+// the current size (SQLite keeps the current size then). Tests use it to
+// fill the database without a small disk.
+func (s *Store) SetMaxPageCount(n int64) error {
+	if n <= 0 {
+		return fmt.Errorf("set max page count: %d is not positive", n)
+	}
+	var got int64
+	// A pragma takes no bound parameters; n is an integer.
+	if err := s.write.QueryRow(fmt.Sprintf(`PRAGMA max_page_count = %d`, n)).Scan(&got); err != nil {
+		return fmt.Errorf("set max page count: %w", err)
+	}
+	return nil
+}
+
+// pageCount returns how many pages the database has.
+func (s *Store) pageCount(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.read.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&n)
+	return n, err
+}

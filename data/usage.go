@@ -36,9 +36,16 @@ func (f UsageFilter) where() (string, []any) {
 
 // Usage returns ledger totals per (tenant, key, model) for the rows f
 // selects, ordered by tenant name, key id and model. Rows without a known
-// tenant or key (requests rejected before auth) have "" there.
+// tenant or key (requests rejected before auth) have "" there. Open rows
+// (streams still running) are not counted, as they are not spend yet.
 func (s *Store) Usage(ctx context.Context, f UsageFilter) ([]UsageRow, error) {
 	where, args := f.where()
+	if where == "" {
+		where = " WHERE "
+	} else {
+		where += " AND "
+	}
+	where += "l.outcome <> '" + string(OutcomeOpen) + "'"
 	rows, err := s.read.QueryContext(ctx, `SELECT COALESCE(t.name, ''), l.key_id, COALESCE(k.prefix, ''), l.model,
 			COUNT(*), SUM(l.prompt_tokens), SUM(l.completion_tokens), SUM(l.cost_micros)
 		FROM ledger l
@@ -66,9 +73,10 @@ func (s *Store) Usage(ctx context.Context, f UsageFilter) ([]UsageRow, error) {
 }
 
 // TenantSpend returns, per tenant id, the prompt+completion tokens and the
-// cost of every ledger row (hedge overhead is not billed, so not counted).
-// It reads a total that a trigger keeps up to date on insert, so it costs
-// the same however long the ledger grows.
+// cost of every final ledger row (hedge overhead is not billed, so not
+// counted; open rows count once they are final or settled). It reads a
+// total that triggers keep up to date, so it costs the same however long
+// the ledger grows.
 func (s *Store) TenantSpend(ctx context.Context) (map[int64]Spend, error) {
 	rows, err := s.read.QueryContext(ctx, `SELECT tenant_id, tokens, micros FROM tenant_spend`)
 	if err != nil {

@@ -104,6 +104,10 @@ func (j *joiner) awaitRunning(ctx context.Context, start time.Time, deadline <-c
 				return nil
 			case ipn.NeedsMachineAuth:
 				j.cfg.Log.Info("mesh: waiting for an administrator to approve this node", "control", control)
+			case ipn.NeedsLogin:
+				if err := j.keyExpired(ctx, control); err != nil {
+					return err
+				}
 			case ipn.Stopped:
 				return errors.New("mesh: node stopped while joining")
 			}
@@ -113,6 +117,11 @@ func (j *joiner) awaitRunning(ctx context.Context, start time.Time, deadline <-c
 			}
 			return fmt.Errorf("mesh: watch node state: %w", err)
 		case <-tick.C:
+			if state == ipn.NeedsLogin {
+				if err := j.keyExpired(ctx, control); err != nil {
+					return err
+				}
+			}
 			j.cfg.Log.Info("mesh: still joining", "control", control, "state", state.String(),
 				"elapsed", time.Since(start).Round(time.Second), "problems", j.problems(ctx))
 		case <-deadline:
@@ -130,6 +139,24 @@ func (j *joiner) awaitRunning(ctx context.Context, start time.Time, deadline <-c
 			return ctx.Err()
 		}
 	}
+}
+
+// keyExpired returns an [ErrRefused] error if the control server has expired
+// the node's key. A registered node then needs a login nobody will give, and
+// no login URL comes: the control server does this to a node that asks for
+// tags it may not have, or an administrator did it.
+func (j *joiner) keyExpired(ctx context.Context, control string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	st, err := j.lc.StatusWithoutPeers(ctx)
+	if err != nil || st.Self == nil || st.Self.KeyExpiry == nil || st.Self.KeyExpiry.After(time.Now()) {
+		return nil
+	}
+	why := "an administrator expired it"
+	if len(j.cfg.Tags) > 0 {
+		why = fmt.Sprintf("it asked for tags %s, which it may not have, or an administrator expired it", strings.Join(j.cfg.Tags, ","))
+	}
+	return fmt.Errorf("%w: %s expired the node's key: %s", ErrRefused, control, why)
 }
 
 // awaitHomeRelay waits until the node has picked a home DERP region and

@@ -104,7 +104,9 @@ var (
 	ErrNeedsLogin = errors.New("mesh: node needs login")
 
 	// ErrRefused means the control server refused the node, e.g. because
-	// its auth key is invalid, expired or already used.
+	// its auth key is invalid, expired or already used, or because it
+	// expired the node's key (as it does to a node asking for tags it may
+	// not have).
 	ErrRefused = errors.New("mesh: control server refused the node")
 
 	// ErrTimeout means the node was not running within [Config.UpTimeout]:

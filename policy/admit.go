@@ -165,6 +165,15 @@ func (t *Ticket) Settle(u Usage) (costMicros int64) {
 // Release settles a request that consumed nothing.
 func (t *Ticket) Release() { t.Settle(Usage{}) }
 
+// Cost is what u would cost at the ticket's price, without settling
+// anything (for a stream's provisional ledger row).
+func (t *Ticket) Cost(u Usage) int64 {
+	if t == nil {
+		return 0
+	}
+	return cost(t.price, u.PromptTokens, u.CompletionTokens)
+}
+
 func (t *Ticket) settle(u Usage) int64 {
 	prompt, completion := clampLimit(u.PromptTokens), clampLimit(u.CompletionTokens)
 	c := cost(t.price, prompt, completion)

@@ -44,6 +44,11 @@ func HashSecret(secret string) []byte {
 	return sum[:]
 }
 
+// IsSecret reports whether s has the shape of an API key's secret (as
+// opposed to its id or display prefix), e.g. to refuse it where it would be
+// logged, such as in a URL path.
+func IsSecret(s string) bool { return wellFormed(s) }
+
 // wellFormed reports whether s has the shape of a secret minted by
 // NewSecret, so garbage never reaches the cache or the database.
 func wellFormed(s string) bool {

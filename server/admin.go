@@ -116,7 +116,15 @@ func (s *Server) handlePostKeys(c echo.Context) error {
 	return c.JSON(http.StatusCreated, map[string]any{"secret": secret, "key": ViewKey(k)})
 }
 
-func (s *Server) handleDeleteKey(c echo.Context) error { return s.revoke(c, c.Param("ref")) }
+func (s *Server) handleDeleteKey(c echo.Context) error {
+	ref := c.Param("ref")
+	if policy.IsSecret(ref) {
+		// URL paths end up in access logs and proxies' logs.
+		return apierr.Reply(c, apierr.BadRequest("ref", "never put a key's secret in a URL: it ends up in logs. "+
+			"Use the key's id or display prefix here, or POST /admin/v1/keys/revoke with {\"ref\": secret}; consider this secret exposed"))
+	}
+	return s.revoke(c, ref)
+}
 
 func (s *Server) handlePostKeysRevoke(c echo.Context) error {
 	var req struct {

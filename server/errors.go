@@ -44,6 +44,8 @@ var (
 		Message: "the model replica failed in the middle of the answer; the output is incomplete"}
 	errIdle = &apierr.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: "upstream_midstream_error",
 		Message: "the model replica stopped sending tokens in the middle of the answer; the output is incomplete"}
+	errLedgerUnavailable = &apierr.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "ledger_unavailable",
+		Message: "the gateway cannot record usage right now (its ledger cannot write), so it takes no new requests; try again shortly", RetryAfter: time.Second}
 	errInternal = &apierr.Error{Status: http.StatusInternalServerError, Type: "server_error", Code: string(data.ClassInternal),
 		Message: "internal error"}
 )
@@ -98,6 +100,8 @@ func toAPIError(err error, model string) *apierr.Error {
 		return errBadKey
 	case errors.Is(err, policy.ErrModelNotAllowed):
 		return errModelNotAllowed(model)
+	case errors.Is(err, data.ErrLedgerUnavailable):
+		return errLedgerUnavailable
 	case errors.Is(err, router.ErrUnknownModel):
 		return errUnknownModel(model)
 	case errors.As(err, &mbe):

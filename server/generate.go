@@ -2,7 +2,6 @@ package server
 
 import (
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/server/apierr"
+	"tailgate/serving"
 )
 
 // handleGenerate serves POST /v1/chat/completions and /v1/completions: it
@@ -37,7 +37,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 
 		rc := http.NewResponseController(c.Response())
 		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
-		body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+		body, err := serving.ReadBody(c.Response(), r, s.cfg.MaxBodyBytes)
 		if err != nil {
 			// The deadline stays in force, so the server's own drain of the
 			// unread body fails fast too and the connection is closed.
@@ -71,7 +71,7 @@ type httpSink struct {
 func (o httpSink) rateLimits(rs policy.RateState) { setRateHeaders(o.c.Response().Header(), rs) }
 
 func (o httpSink) stream(cl *call) *sseWriter {
-	return newSSEWriter(o.c.Response(), o.s.cfg.KeepAlive, func(h http.Header) { setRouteHeaders(h, cl) })
+	return newSSEWriter(o.c.Response(), o.s.cfg.KeepAlive, o.s.cfg.ClientWriteTimeout, func(h http.Header) { setRouteHeaders(h, cl) })
 }
 
 // json sends the winning attempt's JSON answer byte for byte.
@@ -81,6 +81,7 @@ func (o httpSink) json(cl *call, body []byte) {
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	setRouteHeaders(h, cl)
 	h.Set("Server-Timing", serverTiming(cl))
+	_ = http.NewResponseController(o.c.Response()).SetWriteDeadline(time.Now().Add(o.s.cfg.ClientWriteTimeout))
 	o.c.Response().WriteHeader(http.StatusOK)
 	_, _ = o.c.Response().Write(body)
 }

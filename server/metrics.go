@@ -6,18 +6,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// Stage names used in Server-Timing, metrics and the ledger.
-const (
-	stageGateway      = "gateway"
-	stageConnect      = "connect"
-	stageUpstreamTTFT = "upstream_ttft"
-	stageEngineQueue  = "engine_queue"
-	stageEngineTTFT   = "engine_ttft"
-	stageNetwork      = "network"
-	stageTTFT         = "ttft"
-	stageTotal        = "total"
+	"tailgate/data"
 )
 
 // metrics holds the server's Prometheus collectors: requests, stages,
@@ -29,19 +19,20 @@ type metrics struct {
 	ttft     *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
 	inflight prometheus.Gauge
+	// rowsSkipped counts refused requests whose ledger row was not written
+	// (over Config.RejectedRows).
+	rowsSkipped prometheus.Counter
 
-	stageObs [8]prometheus.Observer // indexed like stageNames
-	perModel sync.Map               // model → *modelMetrics
+	stageObs [len(data.StageNames)]prometheus.Observer // indexed like data.StageNames
+	perModel sync.Map                                  // model → *modelMetrics
 }
-
-var stageNames = [8]string{stageGateway, stageConnect, stageUpstreamTTFT, stageEngineQueue, stageEngineTTFT, stageNetwork, stageTTFT, stageTotal}
 
 // latencyBuckets run from 100 µs to 60 s: gateway stages live at the bottom,
 // model time at the top.
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
 // newMetrics makes the server's collectors and registers them with reg.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_requests_total", Help: "Requests answered, by model and HTTP status code.",
@@ -58,11 +49,25 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tailgate_inflight_requests", Help: "Requests being served now.",
 		}),
+		rowsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tailgate_ledger_rows_skipped_total", Help: "Refused requests not written to the ledger (over the rejected-rows rate).",
+		}),
 	}
-	for i, name := range stageNames {
+	for i, name := range data.StageNames {
 		m.stageObs[i] = m.stages.WithLabelValues(name)
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight} {
+	ledgerUp := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tailgate_ledger_up", Help: "1 while the ledger persists rows and new requests are taken; 0 while it cannot (the gateway refuses with 503 ledger_unavailable).",
+	}, func() float64 {
+		if ledger.Healthy() != nil {
+			return 0
+		}
+		return 1
+	})
+	backlog := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tailgate_ledger_backlog_rows", Help: "Ledger rows waiting to be written.",
+	}, func() float64 { return float64(ledger.Backlog()) })
+	for _, c := range []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.rowsSkipped, ledgerUp, backlog} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("server: register metrics: %w", err)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"hash/fnv"
 	"strconv"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -32,8 +33,11 @@ type parsedRequest struct {
 	body      []byte // as sent upstream
 	model     string
 	stream    bool
-	wantUsage bool  // the client asked for the usage chunk
-	maxTokens int64 // the completion cap in force for one sequence (client's or the default)
+	wantUsage bool // the client asked for the usage chunk
+	// wantContinuous: the client asked for usage on every chunk too
+	// (stream_options.continuous_usage_stats, with include_usage).
+	wantContinuous bool
+	maxTokens      int64 // the completion cap in force for one sequence (client's or the default)
 	// sequences is how many completions the engine generates: n, times the
 	// number of prompts of a /v1/completions prompt list.
 	sequences int64
@@ -83,19 +87,24 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 		var (
 			dup   *strictjson.DuplicateKeyError
 			depth *strictjson.DepthError
+			keys  *strictjson.TooManyKeysError
 		)
 		switch {
 		case errors.As(err, &dup):
 			return nil, apierr.BadRequest(dup.Key, "request body has %s: send each field once", err)
 		case errors.As(err, &depth):
 			return nil, apierr.BadRequest("", "request body is %s", err)
+		case errors.As(err, &keys):
+			return nil, apierr.BadRequest("", "request body has %s", err)
 		}
 		return nil, apierr.BadRequest("", "request body is not valid JSON: %s", err)
 	}
 	if body[firstNonSpace(body)] != '{' {
 		return nil, apierr.BadRequest("", "request body must be a JSON object")
 	}
-	fields := gjson.GetManyBytes(body, "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of")
+	// gjson over a string view of the body: results alias it instead of
+	// copying (a 4 MiB messages array would otherwise be copied whole).
+	fields := gjson.GetMany(unsafe.String(unsafe.SliceData(body), len(body)), "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of")
 	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n, bestOf := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7], fields[8]
 
 	p := &parsedRequest{body: body, sequences: 1}
@@ -195,6 +204,11 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 			return nil, apierr.BadRequest("stream_options", "stream_options.include_usage must be a boolean")
 		}
 		p.wantUsage = iu.Type == gjson.True
+		cu := streamOpts.Get("continuous_usage_stats")
+		if cu.Exists() && !isBool(cu) && cu.Type != gjson.Null {
+			return nil, apierr.BadRequest("stream_options", "stream_options.continuous_usage_stats must be a boolean")
+		}
+		p.wantContinuous = p.wantUsage && cu.Type == gjson.True
 	}
 
 	// Forward exactly what was decided: each field the gateway acts on is
@@ -227,8 +241,10 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 		}
 	}
 	if p.stream {
-		iu := streamOpts.Get("include_usage")
-		set("stream_options.include_usage", iu.Raw, true, "true")
+		// Usage on every chunk: an aborted stream and a cancelled hedge are
+		// billed from the engine's own running count, not estimated.
+		set("stream_options.include_usage", streamOpts.Get("include_usage").Raw, true, "true")
+		set("stream_options.continuous_usage_stats", streamOpts.Get("continuous_usage_stats").Raw, true, "true")
 	}
 	if err != nil {
 		return nil, apierr.BadRequest("", "request body cannot be edited: %v", err)

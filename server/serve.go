@@ -3,7 +3,10 @@ package server
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"tailgate/data"
@@ -38,9 +41,10 @@ type call struct {
 	winner        string // first, retry or hedge
 
 	// How it ended: set once, by conclude (or reject).
-	outcome data.Outcome
-	class   data.ErrorClass
-	status  int
+	recorded bool // the ledger row is written (or committed)
+	outcome  data.Outcome
+	class    data.ErrorClass
+	status   int
 }
 
 func (s *Server) newCall(ep endpoint, p *policy.Principal) *call {
@@ -68,6 +72,11 @@ type sink interface {
 // upstream is cancelled. The ledger row is written whatever happens.
 func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	p := cl.principal
+	// Fail closed: no answer starts that the ledger could not record.
+	if err := s.ledger.Healthy(); err != nil {
+		s.reject(cl, out, err)
+		return
+	}
 	pr, err := parseRequest(cl.ep, body, parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor})
 	if err != nil {
 		s.reject(cl, out, err)
@@ -126,16 +135,28 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	if err == nil {
 		u := res.Attempt.(*upstream)
 		defer u.Abort() // done with it: close the connection's body, free buffers
+		// An answer's ledger row is committed before its final bytes leave:
+		// a gateway killed after that has the row, one killed before has an
+		// open row (streams) or served nothing whole.
+		done := func() {
+			cl.adopt(u)
+			s.hedgeOverhead(cl, res)
+			cl.outcome = data.OutcomeOK
+			s.settle(ctx, cl, ticket, true)
+		}
 		if pr.stream {
-			err = s.relayStream(ctx, w, cl, u)
+			err = s.relayStream(ctx, w, cl, u, ticket, done)
 			cl.adopt(u) // usage and timings learned while relaying
 		} else {
 			cl.firstToken = true
 			cl.stages.TTFT = time.Since(cl.start)
 			cl.stages.Total = cl.stages.TTFT
-			cl.adopt(u)
+			done()
 			out.json(cl, u.body)
 		}
+	}
+	if cl.recorded {
+		return // committed before the final bytes; what happened after is the client's
 	}
 	s.hedgeOverhead(cl, res)
 	if ae := s.conclude(ctx, cl, err); ae != nil {
@@ -145,7 +166,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 			out.error(cl, ae)
 		}
 	}
-	s.settle(cl, ticket)
+	s.settle(ctx, cl, ticket, false)
 }
 
 // conclude decides, in one place, how a routed call ended: its outcome,
@@ -153,12 +174,18 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 // (nil when the answer was delivered, the client is gone, or the failure was
 // already relayed in-band).
 func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Error {
-	var mid *midstreamError
-	var ae *apierr.Error
+	var (
+		mid  *midstreamError
+		cerr *clientError
+		ae   *apierr.Error
+	)
 	switch {
 	case err == nil:
 		cl.outcome = data.OutcomeOK
-	case ctx.Err() != nil:
+	case errors.As(err, &cerr) && isTimeout(cerr):
+		// The client stopped reading for longer than the write timeout: cut.
+		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientStalled, statusClientClosed
+	case ctx.Err() != nil, errors.As(err, &cerr):
 		// The client went away: nobody to answer; the ledger says 499.
 		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientCancelled, statusClientClosed
 	case errors.As(err, &mid):
@@ -191,20 +218,51 @@ func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Erro
 
 // settle bills what was used — the engine's own count when it reported
 // one, else what reached the client (prompt estimated), never the
-// reservation — and records the call.
-func (s *Server) settle(cl *call, ticket *policy.Ticket) {
+// reservation — and records the call; with commit, it waits until the row
+// is committed (the answer's final bytes go out after it).
+func (s *Server) settle(ctx context.Context, cl *call, ticket *policy.Ticket, commit bool) {
 	if cl.stages.Total < 0 {
 		cl.stages.Total = time.Since(cl.start)
 	}
-	u := cl.usage
-	if !cl.gotUsage {
-		u = policy.Usage{}
-		if cl.firstToken && cl.relayedTokens > 0 {
-			u = policy.Usage{PromptTokens: cl.req.promptEstimate, CompletionTokens: cl.relayedTokens}
-		}
+	cl.usage = cl.billable()
+	cost := ticket.Settle(cl.usage)
+	if !commit {
+		s.record(cl, cost)
+		return
 	}
-	cl.usage = u
-	s.record(cl, ticket.Settle(u))
+	row, ok := s.observe(cl, cost)
+	cl.recorded = true
+	if !ok {
+		return
+	}
+	// The client's going away does not stop the row; a ledger that cannot
+	// write does (the row stays queued and lands when it can).
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := s.ledger.Commit(cctx, row); err != nil {
+		s.log.Warn("answer delivered before its ledger row was committed", "request_id", cl.id, "err", err)
+	}
+}
+
+// billable is the usage to bill now: the engine's count when it reported
+// one, else what reached the client with an estimated prompt.
+func (cl *call) billable() policy.Usage {
+	if cl.gotUsage {
+		return cl.usage
+	}
+	if cl.firstToken && cl.relayedTokens > 0 {
+		return policy.Usage{PromptTokens: cl.req.promptEstimate, CompletionTokens: cl.relayedTokens}
+	}
+	return policy.Usage{}
+}
+
+// openRow records a stream in progress: a durable row, replaced by the
+// final one, that a gateway killed mid-stream settles at start-up as
+// interrupted, billed at what it says.
+func (s *Server) openRow(cl *call, u *upstream, ticket *policy.Ticket) {
+	cl.adopt(u)
+	usage := cl.billable()
+	s.ledger.Open(s.row(cl, usage, ticket.Cost(usage)))
 }
 
 // reject answers a request that was refused before reaching any replica and
@@ -242,6 +300,10 @@ func (s *Server) hedgeOverhead(cl *call, res *router.Result) {
 	}
 	for _, l := range res.Losers() {
 		switch {
+		case l.Attempt != nil && l.Attempt.(*upstream).gotUsage:
+			// The engine's own running count when the loser was cancelled.
+			u := l.Attempt.(*upstream).usage
+			cl.overhead += u.PromptTokens + u.CompletionTokens
 		case l.Attempt != nil:
 			cl.overhead += cl.req.promptEstimate + l.Attempt.(*upstream).tokens
 		case router.IsNoToken(l.Err):
@@ -259,6 +321,16 @@ func (s *Server) maxTokensFor(model string) int64 {
 
 // record writes the call's metrics and ledger row.
 func (s *Server) record(cl *call, cost int64) {
+	if row, ok := s.observe(cl, cost); ok {
+		s.ledger.Add(row)
+	}
+	cl.recorded = true
+}
+
+// observe counts the call in the metrics and returns its ledger row; false
+// means it gets none (no principal, or a refusal past the rejected-rows
+// rate).
+func (s *Server) observe(cl *call, cost int64) (data.LedgerRow, bool) {
 	model := "unknown"
 	if cl.mm != nil {
 		model = cl.mm.model
@@ -283,16 +355,41 @@ func (s *Server) record(cl *call, cost int64) {
 		mm.overhead.Add(float64(cl.overhead))
 	}
 	if cl.principal == nil {
-		return
+		return data.LedgerRow{}, false
 	}
+	if cl.outcome == data.OutcomeRejected && !s.rejectedRows.Allow() {
+		s.m.rowsSkipped.Inc()
+		return data.LedgerRow{}, false
+	}
+	return s.row(cl, cl.usage, cost), true
+}
+
+// row is the call's ledger row as it stands.
+func (s *Server) row(cl *call, usage policy.Usage, cost int64) data.LedgerRow {
 	row := data.LedgerRow{
 		ID: cl.id, Time: cl.start, TenantID: cl.principal.TenantID, KeyID: cl.principal.KeyID,
-		Upstream: cl.replica, PromptTokens: cl.usage.PromptTokens, CompletionTokens: cl.usage.CompletionTokens,
+		Upstream: cl.replica, PromptTokens: usage.PromptTokens, CompletionTokens: usage.CompletionTokens,
 		CostMicros: cost, Status: cl.status, Outcome: cl.outcome, Error: cl.class,
 		Attempts: cl.attempts, Hedged: cl.hedged, HedgeOverheadTokens: cl.overhead, Stages: cl.stages,
 	}
 	if cl.req != nil {
-		row.Model, row.Stream = cl.req.model, cl.req.stream
+		row.Model, row.Stream = boundString(cl.req.model), cl.req.stream
 	}
-	s.ledger.Add(row)
+	return row
+}
+
+// maxStoredString bounds a client-chosen string (a model name) in a ledger
+// row: the body may be megabytes, the row stays small.
+const maxStoredString = 256
+
+func boundString(v string) string {
+	if len(v) <= maxStoredString {
+		return v
+	}
+	return strings.ToValidUTF8(v[:maxStoredString], "") + "…"
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded)
 }

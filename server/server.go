@@ -29,6 +29,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"tailgate/data"
 	"tailgate/policy"
@@ -75,6 +76,17 @@ type Config struct {
 	// 0 means 30s. IdleDeadlineByModel overrides it per model.
 	IdleDeadline        time.Duration
 	IdleDeadlineByModel map[string]time.Duration
+	// ClientWriteTimeout bounds how long one write to a client may block: a
+	// client that stops reading its stream (or a large answer) for longer
+	// is cut, and its concurrency slot, budget reservation and replica slot
+	// are released. 0 means 30s.
+	ClientWriteTimeout time.Duration
+	// RejectedRows bounds the ledger rows written for requests the gateway
+	// refused (bad input, limits), per second, with a burst of 5 seconds'
+	// worth; past it rejections are counted in
+	// tailgate_ledger_rows_skipped_total but not stored, so a flood of bad
+	// requests cannot fill the disk. 0 means 20 per second.
+	RejectedRows float64
 	// MaxJSONDepth bounds the nesting of objects and arrays in a request
 	// body; deeper bodies get 400. 0 means 64.
 	MaxJSONDepth int
@@ -115,6 +127,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.IdleDeadline <= 0 {
 		c.IdleDeadline = 30 * time.Second
+	}
+	if c.ClientWriteTimeout <= 0 {
+		c.ClientWriteTimeout = 30 * time.Second
+	}
+	if c.RejectedRows <= 0 {
+		c.RejectedRows = 20
 	}
 	if c.MaxJSONDepth <= 0 {
 		c.MaxJSONDepth = strictjson.DefaultMaxDepth
@@ -160,6 +178,8 @@ type Server struct {
 
 	idPrefix string
 	idSeq    atomic.Uint64
+
+	rejectedRows *rate.Limiter // ledger rows of refused requests
 }
 
 // New returns a Server.
@@ -183,8 +203,10 @@ func New(cfg Config, d Deps) (*Server, error) {
 		cfg: cfg, gate: d.Gate, reg: d.Registry, store: d.Store, ledger: d.Ledger,
 		gatherer: d.Gatherer, log: d.Log, transport: d.Transport,
 		idPrefix: "req_" + strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36) + "_",
+
+		rejectedRows: rate.NewLimiter(rate.Limit(cfg.RejectedRows), int(max(5*cfg.RejectedRows, 1))),
 	}
-	m, err := newMetrics(d.Registerer)
+	m, err := newMetrics(d.Registerer, d.Ledger)
 	if err != nil {
 		return nil, err
 	}
@@ -305,10 +327,16 @@ func (s *Server) handleGetHealthz(c echo.Context) error {
 	}
 	status := http.StatusOK
 	word := "ok"
+	out := map[string]any{"ready_replicas": ready, "ledger": "ok"}
+	if err := s.ledger.Healthy(); err != nil {
+		status, word = http.StatusServiceUnavailable, "ledger unavailable"
+		out["ledger"] = err.Error()
+	}
 	if ready == 0 {
 		status, word = http.StatusServiceUnavailable, "no ready replica"
 	}
-	return c.JSON(status, map[string]any{"status": word, "ready_replicas": ready})
+	out["status"] = word
+	return c.JSON(status, out)
 }
 
 func (s *Server) handleGetModels(c echo.Context) error {

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"tailgate/data"
+	"tailgate/policy"
 	"tailgate/server/apierr"
 	"tailgate/serving"
 	"tailgate/serving/sse"
@@ -28,10 +29,12 @@ import (
 // connection to proxies and clients), and commits the SSE headers with the
 // first write. A stream ends badly in one place only: [sseWriter.fail].
 type sseWriter struct {
-	rw        http.ResponseWriter
-	flusher   http.Flusher
-	keepAlive time.Duration
-	headers   func(http.Header) // route headers, set when the stream commits once armed
+	rw           http.ResponseWriter
+	flusher      http.Flusher
+	rc           *http.ResponseController
+	writeTimeout time.Duration // how long one write may block on a client that does not read
+	keepAlive    time.Duration
+	headers      func(http.Header) // route headers, set when the stream commits once armed
 
 	mu        sync.Mutex
 	armed     bool // routing is decided: headers may be read
@@ -42,9 +45,10 @@ type sseWriter struct {
 	failed    error // the first write error (client gone)
 }
 
-func newSSEWriter(rw http.ResponseWriter, keepAlive time.Duration, headers func(http.Header)) *sseWriter {
-	w := &sseWriter{rw: rw, keepAlive: keepAlive, headers: headers, lastWrite: time.Now()}
+func newSSEWriter(rw http.ResponseWriter, keepAlive, writeTimeout time.Duration, headers func(http.Header)) *sseWriter {
+	w := &sseWriter{rw: rw, keepAlive: keepAlive, writeTimeout: writeTimeout, headers: headers, lastWrite: time.Now()}
 	w.flusher, _ = rw.(http.Flusher)
+	w.rc = http.NewResponseController(rw)
 	w.mu.Lock() // the timer may fire before the assignment below is visible
 	w.timer = time.AfterFunc(keepAlive, w.keepAliveTick)
 	w.mu.Unlock()
@@ -74,6 +78,14 @@ func (w *sseWriter) routed() {
 	w.mu.Unlock()
 }
 
+// deadlineLocked bounds the next write: a client that stops reading fails
+// the write instead of holding the stream (and everything it holds) forever.
+func (w *sseWriter) deadlineLocked() {
+	if w.writeTimeout > 0 {
+		_ = w.rc.SetWriteDeadline(time.Now().Add(w.writeTimeout))
+	}
+}
+
 func (w *sseWriter) flushLocked() {
 	if w.flusher != nil {
 		w.flusher.Flush()
@@ -95,11 +107,12 @@ func (w *sseWriter) send(flush bool, evs ...[]byte) error {
 	if w.closed {
 		return errStreamClosed
 	}
+	w.deadlineLocked()
 	w.commitLocked()
 	for _, ev := range evs {
 		if _, err := w.rw.Write(ev); err != nil {
-			w.failed = err
-			return err
+			w.failed = &clientError{err}
+			return w.failed
 		}
 	}
 	if flush {
@@ -119,9 +132,10 @@ func (w *sseWriter) keepAliveTick() {
 		w.timer.Reset(w.keepAlive - idle)
 		return
 	}
+	w.deadlineLocked()
 	w.commitLocked()
 	if _, err := w.rw.Write(keepAliveComment); err != nil {
-		w.failed = err
+		w.failed = &clientError{err}
 		return
 	}
 	w.flushLocked()
@@ -145,6 +159,7 @@ func (w *sseWriter) fail(ae *apierr.Error) {
 	if w.failed != nil {
 		return // the client is gone
 	}
+	w.deadlineLocked()
 	if !w.committed {
 		w.committed = true
 		if w.headers != nil && w.armed {
@@ -155,7 +170,7 @@ func (w *sseWriter) fail(ae *apierr.Error) {
 	}
 	ev := append(append([]byte("data: "), ae.Body()...), "\n\n"...)
 	if _, err := w.rw.Write(ev); err != nil {
-		w.failed = err
+		w.failed = &clientError{err}
 		return
 	}
 	w.flushLocked()
@@ -215,10 +230,11 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 			u.usage.PromptTokens = us.Get("prompt_tokens").Int()
 			u.usage.CompletionTokens = us.Get("completion_tokens").Int()
 			u.gotUsage = true
-			if !cl.req.wantUsage {
-				if bytes.Contains(payload, emptyChoices) {
-					return evDrop, nil // the usage chunk only the gateway wanted
-				}
+			usageOnly := bytes.Contains(payload, emptyChoices)
+			switch {
+			case usageOnly && !cl.req.wantUsage:
+				return evDrop, nil // the usage chunk only the gateway wanted
+			case !usageOnly && !cl.req.wantContinuous:
 				if stripped, err := sjson.DeleteBytes(payload, "usage"); err == nil {
 					ev = append(append([]byte("data: "), stripped...), "\n\n"...)
 				}
@@ -232,6 +248,13 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 	return evOther, ev
 }
 
+// clientError is a failed write to the client: it went away or stopped
+// reading for longer than the write timeout.
+type clientError struct{ err error }
+
+func (e *clientError) Error() string { return "write to client: " + e.err.Error() }
+func (e *clientError) Unwrap() error { return e.err }
+
 // midstreamError is a stream that broke after its first token reached the
 // client: there is no silent retry then, only an honest in-band error event.
 type midstreamError struct {
@@ -242,21 +265,34 @@ type midstreamError struct {
 func (e *midstreamError) Error() string { return fmt.Sprintf("%s: %v", e.class, e.err) }
 func (e *midstreamError) Unwrap() error { return e.err }
 
+// openRowEvery is how often a stream's open ledger row is brought up to
+// date with what the client has received.
+const openRowEvery = 500 * time.Millisecond
+
 // relayStream relays the winning attempt: the events it buffered up to its
 // first token, then the rest as they arrive, each flushed at once. An
 // inter-token idle deadline catches a replica that hangs mid-answer. It
-// returns nil when the stream ended with [DONE], a *midstreamError when the
-// replica broke it, or the client's error when the client went away.
-func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *upstream) error {
-	if err := w.write(u.pending...); err != nil {
+// keeps an open ledger row up to date while the stream runs and calls done
+// (which commits the final row) before the last event, [DONE], goes out.
+// It returns nil when the stream ended with [DONE], a *midstreamError when
+// the replica broke it, or the client's error when the client went away.
+func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *upstream, ticket *policy.Ticket, done func()) error {
+	pending := u.pending
+	if u.done {
+		pending = pending[:len(pending)-1] // [DONE] waits for the ledger
+	}
+	if err := w.write(pending...); err != nil {
 		return err
 	}
 	cl.firstToken = true
 	cl.stages.TTFT = time.Since(cl.start)
-	u.pending = nil
 	if u.done {
-		return nil
+		done()
+		return w.write(u.pending[len(u.pending)-1])
 	}
+	u.pending = nil
+	s.openRow(cl, u, ticket)
+	lastOpen := time.Now()
 
 	idle := s.idleDeadline(cl.req.model)
 	var idleFired atomic.Bool
@@ -295,6 +331,7 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 			}
 			continue
 		case evDone:
+			done()
 			if err := w.write(ev); err != nil {
 				return err
 			}
@@ -311,5 +348,9 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 			return err
 		}
 		unflushed = !flush
+		if kind == evToken && time.Since(lastOpen) >= openRowEvery {
+			s.openRow(cl, u, ticket)
+			lastOpen = time.Now()
+		}
 	}
 }

@@ -1,7 +1,10 @@
-// Package serving holds what runs on a GPU box: the simulated engine
-// (serving/sim), the vLLM launcher and supervisor (serving/launcher), the
-// sidecar that fronts the engine (serving/sidecar), and the wire types a
-// worker and the gateway exchange (this package).
+// Package serving holds what runs on a GPU box: the worker role
+// (serving/worker) made of the vLLM launcher and supervisor
+// (serving/launcher) and the sidecar that fronts the engine
+// (serving/sidecar); the simulated engine (serving/sim); the process-group
+// helper they and the tools share (serving/proc); the SSE event reader the
+// sidecar shares with the gateway (serving/sse); and the wire types a worker
+// and the gateway exchange and a bounded body reader (this package).
 //
 // # Wire contract between a worker and the gateway
 //

@@ -14,8 +14,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"tailgate/serving/proc"
 )
 
 // LocalConfig configures a fleet of tailgate processes on loopback.
@@ -61,25 +62,26 @@ type Local struct {
 	sims       []string // static engines' base URLs (…/v1)
 
 	mu      sync.Mutex
-	gateway *proc
-	workers []*proc // every worker started, in order
-	others  []*proc // static sims
-	next    int     // number of the next worker
+	gateway *child
+	workers []*child // every worker started, in order
+	others  []*child // static sims
+	next    int      // number of the next worker
 	closed  bool
 	once    sync.Once
 }
 
-type proc struct {
+// child is one process of the fleet, the leader of its own process group.
+type child struct {
+	*proc.Process
 	name    string
-	cmd     *exec.Cmd
 	logPath string
-	exited  chan struct{}
+	log     *os.File // its output, one line per line
 	killed  bool
 }
 
-func (p *proc) alive() bool {
+func (p *child) alive() bool {
 	select {
-	case <-p.exited:
+	case <-p.Done():
 		return false
 	default:
 		return true
@@ -182,35 +184,32 @@ var (
 	announceRE = regexp.MustCompile(`(?m)^TAILGATE_LISTEN (\S+)`)
 )
 
-// spawn starts a child in its own process group, its output in a log file.
-// The child is killed if the bench dies.
-func (l *Local) spawn(name string, args []string) (*proc, error) {
+// spawn starts a child in its own process group, its output in a log file
+// (closed by Close). The child is killed if the bench dies.
+func (l *Local) spawn(name string, args []string) (*child, error) {
 	logPath := filepath.Join(l.dir, "logs", name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("local fleet: %w", err)
 	}
-	defer f.Close() // the child has its own copy
-	cmd := exec.Command(l.cfg.Binary, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	sink := proc.LineWriter(f, "")
+	p, err := proc.Start(proc.Config{Argv: append([]string{l.cfg.Binary}, args...), Stdout: sink, Stderr: sink})
+	if err != nil {
+		_ = f.Close()
 		return nil, fmt.Errorf("local fleet: start %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.exited) }()
-	return p, nil
+	return &child{Process: p, name: name, logPath: logPath, log: f}, nil
 }
 
 // waitLine waits for a line matching re in p's log.
-func (l *Local) waitLine(ctx context.Context, p *proc, re *regexp.Regexp) ([]string, error) {
+func (l *Local) waitLine(ctx context.Context, p *child, re *regexp.Regexp) ([]string, error) {
 	for {
 		raw, _ := os.ReadFile(p.logPath)
 		if m := re.FindStringSubmatch(string(raw)); m != nil {
 			return m, nil
 		}
 		select {
-		case <-p.exited:
+		case <-p.Done():
 			return nil, fmt.Errorf("local fleet: %s exited during startup:\n%s", p.name, tail(p.logPath))
 		case <-ctx.Done():
 			return nil, fmt.Errorf("local fleet: %s did not start: %w\n%s", p.name, ctx.Err(), tail(p.logPath))
@@ -291,8 +290,8 @@ func (l *Local) waitReady(ctx context.Context, n int) error {
 			}
 		}
 		l.mu.Lock()
-		var dead *proc
-		for _, p := range append([]*proc{l.gateway}, l.workers...) {
+		var dead *child
+		for _, p := range append([]*child{l.gateway}, l.workers...) {
 			if !p.killed && !p.alive() {
 				dead = p
 			}
@@ -327,7 +326,7 @@ func (l *Local) Kill(ctx context.Context, n int) (ActionResult, error) {
 	if l.cfg.Static {
 		return ActionResult{}, errors.New("this scenario has no workers to kill")
 	}
-	var victims []*proc
+	var victims []*child
 	l.mu.Lock()
 	for _, p := range l.workers {
 		if len(victims) < n && !p.killed && p.alive() {
@@ -339,16 +338,12 @@ func (l *Local) Kill(ctx context.Context, n int) (ActionResult, error) {
 	}
 	l.mu.Unlock()
 	var res ActionResult
+	var stops sync.WaitGroup
 	for _, p := range victims {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		stops.Go(func() { _ = p.Stop(0) })
 		res.Replicas = append(res.Replicas, p.name)
 	}
-	for _, p := range victims {
-		select {
-		case <-p.exited:
-		case <-time.After(5 * time.Second):
-		}
-	}
+	stops.Wait()
 	var err error
 	if len(victims) < n {
 		err = fmt.Errorf("only %d live workers to kill, not %d", len(victims), n)
@@ -386,39 +381,25 @@ func (l *Local) ScaleOut(ctx context.Context, n int) (ActionResult, error) {
 	return res, nil
 }
 
-// Close stops every process (SIGTERM, then SIGKILL after a few seconds) and
-// removes the directory it made unless Keep. It is safe to call twice.
+// Close stops every process group at once (SIGTERM, then SIGKILL after 6s)
+// and removes the directory it made unless Keep. It is safe to call twice.
 func (l *Local) Close() error {
 	l.once.Do(func() {
 		l.mu.Lock()
 		l.closed = true
-		procs := append(append([]*proc{}, l.workers...), l.others...)
+		procs := append(append([]*child{}, l.workers...), l.others...)
 		if l.gateway != nil {
 			procs = append(procs, l.gateway)
 		}
 		l.mu.Unlock()
+		var stops sync.WaitGroup
 		for _, p := range procs {
-			if p.alive() {
-				_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-			}
+			stops.Go(func() {
+				_ = p.Stop(6 * time.Second)
+				_ = p.log.Close()
+			})
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
-		for _, p := range procs {
-			select {
-			case <-p.exited:
-			case <-ctx.Done():
-			}
-		}
-		cancel()
-		for _, p := range procs {
-			if p.alive() {
-				_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-				select {
-				case <-p.exited:
-				case <-time.After(2 * time.Second):
-				}
-			}
-		}
+		stops.Wait()
 		if l.ownDir && !l.cfg.Keep {
 			_ = os.RemoveAll(l.dir)
 		}

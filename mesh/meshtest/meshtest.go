@@ -22,9 +22,18 @@ const (
 	TagWorker  = "tag:tailgate-worker"
 )
 
+// Option changes how the control server behaves.
+type Option func(*testcontrol.Server)
+
+// RequireAuthKey makes the control server refuse every node that registers
+// without key, as a control server refuses an expired or unknown key.
+func RequireAuthKey(key string) Option {
+	return func(s *testcontrol.Server) { s.RequireAuthKey = key }
+}
+
 // StartControl starts the control server and relay for the test's duration
 // and returns the control server's URL.
-func StartControl(tb testing.TB) string {
+func StartControl(tb testing.TB, opts ...Option) string {
 	tb.Helper()
 	// Sockets must not be bound to a device or marked in tests, and netns is
 	// process-wide (tailscale's own tests do the same).
@@ -36,6 +45,9 @@ func StartControl(tb testing.TB) string {
 		MagicDNSDomain: "tail-scale.ts.net",
 		TagOwners:      map[string][]string{TagGateway: nil, TagWorker: nil},
 		Logf:           logger.Discard,
+	}
+	for _, o := range opts {
+		o(control)
 	}
 	control.HTTPTestServer = httptest.NewUnstartedServer(control)
 	control.HTTPTestServer.Start()

@@ -62,6 +62,21 @@ func (e *DepthError) Error() string {
 // instead of being compared one by one.
 const manyKeys = 16
 
+// MaxKeys bounds the keys of one object, which bounds the memory the
+// duplicate check takes (a request's objects have a handful; a tool's JSON
+// schema maybe hundreds).
+const MaxKeys = 10000
+
+// TooManyKeysError: an object has more than MaxKeys keys.
+type TooManyKeysError struct{ Path string }
+
+func (e *TooManyKeysError) Error() string {
+	if e.Path == "" {
+		return fmt.Sprintf("an object with more than %d keys", MaxKeys)
+	}
+	return fmt.Sprintf("an object with more than %d keys in %s", MaxKeys, e.Path)
+}
+
 type frame struct {
 	obj   bool
 	n     int // members (objects) or elements (arrays) so far
@@ -80,7 +95,8 @@ type checker struct {
 // Check reports whether b is one JSON value (surrounded by optional white
 // space) with no repeated key in any object and at most maxDepth levels of
 // nested objects and arrays (maxDepth <= 0 means [DefaultMaxDepth]). The
-// error is a *SyntaxError, *DuplicateKeyError or *DepthError.
+// error is a *SyntaxError, *DuplicateKeyError, *DepthError or
+// *TooManyKeysError.
 func Check(b []byte, maxDepth int) error {
 	if maxDepth <= 0 {
 		maxDepth = DefaultMaxDepth
@@ -220,6 +236,9 @@ func (c *checker) member(i int) (int, error) {
 		key = []byte(s)
 	}
 	top := &c.stack[len(c.stack)-1]
+	if top.n >= MaxKeys {
+		return 0, &TooManyKeysError{Path: c.path(c.stack[:len(c.stack)-1])}
+	}
 	if top.set != nil {
 		if _, dup := top.set[string(key)]; dup {
 			return 0, &DuplicateKeyError{Key: string(key), Path: c.path(c.stack[:len(c.stack)-1])}
@@ -356,6 +375,7 @@ func IsInvalid(err error) bool {
 		se *SyntaxError
 		de *DuplicateKeyError
 		ne *DepthError
+		ke *TooManyKeysError
 	)
-	return errors.As(err, &se) || errors.As(err, &de) || errors.As(err, &ne)
+	return errors.As(err, &se) || errors.As(err, &de) || errors.As(err, &ne) || errors.As(err, &ke)
 }

@@ -26,6 +26,7 @@ func TestCheck(t *testing.T) {
 		{"a repeated nested key names its path", `{"messages":[{"role":"user","role":"system"}]}`, `duplicate key "role" in messages[0]`},
 		{"a repeated key among many is refused", manyKeysObject(40, true), `duplicate key "k7"`},
 		{"many distinct keys are fine", manyKeysObject(40, false), ""},
+		{"an object with too many keys is refused", manyKeysObject(MaxKeys+1, false), "more than 10000 keys"},
 		{"keys differing in case are different keys", `{"stream":false,"Stream":true}`, ""},
 		{"nesting at the bound is fine", deep(DefaultMaxDepth), ""},
 		{"nesting past the bound is refused", deep(DefaultMaxDepth + 1), "nested deeper than 64"},

@@ -38,7 +38,8 @@ import (
 // reports starting, warming, ready and failed; draining is the worker's.
 type State = string
 
-// Config configures a [Launcher]. Zero durations mean the documented default.
+// Config configures a [Launcher]. Zero values mean the documented default;
+// a feature is turned off by its own field (NoWarmup).
 type Config struct {
 	// Command builds the engine's argv (argv[0] the executable) and the
 	// environment added to the worker's own, for an engine listening on
@@ -56,9 +57,12 @@ type Config struct {
 	Progress time.Duration
 	// PollInterval is how often readiness is probed; 0 means 500ms.
 	PollInterval time.Duration
-	// Warmup is the number of short generations run before ready; 0 means 3
-	// and a negative value means none.
+	// Warmup is the number of short generations run before ready; 0 means
+	// DefaultWarmup (3). See NoWarmup to run none.
 	Warmup int
+	// NoWarmup skips the warm-up: the engine is ready as soon as it serves
+	// the model.
+	NoWarmup bool
 	// WarmupTimeout bounds the whole warm-up; 0 means 2m.
 	WarmupTimeout time.Duration
 	// BackoffMin and BackoffMax bound the pause before a restart, which
@@ -100,6 +104,8 @@ func (c Config) Validate() error {
 		return errors.New("launcher: Command is required")
 	case c.Model == "":
 		return errors.New("launcher: Model is required")
+	case c.Warmup < 0:
+		return errors.New("launcher: Warmup must not be negative (NoWarmup turns it off)")
 	case c.StartupTimeout < 0, c.Progress < 0, c.PollInterval < 0, c.WarmupTimeout < 0,
 		c.BackoffMin < 0, c.BackoffMax < 0, c.StableAfter < 0, c.StopGrace < 0:
 		return errors.New("launcher: durations must not be negative")
@@ -125,10 +131,10 @@ func (c Config) withDefaults() Config {
 	def(&c.StableAfter, DefaultStableAfter)
 	def(&c.StopGrace, DefaultStopGrace)
 	switch {
+	case c.NoWarmup:
+		c.Warmup = 0
 	case c.Warmup == 0:
 		c.Warmup = DefaultWarmup
-	case c.Warmup < 0:
-		c.Warmup = 0
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -273,25 +279,25 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (readyFor time.Dur
 	if len(argv) == 0 {
 		return 0, "", errors.New("empty engine command")
 	}
-	p, err := startProcess(argv, env, l.log)
+	p, err := startEngine(argv, env, l.log)
 	if err != nil {
 		return 0, "", err
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	l.mu.Lock()
-	l.pid, l.url = p.pid, url
+	l.pid, l.url = p.PID(), url
 	if restart {
 		l.restarts++
 	}
 	l.mu.Unlock()
-	l.log.Info("engine started", "pid", p.pid, "url", url, "argv", redact(argv))
+	l.log.Info("engine started", "pid", p.PID(), "url", url, "argv", redact(argv))
 
 	// pctx ends when ctx does or when the process exits, whichever is first.
 	pctx, cancel := context.WithCancelCause(ctx)
 	var watch sync.WaitGroup
 	watch.Go(func() {
 		select {
-		case <-p.done:
+		case <-p.Done():
 			cancel(errExited)
 		case <-pctx.Done():
 		}
@@ -299,15 +305,15 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (readyFor time.Dur
 	defer func() {
 		cancel(nil)
 		watch.Wait()
-		p.stop(l.cfg.StopGrace)
+		_ = p.Stop(l.cfg.StopGrace)
 		l.mu.Lock()
 		l.pid = 0
 		l.mu.Unlock()
-		l.log.Info("engine stopped", "pid", p.pid, "exit", p.exitErr())
+		l.log.Info("engine stopped", "pid", p.PID(), "exit", exitErr(p))
 	}()
 	gone := func(phase string, err error) string {
 		if errors.Is(context.Cause(pctx), errExited) {
-			return fmt.Sprintf("engine exited %s: %v", phase, p.exitErr())
+			return fmt.Sprintf("engine exited %s: %v", phase, exitErr(p))
 		}
 		return err.Error()
 	}
@@ -330,10 +336,10 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (readyFor time.Dur
 	}
 	readySince := time.Now()
 	l.setState(serving.StateReady, "")
-	l.log.Info("engine ready", "pid", p.pid, "url", url)
+	l.log.Info("engine ready", "pid", p.PID(), "url", url)
 	<-pctx.Done()
 	if ctx.Err() != nil {
 		return time.Since(readySince), "", nil
 	}
-	return time.Since(readySince), fmt.Sprintf("engine exited: %v", p.exitErr()), nil
+	return time.Since(readySince), fmt.Sprintf("engine exited: %v", exitErr(p)), nil
 }

@@ -23,6 +23,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"no command", Config{Model: "m"}, "Command is required"},
 		{"no model", Config{Command: cmd}, "Model is required"},
 		{"negative duration", Config{Command: cmd, Model: "m", StopGrace: -time.Second}, "must not be negative"},
+		{"negative warm-up", Config{Command: cmd, Model: "m", Warmup: -1}, "NoWarmup turns it off"},
 		{"backoff bounds reversed", Config{Command: cmd, Model: "m", BackoffMin: time.Minute, BackoffMax: time.Second}, "exceeds BackoffMax"},
 		{"min above default max", Config{Command: cmd, Model: "m", BackoffMin: 2 * time.Minute}, "exceeds BackoffMax"},
 	}
@@ -87,18 +88,19 @@ func TestReadyOnlyAfterHealthModelAndWarmup(t *testing.T) {
 	tests := []struct {
 		name       string
 		warmup     int
+		noWarmup   bool
 		wantChats  int
 		wantStates []string
 	}{
-		{"default warm-up", 0, 3, []string{"starting", "warming", "ready"}},
-		{"one warm-up request", 1, 1, []string{"starting", "warming", "ready"}},
-		{"warm-up off", -1, 0, []string{"starting", "ready"}},
+		{"default warm-up", 0, false, 3, []string{"starting", "warming", "ready"}},
+		{"one warm-up request", 1, false, 1, []string{"starting", "warming", "ready"}},
+		{"warm-up off", 0, true, 0, []string{"starting", "ready"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			h := start(t, VLLMOptions{ServedModelName: "served", GPUs: "1"},
-				[]string{"FAKE_VLLM_STARTUP_DELAY=400ms"}, Config{Model: "served", Warmup: tt.warmup})
+				[]string{"FAKE_VLLM_STARTUP_DELAY=400ms"}, Config{Model: "served", Warmup: tt.warmup, NoWarmup: tt.noWarmup})
 			changes := h.waitState("ready", 1)
 
 			if got := h.stateNames(); !slices.Equal(got, tt.wantStates) {

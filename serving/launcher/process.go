@@ -1,21 +1,15 @@
 package launcher
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
-	"time"
+
+	"tailgate/serving/proc"
 )
 
 // freePort returns a loopback port that was free a moment ago. Another
@@ -34,140 +28,32 @@ func freePort() (int, error) {
 	return port, nil
 }
 
-// process is one running engine: the leader of its own process group.
-type process struct {
-	pid     int
-	done    chan struct{} // closed once the leader exited and was reaped
-	waitErr error         // set before done is closed
-
-	outputs  sync.WaitGroup // forwarders of stdout and stderr
-	readEnds []*os.File
-	stopOnce sync.Once
-}
-
-// startProcess starts argv with env added to the worker's environment, in a
-// new process group, its output forwarded to log.
-//
-// The output goes through pipes we own rather than exec's copying
-// goroutines: engine children (vLLM's GPU workers) inherit the write ends,
-// and cmd.Wait must not hang on them once the leader has exited.
-func startProcess(argv, env []string, log *slog.Logger) (*process, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), env...) // later entries win
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setpgid: true,
-		// The engine must not outlive a killed worker. The signal fires when
-		// the thread that started it exits; Go keeps threads alive unless a
-		// goroutine locked to one ends, which this package never does.
-		Pdeathsig: syscall.SIGKILL,
+// startEngine starts argv with env added to the worker's environment, as
+// the leader of its own process group, its output logged one record per
+// line.
+func startEngine(argv, env []string, log *slog.Logger) (*proc.Process, error) {
+	// The pid is known only once Start returns; output waits for it.
+	var olog *slog.Logger
+	started := make(chan struct{})
+	sink := func(line string) {
+		<-started
+		olog.Info(line)
 	}
-	p := &process{done: make(chan struct{})}
-	var writeEnds []*os.File
-	closeAll := func() {
-		for _, f := range append(p.readEnds, writeEnds...) {
-			_ = f.Close()
-		}
-	}
-	for range 2 {
-		r, w, err := os.Pipe()
-		if err != nil {
-			closeAll()
-			return nil, fmt.Errorf("engine output pipe: %w", err)
-		}
-		p.readEnds = append(p.readEnds, r)
-		writeEnds = append(writeEnds, w)
-	}
-	cmd.Stdout, cmd.Stderr = writeEnds[0], writeEnds[1]
-	if err := cmd.Start(); err != nil {
-		closeAll()
+	p, err := proc.Start(proc.Config{Argv: argv, Env: env, Stdout: sink, Stderr: sink})
+	if err != nil {
 		return nil, fmt.Errorf("start engine: %w", err)
 	}
-	for _, w := range writeEnds {
-		_ = w.Close()
-	}
-	p.pid = cmd.Process.Pid
-	olog := log.With("engine", filepath.Base(argv[0]), "pid", p.pid)
-	for _, r := range p.readEnds {
-		p.outputs.Go(func() { forwardLines(r, olog) })
-	}
-	go func() {
-		p.waitErr = cmd.Wait()
-		close(p.done)
-	}()
+	olog = log.With("engine", filepath.Base(argv[0]), "pid", p.PID())
+	close(started)
 	return p, nil
 }
 
-// exitErr describes how the leader exited; call it only after done.
-func (p *process) exitErr() error {
-	if p.waitErr == nil {
-		return errors.New("exit status 0")
+// exitErr describes how the engine exited; call it only after it did.
+func exitErr(p *proc.Process) error {
+	if err := p.Err(); err != nil {
+		return err
 	}
-	return p.waitErr
-}
-
-// stop ends the whole process group: SIGTERM, SIGKILL once the leader has
-// exited or grace has passed (whatever is left of the group then are
-// orphans). It waits for the leader and, briefly, for the output. Safe to
-// call more than once.
-func (p *process) stop(grace time.Duration) {
-	p.stopOnce.Do(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = syscall.Kill(-p.pid, syscall.SIGTERM)
-			t := time.NewTimer(grace)
-			select {
-			case <-p.done:
-				t.Stop()
-			case <-t.C:
-			}
-		}
-		// ESRCH when the group is already empty is fine.
-		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
-		<-p.done
-		// A process that left the group can hold the pipes open; don't
-		// wait on it forever.
-		out := make(chan struct{})
-		go func() { p.outputs.Wait(); close(out) }()
-		select {
-		case <-out:
-		case <-time.After(2 * time.Second):
-		}
-		for _, r := range p.readEnds {
-			_ = r.Close()
-		}
-		<-out
-	})
-}
-
-// maxLine bounds one forwarded log record; longer lines are split.
-const maxLine = 16 << 10
-
-// forwardLines logs each line of r as one record until r ends. Carriage
-// returns end lines too, so progress bars become one record per update
-// instead of one unbounded line.
-func forwardLines(r io.Reader, log *slog.Logger) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 4096), maxLine)
-	sc.Split(splitLines)
-	for sc.Scan() {
-		if line := sc.Bytes(); len(bytes.TrimSpace(line)) > 0 {
-			log.Info(string(line))
-		}
-	}
-	// A read error (the pipe closed under us) ends forwarding; keep the
-	// engine from blocking on a full pipe by draining whatever is left.
-	_, _ = io.Copy(io.Discard, r)
-}
-
-func splitLines(data []byte, atEOF bool) (advance int, token []byte, err error) {
-	if i := bytes.IndexAny(data, "\r\n"); i >= 0 {
-		return i + 1, data[:i], nil
-	}
-	if len(data) >= maxLine || (atEOF && len(data) > 0) {
-		return len(data), data, nil
-	}
-	return 0, nil, nil
+	return errors.New("exit status 0")
 }
 
 // redact hides the values of secret-looking flags (--api-key K,

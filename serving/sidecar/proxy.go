@@ -154,15 +154,7 @@ func (s *Sidecar) engineFailed(w http.ResponseWriter, r *http.Request, err error
 }
 
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	rd := http.MaxBytesReader(w, r.Body, maxRequestBody)
-	var body []byte
-	var err error
-	if n := r.ContentLength; n > 0 && n <= maxRequestBody {
-		body = make([]byte, n)
-		_, err = io.ReadFull(rd, body)
-	} else {
-		body, err = io.ReadAll(rd)
-	}
+	body, err := serving.ReadBody(w, r, maxRequestBody)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, errBodyTooLarge

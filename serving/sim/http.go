@@ -2,9 +2,10 @@ package sim
 
 import (
 	"errors"
-	"io"
 	"net/http"
 	"time"
+
+	"tailgate/serving"
 )
 
 // maxBodyBytes bounds a request body; far above any prompt that fits
@@ -74,15 +75,7 @@ func handleMethodNotAllowed(w http.ResponseWriter, _ *http.Request) {
 }
 
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	rd := http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	var body []byte
-	var err error
-	if n := r.ContentLength; n > 0 && n <= maxBodyBytes {
-		body = make([]byte, n)
-		_, err = io.ReadFull(rd, body)
-	} else {
-		body, err = io.ReadAll(rd)
-	}
+	body, err := serving.ReadBody(w, r, maxBodyBytes)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "BadRequestError", msg: "request body too large"}

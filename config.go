@@ -1,0 +1,472 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"tailgate/policy"
+	"tailgate/router"
+	"tailgate/server"
+)
+
+// gatewayConfig is the gateway's configuration (`gateway` and `up`) in one
+// typed value: the flags, then the YAML file named by --config, checked by
+// Validate and turned into each package's Config by setup. Only main uses it.
+//
+// The file holds the fields with a yaml tag: upstreams, default_max_tokens
+// and the per-model catalog. A flag given on the command line wins over the
+// file; --upstream and --price add to it.
+//
+// Zero values. A zero number or duration, given as a flag or in the file,
+// means the default (the value the flag's help shows); it never turns a
+// feature off. Features are turned off by a bool: --hedge (off unless set;
+// per model hedge.enabled), --affinity, --mesh. Two durations are the
+// exception, because zero is their natural "none": --slow-start 0 turns the
+// ramp-up off and --shutdown-grace 0 stops without waiting for in-flight
+// requests. In a model's entry every zero field inherits the gateway-wide
+// setting, and a model without a price is free.
+type gatewayConfig struct {
+	DataDir       string        `yaml:"-"` // --data
+	Listen        string        `yaml:"-"` // --listen
+	AdminListen   string        `yaml:"-"` // --admin-listen
+	ConfigFile    string        `yaml:"-"` // --config
+	ShutdownGrace time.Duration `yaml:"-"` // --shutdown-grace; 0: none
+
+	Upstreams        []upstreamConfig       `yaml:"upstreams"`          // the file's, then --upstream
+	DefaultMaxTokens int64                  `yaml:"default_max_tokens"` // --default-max-tokens; 0: 1024
+	Models           map[string]modelConfig `yaml:"models"`             // the catalog; --price adds prices
+
+	MaxBody      int64         `yaml:"-"` // --max-body; 0: 4 MiB
+	KeepAlive    time.Duration `yaml:"-"` // --sse-keepalive; 0: 10s
+	TTFTDeadline time.Duration `yaml:"-"` // --ttft-deadline; 0: 30s
+	IdleDeadline time.Duration `yaml:"-"` // --idle-deadline; 0: 30s
+	JSONDeadline time.Duration `yaml:"-"` // --json-deadline; 0: 10m
+
+	ClientWriteTimeout time.Duration `yaml:"-"` // --client-write-timeout; 0: 30s
+	MaxJSONDepth       int           `yaml:"-"` // --max-json-depth; 0: 64
+	MediaPartTokens    int64         `yaml:"-"` // --media-part-tokens; 0: 16384
+	RejectedRows       float64       `yaml:"-"` // --rejected-rows; 0: 20 per second
+	MaxConnections     int           `yaml:"-"` // --max-connections; 0: 4096
+
+	Policy          string        `yaml:"-"` // --policy; "": p2c
+	Affinity        bool          `yaml:"-"` // --affinity
+	SlowStart       time.Duration `yaml:"-"` // --slow-start; 0: off
+	RetryBudget     float64       `yaml:"-"` // --retry-budget; 0: 0.05
+	Hedge           bool          `yaml:"-"` // --hedge
+	HedgePercentile float64       `yaml:"-"` // --hedge-percentile; 0: 0.95
+	HedgeMin        time.Duration `yaml:"-"` // --hedge-min; 0: 20ms
+	HedgeMax        time.Duration `yaml:"-"` // --hedge-max; 0: 30s
+
+	Mesh           meshFlags `yaml:"-"` // gateway only: --mesh and --mesh-*
+	MeshAllowPeers string    `yaml:"-"` // gateway only: --mesh-allow-peers
+
+	upstreamFlags stringList // --upstream, added to Upstreams by load
+	priceFlags    stringList // --price, put in the catalog by load
+}
+
+// upstreamConfig is a static upstream (upstreams[i] in the file).
+type upstreamConfig struct {
+	ID  string `yaml:"id"` // "": the URL's host:port
+	URL string `yaml:"url"`
+
+	fromFlag bool // from --upstream, not the file (for error messages)
+}
+
+// modelConfig is one model's entry in the catalog, models.NAME in the file.
+// A zero field inherits the gateway-wide setting.
+type modelConfig struct {
+	MaxTokens    int64         `yaml:"max_tokens"`    // 0: default_max_tokens
+	TTFTDeadline time.Duration `yaml:"ttft_deadline"` // 0: --ttft-deadline
+	IdleDeadline time.Duration `yaml:"idle_deadline"` // 0: --idle-deadline
+	Price        *priceConfig  `yaml:"price"`         // nil: free; --price MODEL=IN,OUT replaces it
+	Hedge        *modelHedge   `yaml:"hedge"`         // nil: the --hedge* flags
+}
+
+// priceConfig is a model's price in currency units per million tokens.
+type priceConfig struct {
+	Input  float64 `yaml:"input_per_million"`
+	Output float64 `yaml:"output_per_million"`
+}
+
+// modelHedge overrides hedging for one model; zero fields inherit the
+// --hedge-* flags.
+type modelHedge struct {
+	Enabled    *bool         `yaml:"enabled"` // nil: --hedge
+	Percentile float64       `yaml:"percentile"`
+	Min        time.Duration `yaml:"min"`
+	Max        time.Duration `yaml:"max"`
+}
+
+// register defines the gateway's flags (those `up` shares) with their
+// defaults.
+func (c *gatewayConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.DataDir, "data", "tailgate-data", "data directory: SQLite database, tokens, keys")
+	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
+	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
+	fs.Var(&c.upstreamFlags, "upstream", "static OpenAI-compatible upstream base URL, e.g. http://10.0.0.5:8000 (repeatable)")
+	fs.StringVar(&c.ConfigFile, "config", "", "YAML config file (upstreams, per-model max_tokens, prices, deadlines, hedging); flags given here win over it, --upstream and --price add to it")
+	fs.Int64Var(&c.DefaultMaxTokens, "default-max-tokens", 1024, "max_tokens applied when a request sets none")
+	fs.Int64Var(&c.MaxBody, "max-body", 4<<20, "largest request body in bytes (larger: 413)")
+	fs.DurationVar(&c.KeepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
+	fs.Var(&c.priceFlags, "price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
+	fs.StringVar(&c.Policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
+	fs.BoolVar(&c.Affinity, "affinity", false, "prefer the same replica for the same prompt prefix when load is comparable (reuses the engine's prefix cache)")
+	fs.DurationVar(&c.SlowStart, "slow-start", router.DefaultSlowStart, "how long a freshly ready replica ramps up to a full share; its load counts double at first (0: off)")
+	fs.DurationVar(&c.TTFTDeadline, "ttft-deadline", 30*time.Second, "an attempt with no first token by then is abandoned and its replica ejected")
+	fs.DurationVar(&c.IdleDeadline, "idle-deadline", 30*time.Second, "a stream silent this long between tokens is cut and its replica ejected")
+	fs.DurationVar(&c.JSONDeadline, "json-deadline", 10*time.Minute, "how long a request that is not streamed may wait for its answer")
+	fs.DurationVar(&c.ClientWriteTimeout, "client-write-timeout", 30*time.Second, "a client that does not read its answer for this long is cut, and what it held is released")
+	fs.IntVar(&c.MaxJSONDepth, "max-json-depth", 64, "deepest nesting of objects and arrays in a request body (deeper: 400)")
+	fs.Int64Var(&c.MediaPartTokens, "media-part-tokens", 16384, "prompt tokens reserved against the budget for each image, audio or video part of a chat message")
+	fs.Float64Var(&c.RejectedRows, "rejected-rows", 20, "ledger rows per second for refused requests (bad input, limits); past it they are only counted in tailgate_ledger_rows_skipped_total")
+	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections the public listener holds open at once; more wait to be accepted")
+	fs.BoolVar(&c.Hedge, "hedge", false, "hedge requests: a second attempt on another replica when the first has no token by the hedge delay")
+	fs.Float64Var(&c.HedgePercentile, "hedge-percentile", 0.95, "hedge delay: this percentile of recent time to first token, per model")
+	fs.DurationVar(&c.HedgeMin, "hedge-min", 20*time.Millisecond, "smallest hedge delay")
+	fs.DurationVar(&c.HedgeMax, "hedge-max", 30*time.Second, "largest hedge delay")
+	fs.Float64Var(&c.RetryBudget, "retry-budget", 0.05, "extra attempts (retries after a request reached a replica, and hedges) as a fraction of requests, between 0 and 1 (0: the default)")
+}
+
+// registerMesh defines the mesh flags, which `gateway` has and `up` has not.
+func (c *gatewayConfig) registerMesh(fs *flag.FlagSet) {
+	c.Mesh.register(fs, "tg-gateway")
+	fs.StringVar(&c.MeshAllowPeers, "mesh-allow-peers", "", "with --mesh: only tailnet peers with one of these tags or host names may register as workers (comma-separated), besides the cluster token")
+}
+
+// resolve completes c once fs is parsed (load), checks it (Validate) and
+// turns it into each package's Config (setup).
+func (c *gatewayConfig) resolve(fs *flag.FlagSet) (*gatewaySetup, error) {
+	if err := c.load(fs); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c.setup()
+}
+
+// load reads the --config file into c under the flags given on fs's command
+// line, then adds --upstream and --price.
+func (c *gatewayConfig) load(fs *flag.FlagSet) error {
+	if c.ConfigFile != "" {
+		raw, err := os.ReadFile(c.ConfigFile)
+		if err != nil {
+			return fmt.Errorf("--config: %w", err)
+		}
+		flagMaxTokens := c.DefaultMaxTokens
+		if err := decodeYAML(raw, c); err != nil {
+			return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
+		}
+		if flagGiven(fs, "default-max-tokens") {
+			c.DefaultMaxTokens = flagMaxTokens
+		}
+	}
+	for _, u := range c.upstreamFlags {
+		c.Upstreams = append(c.Upstreams, upstreamConfig{URL: u, fromFlag: true})
+	}
+	c.upstreamFlags = nil
+	for _, p := range c.priceFlags {
+		model, rest, ok := strings.Cut(p, "=")
+		in, out, ok2 := strings.Cut(rest, ",")
+		fin, err1 := strconv.ParseFloat(in, 64)
+		fout, err2 := strconv.ParseFloat(out, 64)
+		if !ok || !ok2 || model == "" || err1 != nil || err2 != nil || fin < 0 || fout < 0 {
+			return fmt.Errorf("--price %q: want MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6", p)
+		}
+		if c.Models == nil {
+			c.Models = map[string]modelConfig{}
+		}
+		m := c.Models[model]
+		m.Price = &priceConfig{Input: fin, Output: fout}
+		c.Models[model] = m
+	}
+	c.priceFlags = nil
+	return nil
+}
+
+// flagGiven reports whether the flag name was set on fs's command line.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
+// Validate reports the first setting that cannot work, naming its flag or
+// its key in the file.
+func (c *gatewayConfig) Validate() error {
+	switch {
+	case c.DataDir == "":
+		return errors.New("--data: a data directory is required")
+	case c.DefaultMaxTokens < 0:
+		return fmt.Errorf("--default-max-tokens (default_max_tokens) %d: want a positive count (0: 1024)", c.DefaultMaxTokens)
+	case c.MaxJSONDepth < 0 || c.MaxJSONDepth > 10000:
+		return fmt.Errorf("--max-json-depth %d: want 1 to 10000 (0: 64)", c.MaxJSONDepth)
+	case c.MediaPartTokens < 0:
+		return fmt.Errorf("--media-part-tokens %d: want a positive number of tokens (0: 16384)", c.MediaPartTokens)
+	case c.MaxConnections < 0:
+		return fmt.Errorf("--max-connections %d: want a positive count (0: 4096)", c.MaxConnections)
+	case c.RejectedRows < 0:
+		return fmt.Errorf("--rejected-rows %v: want a positive rate per second (0: 20)", c.RejectedRows)
+	case c.MaxBody < 0:
+		return fmt.Errorf("--max-body %d: want a positive size in bytes (0: 4 MiB)", c.MaxBody)
+	case c.MeshAllowPeers != "" && !c.Mesh.enabled:
+		return errors.New("--mesh-allow-peers needs --mesh")
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"--shutdown-grace", c.ShutdownGrace}, {"--sse-keepalive", c.KeepAlive},
+		{"--ttft-deadline", c.TTFTDeadline}, {"--idle-deadline", c.IdleDeadline}, {"--json-deadline", c.JSONDeadline},
+		{"--client-write-timeout", c.ClientWriteTimeout},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("%s %v: want a positive duration", d.flag, d.v)
+		}
+	}
+	for _, a := range []struct{ flag, addr string }{{"--listen", c.Listen}, {"--admin-listen", c.AdminListen}} {
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			return fmt.Errorf("%s %q: want HOST:PORT, e.g. 127.0.0.1:8080", a.flag, a.addr)
+		}
+	}
+	if _, err := router.ParsePolicy(c.Policy); err != nil {
+		return fmt.Errorf("--policy: %w", err)
+	}
+	// The router's rules, checked one setting at a time to name its flag.
+	for _, r := range []struct {
+		flag string
+		v    any
+		cfg  router.Config
+	}{
+		{"--slow-start", c.SlowStart, router.Config{SlowStart: c.SlowStart}},
+		{"--retry-budget", c.RetryBudget, router.Config{Budget: router.BudgetConfig{Ratio: c.RetryBudget}}},
+		{"--hedge-percentile", c.HedgePercentile, router.Config{Hedge: router.HedgeConfig{Percentile: c.HedgePercentile}}},
+		{"--hedge-min, --hedge-max", []time.Duration{c.HedgeMin, c.HedgeMax}, router.Config{Hedge: router.HedgeConfig{Min: c.HedgeMin, Max: c.HedgeMax}}},
+	} {
+		if err := r.cfg.Validate(); err != nil {
+			return fmt.Errorf("%s %v: %w", r.flag, r.v, err)
+		}
+	}
+	for i, u := range c.Upstreams {
+		if _, _, err := parseUpstream(u.URL); err != nil {
+			where := fmt.Sprintf("upstreams[%d].url", i)
+			if u.fromFlag {
+				where = "--upstream"
+			}
+			return fmt.Errorf("%s %q: %w", where, u.URL, err)
+		}
+	}
+	for name, m := range c.Models {
+		if name == "" {
+			return errors.New("models: a model name is empty")
+		}
+		if err := m.Validate(); err != nil {
+			return fmt.Errorf("models.%s.%w", name, err)
+		}
+	}
+	return nil
+}
+
+// Validate reports the first setting of the entry that cannot work; the
+// error starts with its key (e.g. "max_tokens: ...").
+func (m modelConfig) Validate() error {
+	switch {
+	case m.MaxTokens < 0:
+		return fmt.Errorf("max_tokens: %d is negative (0 or absent: default_max_tokens)", m.MaxTokens)
+	case m.TTFTDeadline < 0:
+		return fmt.Errorf("ttft_deadline: %v is negative (0 or absent: --ttft-deadline)", m.TTFTDeadline)
+	case m.IdleDeadline < 0:
+		return fmt.Errorf("idle_deadline: %v is negative (0 or absent: --idle-deadline)", m.IdleDeadline)
+	case m.Price != nil && (m.Price.Input < 0 || m.Price.Output < 0):
+		return fmt.Errorf("price: %v input, %v output per million tokens: a price is not negative", m.Price.Input, m.Price.Output)
+	}
+	if h := m.Hedge; h != nil {
+		if err := (router.Config{Hedge: router.HedgeConfig{Percentile: h.Percentile}}).Validate(); err != nil {
+			return fmt.Errorf("hedge.percentile %v: %w", h.Percentile, err)
+		}
+		if err := (router.Config{Hedge: router.HedgeConfig{Min: h.Min, Max: h.Max}}).Validate(); err != nil {
+			return fmt.Errorf("hedge.min, hedge.max %v, %v: %w", h.Min, h.Max, err)
+		}
+	}
+	return nil
+}
+
+// upstream is a static upstream as the router gets it: an id and a base URL
+// without a trailing /v1.
+type upstream struct{ id, url string }
+
+// parseUpstream returns the base URL and the host of an upstream URL.
+func parseUpstream(raw string) (base, host string, err error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", "", errors.New("want a base URL like http://host:8000")
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(u.String(), "/"), "/v1"), u.Host, nil
+}
+
+// gatewaySetup is a valid gatewayConfig as each package's Config.
+type gatewaySetup struct {
+	upstreams []upstream
+	srvCfg    server.Config
+	prices    map[string]policy.Price
+	routerCfg router.Config
+}
+
+// setup turns a valid c into each package's Config.
+func (c *gatewayConfig) setup() (*gatewaySetup, error) {
+	st := &gatewaySetup{
+		srvCfg: server.Config{
+			DefaultMaxTokens: c.DefaultMaxTokens, MaxBodyBytes: c.MaxBody, KeepAlive: c.KeepAlive,
+			TTFTDeadline: c.TTFTDeadline, IdleDeadline: c.IdleDeadline, JSONDeadline: c.JSONDeadline,
+			ClientWriteTimeout: c.ClientWriteTimeout, MaxJSONDepth: c.MaxJSONDepth, MediaPartTokens: c.MediaPartTokens,
+			RejectedRows:     c.RejectedRows,
+			MaxTokensByModel: map[string]int64{}, TTFTDeadlineByModel: map[string]time.Duration{},
+			IdleDeadlineByModel: map[string]time.Duration{},
+		},
+		prices: map[string]policy.Price{},
+	}
+	for _, u := range c.Upstreams {
+		base, host, err := parseUpstream(u.URL)
+		if err != nil {
+			return nil, err
+		}
+		id := u.ID
+		if id == "" {
+			id = host
+		}
+		st.upstreams = append(st.upstreams, upstream{id: id, url: base})
+	}
+	for name, m := range c.Models {
+		if m.MaxTokens > 0 {
+			st.srvCfg.MaxTokensByModel[name] = m.MaxTokens
+		}
+		if m.TTFTDeadline > 0 {
+			st.srvCfg.TTFTDeadlineByModel[name] = m.TTFTDeadline
+		}
+		if m.IdleDeadline > 0 {
+			st.srvCfg.IdleDeadlineByModel[name] = m.IdleDeadline
+		}
+		if p := m.Price; p != nil {
+			st.prices[name] = policy.Price{InputMicrosPerM: toMicros(p.Input), OutputMicrosPerM: toMicros(p.Output)}
+		}
+	}
+	var err error
+	if st.routerCfg, err = c.routerConfig(); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// routerConfig is the router's part of c, the one place that knows how the
+// flags map onto router.Config.
+func (c *gatewayConfig) routerConfig() (router.Config, error) {
+	sel, err := router.ParsePolicy(c.Policy)
+	if err != nil {
+		return router.Config{}, fmt.Errorf("--policy: %w", err)
+	}
+	rc := router.Config{
+		Selector: sel, Affinity: c.Affinity, SlowStart: c.SlowStart,
+		Budget: router.BudgetConfig{Ratio: c.RetryBudget},
+		Hedge: router.HedgeConfig{Enabled: c.Hedge, Percentile: c.HedgePercentile, Min: c.HedgeMin, Max: c.HedgeMax,
+			Models: map[string]router.HedgeModel{}},
+	}
+	for name, m := range c.Models {
+		if h := m.Hedge; h != nil {
+			rc.Hedge.Models[name] = router.HedgeModel{Enabled: h.Enabled, Percentile: h.Percentile, Min: h.Min, Max: h.Max}
+		}
+	}
+	if err := rc.Validate(); err != nil {
+		return router.Config{}, err
+	}
+	return rc, nil
+}
+
+func toMicros(v float64) int64 { return int64(math.Round(v * 1e6)) }
+
+// decodeYAML decodes a config file into v, refusing unknown keys. Its errors
+// name the key at fault (models.NAME.max_tokens), not only the line.
+func decodeYAML(raw []byte, v any) error {
+	var root yaml.Node
+	if err := yaml.Unmarshal(raw, &root); err != nil {
+		return err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	err := dec.Decode(v)
+	if errors.Is(err, io.EOF) { // an empty file
+		return nil
+	}
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		msgs[i] = m
+		if sub := yamlLine.FindStringSubmatch(m); sub != nil {
+			line, _ := strconv.Atoi(sub[1])
+			if key := yamlKeyAt(&root, line, ""); key != "" {
+				what := sub[2]
+				if strings.HasPrefix(what, "field ") && strings.Contains(what, " not found in type ") {
+					what = "unknown key"
+				}
+				msgs[i] = fmt.Sprintf("line %d: %s: %s", line, key, what)
+			}
+		}
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+var yamlLine = regexp.MustCompile(`^line (\d+): (.*)$`)
+
+// yamlKeyAt returns the dotted path (models.llama.max_tokens, upstreams[0].url)
+// of the outermost key on line under n, or "".
+func yamlKeyAt(n *yaml.Node, line int, path string) string {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if k := yamlKeyAt(c, line, path); k != "" {
+				return k
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			if k.Line == line {
+				return p
+			}
+			if found := yamlKeyAt(v, line, p); found != "" {
+				return found
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if c.Kind == yaml.ScalarNode && c.Line == line {
+				return p
+			}
+			if found := yamlKeyAt(c, line, p); found != "" {
+				return found
+			}
+		}
+	}
+	return ""
+}

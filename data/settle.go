@@ -1,0 +1,38 @@
+package data
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// SettleOpen settles the ledger rows a previous run left open: every row
+// still [OutcomeOpen] becomes [OutcomeInterrupted] with error class
+// [ClassInterrupted], billed at the tokens and cost the row last carried
+// (what the gateway last recorded as delivered to the client). It returns
+// how many rows it settled.
+//
+// The status stays what the open row says: the status line the client got,
+// normally 200, as for any stream that broke after its first token (499 is
+// for a client that went away, which is not what happened).
+//
+// Settling moves the rows into tenant spend, in the same transaction. Call
+// it once at start-up, before anything reads [Store.TenantSpend] to seed
+// budgets and before this process opens rows of its own: an open row of a
+// running stream would be settled too. It assumes one gateway per database.
+func (s *Store) SettleOpen(ctx context.Context) (n int, err error) {
+	err = s.writeTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE ledger SET outcome = ?, error = ? WHERE outcome = ?`,
+			OutcomeInterrupted, ClassInterrupted, OutcomeOpen)
+		if err != nil {
+			return err
+		}
+		m, err := res.RowsAffected()
+		n = int(m)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("settle open rows: %w", err)
+	}
+	return n, nil
+}

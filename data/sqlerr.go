@@ -1,0 +1,25 @@
+package data
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"modernc.org/sqlite"
+)
+
+// sqliteCode names SQLite's result code in err ("SQLITE_FULL",
+// "SQLITE_IOERR_WRITE"), or returns "" if err is not SQLite's.
+func sqliteCode(err error) string {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return ""
+	}
+	for _, c := range []int{se.Code(), se.Code() & 0xff} {
+		s := sqlite.ErrorCodeString[c]
+		if i := strings.LastIndexByte(s, '('); i >= 0 && strings.HasSuffix(s, ")") {
+			return s[i+1 : len(s)-1]
+		}
+	}
+	return fmt.Sprintf("SQLite error %d", se.Code())
+}

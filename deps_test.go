@@ -1,0 +1,131 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// listedPackage is what `go list -json` says of a package of this module.
+type listedPackage struct {
+	ImportPath   string
+	Imports      []string // direct, production code
+	Deps         []string // transitive, production code
+	TestImports  []string
+	XTestImports []string
+}
+
+// goList lists the module's packages.
+func goList(t *testing.T) []listedPackage {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json=ImportPath,Imports,Deps,TestImports,XTestImports", "./...")
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list: %v\n%s", err, stderr)
+	}
+	var pkgs []listedPackage
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p listedPackage
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found only %d packages", len(pkgs))
+	}
+	return pkgs
+}
+
+// under reports whether path is pkg or inside it (pkg "tailgate/serving"
+// holds "tailgate/serving/sim").
+func under(path, pkg string) bool {
+	return path == pkg || strings.HasPrefix(path, pkg+"/")
+}
+
+func underAny(path string, pkgs []string) bool {
+	return slices.ContainsFunc(pkgs, func(p string) bool { return under(path, p) })
+}
+
+// room is a top-level package of DESIGN's package map with its
+// sub-packages, and the project packages it may depend on.
+type room struct {
+	path    string
+	allowed []string
+	why     string
+}
+
+// packageMap is DESIGN's package map: the project packages each room may
+// depend on (directly or not), besides its own sub-packages. main may import
+// everything.
+var packageMap = []room{
+	{"tailgate/server", []string{"tailgate/policy", "tailgate/router", "tailgate/serving", "tailgate/data", "tailgate/web", "tailgate/mesh"},
+		"the echo app assembles the domain packages; serving on the client side only"},
+	{"tailgate/policy", []string{"tailgate/data"}, "who may do what, over the store"},
+	{"tailgate/router", nil, "talks to replicas through the caller's functions"},
+	{"tailgate/mesh", nil, "the tsnet node stands alone"},
+	{"tailgate/serving", []string{"tailgate/router", "tailgate/mesh"},
+		"the worker side: never the gateway's server, policy or data (router's wire types and the mesh node at most)"},
+	{"tailgate/web", nil, "embedded assets and their handler"},
+	{"tailgate/data", nil, "SQLite below everything"},
+	{"tailgate/bench", []string{"tailgate/serving/proc"},
+		"the benchmark measures what a client sees, so it uses nothing of the product (but the process-group helper)"},
+}
+
+// TestDeps pins DESIGN's import directions on the production code.
+func TestDeps(t *testing.T) {
+	pkgs := goList(t)
+	for _, p := range pkgs {
+		if p.ImportPath == "tailgate" {
+			continue
+		}
+		i := slices.IndexFunc(packageMap, func(r room) bool { return under(p.ImportPath, r.path) })
+		if i < 0 {
+			t.Errorf("%s is in no room of DESIGN's package map (its top level is fixed)", p.ImportPath)
+			continue
+		}
+		r := packageMap[i]
+		for _, d := range p.Deps {
+			if under(d, "tailgate") && !under(d, r.path) && !underAny(d, r.allowed) {
+				t.Errorf("%s depends on %s; %s may import only %v (%s)", p.ImportPath, d, r.path, r.allowed, r.why)
+			}
+		}
+	}
+
+	for _, p := range pkgs {
+		// server's own sub-packages may (its internal test gateway does).
+		if slices.Contains(p.Imports, "tailgate/server") && p.ImportPath != "tailgate" && !under(p.ImportPath, "tailgate/server") {
+			t.Errorf("%s imports tailgate/server; nothing but main may", p.ImportPath)
+		}
+		if under(p.ImportPath, "tailgate/router") || under(p.ImportPath, "tailgate/data") {
+			for _, d := range p.Deps {
+				if under(d, "github.com/labstack/echo") {
+					t.Errorf("%s depends on %s; router and data stay free of HTTP framework types", p.ImportPath, d)
+				}
+			}
+		}
+		tests := slices.Concat(p.TestImports, p.XTestImports)
+		for _, d := range slices.Concat(p.Imports, tests) {
+			switch {
+			case under(d, "tailscale.com") && !under(p.ImportPath, "tailgate/mesh"):
+				t.Errorf("%s imports %s; only tailgate/mesh (and its tests' meshtest) imports tailscale.com", p.ImportPath, d)
+			case under(d, "modernc.org/sqlite") && !under(p.ImportPath, "tailgate/data"):
+				t.Errorf("%s imports %s; only tailgate/data imports modernc.org/sqlite", p.ImportPath, d)
+			}
+		}
+		if slices.Contains(p.Imports, "tailgate/mesh/meshtest") {
+			t.Errorf("%s imports tailgate/mesh/meshtest outside its tests; meshtest is test support", p.ImportPath)
+		}
+	}
+}

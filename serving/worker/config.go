@@ -1,0 +1,121 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"time"
+)
+
+// Config configures a [Worker]. Zero values mean the documented default; a
+// feature is turned off by its own field (NoWarmup, NoDrain).
+type Config struct {
+	// GatewayURL is the base URL of the gateway's admin listener the worker
+	// registers with, e.g. http://gateway-host:8081, or in mesh mode the
+	// gateway's tailnet name, http://tg-gateway:8081. Required.
+	GatewayURL string
+	// ClusterToken authenticates the worker's heartbeats to the gateway and
+	// the gateway's requests to the sidecar. Required.
+	ClusterToken string
+
+	// Listener is where the sidecar serves the gateway: a TCP listener, or
+	// one on the tailnet in mesh mode. Required; Run closes it.
+	Listener net.Listener
+	// Advertise is the sidecar's base URL as the gateway should call it.
+	// "" means "http://" and Listener's address, which must then not be a
+	// wildcard address such as 0.0.0.0.
+	Advertise string
+	// ReplicaID names the replica at the gateway; "" means the host name
+	// and Listener's port, e.g. "gpu-box-9000".
+	ReplicaID string
+	// DialGateway dials the gateway for heartbeats; nil means a plain TCP
+	// dial. A mesh node's Dial goes here so heartbeats use the tailnet.
+	DialGateway func(ctx context.Context, network, address string) (net.Conn, error)
+
+	// Model is the model name clients use; the engine must serve it under
+	// this name. Required.
+	Model string
+	// Engine is the engine's kind as the gateway shows it; "" means "vllm".
+	// With "sim" the worker says in its log that answers are simulated.
+	Engine string
+	// Command builds the engine's command line for a loopback port; see
+	// launcher.Config.Command and launcher.VLLMCommand. Required.
+	Command func(port int) (argv, env []string, err error)
+	// StartupTimeout bounds the engine's start up to readiness; 0 means
+	// launcher.DefaultStartupTimeout (20m).
+	StartupTimeout time.Duration
+	// Warmup is the number of short generations run before the replica is
+	// announced ready; 0 means launcher.DefaultWarmup (3).
+	Warmup int
+	// NoWarmup announces the replica ready as soon as the engine serves the
+	// model, without warm-up.
+	NoWarmup bool
+
+	// DrainGrace is how long in-flight requests may finish once Run's
+	// context ends, before the engine is stopped; 0 means
+	// DefaultDrainGrace.
+	DrainGrace time.Duration
+	// NoDrain cuts in-flight requests at once on shutdown; the gateway is
+	// still told the replica is draining first.
+	NoDrain bool
+
+	// Log receives the worker's, the sidecar's and the engine's lines; nil
+	// discards them.
+	Log *slog.Logger
+}
+
+// DefaultDrainGrace is the default of [Config.DrainGrace].
+const DefaultDrainGrace = 30 * time.Second
+
+// Validate reports whether c is usable.
+func (c Config) Validate() error {
+	switch {
+	case c.GatewayURL == "":
+		return errors.New("worker: GatewayURL is required")
+	case c.ClusterToken == "":
+		return errors.New("worker: ClusterToken is required")
+	case c.Listener == nil:
+		return errors.New("worker: Listener is required")
+	case c.Model == "":
+		return errors.New("worker: Model is required")
+	case c.Command == nil:
+		return errors.New("worker: Command is required")
+	case c.Warmup < 0:
+		return errors.New("worker: Warmup must not be negative (NoWarmup turns it off)")
+	case c.StartupTimeout < 0, c.DrainGrace < 0:
+		return errors.New("worker: durations must not be negative")
+	}
+	if u, err := url.Parse(c.GatewayURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("worker: GatewayURL %q is not an http(s) URL", c.GatewayURL)
+	}
+	if c.Advertise == "" && wildcard(c.Listener.Addr()) {
+		return fmt.Errorf("worker: Listener %s binds every interface: Advertise is required", c.Listener.Addr())
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.Engine == "" {
+		c.Engine = "vllm"
+	}
+	if c.DrainGrace == 0 {
+		c.DrainGrace = DefaultDrainGrace
+	}
+	if c.NoDrain {
+		c.DrainGrace = 0
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// wildcard reports whether addr is a TCP address on every interface, which
+// a gateway cannot call.
+func wildcard(addr net.Addr) bool {
+	host, _, err := net.SplitHostPort(addr.String())
+	return err == nil && (host == "0.0.0.0" || host == "::")
+}

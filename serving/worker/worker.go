@@ -1,0 +1,199 @@
+// Package worker runs the worker role of one GPU box: the engine's launcher,
+// the sidecar that fronts it, and the heartbeats that register it with a
+// gateway, with the drain on shutdown that ties them together.
+//
+// # Overview
+//
+// [New] checks a [Config] and builds the parts; [Worker.Run] serves until
+// its context ends, then drains: the gateway is told at once that the
+// replica is draining (so it stops routing here), in-flight requests get
+// [Config.DrainGrace] to finish, and only then is the engine's process group
+// stopped. An engine that cannot be started at all, or a sidecar listener
+// that fails, ends Run with the same drain.
+//
+// The package owns no listener set-up and no tailnet: the caller passes the
+// sidecar's [net.Listener] and, in mesh mode, a dial function for the
+// gateway, so it never imports the mesh.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"tailgate/serving"
+	"tailgate/serving/launcher"
+	"tailgate/serving/sidecar"
+)
+
+// Worker is one GPU box's worker role. Run may be called once.
+type Worker struct {
+	cfg    Config // defaults applied
+	log    *slog.Logger
+	addr   string // advertised sidecar URL
+	id     string
+	launch *launcher.Launcher
+	side   *sidecar.Sidecar
+	beats  *sidecar.Heartbeater
+	ran    atomic.Bool
+
+	mu       sync.Mutex
+	state    string
+	reason   string
+	draining bool
+}
+
+// New returns a worker for cfg; nothing runs until [Worker.Run].
+func New(cfg Config) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	w := &Worker{cfg: cfg, log: cfg.Log, addr: cfg.Advertise, id: cfg.ReplicaID,
+		state: serving.StateStarting, reason: "engine starting"}
+	if w.addr == "" {
+		w.addr = "http://" + cfg.Listener.Addr().String()
+	}
+	if w.id == "" {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(cfg.Listener.Addr().String())
+		w.id = host + "-" + port
+	}
+	var err error
+	w.launch, err = launcher.New(launcher.Config{
+		Command: cfg.Command, Model: cfg.Model, StartupTimeout: cfg.StartupTimeout,
+		Warmup: cfg.Warmup, NoWarmup: cfg.NoWarmup,
+		Log: cfg.Log.With("engine", cfg.Engine), OnState: w.engineState,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, ClusterToken: cfg.ClusterToken, Log: cfg.Log})
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(cfg.GatewayURL, "/"), ClusterToken: cfg.ClusterToken,
+		Build: w.heartbeat, Log: cfg.Log}
+	if cfg.DialGateway != nil {
+		hc.Client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: cfg.DialGateway}}
+	}
+	if w.beats, err = sidecar.NewHeartbeater(hc); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	return w, nil
+}
+
+// ReplicaID returns the name the replica registers under.
+func (w *Worker) ReplicaID() string { return w.id }
+
+// Address returns the sidecar URL the gateway is given.
+func (w *Worker) Address() string { return w.addr }
+
+// engineState receives the launcher's state changes. Once draining, the
+// replica stays draining whatever the engine does.
+func (w *Worker) engineState(state, reason string) {
+	w.mu.Lock()
+	if w.draining {
+		w.mu.Unlock()
+		return
+	}
+	w.state, w.reason = state, reason
+	w.mu.Unlock()
+	w.side.SetState(state, reason)
+	w.log.Info("replica state", "state", state, "reason", reason)
+	w.beats.Kick() // tell the gateway now rather than at the next beat
+}
+
+func (w *Worker) heartbeat() serving.Heartbeat {
+	w.mu.Lock()
+	state, reason := w.state, w.reason
+	w.mu.Unlock()
+	return serving.Heartbeat{ReplicaID: w.id, Address: w.addr, Models: []string{w.cfg.Model}, State: state,
+		Reason: reason, Engine: w.cfg.Engine, Load: w.side.Load()}
+}
+
+// Run serves until ctx ends, then drains and stops the engine. It returns
+// nil after a drain that ctx started, or the error that ended it early: the
+// engine could not be started, or the sidecar's listener failed. It closes
+// the Listener.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.ran.CompareAndSwap(false, true) {
+		return errors.New("worker: Run called twice")
+	}
+	w.log.Info("worker starting", "replica", w.id, "engine", w.cfg.Engine, "model", w.cfg.Model,
+		"sidecar", w.addr, "gateway", w.cfg.GatewayURL)
+	if w.cfg.Engine == "sim" {
+		w.log.Info("engine is the SIMULATED engine: answers are filler text, not a model")
+	}
+	srv := &http.Server{Handler: w.side.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(w.log.Handler(), slog.LevelWarn)}
+
+	// The engine and the background loops outlive ctx: they stop only
+	// after the drain.
+	engineCtx, stopEngine := context.WithCancel(context.Background())
+	defer stopEngine()
+	bgCtx, stopBg := context.WithCancel(context.Background())
+	defer stopBg()
+	var g errgroup.Group
+	engineDone := make(chan error, 1)
+	go func() { engineDone <- w.launch.Run(engineCtx) }()
+	g.Go(func() error { return w.side.Run(bgCtx) })
+	g.Go(func() error { return w.beats.Run(bgCtx) })
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(w.cfg.Listener) }()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-engineDone:
+		engineDone <- err
+		if err != nil {
+			runErr = fmt.Errorf("engine: %w", err)
+		}
+	case err := <-serveErr:
+		serveErr <- err
+		runErr = fmt.Errorf("sidecar: %w", err)
+	}
+
+	w.drain()
+	stopEngine()
+	if err := <-engineDone; err != nil && runErr == nil {
+		runErr = fmt.Errorf("engine: %w", err)
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = srv.Shutdown(sctx)
+	scancel()
+	<-serveErr
+	stopBg()
+	_ = g.Wait()
+	w.log.Info("worker stopped")
+	return runErr
+}
+
+// drain says the replica is draining (the gateway stops routing here) and
+// lets in-flight requests finish within DrainGrace.
+func (w *Worker) drain() {
+	w.mu.Lock()
+	w.draining, w.state, w.reason = true, serving.StateDraining, "worker shutting down"
+	w.mu.Unlock()
+	w.side.SetState(serving.StateDraining, "worker shutting down")
+	bctx, bcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = w.beats.Beat(bctx)
+	bcancel()
+	w.log.Info("draining: waiting for in-flight requests", "inflight", w.side.Inflight(), "grace", w.cfg.DrainGrace)
+	dctx, dcancel := context.WithTimeout(context.Background(), w.cfg.DrainGrace)
+	defer dcancel()
+	if err := w.side.Drain(dctx); err != nil {
+		w.log.Warn("drain grace over; cutting in-flight requests", "inflight", w.side.Inflight())
+	}
+}

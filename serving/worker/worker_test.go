@@ -1,0 +1,281 @@
+package worker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"tailgate/serving"
+	"tailgate/serving/sim"
+)
+
+// engineEnv, when set, makes the test binary the engine: the simulated
+// engine on the address it names. The launcher starts it like vLLM.
+const engineEnv = "WORKER_TEST_ENGINE_ADDR"
+
+func TestMain(m *testing.M) {
+	if addr := os.Getenv(engineEnv); addr != "" {
+		runEngine(addr)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// runEngine serves model "m" with 20ms per output token until SIGTERM.
+func runEngine(addr string) {
+	eng, err := sim.New(sim.Config{Model: "m", TTFT: time.Millisecond, TPOT: 20 * time.Millisecond}, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	srv := &http.Server{Handler: eng.Handler()}
+	go func() { _ = srv.Serve(ln) }()
+	<-ctx.Done()
+	_ = srv.Close()
+}
+
+// engineCommand starts the test binary as the engine.
+func engineCommand(port int) ([]string, []string, error) {
+	return []string{os.Args[0]}, []string{fmt.Sprintf("%s=127.0.0.1:%d", engineEnv, port)}, nil
+}
+
+// gateway is a fake gateway admin listener that records heartbeats.
+type gateway struct {
+	*httptest.Server
+	mu    sync.Mutex
+	beats []serving.Heartbeat
+}
+
+func startGateway(t *testing.T) *gateway {
+	g := &gateway{}
+	g.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != serving.HeartbeatPath || r.Header.Get("Authorization") != "Bearer tok" {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		var hb serving.Heartbeat
+		if err := json.NewDecoder(r.Body).Decode(&hb); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		g.mu.Lock()
+		g.beats = append(g.beats, hb)
+		g.mu.Unlock()
+		_ = json.NewEncoder(w).Encode(serving.HeartbeatReply{LeaseSeconds: 3})
+	}))
+	t.Cleanup(g.Close)
+	return g
+}
+
+// states returns the states the gateway was told, repeats folded.
+func (g *gateway) states() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for _, hb := range g.beats {
+		if len(out) == 0 || out[len(out)-1] != hb.State {
+			out = append(out, hb.State)
+		}
+	}
+	return out
+}
+
+func (g *gateway) last() serving.Heartbeat {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.beats) == 0 {
+		return serving.Heartbeat{}
+	}
+	return g.beats[len(g.beats)-1]
+}
+
+func listen(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	return ln
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	ln := listen(t, "127.0.0.1:0")
+	wild := listen(t, "0.0.0.0:0")
+	good := Config{GatewayURL: "http://gw:8081", ClusterToken: "tok", Listener: ln, Model: "m", Command: engineCommand}
+	tests := []struct {
+		name   string
+		change func(*Config)
+		want   string
+	}{
+		{"no gateway", func(c *Config) { c.GatewayURL = "" }, "GatewayURL is required"},
+		{"gateway not a URL", func(c *Config) { c.GatewayURL = "gw:8081" }, `GatewayURL "gw:8081" is not an http(s) URL`},
+		{"no token", func(c *Config) { c.ClusterToken = "" }, "ClusterToken is required"},
+		{"no listener", func(c *Config) { c.Listener = nil }, "Listener is required"},
+		{"no model", func(c *Config) { c.Model = "" }, "Model is required"},
+		{"no command", func(c *Config) { c.Command = nil }, "Command is required"},
+		{"negative warm-up", func(c *Config) { c.Warmup = -1 }, "NoWarmup turns it off"},
+		{"negative drain grace", func(c *Config) { c.DrainGrace = -time.Second }, "must not be negative"},
+		{"wildcard listener without Advertise", func(c *Config) { c.Listener = wild }, "binds every interface: Advertise is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := good
+			tt.change(&cfg)
+			if _, err := New(cfg); err == nil || !strings.HasPrefix(err.Error(), "worker: ") || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New = %v, want a worker: error containing %q", err, tt.want)
+			}
+		})
+	}
+	if _, err := New(good); err != nil {
+		t.Fatalf("New(good) = %v", err)
+	}
+	cfg := good
+	cfg.Listener, cfg.Advertise = wild, "http://10.0.0.5:9000"
+	if _, err := New(cfg); err != nil {
+		t.Fatalf("wildcard listener with Advertise: %v", err)
+	}
+}
+
+func TestNewNamesTheReplicaAfterHostAndPort(t *testing.T) {
+	t.Parallel()
+	ln := listen(t, "127.0.0.1:0")
+	w, err := New(Config{GatewayURL: "http://gw:8081", ClusterToken: "tok", Listener: ln, Model: "m", Command: engineCommand})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	if w.ReplicaID() != host+"-"+port || w.Address() != "http://"+ln.Addr().String() {
+		t.Fatalf("ReplicaID %q Address %q", w.ReplicaID(), w.Address())
+	}
+}
+
+// TestRunDrainsBeforeStoppingTheEngine: when Run's context ends, the gateway
+// hears "draining" at once, a request in flight finishes (within the drain
+// grace), and only then does the engine stop.
+func TestRunDrainsBeforeStoppingTheEngine(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name         string
+		noDrain      bool
+		wantFinished bool
+	}{
+		{"in-flight request finishes", false, true},
+		{"NoDrain cuts it", true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			g := startGateway(t)
+			ln := listen(t, "127.0.0.1:0")
+			w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
+				Engine: "sim", Command: engineCommand, Warmup: 1, NoDrain: tt.noDrain})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			runErr := make(chan error, 1)
+			go func() { runErr <- w.Run(ctx) }()
+			waitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
+			if hb := g.last(); hb.ReplicaID != "r1" || hb.Address != "http://"+ln.Addr().String() ||
+				!slices.Equal(hb.Models, []string{"m"}) || hb.Engine != "sim" {
+				t.Fatalf("heartbeat %+v", hb)
+			}
+
+			// 40 tokens at 20ms: the stream runs for most of a second.
+			req, _ := http.NewRequest(http.MethodPost, w.Address()+"/v1/chat/completions", strings.NewReader(
+				`{"model":"m","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"hi"}]}`))
+			req.Header.Set("Authorization", "Bearer tok")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			body := bufio.NewReader(resp.Body)
+			if _, err := body.ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+			cancel()
+
+			var rest strings.Builder
+			_, copyErr := body.WriteTo(&rest)
+			finished := copyErr == nil && strings.HasSuffix(rest.String(), "data: [DONE]\n\n")
+			if finished != tt.wantFinished {
+				t.Errorf("request finished = %v (err %v), want %v", finished, copyErr, tt.wantFinished)
+			}
+			select {
+			case err := <-runErr:
+				if err != nil {
+					t.Fatalf("Run = %v, want nil", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run did not return after cancel")
+			}
+			states := g.states()
+			if states[len(states)-1] != serving.StateDraining {
+				t.Errorf("states told the gateway %q, want draining last (the engine's stop is not reported)", states)
+			}
+		})
+	}
+}
+
+func TestRunFailsWhenTheEngineCannotStart(t *testing.T) {
+	t.Parallel()
+	g := startGateway(t)
+	ln := listen(t, "127.0.0.1:0")
+	w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, Model: "m",
+		Command: func(int) ([]string, []string, error) { return []string{"/nonexistent/vllm"}, nil, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = w.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "fork/exec /nonexistent/vllm") {
+		t.Fatalf("Run = %v, want the engine's start error", err)
+	}
+	if err := w.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "Run called twice") {
+		t.Errorf("second Run = %v", err)
+	}
+	if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		c.Close()
+		t.Error("the sidecar still listens after Run returned")
+	} else if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Logf("dial after Run: %v", err)
+	}
+}

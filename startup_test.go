@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"tailgate/mesh/meshtest"
+)
+
+// TestStartupErrorsExitWithOneLine runs the binary into each start-up error
+// a user can make and checks what they see: exit status 1 and one line
+// "tailgate: ..." naming the cause, never a panic or a goroutine dump.
+func TestStartupErrorsExitWithOneLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
+	t.Setenv("TS_AUTHKEY", "") // the children inherit it; a key would change the mesh rows
+	t.Setenv("TS_AUTH_KEY", "")
+	held := holdPort(t)
+	regular := filepath.Join(t.TempDir(), "regular")
+	if err := os.WriteFile(regular, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "cluster.token")
+	if err := os.WriteFile(tokenFile, []byte("tgc-test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	control := meshtest.StartControl(t, meshtest.RequireAuthKey("tskey-auth-good"))
+	// A data directory whose admin token others may read.
+	leaky := t.TempDir()
+	if err := os.WriteFile(filepath.Join(leaky, "admin.token"), []byte("tga-leaky\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	gateway := func(extra ...string) []string {
+		return append([]string{"gateway", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)
+	}
+	up := func(extra ...string) []string {
+		return append([]string{"up", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--replicas", "1"}, extra...)
+	}
+	worker := func(extra ...string) []string {
+		return append([]string{"worker", "--data", t.TempDir(), "--engine", "sim", "--gateway", "http://127.0.0.1:9",
+			"--cluster-token-file", tokenFile, "--listen", "127.0.0.1:0"}, extra...)
+	}
+	// The test control server refuses tags only when a registered node asks
+	// for other ones (it trusts the tags a node asks for when it signs up),
+	// so that row's node joins once with a tag, then again with one nobody
+	// owns.
+	retagDir := t.TempDir()
+	retag := func(tag string) []string {
+		return []string{"gateway", "--data", retagDir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+			"--mesh", "--mesh-control-url", control, "--mesh-authkey", "tskey-auth-good", "--mesh-tags", tag}
+	}
+	for _, tc := range []struct {
+		name    string
+		prepare func(t *testing.T)
+		args    []string
+		want    []string // all in the error line
+	}{
+		{"gateway public port in use", nil, gateway("--listen", held),
+			[]string{"--listen " + held, "address already in use"}},
+		{"gateway admin port in use", nil, gateway("--admin-listen", held),
+			[]string{"--admin-listen " + held, "address already in use"}},
+		{"up public port in use", nil, up("--listen", held),
+			[]string{"--listen " + held, "address already in use"}},
+		{"worker sidecar port in use", nil, worker("--listen", held),
+			[]string{"listen " + held, "address already in use"}},
+		{"gateway data dir under a regular file", nil, gateway("--data", filepath.Join(regular, "data")),
+			[]string{"--data", regular, "not a directory"}},
+		{"up data dir under a regular file", nil, up("--data", filepath.Join(regular, "data")),
+			[]string{"--data", regular, "not a directory"}},
+		{"admin token readable by other users", nil, []string{"gateway", "--data", leaky, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
+			[]string{"admin.token is readable by other users", "chmod 600"}},
+		{"worker without --gateway", nil, []string{"worker", "--engine", "sim", "--cluster-token", "x"},
+			[]string{"--gateway is required"}},
+		{"worker on every interface without --advertise", nil, worker("--listen", "0.0.0.0:0"),
+			[]string{"--listen 0.0.0.0:0 binds every interface", "--advertise"}},
+		{"worker --gateway not a URL", nil, []string{"worker", "--engine", "sim", "--cluster-token", "x", "--gateway", "gw:8081"},
+			[]string{`--gateway "gw:8081": want a URL`}},
+		{"worker without a cluster token", nil, []string{"worker", "--engine", "sim", "--gateway", "http://127.0.0.1:9"},
+			[]string{"a cluster token is required"}},
+		{"worker cluster token file missing", nil, worker("--cluster-token-file", "/nonexistent/cluster.token"),
+			[]string{"--cluster-token-file", "/nonexistent/cluster.token", "no such file or directory"}},
+		{"worker with an unknown engine", nil, worker("--engine", "tgi"),
+			[]string{`--engine "tgi": want vllm or sim`}},
+		{"worker vllm without --model", nil, worker("--engine", "vllm"),
+			[]string{"--model is required with --engine vllm"}},
+		{"worker negative --warmup", nil, worker("--warmup", "-1"),
+			[]string{"--warmup -1"}},
+		{"worker tailnet port it cannot listen on", nil, worker("--mesh", "--mesh-control-url", control, "--mesh-ephemeral",
+			"--mesh-authkey", "tskey-auth-good", "--listen", "127.0.0.1:99999"),
+			[]string{"sidecar listen on the tailnet :99999"}},
+		{"--mesh-allow-peers without --mesh", nil, gateway("--mesh-allow-peers", "tg-w1"),
+			[]string{"--mesh-allow-peers needs --mesh"}},
+		{"gateway mesh key refused", nil, gateway("--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-authkey", "tskey-auth-bad"),
+			[]string{"refused", "invalid authkey", "--mesh-authkey"}},
+		{"worker mesh key refused", nil, worker("--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-authkey", "tskey-auth-bad"),
+			[]string{"refused", "invalid authkey", "--mesh-authkey"}},
+		{"gateway asks for tags the control server refuses", joinOnce(retag(meshtest.TagGateway)), retag("tag:nobody-owns"),
+			[]string{"refused", "expired the node's key", "tag:nobody-owns", "--mesh-tags"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.prepare != nil {
+				tc.prepare(t)
+			}
+			code, stderr := runToExit(t, 90*time.Second, tc.args...)
+			if code != 1 {
+				t.Errorf("exit status %d, want 1", code)
+			}
+			if strings.Contains(stderr, "panic") || strings.Contains(stderr, "goroutine ") {
+				t.Errorf("stderr has a panic or a goroutine dump")
+			}
+			line := errorLine(t, stderr)
+			for _, w := range tc.want {
+				if !strings.Contains(line, w) {
+					t.Errorf("error line lacks %q", w)
+				}
+			}
+			if t.Failed() {
+				t.Logf("tailgate %s\nstderr:\n%s", strings.Join(tc.args, " "), stderr)
+			}
+		})
+	}
+}
+
+// joinOnce returns a step that starts the gateway with args, waits until it
+// serves, and stops it.
+func joinOnce(args []string) func(t *testing.T) {
+	return func(t *testing.T) {
+		p := startProc(t, "gateway (first start)", true, args...)
+		bound := time.AfterFunc(60*time.Second, func() { _ = p.Stop(0) })
+		defer bound.Stop()
+		served := false
+		p.scanUntil(func(line string) bool {
+			served = strings.HasPrefix(line, "tailgate gateway: API")
+			return served
+		})
+		if !served {
+			t.Fatalf("the gateway did not start:\n%s", p.stderr.String())
+		}
+		_ = p.Stop(0)
+	}
+}
+
+// runToExit runs the binary with args until it exits, at most within, and
+// returns its exit status and stderr.
+func runToExit(t *testing.T, within time.Duration, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath, args...)
+	cmd.WaitDelay = 5 * time.Second
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("still running after %v; stderr:\n%s", within, stderr.String())
+	}
+	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+		return ee.ExitCode(), stderr.String()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0, stderr.String()
+}
+
+// errorLine returns the one line of stderr that reports the error: it
+// starts with "tailgate: " and is the last line (log lines come before).
+func errorLine(t *testing.T, stderr string) string {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
+	var n int
+	for _, l := range lines {
+		if strings.HasPrefix(l, "tailgate: ") {
+			n++
+		}
+	}
+	last := lines[len(lines)-1]
+	if n != 1 || !strings.HasPrefix(last, "tailgate: ") {
+		t.Errorf("want exactly one error line, \"tailgate: ...\", last on stderr; got %d", n)
+	}
+	return last
+}
+
+// holdPort listens on a loopback port for the test's duration and returns
+// its address.
+func holdPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln.Addr().String()
+}
