@@ -830,7 +830,10 @@ func TestBatchExpiresAfterItsWindow(t *testing.T) {
 func TestBatchHostileLinesFailAlone(t *testing.T) {
 	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
 	dir := t.TempDir()
-	g := startBatchGateway(t, dir, fleet, batchOpts{})
+	// The deep line is 4 MB: past the default line limit, which would
+	// refuse it at upload; let it through to the line checks it pins.
+	opts := batchOpts{batch: batch.Config{MaxLineBytes: 8 << 20}}
+	g := startBatchGateway(t, dir, fleet, opts)
 	secret := key(g, "acme")
 	c := g.Client(secret)
 	deep := `{"custom_id":"deep","method":"POST","url":"/v1/chat/completions","body":{"model":"` + servertest.SimModel +
@@ -854,7 +857,7 @@ func TestBatchHostileLinesFailAlone(t *testing.T) {
 		t.Fatalf("error messages %q", msgs)
 	}
 	g.Close()
-	g = startBatchGateway(t, dir, fleet, batchOpts{}) // the same data: a restart finds nothing to choke on
+	g = startBatchGateway(t, dir, fleet, opts) // the same data: a restart finds nothing to choke on
 	c = g.Client(secret)
 	if _, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
 		Model: servertest.SimModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("still up?")},
