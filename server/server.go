@@ -221,6 +221,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if bcfg.MaxBodyBytes == 0 {
 		bcfg.MaxBodyBytes = cfg.MaxBodyBytes
 	}
+	if bcfg.BodyTimeout == 0 {
+		bcfg.BodyTimeout = cfg.BodyTimeout
+	}
 	s.batches, err = batch.New(bcfg, batch.Deps{
 		Store: d.Store, Gate: d.Gate, Generator: s, Authenticate: s.authenticate,
 		APIError: func(err error) *apierr.Error { return toAPIError(err, "") }, Log: d.Log,
