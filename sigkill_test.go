@@ -81,7 +81,11 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 			wg.Go(func() {
 				for i := 0; ctx.Err() == nil && i < 2000; i++ {
 					stream := (w+i)%2 == 0
-					id, ok, firstAt := oneRequest(ctx, api, key, stream, 20+(w*7+i)%60)
+					n := 10 + (w*7+i)%40 // JSON: short answers
+					if stream {
+						n = 100 + (w*37+i*11)%300 // streams: 0.4–1.6 s, long enough to be cut
+					}
+					id, ok, firstAt := oneRequest(ctx, api, key, stream, n)
 					if id == "" {
 						continue
 					}
@@ -127,7 +131,7 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(whole) < 50 {
+	if len(whole) < 20 {
 		t.Fatalf("only %d answers completed: the load did not run", len(whole))
 	}
 	missing := 0
