@@ -377,6 +377,9 @@ func (s *Store) RecordBatchLines(ctx context.Context, id string, lines ...BatchL
 			if err != nil {
 				return err
 			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM batch_line_starts WHERE batch_id = ? AND line = ?`, id, l.Line); err != nil {
+				return err
+			}
 			if added {
 				n++
 			}
@@ -408,6 +411,53 @@ func insertLine(ctx context.Context, tx *sql.Tx, batchID string, l BatchLine) (b
 		_, err = tx.ExecContext(ctx, `UPDATE batches SET failed = failed + 1 WHERE id = ?`, batchID)
 	}
 	return err == nil, err
+}
+
+// StartBatchLine notes that a line of batch id starts running and returns
+// how many unclean runs it has had before (starts without a result or a
+// clean stop in between).
+func (s *Store) StartBatchLine(ctx context.Context, id string, line int64) (before int, err error) {
+	err = s.writeTx(ctx, func(tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, `INSERT INTO batch_line_starts (batch_id, line, starts) VALUES (?, ?, 1)
+			ON CONFLICT (batch_id, line) DO UPDATE SET starts = starts + 1 RETURNING starts - 1`, id, line).Scan(&before)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("start batch %s line %d: %w", id, line, err)
+	}
+	return before, nil
+}
+
+// EndBatchLine forgets a line's starts: it has a result, or the gateway
+// stopped it cleanly.
+func (s *Store) EndBatchLine(ctx context.Context, id string, line int64) error {
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM batch_line_starts WHERE batch_id = ? AND line = ?`, id, line)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("end batch %s line %d: %w", id, line, err)
+	}
+	return nil
+}
+
+// BatchLineStarts returns, for the lines of batch id that started and have
+// neither a result nor a clean stop, how many times they started.
+func (s *Store) BatchLineStarts(ctx context.Context, id string) (map[int64]int, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT line, starts FROM batch_line_starts WHERE batch_id = ?`, id)
+	if err != nil {
+		return nil, fmt.Errorf("batch %s line starts: %w", id, err)
+	}
+	defer rows.Close()
+	out := map[int64]int{}
+	for rows.Next() {
+		var line int64
+		var n int
+		if err := rows.Scan(&line, &n); err != nil {
+			return nil, fmt.Errorf("batch %s line starts: %w", id, err)
+		}
+		out[line] = n
+	}
+	return out, rows.Err()
 }
 
 // BatchLinesDone returns the line numbers of batch id that have a result.

@@ -281,10 +281,28 @@ func (x *batchExec) runBatch(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	var pending []inputLine
+	starts, err := x.s.store.BatchLineStarts(ctx, id)
+	if err != nil {
+		return err
+	}
+	var pending, crashed []inputLine
 	for _, l := range lines {
-		if l.errCode == "" && !doneLines[l.n] {
+		switch {
+		case l.errCode != "" || doneLines[l.n]:
+		case starts[l.n] >= maxUncleanStarts:
+			crashed = append(crashed, l)
+		default:
 			pending = append(pending, l)
+		}
+	}
+	if len(crashed) > 0 {
+		// A line that was running when the gateway died, twice, may be what
+		// kills it: it fails alone instead of taking every restart down.
+		x.log.Warn("batch lines failed: they were running during unclean stops of the gateway", "batch", b.ID,
+			"lines", len(crashed), "starts", maxUncleanStarts)
+		if err := x.failUnrun(ctx, b, crashed, "line_interrupted",
+			fmt.Sprintf("this request was running during %d unclean stops of the gateway and is not run again", maxUncleanStarts)); err != nil {
+			return err
 		}
 	}
 	cause := x.runLines(ctx, b, f, pending, int64(len(doneLines)), int64(len(lines)))
@@ -485,10 +503,16 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 		return false
 	}
 	body := []byte(gjson.GetBytes(raw, "body").Raw)
+	// Noted before it runs, forgotten when it has a result or stops cleanly:
+	// what is left after a crash counts towards maxUncleanStarts.
+	if _, err := x.s.store.StartBatchLine(runCtx, b.ID, l.n); err != nil {
+		x.log.Warn("batch line: note its start", "batch", b.ID, "line", l.n+1, "err", err)
+	}
 	for attempt := 0; ; attempt++ {
 		res := x.s.gen.Generate(x.lineCtx, p, b.Endpoint, body)
 		if res.Cancelled {
-			return false // cancelled at shutdown, unanswered: it runs again after a restart
+			x.endLine(b, l) // a clean stop: it runs again after a restart
+			return false
 		}
 		var wait time.Duration
 		switch {
@@ -505,8 +529,23 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 			return x.record(b, l, res)
 		}
 		if !sleep(runCtx, wait) || !lane.wait(runCtx) {
+			x.endLine(b, l)
 			return false
 		}
+	}
+}
+
+// maxUncleanStarts is how many runs of a line may end in a gateway crash
+// before the line is failed instead of run again.
+const maxUncleanStarts = 2
+
+// endLine forgets that a line started, when it stops without a result on a
+// clean stop.
+func (x *batchExec) endLine(b data.Batch, l inputLine) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.lineCtx), 10*time.Second)
+	defer cancel()
+	if err := x.s.store.EndBatchLine(ctx, b.ID, l.n); err != nil {
+		x.log.Warn("batch line: forget its start", "batch", b.ID, "line", l.n+1, "err", err)
 	}
 }
 
