@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -16,13 +18,38 @@ import (
 	"tailgate/server"
 )
 
+const keysUsage = `Usage:
+  tailgate keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget AMOUNT] [--models a,b]
+  tailgate keys list   --data DIR [--tenant NAME] [--json]
+  tailgate keys revoke --data DIR KEY   (KEY: key id, display prefix, or the secret)
+
+Run 'tailgate keys SUBCOMMAND -h' for its flags.
+`
+
+// openStore opens the database of an existing deployment in dir.
 func openStore(dir string) (*data.Store, error) {
-	return data.Open(filepath.Join(dir, "tailgate.db"))
+	db, err := existingDatabase(dir)
+	if err != nil {
+		return nil, err
+	}
+	return data.Open(db)
+}
+
+// existingDatabase returns the path of dir's database, or an error if there
+// is none: a command that reads a deployment must not create a fresh one
+// where --data is mistyped, or keys made there would be unknown to every
+// gateway and usage would be empty, silently.
+func existingDatabase(dir string) (string, error) {
+	db := filepath.Join(dir, "tailgate.db")
+	if fi, err := os.Stat(db); err != nil || !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("--data %s holds no database (%s does not exist): give the data directory of the gateway or of `tailgate up`, which creates it on first start", dir, db)
+	}
+	return db, nil
 }
 
 func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "Usage: tailgate keys create|list|revoke [flags]")
+		fmt.Fprint(stderr, keysUsage)
 		return errUsage
 	}
 	switch args[0] {
@@ -32,8 +59,11 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return cmdKeysList(ctx, args[1:], stdout, stderr)
 	case "revoke":
 		return cmdKeysRevoke(ctx, args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stderr, keysUsage)
+		return flag.ErrHelp
 	}
-	fmt.Fprintf(stderr, "tailgate keys: unknown subcommand %q (want create, list or revoke)\n", args[0])
+	fmt.Fprintf(stderr, "%s\ntailgate keys: unknown subcommand %q (want create, list or revoke)\n", keysUsage, args[0])
 	return errUsage
 }
 
@@ -141,19 +171,19 @@ func limit(v int64) string {
 func cmdKeysRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("keys revoke", "keys revoke --data DIR KEY   (KEY: key id, display prefix, or the secret)", stderr)
 	dir := fs.String("data", "tailgate-data", "data directory")
-	if err := parseFlags(fs, args); err != nil {
+	pos, err := parseArgs(fs, args, 1)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return errUsage
+	if len(pos) != 1 || pos[0] == "" {
+		return usageError(fs, stderr, fs.Usage, errors.New("want the KEY to revoke"))
 	}
 	st, err := openStore(*dir)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	k, err := policy.RevokeKey(ctx, st, fs.Arg(0))
+	k, err := policy.RevokeKey(ctx, st, pos[0])
 	switch {
 	case errors.Is(err, data.ErrNotFound):
 		return errors.New("no key matches that id, prefix or secret")

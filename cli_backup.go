@@ -21,27 +21,17 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		dir   = fs.String("data", "tailgate-data", "data directory holding the database (tailgate.db)")
 		force = fs.Bool("force", false, "replace FILE if it exists")
 	)
-	if err := parseFlags(fs, args); err != nil {
+	// Flags may also follow FILE: tailgate backup FILE --data DIR.
+	pos, err := parseArgs(fs, args, 1)
+	if err != nil {
 		return err
 	}
-	// Flags may also follow FILE: tailgate backup FILE --data DIR.
-	rest := fs.Args()
-	if len(rest) > 1 {
-		if err := parseFlags(fs, rest[1:]); err != nil {
-			return err
-		}
-		rest = append([]string{rest[0]}, fs.Args()...)
+	if len(pos) != 1 || pos[0] == "" {
+		return usageError(fs, stderr, fs.Usage, errors.New("want exactly one FILE"))
 	}
-	if len(rest) != 1 || rest[0] == "" {
-		fmt.Fprintln(stderr, "tailgate backup: want exactly one FILE")
-		fs.Usage()
-		return errUsage
-	}
-	dst := rest[0]
-
-	db := filepath.Join(*dir, "tailgate.db")
-	if fi, err := os.Stat(db); err != nil || !fi.Mode().IsRegular() {
-		return fmt.Errorf("backup: no database in %s (want %s)", *dir, db)
+	dst := pos[0]
+	if _, err := existingDatabase(*dir); err != nil {
+		return fmt.Errorf("backup: %w", err)
 	}
 	if !*force {
 		if _, err := os.Lstat(dst); err == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 	"time"
@@ -94,9 +93,6 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	f.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (flags only)", fs.Arg(0))
 	}
 	if f.opts.Scenario == "list" {
 		return load.WriteScenarios(stdout)

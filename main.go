@@ -26,6 +26,7 @@ Usage:
   tailgate sim      [flags]   the simulated engine alone (vLLM-compatible HTTP)
   tailgate keys create|list|revoke [flags]   manage API keys in a data directory
   tailgate usage    [flags]   usage totals per tenant, key and model
+  tailgate backup   [flags] FILE   consistent copy of the database while a gateway runs
   tailgate bench    [flags]   matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)
 
 Run 'tailgate COMMAND -h' for the flags of a command.
@@ -79,28 +80,82 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return errUsage
 }
 
-// newFlagSet returns a flag set that prints its usage on stderr and reports
-// errors instead of exiting.
+// newFlagSet returns the flag set of `tailgate SYNOPSIS`: -h prints the
+// synopsis and every flag on stderr. Parse it with parseFlags or parseArgs.
 func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: tailgate %s\n\nFlags:\n", synopsis)
+		fmt.Fprintf(fs.Output(), "Usage: tailgate %s\n\nFlags:\n", synopsis)
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
-// parseFlags parses args and maps a flag error to errUsage (the flag
-// package has printed it already).
+// parseFlags parses args of a command that takes flags only: any other
+// argument is an error (with the flag package alone, a stray word would end
+// the flags silently and drop every flag after it).
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	_, err := parseArgs(fs, args, 0)
+	return err
+}
+
+// parseArgs parses flags that may come before, between and after at most maxArgs
+// positional arguments (`backup FILE --force`), and returns the positional
+// ones; after "--" every argument is positional. -h prints the usage and
+// returns flag.ErrHelp. A bad flag or an argument too many prints a short
+// usage, then the error as the last line, and returns errUsage.
+func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
+	out, usage := fs.Output(), fs.Usage
+	// The flag package would print its error first and the whole flag list
+	// after it, burying the error; it is reported below instead.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	defer func() { fs.SetOutput(out); fs.Usage = usage }()
+	var pos []string
+	for {
+		err := fs.Parse(args)
 		if errors.Is(err, flag.ErrHelp) {
-			return err
+			fs.SetOutput(out)
+			usage()
+			return nil, err
 		}
-		return errUsage
+		if err != nil {
+			return nil, usageError(fs, out, usage, err)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
 	}
-	return nil
+	if len(pos) > maxArgs {
+		err := fmt.Errorf("unexpected argument %q", pos[maxArgs])
+		if maxArgs == 0 {
+			err = fmt.Errorf("unexpected argument %q: %s takes flags only", pos[maxArgs], fs.Name())
+		}
+		if v := pos[maxArgs]; v == "true" || v == "false" {
+			err = fmt.Errorf("%w (a switch takes its value after '=', e.g. --json=%s)", err, v)
+		}
+		return nil, usageError(fs, out, usage, err)
+	}
+	return pos, nil
+}
+
+// usageError prints the synopsis of fs's usage (not its flag list), a hint
+// to -h, and err as the last line, on w; it returns errUsage.
+func usageError(fs *flag.FlagSet, w io.Writer, usage func(), err error) error {
+	var b strings.Builder
+	fs.SetOutput(&b)
+	usage()
+	fs.SetOutput(io.Discard)
+	synopsis, _, _ := strings.Cut(b.String(), "\n\nFlags:\n")
+	fmt.Fprintf(w, "%s\nRun 'tailgate %s -h' for its flags.\n\ntailgate %s: %v\n", synopsis, fs.Name(), fs.Name(), err)
+	return errUsage
 }
 
 // logFlags are the logging flags every long-running command has.

@@ -1,10 +1,15 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -14,6 +19,7 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server/apierr"
+	"tailgate/server/strictjson"
 	"tailgate/serving"
 )
 
@@ -94,10 +100,13 @@ type createKeyRequest struct {
 	BudgetMicros   *int64   `json:"budget_micros"`
 }
 
+// createKeyFields lists createKeyRequest's fields for error messages.
+const createKeyFields = "tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros"
+
 func (s *Server) handlePostKeys(c echo.Context) error {
 	var req createKeyRequest
-	if err := c.Bind(&req); err != nil {
-		return apierr.Reply(c, apierr.BadRequest("", "body must be a JSON object: tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros"))
+	if ae := decodeAdminBody(c, &req, createKeyFields); ae != nil {
+		return apierr.Reply(c, ae)
 	}
 	if req.Tenant == "" {
 		return apierr.Reply(c, apierr.BadRequest("tenant", "tenant is required"))
@@ -130,10 +139,73 @@ func (s *Server) handlePostKeysRevoke(c echo.Context) error {
 	var req struct {
 		Ref string `json:"ref"`
 	}
-	if err := c.Bind(&req); err != nil || req.Ref == "" {
+	if ae := decodeAdminBody(c, &req, "ref"); ae != nil {
+		return apierr.Reply(c, ae)
+	}
+	if req.Ref == "" {
 		return apierr.Reply(c, apierr.BadRequest("ref", "send {\"ref\": key id, display prefix or secret}"))
 	}
 	return s.revoke(c, req.Ref)
+}
+
+// maxAdminBody bounds an admin request's body.
+const maxAdminBody = 64 << 10
+
+// decodeAdminBody reads an admin request's JSON object into v, strictly: a
+// field v does not have is refused, not ignored — a misspelt limit
+// ("rpmm") would otherwise make an unlimited key — and so are a repeated
+// field and a value of the wrong type. The 400 names the field at fault;
+// fields lists the ones v has.
+func decodeAdminBody(c echo.Context, v any, fields string) *apierr.Error {
+	body, err := io.ReadAll(io.LimitReader(c.Request().Body, maxAdminBody+1))
+	switch {
+	case err != nil:
+		return apierr.BadRequest("", "reading the request body: %v", err)
+	case len(body) > maxAdminBody:
+		return apierr.BadRequest("", "request body is larger than %d bytes", maxAdminBody)
+	}
+	var dup *strictjson.DuplicateKeyError
+	if err := strictjson.Check(body, strictjson.DefaultMaxDepth); errors.As(err, &dup) {
+		return apierr.BadRequest(dup.Key, "request body has %s: send each field once", err)
+	} else if err != nil {
+		return apierr.BadRequest("", "body must be a JSON object with the fields %s: %v", fields, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err = dec.Decode(v)
+	var te *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &te) && te.Field != "":
+		return apierr.BadRequest(te.Field, "field %q: want a %s, not a JSON %s", te.Field, jsonKind(te.Type), te.Value)
+	case errors.As(err, &te):
+		return apierr.BadRequest("", "body must be a JSON object with the fields %s, not a JSON %s", fields, te.Value)
+	}
+	// encoding/json has no type for this error, only its text.
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		name, _ = strconv.Unquote(name)
+		return apierr.BadRequest(name, "unknown field %q: the fields are %s", name, fields)
+	}
+	return apierr.BadRequest("", "body must be a JSON object with the fields %s: %v", fields, err)
+}
+
+// jsonKind names the JSON value a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "whole number"
+	case reflect.Float32, reflect.Float64:
+		return "number"
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "boolean"
+	case reflect.Slice, reflect.Array:
+		return "list"
+	}
+	return "JSON object"
 }
 
 func (s *Server) revoke(c echo.Context, ref string) error {

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCommandsRefuseADataDirWithoutDatabase: the commands that read an
+// existing deployment, given a --data that holds no database (a typo, or a
+// directory that is not the gateway's), exit 1 saying so, and create
+// nothing there — before, keys and usage made a fresh database whose keys
+// no gateway knew.
+func TestCommandsRefuseADataDirWithoutDatabase(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the tailgate binary")
+	}
+	for _, tc := range []struct {
+		name string
+		args func(dir string) []string
+	}{
+		{"keys create", func(dir string) []string { return []string{"keys", "create", "--data", dir, "--tenant", "acme"} }},
+		{"keys list", func(dir string) []string { return []string{"keys", "list", "--data", dir} }},
+		{"keys revoke", func(dir string) []string { return []string{"keys", "revoke", "--data", dir, "tg-abcdefgh"} }},
+		{"usage", func(dir string) []string { return []string{"usage", "--data", dir, "--json"} }},
+		{"backup", func(dir string) []string {
+			return []string{"backup", "--data", dir, filepath.Join(t.TempDir(), "copy.db")}
+		}},
+	} {
+		for _, where := range []string{"missing", "empty"} {
+			t.Run(tc.name+"/"+where, func(t *testing.T) {
+				dir := t.TempDir()
+				if where == "missing" {
+					dir = filepath.Join(dir, "tailgate-dta")
+				}
+				code, stderr := runToExit(t, 30*time.Second, tc.args(dir)...)
+				if code != 1 {
+					t.Errorf("exit status %d, want 1", code)
+				}
+				line := errorLine(t, stderr)
+				for _, w := range []string{"--data " + dir, "holds no database"} {
+					if !strings.Contains(line, w) {
+						t.Errorf("error line lacks %q", w)
+					}
+				}
+				if _, err := os.Stat(filepath.Join(dir, "tailgate.db")); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("a database was created in %s (%v)", dir, err)
+				}
+				if where == "missing" {
+					if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+						t.Errorf("the directory %s was created (%v)", dir, err)
+					}
+				}
+				if t.Failed() {
+					t.Logf("stderr:\n%s", stderr)
+				}
+			})
+		}
+	}
+}
+
+// TestCommandLineMistakesAreUsageErrors: a word where a flag belongs would
+// end the flag package's parsing and drop every flag after it (`up foo
+// --replicas 1` started two replicas), so every command refuses an
+// argument it does not take; an unknown flag is reported last, after a
+// short usage instead of under the whole flag list; exit status 2, and
+// nothing starts.
+func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the tailgate binary")
+	}
+	dir := t.TempDir()
+	listen := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // the last line of stderr
+	}{
+		{"up with a stray word", append([]string{"up", "foo", "--replicas", "1", "--data", dir}, listen...),
+			`tailgate up: unexpected argument "foo": up takes flags only`},
+		{"up with a stray word after the flags", append([]string{"up", "--replicas", "1", "--data", dir, "foo"}, listen...),
+			`tailgate up: unexpected argument "foo": up takes flags only`},
+		{"gateway with a stray word", append([]string{"gateway", "--data", dir, "extra"}, listen...),
+			`tailgate gateway: unexpected argument "extra": gateway takes flags only`},
+		{"worker with a stray word", []string{"worker", "sim", "--engine", "sim"},
+			`tailgate worker: unexpected argument "sim": worker takes flags only`},
+		{"sim with a stray word", []string{"sim", "--listen", "127.0.0.1:0", "llama"},
+			`tailgate sim: unexpected argument "llama": sim takes flags only`},
+		{"keys create with a stray word", []string{"keys", "create", "acme", "--data", dir, "--tenant", "acme"},
+			`tailgate keys create: unexpected argument "acme": keys create takes flags only`},
+		{"usage with a switch given a separate value", []string{"usage", "--data", dir, "--json", "false"},
+			`tailgate usage: unexpected argument "false": usage takes flags only (a switch takes its value after '=', e.g. --json=false)`},
+		{"keys revoke with two keys", []string{"keys", "revoke", "--data", dir, "tg-aaaaaaaa", "tg-bbbbbbbb"},
+			`tailgate keys revoke: unexpected argument "tg-bbbbbbbb"`},
+		{"keys revoke without a key", []string{"keys", "revoke", "--data", dir},
+			`tailgate keys revoke: want the KEY to revoke`},
+		{"up with an unknown flag", []string{"up", "--replica", "1"},
+			`tailgate up: flag provided but not defined: -replica`},
+		{"gateway with a flag missing its value", []string{"gateway", "--data"},
+			`tailgate gateway: flag needs an argument: -data`},
+		{"keys with an unknown subcommand", []string{"keys", "delete"},
+			`tailgate keys: unknown subcommand "delete" (want create, list or revoke)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stderr := runToExit(t, 30*time.Second, tc.args...)
+			if code != 2 {
+				t.Errorf("exit status %d, want 2", code)
+			}
+			lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
+			if last := lines[len(lines)-1]; last != tc.want {
+				t.Errorf("last line of stderr:\n  %s\nwant\n  %s", last, tc.want)
+			}
+			if len(lines) > 12 {
+				t.Errorf("%d lines on stderr; want a short usage, not the flag list", len(lines))
+			}
+			if !strings.HasPrefix(stderr, "Usage") {
+				t.Errorf("stderr does not start with the usage")
+			}
+			if strings.Contains(stderr, "level=") {
+				t.Errorf("the command started (it logged)")
+			}
+			if t.Failed() {
+				t.Logf("stderr:\n%s", stderr)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(dir, "tailgate.db")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused command created a database (%v)", err)
+	}
+}
+
+// TestHelpExitsZero: -h (and --help, help) prints the usage and exits 0 on
+// every command, `keys` included.
+func TestHelpExitsZero(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the tailgate binary")
+	}
+	for _, args := range [][]string{
+		{"keys", "-h"}, {"keys", "--help"}, {"keys", "help"}, {"keys", "create", "-h"}, {"keys", "revoke", "--help"},
+		{"usage", "-h"}, {"backup", "-h"}, {"up", "-h"}, {"gateway", "--help"}, {"worker", "-h"}, {"sim", "-h"}, {"bench", "-h"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			code, stderr := runToExit(t, 30*time.Second, args...)
+			if code != 0 {
+				t.Errorf("exit status %d, want 0", code)
+			}
+			if !strings.HasPrefix(stderr, "Usage") {
+				t.Errorf("no usage printed:\n%s", stderr)
+			}
+		})
+	}
+}
