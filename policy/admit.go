@@ -106,16 +106,17 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 		}
 	}
 	ts.mu.Lock()
-	exceeded := ts.reserve(bound, micros)
+	qe := ts.reserve(bound, micros)
 	name := ts.name
 	ts.mu.Unlock()
-	if exceeded != "" {
+	if qe != nil {
 		rs := ks.state(p)
 		ks.mu.Unlock()
 		if name == "" {
 			name = p.Tenant
 		}
-		return nil, rs, &QuotaError{Tenant: name, Budget: exceeded}
+		qe.Tenant = name
+		return nil, rs, qe
 	}
 	ks.inflight++
 	if p.RPM > 0 {

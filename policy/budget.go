@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"math"
 	"math/bits"
 	"sync"
@@ -9,15 +10,33 @@ import (
 )
 
 // QuotaError rejects a request that could take its tenant past its budget
-// (OpenAI's insufficient_quota).
+// (OpenAI's insufficient_quota). The amounts are in the budget's unit:
+// tokens, or micro-units of currency for the cost budget.
 type QuotaError struct {
 	Tenant string
 	// Budget is the budget that would be exceeded: "tokens" or "cost".
 	Budget string
+	// Limit is the budget, Spent what settled requests used of it, Reserved
+	// what admitted requests still in flight hold of it, and Requested this
+	// request's worst case (its prompt bound plus its completion cap), which
+	// admission must reserve in full.
+	Limit, Spent, Reserved, Requested int64
 }
 
+// Left is what the budget has left for new requests, never negative.
+func (e *QuotaError) Left() int64 { return max(e.Limit-e.Spent-e.Reserved, 0) }
+
+// UsedUp reports whether nothing is left, as opposed to a request larger
+// than what is left.
+func (e *QuotaError) UsedUp() bool { return e.Left() == 0 }
+
 func (e *QuotaError) Error() string {
-	return "insufficient quota: request exceeds the " + e.Budget + " budget left to tenant " + e.Tenant
+	if e.UsedUp() {
+		return fmt.Sprintf("insufficient quota: the %s budget of tenant %s is used up (%d of %d spent, %d reserved)",
+			e.Budget, e.Tenant, e.Spent, e.Limit, e.Reserved)
+	}
+	return fmt.Sprintf("insufficient quota: request needs up to %d of the %s budget of tenant %s, %d left (%d of %d spent, %d reserved)",
+		e.Requested, e.Budget, e.Tenant, e.Left(), e.Spent, e.Limit, e.Reserved)
 }
 
 // Price is what a model costs, in micro-units of currency per million
@@ -75,18 +94,19 @@ type tenantState struct {
 	spent, reserved            data.Spend
 }
 
-// reserve books a worst-case reservation if it fits the budget, reporting
-// which budget it would exceed otherwise. Callers hold ts.mu.
-func (ts *tenantState) reserve(tokens, micros int64) (exceeded string) {
+// reserve books a worst-case reservation if it fits the budget; otherwise
+// it books nothing and says which budget it would exceed and by how much
+// (without the tenant's name). Callers hold ts.mu.
+func (ts *tenantState) reserve(tokens, micros int64) *QuotaError {
 	if b := ts.budgetTokens; b > 0 && !fits(b, ts.spent.Tokens, ts.reserved.Tokens, tokens) {
-		return "tokens"
+		return &QuotaError{Budget: "tokens", Limit: b, Spent: ts.spent.Tokens, Reserved: ts.reserved.Tokens, Requested: tokens}
 	}
 	if b := ts.budgetMicros; b > 0 && !fits(b, ts.spent.Micros, ts.reserved.Micros, micros) {
-		return "cost"
+		return &QuotaError{Budget: "cost", Limit: b, Spent: ts.spent.Micros, Reserved: ts.reserved.Micros, Requested: micros}
 	}
 	ts.reserved.Tokens += tokens
 	ts.reserved.Micros += micros
-	return ""
+	return nil
 }
 
 // fits reports whether spent+reserved+need ≤ budget without overflowing.

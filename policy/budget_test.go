@@ -281,3 +281,44 @@ func TestBudgetChangePickedUpByRun(t *testing.T) {
 	}
 	tk.Release()
 }
+
+// TestQuotaErrorAmounts: a refusal carries the budget, what is spent and
+// reserved, and the request's worst case, so it can say "larger than what
+// is left" apart from "used up".
+func TestQuotaErrorAmounts(t *testing.T) {
+	st, _ := openStore(t)
+	g := newGate(t, st, Config{})
+	secret, _ := createKey(t, st, KeyOptions{Tenant: "acme", BudgetTokens: ptr(300)})
+	p := authenticate(t, g, secret)
+
+	// Nothing spent, but the worst case is larger than the budget.
+	_, _, err := g.Admit(p, Request{PromptBound: 100, MaxTokens: 1000})
+	var qe *QuotaError
+	if !errors.As(err, &qe) {
+		t.Fatalf("err = %v, want a QuotaError", err)
+	}
+	if want := (QuotaError{Tenant: "acme", Budget: "tokens", Limit: 300, Requested: 1100}); *qe != want {
+		t.Fatalf("QuotaError %+v, want %+v", *qe, want)
+	}
+	if qe.Left() != 300 || qe.UsedUp() {
+		t.Fatalf("left %d, used up %v; want 300 left", qe.Left(), qe.UsedUp())
+	}
+
+	// A request in flight holds all of it: used up, by its reservation.
+	tk, _, err := g.Admit(p, Request{PromptBound: 100, MaxTokens: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = g.Admit(p, Request{PromptBound: 1, MaxTokens: 1})
+	if !errors.As(err, &qe) {
+		t.Fatalf("err = %v, want a QuotaError", err)
+	}
+	if qe.Reserved != 300 || qe.Spent != 0 || qe.Requested != 2 || !qe.UsedUp() {
+		t.Fatalf("QuotaError %+v, want 300 reserved, 2 requested, used up", *qe)
+	}
+	tk.Settle(Usage{PromptTokens: 10, CompletionTokens: 20})
+	_, _, err = g.Admit(p, Request{PromptBound: 100, MaxTokens: 200})
+	if !errors.As(err, &qe) || qe.Spent != 30 || qe.Reserved != 0 || qe.Left() != 270 {
+		t.Fatalf("after settling: %v, want 30 spent, 270 left", err)
+	}
+}

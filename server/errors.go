@@ -95,7 +95,7 @@ func toAPIError(err error, model string) *apierr.Error {
 			RetryAfter: retry}
 	case errors.As(err, &quota):
 		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
-			Message: "you exceeded your current quota: the tenant's budget is used up"}
+			Message: quotaMessage(quota)}
 	case errors.Is(err, policy.ErrInvalidKey):
 		return errBadKey
 	case errors.Is(err, policy.ErrModelNotAllowed):
@@ -143,6 +143,26 @@ func toAPIError(err error, model string) *apierr.Error {
 		return errUpstream
 	}
 	return errInternal
+}
+
+// quotaMessage says why a budget refused a request: used up, or — with
+// nothing spent, possibly — smaller than the worst case the request must
+// reserve, with the amounts, so a client can tell "wait for next month" from
+// "ask for fewer tokens".
+func quotaMessage(q *policy.QuotaError) string {
+	amount, what := func(v int64) string { return strconv.FormatInt(v, 10) }, "token budget"
+	unit := " tokens"
+	if q.Budget == "cost" {
+		amount = func(v int64) string { return strconv.FormatFloat(float64(v)/1e6, 'f', -1, 64) }
+		what, unit = "cost budget", ""
+	}
+	if q.UsedUp() {
+		return fmt.Sprintf("you exceeded your current quota: the tenant's %s is used up (%s of %s%s spent, %s reserved by requests in flight)",
+			what, amount(q.Spent), amount(q.Limit), unit, amount(q.Reserved))
+	}
+	return fmt.Sprintf("insufficient quota: this request may use up to %s%s (its prompt plus max_tokens, reserved in full before it runs), "+
+		"more than the %s%s left of the tenant's %s of %s (%s spent, %s reserved by requests in flight); lower max_tokens or raise the budget",
+		amount(q.Requested), unit, amount(q.Left()), unit, what, amount(q.Limit), amount(q.Spent), amount(q.Reserved))
 }
 
 // errorHandler is echo's HTTPErrorHandler: every error leaves in OpenAI's shape,
