@@ -113,6 +113,9 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 	if gw.gate, err = policy.New(ctx, policy.Config{Prices: setup.prices}, gw.store, log); err != nil {
 		return nil, err
 	}
+	if err := checkBudgets(ctx, gw.gate, log); err != nil {
+		return nil, err
+	}
 	promReg := prometheus.NewRegistry()
 	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -186,6 +189,29 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		log.Info("admin routes on the tailnet", "url", fmt.Sprintf("http://%s:%s", gw.node.Hostname(), port))
 	}
 	return gw, nil
+}
+
+// checkBudgets refuses to start with a money budget that the prices make
+// unreachable (no model its tenant may use has a price) — it would never be
+// enforced, silently — and warns about one that leaves some model a
+// tenant's keys name free.
+func checkBudgets(ctx context.Context, gate *policy.Gate, log *slog.Logger) error {
+	found, err := gate.UnpricedBudgets(ctx)
+	if err != nil {
+		return err
+	}
+	var never []string
+	for _, u := range found {
+		if u.Never {
+			never = append(never, u.Error())
+		} else {
+			log.Warn("money budget not enforced on every model: " + u.Error())
+		}
+	}
+	if len(never) > 0 {
+		return errors.New(strings.Join(never, "; "))
+	}
+	return nil
 }
 
 // viaMesh marks requests that arrived on the tailnet listener.

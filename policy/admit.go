@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"errors"
 	"sync"
 	"time"
@@ -107,7 +108,7 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	}
 	ts.mu.Lock()
 	qe := ts.reserve(bound, micros)
-	name := ts.name
+	name, budgetMicros := ts.name, ts.budgetMicros
 	ts.mu.Unlock()
 	if qe != nil {
 		rs := ks.state(p)
@@ -129,6 +130,9 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	}
 	rs := ks.state(p)
 	ks.mu.Unlock()
+	if budgetMicros > 0 && price == (Price{}) {
+		g.noteUnpriced(cmp.Or(name, p.Tenant), r.Model, budgetMicros)
+	}
 	return t, rs, nil
 }
 

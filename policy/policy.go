@@ -110,6 +110,13 @@ type Gate struct {
 	tenantsMu sync.RWMutex
 	tenants   map[int64]*tenantState
 
+	// reported are the money budget problems last logged; owned by Run.
+	reported map[string]bool
+	// unpricedNotes holds the tenant and model pairs noteUnpriced warned
+	// about, unpricedCount how many.
+	unpricedNotes sync.Map
+	unpricedCount atomic.Int64
+
 	closeOnce sync.Once
 }
 
@@ -186,7 +193,9 @@ func (g *Gate) init(ctx context.Context) error {
 		ts.spent = s
 		ts.mu.Unlock()
 	}
-	return nil
+	// What is wrong now is the caller's to report (see UnpricedBudgets);
+	// Run reports what changes.
+	return g.reportUnpriced(ctx, false)
 }
 
 // Run picks up key and budget changes made through the store (by this or
@@ -225,7 +234,7 @@ func (g *Gate) refresh(ctx context.Context) error {
 		return err
 	}
 	g.version = v
-	return nil
+	return g.reportUnpriced(ctx, true)
 }
 
 func (g *Gate) loadBudgets(ctx context.Context) error {

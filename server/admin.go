@@ -114,10 +114,18 @@ func (s *Server) handlePostKeys(c echo.Context) error {
 	if req.RPM < 0 || req.TPM < 0 || req.MaxConcurrency < 0 {
 		return apierr.Reply(c, apierr.BadRequest("", "limits must not be negative"))
 	}
-	secret, k, err := policy.CreateKey(c.Request().Context(), s.store, policy.KeyOptions{
+	opts := policy.KeyOptions{
 		Tenant: req.Tenant, RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency,
 		Models: req.Models, BudgetTokens: req.BudgetTokens, BudgetMicros: req.BudgetMicros,
-	})
+	}
+	// A money budget no price can reach would never be enforced.
+	var unpriced *policy.UnpricedBudget
+	if err := s.gate.CheckNewKey(c.Request().Context(), opts); errors.As(err, &unpriced) {
+		return apierr.Reply(c, apierr.BadRequest("budget_micros", "%s", unpriced.Error()))
+	} else if err != nil {
+		return err
+	}
+	secret, k, err := policy.CreateKey(c.Request().Context(), s.store, opts)
 	if err != nil {
 		return err
 	}

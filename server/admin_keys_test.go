@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"tailgate/policy"
 	"tailgate/server/internal/servertest"
 )
 
@@ -92,5 +93,41 @@ func TestAdminKeyCreateRefusesWhatItWouldIgnore(t *testing.T) {
 	resp2.Body.Close()
 	if resp2.StatusCode != http.StatusBadRequest {
 		t.Fatalf("revoke with a misspelt field: status %d, want 400", resp2.StatusCode)
+	}
+}
+
+// TestAdminKeyCreateRefusesAMoneyBudgetNoPriceReaches: a money budget for
+// a tenant none of whose models has a price would never be enforced, so
+// the key is refused (400 naming budget_micros and the fix); with a price
+// for its model it is made.
+func TestAdminKeyCreateRefusesAMoneyBudgetNoPriceReaches(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1,
+		Prices: map[string]policy.Price{"tailgate-sim": {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}})
+	for _, tc := range []struct {
+		name, body string
+		status     int
+	}{
+		{"only unpriced models", `{"tenant":"acme","budget_micros":1000000,"models":["llama"]}`, http.StatusBadRequest},
+		{"a priced model", `{"tenant":"beta","budget_micros":1000000,"models":["tailgate-sim"]}`, http.StatusCreated},
+		{"every model, some priced", `{"tenant":"gamma","budget_micros":1000000}`, http.StatusCreated},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := adminPost(t, h, "/admin/v1/keys", tc.body)
+			defer resp.Body.Close()
+			raw, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, raw)
+			}
+			if tc.status == http.StatusBadRequest {
+				for _, w := range []string{`"param":"budget_micros"`, `tenant \"acme\" has a money budget (1)`, "(llama)", "--price MODEL=IN,OUT"} {
+					if !strings.Contains(string(raw), w) {
+						t.Errorf("answer lacks %s: %s", w, raw)
+					}
+				}
+			}
+		})
+	}
+	if keys, _ := h.Store.Keys(t.Context(), "acme"); len(keys) != 0 {
+		t.Fatalf("the refused key was made")
 	}
 }
