@@ -321,13 +321,23 @@ func (m modelConfig) Validate() error {
 // without a trailing /v1.
 type upstream struct{ id, url string }
 
-// parseUpstream returns the base URL and the host of an upstream URL.
+// parseUpstream returns the base URL and the host of an upstream URL. The
+// server's root (http://host:8000) and the base URL OpenAI clients take
+// (http://host:8000/v1) name the same upstream; an endpoint does not.
 func parseUpstream(raw string) (base, host string, err error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", "", errors.New("want a base URL like http://host:8000")
+		return "", "", errors.New("want a base URL like http://host:8000 or http://host:8000/v1")
 	}
-	return strings.TrimSuffix(strings.TrimSuffix(u.String(), "/"), "/v1"), u.Host, nil
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return "", "", errors.New("want a base URL like http://host:8000/v1, without user, query or fragment")
+	}
+	p := strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
+	if strings.Contains(p+"/", "/v1/") {
+		return "", "", errors.New("want the server's base URL (http://host:8000 or http://host:8000/v1), not one of its endpoints")
+	}
+	u.Path, u.RawPath = p, ""
+	return u.String(), u.Host, nil
 }
 
 // gatewaySetup is a valid gatewayConfig as each package's Config.

@@ -250,3 +250,29 @@ func TestREADMEGatewayConfigIsTrue(t *testing.T) {
 		t.Errorf("router.Config from the README's example: %v", err)
 	}
 }
+
+// TestParseUpstream: the server's root and the base URL OpenAI clients
+// take (…/v1, with or without a slash) name the same upstream; an
+// endpoint, a query or credentials in the URL are refused.
+func TestParseUpstream(t *testing.T) {
+	for _, tc := range []struct{ in, base, err string }{
+		{"http://10.0.0.5:8000", "http://10.0.0.5:8000", ""},
+		{"http://10.0.0.5:8000/", "http://10.0.0.5:8000", ""},
+		{"http://10.0.0.5:8000/v1", "http://10.0.0.5:8000", ""},
+		{"http://10.0.0.5:8000/v1/", "http://10.0.0.5:8000", ""},
+		{"https://gw.example.com/openai/v1", "https://gw.example.com/openai", ""},
+		{"http://10.0.0.5:8000/v1/chat/completions", "", "not one of its endpoints"},
+		{"http://10.0.0.5:8000/v1/models", "", "not one of its endpoints"},
+		{"http://10.0.0.5:8000/v1?x=1", "", "without user, query or fragment"},
+		{"http://user:pw@10.0.0.5:8000/v1", "", "without user, query or fragment"},
+		{"10.0.0.5:8000", "", "want a base URL"},
+	} {
+		base, _, err := parseUpstream(tc.in)
+		switch {
+		case tc.err == "" && (err != nil || base != tc.base):
+			t.Errorf("parseUpstream(%q) = %q, %v; want %q", tc.in, base, err, tc.base)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("parseUpstream(%q) = %q, %v; want an error with %q", tc.in, base, err, tc.err)
+		}
+	}
+}

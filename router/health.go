@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -18,6 +19,10 @@ type HealthConfig struct {
 	Interval time.Duration
 	// Timeout of one probe; 0 means 1s.
 	Timeout time.Duration
+	// LogEvery is how often a replica that keeps failing its probe for the
+	// same reason is logged again; 0 means 30s. A new reason is logged at
+	// once.
+	LogEvery time.Duration
 }
 
 // withDefaults returns c with every zero field filled in.
@@ -27,6 +32,9 @@ func (c HealthConfig) withDefaults() HealthConfig {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = time.Second
+	}
+	if c.LogEvery == 0 {
+		c.LogEvery = 30 * time.Second
 	}
 	return c
 }
@@ -41,15 +49,82 @@ var ErrProbeNotReady = errors.New("replica answered but is not ready")
 // only decides whether it is reachable: one that does not answer is ejected
 // (a hung worker is caught within a probe interval plus timeout), and an
 // ejected one that answers again is let back in.
+//
+// Why a replica fails its probe is logged at WARN: at the first failure,
+// when the reason changes, and every LogEvery while it lasts — a static
+// upstream that never becomes ready would otherwise leave only 404s
+// (model_not_found) to go by.
 type HealthChecker struct {
 	reg    *Registry
 	prober Prober
 	cfg    HealthConfig
+
+	mu      sync.Mutex
+	failing map[string]*probeFailure // by replica id
+}
+
+// probeFailure is what was last logged of a replica's failing probes.
+type probeFailure struct {
+	reason   string
+	since    time.Time // first failure of the run
+	loggedAt time.Time
+	count    int // failures since since
 }
 
 // NewHealthChecker returns a checker for reg's replicas.
 func NewHealthChecker(reg *Registry, p Prober, cfg HealthConfig) *HealthChecker {
-	return &HealthChecker{reg: reg, prober: p, cfg: cfg.withDefaults()}
+	return &HealthChecker{reg: reg, prober: p, cfg: cfg.withDefaults(), failing: map[string]*probeFailure{}}
+}
+
+// noteFailure logs a failed probe of rep unless the same reason was logged
+// less than LogEvery ago.
+func (h *HealthChecker) noteFailure(rep *Replica, err error, now time.Time) {
+	reason := err.Error()
+	if errors.Is(err, context.DeadlineExceeded) {
+		reason = fmt.Sprintf("no answer within %v", h.cfg.Timeout)
+	}
+	h.mu.Lock()
+	f := h.failing[rep.ID]
+	if f == nil {
+		f = &probeFailure{since: now}
+		h.failing[rep.ID] = f
+	}
+	f.count++
+	logIt := f.reason != reason || now.Sub(f.loggedAt) >= h.cfg.LogEvery
+	count, since := f.count, now.Sub(f.since)
+	if logIt {
+		f.reason, f.loggedAt = reason, now
+	}
+	h.mu.Unlock()
+	if logIt {
+		h.reg.log.Warn("replica probe failed; it takes no traffic until a probe succeeds", "replica", rep.ID, "url", rep.URL, "err", reason,
+			"failing_for", since.Round(time.Second), "failures", count)
+	}
+}
+
+// forgetGone drops the failures of replicas no longer registered.
+func (h *HealthChecker) forgetGone(reps []*Replica) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.failing) == 0 {
+		return
+	}
+	known := make(map[string]bool, len(reps))
+	for _, r := range reps {
+		known[r.ID] = true
+	}
+	for id := range h.failing {
+		if !known[id] {
+			delete(h.failing, id)
+		}
+	}
+}
+
+// noteOK forgets rep's failures.
+func (h *HealthChecker) noteOK(rep *Replica) {
+	h.mu.Lock()
+	delete(h.failing, rep.ID)
+	h.mu.Unlock()
 }
 
 // Run probes until ctx is done. The first round runs at once.
@@ -71,7 +146,9 @@ func (h *HealthChecker) Run(ctx context.Context) error {
 // replica once, concurrently, and waits.
 func (h *HealthChecker) ProbeAll(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, rep := range h.reg.Replicas() {
+	reps := h.reg.Replicas()
+	defer h.forgetGone(reps)
+	for _, rep := range reps {
 		switch rep.State() {
 		case StateReady, StateEjected:
 		default:
@@ -96,6 +173,7 @@ func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
 	}
 	now := h.reg.cfg.Now()
 	if err != nil {
+		h.noteFailure(rep, err, now)
 		switch cur := rep.State(); cur {
 		case StateReady:
 			h.reg.Eject(rep, "probe")
@@ -106,6 +184,7 @@ func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
 		return
 	}
 	rep.markOK(now)
+	h.noteOK(rep)
 	if !rep.Static {
 		// A registered replica's state is its worker's to report; a good
 		// probe only lifts the gateway's own ejection.
