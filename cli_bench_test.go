@@ -210,7 +210,7 @@ func TestBenchFlagsMapToOptions(t *testing.T) {
 
 // TestBenchRejectsBadFlags: a bad invocation fails before anything starts,
 // with one line naming the flag at fault and exit status 1 (2 for a flag
-// the command does not know).
+// the command does not know, or an argument it does not take).
 func TestBenchRejectsBadFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -233,7 +233,6 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{[]string{"--target", "http://x/v1", "--sample-interval", "0"}, "--sample-interval at least 10ms"},
 		{[]string{"--target", "x:8000/v1", "--model", "m"}, `--target "x:8000/v1"`},
 		{[]string{"--target", "http://x/v1", "--model", "m", "--stream-fraction", "2"}, "--stream-fraction 2"},
-		{[]string{"--target", "http://x/v1", "stray"}, `unexpected argument "stray"`},
 	} {
 		var stdout, stderr bytes.Buffer
 		err := run(context.Background(), append([]string{"bench"}, tc.args...), &stdout, &stderr)
@@ -248,6 +247,11 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"bench", "--no-such-flag"}, io.Discard, io.Discard); !errors.Is(err, errUsage) {
 		t.Errorf("an unknown flag: %v, want a usage error (exit 2)", err)
+	}
+	var usage bytes.Buffer
+	err := run(context.Background(), []string{"bench", "--target", "http://x/v1", "stray"}, io.Discard, &usage)
+	if last := lastLine(usage.String()); !errors.Is(err, errUsage) || last != `tailgate bench: unexpected argument "stray": bench takes flags only` {
+		t.Errorf("a stray argument: %v, last line %q; want a usage error (exit 2) naming it", err, last)
 	}
 	var stdout bytes.Buffer
 	if err := run(context.Background(), []string{"bench", "--scenario", "list"}, &stdout, io.Discard); err != nil || !strings.Contains(stdout.String(), "failover") {

@@ -83,6 +83,11 @@ type gateway struct {
 	meshLn     net.Listener
 	publicAddr string
 	adminAddr  string
+
+	// stopWorkers, when set, stops the workers this process started (up);
+	// run calls it once nothing is left for them to serve and before the
+	// admin listener, which takes their heartbeats, closes.
+	stopWorkers func()
 }
 
 func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, log *slog.Logger) (_ *gateway, err error) {
@@ -273,13 +278,20 @@ func (gw *gateway) run(ctx context.Context) error {
 		gw.log.Warn("public listener: in-flight requests cut at the end of the grace period", "err", err)
 		_ = gw.public.Close()
 	}
-	_ = gw.admin.Shutdown(sctx)
-	if gw.meshAdmin != nil {
-		_ = gw.meshAdmin.Shutdown(sctx)
-	}
-	cancel() // stop gate, health; the ledger writer drains what it holds
+	cancel() // stop gate, health, batches; the ledger writer drains what it holds
 	if err := g.Wait(); err != nil && runErr == nil {
 		runErr = err
+	}
+	// Workers still heartbeat (draining) while they stop; then the admin
+	// listeners close.
+	if gw.stopWorkers != nil {
+		gw.stopWorkers()
+	}
+	actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer acancel()
+	_ = gw.admin.Shutdown(actx)
+	if gw.meshAdmin != nil {
+		_ = gw.meshAdmin.Shutdown(actx)
 	}
 	if err := gw.ledger.Close(); err != nil && runErr == nil {
 		runErr = fmt.Errorf("ledger: %w", err)

@@ -92,10 +92,14 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				childArgs = append(childArgs, "--vllm-arg", a)
 			}
 		}
-		c := &child{name: id, argv: append([]string{self}, childArgs...), out: stderr, log: log.With("replica", id)}
+		c := &child{name: id, argv: append([]string{self}, childArgs...), log: log.With("replica", id)}
 		wg.Go(func() { c.supervise(cctx) })
 	}
-	defer func() { stopChildren(); wg.Wait() }()
+	// On a clean stop the workers go once no request is left for them and
+	// before the admin listener closes, so their last heartbeat (draining)
+	// still reaches the gateway instead of reporting it unreachable.
+	gw.stopWorkers = func() { stopChildren(); wg.Wait() }
+	defer gw.stopWorkers()
 	wg.Go(func() { reportReadiness(cctx, gw, *replicas) })
 
 	admin := filepath.Join(cfg.DataDir, "admin.token")
@@ -138,11 +142,12 @@ func ensureDemoKey(ctx context.Context, gw *gateway, path string) error {
 }
 
 // child runs one child process of this binary and restarts it with backoff
-// when it exits, until ctx is done.
+// when it exits, until ctx is done. Its output lines are logged on log:
+// the child's own log records as they are (see childlog), anything else it
+// writes (a panic, its exit error) as a warning.
 type child struct {
 	name string
 	argv []string
-	out  io.Writer // receives the child's output lines, prefixed with its name
 	log  *slog.Logger
 }
 
@@ -170,7 +175,7 @@ func (c *child) supervise(ctx context.Context) {
 // runOnce runs the child until it exits or ctx is done; then its process
 // group is stopped (SIGTERM, SIGKILL after 5s).
 func (c *child) runOnce(ctx context.Context) error {
-	sink := proc.LineWriter(c.out, "["+c.name+"] ")
+	sink := func(line string) { c.log.Warn(line) }
 	p, err := proc.Start(proc.Config{Argv: c.argv, Stdout: sink, Stderr: sink})
 	if err != nil {
 		return fmt.Errorf("start: %w", err)

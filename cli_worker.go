@@ -37,6 +37,7 @@ type workerFlags struct {
 	drainGrace       time.Duration
 	sim              simFlags
 	mesh             meshFlags
+	logArgs          []string // --log-level and --log-format, for the simulated engine
 }
 
 func (w *workerFlags) register(fs *flag.FlagSet) {
@@ -79,6 +80,9 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	// The engine logs as the worker does, so its lines read as the worker's
+	// (the worker's log forwards them; see childlog).
+	wf.logArgs = []string{"--log-level", lf.level, "--log-format", lf.format}
 	warnSecretFlags(log, fs, "cluster-token", "mesh-authkey")
 	cfg, closeListener, err := wf.config(ctx, log)
 	if err != nil {
@@ -211,6 +215,7 @@ func (wf *workerFlags) engineCommand(model string) (func(port int) ([]string, []
 		return func(port int) ([]string, []string, error) {
 			argv := append([]string{self, "sim", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--model", model,
 				"--sim-seed", strconv.FormatInt(wf.sim.seed, 10)}, wf.sim.args()...)
+			argv = append(argv, wf.logArgs...)
 			return argv, nil, nil
 		}, nil
 	}

@@ -11,10 +11,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"tailgate/serving/childlog"
 )
 
 const usageText = `tailgate — an OpenAI-compatible LLM gateway with a tail-latency budget
@@ -158,7 +161,9 @@ func usageError(fs *flag.FlagSet, w io.Writer, usage func(), err error) error {
 	return errUsage
 }
 
-// logFlags are the logging flags every long-running command has.
+// logFlags are the logging flags every long-running command has. Its
+// logger flattens the log lines of child processes that a command forwards
+// (see childlog).
 type logFlags struct {
 	level  string
 	format string
@@ -174,14 +179,19 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(l.level)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	// childlog filters by level: a child's line forwarded at INFO may be an
+	// error (see childlog.NewHandler).
+	opts := &slog.HandlerOptions{Level: slog.Level(math.MinInt32)}
+	var h slog.Handler
 	switch strings.ToLower(l.format) {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		h = slog.NewTextHandler(w, opts)
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		h = slog.NewJSONHandler(w, opts)
+	default:
+		return nil, fmt.Errorf("--log-format must be text or json, not %q", l.format)
 	}
-	return nil, fmt.Errorf("--log-format must be text or json, not %q", l.format)
+	return slog.New(childlog.NewHandler(h, level)), nil
 }
 
 // stringList is a repeatable string flag.
