@@ -120,7 +120,7 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data", "tailgate-data", "data directory: SQLite database, tokens, keys")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
 	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
-	fs.Var(&c.upstreamFlags, "upstream", "static OpenAI-compatible upstream base URL, e.g. http://10.0.0.5:8000 (repeatable)")
+	fs.Var(&c.upstreamFlags, "upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)")
 	fs.StringVar(&c.ConfigFile, "config", "", "YAML config file (upstreams, per-model max_tokens, prices, deadlines, hedging); flags given here win over it, --upstream and --price add to it")
 	fs.Int64Var(&c.DefaultMaxTokens, "default-max-tokens", 1024, "max_tokens applied when a request sets none")
 	fs.Int64Var(&c.MaxBody, "max-body", 4<<20, "largest request body in bytes (larger: 413)")
