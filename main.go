@@ -153,9 +153,10 @@ func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
 // to -h, and err as the last line, on w; it returns errUsage.
 func usageError(fs *flag.FlagSet, w io.Writer, usage func(), err error) error {
 	var b strings.Builder
+	prev := fs.Output()
 	fs.SetOutput(&b)
 	usage()
-	fs.SetOutput(io.Discard)
+	fs.SetOutput(prev)
 	synopsis, _, _ := strings.Cut(b.String(), "\n\nFlags:\n")
 	fmt.Fprintf(w, "%s\nRun 'tailgate %s -h' for its flags.\n\ntailgate %s: %v\n", synopsis, fs.Name(), fs.Name(), err)
 	return errUsage
