@@ -113,7 +113,7 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
-	if k.Tenant.BudgetMicros > 0 {
+	if *budgetMoney > 0 {
 		// This process does not know the gateway's prices.
 		fmt.Fprintf(stderr, "note: tenant %q has a money budget; it counts only models the gateway prices (--price MODEL=IN,OUT, or models.MODEL.price in --config): "+
 			"a gateway refuses to start while no model the tenant may use has a price, and a running one warns\n", k.Tenant.Name)
