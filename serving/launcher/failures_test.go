@@ -122,9 +122,9 @@ func TestErrorTailKeepsTheLastLines(t *testing.T) {
 func TestLogsError(t *testing.T) {
 	t.Parallel()
 	for line, want := range map[string]bool{
-		"ERROR 09-12 10:00:00 [core.py:700] EngineCore failed to start.":                  true,
+		"ERROR 09-12 10:00:00 [core.py:700] EngineCore failed to start.":                 true,
 		"(EngineCore_DP0 pid=4242) ERROR 09-12 10:00:00 [core.py:700] EngineCore failed": true,
-		"CRITICAL 09-12 10:00:00 [launcher.py:99] out of memory":                          true,
+		"CRITICAL 09-12 10:00:00 [launcher.py:99] out of memory":                         true,
 		`time=2026-01-01T00:00:00Z level=ERROR msg="listen failed"`:                      true,
 		"INFO 09-12 10:00:00 [api_server.py:1] vLLM API server version 0.11.0":           false,
 		"WARNING 09-12 10:00:00 [config.py:1] ERROR handling is deprecated":              false,
