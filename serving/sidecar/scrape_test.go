@@ -163,6 +163,9 @@ func startFakeMetrics(t *testing.T, text string) *fakeMetrics {
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		if r.URL.Path == "/health" {
+			return // 200: only the metrics break
+		}
 		if r.URL.Path != "/metrics" || f.broken {
 			http.Error(w, "no", http.StatusInternalServerError)
 			return
