@@ -119,7 +119,9 @@ func TestAnEngineThatStopsAnsweringTakesTheReplicaOut(t *testing.T) {
 			chat := func() (int, string) {
 				status, _, body := send(t, context.Background(), http.MethodPost, sc.URL+"/v1/chat/completions",
 					`{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":1}`)
-				var er struct{ Error struct{ Code, Message string } }
+				var er struct {
+					Error struct{ Code, Message string }
+				}
 				_ = json.Unmarshal(body, &er)
 				return status, er.Error.Code + ": " + er.Error.Message
 			}
