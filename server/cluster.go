@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -46,9 +47,30 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	}
 	s.reg.Heartbeat(router.Update{
 		ID: hb.ReplicaID, URL: strings.TrimSuffix(hb.Address, "/"), Models: hb.Models, State: state, Reason: hb.Reason,
-		Engine: hb.Engine, Lease: s.cfg.Lease,
+		Engine: hb.Engine, Lease: s.cfg.Lease, EngineLog: clipEngineLog(hb.EngineLog),
 		Load: router.Load{Inflight: hb.Load.Inflight, Waiting: hb.Load.Waiting, Running: hb.Load.Running,
 			KVCacheUsage: hb.Load.KVCacheUsage, TTFTMillis: hb.Load.TTFTMillisP50},
 	})
 	return c.JSON(http.StatusOK, serving.HeartbeatReply{LeaseSeconds: s.cfg.Lease.Seconds()})
+}
+
+// clipEngineLog bounds a worker's engine lines as the wire contract does:
+// the last serving.MaxEngineLogLines lines, each cut to
+// serving.MaxEngineLogLine bytes on a character boundary.
+func clipEngineLog(lines []string) []string {
+	if len(lines) == 0 {
+		return nil
+	}
+	lines = lines[max(0, len(lines)-serving.MaxEngineLogLines):]
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		if n := serving.MaxEngineLogLine; len(l) > n {
+			for n > 0 && !utf8.RuneStart(l[n]) {
+				n--
+			}
+			l = l[:n]
+		}
+		out[i] = l
+	}
+	return out
 }
