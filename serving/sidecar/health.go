@@ -95,7 +95,7 @@ func (s *Sidecar) probeEngine(ctx context.Context, url string, wait time.Duratio
 	resp, err := s.transport.RoundTrip(req)
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("timed out after %s", wait.Round(time.Millisecond))
+		return errors.New("timed out")
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return errors.New("connection refused")
 	case err != nil:

@@ -81,7 +81,7 @@ func TestAnEngineThatStopsAnsweringTakesTheReplicaOut(t *testing.T) {
 			name:  "frozen",
 			sick:  func(e *sickEngine, _ *atomic.Value) { e.mode.Store("hang") },
 			heal:  func(e *sickEngine, _ *atomic.Value) { e.mode.Store("") },
-			cause: "(timed out after ",
+			cause: "(timed out)",
 		},
 		{
 			name:  "engine loop dead",
