@@ -169,3 +169,31 @@ func TestVLLMThatCannotStartSaysWhy(t *testing.T) {
 		t.Errorf("the worker did not log that the engine cannot start:\n%s", w.stderr.String())
 	}
 }
+
+// TestUpWithoutVLLMSaysSoAtOnce: `up --engine vllm` with no vLLM fails
+// before starting anything, naming the fix, instead of restarting its
+// workers forever.
+func TestUpWithoutVLLMSaysSoAtOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
+	tests := []struct {
+		name  string
+		flags []string
+		want  string
+	}{
+		{"none on PATH", nil, "vllm not found on PATH: install vLLM or pass --vllm-binary"},
+		{"--vllm-binary missing", []string{"--vllm-binary", "/nonexistent/vllm"}, "vllm binary: exec: \"/nonexistent/vllm\""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command(binPath, append([]string{"up", "--data", t.TempDir(), "--listen", "127.0.0.1:0",
+				"--admin-listen", "127.0.0.1:0", "--engine", "vllm", "--model", "org/m"}, tt.flags...)...)
+			cmd.Env = append(os.Environ(), "PATH="+t.TempDir())
+			out, err := cmd.CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tt.want) {
+				t.Fatalf("up: %v, output:\n%s\nwant an error containing %q", err, out, tt.want)
+			}
+		})
+	}
+}
