@@ -26,7 +26,6 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
-	"tailgate/server/batch"
 	"tailgate/web"
 )
 
@@ -46,6 +45,7 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	warnSecretFlags(log, fs, "mesh-authkey")
 	setup, err := cfg.resolve(fs)
 	if err != nil {
 		return err
@@ -138,7 +138,9 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 	gw.health = router.NewHealthChecker(gw.reg, &server.Prober{Transport: transport, ClusterToken: clusterToken}, router.HealthConfig{})
 
 	setup.srvCfg.AdminToken = adminToken
-	setup.srvCfg.Batch = batch.Config{FilesDir: filepath.Join(cfg.DataDir, "files"), DrainTimeout: min(cfg.ShutdownGrace, 10*time.Second)}
+	bcfg := cfg.Batch
+	bcfg.FilesDir, bcfg.DrainTimeout = filepath.Join(cfg.DataDir, "files"), min(cfg.ShutdownGrace, 10*time.Second)
+	setup.srvCfg.Batch = bcfg
 	setup.srvCfg.ClusterToken = clusterToken
 	srv, err := server.New(setup.srvCfg, server.Deps{
 		Gate: gw.gate, Registry: gw.reg, Store: gw.store, Ledger: gw.ledger,

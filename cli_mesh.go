@@ -58,3 +58,17 @@ func splitList(s string) []string {
 	}
 	return out
 }
+
+// warnSecretFlags warns about secrets given as command-line flags: any
+// user of the box can read them in ps and /proc, and shells keep them in
+// their history. Files and environment variables do not leak that way.
+func warnSecretFlags(log *slog.Logger, fs *flag.FlagSet, names ...string) {
+	fs.Visit(func(f *flag.Flag) {
+		for _, n := range names {
+			if f.Name == n && f.Value.String() != "" {
+				alt := map[string]string{"cluster-token": "--cluster-token-file", "mesh-authkey": "TS_AUTHKEY in the environment"}[n]
+				log.Warn("a secret on the command line is visible to every user of this box (ps, /proc); prefer "+alt, "flag", "--"+n)
+			}
+		}
+	})
+}

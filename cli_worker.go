@@ -79,6 +79,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	warnSecretFlags(log, fs, "cluster-token", "mesh-authkey")
 	cfg, closeListener, err := wf.config(ctx, log)
 	if err != nil {
 		return err

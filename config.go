@@ -20,6 +20,7 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
+	"tailgate/server/batch"
 )
 
 // gatewayConfig is the gateway's configuration (`gateway` and `up`) in one
@@ -60,6 +61,9 @@ type gatewayConfig struct {
 	MediaPartTokens    int64         `yaml:"-"` // --media-part-tokens; 0: 16384
 	RejectedRows       float64       `yaml:"-"` // --rejected-rows; 0: 20 per second
 	MaxConnections     int           `yaml:"-"` // --max-connections; 0: 4096
+
+	// The Batch API's limits (batch.Config); zero means its default.
+	Batch batch.Config `yaml:"-"`
 
 	Policy          string        `yaml:"-"` // --policy; "": p2c
 	Affinity        bool          `yaml:"-"` // --affinity
@@ -134,6 +138,14 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MediaPartTokens, "media-part-tokens", 16384, "prompt tokens reserved against the budget for each image, audio or video part of a chat message")
 	fs.Float64Var(&c.RejectedRows, "rejected-rows", 20, "ledger rows per second for refused requests (bad input, limits); past it they are only counted in tailgate_ledger_rows_skipped_total")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections the public listener holds open at once; more wait to be accepted")
+	fs.Int64Var(&c.Batch.MaxFileBytes, "batch-max-file-bytes", 100<<20, "largest batch input file upload (larger: 413)")
+	fs.IntVar(&c.Batch.MaxFileLines, "batch-max-file-lines", 50000, "most requests (non-blank lines) in a batch input file")
+	fs.Int64Var(&c.Batch.MaxLineBytes, "batch-max-line-bytes", 1<<20, "longest line of a batch input file")
+	fs.Int64Var(&c.Batch.TenantStorageBytes, "batch-tenant-storage", 1<<30, "bytes of files one tenant may keep (uploads and results)")
+	fs.DurationVar(&c.Batch.FileExpiry, "batch-file-expiry", 30*24*time.Hour, "files (inputs and results) are removed this long after they were made, unless the upload asks for less")
+	fs.DurationVar(&c.Batch.BodyTimeout, "batch-body-timeout", 30*time.Second, "bound of reading a batch request body, and the first part of an upload")
+	fs.Int64Var(&c.Batch.UploadMinRate, "batch-upload-min-rate", 64<<10, "slowest an upload may arrive after its first --batch-body-timeout, in bytes per second")
+	fs.DurationVar(&c.Batch.UploadTimeout, "batch-upload-timeout", 10*time.Minute, "longest one upload may take")
 	fs.BoolVar(&c.Hedge, "hedge", false, "hedge requests: a second attempt on another replica when the first has no token by the hedge delay")
 	fs.Float64Var(&c.HedgePercentile, "hedge-percentile", 0.95, "hedge delay: this percentile of recent time to first token, per model")
 	fs.DurationVar(&c.HedgeMin, "hedge-min", 20*time.Millisecond, "smallest hedge delay")

@@ -15,17 +15,6 @@ import (
 // is no longer running).
 var ErrBatchStatus = errors.New("batch status does not allow this")
 
-// File is a stored file of the Batch API. Its body lives on disk, kept by
-// the caller under the file's id; the store only says who owns it.
-type File struct {
-	ID        string
-	TenantID  int64
-	Purpose   string // "batch" (uploaded input), "batch_output" (written by the executor)
-	Filename  string
-	Bytes     int64
-	CreatedAt time.Time
-}
-
 // Batch statuses, named as OpenAI names them. A batch moves
 // validating → in_progress → finalizing → completed, or ends failed (no
 // line could run), expired (its window passed) or, through cancelling,
@@ -66,6 +55,9 @@ type Batch struct {
 	Errors           []BatchError // why the batch failed, if it did
 	OutputFileID     string
 	ErrorFileID      string
+	// OutputExpiresAfter is the lifetime of the batch's output and error
+	// files from their creation; 0 means the caller's default.
+	OutputExpiresAfter time.Duration
 
 	Total, Completed, Failed       int64
 	PromptTokens, CompletionTokens int64 // summed over completed lines
@@ -103,80 +95,10 @@ type BatchLine struct {
 	PromptTokens, CompletionTokens int64
 }
 
-// CreateFile stores f's metadata and returns it with CreatedAt set.
-func (s *Store) CreateFile(ctx context.Context, f File) (File, error) {
-	if f.ID == "" || f.TenantID == 0 || f.Purpose == "" {
-		return File{}, errors.New("create file: id, tenant and purpose are required")
-	}
-	f.CreatedAt = now()
-	if _, err := s.write.ExecContext(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, created_at)
-		VALUES (?, ?, ?, ?, ?, ?)`, f.ID, f.TenantID, f.Purpose, f.Filename, f.Bytes, toMicros(f.CreatedAt)); err != nil {
-		return File{}, fmt.Errorf("create file: %w", err)
-	}
-	return f, nil
-}
-
-const fileCols = `id, tenant_id, purpose, filename, bytes, created_at`
-
-func scanFile(r rowScanner) (File, error) {
-	var f File
-	var created int64
-	if err := r.Scan(&f.ID, &f.TenantID, &f.Purpose, &f.Filename, &f.Bytes, &created); err != nil {
-		return File{}, err
-	}
-	f.CreatedAt = fromMicros(created)
-	return f, nil
-}
-
-// FileByID returns the tenant's file with that id, or [ErrNotFound] (also
-// when the file belongs to another tenant).
-func (s *Store) FileByID(ctx context.Context, tenantID int64, id string) (File, error) {
-	f, err := scanFile(s.read.QueryRowContext(ctx, `SELECT `+fileCols+` FROM files WHERE id = ? AND tenant_id = ?`, id, tenantID))
-	if errors.Is(err, sql.ErrNoRows) {
-		err = ErrNotFound
-	}
-	if err != nil {
-		return File{}, fmt.Errorf("file %s: %w", id, err)
-	}
-	return f, nil
-}
-
-// Files returns up to limit of the tenant's files, newest first, starting
-// after the file with id after ("" = from the newest); purpose "" means any.
-func (s *Store) Files(ctx context.Context, tenantID int64, purpose, after string, limit int) ([]File, error) {
-	q := `SELECT ` + fileCols + ` FROM files WHERE tenant_id = ?`
-	args := []any{tenantID}
-	if purpose != "" {
-		q += ` AND purpose = ?`
-		args = append(args, purpose)
-	}
-	if after != "" {
-		q += ` AND rowid < (SELECT rowid FROM files WHERE id = ? AND tenant_id = ?)`
-		args = append(args, after, tenantID)
-	}
-	q += ` ORDER BY rowid DESC LIMIT ?`
-	args = append(args, limit)
-	rows, err := s.read.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("files: %w", err)
-	}
-	defer rows.Close()
-	var fs []File
-	for rows.Next() {
-		f, err := scanFile(rows)
-		if err != nil {
-			return nil, fmt.Errorf("files: %w", err)
-		}
-		fs = append(fs, f)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("files: %w", err)
-	}
-	return fs, nil
-}
-
 // CreateBatch stores a new batch in status validating, created now and
-// expiring after window, and returns it as stored.
+// expiring after window, and returns it as stored. Its input file must be
+// a file of its tenant ([ErrNotFound] if not): checked in the same
+// transaction, so a file deleted meanwhile cannot become a batch's input.
 func (s *Store) CreateBatch(ctx context.Context, b Batch, window time.Duration) (Batch, error) {
 	if b.ID == "" || b.TenantID == 0 || b.KeyID == "" || b.Endpoint == "" || b.InputFileID == "" || window <= 0 {
 		return Batch{}, errors.New("create batch: id, tenant, key, endpoint, input file and window are required")
@@ -192,11 +114,20 @@ func (s *Store) CreateBatch(ctx context.Context, b Batch, window time.Duration) 
 	created := now()
 	var out Batch
 	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM files WHERE id = ? AND tenant_id = ?`,
+			b.InputFileID, b.TenantID).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("input file %s: %w", b.InputFileID, ErrNotFound)
+		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO batches
-			(id, tenant_id, key_id, endpoint, input_file_id, completion_window, status, metadata, created_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			(id, tenant_id, key_id, endpoint, input_file_id, completion_window, status, metadata, created_at, expires_at,
+			output_expires_after)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			b.ID, b.TenantID, b.KeyID, b.Endpoint, b.InputFileID, b.CompletionWindow, BatchValidating, meta,
-			toMicros(created), toMicros(created.Add(window))); err != nil {
+			toMicros(created), toMicros(created.Add(window)), int64(b.OutputExpiresAfter/time.Second)); err != nil {
 			return err
 		}
 		var err error
@@ -210,16 +141,16 @@ func (s *Store) CreateBatch(ctx context.Context, b Batch, window time.Duration) 
 }
 
 const batchCols = `id, tenant_id, key_id, endpoint, input_file_id, completion_window, status, metadata, errors,
-	output_file_id, error_file_id, total, completed, failed, prompt_tokens, completion_tokens,
+	output_file_id, error_file_id, output_expires_after, total, completed, failed, prompt_tokens, completion_tokens,
 	created_at, expires_at, in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, cancelled_at`
 
 func scanBatch(r rowScanner) (Batch, error) {
 	var b Batch
 	var meta, errs string
-	var created, expires int64
+	var created, expires, outputTTL int64
 	var times [7]sql.NullInt64
 	err := r.Scan(&b.ID, &b.TenantID, &b.KeyID, &b.Endpoint, &b.InputFileID, &b.CompletionWindow, &b.Status, &meta, &errs,
-		&b.OutputFileID, &b.ErrorFileID, &b.Total, &b.Completed, &b.Failed, &b.PromptTokens, &b.CompletionTokens,
+		&b.OutputFileID, &b.ErrorFileID, &outputTTL, &b.Total, &b.Completed, &b.Failed, &b.PromptTokens, &b.CompletionTokens,
 		&created, &expires, &times[0], &times[1], &times[2], &times[3], &times[4], &times[5], &times[6])
 	if err != nil {
 		return Batch{}, err
@@ -235,6 +166,7 @@ func scanBatch(r rowScanner) (Batch, error) {
 		}
 	}
 	b.CreatedAt, b.ExpiresAt = fromMicros(created), fromMicros(expires)
+	b.OutputExpiresAfter = time.Duration(outputTTL) * time.Second
 	for i, p := range []*time.Time{&b.InProgressAt, &b.FinalizingAt, &b.CompletedAt, &b.FailedAt, &b.ExpiredAt, &b.CancellingAt, &b.CancelledAt} {
 		*p = fromNullMicros(times[i])
 	}
@@ -445,6 +377,9 @@ func (s *Store) RecordBatchLines(ctx context.Context, id string, lines ...BatchL
 			if err != nil {
 				return err
 			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM batch_line_starts WHERE batch_id = ? AND line = ?`, id, l.Line); err != nil {
+				return err
+			}
 			if added {
 				n++
 			}
@@ -476,6 +411,53 @@ func insertLine(ctx context.Context, tx *sql.Tx, batchID string, l BatchLine) (b
 		_, err = tx.ExecContext(ctx, `UPDATE batches SET failed = failed + 1 WHERE id = ?`, batchID)
 	}
 	return err == nil, err
+}
+
+// StartBatchLine notes that a line of batch id starts running and returns
+// how many unclean runs it has had before (starts without a result or a
+// clean stop in between).
+func (s *Store) StartBatchLine(ctx context.Context, id string, line int64) (before int, err error) {
+	err = s.writeTx(ctx, func(tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, `INSERT INTO batch_line_starts (batch_id, line, starts) VALUES (?, ?, 1)
+			ON CONFLICT (batch_id, line) DO UPDATE SET starts = starts + 1 RETURNING starts - 1`, id, line).Scan(&before)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("start batch %s line %d: %w", id, line, err)
+	}
+	return before, nil
+}
+
+// EndBatchLine forgets a line's starts: it has a result, or the gateway
+// stopped it cleanly.
+func (s *Store) EndBatchLine(ctx context.Context, id string, line int64) error {
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM batch_line_starts WHERE batch_id = ? AND line = ?`, id, line)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("end batch %s line %d: %w", id, line, err)
+	}
+	return nil
+}
+
+// BatchLineStarts returns, for the lines of batch id that started and have
+// neither a result nor a clean stop, how many times they started.
+func (s *Store) BatchLineStarts(ctx context.Context, id string) (map[int64]int, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT line, starts FROM batch_line_starts WHERE batch_id = ?`, id)
+	if err != nil {
+		return nil, fmt.Errorf("batch %s line starts: %w", id, err)
+	}
+	defer rows.Close()
+	out := map[int64]int{}
+	for rows.Next() {
+		var line int64
+		var n int
+		if err := rows.Scan(&line, &n); err != nil {
+			return nil, fmt.Errorf("batch %s line starts: %w", id, err)
+		}
+		out[line] = n
+	}
+	return out, rows.Err()
 }
 
 // BatchLinesDone returns the line numbers of batch id that have a result.
@@ -527,8 +509,10 @@ func (s *Store) EachBatchLine(ctx context.Context, id string, fn func(BatchLine)
 }
 
 // FinishBatch moves batch id from one of the from statuses to its final
-// status to, registering its output and error files (either may be nil) in
-// the same transaction.
+// status to, registering its output and error files (either may be nil; a
+// zero CreatedAt is set to now) in the same transaction. Its lines' rows
+// are deleted: the two files now hold them, and a deleted or expired file
+// then frees the disk it used.
 func (s *Store) FinishBatch(ctx context.Context, id string, from []string, to string, output, errorFile *File) error {
 	err := s.writeTx(ctx, func(tx *sql.Tx) error {
 		var outID, errID string
@@ -536,11 +520,15 @@ func (s *Store) FinishBatch(ctx context.Context, id string, from []string, to st
 			if f == nil {
 				continue
 			}
-			f.CreatedAt = now()
-			if _, err := tx.ExecContext(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, created_at)
-				VALUES (?, ?, ?, ?, ?, ?)`, f.ID, f.TenantID, f.Purpose, f.Filename, f.Bytes, toMicros(f.CreatedAt)); err != nil {
+			if f.CreatedAt.IsZero() {
+				f.CreatedAt = now()
+			}
+			if err := insertFile(ctx, tx, *f); err != nil {
 				return err
 			}
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM batch_lines WHERE batch_id = ?`, id); err != nil {
+			return err
 		}
 		if output != nil {
 			outID = output.ID

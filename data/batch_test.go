@@ -2,8 +2,10 @@ package data
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -15,7 +17,7 @@ func TestFilesAreOwnedByTheirTenantAndListedNewestFirst(t *testing.T) {
 	a, _ := s.EnsureTenant(ctx, "a")
 	b, _ := s.EnsureTenant(ctx, "b")
 	for i := range 3 {
-		if _, err := s.CreateFile(ctx, File{ID: fmt.Sprintf("file-%d", i), TenantID: a.ID, Purpose: "batch", Filename: "in.jsonl", Bytes: 10}); err != nil {
+		if _, err := s.CreateFile(ctx, File{ID: fmt.Sprintf("file-%d", i), TenantID: a.ID, Purpose: "batch", Filename: "in.jsonl", Bytes: 10}, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -33,15 +35,15 @@ func TestFilesAreOwnedByTheirTenantAndListedNewestFirst(t *testing.T) {
 		}
 		return out
 	}
-	all, err := s.Files(ctx, a.ID, "", "", 10)
+	all, err := s.Files(ctx, a.ID, "", "", 10, time.Time{})
 	if err != nil || !slices.Equal(ids(all), []string{"file-2", "file-1", "file-0"}) {
 		t.Errorf("Files = %v, %v; want newest first", ids(all), err)
 	}
-	page, _ := s.Files(ctx, a.ID, "batch", "file-2", 1)
+	page, _ := s.Files(ctx, a.ID, "batch", "file-2", 1, time.Time{})
 	if !slices.Equal(ids(page), []string{"file-1"}) {
 		t.Errorf("Files after file-2, limit 1 = %v, want [file-1]", ids(page))
 	}
-	if other, _ := s.Files(ctx, b.ID, "", "", 10); len(other) != 0 {
+	if other, _ := s.Files(ctx, b.ID, "", "", 10, time.Time{}); len(other) != 0 {
 		t.Errorf("tenant b sees %v", ids(other))
 	}
 }
@@ -53,8 +55,12 @@ func newTestBatch(t *testing.T, s *Store, id string) (Batch, Tenant) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	in := "file-in-" + id
+	if _, err := s.CreateFile(ctx, File{ID: in, TenantID: tn.ID, Purpose: "batch", Filename: "in.jsonl", Bytes: 10}, 0); err != nil {
+		t.Fatal(err)
+	}
 	b, err := s.CreateBatch(ctx, Batch{ID: id, TenantID: tn.ID, KeyID: "key_1", Endpoint: "/v1/chat/completions",
-		InputFileID: "file-in", CompletionWindow: "24h", Metadata: map[string]string{"job": "nightly"}}, 24*time.Hour)
+		InputFileID: in, CompletionWindow: "24h", Metadata: map[string]string{"job": "nightly"}}, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +133,10 @@ func TestBatchLifecycleCountsEachLineOnce(t *testing.T) {
 	if _, err := s.FileByID(ctx, tn.ID, "file-out"); err != nil {
 		t.Errorf("output file not registered: %v", err)
 	}
+	// The output file holds the lines now: their rows are gone.
+	if done, err := s.BatchLinesDone(ctx, b.ID); err != nil || len(done) != 0 {
+		t.Errorf("lines of a finished batch: %v, %v; want none", done, err)
+	}
 	if ids, _ := s.UnfinishedBatches(ctx); len(ids) != 0 {
 		t.Errorf("UnfinishedBatches after completion = %v", ids)
 	}
@@ -192,5 +202,149 @@ func TestKeyByIDReturnsRevokedKeysToo(t *testing.T) {
 	}
 	if _, err := s.KeyByID(ctx, "key_nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("unknown key: err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestStorageQuotaCountsEveryFileOfTheTenant(t *testing.T) {
+	s := openTestStore(t)
+	ctx := context.Background()
+	a, _ := s.EnsureTenant(ctx, "a")
+	b, _ := s.EnsureTenant(ctx, "b")
+	file := func(id string, tn Tenant, n int64) File {
+		return File{ID: id, TenantID: tn.ID, Purpose: "batch", Filename: "f", Bytes: n}
+	}
+	if _, err := s.CreateFile(ctx, file("f1", a, 60), 100); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.CreateFile(ctx, file("f2", a, 41), 100)
+	var qe *StorageQuotaError
+	if !errors.As(err, &qe) || qe.Used != 60 || qe.Limit != 100 || qe.Bytes != 41 {
+		t.Fatalf("over quota: err = %v, want a StorageQuotaError of 60 used, 100 limit, 41 more", err)
+	}
+	if _, err := s.CreateFile(ctx, file("f3", a, 40), 100); err != nil {
+		t.Errorf("exactly at the quota: %v", err)
+	}
+	if _, err := s.CreateFile(ctx, file("f4", b, 100), 100); err != nil {
+		t.Errorf("another tenant's quota: %v", err)
+	}
+	if used, err := s.TenantFileBytes(ctx, a.ID); err != nil || used != 100 {
+		t.Errorf("TenantFileBytes = %d, %v; want 100", used, err)
+	}
+	if _, err := s.DeleteFile(ctx, a.ID, "f1"); err != nil {
+		t.Fatal(err)
+	}
+	if used, _ := s.TenantFileBytes(ctx, a.ID); used != 40 {
+		t.Errorf("after a delete: %d bytes used, want 40", used)
+	}
+}
+
+func TestDeleteFileRefusesTheInputOfAnUnfinishedBatch(t *testing.T) {
+	s := openTestStore(t)
+	ctx := context.Background()
+	b, tn := newTestBatch(t, s, "batch_d")
+	_, err := s.DeleteFile(ctx, tn.ID, b.InputFileID)
+	var inUse *FileInUseError
+	if !errors.As(err, &inUse) || inUse.BatchID != b.ID || inUse.Status != BatchValidating {
+		t.Fatalf("delete while validating: err = %v, want FileInUseError naming the batch", err)
+	}
+	if _, err := s.DeleteFile(ctx, tn.ID+1, b.InputFileID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("delete by another tenant: err = %v, want ErrNotFound", err)
+	}
+	if err := s.FailBatch(ctx, b.ID, []BatchError{{Code: "x", Message: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := s.DeleteFile(ctx, tn.ID, b.InputFileID); err != nil || f.ID != b.InputFileID {
+		t.Fatalf("delete once the batch failed: %+v, %v", f, err)
+	}
+	if _, err := s.DeleteFile(ctx, tn.ID, b.InputFileID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second delete: err = %v, want ErrNotFound", err)
+	}
+	// A batch cannot start on a file that is gone.
+	if _, err := s.CreateBatch(ctx, Batch{ID: "batch_e", TenantID: tn.ID, KeyID: "key_1", Endpoint: "/v1/chat/completions",
+		InputFileID: b.InputFileID, CompletionWindow: "24h"}, time.Hour); !errors.Is(err, ErrNotFound) {
+		t.Errorf("batch on a deleted file: err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestDeleteExpiredFilesKeepsWhatABatchStillReads(t *testing.T) {
+	s := openTestStore(t)
+	ctx := context.Background()
+	b, tn := newTestBatch(t, s, "batch_x")
+	t0 := time.Now().UTC().Truncate(time.Second)
+	for _, f := range []File{
+		{ID: "old", ExpiresAt: t0.Add(-time.Minute)},
+		{ID: "older", ExpiresAt: t0.Add(-time.Hour)},
+		{ID: "fresh", ExpiresAt: t0.Add(time.Hour)},
+		{ID: "forever"},
+	} {
+		f.TenantID, f.Purpose, f.Filename, f.Bytes = tn.ID, "batch_output", "o", 1
+		if _, err := s.CreateFile(ctx, f, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The batch's input expires too, but the batch still runs.
+	if _, err := s.write.ExecContext(ctx, `UPDATE files SET expires_at = ? WHERE id = ?`, toMicros(t0.Add(-time.Second)), b.InputFileID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.FileByID(ctx, tn.ID, "fresh"); !got.ExpiresAt.Equal(t0.Add(time.Hour)) {
+		t.Errorf("ExpiresAt = %v, want %v", got.ExpiresAt, t0.Add(time.Hour))
+	}
+	live, _ := s.Files(ctx, tn.ID, "", "", 10, t0)
+	if len(live) != 2 || live[0].ID != "forever" || live[1].ID != "fresh" {
+		t.Errorf("files live at t0 = %+v, want forever and fresh", live)
+	}
+	gone, err := s.DeleteExpiredFiles(ctx, t0, 1)
+	if err != nil || len(gone) != 1 || gone[0].ID != "older" {
+		t.Fatalf("DeleteExpiredFiles(limit 1) = %+v, %v; want the one that expired first", gone, err)
+	}
+	gone, err = s.DeleteExpiredFiles(ctx, t0, 10)
+	if err != nil || len(gone) != 1 || gone[0].ID != "old" {
+		t.Fatalf("DeleteExpiredFiles = %+v, %v; want old, and not the running batch's input", gone, err)
+	}
+	if err := s.FailBatch(ctx, b.ID, []BatchError{{Code: "x", Message: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	if gone, _ = s.DeleteExpiredFiles(ctx, t0, 10); len(gone) != 1 || gone[0].ID != b.InputFileID {
+		t.Errorf("after the batch ended: %+v, want its input", gone)
+	}
+	if ok, _ := s.FileExists(ctx, "fresh"); !ok {
+		t.Error("fresh file gone")
+	}
+}
+
+// TestFilesStoredBeforeExpiryExpireAfter30Days: a database that had files
+// before migration 0004 gives each of them OpenAI's default lifetime.
+func TestFilesStoredBeforeExpiryExpireAfter30Days(t *testing.T) {
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "old.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ms, err := loadMigrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.version < 4 {
+			if err := applyMigration(ctx, db, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if _, err := db.ExecContext(ctx, `INSERT INTO files (id, tenant_id, purpose, filename, bytes, created_at) VALUES ('f', 1, 'batch', 'in', 1, ?)`,
+		toMicros(created)); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	f, err := scanFile(db.QueryRowContext(ctx, `SELECT `+fileCols+` FROM files`))
+	if err != nil || !f.ExpiresAt.Equal(created.Add(30*24*time.Hour)) {
+		t.Errorf("file after the migration = %+v, %v; want it to expire 30 days after creation", f, err)
 	}
 }

@@ -76,6 +76,9 @@ type Config struct {
 	// 0 means 30s. IdleDeadlineByModel overrides it per model.
 	IdleDeadline        time.Duration
 	IdleDeadlineByModel map[string]time.Duration
+	// MaxAudioBytes bounds a multipart audio upload (transcriptions,
+	// translations); larger bodies get 413. 0 means 25 MiB, as OpenAI's.
+	MaxAudioBytes int64
 	// ClientWriteTimeout bounds how long one write to a client may block: a
 	// client that stops reading its stream (or a large answer) for longer
 	// is cut, and its concurrency slot, budget reservation and replica slot
@@ -127,6 +130,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.IdleDeadline <= 0 {
 		c.IdleDeadline = 30 * time.Second
+	}
+	if c.MaxAudioBytes <= 0 {
+		c.MaxAudioBytes = 25 << 20
 	}
 	if c.ClientWriteTimeout <= 0 {
 		c.ClientWriteTimeout = 30 * time.Second
@@ -215,6 +221,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if bcfg.MaxBodyBytes == 0 {
 		bcfg.MaxBodyBytes = cfg.MaxBodyBytes
 	}
+	if bcfg.BodyTimeout == 0 {
+		bcfg.BodyTimeout = cfg.BodyTimeout
+	}
 	s.batches, err = batch.New(bcfg, batch.Deps{
 		Store: d.Store, Gate: d.Gate, Generator: s, Authenticate: s.authenticate,
 		APIError: func(err error) *apierr.Error { return toAPIError(err, "") }, Log: d.Log,
@@ -259,6 +268,10 @@ func (s *Server) Public() http.Handler {
 	v1.GET("/models", s.handleGetModels)
 	v1.POST("/chat/completions", s.handleGenerate(chatEndpoint))
 	v1.POST("/completions", s.handleGenerate(completionEndpoint))
+	v1.GET("/models/:id", s.handleGetModel)
+	for _, pe := range proxyEndpoints {
+		e.POST(pe.path, s.handleProxy(pe))
+	}
 	s.batches.Routes(v1)
 	return e
 }
@@ -344,17 +357,36 @@ func (s *Server) handleGetModels(c echo.Context) error {
 	if err != nil {
 		return apierr.Reply(c, toAPIError(err, ""))
 	}
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	out := []model{}
+	out := []modelJSON{}
 	for _, m := range s.reg.ReadyModels() {
 		if p.Allows(m) {
-			out = append(out, model{ID: m, Object: "model", Created: 0, OwnedBy: "tailgate"})
+			out = append(out, modelJSON{ID: m, Object: "model", OwnedBy: "tailgate"})
 		}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"object": "list", "data": out})
+}
+
+type modelJSON struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// handleGetModel serves GET /v1/models/{id}: a model a ready replica
+// serves and the key may use, else 404 as OpenAI answers.
+func (s *Server) handleGetModel(c echo.Context) error {
+	p, err := s.authenticate(c)
+	if err != nil {
+		return apierr.Reply(c, toAPIError(err, ""))
+	}
+	id := c.Param("id")
+	if p.Allows(id) {
+		for _, m := range s.reg.ReadyModels() {
+			if m == id {
+				return c.JSON(http.StatusOK, modelJSON{ID: m, Object: "model", OwnedBy: "tailgate"})
+			}
+		}
+	}
+	return apierr.Reply(c, errUnknownModel(boundString(id)))
 }

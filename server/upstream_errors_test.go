@@ -155,7 +155,7 @@ func TestUpstreamFailuresMapToGatewayStatuses(t *testing.T) {
 			if p, _ := e.Error.Param.(string); p != tc.wantParam {
 				t.Fatalf("param %v, want %q", e.Error.Param, tc.wantParam)
 			}
-			if got := resp.Header.Get("Retry-After"); got != tc.wantRetry {
+			if got := resp.Header.Get("Retry-After"); got != tc.wantRetry || (got != "" && resp.Header.Get("Retry-After-Ms") != got+"000") {
 				t.Fatalf("Retry-After %q, want %q", got, tc.wantRetry)
 			}
 			rows := h.LedgerRows()

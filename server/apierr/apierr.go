@@ -53,12 +53,15 @@ func (e *Error) Body() []byte {
 	return b
 }
 
-// Write sends e in OpenAI's shape, with Retry-After when e has one.
+// Write sends e in OpenAI's shape, with Retry-After (and retry-after-ms)
+// when e has one.
 func Write(w http.ResponseWriter, e *Error) {
 	h := w.Header()
 	if e.RetryAfter > 0 {
 		secs := int64((e.RetryAfter + time.Second - 1) / time.Second)
 		h.Set("Retry-After", strconv.FormatInt(secs, 10))
+		// OpenAI's SDKs prefer the millisecond form when it is there.
+		h.Set("Retry-After-Ms", strconv.FormatInt(e.RetryAfter.Milliseconds(), 10))
 	}
 	body := e.Body()
 	h.Set("Content-Type", "application/json")

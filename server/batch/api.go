@@ -1,17 +1,18 @@
 package batch
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -52,6 +53,7 @@ func (s *Batches) Routes(g *echo.Group) {
 	g.POST("/files", s.handler(s.handlePostFile))
 	g.GET("/files", s.handler(s.handleGetFiles))
 	g.GET("/files/:id", s.handler(s.handleGetFile))
+	g.DELETE("/files/:id", s.handler(s.handleDeleteFile))
 	g.GET("/files/:id/content", s.handler(s.handleGetFileContent))
 	g.POST("/batches", s.handler(s.handlePostBatch))
 	g.GET("/batches", s.handler(s.handleGetBatches))
@@ -109,127 +111,13 @@ type fileJSON struct {
 }
 
 func fileObject(f data.File) fileJSON {
-	return fileJSON{ID: f.ID, Object: "file", Bytes: f.Bytes, CreatedAt: f.CreatedAt.Unix(), Filename: f.Filename,
+	out := fileJSON{ID: f.ID, Object: "file", Bytes: f.Bytes, CreatedAt: f.CreatedAt.Unix(), Filename: f.Filename,
 		Purpose: f.Purpose, Status: "processed"}
-}
-
-// handlePostFile stores an uploaded file: multipart/form-data with the
-// fields file and purpose ("batch"). The body is streamed to disk, never
-// held in memory.
-func (s *Batches) handlePostFile(c echo.Context, p *policy.Principal) error {
-	r := c.Request()
-	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "multipart/form-data" {
-		return apierr.BadRequest("", "upload the file as multipart/form-data with the fields 'file' and 'purpose'")
+	if !f.ExpiresAt.IsZero() {
+		exp := f.ExpiresAt.Unix()
+		out.ExpiresAt = &exp
 	}
-	_ = http.NewResponseController(c.Response()).SetReadDeadline(time.Now().Add(s.cfg.UploadTimeout))
-	// The file plus a little room for the other fields and the part headers.
-	r.Body = http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxFileBytes+64<<10)
-	mr, err := r.MultipartReader()
-	if err != nil {
-		return apierr.BadRequest("", "upload the file as multipart/form-data with the fields 'file' and 'purpose'")
-	}
-	if err := os.MkdirAll(s.cfg.FilesDir, 0o700); err != nil {
-		return fmt.Errorf("files dir: %w", err)
-	}
-	var (
-		purpose, filename, tmp string
-		size                   int64
-	)
-	defer func() {
-		if tmp != "" {
-			_ = os.Remove(tmp)
-		}
-	}()
-	for {
-		part, err := mr.NextPart()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return uploadError(err)
-		}
-		switch part.FormName() {
-		case "purpose":
-			b, err := io.ReadAll(io.LimitReader(part, 64))
-			if err != nil {
-				return uploadError(err)
-			}
-			purpose = strings.TrimSpace(string(b))
-		case "file":
-			if tmp != "" {
-				return apierr.BadRequest("file", "send one file per upload")
-			}
-			filename = filepath.Base(part.FileName())
-			tmp, size, err = spool(s.cfg.FilesDir, part, s.cfg.MaxFileBytes)
-			if err != nil {
-				return err
-			}
-		default:
-			if _, err := io.Copy(io.Discard, part); err != nil {
-				return uploadError(err)
-			}
-		}
-	}
-	switch {
-	case purpose != purposeBatch:
-		return apierr.BadRequest("purpose", "purpose must be 'batch' (the only purpose this gateway stores)")
-	case tmp == "":
-		return apierr.BadRequest("file", "the upload has no 'file' field")
-	case size == 0:
-		return apierr.BadRequest("file", "the file is empty")
-	}
-	if filename == "" || filename == "." || filename == string(filepath.Separator) {
-		filename = "upload.jsonl"
-	}
-	id := newID("file-")
-	if err := os.Rename(tmp, s.filePath(id)); err != nil {
-		return fmt.Errorf("store upload: %w", err)
-	}
-	tmp = ""
-	f, err := s.store.CreateFile(r.Context(), data.File{ID: id, TenantID: p.TenantID, Purpose: purposeBatch, Filename: filename, Bytes: size})
-	if err != nil {
-		_ = os.Remove(s.filePath(id))
-		return err
-	}
-	return c.JSON(http.StatusOK, fileObject(f))
-}
-
-func uploadError(err error) error {
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		return errFileTooLarge
-	}
-	return apierr.BadRequest("", "could not read the upload: %v", err)
-}
-
-// spool copies at most limit bytes of r to a new temporary file in dir,
-// synced to disk, and returns its path and size. More than limit bytes is
-// errFileTooLarge.
-func spool(dir string, r io.Reader, limit int64) (path string, n int64, err error) {
-	f, err := os.CreateTemp(dir, ".upload-*")
-	if err != nil {
-		return "", 0, fmt.Errorf("spool upload: %w", err)
-	}
-	defer func() {
-		if cerr := f.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("spool upload: %w", cerr)
-		}
-		if err != nil {
-			_ = os.Remove(f.Name())
-			path = ""
-		}
-	}()
-	n, err = io.Copy(f, io.LimitReader(r, limit+1))
-	switch {
-	case err != nil:
-		return "", 0, uploadError(err)
-	case n > limit:
-		return "", 0, errFileTooLarge
-	}
-	if err := f.Sync(); err != nil {
-		return "", 0, fmt.Errorf("spool upload: %w", err)
-	}
-	return f.Name(), n, nil
+	return out
 }
 
 // listParams reads OpenAI's cursor pagination: limit (1..100, default 20)
@@ -263,7 +151,7 @@ func (s *Batches) handleGetFiles(c echo.Context, p *policy.Principal) error {
 	if err != nil {
 		return err
 	}
-	fs, err := s.store.Files(c.Request().Context(), p.TenantID, c.QueryParam("purpose"), after, limit+1)
+	fs, err := s.store.Files(c.Request().Context(), p.TenantID, c.QueryParam("purpose"), after, limit+1, s.cfg.Now())
 	if err != nil {
 		return err
 	}
@@ -275,12 +163,21 @@ func (s *Batches) handleGetFiles(c echo.Context, p *policy.Principal) error {
 }
 
 func (s *Batches) fileOf(c echo.Context, p *policy.Principal) (data.File, error) {
-	id := c.Param("id")
+	return s.liveFile(c, p, c.Param("id"), "file_id")
+}
+
+// liveFile returns the tenant's file id unless it is gone or expired (an
+// expired file is removed by Run, and no such file until then).
+func (s *Batches) liveFile(c echo.Context, p *policy.Principal, id, param string) (data.File, error) {
 	f, err := s.store.FileByID(c.Request().Context(), p.TenantID, id)
-	if errors.Is(err, data.ErrNotFound) {
-		return data.File{}, errNoSuch("File", id, "file_id")
+	if errors.Is(err, data.ErrNotFound) || err == nil && s.expired(f) {
+		return data.File{}, errNoSuch("File", id, param)
 	}
 	return f, err
+}
+
+func (s *Batches) expired(f data.File) bool {
+	return !f.ExpiresAt.IsZero() && !s.cfg.Now().Before(f.ExpiresAt)
 }
 
 func (s *Batches) handleGetFile(c echo.Context, p *policy.Principal) error {
@@ -401,18 +298,36 @@ func batchObject(b data.Batch) batchJSON {
 // validates its lines and runs them.
 func (s *Batches) handlePostBatch(c echo.Context, p *policy.Principal) error {
 	var req struct {
-		InputFileID      string            `json:"input_file_id"`
-		Endpoint         string            `json:"endpoint"`
-		CompletionWindow string            `json:"completion_window"`
-		Metadata         map[string]string `json:"metadata"`
+		InputFileID        string            `json:"input_file_id"`
+		Endpoint           string            `json:"endpoint"`
+		CompletionWindow   string            `json:"completion_window"`
+		Metadata           map[string]string `json:"metadata"`
+		OutputExpiresAfter *struct {
+			Anchor  string      `json:"anchor"`
+			Seconds json.Number `json:"seconds"`
+		} `json:"output_expires_after"`
 	}
 	r := c.Request()
-	dec := json.NewDecoder(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
-	if err := dec.Decode(&req); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+	rc := http.NewResponseController(c.Response())
+	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		// The deadline stays in force, so the server's drain of the rest
+		// of the body fails fast too and the connection is closed.
+		var (
+			mbe *http.MaxBytesError
+			ne  net.Error
+		)
+		switch {
+		case errors.As(err, &mbe):
 			return err // the error table's 413
+		case errors.As(err, &ne) && ne.Timeout():
+			return errBodyTimeout
 		}
+		return apierr.BadRequest("", "could not read the request body")
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	if err := json.Unmarshal(body, &req); err != nil {
 		return apierr.BadRequest("", "the body must be a JSON object with input_file_id, endpoint and completion_window: %v", err)
 	}
 	switch {
@@ -430,10 +345,13 @@ func (s *Batches) handlePostBatch(c echo.Context, p *policy.Principal) error {
 			return apierr.BadRequest("metadata", "metadata keys are at most 64 characters and values at most 512")
 		}
 	}
-	f, err := s.store.FileByID(r.Context(), p.TenantID, req.InputFileID)
-	if errors.Is(err, data.ErrNotFound) {
-		return errNoSuch("File", req.InputFileID, "input_file_id")
+	var outputTTL time.Duration
+	if oe := req.OutputExpiresAfter; oe != nil {
+		if outputTTL, err = expiresAfter("output_expires_after", oe.Anchor, cmp.Or(oe.Seconds.String(), "missing"), 0); err != nil {
+			return err
+		}
 	}
+	f, err := s.liveFile(c, p, req.InputFileID, "input_file_id")
 	if err != nil {
 		return err
 	}
@@ -442,8 +360,11 @@ func (s *Batches) handlePostBatch(c echo.Context, p *policy.Principal) error {
 	}
 	b, err := s.store.CreateBatch(r.Context(), data.Batch{
 		ID: newID("batch_"), TenantID: p.TenantID, KeyID: p.KeyID, Endpoint: req.Endpoint, InputFileID: f.ID,
-		CompletionWindow: req.CompletionWindow, Metadata: req.Metadata,
+		CompletionWindow: req.CompletionWindow, Metadata: req.Metadata, OutputExpiresAfter: outputTTL,
 	}, batchWindow)
+	if errors.Is(err, data.ErrNotFound) {
+		return errNoSuch("File", req.InputFileID, "input_file_id") // deleted meanwhile
+	}
 	if err != nil {
 		return err
 	}

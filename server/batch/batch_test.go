@@ -830,7 +830,10 @@ func TestBatchExpiresAfterItsWindow(t *testing.T) {
 func TestBatchHostileLinesFailAlone(t *testing.T) {
 	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
 	dir := t.TempDir()
-	g := startBatchGateway(t, dir, fleet, batchOpts{})
+	// The deep line is 4 MB: past the default line limit, which would
+	// refuse it at upload; let it through to the line checks it pins.
+	opts := batchOpts{batch: batch.Config{MaxLineBytes: 8 << 20}}
+	g := startBatchGateway(t, dir, fleet, opts)
 	secret := key(g, "acme")
 	c := g.Client(secret)
 	deep := `{"custom_id":"deep","method":"POST","url":"/v1/chat/completions","body":{"model":"` + servertest.SimModel +
@@ -854,11 +857,45 @@ func TestBatchHostileLinesFailAlone(t *testing.T) {
 		t.Fatalf("error messages %q", msgs)
 	}
 	g.Close()
-	g = startBatchGateway(t, dir, fleet, batchOpts{}) // the same data: a restart finds nothing to choke on
+	g = startBatchGateway(t, dir, fleet, opts) // the same data: a restart finds nothing to choke on
 	c = g.Client(secret)
 	if _, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
 		Model: servertest.SimModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("still up?")},
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBatchLineRunningDuringTwoCrashesFailsAlone: a line that was running
+// each of the two times the gateway died (its start noted, no result, no
+// clean stop) is failed with a reason at the next start instead of run a
+// third time; the other lines run.
+func TestBatchLineRunningDuringTwoCrashesFailsAlone(t *testing.T) {
+	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
+	dir := t.TempDir()
+	g := startBatchGateway(t, dir, fleet, batchOpts{})
+	g.StopBatches() // nothing runs until the "restart"
+	c := g.Client(key(g, "acme"))
+	f := uploadBatchFile(t, c, chatLines(3))
+	b := createBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	for range 2 { // two runs of line 0 that a crash ended
+		if _, err := g.Store.StartBatchLine(t.Context(), b.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.Close()
+	g = startBatchGateway(t, dir, fleet, batchOpts{})
+	c = g.Client(key(g, "acme"))
+	final := batchRow(t, g, b.ID)
+	for deadline := time.Now().Add(20 * time.Second); final.Status != data.BatchCompleted && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		final = batchRow(t, g, b.ID)
+	}
+	if final.Status != data.BatchCompleted || final.Completed != 2 || final.Failed != 1 {
+		t.Fatalf("batch %+v, want 2 completed and line 1 failed", final)
+	}
+	errs := fileResults(t, c, final.ErrorFileID)
+	if len(errs) != 1 || errs[0].Error == nil || errs[0].Error.Code != "line_interrupted" || errs[0].customID() != "req-000" {
+		t.Fatalf("error file %+v, want line 1 (req-000) failed as line_interrupted", errs)
 	}
 }

@@ -16,6 +16,28 @@ type Config struct {
 	// MaxFileBytes bounds an uploaded file; larger uploads get 413.
 	// 0 means 100 MiB.
 	MaxFileBytes int64
+	// MaxFileLines bounds the requests (non-blank lines) of an input file,
+	// as OpenAI does; an upload with more gets 400 naming the first line
+	// past the limit. 0 means 50,000.
+	MaxFileLines int
+	// MaxLineBytes bounds one line of an input file (without its newline);
+	// an upload with a longer line gets 400 naming it. The executor holds a
+	// few copies of each line it runs (Concurrency lines at once), so this
+	// bounds its memory. 0 means 1 MiB: a prompt of some 250,000 tokens of
+	// text, more than the context of the models served here.
+	MaxLineBytes int64
+	// TenantStorageBytes bounds the bytes of all of a tenant's files,
+	// uploads and result files alike; an upload that does not fit gets 400
+	// saying what is used of how much. Result files are always written
+	// (they hold answers already billed) and may take a tenant past it;
+	// deleting or expiring files frees it. 0 means 1 GiB.
+	TenantStorageBytes int64
+	// FileExpiry is how long an uploaded file, and a batch's output and
+	// error files, are kept after their creation unless the client asks
+	// otherwise (expires_after, output_expires_after: 1 hour to 30 days).
+	// Expired files answer 404 and are removed by Run. A batch's input
+	// file stays until the batch finishes. 0 means 30 days.
+	FileExpiry time.Duration
 	// MaxBodyBytes bounds the JSON body of POST /v1/batches; larger bodies
 	// get 413. 0 means 4 MiB.
 	MaxBodyBytes int64
@@ -38,10 +60,20 @@ type Config struct {
 	// RetryWait is the wait before retrying a line that failed upstream (a
 	// 5xx), doubled per retry; a line is retried at most twice. 0 means 1s.
 	RetryWait time.Duration
+	// BodyTimeout bounds reading the body of POST /v1/batches, and the
+	// start of an upload, so a client that trickles its body cannot hold a
+	// handler: it gets 408. 0 means 30s (the public API's default).
+	BodyTimeout time.Duration
+	// UploadMinRate is the slowest an upload may arrive, in bytes per
+	// second, after its first BodyTimeout: an upload of n bytes may take
+	// BodyTimeout + n/UploadMinRate, and never more than UploadTimeout.
+	// Slower uploads get 408. 0 means 64 KiB/s (100 MiB in 27 minutes
+	// beyond the first 30s — so UploadTimeout binds first for large files).
+	UploadMinRate int64
 	// UploadTimeout bounds reading one upload; 0 means 10m.
 	UploadTimeout time.Duration
 	// Now is the clock that decides when a batch's completion window has
-	// passed; nil means time.Now.
+	// passed and when a file expires; nil means time.Now.
 	Now func() time.Time
 }
 
@@ -57,6 +89,9 @@ func (c Config) Validate() error {
 		{"Concurrency", int64(c.Concurrency)}, {"TenantConcurrency", int64(c.TenantConcurrency)},
 		{"PollInterval", int64(c.PollInterval)}, {"ProgressInterval", int64(c.ProgressInterval)},
 		{"RetryWait", int64(c.RetryWait)}, {"UploadTimeout", int64(c.UploadTimeout)},
+		{"MaxFileLines", int64(c.MaxFileLines)}, {"MaxLineBytes", c.MaxLineBytes},
+		{"TenantStorageBytes", c.TenantStorageBytes}, {"FileExpiry", int64(c.FileExpiry)},
+		{"BodyTimeout", int64(c.BodyTimeout)}, {"UploadMinRate", c.UploadMinRate},
 	} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("batch: %s must not be negative", f.name))
@@ -92,6 +127,24 @@ func (c Config) withDefaults() Config {
 	}
 	if c.UploadTimeout == 0 {
 		c.UploadTimeout = 10 * time.Minute
+	}
+	if c.MaxFileLines == 0 {
+		c.MaxFileLines = 50_000
+	}
+	if c.MaxLineBytes == 0 {
+		c.MaxLineBytes = 1 << 20
+	}
+	if c.TenantStorageBytes == 0 {
+		c.TenantStorageBytes = 1 << 30
+	}
+	if c.FileExpiry == 0 {
+		c.FileExpiry = 30 * 24 * time.Hour
+	}
+	if c.BodyTimeout == 0 {
+		c.BodyTimeout = 30 * time.Second
+	}
+	if c.UploadMinRate == 0 {
+		c.UploadMinRate = 64 << 10
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"sync"
@@ -46,7 +47,9 @@ const maxUpstreamRetries = 2
 // Run runs batches until ctx is done: it picks up every batch that is
 // validating, in progress, finalizing or cancelling (so after a restart the
 // unfinished ones resume), validates input files, runs lines with bounded
-// concurrency, and writes the output and error files. When ctx is done it
+// concurrency, and writes the output and error files. Every PollInterval
+// it removes the files that have expired; at start it removes what a crash
+// left in the files directory. When ctx is done it
 // starts no new line, waits up to Config.DrainTimeout for the lines in
 // flight, cancels the rest (they are not recorded and run again after a
 // restart) and returns nil. With the Batch API off it returns at once.
@@ -68,13 +71,21 @@ func (s *Batches) Run(ctx context.Context) error {
 		lanes:  map[int64]*tenantLane{},
 	}
 
+	if err := x.sweepFiles(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("batches: sweep the files directory", "err", err)
+	}
+
 	running := map[string]bool{}
 	backoff := map[string]time.Time{} // batches whose last run failed, and when to try again
 	done := make(chan batchDone)
 	var wg sync.WaitGroup
 	tick := time.NewTicker(cfg.PollInterval)
 	defer tick.Stop()
-	for ctx.Err() == nil {
+	for expire := true; ctx.Err() == nil; {
+		if expire {
+			x.expireFiles(ctx)
+			expire = false
+		}
 		ids, err := s.store.UnfinishedBatches(ctx)
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn("batches: list unfinished", "err", err)
@@ -95,6 +106,7 @@ func (s *Batches) Run(ctx context.Context) error {
 		case d := <-done:
 			x.ended(d, running, backoff)
 		case <-tick.C:
+			expire = true
 		}
 	}
 
@@ -239,7 +251,24 @@ func (x *batchExec) runBatch(ctx context.Context, id string) error {
 		return fmt.Errorf("open input file: %w", err)
 	}
 	defer f.Close()
-	lines, err := scanBatchInput(f, b.Endpoint)
+	// Validation applies the limits to a file stored under looser ones (an
+	// older gateway, a lowered setting): its batch fails rather than hold
+	// the whole file. A batch past validation passed them once and runs on
+	// whatever they are now.
+	maxLines, maxLineBytes := x.cfg.MaxFileLines, x.cfg.MaxLineBytes
+	if b.Status != data.BatchValidating {
+		maxLines, maxLineBytes = math.MaxInt, math.MaxInt64-1
+	}
+	lines, err := scanBatchInput(f, b.Endpoint, maxLines, maxLineBytes)
+	var le *lineLimitError
+	if errors.As(err, &le) {
+		x.log.Warn("batch failed: its input file breaks a limit", "batch", b.ID, "file", b.InputFileID, "err", err)
+		err := x.s.store.FailBatch(ctx, b.ID, []data.BatchError{{Code: le.Code, Message: le.Message, Line: le.Line}})
+		if errors.Is(err, data.ErrBatchStatus) {
+			return nil // cancelled meanwhile: the next poll finalizes it
+		}
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("read input file: %w", err)
 	}
@@ -252,10 +281,28 @@ func (x *batchExec) runBatch(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	var pending []inputLine
+	starts, err := x.s.store.BatchLineStarts(ctx, id)
+	if err != nil {
+		return err
+	}
+	var pending, crashed []inputLine
 	for _, l := range lines {
-		if l.errCode == "" && !doneLines[l.n] {
+		switch {
+		case l.errCode != "" || doneLines[l.n]:
+		case starts[l.n] >= maxUncleanStarts:
+			crashed = append(crashed, l)
+		default:
 			pending = append(pending, l)
+		}
+	}
+	if len(crashed) > 0 {
+		// A line that was running when the gateway died, twice, may be what
+		// kills it: it fails alone instead of taking every restart down.
+		x.log.Warn("batch lines failed: they were running during unclean stops of the gateway", "batch", b.ID,
+			"lines", len(crashed), "starts", maxUncleanStarts)
+		if err := x.failUnrun(ctx, b, crashed, "line_interrupted",
+			fmt.Sprintf("this request was running during %d unclean stops of the gateway and is not run again", maxUncleanStarts)); err != nil {
+			return err
 		}
 	}
 	cause := x.runLines(ctx, b, f, pending, int64(len(doneLines)), int64(len(lines)))
@@ -456,10 +503,16 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 		return false
 	}
 	body := []byte(gjson.GetBytes(raw, "body").Raw)
+	// Noted before it runs, forgotten when it has a result or stops cleanly:
+	// what is left after a crash counts towards maxUncleanStarts.
+	if _, err := x.s.store.StartBatchLine(runCtx, b.ID, l.n); err != nil {
+		x.log.Warn("batch line: note its start", "batch", b.ID, "line", l.n+1, "err", err)
+	}
 	for attempt := 0; ; attempt++ {
 		res := x.s.gen.Generate(x.lineCtx, p, b.Endpoint, body)
 		if res.Cancelled {
-			return false // cancelled at shutdown, unanswered: it runs again after a restart
+			x.endLine(b, l) // a clean stop: it runs again after a restart
+			return false
 		}
 		var wait time.Duration
 		switch {
@@ -476,8 +529,23 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 			return x.record(b, l, res)
 		}
 		if !sleep(runCtx, wait) || !lane.wait(runCtx) {
+			x.endLine(b, l)
 			return false
 		}
+	}
+}
+
+// maxUncleanStarts is how many runs of a line may end in a gateway crash
+// before the line is failed instead of run again.
+const maxUncleanStarts = 2
+
+// endLine forgets that a line started, when it stops without a result on a
+// clean stop.
+func (x *batchExec) endLine(b data.Batch, l inputLine) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.lineCtx), 10*time.Second)
+	defer cancel()
+	if err := x.s.store.EndBatchLine(ctx, b.ID, l.n); err != nil {
+		x.log.Warn("batch line: forget its start", "batch", b.ID, "line", l.n+1, "err", err)
 	}
 }
 

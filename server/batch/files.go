@@ -6,6 +6,7 @@ package batch
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/tidwall/gjson"
 
@@ -135,8 +137,9 @@ func (w *resultWriter) commit() (*data.File, error) {
 	if err := os.Rename(w.tmp.Name(), w.x.s.filePath(id)); err != nil {
 		return nil, fmt.Errorf("write %s file: %w", w.kind, err)
 	}
-	return &data.File{ID: id, TenantID: w.b.TenantID, Purpose: purposeOutput,
-		Filename: w.b.ID + "_" + w.kind + ".jsonl", Bytes: fi.Size()}, nil
+	created := w.x.cfg.Now()
+	return &data.File{ID: id, TenantID: w.b.TenantID, Purpose: purposeOutput, Filename: w.b.ID + "_" + w.kind + ".jsonl",
+		Bytes: fi.Size(), CreatedAt: created, ExpiresAt: created.Add(cmp.Or(w.b.OutputExpiresAfter, w.x.cfg.FileExpiry))}, nil
 }
 
 // discard closes the temporary file and removes it unless it was committed.
@@ -159,24 +162,32 @@ type inputLine struct {
 // object {"custom_id","method":"POST","url","body"} whose url is the batch's
 // endpoint, whose custom_id is not used by an earlier line, and whose body
 // is an object naming a model and not asking for a stream. Blank lines are
-// skipped. Checking is deterministic, so a restarted executor finds the
-// same lines again.
-func scanBatchInput(r io.Reader, endpoint string) ([]inputLine, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
+// skipped. A file of more than maxLines requests, or with a line longer
+// than maxLineBytes, is a *lineLimitError; it holds one line at a time.
+// Checking is deterministic, so a restarted executor finds the same lines
+// again.
+func scanBatchInput(r io.Reader, endpoint string, maxLines int, maxLineBytes int64) ([]inputLine, error) {
+	lr := &lineReader{br: bufio.NewReaderSize(r, 64<<10), max: maxLineBytes}
 	seen := map[string]int64{}
 	var out []inputLine
 	var off int64
 	for n := int64(0); ; n++ {
-		raw, err := br.ReadBytes('\n')
+		raw, size, tooLong, err := lr.next()
 		if err != nil && !errors.Is(err, io.EOF) {
 			return nil, err
 		}
+		if tooLong {
+			return nil, errLineTooLong(n+1, maxLineBytes)
+		}
 		if len(bytes.TrimSpace(raw)) > 0 {
+			if len(out) == maxLines {
+				return nil, errTooManyLines(n+1, maxLines)
+			}
 			l := checkInputLine(raw, endpoint, seen, n)
-			l.n, l.off, l.size = n, off, int64(len(raw))
+			l.n, l.off, l.size = n, off, size
 			out = append(out, l)
 		}
-		off += int64(len(raw))
+		off += size
 		if err != nil {
 			return out, nil
 		}
@@ -207,11 +218,11 @@ func checkInputLine(raw []byte, endpoint string, seen map[string]int64, n int64)
 	if cid.Type != gjson.String || cid.Str == "" {
 		return bad("missing_custom_id", "line %d has no custom_id (a non-empty string)", n+1)
 	}
-	l.customID = cid.Str
-	if first, dup := seen[cid.Str]; dup {
-		return bad("duplicate_custom_id", "custom_id %q is already used on line %d", cid.Str, first+1)
+	l.customID = strings.Clone(cid.Str) // not a view of the whole line
+	if first, dup := seen[l.customID]; dup {
+		return bad("duplicate_custom_id", "custom_id %q is already used on line %d", l.customID, first+1)
 	}
-	seen[cid.Str] = n
+	seen[l.customID] = n
 	if m := v.Get("method"); m.Type != gjson.String || m.Str != http.MethodPost {
 		return bad("invalid_method", "method must be \"POST\"")
 	}

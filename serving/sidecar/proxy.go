@@ -32,6 +32,12 @@ func (s *Sidecar) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/chat/completions", s.handlePostGenerate)
 	mux.HandleFunc("/v1/completions", s.handlePostGenerate)
+	// The other endpoints vLLM serves, relayed the same way (the gateway
+	// reads their usage).
+	for _, p := range []string{"/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/rerank", "/rerank", "/v2/rerank",
+		"/v1/score", "/score", "/tokenize", "/detokenize", "/v1/audio/transcriptions", "/v1/audio/translations"} {
+		mux.HandleFunc(p, s.handlePostGenerate)
+	}
 	mux.HandleFunc("/v1/models", s.handleGetModels)
 	mux.HandleFunc("/health", s.handleGetHealth)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })

@@ -1,0 +1,406 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/labstack/echo/v4"
+	"github.com/tidwall/gjson"
+
+	"tailgate/data"
+	"tailgate/policy"
+	"tailgate/router"
+	"tailgate/server/apierr"
+	"tailgate/server/strictjson"
+	"tailgate/serving"
+	"tailgate/serving/sse"
+)
+
+// proxyEndpoint is an endpoint vLLM serves beside chat and completions
+// (embeddings, the Responses API, rerank, score, tokenize, audio, Anthropic
+// messages). The gateway reads what it needs to route and reserve (model,
+// stream, the output cap), relays the engine's answer as it is, and bills the
+// usage the engine reports in it.
+type proxyEndpoint struct {
+	path      string
+	multipart bool   // a multipart/form-data body (audio)
+	stream    bool   // the body may ask for an SSE answer ("stream": true)
+	capField  string // the field capping output tokens; "" if the endpoint generates none
+	generates bool   // reserve a completion (capField's value or the default max_tokens)
+}
+
+// proxyEndpoints are the endpoints proxied this way, by public path.
+var proxyEndpoints = []proxyEndpoint{
+	{path: "/v1/embeddings"},
+	{path: "/v1/responses", stream: true, capField: "max_output_tokens", generates: true},
+	{path: "/v1/messages", stream: true, capField: "max_tokens", generates: true},
+	{path: "/v1/rerank"},
+	{path: "/rerank"},
+	{path: "/v2/rerank"},
+	{path: "/v1/score"},
+	{path: "/score"},
+	{path: "/tokenize"},
+	{path: "/detokenize"},
+	{path: "/v1/audio/transcriptions", multipart: true, stream: true, generates: true},
+	{path: "/v1/audio/translations", multipart: true, stream: true, generates: true},
+}
+
+// handleProxy serves one proxied endpoint: authenticate, read the body once
+// (bounded, under a deadline), then the same admission, routing, ledger and
+// error table as generation, with the engine's answer relayed unchanged.
+func (s *Server) handleProxy(pe proxyEndpoint) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		s.m.inflight.Inc()
+		defer s.m.inflight.Dec()
+		p, err := s.authenticate(c)
+		if err != nil {
+			c.Response().Header().Set("X-Request-Id", s.newRequestID())
+			return apierr.Reply(c, toAPIError(err, ""))
+		}
+		cl := s.newCall(endpoint{path: pe.path}, p)
+		cl.noHedge = true // hedging waits for a first token these answers do not have
+		c.Response().Header().Set("X-Request-Id", cl.id)
+		out := httpSink{s: s, c: c}
+		limit := s.cfg.MaxBodyBytes
+		if pe.multipart {
+			limit = s.cfg.MaxAudioBytes
+		}
+		rc := http.NewResponseController(c.Response())
+		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+		body, err := serving.ReadBody(c.Response(), r, limit)
+		if err != nil {
+			s.reject(cl, out, bodyError(err))
+			return nil
+		}
+		_ = rc.SetReadDeadline(time.Time{})
+		s.serveProxy(r.Context(), cl, pe, body, r.Header.Get("Content-Type"), out)
+		return nil
+	}
+}
+
+// serveProxy is serve for a proxied endpoint.
+func (s *Server) serveProxy(ctx context.Context, cl *call, pe proxyEndpoint, body []byte, ctype string, out httpSink) {
+	if err := s.ledger.Healthy(); err != nil {
+		s.reject(cl, out, err)
+		return
+	}
+	pr, err := s.parseProxied(pe, body, ctype)
+	if err != nil {
+		s.reject(cl, out, err)
+		return
+	}
+	cl.req = pr
+	switch {
+	case !cl.principal.Allows(pr.model):
+		s.reject(cl, out, errModelNotAllowed(pr.model))
+		return
+	case !s.reg.Known(pr.model):
+		s.reject(cl, out, errUnknownModel(pr.model))
+		return
+	}
+	cl.mm = s.m.model(pr.model)
+	ticket, rs, err := s.gate.Admit(cl.principal, policy.Request{
+		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.reservedCompletion(),
+	})
+	out.rateLimits(rs)
+	if err != nil {
+		s.reject(cl, out, err)
+		return
+	}
+	defer ticket.Release()
+	cl.stages.Gateway = time.Since(cl.start)
+	cl.routed = true
+	res, err := s.reg.Do(ctx, router.Request{Hint: router.Hint{Model: pr.model}, Stream: pr.stream, NoHedge: true},
+		func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+			return s.openProxied(ctx, cl, rep, ctype)
+		})
+	cl.attempts, cl.hedged = res.Attempts, res.Hedged
+	if res.Replica != nil {
+		cl.replica = res.Replica.ID
+	}
+	defer res.Finish()
+	var w *sseWriter
+	if err == nil {
+		a := res.Attempt.(*proxied)
+		defer a.Abort()
+		cl.winner = res.Reason.String()
+		cl.stages.Connect, cl.stages.UpstreamTTFT = a.connect, a.ttft
+		cl.firstToken = true
+		cl.stages.TTFT = time.Since(cl.start)
+		if a.body != nil {
+			cl.usage, cl.gotUsage = proxyUsage(a.body, policy.Usage{})
+			cl.stages.Total = cl.stages.TTFT
+			cl.outcome = data.OutcomeOK
+			s.settle(ctx, cl, ticket, true) // committed before the answer leaves
+			out.json(cl, a.body)
+			return
+		}
+		w = out.stream(cl)
+		defer w.close()
+		w.routed()
+		err = s.relayProxied(ctx, w, cl, a, ticket)
+	}
+	if cl.recorded {
+		return
+	}
+	if ae := s.conclude(ctx, cl, err); ae != nil {
+		if w != nil {
+			w.fail(ae)
+		} else {
+			out.error(cl, ae)
+		}
+	}
+	s.settle(ctx, cl, ticket, false)
+}
+
+// parseProxied reads what the gateway acts on from a proxied body: the model
+// (required, to route), whether it streams, and the output cap.
+func (s *Server) parseProxied(pe proxyEndpoint, body []byte, ctype string) (*parsedRequest, error) {
+	pr := &parsedRequest{body: body, sequences: 1}
+	if pe.multipart {
+		if err := readMultipartFields(pr, body, ctype); err != nil {
+			return nil, err
+		}
+	} else {
+		if len(body) == 0 {
+			return nil, apierr.BadRequest("", "request body is empty; send a JSON object")
+		}
+		if err := strictjson.Check(body, s.cfg.MaxJSONDepth); err != nil {
+			var dup *strictjson.DuplicateKeyError
+			if errors.As(err, &dup) {
+				return nil, apierr.BadRequest(dup.Key, "request body has %s: send each field once", err)
+			}
+			return nil, apierr.BadRequest("", "request body is not valid JSON: %s", err)
+		}
+		v := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
+		if !v.IsObject() {
+			return nil, apierr.BadRequest("", "request body must be a JSON object")
+		}
+		if m := v.Get("model"); m.Type == gjson.String {
+			pr.model = m.Str
+		}
+		if st := v.Get("stream"); st.Exists() && st.Type != gjson.Null {
+			if !isBool(st) {
+				return nil, apierr.BadRequest("stream", "stream must be a boolean")
+			}
+			pr.stream = st.Type == gjson.True
+		}
+		if pe.capField != "" {
+			if c := v.Get(pe.capField); c.Exists() && c.Type != gjson.Null {
+				if c.Type != gjson.Number || c.Num != float64(int64(c.Num)) || c.Num < 1 || c.Num > 1<<31 {
+					return nil, apierr.BadRequest(pe.capField, "%s must be a positive integer", pe.capField)
+				}
+				pr.maxTokens = int64(c.Num)
+			}
+		}
+	}
+	if pr.model == "" {
+		return nil, apierr.BadRequest("model", "you must provide a model parameter (the gateway routes by it)")
+	}
+	if pr.stream && !pe.stream {
+		return nil, apierr.BadRequest("stream", "%s does not stream", pe.path)
+	}
+	if pe.generates && pr.maxTokens == 0 {
+		pr.maxTokens = s.maxTokensFor(pr.model)
+	}
+	pr.promptBound = int64(len(body)) + 16
+	pr.promptEstimate = int64(len(body))/4 + 1
+	return pr, nil
+}
+
+// readMultipartFields reads the small form fields of an audio request
+// (model, stream) and skips the file.
+func readMultipartFields(pr *parsedRequest, body []byte, ctype string) error {
+	mt, params, err := mime.ParseMediaType(ctype)
+	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" {
+		return apierr.BadRequest("", "send the audio as multipart/form-data")
+	}
+	mr := multipart.NewReader(bytes.NewReader(body), params["boundary"])
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return apierr.BadRequest("", "malformed multipart body: %v", err)
+		}
+		name := part.FormName()
+		if part.FileName() != "" || (name != "model" && name != "stream") {
+			continue
+		}
+		v, err := io.ReadAll(io.LimitReader(part, 1024))
+		if err != nil {
+			return apierr.BadRequest(name, "malformed multipart field")
+		}
+		switch name {
+		case "model":
+			if pr.model != "" {
+				return apierr.BadRequest("model", "model is given twice")
+			}
+			pr.model = strings.TrimSpace(string(v))
+		case "stream":
+			pr.stream = strings.EqualFold(strings.TrimSpace(string(v)), "true")
+		}
+	}
+}
+
+// proxied is one attempt of a proxied request, held at its answer's
+// headers (SSE) or with its whole body (anything else).
+type proxied struct {
+	resp    *http.Response
+	cancel  context.CancelFunc
+	body    []byte // a whole non-SSE answer
+	connect time.Duration
+	ttft    time.Duration
+}
+
+func (a *proxied) Abort() {
+	a.cancel()
+	if a.resp != nil {
+		a.resp.Body.Close()
+	}
+}
+
+// openProxied sends the body to rep and waits for the answer's headers; a
+// non-SSE answer is read whole under the JSON deadline.
+func (s *Server) openProxied(ctx context.Context, cl *call, rep *router.Replica, ctype string) (router.Attempt, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	a := &proxied{cancel: cancel}
+	ok := false
+	defer func() {
+		if !ok {
+			a.Abort()
+		}
+	}()
+	deadline := time.AfterFunc(s.cfg.JSONDeadline, cancel)
+	defer deadline.Stop()
+	tr := &attemptTrace{}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, tr.clientTrace()), http.MethodPost, rep.URL+cl.ep.path, bytes.NewReader(cl.req.body))
+	if err != nil {
+		return nil, router.ErrNotSent(err)
+	}
+	req.Header.Set("Content-Type", ctype)
+	req.Header.Set("X-Request-Id", cl.id)
+	if !rep.Static && s.cfg.ClusterToken != "" {
+		req.Header.Set("Authorization", "Bearer "+s.cfg.ClusterToken)
+	}
+	sent := time.Now()
+	resp, err := s.transport.RoundTrip(req)
+	timedOut := func(err error) error {
+		if ctx.Err() != nil && !deadline.Stop() {
+			return router.ErrNoToken(fmt.Errorf("%w: %v", errJSONDeadline, err), "")
+		}
+		return router.ErrNoToken(err, "")
+	}
+	if err != nil {
+		if tr.wrote.Load() == 0 {
+			return nil, router.ErrNotSent(err)
+		}
+		return nil, timedOut(err)
+	}
+	a.resp = resp
+	if cs, cd := tr.connectStart.Load(), tr.connectDone.Load(); cs != 0 && cd >= cs {
+		a.connect = time.Duration(cd - cs)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, s.upstreamStatus(rep, resp, func(err error) error { return router.ErrNoToken(err, "") })
+	}
+	if !isEventStream(resp.Header) {
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+		if err != nil {
+			return nil, timedOut(err)
+		}
+		a.body = body
+	}
+	a.ttft = time.Since(sent)
+	ok = true
+	return a, nil
+}
+
+// relayProxied relays an SSE answer event by event, keeping the usage the
+// engine reports and an open ledger row, and commits the row at its end.
+func (s *Server) relayProxied(ctx context.Context, w *sseWriter, cl *call, a *proxied, ticket *policy.Ticket) error {
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(a.resp.Body)
+	defer func() { br.Reset(nil); readerPool.Put(br) }()
+	idle := s.idleDeadline(cl.req.model)
+	timer := time.AfterFunc(idle, a.cancel)
+	defer timer.Stop()
+	s.ledger.Open(s.row(cl, cl.billable(), 0))
+	var buf []byte
+	for {
+		ev, err := sse.ReadEvent(br, buf)
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case errors.Is(err, io.EOF) && len(bytes.TrimSpace(ev)) == 0:
+				// The engine ended the stream: commit, then the last flush.
+				cl.outcome = data.OutcomeOK
+				s.settle(ctx, cl, ticket, true)
+				return w.write()
+			}
+			return &midstreamError{class: data.ClassMidstream, err: err}
+		}
+		buf = ev
+		timer.Reset(idle)
+		if p := sse.Data(ev); p != nil && bytes.Contains(p, []byte(`_tokens"`)) {
+			cl.usage, cl.gotUsage = proxyUsage(p, cl.usage)
+		}
+		if err := w.send(!sse.NextBuffered(br), ev); err != nil {
+			return err
+		}
+	}
+}
+
+// proxyUsage reads the usage an engine reports in a proxied answer or event,
+// merged into what earlier events said: OpenAI's prompt/completion tokens,
+// the Responses and Anthropic input/output tokens (at the top, under
+// "response" or "message"), or only total_tokens (rerank, score) as prompt.
+func proxyUsage(payload []byte, prev policy.Usage) (policy.Usage, bool) {
+	v := gjson.ParseBytes(payload)
+	u := v.Get("usage")
+	if !u.IsObject() {
+		u = v.Get("response.usage")
+	}
+	if !u.IsObject() {
+		u = v.Get("message.usage")
+	}
+	if !u.IsObject() {
+		return prev, prev != (policy.Usage{})
+	}
+	in := max(u.Get("prompt_tokens").Int(), u.Get("input_tokens").Int())
+	outTok := max(u.Get("completion_tokens").Int(), u.Get("output_tokens").Int())
+	if in == 0 && outTok == 0 {
+		in = u.Get("total_tokens").Int()
+	}
+	return policy.Usage{PromptTokens: max(prev.PromptTokens, in), CompletionTokens: max(prev.CompletionTokens, outTok)}, true
+}
+
+func isEventStream(h http.Header) bool {
+	return strings.HasPrefix(strings.TrimSpace(h.Get("Content-Type")), "text/event-stream")
+}
+
+// bodyError maps a failed body read to the client's error.
+func bodyError(err error) error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return errBodyTooLarge
+	}
+	if isTimeout(err) {
+		return errBodyTimeout
+	}
+	return apierr.BadRequest("", "could not read the request body")
+}

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"tailgate/data"
+	"tailgate/policy"
+)
+
+// TestSIGKILLLosesNoAnswer kills the real gateway (SIGKILL) under mixed
+// streaming and JSON load, restarts it on the same data, and checks the
+// ledger: every answer a client received whole has its row (it was
+// committed before the answer's last bytes), and every stream the kill cut
+// after its first token arrived has a row too — interrupted, billed at what
+// it had received — once the open row had its moment to be written.
+func TestSIGKILLLosesNoAnswer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	simAddr := ln.Addr().String()
+	ln.Close()
+	sim := startProc(t, "tailgate sim", false, "sim", "--listen", simAddr, "--model", "tailgate-sim",
+		"--sim-ttft", "5ms", "--sim-tpot", "4ms", "--sim-max-seqs", "64")
+	_ = sim
+	dir := t.TempDir()
+	const kills = 4
+	var (
+		mu    sync.Mutex
+		whole []string            // request ids answered whole
+		cut   = map[string]bool{} // streams cut by a kill, with a token received well before it
+	)
+	key := ""
+	for round := range kills + 1 {
+		gw := startProc(t, "tailgate gateway", true, "gateway", "--data", dir, "--listen", "127.0.0.1:0",
+			"--admin-listen", "127.0.0.1:0", "--upstream", "http://"+simAddr)
+		var api string
+		gw.scanUntil(func(line string) bool {
+			if m := apiLine.FindStringSubmatch(line); m != nil {
+				api = strings.TrimSuffix(m[1], "/v1")
+			}
+			return api != ""
+		})
+		if api == "" {
+			t.Fatalf("gateway printed no API address:\n%s", gw.stderr.String())
+		}
+		waitHealthy(t, api)
+		if key == "" {
+			st, err := data.Open(filepath.Join(dir, "tailgate.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			key, _, err = policy.CreateKey(t.Context(), st, policy.KeyOptions{Tenant: "acme"})
+			st.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond) // the gateway's key poll
+		}
+		if round == kills {
+			break // the last start only settles what the last kill left
+		}
+		var killedAt time.Time
+		var killMu sync.Mutex
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for w := range 6 {
+			wg.Go(func() {
+				for i := 0; ctx.Err() == nil && i < 2000; i++ {
+					stream := (w+i)%2 == 0
+					n := 10 + (w*7+i)%40 // JSON: short answers
+					if stream {
+						n = 100 + (w*37+i*11)%300 // streams: 0.4–1.6 s, long enough to be cut
+					}
+					id, ok, firstAt := oneRequest(ctx, api, key, stream, n)
+					if id == "" {
+						continue
+					}
+					killMu.Lock()
+					k := killedAt
+					killMu.Unlock()
+					mu.Lock()
+					switch {
+					case ok:
+						whole = append(whole, id)
+					case stream && !firstAt.IsZero() && !k.IsZero() && k.Sub(firstAt) > 200*time.Millisecond:
+						cut[id] = true
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		time.Sleep(time.Duration(700+300*round) * time.Millisecond)
+		killMu.Lock()
+		killedAt = time.Now()
+		killMu.Unlock()
+		if err := gw.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-gw.Done()
+		time.Sleep(100 * time.Millisecond) // let clients see their connections die
+		cancel()
+		wg.Wait()
+	}
+
+	st, err := data.Open(filepath.Join(dir, "tailgate.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows, err := st.LedgerRows(t.Context(), data.UsageFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]data.LedgerRow{}
+	for _, r := range rows {
+		byID[r.ID] = r
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(whole) < 20 {
+		t.Fatalf("only %d answers completed: the load did not run", len(whole))
+	}
+	missing := 0
+	for _, id := range whole {
+		if r, ok := byID[id]; !ok || r.Outcome != data.OutcomeOK {
+			missing++
+			t.Errorf("answer %s received whole has ledger row %+v (present %v)", id, r, ok)
+		}
+	}
+	interrupted := 0
+	for id := range cut {
+		r, ok := byID[id]
+		switch {
+		case !ok:
+			t.Errorf("stream %s cut by a kill after its first token has no ledger row", id)
+		case r.Outcome == data.OutcomeInterrupted:
+			interrupted++
+			if r.CompletionTokens == 0 {
+				t.Errorf("interrupted stream %s billed no output", id)
+			}
+		case r.Outcome == data.OutcomeOpen:
+			t.Errorf("stream %s still open after restarts", id)
+		}
+	}
+	t.Logf("%d kills: %d answers whole (%d without a row), %d streams cut after a token (%d settled interrupted)",
+		kills, len(whole), missing, len(cut), interrupted)
+}
+
+// oneRequest sends one chat request and reports its request id, whether
+// the answer arrived whole, and when a stream's first token arrived.
+func oneRequest(ctx context.Context, api, key string, stream bool, maxTokens int) (id string, whole bool, firstAt time.Time) {
+	body := fmt.Sprintf(`{"model":"tailgate-sim","stream":%v,"max_tokens":%d,"ignore_eos":true,"messages":[{"role":"user","content":"count"}]}`, stream, maxTokens)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, api+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", false, time.Time{}
+	}
+	defer resp.Body.Close()
+	id = resp.Header.Get("X-Request-Id")
+	if resp.StatusCode != 200 {
+		return "", false, time.Time{}
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	if !stream {
+		var n int
+		for sc.Scan() {
+			n += len(sc.Bytes())
+		}
+		return id, sc.Err() == nil && n > 0 && int64(n) >= 0 && resp.ContentLength >= 0, time.Time{}
+	}
+	for sc.Scan() {
+		line := sc.Text()
+		if firstAt.IsZero() && strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`) {
+			firstAt = time.Now()
+		}
+		if line == "data: [DONE]" {
+			return id, true, firstAt
+		}
+	}
+	return id, false, firstAt
+}
+
+func waitHealthy(t *testing.T, api string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(api + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s not healthy after 30 s", api)
+}
