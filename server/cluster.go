@@ -14,6 +14,9 @@ import (
 	"tailgate/serving"
 )
 
+// maxHeartbeatBody bounds a heartbeat's body.
+const maxHeartbeatBody = 1 << 20
+
 var errBadClusterToken = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_cluster_token",
 	Message: "missing or invalid cluster token"}
 
@@ -30,6 +33,8 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 				Code: "peer_not_allowed", Message: err.Error()})
 		}
 	}
+	// A heartbeat is a few KB; its engine lines are bounded, the body too.
+	c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, maxHeartbeatBody)
 	var hb serving.Heartbeat
 	if err := c.Bind(&hb); err != nil {
 		return apierr.Reply(c, apierr.BadRequest("", "body must be a JSON heartbeat"))
