@@ -69,6 +69,7 @@ func TestOpenAIClient(t *testing.T) {
 	}
 
 	params.Model = "other"
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{} // vLLM refuses stream_options without stream
 	_, err = client.Chat.Completions.New(ctx, params)
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Type != "NotFoundError" {
