@@ -72,7 +72,7 @@ func (e *Engine) newChatEncoder(r *http.Request, j *job, choices []*choice) *cha
 }
 
 func (c *chatEncoder) mediaType() string     { return "application/json" }
-func (c *chatEncoder) open(b []byte) []byte   { return b }
+func (c *chatEncoder) open(b []byte) []byte  { return b }
 func (c *chatEncoder) reasoningParser() bool { return c.e.cfg.ReasoningTokens > 0 }
 
 // first appends one role chunk per choice, sent with the first token.

@@ -44,6 +44,15 @@ func (e *Engine) plan(j *job) []*choice {
 			c.reasoning = min(e.cfg.ReasoningTokens, budget)
 			budget -= c.reasoning
 		}
+		if j.fixed > 0 { // a transcript: its length is the audio's
+			c.content = min(j.fixed, budget)
+			c.finish = "stop"
+			if c.content < j.fixed {
+				c.finish = "length"
+			}
+			out[i] = c
+			continue
+		}
 		if t := j.pickTool(h); t != nil && budget > 0 {
 			c.call = newToolCall(t, h)
 			need := 1 + len(c.call.pieces) + 1

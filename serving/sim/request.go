@@ -30,6 +30,7 @@ type job struct {
 	minTokens    int
 	ignoreEOS    bool
 	n            int // choices
+	fixed        int // > 0: the answer has exactly this many tokens (a transcript)
 
 	stream          bool
 	includeUsage    bool // final usage chunk
