@@ -129,7 +129,7 @@ type reader struct {
 	vals map[string]any // converted values of present, non-null fields
 }
 
-// readBody parses body as the JSON object FastAPI hands to pydantic. The
+// readJSONBody parses body as the JSON object FastAPI hands to pydantic. The
 // errors are FastAPI's: a missing body, invalid JSON, or a value that is no
 // object.
 func readJSONBody(body []byte) (*reader, *apiError) {
