@@ -137,8 +137,16 @@ func readJSONBody(body []byte) (*reader, *apiError) {
 	if trimmed == "" {
 		return nil, validationError([]pyErr{{typ: "missing", loc: "body", msg: "Field required", input: "None"}})
 	}
-	var v any
-	if err := json.Unmarshal(body, &v); err != nil {
+	var raw map[string]json.RawMessage
+	err := json.Unmarshal(body, &raw)
+	if _, ok := errors.AsType[*json.UnmarshalTypeError](err); ok || err == nil && raw == nil {
+		return nil, validationError([]pyErr{{
+			typ: "model_attributes_type", loc: "body",
+			msg:   "Input should be a valid dictionary or object to extract fields from",
+			input: summarize(json.RawMessage(trimmed)),
+		}})
+	}
+	if err != nil {
 		pos := len(body)
 		if se, ok := errors.AsType[*json.SyntaxError](err); ok && se.Offset > 0 && int(se.Offset) < len(body) {
 			pos = int(se.Offset) - 1
@@ -146,14 +154,6 @@ func readJSONBody(body []byte) (*reader, *apiError) {
 		return nil, validationError([]pyErr{{
 			typ: "json_invalid", loc: "body." + strconv.Itoa(pos), msg: "JSON decode error",
 			input: "<dict of 0 items>", ctx: "{'error': 'Expecting value'}",
-		}})
-	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(body, &raw); err != nil || raw == nil {
-		return nil, validationError([]pyErr{{
-			typ: "model_attributes_type", loc: "body",
-			msg:   "Input should be a valid dictionary or object to extract fields from",
-			input: summarize(json.RawMessage(trimmed)),
 		}})
 	}
 	return &reader{raw: raw, loc: "body", vals: map[string]any{}}, nil
@@ -195,21 +195,20 @@ func (r *reader) check(specs []fspec) {
 	r.exact(specs)
 	for _, s := range specs {
 		v, ok := r.raw[s.name]
-		loc := r.loc + "." + s.name
 		if !ok {
 			if s.required {
-				r.errs = append(r.errs, pyErr{typ: "missing", loc: loc, msg: "Field required", input: r.summary()})
+				r.errs = append(r.errs, pyErr{typ: "missing", loc: r.loc + "." + s.name, msg: "Field required", input: r.summary()})
 			}
 			continue
 		}
 		if isNull(v) {
 			if !s.nullable && s.typ != tAny {
 				typ, msg := typeError(s)
-				r.errs = append(r.errs, pyErr{typ: typ, loc: loc, msg: msg, input: "None"})
+				r.errs = append(r.errs, pyErr{typ: typ, loc: r.loc + "." + s.name, msg: msg, input: "None"})
 			}
 			continue
 		}
-		val, errs := convert(s, v, loc)
+		val, errs := convert(s, v, r.loc)
 		if len(errs) > 0 {
 			r.errs = append(r.errs, errs...)
 			continue
@@ -239,10 +238,11 @@ func typeError(s fspec) (typ, msg string) {
 	return "string_type", "Input should be a valid string"
 }
 
-// convert applies pydantic's lax conversion of one JSON value.
-func convert(s fspec, v json.RawMessage, loc string) (any, []pyErr) {
+// convert applies pydantic's lax conversion of one JSON value of field s
+// in the object at path at.
+func convert(s fspec, v json.RawMessage, at string) (any, []pyErr) {
 	fail := func(typ, msg string) (any, []pyErr) {
-		return nil, []pyErr{{typ: typ, loc: loc, msg: msg, input: summarize(v)}}
+		return nil, []pyErr{{typ: typ, loc: s.at(at), msg: msg, input: summarize(v)}}
 	}
 	wrong := func() (any, []pyErr) { return fail(typeError(s)) }
 	switch s.typ {
@@ -270,16 +270,16 @@ func convert(s fspec, v json.RawMessage, loc string) (any, []pyErr) {
 		var items []json.RawMessage
 		if len(v) == 0 || v[0] != '[' || json.Unmarshal(v, &items) != nil {
 			return nil, []pyErr{
-				{typ: "string_type", loc: loc, msg: "Input should be a valid string", input: summarize(v)},
-				{typ: "list_type", loc: loc, msg: "Input should be a valid list", input: summarize(v)},
+				{typ: "string_type", loc: s.at(at), msg: "Input should be a valid string", input: summarize(v)},
+				{typ: "list_type", loc: s.at(at), msg: "Input should be a valid list", input: summarize(v)},
 			}
 		}
 		out := make([]string, 0, len(items))
-		errs := []pyErr{{typ: "string_type", loc: loc, msg: "Input should be a valid string", input: summarize(v)}}
+		errs := []pyErr{{typ: "string_type", loc: s.at(at), msg: "Input should be a valid string", input: summarize(v)}}
 		for i, it := range items {
 			str, ok := asString(it)
 			if !ok {
-				errs = append(errs, pyErr{typ: "string_type", loc: loc + "." + strconv.Itoa(i), msg: "Input should be a valid string", input: summarize(it)})
+				errs = append(errs, pyErr{typ: "string_type", loc: s.at(at) + "." + strconv.Itoa(i), msg: "Input should be a valid string", input: summarize(it)})
 			}
 			out = append(out, str)
 		}
@@ -360,6 +360,14 @@ func convert(s fspec, v json.RawMessage, loc string) (any, []pyErr) {
 		return wrong()
 	}
 	return wrong()
+}
+
+// at returns the location of field s in the object at path prefix.
+func (s fspec) at(prefix string) string {
+	if s.name == "" {
+		return prefix
+	}
+	return prefix + "." + s.name
 }
 
 // Typed getters of converted values; ok is false when the field is absent,

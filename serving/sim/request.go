@@ -198,26 +198,28 @@ func (r *reader) checkMessages() []message {
 	out := make([]message, 0, len(items))
 	for i, it := range items {
 		loc := r.loc + ".messages." + strconv.Itoa(i)
-		var m map[string]json.RawMessage
+		var m struct {
+			Role    json.RawMessage `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
 		if !isObject(it) || json.Unmarshal(it, &m) != nil {
 			r.errs = append(r.errs, pyErr{typ: "dict_type", loc: loc, msg: "Input should be a valid dictionary", input: summarize(it)})
 			continue
 		}
-		role, ok := m["role"]
 		switch {
-		case !ok:
+		case m.Role == nil:
 			r.errs = append(r.errs, pyErr{typ: "missing", loc: loc + ".role", msg: "Field required", input: summarize(it)})
 			continue
-		case !isString(role):
-			r.errs = append(r.errs, pyErr{typ: "string_type", loc: loc + ".role", msg: "Input should be a valid string", input: summarize(role)})
+		case !isString(m.Role):
+			r.errs = append(r.errs, pyErr{typ: "string_type", loc: loc + ".role", msg: "Input should be a valid string", input: summarize(m.Role)})
 			continue
 		}
-		c := m["content"]
+		c := m.Content
 		if len(c) > 0 && !isNull(c) && !isString(c) && c[0] != '[' {
 			r.errs = append(r.errs, pyErr{typ: "string_type", loc: loc + ".content", msg: "Input should be a valid string", input: summarize(c)})
 			continue
 		}
-		s, _ := asString(role)
+		s, _ := asString(m.Role)
 		out = append(out, message{role: s, content: c})
 	}
 	return out
