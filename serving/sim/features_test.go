@@ -429,3 +429,52 @@ func TestEveryEndpointRefusesAnotherModel(t *testing.T) {
 		t.Errorf("audio: %d %s", status, b)
 	}
 }
+
+// TestAnswerIDsFollowXRequestID: like vLLM, an answer's id is built from
+// the client's X-Request-Id, so the gateway's id shows through.
+func TestAnswerIDsFollowXRequestID(t *testing.T) {
+	srv := startWith(t, Config{})
+	for path, want := range map[string]string{
+		"/v1/chat/completions": `"id":"chatcmpl-req-7"`,
+		"/v1/completions":      `"id":"cmpl-req-7"`,
+		"/v1/embeddings":       `"id":"embd-req-7"`,
+		"/v1/messages":         `"id":"chatcmpl-req-7"`,
+	} {
+		body := `{"model":"tailgate-sim",` + user + `,"prompt":"p","input":"i","max_tokens":1}`
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Request-Id", "req-7")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), want) {
+			t.Errorf("%s: %s, want %s", path, b, want)
+		}
+	}
+}
+
+// TestHungJSONRequestWaitsForItsClient: a hang without a stream sends
+// nothing at all, and ends when the client gives up.
+func TestHungJSONRequestWaitsForItsClient(t *testing.T) {
+	e, srv := start(t, Config{HangRate: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/embeddings", strings.NewReader(`{"input":"x"}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	waitFor(t, "the hang", func() bool { return e.Stats().Faulted == 1 })
+	cancel()
+	if err := <-done; err == nil {
+		t.Errorf("a hung request was answered")
+	}
+	waitFor(t, "the hang to end with its client", func() bool { return e.Stats().Aborted == 1 })
+}
