@@ -228,7 +228,8 @@ func (e *Engine) newMessagesEncoder(r *http.Request, j *job, choices []*choice) 
 func (m *messagesEncoder) mediaType() string    { return "application/json" }
 func (m *messagesEncoder) open(b []byte) []byte { return b }
 
-func event(b []byte, typ string) []byte {
+// sseEvent starts an SSE event of type typ and opens its data line.
+func sseEvent(b []byte, typ string) []byte {
 	b = append(b, "event: "...)
 	b = append(b, typ...)
 	b = append(b, "\ndata: "...)
@@ -236,7 +237,7 @@ func event(b []byte, typ string) []byte {
 }
 
 func (m *messagesEncoder) first(b []byte) []byte {
-	b = event(b, "message_start")
+	b = sseEvent(b, "message_start")
 	b = append(b, `{"type":"message_start","message":{"id":`...)
 	b = appendJSONString(b, m.id)
 	b = append(b, `,"content":[],"model":`...)
@@ -288,7 +289,7 @@ func (m *messagesEncoder) token(b []byte, c *choice, k int) []byte {
 func (m *messagesEncoder) startBlock(b []byte, kind tokKind, block func([]byte) []byte) []byte {
 	m.block++
 	m.kind = kind
-	b = event(b, "content_block_start")
+	b = sseEvent(b, "content_block_start")
 	b = append(b, `{"type":"content_block_start","content_block":`...)
 	b = block(b)
 	b = append(b, `,"index":`...)
@@ -297,7 +298,7 @@ func (m *messagesEncoder) startBlock(b []byte, kind tokKind, block func([]byte) 
 }
 
 func (m *messagesEncoder) delta(b []byte) []byte {
-	b = event(b, "content_block_delta")
+	b = sseEvent(b, "content_block_delta")
 	return append(b, `{"type":"content_block_delta","delta":`...)
 }
 
@@ -319,7 +320,7 @@ func (m *messagesEncoder) stopBlock(b []byte) []byte {
 		b = appendJSONString(b, m.sig)
 		b = m.endDelta(b)
 	}
-	b = event(b, "content_block_stop")
+	b = sseEvent(b, "content_block_stop")
 	b = append(b, `{"type":"content_block_stop","index":`...)
 	b = strconv.AppendInt(b, int64(m.block), 10)
 	m.kind = kEOS // closed
@@ -339,7 +340,7 @@ func stopReason(finish string) string {
 
 func (m *messagesEncoder) end(b []byte) []byte {
 	b = m.stopBlock(b)
-	b = event(b, "message_delta")
+	b = sseEvent(b, "message_delta")
 	b = append(b, `{"type":"message_delta","delta":{"stop_reason":"`...)
 	b = append(b, stopReason(m.c.finish)...)
 	b = append(b, `"},"usage":{"input_tokens":`...)
@@ -347,7 +348,7 @@ func (m *messagesEncoder) end(b []byte) []byte {
 	b = append(b, `,"output_tokens":`...)
 	b = strconv.AppendInt(b, int64(m.c.total()), 10)
 	b = append(b, "}}\n\n"...)
-	b = event(b, "message_stop")
+	b = sseEvent(b, "message_stop")
 	b = append(b, `{"type":"message_stop"}`+"\n\n"...)
 	return append(b, "data: [DONE]\n\n"...)
 }
