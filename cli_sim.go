@@ -23,6 +23,14 @@ type simFlags struct {
 	maxSeqs     int
 	seed        int64
 	maxTokens   int
+
+	reasoningTokens int
+	reasoningField  string
+	embeddingDim    int
+	errorRate       float64
+	rateLimitRate   float64
+	retryAfter      time.Duration
+	hangRate        float64
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
@@ -34,12 +42,21 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxSeqs, "sim-max-seqs", 256, "simulated engine: concurrent sequences; more requests queue (FIFO)")
 	fs.Int64Var(&f.seed, "sim-seed", 1, "simulated engine: seed of the latency draws")
 	fs.IntVar(&f.maxTokens, "sim-default-max-tokens", 256, "simulated engine: completion cap when a request sets none")
+	fs.IntVar(&f.reasoningTokens, "sim-reasoning-tokens", 0, "simulated engine: reasoning tokens before every chat, Responses and Messages answer (0: no reasoning phase); they last N×TPOT and count as completion tokens")
+	fs.StringVar(&f.reasoningField, "sim-reasoning-field", sim.ReasoningFieldReasoning, "simulated engine: name of the reasoning text in chat deltas: reasoning (vLLM ≥ 0.12), reasoning_content (≤ 0.10) or both (0.11 to 0.1x)")
+	fs.IntVar(&f.embeddingDim, "sim-embedding-dim", 64, "simulated engine: length of /v1/embeddings vectors")
+	fs.Float64Var(&f.errorRate, "sim-error-rate", 0, "simulated engine: share of requests answered 500 (seeded)")
+	fs.Float64Var(&f.rateLimitRate, "sim-429-rate", 0, "simulated engine: share of requests answered 429 with Retry-After (seeded)")
+	fs.DurationVar(&f.retryAfter, "sim-retry-after", time.Second, "simulated engine: the wait a 429 asks for (Retry-After, whole seconds rounded up)")
+	fs.Float64Var(&f.hangRate, "sim-hang-rate", 0, "simulated engine: share of requests that hang before their first token until the client goes away (seeded)")
 }
 
 func (f *simFlags) config(model string) sim.Config {
 	return sim.Config{
 		Model: model, TTFT: f.ttft, TTFTSigma: f.ttftSigma, TPOT: f.tpot, StallProb: f.stallProb,
 		StallFactor: f.stallFactor, MaxSeqs: f.maxSeqs, Seed: f.seed, DefaultMaxTokens: f.maxTokens,
+		ReasoningTokens: f.reasoningTokens, ReasoningField: f.reasoningField, EmbeddingDim: f.embeddingDim,
+		ErrorRate: f.errorRate, RateLimitRate: f.rateLimitRate, RetryAfter: f.retryAfter, HangRate: f.hangRate,
 	}
 }
 
@@ -49,6 +66,10 @@ func (f *simFlags) args() []string {
 		"--sim-ttft", f.ttft.String(), "--sim-ttft-sigma", fmt.Sprint(f.ttftSigma), "--sim-tpot", f.tpot.String(),
 		"--sim-stall-prob", fmt.Sprint(f.stallProb), "--sim-stall-factor", fmt.Sprint(f.stallFactor),
 		"--sim-max-seqs", fmt.Sprint(f.maxSeqs), "--sim-default-max-tokens", fmt.Sprint(f.maxTokens),
+		"--sim-reasoning-tokens", fmt.Sprint(f.reasoningTokens), "--sim-reasoning-field", f.reasoningField,
+		"--sim-embedding-dim", fmt.Sprint(f.embeddingDim), "--sim-error-rate", fmt.Sprint(f.errorRate),
+		"--sim-429-rate", fmt.Sprint(f.rateLimitRate), "--sim-retry-after", f.retryAfter.String(),
+		"--sim-hang-rate", fmt.Sprint(f.hangRate),
 	}
 }
 
@@ -87,7 +108,8 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "%s%s\n", announcePrefix, ln.Addr())
 	}
 	log.Info("simulated engine serving (output is filler text, not a model)", "addr", "http://"+ln.Addr().String(),
-		"model", *model, "ttft", sf.ttft, "tpot", sf.tpot, "stall_prob", sf.stallProb, "max_seqs", sf.maxSeqs)
+		"model", *model, "ttft", sf.ttft, "tpot", sf.tpot, "stall_prob", sf.stallProb, "max_seqs", sf.maxSeqs,
+		"reasoning_tokens", sf.reasoningTokens, "error_rate", sf.errorRate, "429_rate", sf.rateLimitRate, "hang_rate", sf.hangRate)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -14,6 +14,7 @@ import (
 
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/serving/launcher"
 	"tailgate/serving/proc"
 )
 
@@ -27,6 +28,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		engine   = fs.String("engine", "sim", "engine of the local replicas: sim, or vllm (one GPU per replica: replica i gets GPU i-1)")
 		model    = fs.String("model", "", "model the replicas serve (sim default: tailgate-sim; required with --engine vllm)")
 		warmup   = fs.Int("warmup", 3, "short generations each replica runs before it takes traffic (0: none)")
+		vllmBin  = fs.String("vllm-binary", "", "vllm executable of the local replicas (default: vllm on PATH)")
 		vllmArgs stringList
 	)
 	fs.Var(&vllmArgs, "vllm-arg", "extra argument for every vllm serve (repeatable)")
@@ -49,6 +51,15 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *warmup < 0 {
 		return fmt.Errorf("--warmup %d: want 0 (none) or more", *warmup)
+	}
+	if *engine == "vllm" {
+		// A missing vLLM would end every worker at once, and up would restart
+		// them forever: say it once, before starting anything.
+		argv, _, err := launcher.VLLMCommand(launcher.VLLMOptions{Binary: *vllmBin, Model: *model}, 1)
+		if err != nil {
+			return err
+		}
+		*vllmBin = argv[0]
 	}
 	log, err := lf.logger(stderr)
 	if err != nil {
@@ -87,7 +98,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			childArgs = append(childArgs, "--sim-seed", fmt.Sprint(sf.seed+int64(i)-1))
 			childArgs = append(childArgs, sf.args()...)
 		case "vllm":
-			childArgs = append(childArgs, "--gpus", fmt.Sprint(i-1))
+			childArgs = append(childArgs, "--gpus", fmt.Sprint(i-1), "--vllm-binary", *vllmBin)
 			for _, a := range vllmArgs {
 				childArgs = append(childArgs, "--vllm-arg", a)
 			}

@@ -81,6 +81,8 @@ type replicaView struct {
 	Engine  string   `json:"engine"`
 	Models  []string `json:"models"`
 	Address string   `json:"address"`
+	// EngineLog is the engine's last error lines, sent while not ready.
+	EngineLog []string `json:"engine_log"`
 }
 
 func (g *gatewayProcess) replicas() []replicaView {

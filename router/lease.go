@@ -14,6 +14,9 @@ type Update struct {
 	Reason string
 	Engine string
 	Load   Load
+	// EngineLog is the engine's last error output the worker sent (while
+	// not ready), oldest first; nil when it sent none.
+	EngineLog []string
 	// Lease is how long the replica stays routable without another update.
 	Lease time.Duration
 }
@@ -21,7 +24,10 @@ type Update struct {
 // Heartbeat registers or refreshes a worker's replica and returns it. A
 // replica whose address changed is replaced (its counters start afresh). The
 // worker's state is taken as it is, except that a replica the gateway ejected
-// stays out until a probe lets it back in.
+// stays out until a probe lets it back in. A ready replica whose worker
+// reports its engine failed (crashed, or frozen behind a live sidecar) is
+// taken out like an ejection: attempts waiting for a first token there go
+// elsewhere at once, and it is counted with reason "engine".
 func (r *Registry) Heartbeat(u Update) *Replica {
 	now := r.cfg.Now()
 	rep := r.Get(u.ID)
@@ -44,6 +50,12 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 		e := u.Engine
 		rep.engine.Store(&e)
 	}
+	if u.EngineLog == nil {
+		rep.engineLog.Store(nil)
+	} else {
+		lines := slices.Clone(u.EngineLog)
+		rep.engineLog.Store(&lines)
+	}
 	rep.lease.Store(now.Add(u.Lease).UnixNano())
 	rep.lastOK.Store(now.UnixNano())
 
@@ -54,9 +66,16 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 	case cur != u.State || rep.Reason() != u.Reason:
 		// From the state seen here only: if the gateway ejected the replica
 		// meanwhile, that stands, and the next heartbeat is judged afresh.
-		if rep.transition(cur, u.State, u.Reason, now) && cur != u.State {
-			r.log.Info("replica state", "replica", u.ID, "from", cur.String(), "to", u.State.String(), "reason", u.Reason)
+		if !rep.transition(cur, u.State, u.Reason, now) || cur == u.State {
+			break
 		}
+		if cur == StateReady && u.State == StateFailed {
+			rep.signalEjected()
+			r.m.ejections.WithLabelValues(rep.ID, "engine").Inc()
+			r.log.Warn("replica out of routing: its engine failed", "replica", u.ID, "reason", u.Reason)
+			break
+		}
+		r.log.Info("replica state", "replica", u.ID, "from", cur.String(), "to", u.State.String(), "reason", u.Reason)
 	}
 	return rep
 }

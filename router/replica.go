@@ -89,6 +89,8 @@ type Replica struct {
 	load     atomic.Pointer[Load]   // engine load from the last heartbeat
 	engine   atomic.Pointer[string] // engine kind reported by the worker
 
+	engineLog atomic.Pointer[[]string] // engine error lines from the last heartbeat
+
 	idHash       uint64        // for rendezvous hashing
 	ttftBits     atomic.Uint64 // EWMA of time to first token, float64 nanoseconds
 	backoffUntil atomic.Int64  // unix nanos: the replica pushed back (429/503 Retry-After)
@@ -172,6 +174,15 @@ func (r *Replica) Engine() string {
 		return *e
 	}
 	return ""
+}
+
+// EngineLog returns the engine's last error lines as the worker's last
+// heartbeat sent them (sent while the replica is not ready); nil when none.
+func (r *Replica) EngineLog() []string {
+	if l := r.engineLog.Load(); l != nil {
+		return *l
+	}
+	return nil
 }
 
 // LeaseExpiry returns when a registered replica's lease ends (zero for static ones).

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 func TestTransitionTable(t *testing.T) {
@@ -171,4 +174,55 @@ func TestStaticReplicaProbedIntoReadiness(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWorkerReportedEngineFailureTakesAReadyReplicaOut: a ready replica
+// whose worker says the engine failed leaves routing like an ejection —
+// attempts waiting there are woken, it is counted — and comes back when the
+// worker says ready; its engine lines are kept as last sent.
+func TestWorkerReportedEngineFailureTakesAReadyReplicaOut(t *testing.T) {
+	reg := newRegistry(t, Config{})
+	ready := Update{ID: "w", URL: "http://w", Models: []string{"m"}, State: StateReady, Lease: time.Minute}
+	rep := reg.Heartbeat(ready)
+	woken := rep.Ejected()
+
+	failed := ready
+	failed.State, failed.Reason = StateFailed, "engine not answering /health for 2.0s (timed out after 1s)"
+	failed.EngineLog = []string{"RuntimeError: CUDA error: an illegal memory access was encountered"}
+	reg.Heartbeat(failed)
+	if rep.State() != StateFailed || rep.Reason() != failed.Reason || !slices.Equal(rep.EngineLog(), failed.EngineLog) {
+		t.Fatalf("%s %q %q, want failed with the worker's reason and lines", rep.State(), rep.Reason(), rep.EngineLog())
+	}
+	select {
+	case <-woken:
+	default:
+		t.Fatal("attempts waiting on the replica were not woken")
+	}
+	if n := engineEjections(t, reg); n != 1 {
+		t.Fatalf("ejections{reason=engine} = %v, want 1", n)
+	}
+	reg.Heartbeat(failed) // still failed: counted once
+	if n := engineEjections(t, reg); n != 1 {
+		t.Fatalf("ejections{reason=engine} = %v after a repeated beat, want 1", n)
+	}
+
+	reg.Heartbeat(ready)
+	if rep.State() != StateReady || rep.EngineLog() != nil {
+		t.Fatalf("%s %q after the worker said ready", rep.State(), rep.EngineLog())
+	}
+	starting := ready
+	starting.State = StateStarting
+	reg.Heartbeat(starting)
+	if n := engineEjections(t, reg); n != 1 {
+		t.Fatalf("a move to starting counted as an engine failure")
+	}
+}
+
+func engineEjections(t *testing.T, reg *Registry) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := reg.m.ejections.WithLabelValues("w", "engine").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

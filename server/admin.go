@@ -355,6 +355,7 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 			row["kv_cache_usage"] = load.KVCacheUsage
 			row["sidecar_inflight"] = load.Inflight
 			row["recent_ttft_ms"] = load.TTFTMillis
+			row["engine_log"] = r.EngineLog()
 		}
 		out = append(out, row)
 	}

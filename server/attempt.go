@@ -139,7 +139,8 @@ type upstream struct {
 	stages          data.Stages // connect, upstream_ttft, engine_*
 	usage           policy.Usage
 	gotUsage        bool
-	tokens          int64 // content events seen
+	perChoice       map[int64]int64 // n > 1: each choice's running completion tokens
+	tokens          int64           // content events seen
 }
 
 // Abort cancels the attempt and closes its connection.

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -12,6 +13,9 @@ import (
 	"tailgate/server/apierr"
 	"tailgate/serving"
 )
+
+// maxHeartbeatBody bounds a heartbeat's body.
+const maxHeartbeatBody = 1 << 20
 
 var errBadClusterToken = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_cluster_token",
 	Message: "missing or invalid cluster token"}
@@ -29,6 +33,8 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 				Code: "peer_not_allowed", Message: err.Error()})
 		}
 	}
+	// A heartbeat is a few KB; its engine lines are bounded, the body too.
+	c.Request().Body = http.MaxBytesReader(c.Response(), c.Request().Body, maxHeartbeatBody)
 	var hb serving.Heartbeat
 	if err := c.Bind(&hb); err != nil {
 		return apierr.Reply(c, apierr.BadRequest("", "body must be a JSON heartbeat"))
@@ -46,9 +52,30 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	}
 	s.reg.Heartbeat(router.Update{
 		ID: hb.ReplicaID, URL: strings.TrimSuffix(hb.Address, "/"), Models: hb.Models, State: state, Reason: hb.Reason,
-		Engine: hb.Engine, Lease: s.cfg.Lease,
+		Engine: hb.Engine, Lease: s.cfg.Lease, EngineLog: clipEngineLog(hb.EngineLog),
 		Load: router.Load{Inflight: hb.Load.Inflight, Waiting: hb.Load.Waiting, Running: hb.Load.Running,
 			KVCacheUsage: hb.Load.KVCacheUsage, TTFTMillis: hb.Load.TTFTMillisP50},
 	})
 	return c.JSON(http.StatusOK, serving.HeartbeatReply{LeaseSeconds: s.cfg.Lease.Seconds()})
+}
+
+// clipEngineLog bounds a worker's engine lines as the wire contract does:
+// the last serving.MaxEngineLogLines lines, each cut to
+// serving.MaxEngineLogLine bytes on a character boundary.
+func clipEngineLog(lines []string) []string {
+	if len(lines) == 0 {
+		return nil
+	}
+	lines = lines[max(0, len(lines)-serving.MaxEngineLogLines):]
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		if n := serving.MaxEngineLogLine; len(l) > n {
+			for n > 0 && !utf8.RuneStart(l[n]) {
+				n--
+			}
+			l = l[:n]
+		}
+		out[i] = l
+	}
+	return out
 }

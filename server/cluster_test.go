@@ -3,10 +3,13 @@ package server_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"tailgate/policy"
 	"tailgate/server/internal/servertest"
@@ -152,4 +155,56 @@ func TestEngineTimingFromSidecarReachesLedger(t *testing.T) {
 			t.Fatalf("stages %+v (stream %v)", r.Stages, r.Stream)
 		}
 	}
+}
+
+// TestReplicasShowWhyAnEngineFailed: the admin API shows a failed
+// replica's reason and the engine's last error lines its worker sent, cut
+// to the wire contract's bounds.
+func TestReplicasShowWhyAnEngineFailed(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	var lines []string
+	for i := range 30 {
+		lines = append(lines, fmt.Sprintf("line %d", i))
+	}
+	lines[29] = "vllm: error: " + strings.Repeat("é", 600)
+	reason := "engine cannot start: 3 starts in a row failed, the last: engine exited while starting: exit status 2"
+	if resp := heartbeat(h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: "http://127.0.0.1:1",
+		Models: []string{servertest.SimModel}, State: "failed", Reason: reason, Engine: "vllm", EngineLog: lines}); resp.StatusCode != 200 {
+		t.Fatalf("heartbeat: %d", resp.StatusCode)
+	}
+	req, _ := http.NewRequest(http.MethodGet, h.Admin.URL+"/admin/v1/replicas", nil)
+	req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID        string   `json:"id"`
+			State     string   `json:"state"`
+			Reason    string   `json:"reason"`
+			EngineLog []string `json:"engine_log"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range list.Data {
+		if r.ID != "w1" {
+			continue
+		}
+		if r.State != "failed" || r.Reason != reason {
+			t.Errorf("state %q reason %q", r.State, r.Reason)
+		}
+		if len(r.EngineLog) != serving.MaxEngineLogLines || r.EngineLog[0] != "line 10" {
+			t.Fatalf("engine_log %q, want the last %d lines", r.EngineLog, serving.MaxEngineLogLines)
+		}
+		last := r.EngineLog[len(r.EngineLog)-1]
+		if len(last) > serving.MaxEngineLogLine || !strings.HasPrefix(last, "vllm: error: é") || !utf8.ValidString(last) {
+			t.Errorf("last line of %d bytes, valid UTF-8 %v: not cut to the bound", len(last), utf8.ValidString(last))
+		}
+		return
+	}
+	t.Fatalf("w1 not listed: %+v", list.Data)
 }

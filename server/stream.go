@@ -227,10 +227,24 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 	payload := sse.Data(ev)
 	if bytes.Contains(payload, usageMarker) {
 		if us := gjson.GetBytes(payload, "usage"); us.IsObject() {
-			u.usage.PromptTokens = us.Get("prompt_tokens").Int()
-			u.usage.CompletionTokens = us.Get("completion_tokens").Int()
-			u.gotUsage = true
 			usageOnly := bytes.Contains(payload, emptyChoices)
+			u.usage.PromptTokens = us.Get("prompt_tokens").Int()
+			completion := us.Get("completion_tokens").Int()
+			if !usageOnly && cl.req.sequences > 1 {
+				// With n > 1, vLLM's running usage on a chunk counts only
+				// that chunk's choice: bill the sum of every choice's latest.
+				i := gjson.GetBytes(payload, "choices.0.index").Int()
+				if u.perChoice == nil {
+					u.perChoice = map[int64]int64{}
+				}
+				u.perChoice[i] = completion
+				completion = 0
+				for _, c := range u.perChoice {
+					completion += c
+				}
+			}
+			u.usage.CompletionTokens = completion
+			u.gotUsage = true
 			switch {
 			case usageOnly && !cl.req.wantUsage:
 				return evDrop, nil // the usage chunk only the gateway wanted

@@ -12,7 +12,9 @@
 // {gateway admin URL}[HeartbeatPath] at least once a second, with
 // "Authorization: Bearer <cluster token>". The gateway answers 200 with a
 // [HeartbeatReply]. A replica that misses about three beats (its lease) is
-// dropped from routing.
+// dropped from routing. The worker reports its replica's state itself:
+// "failed" also while the engine process runs but does not answer (frozen),
+// with the reason and the engine's last error lines.
 //
 // Requests: the gateway calls the sidecar's OpenAI endpoints with the same
 // cluster token as bearer. The sidecar reports the engine's share of each
@@ -57,7 +59,19 @@ type Heartbeat struct {
 	Reason    string   `json:"reason,omitempty"` // why not ready, for operators
 	Engine    string   `json:"engine"`           // "vllm" or "sim"
 	Load      Load     `json:"load"`
+	// EngineLog is the engine's last error output, oldest first: what it
+	// wrote to stderr and the error lines of its log, for an operator to
+	// read why it is not ready. Workers send it only while the replica is
+	// not ready, at most [MaxEngineLogLines] lines of at most
+	// [MaxEngineLogLine] bytes; the gateway cuts anything longer.
+	EngineLog []string `json:"engine_log,omitempty"`
 }
+
+// Bounds of [Heartbeat.EngineLog].
+const (
+	MaxEngineLogLines = 20
+	MaxEngineLogLine  = 512
+)
 
 // Load is the replica's load as the sidecar sees it.
 type Load struct {

@@ -10,7 +10,11 @@
 // An engine that exits, never becomes ready within the startup deadline, or
 // fails its warm-up is stopped and started again after an exponential
 // backoff; its state is reported through [Config.OnState] and
-// [Launcher.State] all along.
+// [Launcher.State] all along, each failure with the last line the engine
+// wrote. After [Config.StartFailures] starts in a row that never became
+// ready the state says the engine cannot start, and it is tried again only
+// every [Config.CannotStartBackoff]. [Launcher.EngineLog] holds the engine's
+// last error lines (its stderr and the errors of its log) for operators.
 //
 // When Run's context ends the launcher stops the whole process group:
 // SIGTERM, then SIGKILL after [Config.StopGrace]. Draining requests before
@@ -74,6 +78,16 @@ type Config struct {
 	// StopGrace is how long the engine has to exit after SIGTERM before its
 	// process group is killed; 0 means 30s.
 	StopGrace time.Duration
+	// StartFailures is how many starts in a row may end before the engine
+	// was ever ready (it exited, missed StartupTimeout, or failed its
+	// warm-up) before the state says the engine cannot start; 0 means
+	// DefaultStartFailures (3). Starts are counted, not timed: vLLM takes
+	// tens of seconds to reject a bad flag or model id.
+	StartFailures int
+	// CannotStartBackoff is the pause before each new start once the engine
+	// cannot start; 0 means 5m. The state stays failed meanwhile, also while
+	// a new start runs, until the engine is ready.
+	CannotStartBackoff time.Duration
 	// Log receives the launcher's lines and the engine's output, one record
 	// per output line; nil means discard.
 	Log *slog.Logger
@@ -95,6 +109,8 @@ const (
 	DefaultBackoffMax     = 60 * time.Second
 	DefaultStableAfter    = 10 * time.Minute
 	DefaultStopGrace      = 30 * time.Second
+	DefaultStartFailures  = 3
+	DefaultCannotStart    = 5 * time.Minute
 )
 
 // Validate reports whether c is usable.
@@ -106,8 +122,10 @@ func (c Config) Validate() error {
 		return errors.New("launcher: Model is required")
 	case c.Warmup < 0:
 		return errors.New("launcher: Warmup must not be negative (NoWarmup turns it off)")
+	case c.StartFailures < 0:
+		return errors.New("launcher: StartFailures must not be negative")
 	case c.StartupTimeout < 0, c.Progress < 0, c.PollInterval < 0, c.WarmupTimeout < 0,
-		c.BackoffMin < 0, c.BackoffMax < 0, c.StableAfter < 0, c.StopGrace < 0:
+		c.BackoffMin < 0, c.BackoffMax < 0, c.StableAfter < 0, c.StopGrace < 0, c.CannotStartBackoff < 0:
 		return errors.New("launcher: durations must not be negative")
 	}
 	if d := c.withDefaults(); d.BackoffMin > d.BackoffMax {
@@ -130,6 +148,10 @@ func (c Config) withDefaults() Config {
 	def(&c.BackoffMax, DefaultBackoffMax)
 	def(&c.StableAfter, DefaultStableAfter)
 	def(&c.StopGrace, DefaultStopGrace)
+	def(&c.CannotStartBackoff, DefaultCannotStart)
+	if c.StartFailures == 0 {
+		c.StartFailures = DefaultStartFailures
+	}
 	switch {
 	case c.NoWarmup:
 		c.Warmup = 0
@@ -149,6 +171,12 @@ type Launcher struct {
 	log    *slog.Logger
 	client *http.Client
 	ran    atomic.Bool
+
+	errs errorTail // the engine's last error lines
+
+	// cannotStart, when set, says the engine cannot start and why; starts
+	// then report failed rather than starting. Only Run's goroutine uses it.
+	cannotStart string
 
 	mu       sync.Mutex
 	state    State
@@ -198,6 +226,12 @@ func (l *Launcher) Restarts() int {
 	return l.restarts
 }
 
+// EngineLog returns the engine's last error lines, oldest first: what it
+// wrote to stderr and the error lines of its log, at most
+// serving.MaxEngineLogLines, kept across restarts and forgotten each time
+// the engine becomes ready. Nil when there are none.
+func (l *Launcher) EngineLog() []string { return l.errs.snapshot() }
+
 // PID returns the engine process id, or 0 when no engine runs.
 func (l *Launcher) PID() int {
 	l.mu.Lock()
@@ -226,16 +260,18 @@ func (l *Launcher) setReason(reason string) {
 }
 
 // Run supervises the engine until ctx is done, then stops its process group,
-// reports the state failed with reason "engine stopped", and returns nil. It returns an error at once, without retrying, when the
-// engine cannot be started at all (Command fails, or the executable is
-// missing): that is a configuration error for a person to fix.
+// reports the state failed with reason "engine stopped", and returns nil.
+// It returns an error at once, without retrying, when the engine cannot be
+// started at all (Command fails, or the executable is missing): that is a
+// configuration error for a person to fix.
 func (l *Launcher) Run(ctx context.Context) error {
 	if !l.ran.CompareAndSwap(false, true) {
 		return errors.New("launcher: Run called twice")
 	}
 	backoff := l.cfg.BackoffMin
+	failedStarts := 0
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		readyFor, reason, err := l.runOnce(ctx, attempt > 0)
+		run, err := l.runOnce(ctx, attempt > 0)
 		if err != nil {
 			l.setState(serving.StateFailed, err.Error())
 			return fmt.Errorf("launcher: %w", err)
@@ -243,18 +279,35 @@ func (l *Launcher) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		if readyFor >= l.cfg.StableAfter {
+		if run.readyFor >= l.cfg.StableAfter {
 			backoff = l.cfg.BackoffMin
 		}
-		l.log.Warn("engine down; restarting", "reason", reason, "in", backoff)
-		l.setState(serving.StateFailed, fmt.Sprintf("%s; restarting in %s", reason, backoff))
-		t := time.NewTimer(backoff)
+		failedStarts++
+		if run.wasReady {
+			failedStarts = 0
+		}
+		reason := run.reason
+		if said := l.errs.lastSince(run.mark); said != "" {
+			reason += "; last engine output: " + said
+		}
+		pause := backoff
+		if failedStarts >= l.cfg.StartFailures {
+			pause = l.cfg.CannotStartBackoff
+			l.cannotStart = fmt.Sprintf("engine cannot start: %d starts in a row failed, the last: %s", failedStarts, reason)
+			l.log.Error("engine cannot start", "failed_starts", failedStarts, "reason", reason,
+				"retry_in", pause, "engine_log", l.errs.snapshot())
+			l.setState(serving.StateFailed, fmt.Sprintf("%s; next try in %s", l.cannotStart, pause))
+		} else {
+			l.log.Warn("engine down; restarting", "reason", reason, "in", pause)
+			l.setState(serving.StateFailed, fmt.Sprintf("%s; restarting in %s", reason, pause))
+			backoff = min(2*backoff, l.cfg.BackoffMax)
+		}
+		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 		case <-t.C:
 		}
-		backoff = min(2*backoff, l.cfg.BackoffMax)
 	}
 	l.setState(serving.StateFailed, "engine stopped")
 	return nil
@@ -263,25 +316,44 @@ func (l *Launcher) Run(ctx context.Context) error {
 // errExited cancels an engine's context when its process exits.
 var errExited = errors.New("engine exited")
 
-// runOnce runs one engine process from start to exit or to ctx's end. It
-// returns how long the engine was ready and why it is gone (empty when ctx
-// ended), or an error when it could not be started at all. A restart is
-// counted once its process runs.
-func (l *Launcher) runOnce(ctx context.Context, restart bool) (readyFor time.Duration, reason string, err error) {
+// outcome is how one engine process went.
+type outcome struct {
+	wasReady bool          // it became ready
+	readyFor time.Duration // for how long
+	reason   string        // why it is gone; "" when Run's ctx ended
+	mark     int64         // of the error tail at its start
+}
+
+// starting returns the state of a start in progress with detail as its
+// reason: starting, or failed while the engine is known not to start, so
+// that a new try does not look like progress.
+func (l *Launcher) starting(detail string) (State, string) {
+	if l.cannotStart != "" {
+		return serving.StateFailed, l.cannotStart + "; trying again: " + detail
+	}
+	return serving.StateStarting, detail
+}
+
+// runOnce runs one engine process from start to exit or to ctx's end and
+// says how it went, or returns an error when it could not be started at
+// all. A restart is counted once its process runs. The process has been
+// stopped and its output read by the time runOnce returns.
+func (l *Launcher) runOnce(ctx context.Context, restart bool) (run outcome, err error) {
 	port, err := freePort()
 	if err != nil {
-		return 0, "", err
+		return run, err
 	}
 	argv, env, err := l.cfg.Command(port)
 	if err != nil {
-		return 0, "", err
+		return run, err
 	}
 	if len(argv) == 0 {
-		return 0, "", errors.New("empty engine command")
+		return run, errors.New("empty engine command")
 	}
-	p, err := startEngine(argv, env, l.log)
+	run.mark = l.errs.mark()
+	p, err := startEngine(argv, env, l.log, &l.errs)
 	if err != nil {
-		return 0, "", err
+		return run, err
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	l.mu.Lock()
@@ -318,28 +390,34 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (readyFor time.Dur
 		return err.Error()
 	}
 
-	l.setState(serving.StateStarting, fmt.Sprintf("waiting for the engine to serve %q", l.cfg.Model))
+	l.setState(l.starting(fmt.Sprintf("waiting for the engine to serve %q", l.cfg.Model)))
 	if err := l.waitReady(pctx, url); err != nil {
 		if ctx.Err() != nil {
-			return 0, "", nil
+			return run, nil
 		}
-		return 0, gone("while starting", err), nil
+		run.reason = gone("while starting", err)
+		return run, nil
 	}
 	if l.cfg.Warmup > 0 {
 		l.setState(serving.StateWarming, fmt.Sprintf("running %d warm-up requests", l.cfg.Warmup))
 		if err := l.warmUp(pctx, url); err != nil {
 			if ctx.Err() != nil {
-				return 0, "", nil
+				return run, nil
 			}
-			return 0, gone("while warming up", err), nil
+			run.reason = gone("while warming up", err)
+			return run, nil
 		}
 	}
 	readySince := time.Now()
+	run.wasReady = true
+	l.cannotStart = ""
+	l.errs.reset()
 	l.setState(serving.StateReady, "")
 	l.log.Info("engine ready", "pid", p.PID(), "url", url)
 	<-pctx.Done()
-	if ctx.Err() != nil {
-		return time.Since(readySince), "", nil
+	run.readyFor = time.Since(readySince)
+	if ctx.Err() == nil {
+		run.reason = fmt.Sprintf("engine exited: %v", exitErr(p))
 	}
-	return time.Since(readySince), fmt.Sprintf("engine exited: %v", exitErr(p)), nil
+	return run, nil
 }

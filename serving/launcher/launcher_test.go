@@ -172,17 +172,17 @@ func TestEngineThatNeverBecomesReadyIsKilledAndRestarted(t *testing.T) {
 		{
 			name:       "health never 200",
 			knobs:      []string{"FAKE_VLLM_NEVER_READY=1"},
-			wantReason: "model never became ready within 1s (last /health: 503 Service Unavailable); restarting in 50ms",
+			wantReason: "model never became ready within 1s (last /health: 503 Service Unavailable); last engine output: fakevllm: progress 2/2; restarting in 50ms",
 		},
 		{
 			name:       "model never listed",
 			opts:       VLLMOptions{ServedModelName: "other"},
-			wantReason: `model never became ready within 1s (last /v1/models: model "m" not listed (listed: other)); restarting in 50ms`,
+			wantReason: `model never became ready within 1s (last /v1/models: model "m" not listed (listed: other)); last engine output: fakevllm: progress 2/2; restarting in 50ms`,
 		},
 		{
 			name:       "never listens",
 			knobs:      []string{"FAKE_VLLM_STARTUP_DELAY=1h"},
-			wantReason: "model never became ready within 1s (last /health: connection refused); restarting in 50ms",
+			wantReason: "model never became ready within 1s (last /health: connection refused); last engine output: fakevllm: progress 2/2; restarting in 50ms",
 		},
 	}
 	for _, tt := range tests {
@@ -280,7 +280,8 @@ func TestCrashedEngineIsRestarted(t *testing.T) {
 
 func TestBackoffDoublesWhileEngineKeepsCrashing(t *testing.T) {
 	t.Parallel()
-	h := start(t, VLLMOptions{}, []string{"FAKE_VLLM_EXIT_AFTER=0s"}, Config{BackoffMin: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	h := start(t, VLLMOptions{}, []string{"FAKE_VLLM_EXIT_AFTER=0s"}, Config{BackoffMin: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+		StartFailures: 100})
 	backoffs := []time.Duration{50, 100, 200, 200, 200}
 	waitFor(t, "six engine starts", func() bool { return h.count("start") >= len(backoffs)+1 })
 	if err := h.stop(); err != nil {
@@ -304,9 +305,11 @@ func TestBackoffDoublesWhileEngineKeepsCrashing(t *testing.T) {
 		}
 	}
 	for i, b := range backoffs {
-		want := fmt.Sprintf("engine exited while starting: exit status 1; restarting in %s", b*time.Millisecond)
-		if i >= len(reasons) || reasons[i] != want {
-			t.Errorf("failure %d reason = %q, want %q", i+1, reasons[i:], want)
+		// The crash races the fake's progress lines to be the last output.
+		prefix := "engine exited while starting: exit status 1; last engine output: fakevllm: "
+		suffix := fmt.Sprintf("; restarting in %s", b*time.Millisecond)
+		if i >= len(reasons) || !strings.HasPrefix(reasons[i], prefix) || !strings.HasSuffix(reasons[i], suffix) {
+			t.Errorf("failure %d reason = %q, want %q…%q", i+1, reasons[i:], prefix, suffix)
 		}
 	}
 	if h.l.Restarts() < len(backoffs) {

@@ -30,16 +30,24 @@ func freePort() (int, error) {
 
 // startEngine starts argv with env added to the worker's environment, as
 // the leader of its own process group, its output logged one record per
-// line.
-func startEngine(argv, env []string, log *slog.Logger) (*proc.Process, error) {
+// line and its error lines kept in errs.
+func startEngine(argv, env []string, log *slog.Logger, errs *errorTail) (*proc.Process, error) {
 	// The pid is known only once Start returns; output waits for it.
 	var olog *slog.Logger
 	started := make(chan struct{})
-	sink := func(line string) {
+	stdout := func(line string) {
 		<-started
 		olog.Info(line)
+		if logsError(line) {
+			errs.add(line)
+		}
 	}
-	p, err := proc.Start(proc.Config{Argv: argv, Env: env, Stdout: sink, Stderr: sink})
+	stderr := func(line string) {
+		<-started
+		olog.Info(line)
+		errs.add(line)
+	}
+	p, err := proc.Start(proc.Config{Argv: argv, Env: env, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return nil, fmt.Errorf("start engine: %w", err)
 	}

@@ -50,7 +50,8 @@ func (l *Launcher) waitReady(ctx context.Context, url string) error {
 			msg := fmt.Sprintf("engine starting: waited %s of %s; last %s",
 				time.Since(start).Round(time.Second), timeout, last)
 			l.log.Info(msg)
-			l.setReason(msg)
+			_, reason := l.starting(msg)
+			l.setReason(reason)
 		case <-poll.C:
 		}
 	}

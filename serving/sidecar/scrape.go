@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -32,12 +33,22 @@ type engineLoad struct {
 	waiting, running, kvUsage float64
 }
 
-// Run scrapes the engine's /metrics every ScrapeInterval, at once first,
-// until ctx ends; it then returns nil. A failed scrape keeps the last good
+// Run watches the engine until ctx ends, then returns nil: it asks its
+// /health (see [Config.UnhealthyAfter]) and scrapes its /metrics every
+// ScrapeInterval, at once first.
+func (s *Sidecar) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { s.watchEngine(ctx) })
+	s.scrapeLoop(ctx)
+	wg.Wait()
+	return nil
+}
+
+// scrapeLoop scrapes until ctx ends. A failed scrape keeps the last good
 // numbers (an overloaded engine that answers late must not look idle) and is
 // logged once per streak of failures: as a warning while the replica is
 // ready, at debug level while the engine is expected to be down.
-func (s *Sidecar) Run(ctx context.Context) error {
+func (s *Sidecar) scrapeLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.ScrapeInterval)
 	defer t.Stop()
 	var failing slog.Level
@@ -46,7 +57,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		err := s.scrape(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return nil
+			return
 		case err != nil && !streak:
 			streak = true
 			failing = slog.LevelDebug
@@ -60,7 +71,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
 		}
 	}

@@ -18,12 +18,20 @@
 //   - GET /v1/models, proxied.
 //   - GET /health: 200 while the replica is ready and not draining.
 //
-// Only the "ready" state ([Sidecar.SetState]) serves generation requests; after
-// [Sidecar.Drain] new ones get 503 replica_draining while those in flight
-// finish. Drain is final for the Sidecar's life.
+// Only the "ready" state serves generation requests; after [Sidecar.Drain]
+// new ones get 503 replica_draining while those in flight finish. Drain is
+// final for the Sidecar's life.
 //
-// [Sidecar.Run] scrapes the engine's /metrics for [Sidecar.Load];
-// [Heartbeater] carries that load to the gateway.
+// The state is the launcher's ([Sidecar.SetState]) with one addition of the
+// sidecar's own: while the launcher says ready, [Sidecar.Run] asks the
+// engine's GET /health every [Config.HealthInterval], and an engine that
+// gives no 200 for [Config.UnhealthyAfter] — frozen, wedged, or dead behind
+// a live process — makes the replica "failed" with the reason, until it
+// answers again. [Sidecar.State] says what to report; [Config.OnStateChange]
+// says when that changed.
+//
+// [Sidecar.Run] also scrapes the engine's /metrics for [Sidecar.Load];
+// [Heartbeater] carries the state and the load to the gateway.
 //
 // The package owns no listener: callers mount [Sidecar.Handler] on a server
 // they run, and run [Sidecar.Run] and [Heartbeater.Run] in goroutines they
@@ -56,6 +64,20 @@ type Config struct {
 	// ScrapeInterval is how often Run reads the engine's /metrics; 0 means
 	// 250ms.
 	ScrapeInterval time.Duration
+	// HealthInterval is how often Run asks the engine's GET /health while
+	// the replica is ready; 0 means 1s.
+	HealthInterval time.Duration
+	// UnhealthyAfter is how long the engine may go without a 200 from
+	// /health before the replica reports failed and serves nothing; 0 means
+	// 2s. A probe waits for its answer up to that point (at least
+	// HealthInterval), so a frozen engine is out within about UnhealthyAfter
+	// of its last answer.
+	UnhealthyAfter time.Duration
+	// OnStateChange, when set, is called with what [Sidecar.State] reports
+	// after the engine's health changed it (not after SetState, whose caller
+	// knows), from Run's goroutine; it must not block for long. A worker
+	// sends a heartbeat from here.
+	OnStateChange func(state, reason string)
 	// Log receives the sidecar's few log lines; nil discards them.
 	Log *slog.Logger
 	// Transport carries requests to the engine; nil means a keep-alive
@@ -63,7 +85,11 @@ type Config struct {
 	Transport http.RoundTripper
 }
 
-const defaultScrapeInterval = 250 * time.Millisecond
+const (
+	defaultScrapeInterval = 250 * time.Millisecond
+	defaultHealthInterval = time.Second
+	defaultUnhealthyAfter = 2 * time.Second
+)
 
 // Validate reports whether c is usable.
 func (c Config) Validate() error {
@@ -72,8 +98,8 @@ func (c Config) Validate() error {
 		return errors.New("sidecar: engine URL is required")
 	case c.ClusterToken == "":
 		return errors.New("sidecar: cluster token is required")
-	case c.ScrapeInterval < 0:
-		return errors.New("sidecar: scrape interval must not be negative")
+	case c.ScrapeInterval < 0, c.HealthInterval < 0, c.UnhealthyAfter < 0:
+		return errors.New("sidecar: intervals must not be negative")
 	}
 	return nil
 }
@@ -92,6 +118,7 @@ type Sidecar struct {
 	draining bool
 	inflight int
 	idle     chan struct{} // closed when inflight reaches 0 while draining
+	eng      engineHealth
 
 	scraped atomic.Pointer[engineLoad] // nil until the first good scrape
 	ttft    ttftRing
@@ -104,6 +131,12 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	if cfg.ScrapeInterval == 0 {
 		cfg.ScrapeInterval = defaultScrapeInterval
+	}
+	if cfg.HealthInterval == 0 {
+		cfg.HealthInterval = defaultHealthInterval
+	}
+	if cfg.UnhealthyAfter == 0 {
+		cfg.UnhealthyAfter = defaultUnhealthyAfter
 	}
 	s := &Sidecar{
 		cfg:       cfg,
@@ -142,11 +175,22 @@ func newTransport() *http.Transport {
 func (s *Sidecar) Handler() http.Handler { return s.handler }
 
 // SetState records the launcher's state for the engine (one of the
-// serving.State* names) and why it is not ready; only "ready" serves.
+// serving.State* names) and why it is not ready; only "ready" serves. The
+// launcher has just checked an engine it calls ready, so the sidecar's own
+// verdict starts afresh.
 func (s *Sidecar) SetState(state, reason string) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.state, s.reason = state, reason
-	s.mu.Unlock()
+	s.eng = engineHealth{gen: s.eng.gen + 1, lastGood: time.Now()}
+}
+
+// State returns the replica's state to report and why it is not ready:
+// draining once Drain was called, else the launcher's state, except that a
+// ready engine that stopped answering /health is failed.
+func (s *Sidecar) State() (state, reason string) {
+	state, reason, _ = s.health()
+	return state, reason
 }
 
 // Inflight returns the number of generation requests being served.
@@ -189,6 +233,8 @@ func (s *Sidecar) admit() *apiError {
 		return errDraining
 	case s.state != serving.StateReady:
 		return notReady(s.state, s.reason)
+	case s.eng.down:
+		return notReady(serving.StateFailed, s.eng.reason)
 	}
 	s.inflight++
 	return nil
@@ -209,8 +255,13 @@ func (s *Sidecar) done() {
 func (s *Sidecar) health() (state, reason string, ready bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.draining {
+	switch {
+	case s.state == serving.StateDraining:
+		return serving.StateDraining, s.reason, false
+	case s.draining:
 		return serving.StateDraining, "", false
+	case s.state == serving.StateReady && s.eng.down:
+		return serving.StateFailed, s.eng.reason, false
 	}
 	return s.state, s.reason, s.state == serving.StateReady
 }

@@ -143,7 +143,7 @@ func TestCompletionAnswerCarriesDocumentedUsage(t *testing.T) {
 	}{
 		{"string prompt", `{"model":"m","prompt":"hello world"}`, 1 + 3, "hello world"},
 		{"array of one string", `{"prompt":["abcd"]}`, 1 + 1, "abcd"},
-		{"empty prompt", `{"prompt":""}`, 1, ""},
+		{"array of one empty string", `{"prompt":[""]}`, 1, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -208,36 +208,50 @@ func TestDefaultModelName(t *testing.T) {
 	}
 }
 
-func TestBadRequestsGetOpenAIErrors(t *testing.T) {
+// TestBadRequestsGetVLLMErrors pins the status, type and param of each
+// refusal: "Bad Request" with a dotted location for what pydantic rejects
+// (vllm/entrypoints/serve/exception_handling/handlers/validation.py@4da14a5c),
+// the parameter of a VLLMValidationError raised by a model validator, and
+// "BadRequestError" / "NotFoundError" for what the handlers refuse.
+func TestBadRequestsGetVLLMErrors(t *testing.T) {
 	_, srv := start(t, Config{Model: "m", MaxModelLen: 1000})
 	const chat, cmpl = "/v1/chat/completions", "/v1/completions"
 	const hello = `"messages":[{"role":"user","content":"hello"}]`
+	const invalid, semantic, notFound = "Bad Request", "BadRequestError", "NotFoundError"
 	tests := []struct {
 		name   string
 		path   string
 		body   string
 		status int
+		typ    string
 		param  any // nil for null
 	}{
-		{"invalid JSON", chat, `{"messages":`, 400, nil},
-		{"body not an object", chat, `[1,2]`, 400, nil},
-		{"missing messages", chat, `{"model":"m"}`, 400, "messages"},
-		{"empty messages", chat, `{"messages":[]}`, 400, "messages"},
-		{"messages not an array", chat, `{"messages":"hello"}`, 400, "messages"},
-		{"content a number", chat, `{"messages":[{"role":"user","content":5}]}`, 400, "messages"},
-		{"image part", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, "messages"},
-		{"missing role", chat, `{"messages":[{"content":"hello"}]}`, 400, "messages"},
-		{"n above one", chat, `{` + hello + `,"n":2}`, 400, "n"},
-		{"max_tokens a string", chat, `{` + hello + `,"max_tokens":"ten"}`, 400, "max_tokens"},
-		{"max_tokens zero", chat, `{` + hello + `,"max_tokens":0}`, 400, "max_tokens"},
-		{"min_tokens above max_tokens", chat, `{` + hello + `,"max_tokens":5,"min_tokens":6}`, 400, "min_tokens"},
-		{"stream_options without stream", chat, `{` + hello + `,"stream_options":{"include_usage":true}}`, 400, "stream_options"},
-		{"context too long", chat, `{` + hello + `,"max_tokens":995}`, 400, "max_tokens"},
-		{"unknown model", chat, `{"model":"other",` + hello + `}`, 404, "model"},
-		{"prompt missing", cmpl, `{"model":"m"}`, 400, "prompt"},
-		{"batched prompts", cmpl, `{"prompt":["a","b"]}`, 400, "prompt"},
-		{"token id prompt", cmpl, `{"prompt":[1,2,3]}`, 400, "prompt"},
-		{"completions unknown model", cmpl, `{"model":"other","prompt":"x"}`, 404, "model"},
+		{"invalid JSON", chat, `{"messages":`, 400, invalid, "body.12"},
+		{"body not an object", chat, `[1,2]`, 400, invalid, "body"},
+		{"missing messages", chat, `{"model":"m"}`, 400, invalid, "body.messages"},
+		{"empty messages", chat, `{"messages":[]}`, 400, semantic, "messages"},
+		{"messages not an array", chat, `{"messages":"hello"}`, 400, invalid, "body.messages"},
+		{"content a number", chat, `{"messages":[{"role":"user","content":5}]}`, 400, invalid, "body.messages.0.content"},
+		{"image part", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, 400, semantic, "messages"},
+		{"missing role", chat, `{"messages":[{"content":"hello"}]}`, 400, invalid, "body.messages.0.role"},
+		{"n zero", chat, `{` + hello + `,"n":0}`, 400, semantic, "n"},
+		{"max_tokens a string", chat, `{` + hello + `,"max_tokens":"ten"}`, 400, invalid, "body.max_tokens"},
+		{"temperature a word", chat, `{` + hello + `,"temperature":"hot"}`, 400, invalid, "body.temperature"},
+		{"top_p a list", chat, `{` + hello + `,"top_p":[1]}`, 400, invalid, "body.top_p"},
+		{"stream a word", chat, `{` + hello + `,"stream":"often"}`, 400, invalid, "body.stream"},
+		{"max_tokens zero", chat, `{` + hello + `,"max_tokens":0}`, 400, semantic, "max_tokens"},
+		{"min_tokens above max_tokens", chat, `{` + hello + `,"max_tokens":5,"min_tokens":6}`, 400, semantic, "min_tokens"},
+		{"stream_options without stream", chat, `{` + hello + `,"stream_options":{"include_usage":true}}`, 400, invalid, "stream_options"},
+		{"context too long", chat, `{` + hello + `,"max_tokens":995}`, 400, semantic, "input_tokens"},
+		{"max_tokens above the context", chat, `{` + hello + `,"max_tokens":1001}`, 400, semantic, "max_tokens"},
+		{"empty tools", chat, `{` + hello + `,"tools":[]}`, 400, invalid, "tools"},
+		{"tool_choice without tools", chat, `{` + hello + `,"tool_choice":"required"}`, 400, invalid, "tool_choice"},
+		{"unknown model", chat, `{"model":"other",` + hello + `}`, 404, notFound, "model"},
+		{"prompt missing", cmpl, `{"model":"m"}`, 400, invalid, "prompt"},
+		{"empty prompt", cmpl, `{"prompt":""}`, 400, invalid, "prompt"},
+		{"batched prompts", cmpl, `{"prompt":["a","b"]}`, 400, semantic, "prompt"},
+		{"token id prompt", cmpl, `{"prompt":[1,2,3]}`, 400, semantic, "prompt"},
+		{"completions unknown model", cmpl, `{"model":"other","prompt":"x"}`, 404, notFound, "model"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -254,15 +268,11 @@ func TestBadRequestsGetOpenAIErrors(t *testing.T) {
 			if err := json.Unmarshal(body, &e); err != nil || len(e.Error) != 4 {
 				t.Fatalf("error body %s does not have OpenAI's shape", body)
 			}
-			wantType := "BadRequestError"
-			if tt.status == 404 {
-				wantType = "NotFoundError"
-			}
 			if msg, _ := e.Error["message"].(string); msg == "" || strings.Contains(msg, "sim.") {
 				t.Errorf("message = %q", e.Error["message"])
 			}
-			if e.Error["type"] != wantType || e.Error["param"] != tt.param || e.Error["code"] != float64(tt.status) {
-				t.Errorf("error = %v", e.Error)
+			if e.Error["type"] != tt.typ || e.Error["param"] != tt.param || e.Error["code"] != float64(tt.status) {
+				t.Errorf("error = %v, want type %q param %v", e.Error, tt.typ, tt.param)
 			}
 		})
 	}

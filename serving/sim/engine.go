@@ -1,20 +1,31 @@
 // Package sim is tailgate's simulated inference engine: an in-process stand-in
-// for one vLLM replica that speaks the part of vLLM's OpenAI-compatible HTTP
-// API tailgate uses, so the whole product runs, is tested and is benchmarked on
-// machines without a GPU.
+// for one vLLM replica that speaks vLLM's HTTP API, so the whole product runs,
+// is tested and is benchmarked on machines without a GPU.
 //
 // # Overview
 //
-// An [Engine] serves GET /v1/models, POST /v1/chat/completions and
-// POST /v1/completions (JSON and SSE), GET /health and GET /metrics (vLLM's
-// metric names). Its answers are filler words, never a model's output; callers
-// must say so wherever a person could mistake them for real answers.
+// An [Engine] serves what a client may call on vLLM through a gateway, in
+// vLLM's wire formats (read from vLLM's source; each encoder names the files
+// it follows): GET /v1/models, POST /v1/chat/completions and
+// /v1/completions (JSON and SSE, n choices, tool calls, a reasoning phase,
+// continuous usage), /v1/responses (JSON and SSE events), /v1/messages
+// (Anthropic's Messages API, JSON and SSE), /v1/embeddings, /v1/rerank,
+// /rerank, /v2/rerank, /v1/score, /score, /tokenize, /detokenize,
+// /v1/audio/transcriptions and /v1/audio/translations, GET /health and GET
+// /metrics (vLLM's metric names). Bodies are validated as vLLM's pydantic
+// models validate them, with the same 400s. Its answers are filler words,
+// never a model's output; callers must say so wherever a person could
+// mistake them for real answers.
 //
 // Latency follows a small model: a request waits for one of [Config.MaxSeqs]
 // slots in FIFO order, emits its first token after a lognormal draw around
-// [Config.TTFT], then one token every [Config.TPOT]. With probability
-// [Config.StallProb] a request stalls: both delays are multiplied by
-// [Config.StallFactor]. A client that disconnects aborts its request at once.
+// [Config.TTFT], then one token every [Config.TPOT] (one per choice when
+// n > 1). With probability [Config.StallProb] a request stalls: both delays
+// are multiplied by [Config.StallFactor]. Pooling requests (embeddings,
+// rerank, score) take a slot for one TTFT. A client that disconnects aborts
+// its request at once. Faults are injected on request: a share of 500s
+// ([Config.ErrorRate]), of 429s with Retry-After ([Config.RateLimitRate]) and
+// of requests that hang before their first token ([Config.HangRate]).
 //
 // Unlike vLLM, the simulator reports each request's queue time (arrival to
 // slot, in milliseconds with three decimals): a JSON answer carries it in the
@@ -26,9 +37,10 @@
 //
 // SSE clients ignore comments; tailgate's sidecar reads and strips it.
 //
-// Token counts are deterministic and documented on [ChatPromptTokens],
-// [TextPromptTokens] and [CompletionTokens], so tests and the gateway's
-// metering can predict them exactly.
+// Token counts and outputs are deterministic and documented on
+// [ChatPromptTokens], [TextPromptTokens] and [CompletionTokens] and in the
+// README's sim section, so tests and the gateway's metering can predict them
+// exactly. Random draws (latency, faults) come from [Config.Seed].
 //
 // The package owns no goroutines and no listener: callers mount
 // [Engine.Handler] on a server they run.
@@ -79,6 +91,31 @@ type Config struct {
 	// MaxModelLen is the context length reported by /v1/models and enforced
 	// like vLLM does (prompt plus completion cap); 0 means 32768.
 	MaxModelLen int
+
+	// ReasoningTokens is the length of the reasoning phase that starts every
+	// choice of a chat, Responses or Messages answer, as on a model served
+	// with a reasoning parser; 0 means none. It lasts ReasoningTokens×TPOT,
+	// counts as completion tokens and shares the completion cap.
+	ReasoningTokens int
+	// ReasoningField names the reasoning text of chat deltas and messages:
+	// "reasoning" (vLLM from 0.12; "" means it), "reasoning_content" (vLLM
+	// up to 0.10) or "both" (vLLM 0.11 to 0.1x sent the two, same text).
+	ReasoningField string
+	// EmbeddingDim is the length of /v1/embeddings vectors; 0 means 64.
+	EmbeddingDim int
+
+	// ErrorRate is the share of requests, in [0, 1], answered 500 instead of
+	// being served.
+	ErrorRate float64
+	// RateLimitRate is the share answered 429 with a Retry-After header.
+	RateLimitRate float64
+	// RetryAfter is the wait the 429s ask for, in whole seconds rounded up;
+	// 0 means 1s.
+	RetryAfter time.Duration
+	// HangRate is the share that hang before their first token (a stream
+	// after its 200) until the client goes away. ErrorRate, RateLimitRate
+	// and HangRate add up to at most 1.
+	HangRate float64
 }
 
 const (
@@ -88,6 +125,9 @@ const (
 	defaultMaxSeqs     = 256
 	defaultMaxTokens   = 256
 	defaultMaxModelLen = 32768
+	defaultEmbedDim    = 64
+	maxEmbedDim        = 1 << 16
+	defaultRetryAfter  = time.Second
 )
 
 // Validate reports whether c is usable.
@@ -109,6 +149,19 @@ func (c Config) Validate() error {
 		return errors.New("sim: default max tokens must not be negative")
 	case c.MaxModelLen < 0:
 		return errors.New("sim: max model len must not be negative")
+	case c.ReasoningTokens < 0:
+		return errors.New("sim: reasoning tokens must not be negative")
+	case c.ReasoningField != "" && c.ReasoningField != ReasoningFieldReasoning &&
+		c.ReasoningField != ReasoningFieldContent && c.ReasoningField != ReasoningFieldBoth:
+		return fmt.Errorf("sim: reasoning field %q is none of reasoning, reasoning_content, both", c.ReasoningField)
+	case c.EmbeddingDim < 0 || c.EmbeddingDim > maxEmbedDim:
+		return fmt.Errorf("sim: embedding dimension must be between 0 and %d", maxEmbedDim)
+	case !isShare(c.ErrorRate) || !isShare(c.RateLimitRate) || !isShare(c.HangRate):
+		return errors.New("sim: error, 429 and hang rates must be between 0 and 1")
+	case c.ErrorRate+c.RateLimitRate+c.HangRate > 1+1e-9:
+		return errors.New("sim: error, 429 and hang rates must add up to at most 1")
+	case c.RetryAfter < 0:
+		return errors.New("sim: retry-after must not be negative")
 	}
 	if d := c.withDefaults(); d.DefaultMaxTokens > d.MaxModelLen {
 		return fmt.Errorf("sim: default max tokens %d exceed max model len %d", d.DefaultMaxTokens, d.MaxModelLen)
@@ -140,8 +193,19 @@ func (c Config) withDefaults() Config {
 	if c.MaxModelLen == 0 {
 		c.MaxModelLen = defaultMaxModelLen
 	}
+	if c.ReasoningField == "" {
+		c.ReasoningField = ReasoningFieldReasoning
+	}
+	if c.EmbeddingDim == 0 {
+		c.EmbeddingDim = defaultEmbedDim
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = defaultRetryAfter
+	}
 	return c
 }
+
+func isShare(p float64) bool { return !math.IsNaN(p) && p >= 0 && p <= 1 }
 
 // Stats is a snapshot of an engine's load and history.
 type Stats struct {
@@ -151,15 +215,20 @@ type Stats struct {
 	Completed int64
 	// Aborted counts requests cancelled by their client's disconnect.
 	Aborted int64
+	// Faulted counts requests answered with an injected fault (a 500, a
+	// 429 or a hang).
+	Faulted int64
 }
 
 // Engine is one simulated vLLM replica. It is safe for concurrent use.
 type Engine struct {
-	cfg       Config // defaults applied
-	modelJSON []byte // cfg.Model as a JSON string
-	models    []byte // the /v1/models body
+	cfg         Config // defaults applied
+	modelJSON   []byte // cfg.Model as a JSON string
+	fingerprint []byte // system_fingerprint as a JSON string
+	models      []byte // the /v1/models body
 
 	lat     *latencyModel
+	faults  *faultModel
 	sched   *scheduler
 	metrics *metrics
 	handler http.Handler
@@ -167,6 +236,7 @@ type Engine struct {
 
 	completed atomic.Int64
 	aborted   atomic.Int64
+	faulted   atomic.Int64
 }
 
 // New returns an engine for cfg. Its metrics always live in a registry of its
@@ -177,10 +247,6 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	modelJSON, err := json.Marshal(cfg.Model)
-	if err != nil {
-		return nil, fmt.Errorf("sim: encode model name: %w", err)
-	}
 	own := prometheus.NewRegistry()
 	m := newMetrics(cfg.Model, cfg.MaxSeqs)
 	if err := m.register(own); err != nil {
@@ -192,11 +258,13 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 		}
 	}
 	e := &Engine{
-		cfg:       cfg,
-		modelJSON: modelJSON,
-		models:    modelList(cfg, time.Now()),
-		lat:       newLatencyModel(cfg),
-		metrics:   m,
+		cfg:         cfg,
+		modelJSON:   appendJSONString(nil, cfg.Model),
+		fingerprint: appendJSONString(nil, fingerprint(cfg.Model)),
+		models:      modelList(cfg, time.Now()),
+		lat:         newLatencyModel(cfg),
+		faults:      newFaultModel(cfg),
+		metrics:     m,
 	}
 	e.sched = newScheduler(cfg.MaxSeqs, m.setLoad)
 	e.handler = e.routes(promhttp.HandlerFor(own, promhttp.HandlerOpts{}))
@@ -214,7 +282,15 @@ func (e *Engine) Stats() Stats {
 		Waiting:   waiting,
 		Completed: e.completed.Load(),
 		Aborted:   e.aborted.Load(),
+		Faulted:   e.faulted.Load(),
 	}
+}
+
+// fingerprint is the engine's system_fingerprint, shaped like vLLM's
+// default "vllm-<version>-<hash8>" (vllm/entrypoints/openai/fingerprint.py@362c535e):
+// the version is "sim", the hash the model name's.
+func fingerprint(model string) string {
+	return "vllm-sim-" + string(appendHex64(nil, uint64(fnvString(fnvOffset, model)))[8:])
 }
 
 // modelList renders the /v1/models body once; it never changes.

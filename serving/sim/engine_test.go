@@ -27,6 +27,15 @@ func TestConfigValidate(t *testing.T) {
 		{"negative max seqs", Config{MaxSeqs: -1}, false},
 		{"negative default max tokens", Config{DefaultMaxTokens: -1}, false},
 		{"default max tokens above context", Config{DefaultMaxTokens: 500, MaxModelLen: 100}, false},
+		{"agent knobs", Config{ReasoningTokens: 50, ReasoningField: "reasoning_content", EmbeddingDim: 1024, ErrorRate: 0.2, RateLimitRate: 0.3, HangRate: 0.5, RetryAfter: time.Second}, true},
+		{"negative reasoning tokens", Config{ReasoningTokens: -1}, false},
+		{"unknown reasoning field", Config{ReasoningField: "thoughts"}, false},
+		{"negative embedding dim", Config{EmbeddingDim: -1}, false},
+		{"error rate above one", Config{ErrorRate: 1.5}, false},
+		{"429 rate negative", Config{RateLimitRate: -0.1}, false},
+		{"hang rate NaN", Config{HangRate: math.NaN()}, false},
+		{"fault rates above one together", Config{ErrorRate: 0.5, RateLimitRate: 0.5, HangRate: 0.1}, false},
+		{"negative retry-after", Config{RetryAfter: -time.Second}, false},
 	}
 	for _, tt := range tests {
 		err := tt.cfg.Validate()

@@ -15,15 +15,33 @@ import (
 // flushed as they come.
 const flushBytes = 32 << 10
 
-// generate runs one validated request: queue for a slot, wait the drawn TTFT,
-// then produce the tokens TPOT apart, writing them as JSON at the end or as
-// SSE events as they come. A cancelled request context (the client went away)
-// aborts at once and frees the slot.
-func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, arrived time.Time) {
+// encoder renders one answer in an endpoint's wire format. A stream is
+// open (with the response headers, before the request is scheduled), first
+// (together with the first token), one token call per token and choice,
+// and end (after the last token); a JSON answer is body.
+type encoder interface {
+	mediaType() string
+	open(b []byte) []byte
+	first(b []byte) []byte
+	token(b []byte, c *choice, k int) []byte
+	end(b []byte) []byte
+	body(b []byte) []byte
+}
+
+// generate runs one validated request: queue for a slot, wait the drawn
+// TTFT, then produce the tokens TPOT apart — one token of every unfinished
+// choice per step, as vLLM decodes n sequences together — writing them as
+// JSON at the end or as SSE events as they come. A cancelled request
+// context (the client went away) aborts at once and frees the slot.
+func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choices []*choice, enc encoder, arrived time.Time) {
 	ctx := r.Context()
-	n := j.completionTokens()
+	steps, total, length := 0, 0, false
+	for _, c := range choices {
+		steps = max(steps, c.total())
+		total += c.total()
+		length = length || c.finish == "length"
+	}
 	lat := e.lat.draw()
-	resp := e.newResponse(j)
 
 	var rc *http.ResponseController
 	if j.stream {
@@ -32,6 +50,9 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, arrive
 		w.Header()["Content-Type"] = []string{"text/event-stream; charset=utf-8"}
 		w.WriteHeader(http.StatusOK)
 		rc = http.NewResponseController(w)
+		if b := enc.open(nil); len(b) > 0 {
+			_, _ = w.Write(b)
+		}
 		_ = rc.Flush()
 	}
 
@@ -58,63 +79,74 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, arrive
 	e.metrics.prefilled(j.promptTokens, arrived, first)
 
 	if !j.stream {
-		if n > 1 && p.sleep(ctx, scale(lat.tpot, n-1)) != nil {
-			e.abort(tokensBy(first, lat.tpot, n))
+		if steps > 1 && p.sleep(ctx, scale(lat.tpot, steps-1)) != nil {
+			e.abort(generatedBy(choices, stepsBy(first, lat.tpot, steps)))
 			return
 		}
 		held = false
 		e.sched.release()
-		e.finish(j, n, arrived, first, time.Now())
+		e.finish(total, length, arrived, first, time.Now())
 		buf := e.getBuf()
 		w.Header()[serving.HeaderSimQueue] = []string{string(appendMillis(nil, queued))}
-		*buf = resp.appendBody((*buf)[:0], j.hash, n)
-		writeJSON(w, http.StatusOK, *buf)
+		*buf = enc.body((*buf)[:0])
+		writeBody(w, http.StatusOK, enc.mediaType(), *buf)
 		e.putBuf(buf)
 		return
 	}
 
 	pooled := e.getBuf()
 	defer e.putBuf(pooled)
-	buf := (*pooled)[:0]
+	buf := enc.first((*pooled)[:0])
 	defer func() { *pooled = buf }() // keep what the buffer grew to
-	if j.chat {
-		buf = resp.appendRoleChunk(buf)
-	}
-	for i := range n {
-		if i > 0 {
-			if err := p.sleep(ctx, time.Until(first.Add(scale(lat.tpot, i)))); err != nil {
-				e.abort(i)
+	for k := range steps {
+		if k > 0 {
+			if err := p.sleep(ctx, time.Until(first.Add(scale(lat.tpot, k)))); err != nil {
+				e.abort(generatedBy(choices, k))
 				return
 			}
 		}
-		if i == 0 {
+		if k == 0 {
 			// The 200 went out before the slot was taken, so the queue time
 			// travels in-band, as a comment the sidecar reads and strips.
 			buf = append(buf, queueComment...)
 			buf = appendMillis(buf, queued)
 			buf = append(buf, "\n\n"...)
 		}
-		last := i == n-1
+		last := k == steps-1
 		if last {
 			held = false
 			e.sched.release()
-			e.finish(j, n, arrived, first, time.Now())
+			e.finish(total, length, arrived, first, time.Now())
 		}
-		buf = resp.appendTokenChunk(buf, word(j.hash, i), i, last)
+		for _, c := range choices {
+			if k < c.total() {
+				buf = enc.token(buf, c, k)
+			}
+		}
 		if last {
-			buf = resp.appendEnd(buf, n)
+			buf = enc.end(buf)
 		} else if lat.tpot == 0 && len(buf) < flushBytes {
 			continue // the next token is due now: send them together
 		}
 		if _, err := w.Write(buf); err != nil {
 			if !last {
-				e.abort(i + 1)
+				e.abort(generatedBy(choices, k+1))
 			}
 			return
 		}
 		_ = rc.Flush()
 		buf = buf[:0]
 	}
+}
+
+// generatedBy returns the tokens the choices had generated after steps
+// steps.
+func generatedBy(choices []*choice, steps int) int {
+	n := 0
+	for _, c := range choices {
+		n += min(steps, c.total())
+	}
+	return n
 }
 
 // queueComment starts the SSE comment that reports a stream's queue time.
@@ -141,9 +173,9 @@ func (e *Engine) putBuf(b *[]byte) {
 	}
 }
 
-func (e *Engine) finish(j *job, n int, arrived, first, end time.Time) {
+func (e *Engine) finish(tokens int, length bool, arrived, first, end time.Time) {
 	e.completed.Add(1)
-	e.metrics.finished(n, n >= j.limit, arrived, first, end)
+	e.metrics.finished(tokens, length, arrived, first, end)
 }
 
 func (e *Engine) abort(generated int) {
@@ -186,13 +218,11 @@ func scale(d time.Duration, k int) time.Duration {
 	return d * time.Duration(k)
 }
 
-// tokensBy estimates how many of n tokens a non-streaming request had
-// generated when it was aborted.
-func tokensBy(first time.Time, tpot time.Duration, n int) int {
+// stepsBy estimates how many of n steps a non-streaming request had
+// completed when it was aborted.
+func stepsBy(first time.Time, tpot time.Duration, n int) int {
 	if tpot <= 0 {
 		return n
 	}
 	return min(n, 1+int(time.Since(first)/tpot))
 }
-
-func nowUnix() int64 { return time.Now().Unix() }

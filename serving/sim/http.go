@@ -2,23 +2,42 @@ package sim
 
 import (
 	"errors"
+	"mime"
 	"net/http"
+	"strings"
 	"time"
 
 	"tailgate/serving"
 )
 
 // maxBodyBytes bounds a request body; far above any prompt that fits
-// MaxModelLen under the simulator's tokenizer.
+// MaxModelLen under the simulator's tokenizer, and any audio file a test
+// sends.
 const maxBodyBytes = 32 << 20
 
 func (e *Engine) routes(metrics http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", e.handleGetModels)
-	mux.HandleFunc("POST /v1/chat/completions", e.handlePostChat)
-	mux.HandleFunc("POST /v1/completions", e.handlePostCompletions)
-	mux.HandleFunc("/v1/chat/completions", handleMethodNotAllowed)
-	mux.HandleFunc("/v1/completions", handleMethodNotAllowed)
+	post := map[string]http.HandlerFunc{
+		"/v1/chat/completions":     e.handlePostChat,
+		"/v1/completions":          e.handlePostCompletions,
+		"/v1/responses":            e.handlePostResponses,
+		"/v1/messages":             e.handlePostMessages,
+		"/v1/embeddings":           e.handlePostEmbeddings,
+		"/v1/rerank":               e.handlePostRerank,
+		"/rerank":                  e.handlePostRerank,
+		"/v2/rerank":               e.handlePostRerank,
+		"/v1/score":                e.handlePostScore,
+		"/score":                   e.handlePostScore,
+		"/tokenize":                e.handlePostTokenize,
+		"/detokenize":              e.handlePostDetokenize,
+		"/v1/audio/transcriptions": e.handlePostTranscription,
+		"/v1/audio/translations":   e.handlePostTranslation,
+	}
+	for path, h := range post {
+		mux.HandleFunc("POST "+path, h)
+		mux.HandleFunc(path, handleMethodNotAllowed)
+	}
 	mux.HandleFunc("GET /health", handleGetHealth)
 	mux.Handle("GET /metrics", metrics)
 	mux.HandleFunc("/", handleNotFound)
@@ -31,7 +50,7 @@ func (e *Engine) handleGetModels(w http.ResponseWriter, _ *http.Request) {
 
 func (e *Engine) handlePostChat(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
-	body, aerr := readBody(w, r)
+	body, aerr := readJSONRequest(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -41,12 +60,13 @@ func (e *Engine) handlePostChat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	e.generate(w, r, j, arrived)
+	choices := e.plan(j)
+	e.serveGeneration(w, r, j, choices, e.newChatEncoder(r, j, choices), arrived)
 }
 
 func (e *Engine) handlePostCompletions(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
-	body, aerr := readBody(w, r)
+	body, aerr := readJSONRequest(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -56,7 +76,17 @@ func (e *Engine) handlePostCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	e.generate(w, r, j, arrived)
+	choices := e.plan(j)
+	e.serveGeneration(w, r, j, choices, e.newCompletionEncoder(r, j, choices), arrived)
+}
+
+// serveGeneration answers a validated generation request: with an injected
+// fault, or by generating it.
+func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, j *job, choices []*choice, enc encoder, arrived time.Time) {
+	if e.inject(w, r, j.stream, enc) {
+		return
+	}
+	e.generate(w, r, j, choices, enc, arrived)
 }
 
 // handleGetHealth answers 200 with an empty body, as vLLM's /health does.
@@ -83,4 +113,19 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 		return nil, badRequest("", "read request body: "+err.Error())
 	}
 	return body, nil
+}
+
+// readJSONRequest reads the body of a JSON endpoint. Like vLLM's
+// validate_json_request dependency (vllm/entrypoints/serve/utils/api_utils.py@95add872),
+// it refuses a Content-Type other than application/json. Unlike it, it
+// accepts a request without one, which vLLM refuses too: tests and tools
+// across tailgate post to engines without it.
+func readJSONRequest(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	ct := r.Header.Get("Content-Type")
+	media, _, _ := mime.ParseMediaType(ct)
+	if ct != "" && !strings.EqualFold(media, "application/json") {
+		return nil, &apiError{status: http.StatusBadRequest, typ: "Bad Request",
+			msg: "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"}
+	}
+	return readBody(w, r)
 }

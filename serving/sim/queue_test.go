@@ -19,6 +19,7 @@ func openStream(t *testing.T, ctx context.Context, url, body string) *bufio.Read
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("open stream: %v", err)
@@ -105,6 +106,7 @@ func TestDisconnectAbortsAndFreesTheSlot(t *testing.T) {
 	go func() {
 		defer close(done)
 		req, _ := http.NewRequestWithContext(queuedCtx, http.MethodPost, chat, strings.NewReader(`{"messages":[{"role":"user","content":"q"}]}`))
+		req.Header.Set("Content-Type", "application/json")
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 			t.Errorf("queued request answered %d despite its client leaving", resp.StatusCode)

@@ -4,206 +4,300 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
-	"strings"
+	"strconv"
+)
+
+// endpoint is the API a generation request came through; it decides the
+// wire format of the answer.
+type endpoint uint8
+
+const (
+	epChat endpoint = iota
+	epCompletion
+	epResponses
+	epMessages
+	epTranscription
+	epTranslation
 )
 
 // job is a validated generation request: everything the generator needs,
 // nothing of the prompt itself.
 type job struct {
-	chat         bool
+	ep           endpoint
 	promptTokens int
-	hash         uint32 // fnv32a of the prompt text; picks length and words
-	limit        int    // completion cap in force
+	hash         uint32 // fnv32a of the prompt text; picks lengths and words
+	limit        int    // completion cap per choice
 	minTokens    int
 	ignoreEOS    bool
+	n            int // choices
+	fixed        int // > 0: the answer has exactly this many tokens (a transcript)
 
 	stream          bool
 	includeUsage    bool // final usage chunk
 	continuousUsage bool // usage on every chunk
+
+	tools     []toolDef
+	toolMode  toolMode
+	toolName  string // toolNamed: the function asked for
+	afterTool bool   // the conversation ends with a tool result
+	reasons   bool   // the endpoint shows a reasoning phase (chat, responses, messages)
+
+	// Endpoint details the encoders echo.
+	resp  *responsesRequest
+	audio *audioRequest
 }
 
-func (j *job) completionTokens() int {
-	return completionTokens(j.hash, j.limit, j.minTokens, j.ignoreEOS)
+// maxChoices bounds n: the simulator holds every choice of a request in
+// memory at once.
+const maxChoices = 128
+
+// chatSpecs are the fields of vLLM's ChatCompletionRequest the simulator
+// reads, plus the common sampling fields it ignores, in the model's order
+// (vllm/entrypoints/openai/chat_completion/protocol.py@002032ee).
+var chatSpecs = []fspec{
+	{name: "messages", typ: tList, required: true},
+	{name: "model", typ: tStr, nullable: true},
+	{name: "frequency_penalty", typ: tFloat, nullable: true},
+	{name: "logit_bias", typ: tDict, nullable: true},
+	{name: "logprobs", typ: tBool, nullable: true},
+	{name: "top_logprobs", typ: tInt, nullable: true},
+	{name: "max_tokens", typ: tInt, nullable: true},
+	{name: "max_completion_tokens", typ: tInt, nullable: true},
+	{name: "n", typ: tInt, nullable: true},
+	{name: "presence_penalty", typ: tFloat, nullable: true},
+	{name: "response_format", typ: tDict, nullable: true},
+	{name: "seed", typ: tInt, nullable: true},
+	{name: "stop", typ: tStop, nullable: true},
+	{name: "stream", typ: tBool, nullable: true},
+	{name: "stream_options", typ: tModel, nullable: true, model: "StreamOptions"},
+	{name: "temperature", typ: tFloat, nullable: true},
+	{name: "top_p", typ: tFloat, nullable: true},
+	{name: "tools", typ: tList, nullable: true},
+	{name: "tool_choice", typ: tAny},
+	{name: "include_reasoning", typ: tBool},
+	{name: "parallel_tool_calls", typ: tBool, nullable: true},
+	{name: "user", typ: tStr, nullable: true},
+	{name: "use_beam_search", typ: tBool},
+	{name: "top_k", typ: tInt, nullable: true},
+	{name: "min_p", typ: tFloat, nullable: true},
+	{name: "repetition_penalty", typ: tFloat, nullable: true},
+	{name: "ignore_eos", typ: tBool},
+	{name: "min_tokens", typ: tInt},
+	{name: "skip_special_tokens", typ: tBool},
+	{name: "echo", typ: tBool},
 }
 
-// commonRequest holds the fields chat and completions requests share. Fields
-// vLLM accepts but the simulator ignores (temperature, stop, …) are dropped by
-// the decoder.
-type commonRequest struct {
-	Model         string         `json:"model"`
-	MaxTokens     *int           `json:"max_tokens"`
-	MinTokens     *int           `json:"min_tokens"`
-	N             *int           `json:"n"`
-	Stream        *bool          `json:"stream"`
-	StreamOptions *streamOptions `json:"stream_options"`
-	IgnoreEOS     *bool          `json:"ignore_eos"`
+// completionSpecs: vLLM's CompletionRequest
+// (vllm/entrypoints/openai/completion/protocol.py@002032ee).
+var completionSpecs = []fspec{
+	{name: "model", typ: tStr, nullable: true},
+	{name: "prompt", typ: tAny},
+	{name: "echo", typ: tBool, nullable: true},
+	{name: "frequency_penalty", typ: tFloat, nullable: true},
+	{name: "logit_bias", typ: tDict, nullable: true},
+	{name: "logprobs", typ: tInt, nullable: true},
+	{name: "max_tokens", typ: tInt, nullable: true},
+	{name: "n", typ: tInt, nullable: true},
+	{name: "presence_penalty", typ: tFloat, nullable: true},
+	{name: "seed", typ: tInt, nullable: true},
+	{name: "stop", typ: tStop, nullable: true},
+	{name: "stream", typ: tBool, nullable: true},
+	{name: "stream_options", typ: tModel, nullable: true, model: "StreamOptions"},
+	{name: "suffix", typ: tStr, nullable: true},
+	{name: "temperature", typ: tFloat, nullable: true},
+	{name: "top_p", typ: tFloat, nullable: true},
+	{name: "user", typ: tStr, nullable: true},
+	{name: "use_beam_search", typ: tBool},
+	{name: "top_k", typ: tInt, nullable: true},
+	{name: "min_p", typ: tFloat, nullable: true},
+	{name: "repetition_penalty", typ: tFloat, nullable: true},
+	{name: "ignore_eos", typ: tBool},
+	{name: "min_tokens", typ: tInt},
+	{name: "skip_special_tokens", typ: tBool},
 }
 
-type streamOptions struct {
-	// IncludeUsage defaults to true once stream_options is present, as in vLLM.
-	IncludeUsage         *bool `json:"include_usage"`
-	ContinuousUsageStats *bool `json:"continuous_usage_stats"`
-}
-
-type chatRequest struct {
-	commonRequest
-	Messages            []chatMessage `json:"messages"`
-	MaxCompletionTokens *int          `json:"max_completion_tokens"`
-}
-
-type chatMessage struct {
-	Role    *string         `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-type contentPart struct {
-	Type string  `json:"type"`
-	Text *string `json:"text"`
-}
-
-type completionRequest struct {
-	commonRequest
-	Prompt json.RawMessage `json:"prompt"`
-}
-
-// exactFields are the field names the simulator reads, by object: vLLM
-// (pydantic) matches them exactly, while encoding/json also takes "Stream"
-// for "stream". exactCase drops such near-misses first, so the simulator
-// reads a body exactly as vLLM does (extra fields ignored, the last copy of
-// a repeated key kept).
-var exactFields = []string{"model", "max_tokens", "min_tokens", "n", "stream", "stream_options", "ignore_eos",
-	"messages", "max_completion_tokens", "prompt"}
-
-var exactStreamOptions = []string{"include_usage", "continuous_usage_stats"}
-
-// exactCase returns body without the keys that differ only in case from a
-// field the simulator reads, at the top level and in stream_options.
-func exactCase(body []byte) []byte {
-	var top map[string]json.RawMessage
-	if json.Unmarshal(body, &top) != nil {
-		return body // the decoder reports the error
-	}
-	changed := dropNearMisses(top, exactFields)
-	if so, ok := top["stream_options"]; ok {
-		var inner map[string]json.RawMessage
-		if json.Unmarshal(so, &inner) == nil && dropNearMisses(inner, exactStreamOptions) {
-			top["stream_options"], _ = json.Marshal(inner)
-			changed = true
-		}
-	}
-	if !changed {
-		return body
-	}
-	out, err := json.Marshal(top)
-	if err != nil {
-		return body
-	}
-	return out
-}
-
-func dropNearMisses(m map[string]json.RawMessage, fields []string) bool {
-	changed := false
-	for k := range m {
-		for _, f := range fields {
-			if k != f && strings.EqualFold(k, f) {
-				delete(m, k)
-				changed = true
-				break
-			}
-		}
-	}
-	return changed
+// streamOptionSpecs: StreamOptions (vllm/entrypoints/generate/base/protocol.py@022e555d).
+// Both default to False: since PR #36379 an empty stream_options asks for no
+// usage.
+var streamOptionSpecs = []fspec{
+	{name: "include_usage", typ: tBool, nullable: true},
+	{name: "continuous_usage_stats", typ: tBool, nullable: true},
 }
 
 // parseChat validates a /v1/chat/completions body.
 func (e *Engine) parseChat(body []byte) (*job, *apiError) {
-	var req chatRequest
-	if err := json.Unmarshal(exactCase(body), &req); err != nil {
-		return nil, decodeError(err)
-	}
-	if aerr := e.checkModel(req.Model); aerr != nil {
+	r, aerr := readJSONBody(body)
+	if aerr != nil {
 		return nil, aerr
 	}
-	if req.Messages == nil {
-		return nil, badRequest("messages", "messages: field required")
+	// Model validators that run on the raw body, before any field is
+	// converted (ChatCompletionRequest.check_tool_usage,
+	// validate_stream_options).
+	if aerr := checkToolUsage(r); aerr != nil {
+		return nil, aerr
 	}
-	if len(req.Messages) == 0 {
+	if r.truthy("stream_options") && !r.truthy("stream") {
+		return nil, valueError(r, "Stream options can only be defined when `stream=True`.", "stream_options")
+	}
+	r.check(chatSpecs)
+	so := r.checkNested("stream_options", streamOptionSpecs)
+	msgs := r.checkMessages()
+	tools := r.checkTools("tools", true)
+	if len(r.errs) > 0 {
+		return nil, validationError(r.errs)
+	}
+	model, _ := r.str("model")
+	if aerr := e.checkModel(model); aerr != nil {
+		return nil, aerr
+	}
+	if len(msgs) == 0 {
 		return nil, badRequest("messages", "messages must contain at least one message")
 	}
-	j := &job{chat: true, promptTokens: 3}
+	j := &job{ep: epChat, promptTokens: 3, reasons: true}
 	h := uint32(fnvOffset)
-	for i, m := range req.Messages {
-		if m.Role == nil || *m.Role == "" {
-			return nil, badRequest("messages", fmt.Sprintf("messages[%d].role: field required", i))
-		}
-		n, aerr := messageContent(m.Content, i, &h)
+	for i, m := range msgs {
+		n, aerr := messageContent(m.content, i, &h)
 		if aerr != nil {
 			return nil, aerr
 		}
 		j.promptTokens += messageTokens(n)
 	}
 	j.hash = h
-	limit, param := req.MaxTokens, "max_tokens"
-	if req.MaxCompletionTokens != nil {
-		limit, param = req.MaxCompletionTokens, "max_completion_tokens"
+	j.afterTool = msgs[len(msgs)-1].role == "tool"
+	limit, param := optInt(r, "max_tokens"), "max_tokens"
+	if v := optInt(r, "max_completion_tokens"); v != nil {
+		limit, param = v, "max_completion_tokens"
 	}
-	if aerr := e.fill(j, &req.commonRequest, limit, param); aerr != nil {
+	if aerr := e.fill(j, r, so, limit, param); aerr != nil {
 		return nil, aerr
 	}
+	j.tools = tools
+	j.toolMode, j.toolName = chatToolChoice(r, tools)
 	return j, nil
+}
+
+// message is what the simulator reads of a chat message.
+type message struct {
+	role    string
+	content json.RawMessage
+}
+
+// checkMessages validates the messages list: each one an object with a
+// string role and a string, null or list content. vLLM validates each
+// message against a union of message types and reports every branch's
+// error; the simulator reports the one that matters.
+func (r *reader) checkMessages() []message {
+	raw := r.rawVal("messages")
+	if raw == nil {
+		return nil
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil {
+		return nil
+	}
+	out := make([]message, 0, len(items))
+	for i, it := range items {
+		loc := r.loc + ".messages." + strconv.Itoa(i)
+		var m struct {
+			Role    json.RawMessage `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		if !isObject(it) || json.Unmarshal(it, &m) != nil {
+			r.errs = append(r.errs, pyErr{typ: "dict_type", loc: loc, msg: "Input should be a valid dictionary", input: summarize(it)})
+			continue
+		}
+		switch {
+		case m.Role == nil:
+			r.errs = append(r.errs, pyErr{typ: "missing", loc: loc + ".role", msg: "Field required", input: summarize(it)})
+			continue
+		case !isString(m.Role):
+			r.errs = append(r.errs, pyErr{typ: "string_type", loc: loc + ".role", msg: "Input should be a valid string", input: summarize(m.Role)})
+			continue
+		}
+		c := m.Content
+		if len(c) > 0 && !isNull(c) && !isString(c) && c[0] != '[' {
+			r.errs = append(r.errs, pyErr{typ: "string_type", loc: loc + ".content", msg: "Input should be a valid string", input: summarize(c)})
+			continue
+		}
+		s, _ := asString(m.Role)
+		out = append(out, message{role: s, content: c})
+	}
+	return out
+}
+
+// checkNested validates the object in field name against specs and returns
+// its reader, nil when the field is absent or null.
+func (r *reader) checkNested(name string, specs []fspec) *reader {
+	n := r.nested(name)
+	if n == nil {
+		return nil
+	}
+	n.check(specs)
+	r.errs = append(r.errs, n.errs...)
+	return n
 }
 
 // messageContent folds a message's text into h and returns its length in
 // bytes. Content is a string, null, or an array of text parts.
 func messageContent(raw json.RawMessage, i int, h *uint32) (int, *apiError) {
-	if len(raw) == 0 || string(raw) == "null" {
+	if len(raw) == 0 || isNull(raw) {
 		return 0, nil
 	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return 0, badRequest("messages", fmt.Sprintf("messages[%d].content is not a valid string", i))
-		}
+	if s, ok := asString(raw); ok {
 		*h = fnvString(*h, s)
 		return len(s), nil
-	case '[':
-		var parts []contentPart
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return 0, badRequest("messages", fmt.Sprintf("messages[%d].content must be an array of text parts", i))
-		}
-		n := 0
-		for k, p := range parts {
-			if p.Type != "text" || p.Text == nil {
-				return 0, badRequest("messages", fmt.Sprintf("messages[%d].content[%d]: only text parts are supported by the simulated engine", i, k))
-			}
-			*h = fnvString(*h, *p.Text)
-			n += len(*p.Text)
-		}
-		return n, nil
 	}
-	return 0, badRequest("messages", fmt.Sprintf("messages[%d].content must be a string or an array of text parts", i))
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return 0, badRequest("messages", fmt.Sprintf("messages[%d].content must be an array of text parts", i))
+	}
+	n := 0
+	for k, p := range parts {
+		if p.Type != "text" || p.Text == nil {
+			return 0, badRequest("messages", fmt.Sprintf("messages[%d].content[%d]: only text parts are supported by the simulated engine", i, k))
+		}
+		*h = fnvString(*h, *p.Text)
+		n += len(*p.Text)
+	}
+	return n, nil
 }
 
 // parseCompletion validates a /v1/completions body.
 func (e *Engine) parseCompletion(body []byte) (*job, *apiError) {
-	var req completionRequest
-	if err := json.Unmarshal(exactCase(body), &req); err != nil {
-		return nil, decodeError(err)
-	}
-	if aerr := e.checkModel(req.Model); aerr != nil {
+	r, aerr := readJSONBody(body)
+	if aerr != nil {
 		return nil, aerr
 	}
-	prompt, aerr := promptText(req.Prompt)
+	// CompletionRequest's raw-body validators, in the order pydantic runs
+	// them (the last defined first).
+	if p, ok := r.raw["prompt"]; (!ok || isNull(p) || string(p) == `""`) && !r.truthy("prompt_embeds") {
+		return nil, valueError(r, "Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+	}
+	if r.truthy("stream_options") && !r.truthy("stream") {
+		return nil, valueError(r, "Stream options can only be defined when `stream=True`.", "stream_options")
+	}
+	r.check(completionSpecs)
+	so := r.checkNested("stream_options", streamOptionSpecs)
+	if len(r.errs) > 0 {
+		return nil, validationError(r.errs)
+	}
+	model, _ := r.str("model")
+	if aerr := e.checkModel(model); aerr != nil {
+		return nil, aerr
+	}
+	prompt, aerr := promptText(r.raw["prompt"])
 	if aerr != nil {
 		return nil, aerr
 	}
 	j := &job{
+		ep:           epCompletion,
 		promptTokens: TextPromptTokens(prompt),
 		hash:         fnvString(fnvOffset, prompt),
 	}
-	if aerr := e.fill(j, &req.commonRequest, req.MaxTokens, "max_tokens"); aerr != nil {
+	if aerr := e.fill(j, r, so, optInt(r, "max_tokens"), "max_tokens"); aerr != nil {
 		return nil, aerr
 	}
 	return j, nil
@@ -213,27 +307,17 @@ func (e *Engine) parseCompletion(body []byte) (*job, *apiError) {
 // prompts and token-id prompts, which vLLM also takes, are refused rather
 // than answered in a shape real vLLM would not send.
 func promptText(raw json.RawMessage) (string, *apiError) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", badRequest("prompt", "prompt: field required")
-	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", badRequest("prompt", "prompt is not a valid string")
-		}
+	if s, ok := asString(raw); ok {
 		return s, nil
-	case '[':
-		var list []string
-		if err := json.Unmarshal(raw, &list); err != nil {
-			return "", badRequest("prompt", "prompt must be a string or an array of strings; token ids are not supported by the simulated engine")
-		}
-		if len(list) != 1 {
-			return "", badRequest("prompt", "the simulated engine serves exactly one prompt per request")
-		}
-		return list[0], nil
 	}
-	return "", badRequest("prompt", "prompt must be a string or an array of strings")
+	var list []string
+	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+		return "", badRequest("prompt", "prompt must be a string or an array of strings; token ids are not supported by the simulated engine")
+	}
+	if len(list) != 1 {
+		return "", badRequest("prompt", "the simulated engine serves exactly one prompt per request")
+	}
+	return list[0], nil
 }
 
 func (e *Engine) checkModel(model string) *apiError {
@@ -248,93 +332,85 @@ func (e *Engine) checkModel(model string) *apiError {
 	return nil
 }
 
-// fill checks the sampling and streaming fields and completes j. limit is the
-// request's completion cap (nil: none given), param the field it came from.
-func (e *Engine) fill(j *job, req *commonRequest, limit *int, param string) *apiError {
-	if req.N != nil && *req.N != 1 {
-		return badRequest("n", "n must be 1: the simulated engine generates one choice per request")
+// optInt returns an int field's value, nil when absent or null.
+func optInt(r *reader, name string) *int {
+	v, ok := r.int(name)
+	if !ok {
+		return nil
 	}
-	maxLen := e.cfg.MaxModelLen
-	if limit != nil {
-		if *limit < 1 {
-			return badRequest(param, fmt.Sprintf("%s must be at least 1, got %d.", param, *limit))
+	n := int(v)
+	return &n
+}
+
+// fill checks the limits, choices and streaming fields and completes j.
+// limit is the request's completion cap (nil: none given), param the field
+// it came from; so is the stream_options reader, nil when absent.
+func (e *Engine) fill(j *job, r *reader, so *reader, limit *int, param string) *apiError {
+	j.n = 1
+	if v := optInt(r, "n"); v != nil {
+		switch {
+		case *v < 1:
+			return badRequest("n", fmt.Sprintf("n must be at least 1, got %d.", *v))
+		case *v > maxChoices:
+			return badRequest("n", fmt.Sprintf("the simulated engine generates at most %d choices, got n=%d", maxChoices, *v))
 		}
-		if j.promptTokens+*limit > maxLen {
-			return badRequest(param, fmt.Sprintf(
-				"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-				maxLen, j.promptTokens+*limit, j.promptTokens, *limit))
-		}
-		j.limit = *limit
-	} else {
-		if j.promptTokens >= maxLen {
-			return badRequest("messages", fmt.Sprintf(
-				"This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
-				maxLen, j.promptTokens))
-		}
-		j.limit = min(e.cfg.DefaultMaxTokens, maxLen-j.promptTokens)
+		j.n = *v
 	}
-	if req.MinTokens != nil {
-		if *req.MinTokens < 0 {
-			return badRequest("min_tokens", fmt.Sprintf("min_tokens must be greater than or equal to 0, got %d.", *req.MinTokens))
-		}
-		if *req.MinTokens > j.limit {
-			return badRequest("min_tokens", fmt.Sprintf("min_tokens must be less than or equal to max_tokens=%d, got %d.", j.limit, *req.MinTokens))
-		}
-		j.minTokens = *req.MinTokens
+	if aerr := e.fitContext(j, limit, param); aerr != nil {
+		return aerr
 	}
-	j.ignoreEOS = req.IgnoreEOS != nil && *req.IgnoreEOS
-	j.stream = req.Stream != nil && *req.Stream
-	if so := req.StreamOptions; so != nil {
-		if !j.stream {
-			return badRequest("stream_options", "Stream options can only be defined when `stream=True`.")
+	if v := optInt(r, "min_tokens"); v != nil {
+		if *v < 0 {
+			return badRequest("min_tokens", fmt.Sprintf("min_tokens must be greater than or equal to 0, got %d.", *v))
 		}
-		j.includeUsage = so.IncludeUsage == nil || *so.IncludeUsage
-		j.continuousUsage = j.includeUsage && so.ContinuousUsageStats != nil && *so.ContinuousUsageStats
+		if *v > j.limit {
+			return badRequest("min_tokens", fmt.Sprintf("min_tokens must be less than or equal to max_tokens=%d, got %d.", j.limit, *v))
+		}
+		j.minTokens = *v
+	}
+	j.ignoreEOS = r.bool("ignore_eos")
+	j.stream = r.bool("stream")
+	if so != nil && j.stream {
+		j.includeUsage = so.bool("include_usage")
+		j.continuousUsage = j.includeUsage && so.bool("continuous_usage_stats")
 	}
 	return nil
 }
 
-// decodeError turns a JSON decoding error into a 400 that names the field and
-// the expected JSON type, never a Go type.
-func decodeError(err error) *apiError {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		// Fields of the embedded commonRequest carry its Go name as a prefix.
-		field := strings.TrimPrefix(te.Field, "commonRequest.")
-		if field == "" {
-			return badRequest("", "request body must be a JSON object")
+// fitContext sets j.limit from the request's cap (nil: none) and refuses
+// prompts that do not fit, as vLLM's renderer does
+// (vllm/renderers/params.py@017638d7, TokenizeParams._token_len_check):
+// the prompt may use the context length minus the requested output.
+func (e *Engine) fitContext(j *job, limit *int, param string) *apiError {
+	maxLen := e.cfg.MaxModelLen
+	out := 0
+	if limit != nil {
+		if *limit < 1 {
+			return badRequest(param, fmt.Sprintf("%s must be at least 1, got %d.", param, *limit))
 		}
-		return badRequest(field, fmt.Sprintf("%s: expected %s, got %s", field, jsonKind(te.Type), te.Value))
+		out = *limit
 	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return badRequest("", fmt.Sprintf("request body is not valid JSON: %s at offset %d", se.Error(), se.Offset))
+	if out > maxLen {
+		// The missing space and the doubled name are vLLM's.
+		return badRequest(param, fmt.Sprintf("%s=%dcannot be greater than max_model_len=max_total_tokens=%d. Please request fewer output tokens.", param, out, maxLen))
 	}
-	return badRequest("", "request body is not valid JSON")
+	if j.promptTokens > maxLen-out {
+		return badRequest("input_tokens", fmt.Sprintf(
+			"You passed %d input tokens and requested %d output tokens. However, the model's context length is only %d tokens, resulting in a maximum input length of %d tokens. Please reduce the length of the input prompt.",
+			j.promptTokens, out, maxLen, maxLen-out))
+	}
+	switch {
+	case limit != nil:
+		j.limit = *limit
+	case j.promptTokens >= maxLen:
+		return badRequest("max_tokens", "max_tokens must be at least 1, got 0.")
+	default:
+		j.limit = min(e.cfg.DefaultMaxTokens, maxLen-j.promptTokens)
+	}
+	return nil
 }
 
-func jsonKind(t reflect.Type) string {
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t == nil {
-		return "a value"
-	}
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "a boolean"
-	case reflect.Int, reflect.Int64, reflect.Int32:
-		return "an integer"
-	case reflect.Float64, reflect.Float32:
-		return "a number"
-	case reflect.Slice, reflect.Array:
-		return "an array"
-	default:
-		return "an object"
-	}
-}
+func isString(v json.RawMessage) bool { return len(v) > 0 && v[0] == '"' }
 
 // Reading is what the engine understood of a generation request: the
 // fields that decide routing, limits and billing.
@@ -342,7 +418,7 @@ type Reading struct {
 	Model        string
 	Stream       bool
 	IncludeUsage bool
-	MaxTokens    int // the completion cap in force
+	MaxTokens    int // the completion cap in force, per choice
 	N            int
 }
 
@@ -353,7 +429,6 @@ func (e *Engine) ReadRequest(chat bool, body []byte) (Reading, error) {
 	var (
 		j    *job
 		aerr *apiError
-		req  commonRequest
 	)
 	if chat {
 		j, aerr = e.parseChat(body)
@@ -363,10 +438,8 @@ func (e *Engine) ReadRequest(chat bool, body []byte) (Reading, error) {
 	if aerr != nil {
 		return Reading{}, errors.New(aerr.msg)
 	}
-	_ = json.Unmarshal(exactCase(body), &req)
-	n := 1
-	if req.N != nil {
-		n = *req.N
-	}
-	return Reading{Model: req.Model, Stream: j.stream, IncludeUsage: j.includeUsage, MaxTokens: j.limit, N: n}, nil
+	r, _ := readJSONBody(body)
+	r.check([]fspec{{name: "model", typ: tStr, nullable: true}})
+	model, _ := r.str("model")
+	return Reading{Model: model, Stream: j.stream, IncludeUsage: j.includeUsage, MaxTokens: j.limit, N: j.n}, nil
 }

@@ -5,7 +5,11 @@
 // # Overview
 //
 // [New] checks a [Config] and builds the parts; [Worker.Run] serves until
-// its context ends, then drains: the gateway is told at once that the
+// its context ends, then drains. The replica's state at the gateway is the
+// launcher's, failed while the sidecar finds a ready engine not answering
+// (frozen or wedged), and draining at the end; each change is sent at once,
+// and while the replica is not ready each heartbeat carries the engine's last
+// error lines. On shutdown: the gateway is told at once that the
 // replica is draining (so it stops routing here), in-flight requests get
 // [Config.DrainGrace] to finish, and only then is the engine's process group
 // stopped. An engine that cannot be started at all, or a sidecar listener
@@ -47,9 +51,7 @@ type Worker struct {
 	beats  *sidecar.Heartbeater
 	ran    atomic.Bool
 
-	mu       sync.Mutex
-	state    string
-	reason   string
+	mu       sync.Mutex // orders launcher state changes against the drain
 	draining bool
 }
 
@@ -59,8 +61,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	w := &Worker{cfg: cfg, log: cfg.Log, addr: cfg.Advertise, id: cfg.ReplicaID,
-		state: serving.StateStarting, reason: "engine starting"}
+	w := &Worker{cfg: cfg, log: cfg.Log, addr: cfg.Advertise, id: cfg.ReplicaID}
 	if w.addr == "" {
 		w.addr = "http://" + cfg.Listener.Addr().String()
 	}
@@ -78,7 +79,8 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, ClusterToken: cfg.ClusterToken, Log: cfg.Log})
+	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, ClusterToken: cfg.ClusterToken, Log: cfg.Log,
+		OnStateChange: func(string, string) { w.beats.Kick() }})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
@@ -107,19 +109,20 @@ func (w *Worker) engineState(state, reason string) {
 		w.mu.Unlock()
 		return
 	}
-	w.state, w.reason = state, reason
-	w.mu.Unlock()
 	w.side.SetState(state, reason)
+	w.mu.Unlock()
 	w.log.Info("replica state", "state", state, "reason", reason)
 	w.beats.Kick() // tell the gateway now rather than at the next beat
 }
 
 func (w *Worker) heartbeat() serving.Heartbeat {
-	w.mu.Lock()
-	state, reason := w.state, w.reason
-	w.mu.Unlock()
-	return serving.Heartbeat{ReplicaID: w.id, Address: w.addr, Models: []string{w.cfg.Model}, State: state,
+	state, reason := w.side.State()
+	hb := serving.Heartbeat{ReplicaID: w.id, Address: w.addr, Models: []string{w.cfg.Model}, State: state,
 		Reason: reason, Engine: w.cfg.Engine, Load: w.side.Load()}
+	if state != serving.StateReady {
+		hb.EngineLog = w.launch.EngineLog()
+	}
+	return hb
 }
 
 // Run serves until ctx ends, then drains and stops the engine. It returns
@@ -153,19 +156,22 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { serveErr <- srv.Serve(w.cfg.Listener) }()
 
 	var runErr error
+	why := "worker shutting down"
 	select {
 	case <-ctx.Done():
 	case err := <-engineDone:
 		engineDone <- err
 		if err != nil {
 			runErr = fmt.Errorf("engine: %w", err)
+			why = "worker stopping: the engine cannot start: " + err.Error()
 		}
 	case err := <-serveErr:
 		serveErr <- err
 		runErr = fmt.Errorf("sidecar: %w", err)
+		why = "worker stopping: " + runErr.Error()
 	}
 
-	w.drain()
+	w.drain(why)
 	stopEngine()
 	if err := <-engineDone; err != nil && runErr == nil {
 		runErr = fmt.Errorf("engine: %w", err)
@@ -180,13 +186,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	return runErr
 }
 
-// drain says the replica is draining (the gateway stops routing here) and
-// lets in-flight requests finish within DrainGrace.
-func (w *Worker) drain() {
+// drain says the replica is draining and why (the gateway stops routing
+// here) and lets in-flight requests finish within DrainGrace.
+func (w *Worker) drain(why string) {
 	w.mu.Lock()
-	w.draining, w.state, w.reason = true, serving.StateDraining, "worker shutting down"
+	w.draining = true
+	w.side.SetState(serving.StateDraining, why)
 	w.mu.Unlock()
-	w.side.SetState(serving.StateDraining, "worker shutting down")
 	bctx, bcancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = w.beats.Beat(bctx)
 	bcancel()

@@ -279,3 +279,75 @@ func TestRunFailsWhenTheEngineCannotStart(t *testing.T) {
 		t.Logf("dial after Run: %v", err)
 	}
 }
+
+// TestFrozenEngineIsReportedAndRecovers: an engine process stopped behind
+// the live sidecar (SIGSTOP) makes the replica failed at the gateway with
+// the reason; SIGCONT makes it ready again.
+func TestFrozenEngineIsReportedAndRecovers(t *testing.T) {
+	t.Parallel()
+	g := startGateway(t)
+	ln := listen(t, "127.0.0.1:0")
+	w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
+		Engine: "sim", Command: engineCommand, NoWarmup: true, NoDrain: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-runErr
+	}()
+	waitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
+
+	pid := w.launch.PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(pid, syscall.SIGCONT)
+	waitFor(t, "the frozen engine reported", func() bool { return g.last().State == serving.StateFailed })
+	if hb := g.last(); !strings.HasPrefix(hb.Reason, "engine not answering /health for ") {
+		t.Errorf("reason %q", hb.Reason)
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the engine back", func() bool { return g.last().State == serving.StateReady })
+	if hb := g.last(); hb.Reason != "" || hb.EngineLog != nil {
+		t.Errorf("ready heartbeat carries %q / %q", hb.Reason, hb.EngineLog)
+	}
+	if w.launch.PID() != pid || w.launch.Restarts() != 0 {
+		t.Errorf("engine pid %d → %d, restarts %d: a frozen engine is not restarted", pid, w.launch.PID(), w.launch.Restarts())
+	}
+}
+
+// TestFailingEngineSendsItsErrorLines: while the engine fails, heartbeats
+// carry its last error lines and the reason names the last one.
+func TestFailingEngineSendsItsErrorLines(t *testing.T) {
+	t.Parallel()
+	g := startGateway(t)
+	ln := listen(t, "127.0.0.1:0")
+	w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m", NoDrain: true,
+		Command: func(int) ([]string, []string, error) {
+			return []string{"sh", "-c", "echo loading; echo 'Traceback (most recent call last):' >&2; echo 'OSError: no such model: m' >&2; exit 1"}, nil, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-runErr
+	}()
+	waitFor(t, "the failure reported", func() bool { return g.last().State == serving.StateFailed })
+	hb := g.last()
+	if want := []string{"Traceback (most recent call last):", "OSError: no such model: m"}; !slices.Equal(hb.EngineLog, want) {
+		t.Errorf("engine_log %q, want %q", hb.EngineLog, want)
+	}
+	if !strings.Contains(hb.Reason, "exit status 1; last engine output: OSError: no such model: m; restarting in ") {
+		t.Errorf("reason %q", hb.Reason)
+	}
+}

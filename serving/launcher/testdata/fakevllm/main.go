@@ -12,6 +12,11 @@
 //	FAKE_VLLM_EXIT_AFTER=DUR     exit with status 1 DUR after starting
 //	FAKE_VLLM_IGNORE_SIGTERM=1   record SIGTERM and keep running
 //	FAKE_VLLM_CHAT_STATUS=CODE   answer chat completions with CODE instead
+//	FAKE_VLLM_REJECT_ARG=ARG     refuse ARG as vLLM's argument parser does
+//	                             (usage and error on stderr, exit status 2)
+//	FAKE_VLLM_FAIL_STARTS=N      the first N starts recorded in $FAKE_VLLM_RECORD
+//	                             fail as vLLM does on a bad model id (a
+//	                             traceback on stderr, exit status 1)
 package main
 
 import (
@@ -22,7 +27,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -54,6 +61,12 @@ func record(ev map[string]any) {
 	if _, err := f.Write(append(line, '\n')); err != nil {
 		fatal(err)
 	}
+}
+
+// countStarts returns how many starts $FAKE_VLLM_RECORD holds.
+func countStarts() int {
+	raw, _ := os.ReadFile(os.Getenv("FAKE_VLLM_RECORD"))
+	return strings.Count(string(raw), `"event":"start"`)
 }
 
 func fatal(v ...any) {
@@ -94,6 +107,22 @@ func main() {
 	}
 	if served == "" {
 		served = model
+	}
+
+	if bad := os.Getenv("FAKE_VLLM_REJECT_ARG"); bad != "" && slices.Contains(args, bad) {
+		record(map[string]any{"event": "start", "argv": os.Args, "env": map[string]string{}})
+		fmt.Println("INFO 01-02 03:04:05 [__init__.py:239] Automatically detected platform cuda.")
+		fmt.Fprintln(os.Stderr, "usage: vllm serve [model_tag] [options]")
+		fmt.Fprintln(os.Stderr, "vllm: error: unrecognized arguments: "+bad)
+		os.Exit(2)
+	}
+
+	if n, _ := strconv.Atoi(os.Getenv("FAKE_VLLM_FAIL_STARTS")); n > 0 && countStarts() < n {
+		record(map[string]any{"event": "start", "argv": os.Args, "env": map[string]string{}})
+		fmt.Fprintln(os.Stderr, "Traceback (most recent call last):")
+		fmt.Fprintln(os.Stderr, `  File "/usr/bin/vllm", line 8, in <module>`)
+		fmt.Fprintf(os.Stderr, "OSError: %s is not a local folder and is not a valid model identifier listed on 'https://huggingface.co/models'\n", model)
+		os.Exit(1)
 	}
 
 	sigs := make(chan os.Signal, 1)

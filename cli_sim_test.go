@@ -1,0 +1,77 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSimFlagsReachChildEngines: every sim knob `up` and `worker --engine
+// sim` pass on (simFlags.args) parses back into the same engine config.
+func TestSimFlagsReachChildEngines(t *testing.T) {
+	var parent simFlags
+	fs := flag.NewFlagSet("parent", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	parent.register(fs)
+	err := fs.Parse([]string{
+		"--sim-ttft", "80ms", "--sim-ttft-sigma", "-1", "--sim-tpot", "3ms", "--sim-stall-prob", "0.01",
+		"--sim-stall-factor", "4", "--sim-max-seqs", "9", "--sim-default-max-tokens", "77",
+		"--sim-reasoning-tokens", "12", "--sim-reasoning-field", "both", "--sim-embedding-dim", "32",
+		"--sim-error-rate", "0.05", "--sim-429-rate", "0.1", "--sim-retry-after", "2500ms", "--sim-hang-rate", "0.02",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var child simFlags
+	cfs := flag.NewFlagSet("child", flag.ContinueOnError)
+	cfs.SetOutput(io.Discard)
+	child.register(cfs)
+	if err := cfs.Parse(parent.args()); err != nil {
+		t.Fatalf("child flags %q: %v", parent.args(), err)
+	}
+	want, got := parent.config("m"), child.config("m")
+	if got != want {
+		t.Errorf("child config %+v\nwant %+v", got, want)
+	}
+	if got.ReasoningTokens != 12 || got.ReasoningField != "both" || got.RetryAfter != 2500*time.Millisecond || got.HangRate != 0.02 {
+		t.Errorf("knobs lost on the way: %+v", got)
+	}
+	if err := got.Validate(); err != nil {
+		t.Errorf("config: %v", err)
+	}
+}
+
+// TestREADMEDocumentsEverySimKnob: the README's sim section names each
+// --sim-* flag, and only flags that exist.
+func TestREADMEDocumentsEverySimKnob(t *testing.T) {
+	raw, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(raw)
+	start := strings.Index(readme, "### `tailgate sim`")
+	end := strings.Index(readme[start+1:], "\n### ")
+	if start < 0 || end < 0 {
+		t.Fatal("README has no `tailgate sim` section")
+	}
+	section := readme[start : start+1+end]
+	var sf simFlags
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	sf.register(fs)
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile("`--(sim-[a-z0-9-]+)").FindAllStringSubmatch(section, -1) {
+		named[m[1]] = true
+		if fs.Lookup(m[1]) == nil {
+			t.Errorf("README names --%s, which the sim knobs do not have", m[1])
+		}
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !named[f.Name] {
+			t.Errorf("--%s is not in the README's sim section", f.Name)
+		}
+	})
+}

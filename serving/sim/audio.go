@@ -1,0 +1,271 @@
+package sim
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// /v1/audio/transcriptions and /v1/audio/translations take a multipart form
+// with the audio file and answer a deterministic transcript: two words per
+// second of audio (at least one), drawn from the file's bytes, produced
+// like any answer (TTFT, then one word per TPOT; streamed when the form
+// says stream=true). The duration is read from a WAV header, else taken as
+// 16 kHz 16-bit mono (32000 bytes a second). The prompt is
+// 1 + ⌈len(prompt)/4⌉ + 50×⌈seconds⌉ tokens (50 audio tokens a second, as
+// Whisper's encoder). A transcription's JSON answer reports usage as vLLM
+// does, {"type":"duration","seconds":⌈seconds⌉}; a translation's has none.
+// Shapes: vllm/entrypoints/openai/speech_to_text/protocol.py@79ef6467 and
+// speech_to_text.py@024e0772 (_speech_to_text_stream_generator).
+
+// audioRequest is what the encoders echo of an audio request.
+type audioRequest struct {
+	translate bool
+	format    string // "json" or "text"
+	seconds   int    // duration, rounded up
+}
+
+// audioBytesPerSecond is the rate assumed for audio without a WAV header.
+const audioBytesPerSecond = 32000
+
+func (e *Engine) handlePostTranscription(w http.ResponseWriter, r *http.Request) {
+	e.handleAudio(w, r, false)
+}
+
+func (e *Engine) handlePostTranslation(w http.ResponseWriter, r *http.Request) {
+	e.handleAudio(w, r, true)
+}
+
+func (e *Engine) handleAudio(w http.ResponseWriter, r *http.Request, translate bool) {
+	arrived := time.Now()
+	j, aerr := e.parseAudio(w, r, translate)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	choices := e.plan(j)
+	e.serveGeneration(w, r, j, choices, e.newAudioEncoder(r, j, choices), arrived)
+}
+
+func (e *Engine) parseAudio(w http.ResponseWriter, r *http.Request, translate bool) (*job, *apiError) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	fields := map[string]string{}
+	var file []byte
+	hasFile := false
+	media, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if media == "multipart/form-data" && params["boundary"] != "" {
+		mr := multipart.NewReader(r.Body, params["boundary"])
+		for {
+			part, err := mr.NextPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+					return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "BadRequestError", msg: "request body too large"}
+				}
+				return nil, badRequest("", "read multipart body: "+err.Error())
+			}
+			data, err := io.ReadAll(part)
+			if err != nil {
+				if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+					return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "BadRequestError", msg: "request body too large"}
+				}
+				return nil, badRequest("", "read multipart body: "+err.Error())
+			}
+			name := part.FormName()
+			if name == "file" && part.FileName() != "" {
+				file, hasFile = data, true
+				continue
+			}
+			fields[name] = string(data)
+		}
+	}
+	// The request model's validator sees the form first
+	// (TranscriptionRequest.validate_transcription_request).
+	if _, ok := fields["file"]; ok && !hasFile {
+		return nil, &apiError{status: http.StatusUnprocessableEntity, typ: "Unprocessable Entity",
+			msg: "Expected 'file' to be a file-like object, not 'str'."}
+	}
+	stream := formBool(fields["stream"])
+	for _, so := range []string{"stream_include_usage", "stream_continuous_usage_stats"} {
+		if formBool(fields[so]) && !stream {
+			return nil, validationError([]pyErr{{typ: "value_error", loc: "body",
+				msg:   "Value error, Stream options can only be defined when `stream=True`. (parameter=" + so + ")",
+				input: "<dict of " + strconv.Itoa(len(fields)+1) + " items>",
+				ctx:   "{'error': VLLMValidationError('Stream options can only be defined when `stream=True`.')}", param: so}})
+		}
+	}
+	var errs []pyErr
+	if !hasFile {
+		errs = append(errs, pyErr{typ: "missing", loc: "body.file", msg: "Field required", input: "None"})
+	}
+	for _, f := range []struct {
+		name string
+		typ  ftype
+	}{{"temperature", tFloat}, {"stream", tBool}, {"stream_include_usage", tBool}, {"stream_continuous_usage_stats", tBool}} {
+		if v, ok := fields[f.name]; ok {
+			if _, es := convert(fspec{typ: f.typ}, []byte(strconv.Quote(v)), "body."+f.name); len(es) > 0 {
+				errs = append(errs, es...)
+			}
+		}
+	}
+	format := fields["response_format"]
+	if format == "" {
+		format = "json"
+	}
+	switch format {
+	case "json", "text", "srt", "verbose_json", "diarized_json", "vtt":
+	default:
+		errs = append(errs, pyErr{typ: "literal_error", loc: "body.response_format",
+			msg: "Input should be 'json', 'text', 'srt', 'verbose_json', 'diarized_json' or 'vtt'", input: format})
+	}
+	if len(errs) > 0 {
+		return nil, validationError(errs)
+	}
+	if aerr := e.checkModel(fields["model"]); aerr != nil {
+		return nil, aerr
+	}
+	if format != "json" && format != "text" {
+		return nil, badRequest("response_format", "the simulated engine answers response_format json or text, not "+format)
+	}
+	if len(file) == 0 {
+		return nil, badRequest("file", "Invalid or empty audio file.")
+	}
+	seconds := audioSeconds(file)
+	secs := int(seconds)
+	if float64(secs) < seconds {
+		secs++
+	}
+	j := &job{
+		ep:           epTranscription,
+		promptTokens: TextPromptTokens(fields["prompt"]) + 50*secs,
+		hash:         fnvString(fnvOffset, string(file)),
+		n:            1,
+		fixed:        max(1, int(2*seconds)),
+		stream:       stream,
+		audio:        &audioRequest{translate: translate, format: format, seconds: secs},
+	}
+	if translate {
+		j.ep = epTranslation
+	}
+	if j.promptTokens >= e.cfg.MaxModelLen {
+		return nil, badRequest("input_tokens", fmt.Sprintf("The audio is %d prompt tokens; the model's context length is only %d tokens.", j.promptTokens, e.cfg.MaxModelLen))
+	}
+	j.limit = min(e.cfg.DefaultMaxTokens, e.cfg.MaxModelLen-j.promptTokens)
+	if stream {
+		j.includeUsage = formBool(fields["stream_include_usage"])
+		j.continuousUsage = j.includeUsage && formBool(fields["stream_continuous_usage_stats"])
+	}
+	return j, nil
+}
+
+// formBool reads a form field as pydantic reads a bool.
+func formBool(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "on", "t", "true", "y", "yes":
+		return true
+	}
+	return false
+}
+
+// audioSeconds returns a file's duration: from its WAV header (byte rate
+// and data size), else at audioBytesPerSecond.
+func audioSeconds(f []byte) float64 {
+	if len(f) >= 12 && string(f[:4]) == "RIFF" && string(f[8:12]) == "WAVE" {
+		var byteRate uint32
+		for off := 12; off+8 <= len(f); {
+			id, size := string(f[off:off+4]), binary.LittleEndian.Uint32(f[off+4:off+8])
+			body := off + 8
+			switch {
+			case id == "fmt " && body+12 <= len(f):
+				byteRate = binary.LittleEndian.Uint32(f[body+8 : body+12])
+			case id == "data" && byteRate > 0:
+				n := min(int(size), len(f)-body)
+				return float64(n) / float64(byteRate)
+			}
+			off = body + int(size) + int(size&1)
+		}
+	}
+	return float64(len(f)) / audioBytesPerSecond
+}
+
+// audioEncoder renders transcripts and translations.
+type audioEncoder struct {
+	e      *Engine
+	j      *job
+	c      *choice
+	head   []byte
+	object string
+}
+
+func (e *Engine) newAudioEncoder(r *http.Request, j *job, choices []*choice) *audioEncoder {
+	prefix, object := "trsc-", "transcription.chunk"
+	if j.audio.translate {
+		prefix, object = "trsl-", "translation.chunk"
+	}
+	return &audioEncoder{e: e, j: j, c: choices[0], head: e.answerHead(prefix, requestID(r), object), object: object}
+}
+
+func (a *audioEncoder) mediaType() string {
+	if a.j.audio.format == "text" {
+		return "text/plain; charset=utf-8"
+	}
+	return "application/json"
+}
+
+func (a *audioEncoder) open(b []byte) []byte  { return b }
+func (a *audioEncoder) first(b []byte) []byte { return b }
+
+func (a *audioEncoder) token(b []byte, c *choice, k int) []byte {
+	b = append(b, "data: "...)
+	b = append(b, a.head...)
+	b = append(b, `"choices":[{"delta":{"content":`...)
+	b = appendJSONString(b, c.text(k))
+	b = append(b, '}')
+	if k == c.total()-1 {
+		b = append(b, `,"finish_reason":"`...)
+		b = append(b, c.finish...)
+		b = append(b, `","stop_reason":null`...)
+	}
+	b = append(b, "}]"...)
+	if a.j.continuousUsage {
+		b = append(b, `,"usage":`...)
+		b = appendUsageCounts(b, a.j.promptTokens, k+1)
+		b = append(b, '}')
+	}
+	return append(b, "}\n\n"...)
+}
+
+func (a *audioEncoder) end(b []byte) []byte {
+	if a.j.includeUsage {
+		b = append(b, "data: "...)
+		b = append(b, a.head...)
+		b = append(b, `"choices":[],"usage":`...)
+		b = appendUsageCounts(b, a.j.promptTokens, a.c.total())
+		b = append(b, "}}\n\n"...)
+	}
+	return append(b, "data: [DONE]\n\n"...)
+}
+
+func (a *audioEncoder) body(b []byte) []byte {
+	text := a.c.contentText()
+	if a.j.audio.format == "text" {
+		return append(b, text...)
+	}
+	b = append(b, `{"text":`...)
+	b = appendJSONString(b, text)
+	if a.j.audio.translate {
+		return append(b, '}')
+	}
+	b = append(b, `,"usage":{"type":"duration","seconds":`...)
+	b = strconv.AppendInt(b, int64(a.j.audio.seconds), 10)
+	return append(b, "}}"...)
+}
