@@ -150,11 +150,12 @@ exit 1
 	time.Sleep(200 * time.Millisecond)
 	_ = p.Stop(5 * time.Second)
 	log := p.stderr.String()
+	// The engine's own lines, as the worker forwards them.
 	want := map[string]string{
 		`msg="Traceback (most recent call last):"`: "level=ERROR",
-		`sys.exit(main())`:                         "level=ERROR",
-		`ValueError: model 'no-such-model'`:        "level=ERROR",
-		`vLLM API server version`:                  "level=INFO",
+		`msg="    sys.exit(main())"`:               "level=ERROR",
+		`msg="ValueError: model 'no-such-model'`:   "level=ERROR",
+		`msg="INFO 09-12 10:00:00`:                 "level=INFO",
 	}
 	for what, level := range want {
 		found := false
