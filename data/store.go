@@ -29,6 +29,9 @@ type Store struct {
 	path  string
 	write *sql.DB
 	read  *sql.DB
+	// ckpt is the checkpointer's connection; it runs until Close.
+	ckpt               *sql.DB
+	ckptStop, ckptDone chan struct{}
 	// ledgerStmts[i] inserts ledgerChunks[i] rows at once.
 	ledgerStmts [len(ledgerChunks)]*sql.Stmt
 
@@ -79,8 +82,14 @@ func open(path string) (_ *Store, err error) {
 	// BEGIN, so busy_timeout covers it. A deferred transaction that reads
 	// first and upgrades later can fail with SQLITE_BUSY at once when
 	// another process writes in between, whatever the timeout.
+	//
+	// wal_autocheckpoint(0): the writer never checkpoints (copies the WAL
+	// into the database and fsyncs it) at the end of a commit — a request
+	// waiting for its ledger row would wait for that too. The checkpointer
+	// goroutine does it beside the writer instead (PASSIVE: it never blocks
+	// a writer or a reader).
 	s.write, err = sql.Open("sqlite", dsn(abs, "_pragma=journal_mode(WAL)", "_pragma=synchronous(NORMAL)",
-		"_pragma=journal_size_limit(67108864)", "_txlock=immediate"))
+		"_pragma=journal_size_limit(67108864)", "_pragma=wal_autocheckpoint(0)", "_txlock=immediate"))
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +113,34 @@ func open(path string) (_ *Store, err error) {
 	if err := s.read.Ping(); err != nil {
 		return nil, err
 	}
+	s.ckpt, err = sql.Open("sqlite", dsn(abs))
+	if err != nil {
+		return nil, err
+	}
+	s.ckpt.SetMaxOpenConns(1)
+	s.ckptStop, s.ckptDone = make(chan struct{}), make(chan struct{})
+	go s.checkpoints(checkpointEvery)
 	return s, nil
+}
+
+// checkpointEvery is how often the checkpointer copies the WAL back into
+// the database.
+const checkpointEvery = 500 * time.Millisecond
+
+// checkpoints runs PASSIVE checkpoints until Close; a failed one is simply
+// tried again at the next tick (the WAL keeps every row meanwhile).
+func (s *Store) checkpoints(every time.Duration) {
+	defer close(s.ckptDone)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ckptStop:
+			return
+		case <-t.C:
+			_, _ = s.ckpt.Exec(`PRAGMA wal_checkpoint(PASSIVE)`)
+		}
+	}
 }
 
 // dsn builds a modernc DSN for the file at abs. The path is URI-escaped so
@@ -127,6 +163,13 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		var errs []error
+		if s.ckptStop != nil {
+			close(s.ckptStop)
+			<-s.ckptDone
+		}
+		if s.ckpt != nil {
+			errs = append(errs, s.ckpt.Close())
+		}
 		for _, st := range s.ledgerStmts {
 			if st != nil {
 				errs = append(errs, st.Close())
