@@ -37,11 +37,7 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	)
 	cfg.register(fs)
 	cfg.registerMesh(fs)
-	lf.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	log, err := lf.logger(stderr)
+	log, err := lf.parse(fs, args, stderr)
 	if err != nil {
 		return err
 	}

@@ -87,11 +87,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		lf       logFlags
 	)
 	sf.register(fs)
-	lf.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	log, err := lf.logger(stderr)
+	log, err := lf.parse(fs, args, stderr)
 	if err != nil {
 		return err
 	}

@@ -72,11 +72,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		lf logFlags
 	)
 	wf.register(fs)
-	lf.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	log, err := lf.logger(stderr)
+	log, err := lf.parse(fs, args, stderr)
 	if err != nil {
 		return err
 	}

@@ -175,6 +175,17 @@ func (l *logFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&l.format, "log-format", "text", "log format: text or json")
 }
 
+// parse registers the log flags on fs (after the command's own), parses
+// args and returns the logger they ask for: every long-running command's
+// prelude.
+func (l *logFlags) parse(fs *flag.FlagSet, args []string, stderr io.Writer) (*slog.Logger, error) {
+	l.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	return l.logger(stderr)
+}
+
 func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(l.level)); err != nil {
