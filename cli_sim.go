@@ -8,8 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
+	"tailgate/serving/launcher"
 	"tailgate/serving/sim"
 )
 
@@ -83,6 +85,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		listen   = fs.String("listen", "127.0.0.1:8000", "address to serve the vLLM-compatible API on (port 0: any free port)")
 		model    = fs.String("model", "tailgate-sim", "model name to serve")
 		announce = fs.Bool("announce", false, "print '"+announcePrefix+"ADDR' on stdout once listening (for programs that start it on port 0)")
+		apiKey   = fs.String("api-key", "", "bearer token required on /v1 paths, as vLLM's --api-key (default $"+launcher.EngineKeyEnv+"; empty: none)")
 		sf       simFlags
 		lf       logFlags
 	)
@@ -91,7 +94,13 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	eng, err := sim.New(sf.config(*model), nil)
+	cfg := sf.config(*model)
+	// As in vLLM, the flag wins over the environment; a worker passes the
+	// environment, which ps does not show.
+	if cfg.APIKey = *apiKey; cfg.APIKey == "" {
+		cfg.APIKey = os.Getenv(launcher.EngineKeyEnv)
+	}
+	eng, err := sim.New(cfg, nil)
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
@@ -105,7 +114,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	log.Info("simulated engine serving (output is filler text, not a model)", "addr", "http://"+ln.Addr().String(),
 		"model", *model, "ttft", sf.ttft, "tpot", sf.tpot, "stall_prob", sf.stallProb, "max_seqs", sf.maxSeqs,
-		"reasoning_tokens", sf.reasoningTokens, "error_rate", sf.errorRate, "429_rate", sf.rateLimitRate, "hang_rate", sf.hangRate)
+		"reasoning_tokens", sf.reasoningTokens, "error_rate", sf.errorRate, "429_rate", sf.rateLimitRate, "hang_rate", sf.hangRate, "api_key_required", cfg.APIKey != "")
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

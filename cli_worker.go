@@ -212,6 +212,8 @@ func (wf *workerFlags) engineCommand(model string) (func(port int) ([]string, []
 			argv := append([]string{self, "sim", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--model", model,
 				"--sim-seed", strconv.FormatInt(wf.sim.seed, 10)}, wf.sim.args()...)
 			argv = append(argv, wf.logArgs...)
+			// The launcher adds the engine's API key to the environment
+			// (VLLM_API_KEY), which `sim` reads as vLLM does.
 			return argv, nil, nil
 		}, nil
 	}

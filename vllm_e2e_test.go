@@ -48,7 +48,7 @@ func TestUpWithVLLMEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	gpus := map[string]bool{}
+	gpus, keys := map[string]bool{}, map[string]bool{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var ev struct {
@@ -63,6 +63,12 @@ func TestUpWithVLLMEngine(t *testing.T) {
 		if !strings.HasPrefix(args, "serve org/fake-model --host 127.0.0.1 --port ") || !strings.HasSuffix(args, " --enable-prefix-caching") {
 			t.Errorf("vllm argv: %q", args)
 		}
+		// Each engine got its own API key, in its environment, not its argv.
+		key := ev.Env["VLLM_API_KEY"]
+		if key == "" || keys[key] || strings.Contains(args, key) {
+			t.Errorf("vllm API key %q: want a fresh one per engine, only in its environment (argv %q)", key, args)
+		}
+		keys[key] = true
 		if ev.Env["VLLM_NO_USAGE_STATS"] != "1" {
 			t.Errorf("VLLM_NO_USAGE_STATS = %q", ev.Env["VLLM_NO_USAGE_STATS"])
 		}

@@ -7,6 +7,11 @@
 // group of its own, forwards its output to the log line by line, waits until
 // GET /health answers 200 and the model is listed on GET /v1/models, runs a
 // few short warm-up generations, and only then reports [serving.StateReady].
+// Each start gets a fresh random API key in the engine's environment
+// (VLLM_API_KEY, which vLLM and the simulated engine read like --api-key),
+// so the engine refuses /v1 requests from anyone on the box but the
+// launcher's probes and the sidecar ([Launcher.EngineKey]); the key is
+// never on the command line, where ps would show it.
 // An engine that exits, never becomes ready within the startup deadline, or
 // fails its warm-up is stopped and started again after an exponential
 // backoff; its state is reported through [Config.OnState] and
@@ -31,6 +36,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,7 +54,8 @@ type Config struct {
 	// Command builds the engine's argv (argv[0] the executable) and the
 	// environment added to the worker's own, for an engine listening on
 	// 127.0.0.1:port. It is called before every start with a fresh port.
-	// Required; see [VLLMCommand].
+	// The launcher adds VLLM_API_KEY (see [EngineKeyEnv]) after that
+	// environment. Required; see [VLLMCommand].
 	Command func(port int) (argv []string, env []string, err error)
 	// Model is the served model name readiness waits for on /v1/models and
 	// that the warm-up requests name. Required.
@@ -182,6 +189,7 @@ type Launcher struct {
 	state    State
 	reason   string
 	url      string
+	key      string // the API key of the engine at url
 	pid      int
 	restarts int
 }
@@ -216,6 +224,15 @@ func (l *Launcher) EngineURL() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.url
+}
+
+// EngineKey returns the API key of the current engine process, which every
+// request to its /v1 paths must carry as "Authorization: Bearer KEY", or ""
+// before the first start. It changes with each start, as EngineURL does.
+func (l *Launcher) EngineKey() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.key
 }
 
 // Restarts returns how many times the engine was started again after its
@@ -350,6 +367,10 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (run outcome, err 
 	if len(argv) == 0 {
 		return run, errors.New("empty engine command")
 	}
+	key := newEngineKey()
+	// Last, so it wins over a VLLM_API_KEY in Command's or the worker's
+	// environment.
+	env = append(slices.Clip(env), EngineKeyEnv+"="+key)
 	run.mark = l.errs.mark()
 	p, err := startEngine(argv, env, l.log, &l.errs)
 	if err != nil {
@@ -357,7 +378,7 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (run outcome, err 
 	}
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 	l.mu.Lock()
-	l.pid, l.url = p.PID(), url
+	l.pid, l.url, l.key = p.PID(), url, key
 	if restart {
 		l.restarts++
 	}

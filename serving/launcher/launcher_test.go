@@ -138,13 +138,35 @@ func TestReadyOnlyAfterHealthModelAndWarmup(t *testing.T) {
 			if starts[0].PID != h.l.PID() {
 				t.Errorf("PID = %d, engine reports %d", h.l.PID(), starts[0].PID)
 			}
-			resp, err := http.Get(h.l.EngineURL() + "/v1/models")
-			if err != nil {
-				t.Fatal(err)
+
+			// The engine got a fresh API key in its environment, not on its
+			// command line, and answers /v1 only with it: the launcher's
+			// probes and warm-up carried it, anyone else is refused.
+			key := h.l.EngineKey()
+			if len(key) < 20 || starts[0].Env["VLLM_API_KEY"] != key {
+				t.Errorf("engine env VLLM_API_KEY = %q, EngineKey = %q; want the same random key", starts[0].Env["VLLM_API_KEY"], key)
 			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Errorf("GET /v1/models = %d", resp.StatusCode)
+			for _, arg := range starts[0].Argv {
+				if key != "" && strings.Contains(arg, key) {
+					t.Errorf("engine argv %q shows the API key", starts[0].Argv)
+				}
+			}
+			for _, tt := range []struct {
+				auth string
+				want int
+			}{{"", http.StatusUnauthorized}, {"Bearer wrong", http.StatusUnauthorized}, {"Bearer " + key, http.StatusOK}} {
+				req, _ := http.NewRequest(http.MethodGet, h.l.EngineURL()+"/v1/models", nil)
+				if tt.auth != "" {
+					req.Header.Set("Authorization", tt.auth)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != tt.want {
+					t.Errorf("GET /v1/models with Authorization %q = %d, want %d", tt.auth, resp.StatusCode, tt.want)
+				}
 			}
 
 			// Waiting was reported, and the engine's output reached the log,
@@ -250,7 +272,7 @@ func TestCrashedEngineIsRestarted(t *testing.T) {
 			for i := range 2 {
 				h.waitState("ready", i+1)
 				time.Sleep(tt.readyFor)
-				pid := h.l.PID()
+				pid, key := h.l.PID(), h.l.EngineKey()
 				child := h.events("start")[i].ChildPID
 				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 					t.Fatal(err)
@@ -259,6 +281,10 @@ func TestCrashedEngineIsRestarted(t *testing.T) {
 				waitGone(t, "crashed engine's orphaned child", child)
 				if h.l.PID() == pid || h.l.PID() == 0 {
 					t.Errorf("PID = %d after restart, crashed engine was %d", h.l.PID(), pid)
+				}
+				if got := h.l.EngineKey(); got == key || h.events("start")[i+1].Env["VLLM_API_KEY"] != got {
+					t.Errorf("restarted engine's API key %q (in its env %q), crashed engine's %q; want a new one",
+						got, h.events("start")[i+1].Env["VLLM_API_KEY"], key)
 				}
 				// After the crash: failed (with the cause and the pause),
 				// then a full new start up to ready.

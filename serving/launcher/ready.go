@@ -104,7 +104,11 @@ func (l *Launcher) get(ctx context.Context, url string) (int, []byte, error) {
 	return l.do(req)
 }
 
+// do sends req to the current engine with its API key.
 func (l *Launcher) do(req *http.Request) (int, []byte, error) {
+	if key := l.EngineKey(); key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
 	resp, err := l.client.Do(req)
 	if err != nil {
 		return 0, nil, err

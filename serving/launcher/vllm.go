@@ -6,6 +6,7 @@ import (
 	"math"
 	"os/exec"
 	"strconv"
+	"strings"
 )
 
 // VLLMOptions are the worker's engine flags; [VLLMCommand] turns them into a
@@ -43,6 +44,13 @@ func (o VLLMOptions) Validate() error {
 		return fmt.Errorf("vllm: --max-num-batched-tokens must not be negative, not %d", o.MaxNumBatchedTokens)
 	case o.GPUMemoryUtilization != 0 && !(o.GPUMemoryUtilization > 0 && o.GPUMemoryUtilization <= 1):
 		return fmt.Errorf("vllm: --gpu-memory-utilization must be in (0, 1], not %v", o.GPUMemoryUtilization)
+	}
+	for _, a := range o.ExtraArgs {
+		// vLLM's flag would win over the key the launcher gives it in the
+		// environment, and the sidecar would be refused.
+		if a == "--api-key" || strings.HasPrefix(a, "--api-key=") {
+			return errors.New("vllm: --api-key is the launcher's: each engine start gets a random one")
+		}
 	}
 	return nil
 }

@@ -90,6 +90,8 @@ func TestVLLMCommandRejectsBadOptions(t *testing.T) {
 		{"NaN utilization", VLLMOptions{Model: "m", GPUMemoryUtilization: math.NaN()}, 8000, "--gpu-memory-utilization"},
 		{"missing explicit binary", VLLMOptions{Binary: "/nonexistent/bin/vllm", Model: "m"}, 8000, "/nonexistent/bin/vllm"},
 		{"no port", VLLMOptions{Model: "m"}, 0, "bad port"},
+		{"own api key", VLLMOptions{Model: "m", ExtraArgs: []string{"--api-key", "k"}}, 8000, "--api-key is the launcher's"},
+		{"own api key with =", VLLMOptions{Model: "m", ExtraArgs: []string{"--api-key=k"}}, 8000, "--api-key is the launcher's"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -92,6 +92,7 @@ func (s *Sidecar) probeEngine(ctx context.Context, url string, wait time.Duratio
 	if err != nil {
 		return err
 	}
+	s.authorize(req) // vLLM leaves /health open; a future one may not
 	resp, err := s.transport.RoundTrip(req)
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):

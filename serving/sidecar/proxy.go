@@ -70,6 +70,7 @@ func (s *Sidecar) handlePostGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	copyRequestHeader(req.Header, r.Header)
+	s.authorize(req)
 	resp, err := s.transport.RoundTrip(req)
 	if err != nil {
 		s.engineFailed(w, r, err)
@@ -103,6 +104,7 @@ func (s *Sidecar) handleGetModels(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	copyRequestHeader(req.Header, r.Header)
+	s.authorize(req)
 	resp, err := s.transport.RoundTrip(req)
 	if err != nil {
 		s.engineFailed(w, r, err)
@@ -133,6 +135,17 @@ func (s *Sidecar) handleGetHealth(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// authorize adds the engine's API key to req, a request to the engine. The
+// client's own Authorization (the cluster token) never reaches the engine.
+func (s *Sidecar) authorize(req *http.Request) {
+	if s.cfg.EngineKey == nil {
+		return
+	}
+	if key := s.cfg.EngineKey(); key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
 }
 
 func (s *Sidecar) engineURL(r *http.Request) string {

@@ -86,6 +86,7 @@ func (s *Sidecar) scrape(ctx context.Context) error {
 		return err
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	s.authorize(req)
 	resp, err := s.transport.RoundTrip(req)
 	if err != nil {
 		return err

@@ -59,6 +59,11 @@ type Config struct {
 	// many goroutines at once, since the launcher may restart the engine
 	// elsewhere. Required.
 	EngineURL func() string
+	// EngineKey, when set, returns the current engine's API key, sent as
+	// "Authorization: Bearer KEY" on every request to the engine (proxied,
+	// probes and scrapes); it is asked as often as EngineURL. Nil or "" means
+	// the engine wants none.
+	EngineKey func() string
 	// ClusterToken is the bearer token every request must carry. Required.
 	ClusterToken string
 	// ScrapeInterval is how often Run reads the engine's /metrics; 0 means

@@ -116,6 +116,11 @@ type Config struct {
 	// after its 200) until the client goes away. ErrorRate, RateLimitRate
 	// and HangRate add up to at most 1.
 	HangRate float64
+
+	// APIKey, when set, is the bearer token every request to a /v1 path
+	// must carry, as with vLLM's --api-key or VLLM_API_KEY: others get 401
+	// {"error":"Unauthorized"}. "" means no authentication.
+	APIKey string
 }
 
 const (

@@ -41,7 +41,10 @@ func (e *Engine) routes(metrics http.Handler) http.Handler {
 	mux.HandleFunc("GET /health", handleGetHealth)
 	mux.Handle("GET /metrics", metrics)
 	mux.HandleFunc("/", handleNotFound)
-	return mux
+	if e.cfg.APIKey == "" {
+		return mux
+	}
+	return requireKey(e.cfg.APIKey, mux)
 }
 
 func (e *Engine) handleGetModels(w http.ResponseWriter, _ *http.Request) {

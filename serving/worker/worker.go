@@ -79,7 +79,7 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, ClusterToken: cfg.ClusterToken, Log: cfg.Log,
+	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, EngineKey: w.launch.EngineKey, ClusterToken: cfg.ClusterToken, Log: cfg.Log,
 		OnStateChange: func(string, string) { w.beats.Kick() }})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)

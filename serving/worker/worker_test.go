@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,9 +36,11 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// runEngine serves model "m" with 20ms per output token until SIGTERM.
+// runEngine serves model "m" with 20ms per output token until SIGTERM,
+// requiring the API key in $VLLM_API_KEY as vLLM does.
 func runEngine(addr string) {
-	eng, err := sim.New(sim.Config{Model: "m", TTFT: time.Millisecond, TPOT: 20 * time.Millisecond}, nil)
+	eng, err := sim.New(sim.Config{Model: "m", TTFT: time.Millisecond, TPOT: 20 * time.Millisecond,
+		APIKey: os.Getenv("VLLM_API_KEY")}, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -253,6 +257,51 @@ func TestRunDrainsBeforeStoppingTheEngine(t *testing.T) {
 				t.Errorf("states told the gateway %q, want draining last (the engine's stop is not reported)", states)
 			}
 		})
+	}
+}
+
+// The engine answers the worker's sidecar, which knows its API key, and
+// refuses anyone else on the box who calls it directly: nobody bypasses the
+// gateway's metering.
+func TestEngineAnswersOnlyTheSidecar(t *testing.T) {
+	t.Parallel()
+	g := startGateway(t)
+	ln := listen(t, "127.0.0.1:0")
+	var port atomic.Int64
+	w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
+		Engine: "sim", Warmup: 1, NoDrain: true,
+		Command: func(p int) ([]string, []string, error) { port.Store(int64(p)); return engineCommand(p) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	defer func() { cancel(); <-runErr }()
+	waitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
+
+	chat := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+	call := func(base, auth string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if status, body := call(w.Address(), "Bearer tok"); status != http.StatusOK {
+		t.Errorf("through the worker: %d %s, want 200", status, body)
+	}
+	engine := fmt.Sprintf("http://127.0.0.1:%d", port.Load())
+	for _, auth := range []string{"", "Bearer tok"} {
+		if status, body := call(engine, auth); status != http.StatusUnauthorized || body != `{"error":"Unauthorized"}` {
+			t.Errorf("straight to the engine with Authorization %q: %d %s, want 401 Unauthorized", auth, status, body)
+		}
 	}
 }
 

@@ -92,8 +92,11 @@ func main() {
 		fatal("usage: vllm serve MODEL --host H --port P [--served-model-name N] ...")
 	}
 	model, host, port, served := args[1], "", "", ""
+	apiKey := os.Getenv("VLLM_API_KEY") // --api-key wins, as in vLLM
 	for i := 2; i < len(args)-1; i++ {
 		switch args[i] {
+		case "--api-key":
+			apiKey = args[i+1]
 		case "--host":
 			host = args[i+1]
 		case "--port":
@@ -137,7 +140,7 @@ func main() {
 	}
 
 	env := map[string]string{}
-	for _, k := range []string{"VLLM_NO_USAGE_STATS", "CUDA_VISIBLE_DEVICES"} {
+	for _, k := range []string{"VLLM_NO_USAGE_STATS", "CUDA_VISIBLE_DEVICES", "VLLM_API_KEY"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env[k] = v
 		}
@@ -164,7 +167,7 @@ func main() {
 	fmt.Fprintf(os.Stderr, "fakevllm: progress 1/2\rfakevllm: progress 2/2\n")
 	time.Sleep(duration("FAKE_VLLM_STARTUP_DELAY"))
 
-	eng, err := sim.New(sim.Config{Model: served}, nil)
+	eng, err := sim.New(sim.Config{Model: served, APIKey: apiKey}, nil)
 	if err != nil {
 		fatal(err)
 	}
