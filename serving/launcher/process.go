@@ -32,8 +32,10 @@ func freePort() (int, error) {
 // the leader of its own process group, its output logged one record per
 // line and its error lines kept in errs.
 func startEngine(argv, env []string, log *slog.Logger, errs *errorTail) (*proc.Process, error) {
-	// The pid is known only once Start returns; output waits for it.
-	var olog *slog.Logger
+	// The pid is known only once Start returns; output waits for it. Each
+	// stream has its own logger: a traceback on stderr is read line by line
+	// in its own order, whatever stdout interleaves.
+	var olog, elog *slog.Logger
 	started := make(chan struct{})
 	stdout := func(line string) {
 		<-started
@@ -44,7 +46,7 @@ func startEngine(argv, env []string, log *slog.Logger, errs *errorTail) (*proc.P
 	}
 	stderr := func(line string) {
 		<-started
-		olog.Info(line)
+		elog.Info(line)
 		errs.add(line)
 	}
 	p, err := proc.Start(proc.Config{Argv: argv, Env: env, Stdout: stdout, Stderr: stderr})
@@ -52,6 +54,7 @@ func startEngine(argv, env []string, log *slog.Logger, errs *errorTail) (*proc.P
 		return nil, fmt.Errorf("start engine: %w", err)
 	}
 	olog = log.With("engine", filepath.Base(argv[0]), "pid", p.PID())
+	elog = olog.With("stream", "stderr")
 	close(started)
 	return p, nil
 }
