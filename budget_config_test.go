@@ -80,10 +80,14 @@ func TestGatewayRefusesAMoneyBudgetNoPriceReaches(t *testing.T) {
 		if !served {
 			t.Fatalf("the gateway did not start")
 		}
+		// stderr is another pipe than stdout: its lines may arrive a moment
+		// after the banner.
 		var warn string
-		for _, l := range strings.Split(p.stderr.String(), "\n") {
-			if strings.Contains(l, "level=WARN") && strings.Contains(l, "money budget") {
-				warn = l
+		for deadline := time.Now().Add(10 * time.Second); warn == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			for _, l := range strings.Split(p.stderr.String(), "\n") {
+				if strings.Contains(l, "level=WARN") && strings.Contains(l, "money budget") {
+					warn = l
+				}
 			}
 		}
 		if !strings.Contains(warn, `tenant \"acme\"`) || !strings.Contains(warn, "does not limit qwen") {
