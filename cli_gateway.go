@@ -132,6 +132,7 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		}
 		dial = gw.node.Dial // tailnet names over WireGuard, anything else from the host
 		setup.srvCfg.PeerCheck = peerCheck(gw.node, splitList(cfg.MeshAllowPeers))
+		setup.srvCfg.PeerIdentity = peerIdentity(gw.node)
 	}
 	transport := server.NewTransport(2*time.Second, dial)
 	for _, u := range setup.upstreams {
@@ -239,6 +240,22 @@ func peerCheck(node *mesh.Node, allow []string) func(*http.Request) error {
 			}
 		}
 		return fmt.Errorf("tailnet peer %s (tags %v) is not in --mesh-allow-peers", peer.Hostname, peer.Tags)
+	}
+}
+
+// peerIdentity names the tailnet node a heartbeat came over (its MagicDNS
+// name), so a worker's credential works only from the node that
+// registered it; "" for a heartbeat from the host's network.
+func peerIdentity(node *mesh.Node) func(*http.Request) string {
+	return func(r *http.Request) string {
+		if r.Context().Value(viaMesh{}) == nil {
+			return ""
+		}
+		peer, err := node.WhoIs(r.Context(), r.RemoteAddr)
+		if err != nil {
+			return ""
+		}
+		return peer.Hostname
 	}
 }
 

@@ -28,6 +28,7 @@ Usage:
   tailgate worker   [flags]   one GPU box: launches vLLM (or the sim), fronts it, registers with a gateway
   tailgate sim      [flags]   the simulated engine alone (vLLM-compatible HTTP)
   tailgate keys create|list|revoke [flags]   manage API keys in a data directory
+  tailgate workers list|revoke [flags]       list or revoke worker credentials
   tailgate usage    [flags]   usage totals per tenant, key and model
   tailgate backup   [flags] FILE   consistent copy of the database while a gateway runs
   tailgate bench    [flags]   matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)
@@ -69,6 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdWorker(ctx, rest, stdout, stderr)
 	case "keys":
 		return cmdKeys(ctx, rest, stdout, stderr)
+	case "workers":
+		return cmdWorkers(ctx, rest, stdout, stderr)
 	case "usage":
 		return cmdUsage(ctx, rest, stdout, stderr)
 	case "bench":

@@ -1,7 +1,10 @@
 package router
 
 import (
+	"errors"
+	"fmt"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -19,10 +22,49 @@ type Update struct {
 	EngineLog []string
 	// Lease is how long the replica stays routable without another update.
 	Lease time.Duration
+	// Worker is the id of the worker credential the update came with.
+	Worker string
+}
+
+// ErrTaken is returned by [Registry.Claim] when a replica id or address
+// belongs to a static upstream or to another worker.
+var ErrTaken = errors.New("taken")
+
+// Claim reports whether the worker with credential id worker may register
+// replica id at url: neither may belong to a static upstream, nor to a
+// registered replica of another worker. A replica whose lease ended is gone
+// from the registry, so its id and address are free again (a worker that
+// restarted without its credential comes back once its old lease ends).
+// The error wraps [ErrTaken] and says who holds what.
+func (r *Registry) Claim(id, url, worker string) error {
+	now := r.cfg.Now().UnixNano()
+	for _, rep := range r.Replicas() {
+		if exp := rep.lease.Load(); !rep.Static && exp != 0 && now > exp {
+			continue // lease over, not yet swept
+		}
+		what := ""
+		switch {
+		case rep.ID == id:
+			what = "replica id " + strconv.Quote(id)
+		case rep.URL == url:
+			what = "address " + url
+		default:
+			continue
+		}
+		switch {
+		case rep.Static:
+			return fmt.Errorf("%s belongs to the configured upstream %q: %w", what, rep.ID, ErrTaken)
+		case rep.Worker != worker:
+			return fmt.Errorf("%s is held by another worker (replica %q) while its lease lasts: %w", what, rep.ID, ErrTaken)
+		}
+	}
+	return nil
 }
 
 // Heartbeat registers or refreshes a worker's replica and returns it. A
-// replica whose address changed is replaced (its counters start afresh). The
+// replica whose address or worker changed is replaced (its counters start
+// afresh). A static replica is never touched: Heartbeat returns nil (the
+// caller checks [Registry.Claim] first and says why). The
 // worker's state is taken as it is, except that a replica the gateway ejected
 // stays out until a probe lets it back in. A ready replica whose worker
 // reports its engine failed (crashed, or frozen behind a live sidecar) is
@@ -31,8 +73,12 @@ type Update struct {
 func (r *Registry) Heartbeat(u Update) *Replica {
 	now := r.cfg.Now()
 	rep := r.Get(u.ID)
-	if rep == nil || rep.URL != u.URL || rep.Static {
+	if rep != nil && rep.Static {
+		return nil
+	}
+	if rep == nil || rep.URL != u.URL || rep.Worker != u.Worker {
 		rep = NewReplica(u.ID, u.URL)
+		rep.Worker = u.Worker
 		r.log.Info("replica registered", "replica", u.ID, "address", u.URL, "engine", u.Engine)
 		r.Add(rep)
 	}
@@ -92,6 +138,21 @@ func (r *Registry) ExpireLeases(now time.Time) []string {
 			r.Remove(rep.ID)
 			r.log.Warn("replica lease expired: dropped from routing", "replica", rep.ID,
 				"last_heartbeat_ago", now.Sub(rep.LastOK()).Round(time.Millisecond))
+			gone = append(gone, rep.ID)
+		}
+	}
+	return gone
+}
+
+// RemoveWorker drops the replicas registered with the worker credential
+// id worker (after a revocation) and returns their IDs.
+func (r *Registry) RemoveWorker(worker string) []string {
+	var gone []string
+	for _, rep := range r.Replicas() {
+		if worker != "" && rep.Worker == worker && !rep.Static {
+			r.Remove(rep.ID)
+			rep.signalEjected()
+			r.log.Warn("replica out of routing: its worker was revoked", "replica", rep.ID, "worker", worker)
 			gone = append(gone, rep.ID)
 		}
 	}

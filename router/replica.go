@@ -78,6 +78,9 @@ type Replica struct {
 	URL string
 	// Static replicas come from configuration and are never dropped.
 	Static bool
+	// Worker is the id of the worker credential that registered the
+	// replica; "" for static replicas. Set before the replica is added.
+	Worker string
 
 	status   atomic.Pointer[status]
 	clock    atomic.Pointer[func() time.Time] // the registry's clock, once added to one

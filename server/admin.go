@@ -46,6 +46,8 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	a.GET("/usage", s.handleGetUsage)
 	a.GET("/requests", s.handleGetRequests)
 	a.GET("/replicas", s.handleGetReplicas)
+	a.GET("/workers", s.handleGetWorkers)
+	a.DELETE("/workers/:id", s.handleDeleteWorker)
 
 	if ui != nil {
 		e.GET("/", func(c echo.Context) error { return c.Redirect(http.StatusFound, "/ui/") })
@@ -342,6 +344,9 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 			"id": r.ID, "address": r.URL, "models": r.Models(), "state": r.State().String(),
 			"ready": r.State() == router.StateReady, "reason": r.Reason(), "inflight": r.Inflight(),
 			"static": r.Static, "engine": r.Engine(), "last_ok_age_seconds": age,
+		}
+		if r.Worker != "" {
+			row["worker"] = r.Worker // the credential's id, never the secret
 		}
 		_, _, ttft, slow, score := s.reg.ScoreInputs(r)
 		row["ttft_estimate_ms"] = ttft * 1000

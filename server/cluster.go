@@ -1,7 +1,12 @@
 package server
 
 import (
+	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -9,6 +14,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"tailgate/data"
 	"tailgate/router"
 	"tailgate/server/apierr"
 	"tailgate/serving"
@@ -50,13 +56,151 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	if !ok || state == router.StateEjected {
 		return apierr.Reply(c, apierr.BadRequest("state", "state must be one of starting, warming, ready, draining, failed"))
 	}
+	addr := strings.TrimSuffix(hb.Address, "/")
+	peer := ""
+	if s.cfg.PeerIdentity != nil {
+		peer = s.cfg.PeerIdentity(c.Request())
+	}
+	reply := serving.HeartbeatReply{LeaseSeconds: s.cfg.Lease.Seconds()}
+
+	w, refused := s.workerOf(c, hb.ReplicaID, addr, peer)
+	if refused != nil {
+		return apierr.Reply(c, refused)
+	}
+	// One registration at a time: a claim and the registration it allows
+	// must not interleave with another worker's, nor with a revocation.
+	s.hbMu.Lock()
+	defer s.hbMu.Unlock()
+	if s.revokedWorkers[w.ID] {
+		return apierr.Reply(c, errWorkerRefused("worker_revoked", "worker "+w.ID+" was revoked; its heartbeats are refused"))
+	}
+	if err := s.reg.Claim(hb.ReplicaID, addr, w.ID); err != nil {
+		s.log.Warn("registration refused", "replica", hb.ReplicaID, "address", addr, "remote", c.Request().RemoteAddr, "err", err)
+		return apierr.Reply(c, errReplicaTaken(err))
+	}
+	if w.ID == "" {
+		// First registration: exchange the cluster token for a credential
+		// bound to this replica id and address.
+		secret, err := newWorkerSecret()
+		if err != nil {
+			return apierr.Reply(c, errInternal)
+		}
+		w, err = s.store.CreateWorker(c.Request().Context(), data.Worker{
+			ReplicaID: hb.ReplicaID, Address: addr, Peer: peer, Hash: hashWorkerSecret(secret)})
+		if err != nil {
+			s.log.Error("worker credential not stored", "replica", hb.ReplicaID, "err", err)
+			return apierr.Reply(c, errInternal)
+		}
+		s.log.Info("worker credential issued", "worker", w.ID, "replica", hb.ReplicaID, "address", addr, "peer", peer)
+		reply.Credential = secret
+	}
+	reply.WorkerID = w.ID
 	s.reg.Heartbeat(router.Update{
-		ID: hb.ReplicaID, URL: strings.TrimSuffix(hb.Address, "/"), Models: hb.Models, State: state, Reason: hb.Reason,
-		Engine: hb.Engine, Lease: s.cfg.Lease, EngineLog: clipEngineLog(hb.EngineLog),
+		ID: hb.ReplicaID, URL: addr, Models: hb.Models, State: state, Reason: hb.Reason,
+		Engine: hb.Engine, Lease: s.cfg.Lease, EngineLog: clipEngineLog(hb.EngineLog), Worker: w.ID,
 		Load: router.Load{Inflight: hb.Load.Inflight, Waiting: hb.Load.Waiting, Running: hb.Load.Running,
 			KVCacheUsage: hb.Load.KVCacheUsage, TTFTMillis: hb.Load.TTFTMillisP50},
 	})
-	return c.JSON(http.StatusOK, serving.HeartbeatReply{LeaseSeconds: s.cfg.Lease.Seconds()})
+	return c.JSON(http.StatusOK, reply)
+}
+
+var errUnknownWorker = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_worker_credential",
+	Message: "unknown worker credential; register again with the cluster token alone"}
+
+func errWorkerRefused(code, msg string) *apierr.Error {
+	return &apierr.Error{Status: http.StatusForbidden, Type: "invalid_request_error", Code: code, Message: msg}
+}
+
+func errReplicaTaken(err error) *apierr.Error {
+	return errWorkerRefused("replica_taken", "registration refused: "+strings.TrimSuffix(err.Error(), ": "+router.ErrTaken.Error()))
+}
+
+// workerOf returns the credential the heartbeat presents, checked against
+// the replica id, address and tailnet peer it was issued for; a zero
+// Worker when it presents none (a first registration).
+func (s *Server) workerOf(c echo.Context, id, addr, peer string) (data.Worker, *apierr.Error) {
+	secret := c.Request().Header.Get(serving.HeaderWorkerCredential)
+	if secret == "" {
+		return data.Worker{}, nil
+	}
+	w, err := s.store.WorkerByHash(c.Request().Context(), hashWorkerSecret(secret))
+	switch {
+	case errors.Is(err, data.ErrNotFound):
+		return data.Worker{}, errUnknownWorker
+	case err != nil:
+		s.log.Error("worker credential lookup", "err", err)
+		return data.Worker{}, errInternal
+	case w.Revoked():
+		return data.Worker{}, errWorkerRefused("worker_revoked", "worker "+w.ID+" was revoked; its heartbeats are refused")
+	case w.ReplicaID != id || w.Address != addr:
+		return data.Worker{}, errWorkerRefused("worker_mismatch", fmt.Sprintf(
+			"worker %s was registered as replica %q at %s, not %q at %s", w.ID, w.ReplicaID, w.Address, id, addr))
+	case w.Peer != peer:
+		return data.Worker{}, errWorkerRefused("worker_mismatch", fmt.Sprintf(
+			"worker %s was registered from tailnet peer %q, not %q", w.ID, w.Peer, peer))
+	}
+	return w, nil
+}
+
+const workerSecretPrefix = "tgw_"
+
+func newWorkerSecret() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return workerSecretPrefix + hex.EncodeToString(b[:]), nil
+}
+
+func hashWorkerSecret(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
+}
+
+// handleDeleteWorker revokes a worker credential (by its id, or the replica
+// id it was issued for) and takes its replicas out of routing.
+func (s *Server) handleDeleteWorker(c echo.Context) error {
+	s.hbMu.Lock()
+	defer s.hbMu.Unlock()
+	w, err := s.store.RevokeWorker(c.Request().Context(), c.Param("id"))
+	if errors.Is(err, data.ErrNotFound) {
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error",
+			Code: "worker_not_found", Message: "no worker " + c.Param("id")})
+	}
+	if err != nil {
+		s.log.Error("revoke worker", "err", err)
+		return apierr.Reply(c, errInternal)
+	}
+	if s.revokedWorkers == nil {
+		s.revokedWorkers = map[string]bool{}
+	}
+	s.revokedWorkers[w.ID] = true
+	gone := s.reg.RemoveWorker(w.ID)
+	s.log.Info("worker revoked", "worker", w.ID, "replica", w.ReplicaID, "removed", gone)
+	return c.JSON(http.StatusOK, workerView(w))
+}
+
+func (s *Server) handleGetWorkers(c echo.Context) error {
+	ws, err := s.store.Workers(c.Request().Context())
+	if err != nil {
+		s.log.Error("list workers", "err", err)
+		return apierr.Reply(c, errInternal)
+	}
+	out := []map[string]any{}
+	for _, w := range ws {
+		out = append(out, workerView(w))
+	}
+	return c.JSON(http.StatusOK, map[string]any{"data": out})
+}
+
+// workerView is a credential as the admin API shows it: never its hash.
+func workerView(w data.Worker) map[string]any {
+	v := map[string]any{"id": w.ID, "replica_id": w.ReplicaID, "address": w.Address, "peer": w.Peer,
+		"created_at": w.CreatedAt, "revoked": w.Revoked()}
+	if w.Revoked() {
+		v["revoked_at"] = w.RevokedAt
+	}
+	return v
 }
 
 // clipEngineLog bounds a worker's engine lines as the wire contract does:

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -17,18 +18,56 @@ import (
 	"tailgate/serving/sim"
 )
 
+// credentials are the worker credentials the gateways of the tests issued,
+// by gateway and replica id: heartbeat beats as a worker does, presenting
+// the credential it was given.
+var credentials sync.Map // credKey -> string
+
+type credKey struct {
+	h  *servertest.Gateway
+	id string
+}
+
 func heartbeat(h *servertest.Gateway, token string, hb serving.Heartbeat) *http.Response {
+	h.T.Helper()
+	cred, _ := credentials.Load(credKey{h, hb.ReplicaID})
+	s, _ := cred.(string)
+	resp, reply, _ := beat(h, token, s, hb)
+	if reply.Credential != "" {
+		credentials.Store(credKey{h, hb.ReplicaID}, reply.Credential)
+	}
+	return resp
+}
+
+// beat sends one heartbeat with the given worker credential ("" for none)
+// and returns the answer, the reply of a 200 and the error message of
+// anything else.
+func beat(h *servertest.Gateway, token, credential string, hb serving.Heartbeat) (*http.Response, serving.HeartbeatReply, string) {
 	h.T.Helper()
 	body, _ := json.Marshal(hb)
 	req, _ := http.NewRequest(http.MethodPost, h.Admin.URL+serving.HeartbeatPath, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+token)
+	if credential != "" {
+		req.Header.Set(serving.HeaderWorkerCredential, credential)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		h.T.Fatal(err)
 	}
-	resp.Body.Close()
-	return resp
+	defer resp.Body.Close()
+	var reply serving.HeartbeatReply
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if resp.StatusCode == http.StatusOK {
+		_ = json.NewDecoder(resp.Body).Decode(&reply)
+	} else {
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+	}
+	return resp, reply, e.Error.Message
 }
 
 // tokenCheckingEngine serves a sim engine that insists on the cluster token,

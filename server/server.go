@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +62,10 @@ type Config struct {
 	// PeerCheck, when set, must accept a worker's heartbeat request besides
 	// its cluster token (the mesh checks the tailnet peer's identity).
 	PeerCheck func(*http.Request) error
+	// PeerIdentity, when set, names the tailnet peer a heartbeat came from
+	// ("" if none); a worker's credential is bound to the peer that
+	// registered it. Nil: credentials are not bound to a peer.
+	PeerIdentity func(*http.Request) string
 	// ConnectTimeout bounds dialing a replica; 0 means 2s.
 	ConnectTimeout time.Duration
 	// BodyTimeout bounds reading a request body, so a client that trickles
@@ -186,6 +191,11 @@ type Server struct {
 	idSeq    atomic.Uint64
 
 	rejectedRows *rate.Limiter // ledger rows of refused requests
+
+	hbMu sync.Mutex // one worker registration or revocation at a time
+	// revokedWorkers holds the credentials revoked while a heartbeat that
+	// looked them up may have been waiting for hbMu. Guarded by hbMu.
+	revokedWorkers map[string]bool
 }
 
 // New returns a Server.

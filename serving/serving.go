@@ -11,7 +11,12 @@
 // Registration: the worker POSTs a [Heartbeat] as JSON to
 // {gateway admin URL}[HeartbeatPath] at least once a second, with
 // "Authorization: Bearer <cluster token>". The gateway answers 200 with a
-// [HeartbeatReply]. A replica that misses about three beats (its lease) is
+// [HeartbeatReply]. The first answer to a worker carries a per-worker
+// credential ([HeartbeatReply.Credential]); the worker sends it with every
+// later beat in [HeaderWorkerCredential]. The credential binds the worker
+// to its replica id and address: the gateway refuses (403) a beat that
+// claims an id or address held by a configured upstream or by another
+// worker, and every beat with a revoked credential. A replica that misses about three beats (its lease) is
 // dropped from routing. The worker reports its replica's state itself:
 // "failed" also while the engine process runs but does not answer (frozen),
 // with the reason and the engine's last error lines.
@@ -30,6 +35,10 @@ package serving
 
 // HeartbeatPath is where workers register on the gateway's admin listener.
 const HeartbeatPath = "/admin/v1/cluster/heartbeat"
+
+// HeaderWorkerCredential carries a worker's credential on its heartbeats
+// once the gateway issued one.
+const HeaderWorkerCredential = "X-Tailgate-Worker-Credential"
 
 // Headers and SSE comment prefix of the sidecar's timing report.
 const (
@@ -87,4 +96,10 @@ type Load struct {
 // HeartbeatReply is the gateway's answer.
 type HeartbeatReply struct {
 	LeaseSeconds float64 `json:"lease_seconds"`
+	// WorkerID names the worker's credential (for `tailgate workers`).
+	WorkerID string `json:"worker_id,omitempty"`
+	// Credential is the worker's secret, sent once: in the answer to the
+	// beat that registered the worker without one. The gateway keeps only
+	// its hash.
+	Credential string `json:"credential,omitempty"`
 }

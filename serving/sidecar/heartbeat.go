@@ -23,7 +23,10 @@ type HeartbeatConfig struct {
 	// http://127.0.0.1:8081 or, in mesh mode, http://tg-gateway:8081.
 	// Required.
 	GatewayURL string
-	// ClusterToken is sent as bearer token with every beat. Required.
+	// ClusterToken is sent as bearer token with every beat. Required. The
+	// gateway answers the first beat with a per-worker credential, which
+	// the heartbeater keeps in memory and sends with every later beat
+	// (serving.HeaderWorkerCredential).
 	ClusterToken string
 	// Interval is the time between beats; 0 means 1s. The gateway drops a
 	// replica that misses about three.
@@ -67,8 +70,14 @@ func (c HeartbeatConfig) Validate() error {
 var (
 	// ErrTokenRejected means the gateway refused the cluster token.
 	ErrTokenRejected = errors.New("gateway rejected the cluster token")
+	// ErrCredentialUnknown means the gateway does not know this worker's
+	// credential (e.g. its data was reset); the next beat registers
+	// afresh with the cluster token.
+	ErrCredentialUnknown = errors.New("gateway does not know this worker's credential")
 	// ErrRefused means the gateway accepted the token but refused this
-	// worker (403), e.g. a tailnet peer outside --mesh-allow-peers.
+	// worker (403): a tailnet peer outside --mesh-allow-peers, a replica id
+	// or address held by another worker or a configured upstream, or a
+	// revoked credential.
 	ErrRefused = errors.New("gateway refused this worker's registration")
 	// ErrGatewayUnreachable means no connection to the gateway could be made.
 	ErrGatewayUnreachable = errors.New("gateway unreachable")
@@ -87,6 +96,7 @@ type Heartbeater struct {
 	// overtaken by one built before it. It also guards the fields below.
 	sem        chan struct{}
 	registered bool   // the last beat succeeded
+	credential string // issued by the gateway on the first good beat; "" before
 	failing    string // message of the failure streak being logged; "" if none
 
 	kick chan struct{} // Kick's request for a beat now (capacity 1)
@@ -179,6 +189,9 @@ func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+h.cfg.ClusterToken)
+	if h.credential != "" {
+		req.Header.Set(serving.HeaderWorkerCredential, h.credential)
+	}
 	resp, err := h.client.Do(req)
 	if err != nil {
 		if op, ok := errors.AsType[*net.OpError](err); ok && op.Op == "dial" {
@@ -188,19 +201,28 @@ func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
 	switch {
 	case resp.StatusCode == http.StatusOK:
+		var reply serving.HeartbeatReply
+		if err := json.Unmarshal(raw, &reply); err == nil && reply.Credential != "" {
+			h.credential = reply.Credential
+		}
 		return nil
 	case resp.StatusCode == http.StatusUnauthorized:
+		if _ = json.Unmarshal(raw, &e); e.Error.Code == "invalid_worker_credential" {
+			h.credential = ""
+			return ErrCredentialUnknown
+		}
 		return ErrTokenRejected
 	case resp.StatusCode == http.StatusForbidden:
 		// The token was fine; the gateway refuses this worker (e.g. a tailnet
 		// peer outside its allow list) and says why.
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
 		_ = json.Unmarshal(raw, &e)
 		return fmt.Errorf("%w: %s", ErrRefused, e.Error.Message)
 	default:
@@ -224,6 +246,8 @@ func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
 	switch {
 	case errors.Is(err, ErrTokenRejected):
 		msg = "gateway rejected the cluster token"
+	case errors.Is(err, ErrCredentialUnknown):
+		msg = "gateway does not know this worker's credential: registering afresh"
 	case errors.Is(err, ErrRefused):
 		msg = "gateway refused this worker's registration"
 	case errors.Is(err, ErrGatewayUnreachable):

@@ -293,3 +293,56 @@ func TestKickBeatsAtOnce(t *testing.T) {
 		t.Fatal("Kick did not make Run beat (the interval is an hour)")
 	}
 }
+
+// TestHeartbeatPresentsTheCredentialItWasGiven: the first beat goes with
+// the cluster token alone, every later one with the credential the gateway
+// answered; a gateway that no longer knows it gets a fresh registration.
+func TestHeartbeatPresentsTheCredentialItWasGiven(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	forget := false
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		cred := r.Header.Get(serving.HeaderWorkerCredential)
+		seen = append(seen, cred)
+		switch {
+		case forget && cred != "":
+			forget = false
+			http.Error(w, `{"error":{"code":"invalid_worker_credential","message":"unknown"}}`, http.StatusUnauthorized)
+		case cred == "":
+			_ = json.NewEncoder(w).Encode(serving.HeartbeatReply{LeaseSeconds: 3, WorkerID: "wkr_1", Credential: "tgw_secret"})
+		default:
+			_ = json.NewEncoder(w).Encode(serving.HeartbeatReply{LeaseSeconds: 3, WorkerID: "wkr_1"})
+		}
+	}))
+	t.Cleanup(srv.Close)
+	rep := &replica{state: serving.StateReady}
+	h := newHeartbeater(t, HeartbeatConfig{GatewayURL: srv.URL, ClusterToken: testToken, Interval: time.Hour, Build: rep.build})
+	ctx := context.Background()
+	for range 2 {
+		if err := h.Beat(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	forget = true
+	mu.Unlock()
+	if err := h.Beat(ctx); !errors.Is(err, ErrCredentialUnknown) {
+		t.Fatalf("beat with a credential the gateway forgot: %v", err)
+	}
+	if err := h.Beat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"", "tgw_secret", "tgw_secret", ""}
+	if len(seen) != len(want) {
+		t.Fatalf("credentials presented %q; want %q", seen, want)
+	}
+	for i := range want {
+		if seen[i] != want[i] {
+			t.Fatalf("credentials presented %q; want %q", seen, want)
+		}
+	}
+}
