@@ -121,6 +121,15 @@ func TestRevokedWorkerIsRefusedAndLeavesRouting(t *testing.T) {
 	if code, _ := admin(t, h, http.MethodDelete, "/admin/v1/workers/wkr_nosuch"); code != http.StatusNotFound {
 		t.Errorf("revoking an unknown worker: %d", code)
 	}
+	// `tailgate workers revoke` revokes in the database: the next heartbeat
+	// is refused.
+	_, reply2, _ := beat(h, servertest.ClusterToken, "", readyBeat("w2", engine.URL))
+	if _, err := h.Store.RevokeWorker(context.Background(), "w2"); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _, msg := beat(h, servertest.ClusterToken, reply2.Credential, readyBeat("w2", engine.URL)); resp.StatusCode != http.StatusForbidden || !strings.Contains(msg, "revoked") {
+		t.Fatalf("heartbeat after a revocation in the database: %d %q", resp.StatusCode, msg)
+	}
 	// An unknown credential (the gateway's data was reset) is told so.
 	if resp, _, _ := beat(h, servertest.ClusterToken, "tgw_unknown", readyBeat("w9", "http://127.0.0.1:2")); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("unknown credential: %d", resp.StatusCode)
