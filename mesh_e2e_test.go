@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -52,6 +54,20 @@ func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
 	for _, r := range g.replicas() {
 		if !strings.HasPrefix(r.Address, "http://100.") || !strings.HasSuffix(r.Address, ":9411") {
 			t.Fatalf("replica %s registered %q, want its tailnet address", r.ID, r.Address)
+		}
+	}
+	// Each worker's credential is bound to the tailnet node it registered from.
+	req, _ := http.NewRequest(http.MethodGet, g.admin+"/admin/v1/workers", nil)
+	req.Header.Set("Authorization", "Bearer "+g.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, peer := range []string{`"peer":"tg-w1"`, `"peer":"tg-w2"`} {
+		if !strings.Contains(string(raw), peer) {
+			t.Fatalf("workers %s: want %s", raw, peer)
 		}
 	}
 	// The sidecars listen on the tailnet only: nothing on the host.

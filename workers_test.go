@@ -81,6 +81,7 @@ type replicaView struct {
 	Engine  string   `json:"engine"`
 	Models  []string `json:"models"`
 	Address string   `json:"address"`
+	Worker  string   `json:"worker"` // the registering worker's credential id
 	// EngineLog is the engine's last error lines, sent while not ready.
 	EngineLog []string `json:"engine_log"`
 }
@@ -465,5 +466,45 @@ func TestUpReplacesAKilledWorker(t *testing.T) {
 	code, _, _, err := g.chat(context.Background(), true, 5)
 	if err != nil || code != 200 {
 		t.Fatalf("after the replacement: %d %v", code, err)
+	}
+}
+
+// TestRevokedWorkerLeavesRoutingAndStaysOut: the real worker binary gets
+// a credential on its first heartbeat; revoking it over the admin API
+// takes its replica out of routing, and its later heartbeats cannot bring
+// it back. Its id stays its own meanwhile: another worker cannot take it.
+func TestRevokedWorkerLeavesRoutingAndStaysOut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
+	g := startGateway(t, "--slow-start", "0")
+	g.startFleet(1)
+	worker := ""
+	for _, r := range g.replicas() {
+		if r.ID == "w1" {
+			worker = r.Worker
+		}
+	}
+	if !strings.HasPrefix(worker, "wkr_") {
+		t.Fatalf("w1 registered without a worker id: %q", worker)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, g.admin+"/admin/v1/workers/"+worker, nil)
+	req.Header.Set("Authorization", "Bearer "+g.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("revoke: %d", resp.StatusCode)
+	}
+	// Three heartbeats later it is still out.
+	time.Sleep(3 * time.Second)
+	if st := g.state("w1"); st != "gone" {
+		t.Fatalf("revoked worker is back in the registry as %q", st)
+	}
+	code, _, _, err := g.chat(context.Background(), false, 3)
+	if err == nil && code == 200 {
+		t.Fatal("a request was served with the only worker revoked")
 	}
 }
