@@ -26,15 +26,30 @@ const maxHeartbeatBody = 1 << 20
 var errBadClusterToken = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_cluster_token",
 	Message: "missing or invalid cluster token"}
 
+// warnRefused logs a refused registration, at most about once every 10 s
+// (a refused worker retries every second), saying how many it left out.
+func (s *Server) warnRefused(msg string, args ...any) {
+	if !s.refusedLog.Allow() {
+		s.refusedQuiet.Add(1)
+		return
+	}
+	if n := s.refusedQuiet.Swap(0); n > 0 {
+		args = append(args, "refused_since_last_log", n)
+	}
+	s.log.Warn(msg, args...)
+}
+
 // handlePostHeartbeat registers or refreshes a worker's replica.
 func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	tok := bearer(c.Request())
 	if s.cfg.ClusterToken == "" || tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.ClusterToken)) != 1 {
+		s.warnRefused("registration refused: missing or wrong cluster token (the worker's --cluster-token-file must hold the gateway's DIR/cluster.token)",
+			"remote", c.Request().RemoteAddr)
 		return apierr.Reply(c, errBadClusterToken)
 	}
 	if s.cfg.PeerCheck != nil {
 		if err := s.cfg.PeerCheck(c.Request()); err != nil {
-			s.log.Warn("registration refused", "remote", c.Request().RemoteAddr, "err", err)
+			s.warnRefused("registration refused", "remote", c.Request().RemoteAddr, "err", err)
 			return apierr.Reply(c, &apierr.Error{Status: http.StatusForbidden, Type: "invalid_request_error",
 				Code: "peer_not_allowed", Message: err.Error()})
 		}
@@ -75,7 +90,7 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 		return apierr.Reply(c, errWorkerRefused("worker_revoked", "worker "+w.ID+" was revoked; its heartbeats are refused"))
 	}
 	if err := s.reg.Claim(hb.ReplicaID, addr, w.ID); err != nil {
-		s.log.Warn("registration refused", "replica", hb.ReplicaID, "address", addr, "remote", c.Request().RemoteAddr, "err", err)
+		s.warnRefused("registration refused", "replica", hb.ReplicaID, "address", addr, "remote", c.Request().RemoteAddr, "err", err)
 		return apierr.Reply(c, errReplicaTaken(err))
 	}
 	if w.ID == "" {

@@ -191,6 +191,8 @@ type Server struct {
 	idSeq    atomic.Uint64
 
 	rejectedRows *rate.Limiter // ledger rows of refused requests
+	refusedLog   *rate.Limiter // warnings of refused worker registrations
+	refusedQuiet atomic.Int64  // refusals not logged since the last warning
 
 	hbMu sync.Mutex // one worker registration or revocation at a time
 	// revokedWorkers holds the credentials revoked while a heartbeat that
@@ -221,6 +223,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		idPrefix: "req_" + strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36) + "_",
 
 		rejectedRows: rate.NewLimiter(rate.Limit(cfg.RejectedRows), int(max(5*cfg.RejectedRows, 1))),
+		refusedLog:   rate.NewLimiter(rate.Every(10*time.Second), 3),
 	}
 	m, err := newMetrics(d.Registerer, d.Ledger)
 	if err != nil {
