@@ -2,7 +2,6 @@ package server
 
 import (
 	"errors"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -35,31 +34,41 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		c.Response().Header().Set("X-Request-Id", cl.id)
 		out := httpSink{s: s, c: c}
 
-		rc := http.NewResponseController(c.Response())
-		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
-		body, err := serving.ReadBody(c.Response(), r, s.cfg.MaxBodyBytes)
-		if err != nil {
-			// The deadline stays in force, so the server's own drain of the
-			// unread body fails fast too and the connection is closed.
-			var (
-				mbe *http.MaxBytesError
-				ne  net.Error
-			)
-			switch {
-			case errors.As(err, &mbe):
-				err = errBodyTooLarge
-			case errors.As(err, &ne) && ne.Timeout():
-				err = errBodyTimeout
-			default:
-				err = apierr.BadRequest("", "could not read the request body")
-			}
-			s.reject(cl, out, err)
+		body, ok := s.readBody(c, cl, out, s.cfg.MaxBodyBytes)
+		if !ok {
 			return nil
 		}
-		_ = rc.SetReadDeadline(time.Time{})
 		s.serve(r.Context(), cl, body, out)
 		return nil
 	}
+}
+
+// readBody reads the request body once, at most limit bytes, under the body
+// deadline; a body that fails is refused (and recorded) for cl, and false
+// returned. On failure the deadline stays in force, so the server's own
+// drain of the unread body fails fast too and the connection is closed.
+func (s *Server) readBody(c echo.Context, cl *call, out sink, limit int64) ([]byte, bool) {
+	rc := http.NewResponseController(c.Response())
+	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+	body, err := serving.ReadBody(c.Response(), c.Request(), limit)
+	if err != nil {
+		s.reject(cl, out, bodyError(err))
+		return nil, false
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return body, true
+}
+
+// bodyError maps a failed body read to the client's error.
+func bodyError(err error) error {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return errBodyTooLarge
+	case isTimeout(err):
+		return errBodyTimeout
+	}
+	return apierr.BadRequest("", "could not read the request body")
 }
 
 // httpSink delivers a call's answer as the public API's HTTP response.

@@ -22,8 +22,6 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server/apierr"
-	"tailgate/server/strictjson"
-	"tailgate/serving"
 	"tailgate/serving/sse"
 )
 
@@ -77,14 +75,10 @@ func (s *Server) handleProxy(pe proxyEndpoint) echo.HandlerFunc {
 		if pe.multipart {
 			limit = s.cfg.MaxAudioBytes
 		}
-		rc := http.NewResponseController(c.Response())
-		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
-		body, err := serving.ReadBody(c.Response(), r, limit)
-		if err != nil {
-			s.reject(cl, out, bodyError(err))
+		body, ok := s.readBody(c, cl, out, limit)
+		if !ok {
 			return nil
 		}
-		_ = rc.SetReadDeadline(time.Time{})
 		s.serveProxy(r.Context(), cl, pe, body, r.Header.Get("Content-Type"), out)
 		return nil
 	}
@@ -177,12 +171,8 @@ func (s *Server) parseProxied(pe proxyEndpoint, body []byte, ctype string) (*par
 		if len(body) == 0 {
 			return nil, apierr.BadRequest("", "request body is empty; send a JSON object")
 		}
-		if err := strictjson.Check(body, s.cfg.MaxJSONDepth); err != nil {
-			var dup *strictjson.DuplicateKeyError
-			if errors.As(err, &dup) {
-				return nil, apierr.BadRequest(dup.Key, "request body has %s: send each field once", err)
-			}
-			return nil, apierr.BadRequest("", "request body is not valid JSON: %s", err)
+		if err := checkJSON(body, s.cfg.MaxJSONDepth); err != nil {
+			return nil, err
 		}
 		v := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
 		if !v.IsObject() {
@@ -391,16 +381,4 @@ func proxyUsage(payload []byte, prev policy.Usage) (policy.Usage, bool) {
 
 func isEventStream(h http.Header) bool {
 	return strings.HasPrefix(strings.TrimSpace(h.Get("Content-Type")), "text/event-stream")
-}
-
-// bodyError maps a failed body read to the client's error.
-func bodyError(err error) error {
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		return errBodyTooLarge
-	}
-	if isTimeout(err) {
-		return errBodyTimeout
-	}
-	return apierr.BadRequest("", "could not read the request body")
 }

@@ -83,21 +83,8 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	if len(body) == 0 {
 		return nil, apierr.BadRequest("", "request body is empty; send a JSON object")
 	}
-	if err := strictjson.Check(body, lim.maxDepth); err != nil {
-		var (
-			dup   *strictjson.DuplicateKeyError
-			depth *strictjson.DepthError
-			keys  *strictjson.TooManyKeysError
-		)
-		switch {
-		case errors.As(err, &dup):
-			return nil, apierr.BadRequest(dup.Key, "request body has %s: send each field once", err)
-		case errors.As(err, &depth):
-			return nil, apierr.BadRequest("", "request body is %s", err)
-		case errors.As(err, &keys):
-			return nil, apierr.BadRequest("", "request body has %s", err)
-		}
-		return nil, apierr.BadRequest("", "request body is not valid JSON: %s", err)
+	if err := checkJSON(body, lim.maxDepth); err != nil {
+		return nil, err
 	}
 	if body[firstNonSpace(body)] != '{' {
 		return nil, apierr.BadRequest("", "request body must be a JSON object")
@@ -253,6 +240,30 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	p.promptBound = int64(len(body)) + 16 + media*lim.mediaPart
 	p.promptEstimate = int64(len(body))/4 + 1 + media*lim.mediaPart/4
 	return p, nil
+}
+
+// checkJSON runs the strict check on a request body and turns its verdict
+// into the client's 400: a repeated key names the key, deep nesting and too
+// many keys say so, anything else is invalid JSON.
+func checkJSON(body []byte, maxDepth int) error {
+	err := strictjson.Check(body, maxDepth)
+	if err == nil {
+		return nil
+	}
+	var (
+		dup   *strictjson.DuplicateKeyError
+		depth *strictjson.DepthError
+		keys  *strictjson.TooManyKeysError
+	)
+	switch {
+	case errors.As(err, &dup):
+		return apierr.BadRequest(dup.Key, "request body has %s: send each field once", err)
+	case errors.As(err, &depth):
+		return apierr.BadRequest("", "request body is %s", err)
+	case errors.As(err, &keys):
+		return apierr.BadRequest("", "request body has %s", err)
+	}
+	return apierr.BadRequest("", "request body is not valid JSON: %s", err)
 }
 
 // reservedCompletion is the completion tokens the request may produce in
