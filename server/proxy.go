@@ -95,22 +95,8 @@ func (s *Server) serveProxy(ctx context.Context, cl *call, pe proxyEndpoint, bod
 		s.reject(cl, out, err)
 		return
 	}
-	cl.req = pr
-	switch {
-	case !cl.principal.Allows(pr.model):
-		s.reject(cl, out, errModelNotAllowed(pr.model))
-		return
-	case !s.reg.Known(pr.model):
-		s.reject(cl, out, errUnknownModel(pr.model))
-		return
-	}
-	cl.mm = s.m.model(pr.model)
-	ticket, rs, err := s.gate.Admit(cl.principal, policy.Request{
-		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.reservedCompletion(),
-	})
-	out.rateLimits(rs)
-	if err != nil {
-		s.reject(cl, out, err)
+	ticket := s.admit(cl, pr, out)
+	if ticket == nil {
 		return
 	}
 	defer ticket.Release()

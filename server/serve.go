@@ -71,7 +71,6 @@ type sink interface {
 // settle, record. ctx is the client's: when it ends, everything started
 // upstream is cancelled. The ledger row is written whatever happens.
 func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
-	p := cl.principal
 	// Fail closed: no answer starts that the ledger could not record.
 	if err := s.ledger.Healthy(); err != nil {
 		s.reject(cl, out, err)
@@ -82,23 +81,8 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		s.reject(cl, out, err)
 		return
 	}
-	cl.req = pr
-	switch {
-	case !p.Allows(pr.model):
-		s.reject(cl, out, errModelNotAllowed(pr.model))
-		return
-	case !s.reg.Known(pr.model):
-		s.reject(cl, out, errUnknownModel(pr.model))
-		return
-	}
-	cl.mm = s.m.model(pr.model)
-
-	ticket, rs, err := s.gate.Admit(p, policy.Request{
-		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.reservedCompletion(),
-	})
-	out.rateLimits(rs)
-	if err != nil {
-		s.reject(cl, out, err)
+	ticket := s.admit(cl, pr, out)
+	if ticket == nil {
 		return
 	}
 	// Settle is once only: this releases the reservation and the concurrency
@@ -167,6 +151,31 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		}
 	}
 	s.settle(ctx, cl, ticket, false)
+}
+
+// admit checks the parsed request against its key (the model allowed, known
+// here) and admits it (limits, budget reservation); nil means it was refused
+// and answered. The caller must settle or release the ticket.
+func (s *Server) admit(cl *call, pr *parsedRequest, out sink) *policy.Ticket {
+	cl.req = pr
+	switch {
+	case !cl.principal.Allows(pr.model):
+		s.reject(cl, out, errModelNotAllowed(pr.model))
+		return nil
+	case !s.reg.Known(pr.model):
+		s.reject(cl, out, errUnknownModel(pr.model))
+		return nil
+	}
+	cl.mm = s.m.model(pr.model)
+	ticket, rs, err := s.gate.Admit(cl.principal, policy.Request{
+		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.reservedCompletion(),
+	})
+	out.rateLimits(rs)
+	if err != nil {
+		s.reject(cl, out, err)
+		return nil
+	}
+	return ticket
 }
 
 // conclude decides, in one place, how a routed call ended: its outcome,
