@@ -111,6 +111,22 @@ func (r *Registry) ReadyModels() []string {
 	return out
 }
 
+// ContextLen is the smallest context length among the ready replicas that
+// serve model and reported one (a request that fits it fits any of them);
+// 0 when none did.
+func (r *Registry) ContextLen(model string) int64 {
+	var n int64
+	for _, rep := range *r.list.Load() {
+		if rep.State() != StateReady || !rep.Serves(model) {
+			continue
+		}
+		if c := rep.ContextLen(); c > 0 && (n == 0 || c < n) {
+			n = c
+		}
+	}
+	return n
+}
+
 // AnyReady reports whether at least one replica is ready.
 func (r *Registry) AnyReady() bool {
 	for _, rep := range *r.list.Load() {

@@ -100,6 +100,7 @@ type Replica struct {
 	firstFailAt  atomic.Int64  // unix nanos of the first failure of the current streak
 	ejectCh      atomic.Pointer[chan struct{}]
 	slots        atomic.Int64 // engine concurrency learnt from heartbeats (0: unknown)
+	contextLen   atomic.Int64 // the engine's max_model_len from /v1/models (0: unknown)
 }
 
 // Slots returns the engine's concurrency as learnt from heartbeats: the
@@ -244,6 +245,13 @@ func (r *Replica) LastOK() time.Time {
 	}
 	return time.Unix(0, n)
 }
+
+// ContextLen is the engine's context length (vLLM's max_model_len: prompt
+// and completion together) as its /v1/models says; 0 when unknown.
+func (r *Replica) ContextLen() int64 { return r.contextLen.Load() }
+
+// SetContextLen records the engine's context length (0: unknown).
+func (r *Replica) SetContextLen(n int64) { r.contextLen.Store(max(n, 0)) }
 
 // SetModels replaces the models the replica serves.
 func (r *Replica) SetModels(models []string) {

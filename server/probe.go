@@ -25,35 +25,55 @@ func (p *Prober) Probe(ctx context.Context, rep *router.Replica) ([]string, erro
 	if !rep.Static {
 		return nil, p.probeSidecar(ctx, rep)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rep.URL+"/v1/models", nil)
+	models, contextLen, err := p.listModels(ctx, rep, "")
 	if err != nil {
 		return nil, err
 	}
+	rep.SetContextLen(contextLen)
+	return models, nil
+}
+
+// listModels reads the replica's GET /v1/models: the served names and the
+// context length (vLLM's max_model_len; the smallest of the cards that say
+// one, 0 when none does — LoRA cards say null).
+func (p *Prober) listModels(ctx context.Context, rep *router.Replica, auth string) ([]string, int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rep.URL+"/v1/models", nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
 	resp, err := p.Transport.RoundTrip(req)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return nil, fmt.Errorf("/v1/models answered %d", resp.StatusCode)
+		return nil, 0, fmt.Errorf("/v1/models answered %d", resp.StatusCode)
 	}
 	var list struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID          string `json:"id"`
+			MaxModelLen *int64 `json:"max_model_len"`
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&list); err != nil {
-		return nil, fmt.Errorf("/v1/models: %w", err)
+		return nil, 0, fmt.Errorf("/v1/models: %w", err)
 	}
 	models := make([]string, 0, len(list.Data))
+	var contextLen int64
 	for _, m := range list.Data {
 		models = append(models, m.ID)
+		if n := m.MaxModelLen; n != nil && *n > 0 && (contextLen == 0 || *n < contextLen) {
+			contextLen = *n
+		}
 	}
 	if len(models) == 0 {
-		return nil, fmt.Errorf("/v1/models lists no model")
+		return nil, 0, fmt.Errorf("/v1/models lists no model")
 	}
-	return models, nil
+	return models, contextLen, nil
 }
 
 func (p *Prober) probeSidecar(ctx context.Context, rep *router.Replica) error {
@@ -70,6 +90,15 @@ func (p *Prober) probeSidecar(ctx context.Context, rep *router.Replica) error {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	switch resp.StatusCode {
 	case http.StatusOK:
+		// The engine's context length, read when the replica becomes
+		// ready (an engine restarted with another --max-model-len is
+		// not ready in between). Not knowing it only means the default
+		// max_tokens is not capped to fit.
+		if rep.State() != router.StateReady || rep.ContextLen() == 0 {
+			if _, n, err := p.listModels(ctx, rep, "Bearer "+p.ClusterToken); err == nil {
+				rep.SetContextLen(n)
+			}
+		}
 		return nil
 	case http.StatusServiceUnavailable:
 		return router.ErrProbeNotReady

@@ -71,6 +71,9 @@ type parseLimits struct {
 	maxDepth   int
 	mediaPart  int64
 	defaultMax func(model string) int64
+	// contextLen is the model's context length at its replicas (0:
+	// unknown); nil means unknown everywhere.
+	contextLen func(model string) int64
 }
 
 // parseRequest validates body for ep and prepares what is sent upstream:
@@ -216,7 +219,25 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	}
 	if p.maxTokens == 0 {
 		p.maxTokens = lim.defaultMax(p.model)
-		set("max_tokens", "", p.maxTokens, "-")
+		var contextLen int64
+		if lim.contextLen != nil {
+			contextLen = lim.contextLen(p.model)
+		}
+		// The engine refuses a prompt that leaves less room than
+		// max_tokens in its context, so the default is sent only where it
+		// surely fits (a prompt is very rarely more than a token per two
+		// bytes). Where it may not, max_tokens goes as null: the engine
+		// gives the rest of the context, as to a client that set none
+		// (vLLM's completions would otherwise stop at 16), and the whole
+		// context is reserved.
+		if likely := int64(len(body))/2 + 16 + media*lim.mediaPart; contextLen > 0 && likely+p.maxTokens > contextLen {
+			p.maxTokens = contextLen
+			if err == nil {
+				p.body, err = sjson.SetRawBytes(p.body, "max_tokens", []byte("null"))
+			}
+		} else {
+			set("max_tokens", "", p.maxTokens, "-")
+		}
 	} else {
 		for _, f := range []struct {
 			name string
