@@ -86,8 +86,12 @@ type Config struct {
 	// Log receives the sidecar's few log lines; nil discards them.
 	Log *slog.Logger
 	// Transport carries requests to the engine; nil means a keep-alive
-	// transport without compression tuned for one local engine.
+	// transport without compression tuned for one local engine, which
+	// closes a connection idle for 4/5 of EngineKeepAlive.
 	Transport http.RoundTripper
+	// EngineKeepAlive is how long the engine keeps an idle connection open
+	// (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE); 0 means serving.EngineKeepAlive.
+	EngineKeepAlive time.Duration
 }
 
 const (
@@ -103,7 +107,7 @@ func (c Config) Validate() error {
 		return errors.New("sidecar: engine URL is required")
 	case c.ClusterToken == "":
 		return errors.New("sidecar: cluster token is required")
-	case c.ScrapeInterval < 0, c.HealthInterval < 0, c.UnhealthyAfter < 0:
+	case c.ScrapeInterval < 0, c.HealthInterval < 0, c.UnhealthyAfter < 0, c.EngineKeepAlive < 0:
 		return errors.New("sidecar: intervals must not be negative")
 	}
 	return nil
@@ -114,6 +118,7 @@ type Sidecar struct {
 	cfg       Config // defaults applied
 	log       *slog.Logger
 	transport http.RoundTripper
+	fresh     http.RoundTripper // transport's twin that keeps no connection, for resends
 	tokenSum  [sha256.Size]byte // of "Bearer <token>", compared in constant time
 	handler   http.Handler
 
@@ -143,6 +148,9 @@ func New(cfg Config) (*Sidecar, error) {
 	if cfg.UnhealthyAfter == 0 {
 		cfg.UnhealthyAfter = defaultUnhealthyAfter
 	}
+	if cfg.EngineKeepAlive == 0 {
+		cfg.EngineKeepAlive = serving.EngineKeepAlive
+	}
 	s := &Sidecar{
 		cfg:       cfg,
 		log:       cfg.Log,
@@ -154,22 +162,29 @@ func New(cfg Config) (*Sidecar, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.transport == nil {
-		s.transport = newTransport()
+		s.transport = newTransport(cfg.EngineKeepAlive * 4 / 5)
+	}
+	s.fresh = s.transport
+	if t, ok := s.transport.(*http.Transport); ok {
+		f := t.Clone()
+		f.DisableKeepAlives = true
+		s.fresh = f
 	}
 	s.handler = s.routes()
 	return s, nil
 }
 
 // newTransport returns a transport for a local engine: many warm keep-alive
-// connections (every concurrent stream holds one), no gzip (SSE must arrive
-// as the engine flushed it), and a bounded dial.
-func newTransport() *http.Transport {
+// connections (every concurrent stream holds one), each closed after idle
+// (before the engine closes it: see [Config.EngineKeepAlive]), no gzip (SSE
+// must arrive as the engine flushed it), and a bounded dial.
+func newTransport(idle time.Duration) *http.Transport {
 	return &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        1024,
 		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     idle,
 		DisableCompression:  true,
 		WriteBufferSize:     16 << 10,
 		ReadBufferSize:      16 << 10,
