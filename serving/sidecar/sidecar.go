@@ -22,13 +22,15 @@
 // new ones get 503 replica_draining while those in flight finish. Drain is
 // final for the Sidecar's life.
 //
-// The state is the launcher's ([Sidecar.SetState]) with one addition of the
+// The state is the launcher's ([Sidecar.SetState]) with two additions of the
 // sidecar's own: while the launcher says ready, [Sidecar.Run] asks the
 // engine's GET /health every [Config.HealthInterval], and an engine that
 // gives no 200 for [Config.UnhealthyAfter] — frozen, wedged, or dead behind
 // a live process — makes the replica "failed" with the reason, until it
-// answers again. [Sidecar.State] says what to report; [Config.OnStateChange]
-// says when that changed.
+// answers again; and an engine whose /metrics say vLLM's sleep mode put it
+// to sleep (it still answers /health) makes the replica "warming" with
+// reason "engine asleep (…)" until it wakes. [Sidecar.State] says what to
+// report; [Config.OnStateChange] says when that changed.
 //
 // [Sidecar.Run] also scrapes the engine's /metrics for [Sidecar.Load];
 // [Heartbeater] carries the state and the load to the gateway.
@@ -207,7 +209,9 @@ func (s *Sidecar) SetState(state, reason string) {
 
 // State returns the replica's state to report and why it is not ready:
 // draining once Drain was called, else the launcher's state, except that a
-// ready engine that stopped answering /health is failed.
+// ready engine that stopped answering /health is failed, and one that vLLM's
+// sleep mode put to sleep (its /metrics say so) is warming, with reason
+// "engine asleep (…)", until it wakes.
 func (s *Sidecar) State() (state, reason string) {
 	state, reason, _ = s.health()
 	return state, reason
@@ -256,6 +260,9 @@ func (s *Sidecar) admit() *apiError {
 	case s.eng.down:
 		return notReady(serving.StateFailed, s.eng.reason)
 	}
+	if why := s.sleepReason(); why != "" {
+		return notReady(serving.StateWarming, why)
+	}
 	s.inflight++
 	return nil
 }
@@ -282,6 +289,11 @@ func (s *Sidecar) health() (state, reason string, ready bool) {
 		return serving.StateDraining, "", false
 	case s.state == serving.StateReady && s.eng.down:
 		return serving.StateFailed, s.eng.reason, false
+	}
+	if s.state == serving.StateReady {
+		if why := s.sleepReason(); why != "" {
+			return serving.StateWarming, why, false
+		}
 	}
 	return s.state, s.reason, s.state == serving.StateReady
 }
