@@ -81,8 +81,8 @@ type Config struct {
 	// of its last answer.
 	UnhealthyAfter time.Duration
 	// OnStateChange, when set, is called with what [Sidecar.State] reports
-	// after the engine's health changed it (not after SetState, whose caller
-	// knows), from Run's goroutine; it must not block for long. A worker
+	// after the engine's health or sleep state changed it (not after
+	// SetState, whose caller knows), from Run's goroutine; it must not block for long. A worker
 	// sends a heartbeat from here.
 	OnStateChange func(state, reason string)
 	// Log receives the sidecar's few log lines; nil discards them.
