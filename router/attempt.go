@@ -277,13 +277,14 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 }
 
 // saturated reports whether a hedge would only queue: no other replica is
-// free, the one it would go to had requests waiting in its engine at its
-// last heartbeat, or the gateway's own requests there already fill every
-// engine slot (known once the engine has been seen queueing).
+// free, the one it would go to had requests waiting for room in its engine's
+// batch at its last heartbeat (requests the engine defers for their own sake
+// do not count), or the gateway's own requests there already fill every
+// engine slot (known once learnt, see [Replica.learnSlots]).
 func (r *Registry) saturated(hint Hint, tried []*Replica) bool {
 	rep, err := r.Pick(hint, tried)
 	if err != nil {
 		return true
 	}
-	return rep.Load().Waiting >= r.hedges.cfg.MaxQueue || rep.full()
+	return rep.Load().queued() >= r.hedges.cfg.MaxQueue || rep.full()
 }

@@ -27,7 +27,9 @@ type HedgeConfig struct {
 	// 0 means 50.
 	MinSamples int
 	// MaxQueue pauses hedging when the replica a hedge would go to has this
-	// many requests waiting in its engine (or more); 0 means 1.
+	// many requests waiting for room in its engine's batch (or more); 0
+	// means 1. Requests the engine says it defers for their own sake (vLLM's
+	// reason "deferred") do not count.
 	MaxQueue float64
 	// Models overrides the settings per model.
 	Models map[string]HedgeModel

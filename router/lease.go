@@ -85,13 +85,9 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 	if !slices.Equal(rep.Models(), u.Models) {
 		rep.SetModels(u.Models)
 	}
-	load := u.Load
+	prev, load := rep.Load(), u.Load
 	rep.load.Store(&load)
-	if load.Waiting > 0 && int64(load.Running) > rep.slots.Load() {
-		// Requests queue behind this many running sequences: that is the
-		// engine's concurrency.
-		rep.slots.Store(int64(load.Running))
-	}
+	rep.learnSlots(prev, load)
 	if rep.Engine() != u.Engine {
 		e := u.Engine
 		rep.engine.Store(&e)

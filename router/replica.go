@@ -101,11 +101,39 @@ type Replica struct {
 	ejectCh      atomic.Pointer[chan struct{}]
 	slots        atomic.Int64 // engine concurrency learnt from heartbeats (0: unknown)
 	contextLen   atomic.Int64 // the engine's max_model_len from /v1/models (0: unknown)
+	peakRunning  atomic.Int64 // the most sequences a heartbeat saw the engine running
 }
 
-// Slots returns the engine's concurrency as learnt from heartbeats: the
-// number of sequences it was running while requests waited (0: not seen yet).
+// Slots returns the engine's concurrency as learnt from heartbeats (0: not
+// known): the number of sequences it was running while requests waited for
+// room in its batch (see [Replica.learnSlots]).
 func (r *Replica) Slots() int64 { return r.slots.Load() }
+
+// learnSlots learns the engine's concurrency from two consecutive
+// heartbeats. A queue alone says little: vLLM holds requests back for more
+// than full sequence slots (the step's token budget, KV blocks, a grammar
+// still compiling), and a slot count learnt too low pauses hedging while the
+// engine has room. So the running count is taken as the slot count only
+// when requests wait for capacity, running did not fall since the last beat
+// (no preemption), and it is near the most the engine was ever seen running
+// (a wait far below that is a KV or token limit of the moment). A count the
+// engine is later seen to exceed was wrong and is forgotten.
+func (r *Replica) learnSlots(prev, now Load) {
+	running := int64(now.Running)
+	peak := r.peakRunning.Load()
+	if running > peak {
+		r.peakRunning.Store(running)
+		peak = running
+	}
+	slots := r.slots.Load()
+	switch {
+	case running <= slots:
+	case now.queued() > 0 && running >= int64(prev.Running) && 4*running >= 3*peak:
+		r.slots.Store(running)
+	case slots > 0:
+		r.slots.Store(0)
+	}
+}
 
 // full reports whether the gateway alone keeps every engine slot busy, a
 // live sign of saturation between two heartbeats.
@@ -157,11 +185,33 @@ func (r *Replica) backingOff(now time.Time) bool { return now.UnixNano() < r.bac
 
 // Load is a replica's engine load as its worker last reported it.
 type Load struct {
-	Inflight     int     // requests in the worker's sidecar
-	Waiting      float64 // engine queue
-	Running      float64 // sequences generating
-	KVCacheUsage float64 // 0..1
-	TTFTMillis   float64 // recent median engine time to first token; 0 = unknown
+	Inflight int     // requests in the worker's sidecar
+	Waiting  float64 // engine queue
+	// WaitReasons says the engine split Waiting by reason: WaitingCapacity
+	// wait for room in its batch (slots, token budget, KV blocks),
+	// WaitingDeferred are held back for their own sake (a grammar
+	// compiling, remote KV arriving).
+	WaitReasons                      bool
+	WaitingCapacity, WaitingDeferred float64
+	Running                          float64 // sequences generating
+	KVCacheUsage                     float64 // 0..1
+	// Preemptions, PrefixCacheQueries and PrefixCacheHits are the engine's
+	// counters since it started: running requests evicted for KV blocks,
+	// prompt tokens looked up in its prefix cache and found there.
+	Preemptions, PrefixCacheQueries, PrefixCacheHits float64
+	// SleepState is the engine's sleep mode state (vLLM: awake,
+	// weights_offloaded, discard_all); "" when it does not say.
+	SleepState string
+	TTFTMillis float64 // recent median engine time to first token; 0 = unknown
+}
+
+// queued returns the requests waiting for room in the engine's batch: all
+// that wait, unless the engine said some wait for other reasons.
+func (l Load) queued() float64 {
+	if l.WaitReasons {
+		return l.WaitingCapacity
+	}
+	return l.Waiting
 }
 
 // Load returns the last reported engine load (zero for static replicas).

@@ -358,6 +358,19 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 			row["engine_waiting"] = load.Waiting
 			row["engine_running"] = load.Running
 			row["kv_cache_usage"] = load.KVCacheUsage
+			if load.WaitReasons {
+				row["engine_waiting_by_reason"] = map[string]float64{"capacity": load.WaitingCapacity, "deferred": load.WaitingDeferred}
+			}
+			row["engine_preemptions_total"] = load.Preemptions
+			row["prefix_cache_queries_total"] = load.PrefixCacheQueries
+			row["prefix_cache_hits_total"] = load.PrefixCacheHits
+			if load.PrefixCacheQueries > 0 {
+				row["prefix_cache_hit_rate"] = load.PrefixCacheHits / load.PrefixCacheQueries
+			}
+			if load.SleepState != "" {
+				row["engine_sleep_state"] = load.SleepState
+			}
+			row["engine_slots"] = r.Slots()
 			row["sidecar_inflight"] = load.Inflight
 			row["recent_ttft_ms"] = load.TTFTMillis
 			row["engine_log"] = r.EngineLog()

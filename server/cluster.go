@@ -113,10 +113,21 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	s.reg.Heartbeat(router.Update{
 		ID: hb.ReplicaID, URL: addr, Models: hb.Models, State: state, Reason: hb.Reason,
 		Engine: hb.Engine, Lease: s.cfg.Lease, EngineLog: clipEngineLog(hb.EngineLog), Worker: w.ID,
-		Load: router.Load{Inflight: hb.Load.Inflight, Waiting: hb.Load.Waiting, Running: hb.Load.Running,
-			KVCacheUsage: hb.Load.KVCacheUsage, TTFTMillis: hb.Load.TTFTMillisP50},
+		Load: routerLoad(hb.Load),
 	})
 	return c.JSON(http.StatusOK, reply)
+}
+
+// routerLoad is a heartbeat's load in the router's terms.
+func routerLoad(l serving.Load) router.Load {
+	rl := router.Load{Inflight: l.Inflight, Waiting: l.Waiting, Running: l.Running,
+		KVCacheUsage: l.KVCacheUsage, Preemptions: l.Preemptions,
+		PrefixCacheQueries: l.PrefixCacheQueries, PrefixCacheHits: l.PrefixCacheHits,
+		SleepState: l.SleepState, TTFTMillis: l.TTFTMillisP50}
+	if w := l.WaitingByReason; w != nil {
+		rl.WaitReasons, rl.WaitingCapacity, rl.WaitingDeferred = true, w.Capacity, w.Deferred
+	}
+	return rl
 }
 
 var errUnknownWorker = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_worker_credential",

@@ -247,3 +247,65 @@ func TestReplicasShowWhyAnEngineFailed(t *testing.T) {
 	}
 	t.Fatalf("w1 not listed: %+v", list.Data)
 }
+
+// TestReplicasShowTheEngineSignals: what a worker's sidecar scraped of its
+// engine — why requests wait, preemptions, the prefix cache counters, the
+// sleep state — is in the admin API, with the prefix cache hit rate and the
+// slot count the router learnt; a sleeping engine's replica shows why it is
+// not ready.
+func TestReplicasShowTheEngineSignals(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	asleep := "engine asleep (vLLM sleep level 1: weights offloaded to CPU); POST /wake_up to the engine wakes it"
+	for _, hb := range []serving.Heartbeat{
+		{ReplicaID: "w1", Address: "http://127.0.0.1:1", Models: []string{servertest.SimModel}, State: "ready", Engine: "vllm",
+			Load: serving.Load{Waiting: 3, Running: 10, WaitingByReason: &serving.WaitReasons{Capacity: 2, Deferred: 1},
+				Preemptions: 9, PrefixCacheQueries: 200000, PrefixCacheHits: 120000, SleepState: serving.SleepAwake}},
+		{ReplicaID: "w2", Address: "http://127.0.0.1:2", Models: []string{servertest.SimModel}, State: "warming", Reason: asleep, Engine: "vllm",
+			Load: serving.Load{SleepState: serving.SleepWeightsOffloaded}},
+	} {
+		if resp := heartbeat(h, servertest.ClusterToken, hb); resp.StatusCode != 200 {
+			t.Fatalf("heartbeat %s: %d", hb.ReplicaID, resp.StatusCode)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, h.Admin.URL+"/admin/v1/replicas", nil)
+	req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []map[string]any `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]map[string]any{}
+	for _, r := range list.Data {
+		rows[r["id"].(string)] = r
+	}
+	w1, w2 := rows["w1"], rows["w2"]
+	if w1 == nil || w2 == nil {
+		t.Fatalf("replicas: %+v", list.Data)
+	}
+	for k, want := range map[string]any{
+		"engine_waiting":             3.0,
+		"engine_waiting_by_reason":   map[string]any{"capacity": 2.0, "deferred": 1.0},
+		"engine_preemptions_total":   9.0,
+		"prefix_cache_queries_total": 200000.0,
+		"prefix_cache_hits_total":    120000.0,
+		"prefix_cache_hit_rate":      0.6,
+		"engine_sleep_state":         "awake",
+		"engine_slots":               10.0, // the one beat: requests wait for capacity behind 10 running
+	} {
+		if got := w1[k]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("w1 %s = %v, want %v", k, got, want)
+		}
+	}
+	if w2["state"] != "warming" || w2["ready"] != false || w2["reason"] != asleep || w2["engine_sleep_state"] != "weights_offloaded" {
+		t.Errorf("sleeping replica: state %v ready %v reason %q sleep state %v", w2["state"], w2["ready"], w2["reason"], w2["engine_sleep_state"])
+	}
+	if _, ok := w2["engine_waiting_by_reason"]; ok {
+		t.Errorf("w2 shows waiting by reason its engine did not report: %v", w2["engine_waiting_by_reason"])
+	}
+}

@@ -33,6 +33,8 @@
 // not know is left out.
 package serving
 
+import "time"
+
 // HeartbeatPath is where workers register on the gateway's admin listener.
 const HeartbeatPath = "/admin/v1/cluster/heartbeat"
 
@@ -82,16 +84,60 @@ const (
 	MaxEngineLogLine  = 512
 )
 
-// Load is the replica's load as the sidecar sees it.
+// Load is the replica's load as the sidecar sees it. Engine numbers are
+// summed over the engine's data-parallel ranks.
 type Load struct {
 	Inflight     int     `json:"inflight"`       // requests in the sidecar now
 	Waiting      float64 `json:"waiting"`        // vllm:num_requests_waiting
 	Running      float64 `json:"running"`        // vllm:num_requests_running
 	KVCacheUsage float64 `json:"kv_cache_usage"` // vllm:kv_cache_usage_perc (0..1)
+	// WaitingByReason splits Waiting by why the requests wait, as vLLM's
+	// vllm:num_requests_waiting_by_reason says; nil when the engine does
+	// not say (older vLLM, other engines).
+	WaitingByReason *WaitReasons `json:"waiting_by_reason,omitempty"`
+	// Preemptions counts the running requests the engine evicted to free KV
+	// blocks since it started (vllm:num_preemptions_total): a rising count
+	// means KV pressure even while nothing waits.
+	Preemptions float64 `json:"preemptions_total,omitempty"`
+	// PrefixCacheQueries and PrefixCacheHits count prompt tokens looked up
+	// in and found in the engine's prefix cache since it started
+	// (vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total).
+	PrefixCacheQueries float64 `json:"prefix_cache_queries_total,omitempty"`
+	PrefixCacheHits    float64 `json:"prefix_cache_hits_total,omitempty"`
+	// SleepState is vLLM's sleep mode state (vllm:engine_sleep_state):
+	// SleepAwake, or asleep at level 1 (SleepWeightsOffloaded) or level 2
+	// (SleepDiscardAll); "" when the engine does not say. An engine asleep
+	// still answers /health; the sidecar reports its replica not ready.
+	SleepState string `json:"sleep_state,omitempty"`
 	// TTFTMillisP50 is the engine's recent median time to first token as the
 	// sidecar measured it; 0 when unknown.
 	TTFTMillisP50 float64 `json:"ttft_ms_p50"`
 }
+
+// WaitReasons is why an engine's waiting requests wait, by vLLM's reason
+// label.
+type WaitReasons struct {
+	// Capacity: no room in the running batch now (sequence slots, the
+	// step's token budget, KV blocks).
+	Capacity float64 `json:"capacity"`
+	// Deferred: held back for the request's own sake, e.g. a
+	// structured-output grammar still compiling or remote KV arriving.
+	Deferred float64 `json:"deferred"`
+}
+
+// States of [Load.SleepState], as vLLM names them.
+const (
+	SleepAwake            = "awake"
+	SleepWeightsOffloaded = "weights_offloaded"
+	SleepDiscardAll       = "discard_all"
+)
+
+// EngineKeepAlive is how long the engine keeps an idle HTTP connection open:
+// vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5s by default. The launcher sets it
+// for the engine explicitly, and the sidecar closes its own idle connections
+// to the engine before then, so it does not write a request on a connection
+// the engine is closing.
+const EngineKeepAlive = 5 * time.Second
 
 // HeartbeatReply is the gateway's answer.
 type HeartbeatReply struct {

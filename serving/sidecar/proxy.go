@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"tailgate/serving"
@@ -62,22 +64,12 @@ func (s *Sidecar) handlePostGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	tr := newWroteTrace()
-	ctx := httptrace.WithClientTrace(r.Context(), tr.clientTrace())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.engineURL(r), bytes.NewReader(body))
-	if err != nil {
-		s.engineFailed(w, r, err)
-		return
-	}
-	copyRequestHeader(req.Header, r.Header)
-	s.authorize(req)
-	resp, err := s.transport.RoundTrip(req)
+	resp, wroteAt, err := s.post(r, body)
 	if err != nil {
 		s.engineFailed(w, r, err)
 		return
 	}
 	defer resp.Body.Close()
-	wroteAt := tr.wroteAt()
 
 	switch {
 	case resp.StatusCode != http.StatusOK:
@@ -87,6 +79,47 @@ func (s *Sidecar) handlePostGenerate(w http.ResponseWriter, r *http.Request) {
 	default:
 		s.relayJSON(w, r, resp, wroteAt)
 	}
+}
+
+// post sends the client's request to the engine and returns its answer and
+// when the request was written. A request that failed on a kept-alive
+// connection before any byte of an answer came back is sent once more on a
+// new connection: the engine closed the idle connection as the request
+// arrived (vLLM closes idle connections after VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
+// so it never read it, and Go's transport resends no POST it has written.
+func (s *Sidecar) post(r *http.Request, body []byte) (*http.Response, time.Time, error) {
+	send := func(rt http.RoundTripper) (*http.Response, *wroteTrace, error) {
+		tr := newWroteTrace()
+		ctx := httptrace.WithClientTrace(r.Context(), tr.clientTrace())
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.engineURL(r), bytes.NewReader(body))
+		if err != nil {
+			return nil, tr, err
+		}
+		copyRequestHeader(req.Header, r.Header)
+		s.authorize(req)
+		resp, err := rt.RoundTrip(req)
+		return resp, tr, err
+	}
+	resp, tr, err := send(s.transport)
+	if err != nil && tr.unanswered() && closedUnderUs(err) && r.Context().Err() == nil {
+		s.log.Debug("engine closed a kept-alive connection under the request; sending it again on a new one",
+			"path", r.URL.Path, "err", err)
+		resp, tr, err = send(s.fresh)
+	}
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return resp, tr.wroteAt(), nil
+}
+
+// closedUnderUs reports whether err is what a connection closed by the
+// engine looks like: the connection ended (EOF, reset, broken pipe), or Go
+// saw it close while idle. A timeout or a cancellation is not.
+func closedUnderUs(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		// net/http's errServerClosedIdle, unexported.
+		strings.Contains(err.Error(), "server closed idle connection")
 }
 
 // handleGetModels proxies the engine's model list.
@@ -287,16 +320,21 @@ func copyResponseHeader(dst, src http.Header) {
 }
 
 // wroteTrace records when the request was fully written to the engine, as an
-// offset from a base time so the monotonic clock is kept.
+// offset from a base time so the monotonic clock is kept, and whether it went
+// on a kept-alive connection and saw any answer.
 type wroteTrace struct {
-	base  time.Time
-	wrote atomic.Int64 // nanoseconds after base; 0 until written
+	base     time.Time
+	wrote    atomic.Int64 // nanoseconds after base; 0 until written
+	reused   atomic.Bool  // the connection had carried an earlier request
+	answered atomic.Bool  // a byte of the answer arrived
 }
 
 func newWroteTrace() *wroteTrace { return &wroteTrace{base: time.Now()} }
 
 func (t *wroteTrace) clientTrace() *httptrace.ClientTrace {
 	return &httptrace.ClientTrace{
+		GotConn:              func(info httptrace.GotConnInfo) { t.reused.Store(info.Reused) },
+		GotFirstResponseByte: func() { t.answered.Store(true) },
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
 				t.wrote.Store(max(int64(time.Since(t.base)), 1))
@@ -304,6 +342,10 @@ func (t *wroteTrace) clientTrace() *httptrace.ClientTrace {
 		},
 	}
 }
+
+// unanswered reports whether the request went on a kept-alive connection
+// and no byte of an answer came back.
+func (t *wroteTrace) unanswered() bool { return t.reused.Load() && !t.answered.Load() }
 
 // wroteAt returns when the request was written; the base time if the trace
 // never said.

@@ -19,19 +19,27 @@ import (
 // maxMetricsBody bounds an engine's /metrics answer.
 const maxMetricsBody = 16 << 20
 
-// vLLM's names for the load the sidecar reports. vLLM renamed
-// gpu_cache_usage_perc to kv_cache_usage_perc; older builds send the old one.
+// vLLM's names for the load the sidecar reports (vllm/v1/metrics/loggers.py;
+// counters carry "_total" on the wire). vLLM renamed gpu_cache_usage_perc to
+// kv_cache_usage_perc; older builds send the old one. Every series has the
+// labels model_name and engine (the data-parallel rank).
 const (
-	metricWaiting    = "vllm:num_requests_waiting"
-	metricRunning    = "vllm:num_requests_running"
-	metricKVUsage    = "vllm:kv_cache_usage_perc"
-	metricKVUsageOld = "vllm:gpu_cache_usage_perc"
+	metricWaiting         = "vllm:num_requests_waiting"
+	metricWaitingByReason = "vllm:num_requests_waiting_by_reason" // label reason: capacity, deferred
+	metricRunning         = "vllm:num_requests_running"
+	metricKVUsage         = "vllm:kv_cache_usage_perc"
+	metricKVUsageOld      = "vllm:gpu_cache_usage_perc"
+	metricPreemptions     = "vllm:num_preemptions_total"
+	metricPrefixQueries   = "vllm:prefix_cache_queries_total"
+	metricPrefixHits      = "vllm:prefix_cache_hits_total"
+	// One series per sleep_state (awake, weights_offloaded, discard_all),
+	// 1 for the state the engine is in.
+	metricSleepState = "vllm:engine_sleep_state"
 )
 
-// engineLoad is what one scrape of the engine's /metrics said.
-type engineLoad struct {
-	waiting, running, kvUsage float64
-}
+// engineLoad is what one scrape of the engine's /metrics said, in the
+// heartbeat's terms (Inflight and TTFT are the sidecar's own).
+type engineLoad serving.Load
 
 // Run watches the engine until ctx ends, then returns nil: it asks its
 // /health (see [Config.UnhealthyAfter]) and scrapes its /metrics every
@@ -100,13 +108,39 @@ func (s *Sidecar) scrape(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	was := s.sleepReason()
 	s.scraped.Store(l)
+	if now := s.sleepReason(); now != was {
+		if now != "" {
+			s.log.Warn("engine asleep: replica out of service until it wakes", "reason", now)
+		} else {
+			s.log.Info("engine awake: replica back in service")
+		}
+		s.stateChanged()
+	}
 	return nil
 }
 
-// parseMetrics reads Prometheus text exposition. Waiting and running are
-// summed over label sets (one per model or data-parallel rank); cache usage,
-// a fraction, is their mean.
+// sleepReason says why the engine serves nothing while vLLM's sleep mode has
+// put it to sleep (it still answers /health), or "" while it is awake or
+// does not say.
+func (s *Sidecar) sleepReason() string {
+	e := s.scraped.Load()
+	if e == nil {
+		return ""
+	}
+	switch e.SleepState {
+	case serving.SleepWeightsOffloaded:
+		return "engine asleep (vLLM sleep level 1: weights offloaded to CPU); POST /wake_up to the engine wakes it"
+	case serving.SleepDiscardAll:
+		return "engine asleep (vLLM sleep level 2: weights and KV cache discarded); POST /wake_up to the engine wakes it"
+	}
+	return ""
+}
+
+// parseMetrics reads Prometheus text exposition. Counts are summed over
+// label sets (one per model or data-parallel rank); cache usage, a
+// fraction, is their mean.
 func parseMetrics(r io.Reader) (*engineLoad, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
@@ -114,22 +148,47 @@ func parseMetrics(r io.Reader) (*engineLoad, error) {
 		return nil, fmt.Errorf("parse engine metrics: %w", err)
 	}
 	l := &engineLoad{
-		waiting: sum(fams[metricWaiting]),
-		running: sum(fams[metricRunning]),
+		Waiting:            sum(fams[metricWaiting], "", ""),
+		Running:            sum(fams[metricRunning], "", ""),
+		Preemptions:        sum(fams[metricPreemptions], "", ""),
+		PrefixCacheQueries: sum(fams[metricPrefixQueries], "", ""),
+		PrefixCacheHits:    sum(fams[metricPrefixHits], "", ""),
 	}
 	kv := fams[metricKVUsage]
 	if kv == nil {
 		kv = fams[metricKVUsageOld]
 	}
 	if kv != nil && len(kv.GetMetric()) > 0 {
-		l.kvUsage = sum(kv) / float64(len(kv.GetMetric()))
+		l.KVCacheUsage = sum(kv, "", "") / float64(len(kv.GetMetric()))
+	}
+	if f := fams[metricWaitingByReason]; f != nil {
+		l.WaitingByReason = &serving.WaitReasons{
+			Capacity: sum(f, "reason", "capacity"),
+			Deferred: sum(f, "reason", "deferred"),
+		}
+	}
+	if f := fams[metricSleepState]; f != nil {
+		// Awake while any rank is; asleep at the deepest level a rank is at.
+		switch {
+		case sum(f, "sleep_state", serving.SleepAwake) > 0:
+			l.SleepState = serving.SleepAwake
+		case sum(f, "sleep_state", serving.SleepDiscardAll) > 0:
+			l.SleepState = serving.SleepDiscardAll
+		default:
+			l.SleepState = serving.SleepWeightsOffloaded
+		}
 	}
 	return l, nil
 }
 
-func sum(f *dto.MetricFamily) float64 {
+// sum adds f's values, of the series whose label name has value value when
+// name is not "".
+func sum(f *dto.MetricFamily, name, value string) float64 {
 	var v float64
 	for _, m := range f.GetMetric() {
+		if name != "" && !hasLabel(m, name, value) {
+			continue
+		}
 		switch {
 		case m.GetGauge() != nil:
 			v += m.GetGauge().GetValue()
@@ -142,16 +201,24 @@ func sum(f *dto.MetricFamily) float64 {
 	return v
 }
 
+func hasLabel(m *dto.Metric, name, value string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue() == value
+		}
+	}
+	return false
+}
+
 // Load returns the replica's load: the last good scrape of the engine, the
 // requests in the sidecar now, and the median engine time to first token
 // of recent requests.
 func (s *Sidecar) Load() serving.Load {
-	l := serving.Load{
-		Inflight:      s.Inflight(),
-		TTFTMillisP50: s.ttft.median().Seconds() * 1000,
-	}
+	var l serving.Load
 	if e := s.scraped.Load(); e != nil {
-		l.Waiting, l.Running, l.KVCacheUsage = e.waiting, e.running, e.kvUsage
+		l = serving.Load(*e) // WaitingByReason is shared: never changed after the scrape
 	}
+	l.Inflight = s.Inflight()
+	l.TTFTMillisP50 = s.ttft.median().Seconds() * 1000
 	return l
 }

@@ -22,13 +22,15 @@
 // new ones get 503 replica_draining while those in flight finish. Drain is
 // final for the Sidecar's life.
 //
-// The state is the launcher's ([Sidecar.SetState]) with one addition of the
+// The state is the launcher's ([Sidecar.SetState]) with two additions of the
 // sidecar's own: while the launcher says ready, [Sidecar.Run] asks the
 // engine's GET /health every [Config.HealthInterval], and an engine that
 // gives no 200 for [Config.UnhealthyAfter] — frozen, wedged, or dead behind
 // a live process — makes the replica "failed" with the reason, until it
-// answers again. [Sidecar.State] says what to report; [Config.OnStateChange]
-// says when that changed.
+// answers again; and an engine whose /metrics say vLLM's sleep mode put it
+// to sleep (it still answers /health) makes the replica "warming" with
+// reason "engine asleep (…)" until it wakes. [Sidecar.State] says what to
+// report; [Config.OnStateChange] says when that changed.
 //
 // [Sidecar.Run] also scrapes the engine's /metrics for [Sidecar.Load];
 // [Heartbeater] carries the state and the load to the gateway.
@@ -79,15 +81,19 @@ type Config struct {
 	// of its last answer.
 	UnhealthyAfter time.Duration
 	// OnStateChange, when set, is called with what [Sidecar.State] reports
-	// after the engine's health changed it (not after SetState, whose caller
-	// knows), from Run's goroutine; it must not block for long. A worker
+	// after the engine's health or sleep state changed it (not after
+	// SetState, whose caller knows), from Run's goroutine; it must not block for long. A worker
 	// sends a heartbeat from here.
 	OnStateChange func(state, reason string)
 	// Log receives the sidecar's few log lines; nil discards them.
 	Log *slog.Logger
 	// Transport carries requests to the engine; nil means a keep-alive
-	// transport without compression tuned for one local engine.
+	// transport without compression tuned for one local engine, which
+	// closes a connection idle for 4/5 of EngineKeepAlive.
 	Transport http.RoundTripper
+	// EngineKeepAlive is how long the engine keeps an idle connection open
+	// (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE); 0 means serving.EngineKeepAlive.
+	EngineKeepAlive time.Duration
 }
 
 const (
@@ -103,7 +109,7 @@ func (c Config) Validate() error {
 		return errors.New("sidecar: engine URL is required")
 	case c.ClusterToken == "":
 		return errors.New("sidecar: cluster token is required")
-	case c.ScrapeInterval < 0, c.HealthInterval < 0, c.UnhealthyAfter < 0:
+	case c.ScrapeInterval < 0, c.HealthInterval < 0, c.UnhealthyAfter < 0, c.EngineKeepAlive < 0:
 		return errors.New("sidecar: intervals must not be negative")
 	}
 	return nil
@@ -114,6 +120,7 @@ type Sidecar struct {
 	cfg       Config // defaults applied
 	log       *slog.Logger
 	transport http.RoundTripper
+	fresh     http.RoundTripper // transport's twin that keeps no connection, for resends
 	tokenSum  [sha256.Size]byte // of "Bearer <token>", compared in constant time
 	handler   http.Handler
 
@@ -143,6 +150,9 @@ func New(cfg Config) (*Sidecar, error) {
 	if cfg.UnhealthyAfter == 0 {
 		cfg.UnhealthyAfter = defaultUnhealthyAfter
 	}
+	if cfg.EngineKeepAlive == 0 {
+		cfg.EngineKeepAlive = serving.EngineKeepAlive
+	}
 	s := &Sidecar{
 		cfg:       cfg,
 		log:       cfg.Log,
@@ -154,22 +164,29 @@ func New(cfg Config) (*Sidecar, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.transport == nil {
-		s.transport = newTransport()
+		s.transport = newTransport(cfg.EngineKeepAlive * 4 / 5)
+	}
+	s.fresh = s.transport
+	if t, ok := s.transport.(*http.Transport); ok {
+		f := t.Clone()
+		f.DisableKeepAlives = true
+		s.fresh = f
 	}
 	s.handler = s.routes()
 	return s, nil
 }
 
 // newTransport returns a transport for a local engine: many warm keep-alive
-// connections (every concurrent stream holds one), no gzip (SSE must arrive
-// as the engine flushed it), and a bounded dial.
-func newTransport() *http.Transport {
+// connections (every concurrent stream holds one), each closed after idle
+// (before the engine closes it: see [Config.EngineKeepAlive]), no gzip (SSE
+// must arrive as the engine flushed it), and a bounded dial.
+func newTransport(idle time.Duration) *http.Transport {
 	return &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        1024,
 		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     idle,
 		DisableCompression:  true,
 		WriteBufferSize:     16 << 10,
 		ReadBufferSize:      16 << 10,
@@ -192,7 +209,9 @@ func (s *Sidecar) SetState(state, reason string) {
 
 // State returns the replica's state to report and why it is not ready:
 // draining once Drain was called, else the launcher's state, except that a
-// ready engine that stopped answering /health is failed.
+// ready engine that stopped answering /health is failed, and one that vLLM's
+// sleep mode put to sleep (its /metrics say so) is warming, with reason
+// "engine asleep (…)", until it wakes.
 func (s *Sidecar) State() (state, reason string) {
 	state, reason, _ = s.health()
 	return state, reason
@@ -241,6 +260,9 @@ func (s *Sidecar) admit() *apiError {
 	case s.eng.down:
 		return notReady(serving.StateFailed, s.eng.reason)
 	}
+	if why := s.sleepReason(); why != "" {
+		return notReady(serving.StateWarming, why)
+	}
 	s.inflight++
 	return nil
 }
@@ -267,6 +289,11 @@ func (s *Sidecar) health() (state, reason string, ready bool) {
 		return serving.StateDraining, "", false
 	case s.state == serving.StateReady && s.eng.down:
 		return serving.StateFailed, s.eng.reason, false
+	}
+	if s.state == serving.StateReady {
+		if why := s.sleepReason(); why != "" {
+			return serving.StateWarming, why, false
+		}
 	}
 	return s.state, s.reason, s.state == serving.StateReady
 }
