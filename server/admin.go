@@ -348,6 +348,9 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 		if r.Worker != "" {
 			row["worker"] = r.Worker // the credential's id, never the secret
 		}
+		if n := r.ContextLen(); n > 0 {
+			row["context_len"] = n // the engine's max_model_len
+		}
 		_, _, ttft, slow, score := s.reg.ScoreInputs(r)
 		row["ttft_estimate_ms"] = ttft * 1000
 		row["slow_start"] = slow

@@ -1,6 +1,8 @@
 package server_test
 
 import (
+	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +32,22 @@ func TestLongPromptWithoutMaxTokensIsServed(t *testing.T) {
 			t.Fatalf("the gateway never learnt the context length: %d", h.Reg.ContextLen(servertest.SimModel))
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	req, _ := http.NewRequest(http.MethodGet, h.Admin.URL+"/admin/v1/replicas", nil)
+	req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var view struct {
+		Data []struct {
+			ContextLen int64 `json:"context_len"`
+		} `json:"data"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&view)
+	resp.Body.Close()
+	if err != nil || len(view.Data) != 1 || view.Data[0].ContextLen != contextLen {
+		t.Errorf("/admin/v1/replicas: %+v (%v), want context_len %d", view, err, contextLen)
 	}
 	c := h.Client(h.Key(policy.KeyOptions{}))
 	long := strings.Repeat("abcd ", 1200) // about 1500 of the 2048 tokens
