@@ -33,6 +33,8 @@
 // not know is left out.
 package serving
 
+import "time"
+
 // HeartbeatPath is where workers register on the gateway's admin listener.
 const HeartbeatPath = "/admin/v1/cluster/heartbeat"
 
@@ -49,6 +51,11 @@ const (
 	// waited for a slot. A real vLLM does not report it per request.
 	HeaderSimQueue = "X-Sim-Queue-Ms"
 )
+
+// EngineKeepAlive is how long the engine's HTTP server keeps an idle
+// keep-alive connection (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE); the sidecar's
+// idle timeout stays below it.
+const EngineKeepAlive = 5 * time.Second
 
 // Replica states as reported by workers (the router parses the same names).
 const (
