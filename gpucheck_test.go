@@ -21,7 +21,7 @@ func runGPUCheck(t *testing.T, env ...string) (int, string) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "scripts/gpu-check.sh")
 	cmd.Env = append(os.Environ(), append([]string{"TAILGATE=" + binPath, "VLLM_BINARY=" + vllm, "OUT=" + t.TempDir(),
-		"MODEL=org/fake-model", "TOOL_CALL_PARSER=hermes", "BENCH_SECONDS=3", "FAKE_VLLM_TPOT=10ms"}, env...)...)
+		"MODEL=org/fake-model", "TOOL_CALL_PARSER=hermes", "BENCH_SECONDS=3", "DRAIN_TOKENS=200", "FAKE_VLLM_TPOT=10ms"}, env...)...)
 	// The script's own trap stops `tailgate up`; a SIGTERM lets it run.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 30 * time.Second

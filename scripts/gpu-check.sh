@@ -35,6 +35,8 @@
 #   OUT                directory for the logs and the bench report (default a
 #                      new temporary directory; kept and printed at the end)
 #   CURL_TIMEOUT       seconds one request may take (default 60)
+#   DRAIN_TOKENS       tokens of each stream in flight at SIGTERM (default
+#                      1000: long enough to still run when the signal comes)
 set -u -o pipefail
 
 while [ $# -gt 0 ]; do
@@ -57,6 +59,7 @@ READY_TIMEOUT="${READY_TIMEOUT:-300}"
 BENCH_SECONDS="${BENCH_SECONDS:-60}"
 BENCH_RATE="${BENCH_RATE:-4}"
 CURL_TIMEOUT="${CURL_TIMEOUT:-60}"
+DRAIN_TOKENS="${DRAIN_TOKENS:-1000}"
 OUT="${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")}"
 mkdir -p "$OUT"
 DATA="$OUT/data"
@@ -293,7 +296,7 @@ address=$(replica address)
 streams=()
 for i in 1 2 3; do
 	curl -sS -N --max-time "$CURL_TIMEOUT" -o "$OUT/drain$i.sse" "http://$API/v1/chat/completions" \
-		-H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d "$(stream_body 200)" 2>"$OUT/drain$i.err" &
+		-H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d "$(stream_body "$DRAIN_TOKENS")" 2>"$OUT/drain$i.err" &
 	streams+=($!)
 done
 all_started() { for i in 1 2 3; do grep -q '"content":"[^"]' "$OUT/drain$i.sse" 2>/dev/null || return 1; done; }
