@@ -53,9 +53,10 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--warmup %d: want 0 (none) or more", *warmup)
 	}
 	if *engine == "vllm" {
-		// A missing vLLM would end every worker at once, and up would restart
-		// them forever: say it once, before starting anything.
-		argv, _, err := launcher.VLLMCommand(launcher.VLLMOptions{Binary: *vllmBin, Model: *model}, 1)
+		// A missing vLLM or a refused --vllm-arg would end every worker at
+		// once, and up would restart them forever: say it once, before
+		// starting anything.
+		argv, _, err := launcher.VLLMCommand(launcher.VLLMOptions{Binary: *vllmBin, Model: *model, ExtraArgs: vllmArgs}, 1)
 		if err != nil {
 			return err
 		}

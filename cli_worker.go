@@ -57,7 +57,7 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&w.vllm.MaxNumSeqs, "max-num-seqs", 0, "vLLM --max-num-seqs (0: vLLM's default)")
 	fs.IntVar(&w.vllm.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "vLLM --max-num-batched-tokens (0: vLLM's default)")
 	fs.Float64Var(&w.vllm.GPUMemoryUtilization, "gpu-memory-utilization", 0, "vLLM --gpu-memory-utilization (0: vLLM's default)")
-	fs.Var(&w.vllmArgs, "vllm-arg", "extra argument passed to vllm serve as is (repeatable), e.g. --vllm-arg=--enable-prefix-caching")
+	fs.Var(&w.vllmArgs, "vllm-arg", "extra argument passed to vllm serve as is (repeatable), e.g. --vllm-arg=--enable-prefix-caching; not --host, --port, --uds, --served-model-name or --api-key, which tailgate sets")
 	fs.DurationVar(&w.startupTimeout, "startup-timeout", 20*time.Minute, "how long the engine may take to become ready (model download and load)")
 	fs.IntVar(&w.warmup, "warmup", 3, "short generations run before the replica is announced ready (0: none)")
 	fs.DurationVar(&w.drainGrace, "drain-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
@@ -110,6 +110,13 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 	case "vllm":
 		if wf.model == "" {
 			return cfg, nil, errors.New("--model is required with --engine vllm")
+		}
+		// Bad engine flags are a start-up error, not an engine that fails
+		// again at every start.
+		o := wf.vllm
+		o.Model, o.ServedModelName, o.ExtraArgs = wf.model, wf.servedModelName, wf.vllmArgs
+		if err := o.Validate(); err != nil {
+			return cfg, nil, err
 		}
 	case "sim":
 		if wf.model == "" {

@@ -133,15 +133,17 @@ func buildFakeVLLM(t *testing.T) string {
 }
 
 // TestVLLMThatCannotStartSaysWhy: a vLLM that rejects its command line
-// (here an obsolete flag) leaves the worker up and registered, its replica
-// failed with "engine cannot start" and vLLM's own error in the reason and
-// in the admin API's engine lines, rather than "exit status 2" forever.
+// (here a removed flag: argparse's exit status 2) is started once, not
+// restarted forever; the worker stays up and registered, and the gateway's
+// admin API shows the replica failed with vLLM's own error in the reason
+// and in its engine lines.
 func TestVLLMThatCannotStartSaysWhy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the tailgate binary")
 	}
 	vllm := buildFakeVLLM(t)
-	t.Setenv("FAKE_VLLM_REJECT_ARG", "--disable-log-requests")
+	record := filepath.Join(t.TempDir(), "vllm.jsonl")
+	t.Setenv("FAKE_VLLM_RECORD", record)
 	g := startGateway(t)
 	w := startProc(t, "worker w1", false, "worker", "--gateway", g.admin,
 		"--cluster-token-file", filepath.Join(g.dir, "cluster.token"), "--listen", "127.0.0.1:0", "--replica-id", "w1",
@@ -149,24 +151,36 @@ func TestVLLMThatCannotStartSaysWhy(t *testing.T) {
 		"--vllm-arg=--disable-log-requests")
 
 	var r replicaView
-	waitFor(t, 30*time.Second, "w1 reported as unable to start", func() bool {
+	waitFor(t, 30*time.Second, "w1 reported as failed", func() bool {
 		r = g.replica("w1")
-		return strings.HasPrefix(r.Reason, "engine cannot start")
+		return r.State == "failed"
 	})
 	const said = "vllm: error: unrecognized arguments: --disable-log-requests"
-	if r.State != "failed" || !strings.HasPrefix(r.Reason, "engine cannot start: 3 starts in a row failed, the last: engine exited while starting: exit status 2; last engine output: "+said+"; next try in ") {
-		t.Errorf("w1 %s, reason %q", r.State, r.Reason)
+	if want := "engine rejected its command line (exit status 2): " + said + "; not restarting: "; !strings.HasPrefix(r.Reason, want) {
+		t.Errorf("w1 reason %q, want it to start with %q", r.Reason, want)
 	}
 	if !slices.Contains(r.EngineLog, said) || !slices.Contains(r.EngineLog, "usage: vllm serve [model_tag] [options]") {
 		t.Errorf("engine_log %q lacks vLLM's error", r.EngineLog)
+	}
+	// Still so a while later: no restart (the first would come after 1s).
+	time.Sleep(1500 * time.Millisecond)
+	if r := g.replica("w1"); r.State != "failed" || !strings.Contains(r.Reason, said) {
+		t.Errorf("w1 later: %s, %q", r.State, r.Reason)
+	}
+	raw, err := os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(raw), `"event":"start"`); n != 1 {
+		t.Errorf("vllm started %d times, want once", n)
 	}
 	select {
 	case <-w.Done():
 		t.Fatalf("the worker exited: %v", w.Err())
 	default:
 	}
-	if !strings.Contains(w.stderr.String(), "engine cannot start") {
-		t.Errorf("the worker did not log that the engine cannot start:\n%s", w.stderr.String())
+	if !strings.Contains(w.stderr.String(), "engine rejected its command line; not restarting") {
+		t.Errorf("the worker did not log that the engine rejected its command line:\n%s", w.stderr.String())
 	}
 }
 

@@ -1,56 +1,79 @@
 package launcher
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 )
 
-// TestEngineThatCannotStartSaysWhy: a vLLM that refuses its command line is
-// restarted a few times, then reported as unable to start with its own
-// error, and tried again only after the long pause.
-func TestEngineThatCannotStartSaysWhy(t *testing.T) {
+// TestEngineThatRejectsItsArgumentsIsNotRestarted: a vLLM whose argument
+// parser rejects its command line (exit status 2 and "vllm: error: …" on
+// stderr) is started once, not again and again: the state stays failed
+// with vLLM's own message and says what to do.
+func TestEngineThatRejectsItsArgumentsIsNotRestarted(t *testing.T) {
 	t.Parallel()
-	h := start(t, VLLMOptions{ExtraArgs: []string{"--disable-log-requests"}},
-		[]string{"FAKE_VLLM_REJECT_ARG=--disable-log-requests"},
-		Config{StartFailures: 3, CannotStartBackoff: time.Hour})
-	changes := h.waitState("failed", 3)
+	tests := []struct {
+		name  string
+		extra []string
+		said  string
+	}{
+		{"removed flag", []string{"--disable-log-requests"}, "vllm: error: unrecognized arguments: --disable-log-requests"},
+		{"flag without its value", []string{"--max-model-len"}, "vllm serve: error: argument --max-model-len: expected one argument"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := start(t, VLLMOptions{ExtraArgs: tt.extra}, nil, Config{StartFailures: 3, CannotStartBackoff: time.Hour})
+			h.waitState("failed", 1)
 
-	const said = "engine exited while starting: exit status 2; last engine output: vllm: error: unrecognized arguments: --disable-log-requests"
-	var failed []string
-	for _, c := range changes {
-		if c.state == "failed" {
-			failed = append(failed, c.reason)
-		}
+			want := "engine rejected its command line (exit status 2): " + tt.said +
+				"; not restarting: fix the engine's arguments (tailgate's --vllm-arg) and restart the worker"
+			if state, reason := h.l.State(); state != "failed" || reason != want {
+				t.Errorf("State = %q, %q; want failed, %q", state, reason, want)
+			}
+			// A restart would have come after the 50ms backoff.
+			time.Sleep(500 * time.Millisecond)
+			if n := h.count("start"); n != 1 || h.l.Restarts() != 0 {
+				t.Errorf("%d starts, %d restarts; want 1 start and no restart", n, h.l.Restarts())
+			}
+			if got := h.stateNames(); !slices.Equal(got, []string{"starting", "failed"}) {
+				t.Errorf("states = %q, want starting, failed", got)
+			}
+			// stderr is kept, the INFO line of its stdout log is not.
+			wantLog := []string{"usage: vllm serve [model_tag] [options]", tt.said}
+			if got := h.l.EngineLog(); !slices.Equal(got, wantLog) {
+				t.Errorf("EngineLog = %q, want %q", got, wantLog)
+			}
+			if got := h.logs.logLines("engine rejected its command line; not restarting", "level=ERROR", tt.said); len(got) != 1 {
+				t.Errorf("log lines saying the engine rejected its command line: %q", got)
+			}
+			if err := h.stop(); err != nil {
+				t.Errorf("Run = %v, want nil", err)
+			}
+		})
 	}
-	want := []string{
-		said + "; restarting in 50ms",
-		said + "; restarting in 100ms",
-		"engine cannot start: 3 starts in a row failed, the last: " + said + "; next try in 1h0m0s",
+}
+
+// TestExitStatus2WithoutArgparseErrorIsRestarted: exit status 2 alone is
+// an ordinary crash; only argparse's error line makes it a command line
+// the engine rejects.
+func TestExitStatus2WithoutArgparseErrorIsRestarted(t *testing.T) {
+	t.Parallel()
+	l, err := New(testConfig(Config{
+		Command: func(int) ([]string, []string, error) {
+			return []string{"sh", "-c", "echo 'RuntimeError: CUDA error: out of memory' >&2; exit 2"}, nil, nil
+		},
+	}))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !slices.Equal(failed, want) {
-		t.Errorf("failures:\n got %q\nwant %q", failed, want)
-	}
-	if state, reason := h.l.State(); state != "failed" || reason != want[2] {
-		t.Errorf("State = %q, %q; want failed, %q", state, reason, want[2])
-	}
-	// stderr is kept, the INFO line of its stdout log is not.
-	wantLog := []string{
-		"usage: vllm serve [model_tag] [options]", "vllm: error: unrecognized arguments: --disable-log-requests",
-	}
-	if got := h.l.EngineLog(); len(got) < 2 || !slices.Equal(got[len(got)-2:], wantLog) ||
-		slices.ContainsFunc(got, func(l string) bool { return strings.Contains(l, "INFO") }) {
-		t.Errorf("EngineLog = %q, want it to end with %q and hold no INFO line", got, wantLog)
-	}
-	// The restarts before it took 50ms and 100ms; the next waits an hour.
-	time.Sleep(500 * time.Millisecond)
-	if n := h.count("start"); n != 3 {
-		t.Errorf("%d starts, want 3 before the long pause", n)
-	}
-	if got := h.logs.logLines("engine cannot start", "level=ERROR"); len(got) != 1 {
-		t.Errorf("log lines saying the engine cannot start: %q", got)
-	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "a restart", func() bool { return l.Restarts() >= 1 })
 }
 
 // TestCannotStartUntilTheEngineIsReady: once the engine cannot start, a new

@@ -1,6 +1,9 @@
 package launcher
 
-import "crypto/rand"
+import (
+	"crypto/rand"
+	"strings"
+)
 
 // EngineKeyEnv is the environment variable that gives the engine its API
 // key. vLLM reads it as it reads --api-key (the flag wins when both are
@@ -12,3 +15,6 @@ const EngineKeyEnv = "VLLM_API_KEY"
 // newEngineKey returns a fresh random API key (128 bits) for one engine
 // start.
 func newEngineKey() string { return "tgk-" + rand.Text() }
+
+// isEngineKey reports whether an environment entry sets [EngineKeyEnv].
+func isEngineKey(kv string) bool { return strings.HasPrefix(kv, EngineKeyEnv+"=") }

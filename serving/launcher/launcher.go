@@ -6,17 +6,22 @@
 // A [Launcher] picks a free loopback port, starts the engine in a process
 // group of its own, forwards its output to the log line by line, waits until
 // GET /health answers 200 and the model is listed on GET /v1/models, runs a
-// few short warm-up generations, and only then reports [serving.StateReady].
+// few short warm-up generations (chat completions, or plain completions for
+// a model without a chat template), and only then reports
+// [serving.StateReady].
 // Each start gets a fresh random API key in the engine's environment
 // (VLLM_API_KEY, which vLLM and the simulated engine read like --api-key),
 // so the engine refuses /v1 requests from anyone on the box but the
 // launcher's probes and the sidecar ([Launcher.EngineKey]); the key is
-// never on the command line, where ps would show it.
+// never on the command line, where ps would show it, and it replaces a
+// VLLM_API_KEY the worker inherited (with a warning).
 // An engine that exits, never becomes ready within the startup deadline, or
 // fails its warm-up is stopped and started again after an exponential
 // backoff; its state is reported through [Config.OnState] and
 // [Launcher.State] all along, each failure with the last line the engine
-// wrote. After [Config.StartFailures] starts in a row that never became
+// wrote. An engine that rejects its command line (argparse's exit status 2)
+// is not restarted: the same arguments would be rejected again. After
+// [Config.StartFailures] starts in a row that never became
 // ready the state says the engine cannot start, and it is tried again only
 // every [Config.CannotStartBackoff]. [Launcher.EngineLog] holds the engine's
 // last error lines (its stderr and the errors of its log) for operators.
@@ -36,6 +41,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"os/exec"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -184,6 +191,7 @@ type Launcher struct {
 	// cannotStart, when set, says the engine cannot start and why; starts
 	// then report failed rather than starting. Only Run's goroutine uses it.
 	cannotStart string
+	saidKey     bool // the warning about an inherited VLLM_API_KEY was logged
 
 	mu       sync.Mutex
 	state    State
@@ -280,7 +288,11 @@ func (l *Launcher) setReason(reason string) {
 // reports the state failed with reason "engine stopped", and returns nil.
 // It returns an error at once, without retrying, when the engine cannot be
 // started at all (Command fails, or the executable is missing): that is a
-// configuration error for a person to fix.
+// configuration error for a person to fix. An engine that rejects its
+// command line as vLLM's argument parser does (exit status 2 with
+// "PROG: error: …" on stderr, e.g. an unknown or removed flag) is not
+// started again either: the state stays failed, with the engine's own
+// message, until ctx is done, so the worker stays registered and says why.
 func (l *Launcher) Run(ctx context.Context) error {
 	if !l.ran.CompareAndSwap(false, true) {
 		return errors.New("launcher: Run called twice")
@@ -294,6 +306,17 @@ func (l *Launcher) Run(ctx context.Context) error {
 			return fmt.Errorf("launcher: %w", err)
 		}
 		if ctx.Err() != nil {
+			break
+		}
+		if said := l.rejectedArgs(run); said != "" {
+			// The same command line would be rejected again: restarting
+			// cannot help, a person must fix it.
+			reason := fmt.Sprintf("engine rejected its command line (%v): %s; not restarting: fix the engine's arguments (tailgate's --vllm-arg) and restart the worker",
+				run.startExit, said)
+			l.log.Error("engine rejected its command line; not restarting", "exit", run.startExit, "said", said,
+				"engine_log", l.errs.snapshot())
+			l.setState(serving.StateFailed, reason)
+			<-ctx.Done()
 			break
 		}
 		if run.readyFor >= l.cfg.StableAfter {
@@ -339,6 +362,21 @@ type outcome struct {
 	readyFor time.Duration // for how long
 	reason   string        // why it is gone; "" when Run's ctx ended
 	mark     int64         // of the error tail at its start
+	// startExit is how the process exited on its own before it was
+	// ready; nil if it did not.
+	startExit error
+}
+
+// rejectedArgs returns the engine's complaint about its command line when
+// run ended as one rejected by Python's argparse: exit status 2 before the
+// engine was ever ready, with an argparse error among the lines it wrote
+// since its start. Else "".
+func (l *Launcher) rejectedArgs(run outcome) string {
+	var exit *exec.ExitError
+	if run.wasReady || !errors.As(run.startExit, &exit) || exit.ExitCode() != 2 {
+		return ""
+	}
+	return argumentError(l.errs.since(run.mark))
 }
 
 // starting returns the state of a start in progress with detail as its
@@ -369,7 +407,12 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (run outcome, err 
 	}
 	key := newEngineKey()
 	// Last, so it wins over a VLLM_API_KEY in Command's or the worker's
-	// environment.
+	// environment: the engine requires the key the launcher and the
+	// sidecar send, never one they do not know.
+	if _, inherited := os.LookupEnv(EngineKeyEnv); (inherited || slices.ContainsFunc(env, isEngineKey)) && !l.saidKey {
+		l.saidKey = true
+		l.log.Warn(EngineKeyEnv + " in the worker's environment is not the engine's key: each engine start gets a random one that only the launcher and the sidecar send; clients use tailgate API keys at the gateway")
+	}
 	env = append(slices.Clip(env), EngineKeyEnv+"="+key)
 	run.mark = l.errs.mark()
 	p, err := startEngine(argv, env, l.log, &l.errs)
@@ -406,7 +449,8 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (run outcome, err 
 	}()
 	gone := func(phase string, err error) string {
 		if errors.Is(context.Cause(pctx), errExited) {
-			return fmt.Sprintf("engine exited %s: %v", phase, exitErr(p))
+			run.startExit = exitErr(p)
+			return fmt.Sprintf("engine exited %s: %v", phase, run.startExit)
 		}
 		return err.Error()
 	}

@@ -132,8 +132,11 @@ func TestReadyOnlyAfterHealthModelAndWarmup(t *testing.T) {
 			if !slices.Equal(starts[0].Argv, wantArgs) {
 				t.Errorf("engine argv = %q, want %q", starts[0].Argv, wantArgs)
 			}
-			if env := starts[0].Env; env["VLLM_NO_USAGE_STATS"] != "1" || env["CUDA_VISIBLE_DEVICES"] != "1" {
-				t.Errorf("engine env = %v, want usage stats off and GPU 1", env)
+			// The engine keeps idle connections for serving.EngineKeepAlive,
+			// which the sidecar's idle timeout stays below.
+			if env := starts[0].Env; env["VLLM_NO_USAGE_STATS"] != "1" || env["CUDA_VISIBLE_DEVICES"] != "1" ||
+				env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] != "5" {
+				t.Errorf("engine env = %v, want usage stats off, GPU 1 and a keep-alive of 5s", env)
 			}
 			if starts[0].PID != h.l.PID() {
 				t.Errorf("PID = %d, engine reports %d", h.l.PID(), starts[0].PID)
@@ -245,12 +248,51 @@ func TestWarmupFailureIsNotReady(t *testing.T) {
 	if got := h.stateNames()[:4]; !slices.Equal(got, want) {
 		t.Fatalf("states = %q, want %q", got, want)
 	}
-	if reason := changes[2].reason; !strings.HasPrefix(reason, "warm-up 1 of 3: 500 Internal Server Error: ") ||
+	if reason := changes[2].reason; !strings.HasPrefix(reason, "warm-up 1 of 3 (/v1/chat/completions): 500 Internal Server Error: ") ||
 		!strings.Contains(reason, "fake failure") {
 		t.Errorf("failure reason = %q", reason)
 	}
 	if slices.Contains(h.stateNames(), "ready") {
 		t.Error("reported ready although warm-up failed")
+	}
+}
+
+// TestBaseModelWarmsUpWithCompletions: a model without a chat template,
+// whose chat completions vLLM refuses with 400, is warmed up with plain
+// completions and becomes ready, the log saying which warm-up ran.
+func TestBaseModelWarmsUpWithCompletions(t *testing.T) {
+	t.Parallel()
+	h := start(t, VLLMOptions{}, []string{"FAKE_VLLM_NO_CHAT_TEMPLATE=1"}, Config{})
+	h.waitState("ready", 1)
+	if got := h.stateNames(); !slices.Equal(got, []string{"starting", "warming", "ready"}) {
+		t.Errorf("states = %q, want starting, warming, ready", got)
+	}
+	if chats, completions := h.count("chat"), h.count("completion"); chats != 1 || completions != 3 {
+		t.Errorf("warm-up sent %d chat and %d plain completions, want 1 refused chat and 3 completions", chats, completions)
+	}
+	if got := h.logs.logLines("chat warm-up refused; warming up with /v1/completions instead", "level=WARN",
+		"default chat template is no longer allowed"); len(got) != 1 {
+		t.Errorf("log lines saying the chat warm-up was refused: %q\nlog:\n%s", got, h.logs)
+	}
+	if got := h.logs.logLines("engine warmed up", "endpoint=/v1/completions", "requests=3"); len(got) != 1 {
+		t.Errorf("log lines saying how the engine warmed up: %q", got)
+	}
+}
+
+// TestWorkerAPIKeyIsNotTheEngines: a VLLM_API_KEY in the worker's
+// environment does not reach the engine, which would then refuse the
+// launcher's probes: the engine requires the launcher's key, it becomes
+// ready, and the log says why the inherited key is not used.
+func TestWorkerAPIKeyIsNotTheEngines(t *testing.T) {
+	t.Parallel()
+	h := start(t, VLLMOptions{}, []string{"VLLM_API_KEY=mine"}, Config{})
+	h.waitState("ready", 1)
+	key := h.l.EngineKey()
+	if got := h.events("start")[0].Env["VLLM_API_KEY"]; got != key || key == "mine" {
+		t.Errorf("engine VLLM_API_KEY = %q, launcher's key %q; want the launcher's", got, key)
+	}
+	if got := h.logs.logLines("VLLM_API_KEY in the worker's environment is not the engine's key", "level=WARN"); len(got) != 1 {
+		t.Errorf("warnings about the inherited key: %q", got)
 	}
 }
 

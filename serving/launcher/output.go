@@ -1,6 +1,8 @@
 package launcher
 
 import (
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -67,6 +69,19 @@ func (t *errorTail) lastSince(mark int64) string {
 	return t.lines[i]
 }
 
+// since returns the lines added after mark that are still kept, oldest
+// first.
+func (t *errorTail) since(mark int64) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := int(min(t.added-mark, int64(len(t.lines))))
+	if n <= 0 {
+		return nil
+	}
+	all := append(slices.Clone(t.lines[t.next:]), t.lines[:t.next]...)
+	return all[len(all)-n:]
+}
+
 // reset forgets the kept lines (marks stay valid).
 func (t *errorTail) reset() {
 	t.mu.Lock()
@@ -98,4 +113,21 @@ func clip(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// argparseError matches the line Python's argparse ends a rejected command
+// line with, "PROG: error: MESSAGE": "vllm: error: unrecognized arguments:
+// --disable-log-requests", "vllm serve: error: argument --port: expected one
+// argument".
+var argparseError = regexp.MustCompile(`^[\w.-]+( [\w.-]+)?: error: `)
+
+// argumentError returns what the engine said about its command line, from
+// its argparse error line on, if those of lines hold one; else "".
+func argumentError(lines []string) string {
+	for i, line := range lines {
+		if argparseError.MatchString(line) {
+			return clip(strings.Join(lines[i:], " "), serving.MaxEngineLogLine)
+		}
+	}
+	return ""
 }

@@ -132,38 +132,60 @@ func describe(err error) string {
 	return err.Error()
 }
 
-// warmUp sends Warmup short chat completions one after another; each must
-// answer 200 within what is left of WarmupTimeout.
+// Warm-up endpoints: chat first, plain completions for a model that cannot
+// chat.
+const (
+	chatPath       = "/v1/chat/completions"
+	completionPath = "/v1/completions"
+)
+
+// warmUp sends Warmup short generations one after another; each must answer
+// 200 within what is left of WarmupTimeout. They are chat completions, or
+// plain completions once a chat completion is refused with 400: vLLM
+// answers every chat request so for a base model without a chat template
+// ("default chat template is no longer allowed, so you must provide a chat
+// template…"), which completions serve.
 func (l *Launcher) warmUp(ctx context.Context, url string) error {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.WarmupTimeout)
 	defer cancel()
-	body, err := json.Marshal(map[string]any{
+	path, body := chatPath, map[string]any{
 		"model":      l.cfg.Model,
 		"messages":   []map[string]string{{"role": "user", "content": "warm-up"}},
 		"max_tokens": 8,
-	})
-	if err != nil {
-		return fmt.Errorf("warm-up request: %w", err)
 	}
 	start := time.Now()
-	for i := range l.cfg.Warmup {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
-		if err != nil {
-			return fmt.Errorf("warm-up request: %w", err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		status, answer, err := l.do(req)
+	for i := 0; i < l.cfg.Warmup; i++ {
+		status, answer, err := l.post(ctx, url+path, body)
 		switch {
 		case ctx.Err() != nil && context.Cause(ctx) == context.DeadlineExceeded:
 			return fmt.Errorf("warm-up %d of %d did not finish within %s", i+1, l.cfg.Warmup, l.cfg.WarmupTimeout)
 		case err != nil:
-			return fmt.Errorf("warm-up %d of %d: %s", i+1, l.cfg.Warmup, describe(err))
+			return fmt.Errorf("warm-up %d of %d (%s): %s", i+1, l.cfg.Warmup, path, describe(err))
+		case status == http.StatusBadRequest && path == chatPath:
+			l.log.Warn("chat warm-up refused; warming up with "+completionPath+" instead",
+				"answer", snippet(answer))
+			path, body = completionPath, map[string]any{"model": l.cfg.Model, "prompt": "warm-up", "max_tokens": 8}
+			i--
 		case status != http.StatusOK:
-			return fmt.Errorf("warm-up %d of %d: %d %s: %s", i+1, l.cfg.Warmup, status, http.StatusText(status), snippet(answer))
+			return fmt.Errorf("warm-up %d of %d (%s): %d %s: %s", i+1, l.cfg.Warmup, path, status, http.StatusText(status), snippet(answer))
 		}
 	}
-	l.log.Info("engine warmed up", "requests", l.cfg.Warmup, "took", time.Since(start).Round(time.Millisecond))
+	l.log.Info("engine warmed up", "endpoint", path, "requests", l.cfg.Warmup, "took", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// post sends body as JSON to url on the current engine.
+func (l *Launcher) post(ctx context.Context, url string, body any) (int, []byte, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return 0, nil, fmt.Errorf("warm-up request: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(raw))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return l.do(req)
 }
 
 // snippet is the start of an error body, on one line.

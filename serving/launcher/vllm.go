@@ -7,6 +7,9 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"time"
+
+	"tailgate/serving"
 )
 
 // VLLMOptions are the worker's engine flags; [VLLMCommand] turns them into a
@@ -27,6 +30,8 @@ type VLLMOptions struct {
 	MaxNumBatchedTokens  int
 	GPUMemoryUtilization float64 // in (0, 1]
 	// ExtraArgs are appended verbatim after the flags above (--vllm-arg).
+	// Validate refuses the flags the launcher sets itself (--host, --port,
+	// --uds, --served-model-name, --api-key), in any spelling vLLM accepts.
 	ExtraArgs []string
 }
 
@@ -46,13 +51,38 @@ func (o VLLMOptions) Validate() error {
 		return fmt.Errorf("vllm: --gpu-memory-utilization must be in (0, 1], not %v", o.GPUMemoryUtilization)
 	}
 	for _, a := range o.ExtraArgs {
-		// vLLM's flag would win over the key the launcher gives it in the
-		// environment, and the sidecar would be refused.
-		if a == "--api-key" || strings.HasPrefix(a, "--api-key=") {
-			return errors.New("vllm: --api-key is the launcher's: each engine start gets a random one")
+		if why, ok := launcherFlags[flagName(a)]; ok {
+			return fmt.Errorf("vllm: --vllm-arg %s: %s", flagName(a), why)
 		}
 	}
 	return nil
+}
+
+// launcherFlags are the vLLM flags the launcher sets itself, with what to do
+// instead. Passed again in ExtraArgs, vLLM would take the last value and
+// the launcher would wait for the wrong name or probe the wrong address.
+var launcherFlags = map[string]string{
+	"--served-model-name": "use tailgate worker's --served-model-name instead (readiness waits for that name; tailgate up serves --model as named)",
+	"--host":              "the launcher binds the engine to 127.0.0.1 on a port it picks; the gateway reaches the worker at --listen / --advertise",
+	"--port":              "the launcher binds the engine to 127.0.0.1 on a port it picks; the gateway reaches the worker at --listen / --advertise",
+	"--uds":               "the launcher binds the engine to 127.0.0.1 on a port it picks; the gateway reaches the worker at --listen / --advertise",
+	// The flag would win over the key the launcher gives the engine in its
+	// environment, and the launcher and sidecar would be refused.
+	"--api-key": "the API key is the launcher's: each engine start gets a random one that only the sidecar sends; clients use tailgate API keys at the gateway",
+}
+
+// flagName returns the flag an argument names as vLLM reads it: the part
+// before "=" (or a blank), with underscores as dashes ("--served_model_name=x"
+// is "--served-model-name"); "" for an argument that is not a long flag.
+func flagName(arg string) string {
+	if !strings.HasPrefix(arg, "--") {
+		return ""
+	}
+	name, _, _ := strings.Cut(arg, "=")
+	if i := strings.IndexAny(name, " \t"); i >= 0 {
+		name = name[:i]
+	}
+	return strings.ReplaceAll(name, "_", "-")
 }
 
 // ErrVLLMNotFound is returned by [VLLMCommand] when Binary is "" and no vllm
@@ -66,7 +96,8 @@ var ErrVLLMNotFound = errors.New("vllm not found on PATH: install vLLM or pass -
 //	  [--tensor-parallel-size N] [--max-num-seqs N] [--max-num-batched-tokens N]
 //	  [--gpu-memory-utilization F] [extra...]
 //
-// The environment turns vLLM's usage reporting off and, when o.GPUs is set,
+// The environment turns vLLM's usage reporting off, sets how long it keeps
+// an idle connection ([serving.EngineKeepAlive]) and, when o.GPUs is set,
 // pins the GPUs. The engine binds loopback only: the sidecar is its one client.
 func VLLMCommand(o VLLMOptions, port int) (argv []string, env []string, err error) {
 	if err := o.Validate(); err != nil {
@@ -102,7 +133,10 @@ func VLLMCommand(o VLLMOptions, port int) (argv []string, env []string, err erro
 	}
 	argv = append(argv, o.ExtraArgs...)
 
-	env = []string{"VLLM_NO_USAGE_STATS=1"}
+	// The keep-alive is set, not inherited: the sidecar's idle timeout is
+	// chosen below it.
+	env = []string{"VLLM_NO_USAGE_STATS=1",
+		"VLLM_HTTP_TIMEOUT_KEEP_ALIVE=" + strconv.Itoa(int(serving.EngineKeepAlive/time.Second))}
 	if o.GPUs != "" {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+o.GPUs)
 	}

@@ -20,7 +20,7 @@ func TestVLLMCommandBuildsServeLine(t *testing.T) {
 			name:     "model only",
 			opts:     VLLMOptions{Model: "Qwen/Qwen2.5-0.5B-Instruct"},
 			wantArgs: []string{"serve", "Qwen/Qwen2.5-0.5B-Instruct", "--host", "127.0.0.1", "--port", "8123"},
-			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5"},
 		},
 		{
 			name: "every flag",
@@ -33,25 +33,25 @@ func TestVLLMCommandBuildsServeLine(t *testing.T) {
 				"--served-model-name", "llama", "--tensor-parallel-size", "2", "--max-num-seqs", "64",
 				"--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.9",
 				"--enable-prefix-caching", "--max-model-len", "4096"},
-			wantEnv: []string{"VLLM_NO_USAGE_STATS=1", "CUDA_VISIBLE_DEVICES=0,1"},
+			wantEnv: []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5", "CUDA_VISIBLE_DEVICES=0,1"},
 		},
 		{
 			name:     "gpus without tensor parallelism",
 			opts:     VLLMOptions{Model: "/models/m", GPUs: "3"},
 			wantArgs: []string{"serve", "/models/m", "--host", "127.0.0.1", "--port", "8123"},
-			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "CUDA_VISIBLE_DEVICES=3"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5", "CUDA_VISIBLE_DEVICES=3"},
 		},
 		{
 			name:     "full memory and extra args only",
 			opts:     VLLMOptions{Model: "m", GPUMemoryUtilization: 1, ExtraArgs: []string{"--dtype=half"}},
 			wantArgs: []string{"serve", "m", "--host", "127.0.0.1", "--port", "8123", "--gpu-memory-utilization", "1", "--dtype=half"},
-			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5"},
 		},
 		{
 			name:     "explicit binary",
 			opts:     VLLMOptions{Binary: fakeVLLM, Model: "m", MaxNumSeqs: 1},
 			wantArgs: []string{"serve", "m", "--host", "127.0.0.1", "--port", "8123", "--max-num-seqs", "1"},
-			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5"},
 		},
 	}
 	for _, tt := range tests {
@@ -90,8 +90,20 @@ func TestVLLMCommandRejectsBadOptions(t *testing.T) {
 		{"NaN utilization", VLLMOptions{Model: "m", GPUMemoryUtilization: math.NaN()}, 8000, "--gpu-memory-utilization"},
 		{"missing explicit binary", VLLMOptions{Binary: "/nonexistent/bin/vllm", Model: "m"}, 8000, "/nonexistent/bin/vllm"},
 		{"no port", VLLMOptions{Model: "m"}, 0, "bad port"},
-		{"own api key", VLLMOptions{Model: "m", ExtraArgs: []string{"--api-key", "k"}}, 8000, "--api-key is the launcher's"},
-		{"own api key with =", VLLMOptions{Model: "m", ExtraArgs: []string{"--api-key=k"}}, 8000, "--api-key is the launcher's"},
+		{"own api key", VLLMOptions{Model: "m", ExtraArgs: []string{"--api-key", "k"}}, 8000,
+			"vllm: --vllm-arg --api-key: the API key is the launcher's: each engine start gets a random one that only the sidecar sends; clients use tailgate API keys at the gateway"},
+		{"own api key with =", VLLMOptions{Model: "m", ExtraArgs: []string{"--api-key=k"}}, 8000, "--vllm-arg --api-key: the API key is the launcher's"},
+		{"own api key with underscore", VLLMOptions{Model: "m", ExtraArgs: []string{"--api_key=k"}}, 8000, "--vllm-arg --api-key: the API key is the launcher's"},
+		{"served name", VLLMOptions{Model: "m", ExtraArgs: []string{"--served-model-name", "x"}}, 8000,
+			"vllm: --vllm-arg --served-model-name: use tailgate worker's --served-model-name instead (readiness waits for that name; tailgate up serves --model as named)"},
+		{"served name with =", VLLMOptions{Model: "m", ExtraArgs: []string{"--enforce-eager", "--served-model-name=x"}}, 8000, "--vllm-arg --served-model-name: use tailgate worker's --served-model-name"},
+		{"served name with underscores", VLLMOptions{Model: "m", ExtraArgs: []string{"--served_model_name", "x"}}, 8000, "--vllm-arg --served-model-name: use"},
+		{"port", VLLMOptions{Model: "m", ExtraArgs: []string{"--port=9"}}, 8000,
+			"vllm: --vllm-arg --port: the launcher binds the engine to 127.0.0.1 on a port it picks; the gateway reaches the worker at --listen / --advertise"},
+		{"port as two args", VLLMOptions{Model: "m", ExtraArgs: []string{"--port", "9"}}, 8000, "--vllm-arg --port: the launcher binds"},
+		{"port and value in one arg", VLLMOptions{Model: "m", ExtraArgs: []string{"--port 9"}}, 8000, "--vllm-arg --port: the launcher binds"},
+		{"host", VLLMOptions{Model: "m", ExtraArgs: []string{"--host", "0.0.0.0"}}, 8000, "--vllm-arg --host: the launcher binds"},
+		{"unix socket", VLLMOptions{Model: "m", ExtraArgs: []string{"--uds=/tmp/v.sock"}}, 8000, "--vllm-arg --uds: the launcher binds"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

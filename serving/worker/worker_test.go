@@ -318,6 +318,11 @@ func TestRunFailsWhenTheEngineCannotStart(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "fork/exec /nonexistent/vllm") {
 		t.Fatalf("Run = %v, want the engine's start error", err)
 	}
+	// The gateway heard why before the worker gave up.
+	if hb := g.last(); hb.State != serving.StateDraining || !strings.Contains(hb.Reason, "the engine cannot start") ||
+		!strings.Contains(hb.Reason, "fork/exec /nonexistent/vllm") {
+		t.Errorf("last heartbeat: %s %q, want draining naming the start error", hb.State, hb.Reason)
+	}
 	if err := w.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "Run called twice") {
 		t.Errorf("second Run = %v", err)
 	}

@@ -1,19 +1,26 @@
 // Command fakevllm stands in for the `vllm` executable in the launcher's
-// tests: it accepts `serve MODEL --host H --port P [--served-model-name N]
-// [anything else, ignored]` and serves the simulated engine there.
+// tests: it parses `serve MODEL [flags]` as vLLM's argument parser does
+// (underscores as dashes, --flag=value or --flag value; an unknown flag or a
+// missing value prints the usage and "vllm: error: ..." on stderr and exits
+// with status 2) and serves the simulated engine on --host and --port. Like
+// vLLM it requires the key of --api-key or $VLLM_API_KEY on /v1 paths (401
+// {"error":"Unauthorized"}), keeps idle connections for
+// $VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds (default 5), and with
+// --reasoning-parser gives chat answers a reasoning phase.
 //
 // It appends one JSON line per event to the file named by $FAKE_VLLM_RECORD:
 // "start" (argv, selected environment, its pid and the pid of a `sleep`
-// child it leaves in its process group), "chat" (each chat completion it
-// receives) and "sigterm". Knobs, all environment variables:
+// child it leaves in its process group), "chat" and "completion" (each
+// request it receives) and "sigterm". Knobs, all environment variables:
 //
 //	FAKE_VLLM_STARTUP_DELAY=DUR  wait before listening (connection refused meanwhile)
 //	FAKE_VLLM_NEVER_READY=1      /health answers 503 forever
 //	FAKE_VLLM_EXIT_AFTER=DUR     exit with status 1 DUR after starting
 //	FAKE_VLLM_IGNORE_SIGTERM=1   record SIGTERM and keep running
 //	FAKE_VLLM_CHAT_STATUS=CODE   answer chat completions with CODE instead
-//	FAKE_VLLM_REJECT_ARG=ARG     refuse ARG as vLLM's argument parser does
-//	                             (usage and error on stderr, exit status 2)
+//	FAKE_VLLM_NO_CHAT_TEMPLATE=1 the model has no chat template: chat completions
+//	                             get vLLM's 400 for that (a base model)
+//	FAKE_VLLM_TTFT=DUR, FAKE_VLLM_TPOT=DUR  the simulated engine's latency
 //	FAKE_VLLM_FAIL_STARTS=N      the first N starts recorded in $FAKE_VLLM_RECORD
 //	                             fail as vLLM does on a bad model id (a
 //	                             traceback on stderr, exit status 1)
@@ -27,7 +34,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,38 +92,109 @@ func duration(name string) time.Duration {
 	return d
 }
 
-func main() {
-	args := os.Args[1:]
-	if len(args) < 2 || args[0] != "serve" {
-		fatal("usage: vllm serve MODEL --host H --port P [--served-model-name N] ...")
+// arity says how many values a vLLM flag takes.
+type arity int
+
+const (
+	noValue    arity = iota // a boolean flag
+	oneValue                // --flag V
+	someValues              // --flag V [V...] (nargs="+")
+)
+
+// vllmFlags are the `vllm serve` flags the fake knows: the launcher's, and
+// those the tests and scripts/gpu-check.sh pass through --vllm-arg.
+var vllmFlags = map[string]arity{
+	"--host": oneValue, "--port": oneValue, "--uds": oneValue,
+	"--served-model-name": someValues, "--api-key": someValues,
+	"--tensor-parallel-size": oneValue, "--max-num-seqs": oneValue, "--max-num-batched-tokens": oneValue,
+	"--gpu-memory-utilization": oneValue, "--max-model-len": oneValue, "--dtype": oneValue,
+	"--reasoning-parser": oneValue, "--tool-call-parser": oneValue, "--chat-template": oneValue,
+	"--generation-config": oneValue, "--seed": oneValue, "--stream-interval": oneValue,
+	"--enable-prefix-caching": noValue, "--no-enable-prefix-caching": noValue, "--enforce-eager": noValue,
+	"--trust-remote-code": noValue, "--enable-auto-tool-choice": noValue, "--enable-log-requests": noValue,
+	"--enable-per-request-metrics": noValue, "--disable-log-stats": noValue,
+}
+
+// usageError ends the process as argparse does: usage and error on
+// stderr, exit status 2.
+func usageError(prog, msg string) {
+	record(map[string]any{"event": "start", "argv": os.Args, "env": map[string]string{}})
+	fmt.Println("INFO 01-02 03:04:05 [__init__.py:239] Automatically detected platform cuda.")
+	fmt.Fprintln(os.Stderr, "usage: vllm serve [model_tag] [options]")
+	fmt.Fprintf(os.Stderr, "%s: error: %s\n", prog, msg)
+	os.Exit(2)
+}
+
+// parseServe reads `serve MODEL [flags]` as vLLM's FlexibleArgumentParser
+// does, into each flag's values (the last occurrence wins); it exits as
+// argparse does on a bad command line.
+func parseServe(args []string) (model string, flags map[string][]string) {
+	if len(args) < 2 || args[0] != "serve" || strings.HasPrefix(args[1], "-") {
+		usageError("vllm serve", "the following arguments are required: model_tag")
 	}
-	model, host, port, served := args[1], "", "", ""
-	apiKey := os.Getenv("VLLM_API_KEY") // --api-key wins, as in vLLM
-	for i := 2; i < len(args)-1; i++ {
-		switch args[i] {
-		case "--api-key":
-			apiKey = args[i+1]
-		case "--host":
-			host = args[i+1]
-		case "--port":
-			port = args[i+1]
-		case "--served-model-name":
-			served = args[i+1]
+	model, flags = args[1], map[string][]string{}
+	var unknown []string
+	for i := 2; i < len(args); i++ {
+		arg := args[i]
+		if !strings.HasPrefix(arg, "--") {
+			unknown = append(unknown, arg)
+			continue
 		}
+		name, value, inline := strings.Cut(arg, "=")
+		name = strings.ReplaceAll(name, "_", "-")
+		kind, ok := vllmFlags[name]
+		switch {
+		case !ok:
+			unknown = append(unknown, arg)
+			continue
+		case kind == noValue:
+			if inline {
+				usageError("vllm serve", fmt.Sprintf("argument %s: ignored explicit argument '%s'", name, value))
+			}
+			flags[name] = nil
+			continue
+		case inline:
+			flags[name] = []string{value}
+			continue
+		}
+		var values []string
+		for i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") && (kind == someValues || len(values) == 0) {
+			i++
+			values = append(values, args[i])
+		}
+		if len(values) == 0 {
+			want := "expected one argument"
+			if kind == someValues {
+				want = "expected at least one argument"
+			}
+			usageError("vllm serve", fmt.Sprintf("argument %s: %s", name, want))
+		}
+		flags[name] = values
+	}
+	if len(unknown) > 0 {
+		usageError("vllm", "unrecognized arguments: "+strings.Join(unknown, " "))
+	}
+	return model, flags
+}
+
+func main() {
+	model, flags := parseServe(os.Args[1:])
+	first := func(name string) string {
+		if v := flags[name]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	host, port, served := first("--host"), first("--port"), first("--served-model-name")
+	apiKey := os.Getenv("VLLM_API_KEY") // --api-key wins, as in vLLM
+	if k := first("--api-key"); k != "" {
+		apiKey = k
 	}
 	if host == "" || port == "" {
 		fatal("--host and --port are required")
 	}
 	if served == "" {
 		served = model
-	}
-
-	if bad := os.Getenv("FAKE_VLLM_REJECT_ARG"); bad != "" && slices.Contains(args, bad) {
-		record(map[string]any{"event": "start", "argv": os.Args, "env": map[string]string{}})
-		fmt.Println("INFO 01-02 03:04:05 [__init__.py:239] Automatically detected platform cuda.")
-		fmt.Fprintln(os.Stderr, "usage: vllm serve [model_tag] [options]")
-		fmt.Fprintln(os.Stderr, "vllm: error: unrecognized arguments: "+bad)
-		os.Exit(2)
 	}
 
 	if n, _ := strconv.Atoi(os.Getenv("FAKE_VLLM_FAIL_STARTS")); n > 0 && countStarts() < n {
@@ -140,7 +217,7 @@ func main() {
 	}
 
 	env := map[string]string{}
-	for _, k := range []string{"VLLM_NO_USAGE_STATS", "CUDA_VISIBLE_DEVICES", "VLLM_API_KEY"} {
+	for _, k := range []string{"VLLM_NO_USAGE_STATS", "CUDA_VISIBLE_DEVICES", "VLLM_API_KEY", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env[k] = v
 		}
@@ -167,12 +244,19 @@ func main() {
 	fmt.Fprintf(os.Stderr, "fakevllm: progress 1/2\rfakevllm: progress 2/2\n")
 	time.Sleep(duration("FAKE_VLLM_STARTUP_DELAY"))
 
-	eng, err := sim.New(sim.Config{Model: served, APIKey: apiKey}, nil)
+	cfg := sim.Config{Model: served, APIKey: apiKey, TTFT: duration("FAKE_VLLM_TTFT"), TPOT: duration("FAKE_VLLM_TPOT")}
+	cfg.MaxSeqs, _ = strconv.Atoi(first("--max-num-seqs"))
+	cfg.MaxModelLen, _ = strconv.Atoi(first("--max-model-len"))
+	if _, ok := flags["--reasoning-parser"]; ok {
+		cfg.ReasoningTokens = 4
+	}
+	eng, err := sim.New(cfg, nil)
 	if err != nil {
 		fatal(err)
 	}
 	api := eng.Handler()
 	neverReady := os.Getenv("FAKE_VLLM_NEVER_READY") == "1"
+	noTemplate := os.Getenv("FAKE_VLLM_NO_CHAT_TEMPLATE") == "1"
 	chatStatus, _ := strconv.Atoi(os.Getenv("FAKE_VLLM_CHAT_STATUS"))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -182,20 +266,45 @@ func main() {
 		}
 		api.ServeHTTP(w, r)
 	})
+	// Behind the engine's authentication, as in vLLM.
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		record(map[string]any{"event": "chat"})
-		if chatStatus != 0 {
-			http.Error(w, `{"error":{"message":"fake failure"}}`, chatStatus)
+		if apiKey != "" && r.Header.Get("Authorization") != "Bearer "+apiKey {
+			api.ServeHTTP(w, r) // the engine's 401
 			return
+		}
+		record(map[string]any{"event": "chat"})
+		switch {
+		case noTemplate:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"error":{"message":"As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template if the tokenizer does not define one.","type":"BadRequestError","param":null,"code":400}}`)
+		case chatStatus != 0:
+			http.Error(w, `{"error":{"message":"fake failure"}}`, chatStatus)
+		default:
+			api.ServeHTTP(w, r)
+		}
+	})
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) {
+		if apiKey == "" || r.Header.Get("Authorization") == "Bearer "+apiKey {
+			record(map[string]any{"event": "completion"})
 		}
 		api.ServeHTTP(w, r)
 	})
 	mux.Handle("/", api)
 
+	keepAlive := 5 * time.Second // vLLM's default
+	if v := os.Getenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			fatal("VLLM_HTTP_TIMEOUT_KEEP_ALIVE:", err)
+		}
+		keepAlive = time.Duration(n) * time.Second
+	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
 	if err != nil {
 		fatal(err)
 	}
 	fmt.Printf("fakevllm: serving %s on http://%s\n", served, ln.Addr())
-	fatal(http.Serve(ln, mux))
+	srv := &http.Server{Handler: mux, IdleTimeout: keepAlive}
+	fatal(srv.Serve(ln))
 }
