@@ -52,11 +52,6 @@ const (
 	HeaderSimQueue = "X-Sim-Queue-Ms"
 )
 
-// EngineKeepAlive is how long the engine's HTTP server keeps an idle
-// keep-alive connection (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE); the sidecar's
-// idle timeout stays below it.
-const EngineKeepAlive = 5 * time.Second
-
 // Replica states as reported by workers (the router parses the same names).
 const (
 	StateStarting = "starting"
