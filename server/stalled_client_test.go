@@ -50,7 +50,15 @@ func TestClientThatStopsReadingIsCutAndReleased(t *testing.T) {
 		u.Host, secret, len(body), body)
 	// ... and never read.
 
+	// The request must first be in (a busy machine can take a while to
+	// read it), then be cut.
 	deadline := time.Now().Add(20 * time.Second)
+	for h.Inflight() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the gateway's handler")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	for h.Inflight() > 0 || len(h.Reg.Replicas()) == 0 || h.Reg.Replicas()[0].Inflight() > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("still held after 20 s: gateway in flight %v, replica in flight %d", h.Inflight(), h.Reg.Replicas()[0].Inflight())
