@@ -19,8 +19,9 @@ import (
 )
 
 const keysUsage = `Usage:
-  tailgate keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget AMOUNT] [--models a,b]
+  tailgate keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget AMOUNT] [--models a,b] [--expires 30d|720h|RFC3339]
   tailgate keys list   --data DIR [--tenant NAME] [--json]
+  tailgate keys edit   --data DIR KEY [--rpm N] [--tpm N] [--max-concurrency N] [--models a,b | --all-models] [--expires 30d|720h|RFC3339|never]
   tailgate keys revoke --data DIR KEY   (KEY: key id, display prefix, or the secret)
 
 Run 'tailgate keys SUBCOMMAND -h' for its flags.
@@ -57,18 +58,20 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return cmdKeysCreate(ctx, args[1:], stdout, stderr)
 	case "list":
 		return cmdKeysList(ctx, args[1:], stdout, stderr)
+	case "edit":
+		return cmdKeysEdit(ctx, args[1:], stdout, stderr)
 	case "revoke":
 		return cmdKeysRevoke(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stderr, keysUsage)
 		return flag.ErrHelp
 	}
-	fmt.Fprintf(stderr, "%s\ntailgate keys: unknown subcommand %q (want create, list or revoke)\n", keysUsage, args[0])
+	fmt.Fprintf(stderr, "%s\ntailgate keys: unknown subcommand %q (want create, list, edit or revoke)\n", keysUsage, args[0])
 	return errUsage
 }
 
 func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("keys create", "keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget N] [--models a,b]", stderr)
+	fs := newFlagSet("keys create", "keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget N] [--models a,b] [--expires 30d|720h|RFC3339]", stderr)
 	var (
 		dir          = fs.String("data", "tailgate-data", "data directory")
 		tenant       = fs.String("tenant", "", "tenant that owns the key (created if new)")
@@ -78,6 +81,7 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		budgetTokens = fs.Int64("budget-tokens", -1, "set the tenant's total token budget (0: unlimited; default: unchanged)")
 		budgetMoney  = fs.Float64("budget", -1, "set the tenant's money budget in currency units (0: unlimited; default: unchanged)")
 		models       = fs.String("models", "", "comma-separated models the key may use (default: all)")
+		expires      = fs.String("expires", "", "when the key stops working: a duration from now (30d, 720h) or a time in RFC 3339 (default: never)")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -89,13 +93,13 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *rpm < 0 || *tpm < 0 || *maxConc < 0 {
 		return errors.New("--rpm, --tpm and --max-concurrency must not be negative")
 	}
-	opts := policy.KeyOptions{Tenant: *tenant, RPM: *rpm, TPM: *tpm, MaxConcurrency: *maxConc}
-	if *models != "" {
-		for _, m := range strings.Split(*models, ",") {
-			if m = strings.TrimSpace(m); m != "" {
-				opts.Models = append(opts.Models, m)
-			}
+	opts := policy.KeyOptions{Tenant: *tenant, RPM: *rpm, TPM: *tpm, MaxConcurrency: *maxConc, Models: splitModels(*models)}
+	if *expires != "" {
+		exp, err := policy.ParseExpiry(*expires, time.Now())
+		if err != nil {
+			return usageError(fs, stderr, fs.Usage, fmt.Errorf("--expires: %w", err))
 		}
+		opts.ExpiresAt = exp
 	}
 	if *budgetTokens >= 0 {
 		opts.BudgetTokens = budgetTokens
@@ -117,6 +121,9 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		// This process does not know the gateway's prices.
 		fmt.Fprintf(stderr, "note: tenant %q has a money budget; it counts only models the gateway prices (--price MODEL=IN,OUT, or models.MODEL.price in --config): "+
 			"a gateway refuses to start while no model the tenant may use has a price, and a running one warns\n", k.Tenant.Name)
+	}
+	if !k.ExpiresAt.IsZero() {
+		fmt.Fprintf(stderr, "the key expires at %s (extend it with `tailgate keys edit %s --expires ...`)\n", k.ExpiresAt.Format(time.RFC3339), k.Prefix)
 	}
 	fmt.Fprintf(stderr, "created key %s (%s) for tenant %q; the secret is shown once:\n", k.ID, k.Prefix, k.Tenant.Name)
 	fmt.Fprintln(stdout, secret)
@@ -142,28 +149,134 @@ func cmdKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	now := time.Now()
 	if *asJSON {
 		out := make([]server.KeyView, 0, len(keys))
 		for _, k := range keys {
-			out = append(out, server.ViewKey(k))
+			out = append(out, server.ViewKey(k, now))
 		}
 		return writeJSON(stdout, out)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPREFIX\tTENANT\tRPM\tTPM\tCONC\tMODELS\tCREATED\tSTATUS")
+	fmt.Fprintln(tw, "ID\tPREFIX\tTENANT\tRPM\tTPM\tCONC\tMODELS\tCREATED\tEXPIRES\tSTATUS")
 	for _, k := range keys {
-		status := "active"
-		if k.Revoked() {
-			status = "revoked"
-		}
-		models := strings.Join(k.Models, ",")
-		if models == "" {
-			models = "*"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Tenant.Name, limit(k.RPM), limit(k.TPM),
-			limit(k.MaxConcurrency), models, k.CreatedAt.Format(time.RFC3339), status)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Tenant.Name, limit(k.RPM), limit(k.TPM),
+			limit(k.MaxConcurrency), keyModels(k), k.CreatedAt.Format(time.RFC3339), keyExpiry(k), keyStatus(k, now))
 	}
 	return tw.Flush()
+}
+
+func keyModels(k data.Key) string {
+	if len(k.Models) == 0 {
+		return "*"
+	}
+	return strings.Join(k.Models, ",")
+}
+
+func keyExpiry(k data.Key) string {
+	if k.ExpiresAt.IsZero() {
+		return "never"
+	}
+	return k.ExpiresAt.Format(time.RFC3339)
+}
+
+func keyStatus(k data.Key, now time.Time) string {
+	switch {
+	case k.Revoked():
+		return "revoked"
+	case k.ExpiredAt(now):
+		return "expired"
+	}
+	return "active"
+}
+
+// splitModels reads a --models list; blanks between commas are dropped.
+func splitModels(s string) []string {
+	var out []string
+	for _, m := range strings.Split(s, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func cmdKeysEdit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("keys edit", "keys edit --data DIR KEY [--rpm N] [--tpm N] [--max-concurrency N] [--models a,b | --all-models] [--expires 30d|720h|RFC3339|never]\n"+
+		"  (KEY: key id, display prefix, or the secret; only the flags given change)", stderr)
+	var (
+		dir       = fs.String("data", "tailgate-data", "data directory")
+		rpm       = fs.Int64("rpm", 0, "requests per minute (0: unlimited)")
+		tpm       = fs.Int64("tpm", 0, "tokens per minute (0: unlimited)")
+		maxConc   = fs.Int64("max-concurrency", 0, "concurrent requests (0: unlimited)")
+		models    = fs.String("models", "", "comma-separated models the key may use, replacing its list")
+		allModels = fs.Bool("all-models", false, "let the key use every model (clears its list)")
+		expires   = fs.String("expires", "", "new expiry: a duration from now (30d, 720h), a time in RFC 3339, or never")
+	)
+	pos, err := parseArgs(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || strings.TrimSpace(pos[0]) == "" {
+		return usageError(fs, stderr, fs.Usage, errors.New("want the KEY to edit"))
+	}
+	var u data.KeyUpdate
+	var bad error
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "rpm":
+			u.RPM = rpm
+		case "tpm":
+			u.TPM = tpm
+		case "max-concurrency":
+			u.MaxConcurrency = maxConc
+		case "models":
+			if m := splitModels(*models); len(m) > 0 {
+				u.Models = &m
+			} else {
+				bad = errors.New("--models is empty: to let the key use every model, give --all-models")
+			}
+		case "expires":
+			exp, err := policy.ParseExpiry(*expires, time.Now())
+			if err != nil {
+				bad = fmt.Errorf("--expires: %w", err)
+			}
+			u.ExpiresAt = &exp
+		}
+	})
+	switch {
+	case bad != nil:
+		return usageError(fs, stderr, fs.Usage, bad)
+	case *allModels && u.Models != nil:
+		return usageError(fs, stderr, fs.Usage, errors.New("give --models or --all-models, not both"))
+	case *allModels:
+		u.Models = &[]string{}
+	}
+	if u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && u.ExpiresAt == nil {
+		return usageError(fs, stderr, fs.Usage, errors.New("nothing to change: give --rpm, --tpm, --max-concurrency, --models, --all-models or --expires"))
+	}
+	if (u.RPM != nil && *u.RPM < 0) || (u.TPM != nil && *u.TPM < 0) || (u.MaxConcurrency != nil && *u.MaxConcurrency < 0) {
+		return errors.New("--rpm, --tpm and --max-concurrency must not be negative")
+	}
+	st, err := openStore(*dir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	k, err := policy.EditKey(ctx, st, pos[0], u)
+	switch {
+	case errors.Is(err, data.ErrNotFound):
+		return errors.New("no key matches that id, prefix or secret")
+	case errors.Is(err, data.ErrAmbiguous):
+		return errors.New("that prefix matches more than one key; give the key id (see `tailgate keys list`)")
+	case errors.Is(err, data.ErrRevoked):
+		return errors.New("that key is revoked and cannot be edited; create a new one")
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(stdout, "edited %s (%s, tenant %s): rpm %s, tpm %s, concurrency %s, models %s, expires %s (%s); a running gateway applies it within a second\n",
+		k.ID, k.Prefix, k.Tenant.Name, limit(k.RPM), limit(k.TPM), limit(k.MaxConcurrency), keyModels(k), keyExpiry(k), keyStatus(k, time.Now()))
+	return nil
 }
 
 func limit(v int64) string {
@@ -236,9 +349,9 @@ func cmdUsage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return writeJSON(stdout, view)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TENANT\tKEY\tMODEL\tREQUESTS\tPROMPT\tCOMPLETION\tCOST")
+	fmt.Fprintln(tw, "TENANT\tKEY\tMODEL\tREQUESTS\tPROMPT\tCOMPLETION\tCOST\tREJECTED")
 	for _, r := range view {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.6f\n", r.Tenant, r.KeyPrefix, r.Model, r.Requests, r.PromptTokens, r.CompletionTokens, r.Cost)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.6f\t%d\n", r.Tenant, r.KeyPrefix, r.Model, r.Requests, r.PromptTokens, r.CompletionTokens, r.Cost, r.Rejected)
 	}
 	return tw.Flush()
 }

@@ -25,6 +25,10 @@ func TestCommandsRefuseADataDirWithoutDatabase(t *testing.T) {
 		{"keys create", func(dir string) []string { return []string{"keys", "create", "--data", dir, "--tenant", "acme"} }},
 		{"keys list", func(dir string) []string { return []string{"keys", "list", "--data", dir} }},
 		{"keys revoke", func(dir string) []string { return []string{"keys", "revoke", "--data", dir, "tg-abcdefgh"} }},
+		{"keys edit", func(dir string) []string { return []string{"keys", "edit", "--data", dir, "tg-abcdefgh", "--rpm", "1"} }},
+		{"tenants list", func(dir string) []string { return []string{"tenants", "list", "--data", dir} }},
+		{"tenants show", func(dir string) []string { return []string{"tenants", "show", "--data", dir, "acme"} }},
+		{"tenants set", func(dir string) []string { return []string{"tenants", "set", "--data", dir, "acme", "--budget-tokens", "5"} }},
 		{"usage", func(dir string) []string { return []string{"usage", "--data", dir, "--json"} }},
 		{"backup", func(dir string) []string {
 			return []string{"backup", "--data", dir, filepath.Join(t.TempDir(), "copy.db")}
@@ -102,7 +106,27 @@ func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
 		{"gateway with a flag missing its value", []string{"gateway", "--data"},
 			`tailgate gateway: flag needs an argument: -data`},
 		{"keys with an unknown subcommand", []string{"keys", "delete"},
-			`tailgate keys: unknown subcommand "delete" (want create, list or revoke)`},
+			`tailgate keys: unknown subcommand "delete" (want create, list, edit or revoke)`},
+		{"keys edit without a key", []string{"keys", "edit", "--data", dir, "--rpm", "1"},
+			`tailgate keys edit: want the KEY to edit`},
+		{"keys edit with nothing to change", []string{"keys", "edit", "--data", dir, "tg-aaaaaaaa"},
+			`tailgate keys edit: nothing to change: give --rpm, --tpm, --max-concurrency, --models, --all-models or --expires`},
+		{"keys edit with empty models", []string{"keys", "edit", "--data", dir, "tg-aaaaaaaa", "--models", ""},
+			`tailgate keys edit: --models is empty: to let the key use every model, give --all-models`},
+		{"keys edit with a bad expiry", []string{"keys", "edit", "--data", dir, "tg-aaaaaaaa", "--expires", "soon"},
+			`tailgate keys edit: --expires: expiry "soon": want a duration from now (30d, 720h), a time in RFC 3339 (2027-01-31T00:00:00Z) or never`},
+		{"keys create with a bad expiry", []string{"keys", "create", "--data", dir, "--tenant", "acme", "--expires", "30x"},
+			`tailgate keys create: --expires: expiry "30x": want a duration from now (30d, 720h), a time in RFC 3339 (2027-01-31T00:00:00Z) or never`},
+		{"tenants with an unknown subcommand", []string{"tenants", "rm"},
+			`tailgate tenants: unknown subcommand "rm" (want list, show or set)`},
+		{"tenants list with a stray word", []string{"tenants", "list", "--data", dir, "acme"},
+			`tailgate tenants list: unexpected argument "acme": tenants list takes flags only`},
+		{"tenants show without a name", []string{"tenants", "show", "--data", dir},
+			`tailgate tenants show: want the NAME of the tenant`},
+		{"tenants set with nothing to change", []string{"tenants", "set", "--data", dir, "acme"},
+			`tailgate tenants set: nothing to change: give --budget-tokens or --budget`},
+		{"tenants set with an unknown flag", []string{"tenants", "set", "--data", dir, "acme", "--period", "day"},
+			`tailgate tenants set: flag provided but not defined: -period`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stderr := runToExit(t, 30*time.Second, tc.args...)
@@ -140,6 +164,7 @@ func TestHelpExitsZero(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"keys", "-h"}, {"keys", "--help"}, {"keys", "help"}, {"keys", "create", "-h"}, {"keys", "revoke", "--help"},
+		{"keys", "edit", "-h"}, {"tenants", "-h"}, {"tenants", "list", "-h"}, {"tenants", "show", "-h"}, {"tenants", "set", "--help"},
 		{"usage", "-h"}, {"backup", "-h"}, {"up", "-h"}, {"gateway", "--help"}, {"worker", "-h"}, {"sim", "-h"}, {"bench", "-h"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {

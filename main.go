@@ -27,7 +27,8 @@ Usage:
   tailgate gateway  [flags]   the gateway alone, in front of --upstream servers and registered workers
   tailgate worker   [flags]   one GPU box: launches vLLM (or the sim), fronts it, registers with a gateway
   tailgate sim      [flags]   the simulated engine alone (vLLM-compatible HTTP)
-  tailgate keys create|list|revoke [flags]   manage API keys in a data directory
+  tailgate keys create|list|edit|revoke [flags]   manage API keys in a data directory
+  tailgate tenants list|show|set [flags]     tenants' budgets and what they spent
   tailgate workers list|revoke [flags]       list or revoke worker credentials
   tailgate usage    [flags]   usage totals per tenant, key and model
   tailgate backup   [flags] FILE   consistent copy of the database while a gateway runs
@@ -70,6 +71,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdWorker(ctx, rest, stdout, stderr)
 	case "keys":
 		return cmdKeys(ctx, rest, stdout, stderr)
+	case "tenants":
+		return cmdTenants(ctx, rest, stdout, stderr)
 	case "workers":
 		return cmdWorkers(ctx, rest, stdout, stderr)
 	case "usage":

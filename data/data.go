@@ -36,6 +36,8 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrAmbiguous: a reference (such as a key prefix) matched more than one row.
 	ErrAmbiguous = errors.New("ambiguous reference")
+	// ErrRevoked: the key is revoked, so it cannot be changed.
+	ErrRevoked = errors.New("key is revoked")
 )
 
 // Tenant owns keys and a budget.
@@ -67,10 +69,14 @@ type Key struct {
 	Models    []string
 	CreatedAt time.Time
 	RevokedAt time.Time // zero while the key is active
+	ExpiresAt time.Time // zero for a key that never expires
 }
 
 // Revoked reports whether the key has been revoked.
 func (k Key) Revoked() bool { return !k.RevokedAt.IsZero() }
+
+// ExpiredAt reports whether the key has expired by t.
+func (k Key) ExpiredAt(t time.Time) bool { return !k.ExpiresAt.IsZero() && !t.Before(k.ExpiresAt) }
 
 // Stages are the per-request stage durations named in DESIGN.md. A negative
 // value means "unknown / not measured" and is stored as NULL.
@@ -122,7 +128,9 @@ type UsageFilter struct {
 	Until  time.Time
 }
 
-// UsageRow is a usage total for one (tenant, key, model).
+// UsageRow is a usage total for one (tenant, key, model). Requests, the
+// token counts and the cost count only requests that were not refused;
+// Rejected counts the refused ones apart (see [Outcome.Rejected]).
 type UsageRow struct {
 	Tenant           string
 	KeyID            string
@@ -132,6 +140,7 @@ type UsageRow struct {
 	PromptTokens     int64
 	CompletionTokens int64
 	CostMicros       int64
+	Rejected         int64
 }
 
 // Spend is what a tenant has used so far according to the ledger.

@@ -8,9 +8,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
-const keyCols = `k.id, k.prefix, k.hash, k.rpm, k.tpm, k.max_concurrency, k.models, k.created_at, k.revoked_at,
+const keyCols = `k.id, k.prefix, k.hash, k.rpm, k.tpm, k.max_concurrency, k.models, k.created_at, k.revoked_at, k.expires_at,
 	t.id, t.name, t.budget_tokens, t.budget_micros, t.created_at`
 
 const keyFrom = ` FROM api_keys k JOIN tenants t ON t.id = k.tenant_id`
@@ -19,8 +20,8 @@ func scanKey(r rowScanner) (Key, error) {
 	var k Key
 	var models string
 	var created, tCreated int64
-	var revoked sql.NullInt64
-	err := r.Scan(&k.ID, &k.Prefix, &k.Hash, &k.RPM, &k.TPM, &k.MaxConcurrency, &models, &created, &revoked,
+	var revoked, expires sql.NullInt64
+	err := r.Scan(&k.ID, &k.Prefix, &k.Hash, &k.RPM, &k.TPM, &k.MaxConcurrency, &models, &created, &revoked, &expires,
 		&k.Tenant.ID, &k.Tenant.Name, &k.Tenant.BudgetTokens, &k.Tenant.BudgetMicros, &tCreated)
 	if err != nil {
 		return Key{}, err
@@ -32,6 +33,7 @@ func scanKey(r rowScanner) (Key, error) {
 	}
 	k.CreatedAt = fromMicros(created)
 	k.RevokedAt = fromNullMicros(revoked)
+	k.ExpiresAt = fromNullMicros(expires)
 	k.Tenant.CreatedAt = fromMicros(tCreated)
 	return k, nil
 }
@@ -54,7 +56,8 @@ func newKeyID() (string, error) {
 
 // CreateKey stores k for the tenant k.Tenant.ID. It generates k.ID if empty,
 // sets k.CreatedAt, bumps the keys version, and returns the key as stored,
-// with its tenant filled. RevokedAt is ignored: a new key is active.
+// with its tenant filled. RevokedAt is ignored: a new key is active; a zero
+// ExpiresAt never expires.
 func (s *Store) CreateKey(ctx context.Context, k Key) (Key, error) {
 	switch {
 	case k.Tenant.ID == 0:
@@ -78,9 +81,10 @@ func (s *Store) CreateKey(ctx context.Context, k Key) (Key, error) {
 	var out Key
 	err = s.writeTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO api_keys
-			(id, tenant_id, prefix, hash, rpm, tpm, max_concurrency, models, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			k.ID, k.Tenant.ID, k.Prefix, k.Hash, k.RPM, k.TPM, k.MaxConcurrency, models, toMicros(now())); err != nil {
+			(id, tenant_id, prefix, hash, rpm, tpm, max_concurrency, models, created_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			k.ID, k.Tenant.ID, k.Prefix, k.Hash, k.RPM, k.TPM, k.MaxConcurrency, models, toMicros(now()),
+			nullMicros(k.ExpiresAt)); err != nil {
 			return err
 		}
 		if err := bumpKeysVersion(ctx, tx); err != nil {
@@ -170,7 +174,64 @@ func (s *Store) RevokeKey(ctx context.Context, ref string, hash []byte) (Key, er
 	return out, nil
 }
 
-// findKey resolves RevokeKey's reference. The id and hash are unique, so they
+// KeyUpdate is an edit of a key: nil fields stay as they are.
+type KeyUpdate struct {
+	RPM, TPM, MaxConcurrency *int64
+	// Models replaces the key's model list; an empty list allows every model.
+	Models *[]string
+	// ExpiresAt sets when the key expires; the zero time means never.
+	ExpiresAt *time.Time
+}
+
+// UpdateKey applies u to the key that ref or hash names (as [Store.RevokeKey]
+// finds it) and bumps the keys version, so running gateways apply the new
+// limits within their poll interval. A revoked key cannot be edited
+// ([ErrRevoked]). It returns the key as stored.
+func (s *Store) UpdateKey(ctx context.Context, ref string, hash []byte, u KeyUpdate) (Key, error) {
+	var out Key
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		k, err := findKey(ctx, tx, ref, hash)
+		if err != nil {
+			return err
+		}
+		if k.Revoked() {
+			return ErrRevoked
+		}
+		set := func(dst *int64, src *int64) {
+			if src != nil {
+				*dst = *src
+			}
+		}
+		set(&k.RPM, u.RPM)
+		set(&k.TPM, u.TPM)
+		set(&k.MaxConcurrency, u.MaxConcurrency)
+		if u.Models != nil {
+			k.Models = *u.Models
+		}
+		if u.ExpiresAt != nil {
+			k.ExpiresAt = *u.ExpiresAt
+		}
+		models, err := encodeModels(k.Models)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET rpm = ?, tpm = ?, max_concurrency = ?, models = ?, expires_at = ?
+			WHERE id = ?`, k.RPM, k.TPM, k.MaxConcurrency, models, nullMicros(k.ExpiresAt), k.ID); err != nil {
+			return err
+		}
+		if err := bumpKeysVersion(ctx, tx); err != nil {
+			return err
+		}
+		out, err = scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, k.ID))
+		return err
+	})
+	if err != nil {
+		return Key{}, fmt.Errorf("update key: %w", err)
+	}
+	return out, nil
+}
+
+// findKey resolves RevokeKey's and UpdateKey's reference. The id and hash are unique, so they
 // are tried before the prefix, which a user types and may share.
 func findKey(ctx context.Context, tx *sql.Tx, ref string, hash []byte) (Key, error) {
 	if ref != "" {

@@ -33,6 +33,14 @@ const (
 	OutcomeInterrupted Outcome = "interrupted"
 )
 
+// Rejected reports whether the request was refused as it came, by the
+// gateway or by an engine, so nothing was served: usage counts such rows
+// apart, never as requests, tokens or cost.
+func (o Outcome) Rejected() bool { return o == OutcomeRejected || o == OutcomeUpstreamRejected }
+
+// rejectedSQL is [Outcome.Rejected] as an SQL condition on the ledger l.
+const rejectedSQL = `l.outcome IN ('` + string(OutcomeRejected) + `', '` + string(OutcomeUpstreamRejected) + `')`
+
 // ErrorClass is the short failure class of a ledger row, "" on success. For
 // requests the gateway refused it is the OpenAI error code the client got;
 // the classes below name failures of the routed path. Never a key or a

@@ -235,6 +235,14 @@ func fromNullMicros(us sql.NullInt64) time.Time {
 	return fromMicros(us.Int64)
 }
 
+// nullMicros stores t, the zero time as NULL.
+func nullMicros(t time.Time) sql.NullInt64 {
+	if t.IsZero() {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: toMicros(t), Valid: true}
+}
+
 // now is the current time at the precision the database keeps, so a value
 // returned by a write compares equal to the same value read back.
 func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }

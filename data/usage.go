@@ -38,6 +38,8 @@ func (f UsageFilter) where() (string, []any) {
 // selects, ordered by tenant name, key id and model. Rows without a known
 // tenant or key (requests rejected before auth) have "" there. Open rows
 // (streams still running) are not counted, as they are not spend yet.
+// Refused requests ([Outcome.Rejected]) count only in Rejected: whatever
+// tokens their rows carry are not usage.
 func (s *Store) Usage(ctx context.Context, f UsageFilter) ([]UsageRow, error) {
 	where, args := f.where()
 	if where == "" {
@@ -47,7 +49,11 @@ func (s *Store) Usage(ctx context.Context, f UsageFilter) ([]UsageRow, error) {
 	}
 	where += "l.outcome <> '" + string(OutcomeOpen) + "'"
 	rows, err := s.read.QueryContext(ctx, `SELECT COALESCE(t.name, ''), l.key_id, COALESCE(k.prefix, ''), l.model,
-			COUNT(*), SUM(l.prompt_tokens), SUM(l.completion_tokens), SUM(l.cost_micros)
+			SUM(NOT `+rejectedSQL+`),
+			SUM(CASE WHEN `+rejectedSQL+` THEN 0 ELSE l.prompt_tokens END),
+			SUM(CASE WHEN `+rejectedSQL+` THEN 0 ELSE l.completion_tokens END),
+			SUM(CASE WHEN `+rejectedSQL+` THEN 0 ELSE l.cost_micros END),
+			SUM(`+rejectedSQL+`)
 		FROM ledger l
 		LEFT JOIN tenants t ON t.id = l.tenant_id
 		LEFT JOIN api_keys k ON k.id = l.key_id`+where+`
@@ -61,7 +67,7 @@ func (s *Store) Usage(ctx context.Context, f UsageFilter) ([]UsageRow, error) {
 	for rows.Next() {
 		var u UsageRow
 		if err := rows.Scan(&u.Tenant, &u.KeyID, &u.KeyPrefix, &u.Model,
-			&u.Requests, &u.PromptTokens, &u.CompletionTokens, &u.CostMicros); err != nil {
+			&u.Requests, &u.PromptTokens, &u.CompletionTokens, &u.CostMicros, &u.Rejected); err != nil {
 			return nil, fmt.Errorf("usage: %w", err)
 		}
 		out = append(out, u)

@@ -72,7 +72,7 @@ func TestUsageTotals(t *testing.T) {
 	acmeK1Qwen := UsageRow{Tenant: "acme", KeyID: f.k1.ID, KeyPrefix: "tg-k1", Model: "qwen", Requests: 1, PromptTokens: 3, CompletionTokens: 4, CostMicros: 30}
 	acmeK2Llama := UsageRow{Tenant: "acme", KeyID: f.k2.ID, KeyPrefix: "tg-k2", Model: "llama", Requests: 1, PromptTokens: 5, CompletionTokens: 6, CostMicros: 50}
 	betaK3Llama := UsageRow{Tenant: "beta", KeyID: f.k3.ID, KeyPrefix: "tg-k3", Model: "llama", Requests: 2, PromptTokens: 16, CompletionTokens: 18, CostMicros: 160}
-	anon := UsageRow{Requests: 1}
+	anon := UsageRow{Rejected: 1} // refused: not a request of usage
 	// Key ids are random, so put acme's expected rows in key-id order.
 	acme := []UsageRow{acmeK1Llama, acmeK1Qwen, acmeK2Llama}
 	if f.k2.ID < f.k1.ID {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"tailgate/data"
 )
@@ -14,6 +15,20 @@ import (
 // ErrInvalidKey is returned for a secret that is malformed, unknown or
 // revoked. It deliberately does not say which.
 var ErrInvalidKey = errors.New("invalid api key")
+
+// ExpiredKeyError is returned for a key that exists and was not revoked but
+// has expired. Unlike an unknown key it may say so: only the holder of the
+// secret learns it. It matches [ErrInvalidKey] under errors.Is.
+type ExpiredKeyError struct {
+	ExpiresAt time.Time
+}
+
+func (e *ExpiredKeyError) Error() string {
+	return "api key expired at " + e.ExpiresAt.UTC().Format(time.RFC3339)
+}
+
+// Is makes an expired key an invalid key to callers that do not care why.
+func (e *ExpiredKeyError) Is(target error) bool { return target == ErrInvalidKey }
 
 // Principal is an authenticated key: who is calling and under which limits.
 // Principals are shared between requests and must not be modified.
@@ -26,6 +41,8 @@ type Principal struct {
 	RPM, TPM, MaxConcurrency int64
 	// Models the key may use; empty means all.
 	Models []string
+	// ExpiresAt is when the key stops working; zero means never.
+	ExpiresAt time.Time
 
 	// Resolved once per cache fill so that admission skips the map lookups.
 	// Nil in a Principal built by hand; Admit then looks them up.
@@ -47,8 +64,8 @@ type entry struct {
 }
 
 // Authenticate resolves a secret to its principal. It returns ErrInvalidKey
-// for a malformed, unknown or revoked secret, and another error only when
-// the store could not be asked. Results, good and bad, are cached until the
+// for a malformed, unknown or revoked secret, an [*ExpiredKeyError] for an
+// expired one, and another error only when the store could not be asked. Results, good and bad, are cached until the
 // store's key version changes, so a cache hit touches neither SQLite nor the
 // heap.
 func (g *Gate) Authenticate(ctx context.Context, secret string) (*Principal, error) {
@@ -66,9 +83,19 @@ func (g *Gate) Authenticate(ctx context.Context, secret string) (*Principal, err
 		if e.p == nil {
 			return nil, ErrInvalidKey
 		}
-		return e.p, nil
+		return g.unexpired(e.p)
 	}
 	return g.lookup(ctx, ck, sum, gen)
+}
+
+// unexpired returns p, or an [*ExpiredKeyError] once its key has expired.
+// Expiry is checked on every use, not when the key was cached: a key
+// expires at its time even while no change bumps the keys version.
+func (g *Gate) unexpired(p *Principal) (*Principal, error) {
+	if !p.ExpiresAt.IsZero() && !g.now().Before(p.ExpiresAt) {
+		return nil, &ExpiredKeyError{ExpiresAt: p.ExpiresAt}
+	}
+	return p, nil
 }
 
 // lookup asks the store and caches the answer under gen, the generation
@@ -93,7 +120,7 @@ func (g *Gate) lookup(ctx context.Context, ck uint64, sum [sha256.Size]byte, gen
 	if e.p == nil {
 		return nil, ErrInvalidKey
 	}
-	return e.p, nil
+	return g.unexpired(e.p)
 }
 
 // principal builds the Principal of a stored key, bound to the key's and
@@ -108,6 +135,7 @@ func (g *Gate) principal(k data.Key) *Principal {
 		TPM:            k.TPM,
 		MaxConcurrency: k.MaxConcurrency,
 		Models:         slices.Clip(k.Models),
+		ExpiresAt:      k.ExpiresAt,
 		key:            g.keyFor(k.ID),
 		tenant:         g.tenantFor(k.Tenant.ID, k.Tenant.Name, k.Tenant.BudgetTokens, k.Tenant.BudgetMicros),
 	}

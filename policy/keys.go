@@ -7,7 +7,9 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"tailgate/data"
 )
@@ -75,6 +77,9 @@ type KeyOptions struct {
 	// BudgetTokens and BudgetMicros, when not nil, set the tenant's budget
 	// (0 = unlimited); nil leaves that part of the budget as it is.
 	BudgetTokens, BudgetMicros *int64
+	// ExpiresAt is when the key stops working (see [ParseExpiry]); zero
+	// means never. It must be in the future.
+	ExpiresAt time.Time
 }
 
 func (o *KeyOptions) validate() error {
@@ -85,13 +90,46 @@ func (o *KeyOptions) validate() error {
 		return errors.New("negative limit")
 	case o.BudgetTokens != nil && *o.BudgetTokens < 0, o.BudgetMicros != nil && *o.BudgetMicros < 0:
 		return errors.New("negative budget")
+	case !o.ExpiresAt.IsZero() && !o.ExpiresAt.After(time.Now()):
+		return fmt.Errorf("expiry %s is not in the future: the key would never work", o.ExpiresAt.UTC().Format(time.RFC3339))
 	}
-	for _, m := range o.Models {
-		if m == "" {
+	return validModels(o.Models)
+}
+
+func validModels(models []string) error {
+	for _, m := range models {
+		if strings.TrimSpace(m) == "" {
 			return errors.New("empty model name")
 		}
 	}
 	return nil
+}
+
+// ParseExpiry reads a key's expiry as a user gives it: a time in RFC 3339
+// ("2027-01-31T00:00:00Z"), a duration from now in days ("30d") or in Go's
+// syntax ("720h", "90m"), or "never". "never" returns the zero time.
+func ParseExpiry(s string, now time.Time) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "never" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t.UTC(), nil
+	}
+	var d time.Duration
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseFloat(days, 64)
+		if err != nil || n <= 0 || n > 100*365 {
+			return time.Time{}, fmt.Errorf("expiry %q: want a positive number of days up to 36500, e.g. 30d", s)
+		}
+		d = time.Duration(n * float64(24*time.Hour))
+	} else {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil || d <= 0 {
+			return time.Time{}, fmt.Errorf("expiry %q: want a duration from now (30d, 720h), a time in RFC 3339 (2027-01-31T00:00:00Z) or never", s)
+		}
+	}
+	return now.Add(d).UTC().Truncate(time.Second), nil
 }
 
 // CreateKey mints a secret and stores a key for it, creating the tenant if
@@ -130,6 +168,7 @@ func CreateKey(ctx context.Context, st *data.Store, o KeyOptions) (secret string
 		TPM:            o.TPM,
 		MaxConcurrency: o.MaxConcurrency,
 		Models:         o.Models,
+		ExpiresAt:      o.ExpiresAt,
 	})
 	if err != nil {
 		return "", data.Key{}, fmt.Errorf("create key: %w", err)
@@ -145,18 +184,49 @@ func RevokeKey(ctx context.Context, st *data.Store, ref string) (data.Key, error
 	if ref == "" {
 		return data.Key{}, errors.New("revoke key: empty key reference")
 	}
-	var (
-		k   data.Key
-		err error
-	)
-	if wellFormed(ref) {
-		k, err = st.RevokeKey(ctx, "", HashSecret(ref))
-	} else {
-		k, err = st.RevokeKey(ctx, ref, nil)
-	}
+	id, hash := keyRef(ref)
+	k, err := st.RevokeKey(ctx, id, hash)
 	if err != nil {
 		// Never echo ref: it may be a secret.
 		return data.Key{}, fmt.Errorf("revoke key: %w", err)
+	}
+	return k, nil
+}
+
+// keyRef splits a user's reference to a key into what the store looks up:
+// a secret is looked up by its hash, anything else as an id or a prefix.
+func keyRef(ref string) (string, []byte) {
+	if wellFormed(ref) {
+		return "", HashSecret(ref)
+	}
+	return ref, nil
+}
+
+// EditKey changes the limits, models or expiry of the key that ref names
+// (its id, display prefix or secret); nil fields of u stay as they are, an
+// empty model list allows every model and a zero expiry never expires. A
+// running gateway applies the edit within its poll interval. It returns
+// data.ErrNotFound, data.ErrAmbiguous or data.ErrRevoked (wrapped) when ref
+// names no key, several, or a revoked one.
+func EditKey(ctx context.Context, st *data.Store, ref string, u data.KeyUpdate) (data.Key, error) {
+	ref = strings.TrimSpace(ref)
+	switch {
+	case ref == "":
+		return data.Key{}, errors.New("edit key: empty key reference")
+	case u.RPM != nil && *u.RPM < 0, u.TPM != nil && *u.TPM < 0, u.MaxConcurrency != nil && *u.MaxConcurrency < 0:
+		return data.Key{}, errors.New("edit key: negative limit")
+	case u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && u.ExpiresAt == nil:
+		return data.Key{}, errors.New("edit key: nothing to change")
+	}
+	if u.Models != nil {
+		if err := validModels(*u.Models); err != nil {
+			return data.Key{}, fmt.Errorf("edit key: %w", err)
+		}
+	}
+	id, hash := keyRef(ref)
+	k, err := st.UpdateKey(ctx, id, hash, u)
+	if err != nil {
+		return data.Key{}, fmt.Errorf("edit key: %w", err) // never echo ref: it may be a secret
 	}
 	return k, nil
 }

@@ -13,7 +13,8 @@ import (
 // and its tenant's budget. It serves work that outlives the request that
 // started it and runs without the secret: a batch's lines run as the key that
 // created the batch. It reads the store on every call (no cache), so a
-// revocation is seen at once; an unknown or revoked key is [ErrInvalidKey].
+// revocation is seen at once; an unknown or revoked key is [ErrInvalidKey],
+// an expired one an [*ExpiredKeyError].
 func (g *Gate) PrincipalForKey(ctx context.Context, keyID string) (*Principal, error) {
 	k, err := g.st.KeyByID(ctx, keyID)
 	switch {
@@ -24,5 +25,5 @@ func (g *Gate) PrincipalForKey(ctx context.Context, keyID string) (*Principal, e
 	case k.Revoked():
 		return nil, ErrInvalidKey
 	}
-	return g.principal(k), nil
+	return g.unexpired(g.principal(k))
 }

@@ -125,9 +125,22 @@ func (g *Gate) UnpricedBudgets(ctx context.Context) ([]*UnpricedBudget, error) {
 // creating the key o describes would leave its tenant with a money budget
 // that can never be reached; nil if not.
 func (g *Gate) CheckNewKey(ctx context.Context, o KeyOptions) error {
+	return g.checkBudget(ctx, o.Tenant, o.BudgetMicros, [][]string{o.Models})
+}
+
+// CheckBudget reports, as an [*UnpricedBudget] with Never set, whether
+// giving the tenant the money budget micros would make a budget that can
+// never be reached; nil if not.
+func (g *Gate) CheckBudget(ctx context.Context, tenant string, micros int64) error {
+	return g.checkBudget(ctx, tenant, &micros, nil)
+}
+
+// checkBudget checks the tenant's money budget (micros, or the stored one
+// if nil) against the models of its active keys and of the keys in extra.
+func (g *Gate) checkBudget(ctx context.Context, tenant string, micros *int64, extra [][]string) error {
 	var budget int64
 	var keyModels [][]string
-	t, err := g.st.TenantByName(ctx, o.Tenant)
+	t, err := g.st.TenantByName(ctx, tenant)
 	switch {
 	case errors.Is(err, data.ErrNotFound):
 	case err != nil:
@@ -144,10 +157,10 @@ func (g *Gate) CheckNewKey(ctx context.Context, o KeyOptions) error {
 			}
 		}
 	}
-	if o.BudgetMicros != nil {
-		budget = *o.BudgetMicros
+	if micros != nil {
+		budget = *micros
 	}
-	if u := g.unpriced(o.Tenant, budget, append(keyModels, o.Models)); u != nil && u.Never {
+	if u := g.unpriced(tenant, budget, append(keyModels, extra...)); u != nil && u.Never {
 		return u
 	}
 	return nil

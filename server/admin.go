@@ -41,8 +41,11 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	a.GET("/keys", s.handleGetKeys)
 	a.POST("/keys", s.handlePostKeys)
 	a.DELETE("/keys/:ref", s.handleDeleteKey)
+	a.PATCH("/keys/:ref", s.handlePatchKey)
 	a.POST("/keys/revoke", s.handlePostKeysRevoke)
 	a.GET("/tenants", s.handleGetTenants)
+	a.GET("/tenants/:name", s.handleGetTenant)
+	a.PATCH("/tenants/:name", s.handlePatchTenant)
 	a.GET("/usage", s.handleGetUsage)
 	a.GET("/requests", s.handleGetRequests)
 	a.GET("/replicas", s.handleGetReplicas)
@@ -68,16 +71,23 @@ type KeyView struct {
 	Models         []string  `json:"models"`
 	CreatedAt      time.Time `json:"created_at"`
 	Revoked        bool      `json:"revoked"`
+	// ExpiresAt is null for a key that never expires.
+	ExpiresAt *time.Time `json:"expires_at"`
+	Expired   bool       `json:"expired"`
 }
 
-// ViewKey converts a stored key to its view.
-func ViewKey(k data.Key) KeyView {
+// ViewKey converts a stored key to its view as of now.
+func ViewKey(k data.Key, now time.Time) KeyView {
 	m := k.Models
 	if m == nil {
 		m = []string{}
 	}
-	return KeyView{ID: k.ID, Tenant: k.Tenant.Name, Prefix: k.Prefix, RPM: k.RPM, TPM: k.TPM,
-		MaxConcurrency: k.MaxConcurrency, Models: m, CreatedAt: k.CreatedAt, Revoked: k.Revoked()}
+	v := KeyView{ID: k.ID, Tenant: k.Tenant.Name, Prefix: k.Prefix, RPM: k.RPM, TPM: k.TPM,
+		MaxConcurrency: k.MaxConcurrency, Models: m, CreatedAt: k.CreatedAt, Revoked: k.Revoked(), Expired: k.ExpiredAt(now)}
+	if !k.ExpiresAt.IsZero() {
+		v.ExpiresAt = &k.ExpiresAt
+	}
+	return v
 }
 
 func (s *Server) handleGetKeys(c echo.Context) error {
@@ -86,8 +96,9 @@ func (s *Server) handleGetKeys(c echo.Context) error {
 		return err
 	}
 	out := make([]KeyView, 0, len(keys))
+	now := time.Now()
 	for _, k := range keys {
-		out = append(out, ViewKey(k))
+		out = append(out, ViewKey(k, now))
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})
 }
@@ -100,10 +111,13 @@ type createKeyRequest struct {
 	Models         []string `json:"models"`
 	BudgetTokens   *int64   `json:"budget_tokens"`
 	BudgetMicros   *int64   `json:"budget_micros"`
+	// Expires is as `tailgate keys create --expires` takes it (see
+	// policy.ParseExpiry); "" never expires.
+	Expires string `json:"expires"`
 }
 
 // createKeyFields lists createKeyRequest's fields for error messages.
-const createKeyFields = "tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros"
+const createKeyFields = "tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros, expires"
 
 func (s *Server) handlePostKeys(c echo.Context) error {
 	var req createKeyRequest
@@ -120,6 +134,16 @@ func (s *Server) handlePostKeys(c echo.Context) error {
 		Tenant: req.Tenant, RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency,
 		Models: req.Models, BudgetTokens: req.BudgetTokens, BudgetMicros: req.BudgetMicros,
 	}
+	if req.Expires != "" {
+		exp, err := policy.ParseExpiry(req.Expires, time.Now())
+		if err != nil {
+			return apierr.Reply(c, apierr.BadRequest("expires", "%v", err))
+		}
+		if !exp.IsZero() && !exp.After(time.Now()) {
+			return apierr.Reply(c, apierr.BadRequest("expires", "expiry %s is not in the future: the key would never work", exp.Format(time.RFC3339)))
+		}
+		opts.ExpiresAt = exp
+	}
 	// A money budget no price can reach would never be enforced.
 	var unpriced *policy.UnpricedBudget
 	if err := s.gate.CheckNewKey(c.Request().Context(), opts); errors.As(err, &unpriced) {
@@ -132,7 +156,7 @@ func (s *Server) handlePostKeys(c echo.Context) error {
 		return err
 	}
 	s.log.Info("key created", "key_id", k.ID, "prefix", k.Prefix, "tenant", k.Tenant.Name)
-	return c.JSON(http.StatusCreated, map[string]any{"secret": secret, "key": ViewKey(k)})
+	return c.JSON(http.StatusCreated, map[string]any{"secret": secret, "key": ViewKey(k, time.Now())})
 }
 
 func (s *Server) handleDeleteKey(c echo.Context) error {
@@ -229,29 +253,7 @@ func (s *Server) revoke(c echo.Context, ref string) error {
 		return err
 	}
 	s.log.Info("key revoked", "key_id", k.ID, "prefix", k.Prefix)
-	return c.JSON(http.StatusOK, map[string]any{"key": ViewKey(k)})
-}
-
-func (s *Server) handleGetTenants(c echo.Context) error {
-	ts, err := s.store.Tenants(c.Request().Context())
-	if err != nil {
-		return err
-	}
-	type tenantView struct {
-		Name           string `json:"name"`
-		BudgetTokens   int64  `json:"budget_tokens"`
-		BudgetMicros   int64  `json:"budget_micros"`
-		SpentTokens    int64  `json:"spent_tokens"`
-		SpentMicros    int64  `json:"spent_micros"`
-		ReservedTokens int64  `json:"reserved_tokens"`
-	}
-	out := make([]tenantView, 0, len(ts))
-	for _, t := range ts {
-		spent, reserved := s.gate.TenantState(t.ID)
-		out = append(out, tenantView{Name: t.Name, BudgetTokens: t.BudgetTokens, BudgetMicros: t.BudgetMicros,
-			SpentTokens: spent.Tokens, SpentMicros: spent.Micros, ReservedTokens: reserved.Tokens})
-	}
-	return c.JSON(http.StatusOK, map[string]any{"data": out})
+	return c.JSON(http.StatusOK, map[string]any{"key": ViewKey(k, time.Now())})
 }
 
 // flushLedger makes admin reads see every request finished so far.
@@ -283,6 +285,8 @@ type UsageView struct {
 	CompletionTokens int64   `json:"completion_tokens"`
 	CostMicros       int64   `json:"cost_micros"`
 	Cost             float64 `json:"cost"`
+	// Rejected counts refused requests, which the other totals leave out.
+	Rejected int64 `json:"rejected"`
 }
 
 // UsageJSON converts ledger totals to their JSON view.
@@ -291,7 +295,7 @@ func UsageJSON(rows []data.UsageRow) []UsageView {
 	for _, r := range rows {
 		out = append(out, UsageView{Tenant: r.Tenant, KeyID: r.KeyID, KeyPrefix: r.KeyPrefix, Model: r.Model,
 			Requests: r.Requests, PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens,
-			CostMicros: r.CostMicros, Cost: float64(r.CostMicros) / 1e6})
+			CostMicros: r.CostMicros, Cost: float64(r.CostMicros) / 1e6, Rejected: r.Rejected})
 	}
 	return out
 }

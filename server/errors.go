@@ -59,6 +59,14 @@ func errUnknownModel(model string) *apierr.Error {
 		Message: fmt.Sprintf("the model %q does not exist or is not served here", model)}
 }
 
+// errExpiredKey answers a key that exists but has expired: its holder is
+// told when, and that an administrator can extend it.
+func errExpiredKey(e *policy.ExpiredKeyError) *apierr.Error {
+	return &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "expired_api_key",
+		Message: fmt.Sprintf("this API key expired at %s; ask an administrator to extend it (tailgate keys edit --expires) or for a new key",
+			e.ExpiresAt.UTC().Format(time.RFC3339))}
+}
+
 func errModelNotAllowed(model string) *apierr.Error {
 	return &apierr.Error{Status: http.StatusForbidden, Type: "invalid_request_error", Code: "model_not_allowed", Param: "model",
 		Message: fmt.Sprintf("this API key may not use the model %q", model)}
@@ -80,6 +88,7 @@ func toAPIError(err error, model string) *apierr.Error {
 		rel   *relayError
 		us    *upstreamStatusError
 		ne    net.Error
+		exp   *policy.ExpiredKeyError
 	)
 	switch {
 	case errors.As(err, &ae):
@@ -96,6 +105,8 @@ func toAPIError(err error, model string) *apierr.Error {
 	case errors.As(err, &quota):
 		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
 			Message: quotaMessage(quota)}
+	case errors.As(err, &exp):
+		return errExpiredKey(exp)
 	case errors.Is(err, policy.ErrInvalidKey):
 		return errBadKey
 	case errors.Is(err, policy.ErrModelNotAllowed):

@@ -332,7 +332,7 @@ func (s *Server) authenticate(c echo.Context) (*policy.Principal, error) {
 	p, err := s.gate.Authenticate(c.Request().Context(), secret)
 	if err != nil {
 		if errors.Is(err, policy.ErrInvalidKey) {
-			return nil, errBadKey
+			return nil, toAPIError(err, "")
 		}
 		return nil, fmt.Errorf("authenticate: %w", err)
 	}

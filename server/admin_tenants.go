@@ -1,0 +1,165 @@
+package server
+
+import (
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"tailgate/data"
+	"tailgate/policy"
+	"tailgate/server/apierr"
+)
+
+// TenantView is a tenant as the admin API and `tailgate tenants` show it.
+// Budgets of 0 are unlimited; they are totals over the tenant's life (no
+// period resets them). Spent is what settled requests used; Reserved is
+// what requests admitted and still running hold, which only a running
+// gateway knows — null where it is not known (the CLI reading the database).
+type TenantView struct {
+	Name           string    `json:"name"`
+	CreatedAt      time.Time `json:"created_at"`
+	BudgetTokens   int64     `json:"budget_tokens"`
+	BudgetMicros   int64     `json:"budget_micros"`
+	Budget         float64   `json:"budget"`
+	SpentTokens    int64     `json:"spent_tokens"`
+	SpentMicros    int64     `json:"spent_micros"`
+	Spent          float64   `json:"spent"`
+	ReservedTokens *int64    `json:"reserved_tokens"`
+	ReservedMicros *int64    `json:"reserved_micros"`
+}
+
+// ViewTenant converts a tenant and its spend to its view; reserved is nil
+// when not known.
+func ViewTenant(t data.Tenant, spent data.Spend, reserved *data.Spend) TenantView {
+	v := TenantView{Name: t.Name, CreatedAt: t.CreatedAt, BudgetTokens: t.BudgetTokens, BudgetMicros: t.BudgetMicros,
+		Budget: float64(t.BudgetMicros) / 1e6, SpentTokens: spent.Tokens, SpentMicros: spent.Micros, Spent: float64(spent.Micros) / 1e6}
+	if reserved != nil {
+		v.ReservedTokens, v.ReservedMicros = &reserved.Tokens, &reserved.Micros
+	}
+	return v
+}
+
+// viewTenant is t's view with this gateway's spent and reserved.
+func (s *Server) viewTenant(t data.Tenant) TenantView {
+	spent, reserved := s.gate.TenantState(t.ID)
+	return ViewTenant(t, spent, &reserved)
+}
+
+var errTenantNotFound = &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "tenant_not_found",
+	Message: "no such tenant (a tenant is created with its first key: POST /admin/v1/keys)"}
+
+func (s *Server) handleGetTenants(c echo.Context) error {
+	ts, err := s.store.Tenants(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	out := make([]TenantView, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, s.viewTenant(t))
+	}
+	return c.JSON(http.StatusOK, map[string]any{"data": out})
+}
+
+func (s *Server) handleGetTenant(c echo.Context) error {
+	t, err := s.store.TenantByName(c.Request().Context(), c.Param("name"))
+	if errors.Is(err, data.ErrNotFound) {
+		return apierr.Reply(c, errTenantNotFound)
+	} else if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, s.viewTenant(t))
+}
+
+func (s *Server) handlePatchTenant(c echo.Context) error {
+	var req struct {
+		BudgetTokens *int64 `json:"budget_tokens"`
+		BudgetMicros *int64 `json:"budget_micros"`
+	}
+	const fields = "budget_tokens, budget_micros"
+	if ae := decodeAdminBody(c, &req, fields); ae != nil {
+		return apierr.Reply(c, ae)
+	}
+	switch {
+	case req.BudgetTokens == nil && req.BudgetMicros == nil:
+		return apierr.Reply(c, apierr.BadRequest("", "nothing to change: send %s (0 = unlimited)", fields))
+	case req.BudgetTokens != nil && *req.BudgetTokens < 0:
+		return apierr.Reply(c, apierr.BadRequest("budget_tokens", "budgets must not be negative (0 = unlimited)"))
+	case req.BudgetMicros != nil && *req.BudgetMicros < 0:
+		return apierr.Reply(c, apierr.BadRequest("budget_micros", "budgets must not be negative (0 = unlimited)"))
+	}
+	ctx := c.Request().Context()
+	name := c.Param("name")
+	if req.BudgetMicros != nil {
+		// A money budget no price can reach would never be enforced.
+		var unpriced *policy.UnpricedBudget
+		if err := s.gate.CheckBudget(ctx, name, *req.BudgetMicros); errors.As(err, &unpriced) {
+			return apierr.Reply(c, apierr.BadRequest("budget_micros", "%s", unpriced.Error()))
+		} else if err != nil {
+			return err
+		}
+	}
+	t, err := policy.SetBudget(ctx, s.store, name, req.BudgetTokens, req.BudgetMicros)
+	if errors.Is(err, data.ErrNotFound) {
+		return apierr.Reply(c, errTenantNotFound)
+	} else if err != nil {
+		return err
+	}
+	s.log.Info("tenant budget set", "tenant", t.Name, "budget_tokens", t.BudgetTokens, "budget_micros", t.BudgetMicros)
+	return c.JSON(http.StatusOK, s.viewTenant(t))
+}
+
+func (s *Server) handlePatchKey(c echo.Context) error {
+	ref := c.Param("ref")
+	if policy.IsSecret(ref) {
+		return apierr.Reply(c, apierr.BadRequest("ref", "never put a key's secret in a URL: it ends up in logs. "+
+			"Use the key's id or display prefix here; consider this secret exposed"))
+	}
+	var req struct {
+		RPM            *int64    `json:"rpm"`
+		TPM            *int64    `json:"tpm"`
+		MaxConcurrency *int64    `json:"max_concurrency"`
+		Models         *[]string `json:"models"`
+		Expires        *string   `json:"expires"`
+	}
+	const fields = "rpm, tpm, max_concurrency, models ([] = every model), expires (30d, 720h, RFC 3339 or never)"
+	if ae := decodeAdminBody(c, &req, fields); ae != nil {
+		return apierr.Reply(c, ae)
+	}
+	u := data.KeyUpdate{RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency, Models: req.Models}
+	switch {
+	case u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && req.Expires == nil:
+		return apierr.Reply(c, apierr.BadRequest("", "nothing to change: send any of %s", fields))
+	case u.RPM != nil && *u.RPM < 0, u.TPM != nil && *u.TPM < 0, u.MaxConcurrency != nil && *u.MaxConcurrency < 0:
+		return apierr.Reply(c, apierr.BadRequest("", "limits must not be negative (0 = unlimited)"))
+	}
+	if u.Models != nil {
+		for _, m := range *u.Models {
+			if m == "" {
+				return apierr.Reply(c, apierr.BadRequest("models", "empty model name; send [] to allow every model"))
+			}
+		}
+	}
+	if req.Expires != nil {
+		exp, err := policy.ParseExpiry(*req.Expires, time.Now())
+		if err != nil {
+			return apierr.Reply(c, apierr.BadRequest("expires", "%v", err))
+		}
+		u.ExpiresAt = &exp
+	}
+	k, err := policy.EditKey(c.Request().Context(), s.store, ref, u)
+	switch {
+	case errors.Is(err, data.ErrNotFound):
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "no such key"})
+	case errors.Is(err, data.ErrAmbiguous):
+		return apierr.Reply(c, apierr.BadRequest("ref", "that prefix matches more than one key; use the key id"))
+	case errors.Is(err, data.ErrRevoked):
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusConflict, Type: "invalid_request_error", Code: "key_revoked",
+			Message: "that key is revoked and cannot be edited; create a new one"})
+	case err != nil:
+		return err
+	}
+	s.log.Info("key edited", "key_id", k.ID, "prefix", k.Prefix, "tenant", k.Tenant.Name)
+	return c.JSON(http.StatusOK, map[string]any{"key": ViewKey(k, time.Now())})
+}
