@@ -42,8 +42,9 @@
 // README's sim section, so tests and the gateway's metering can predict them
 // exactly. Random draws (latency, faults) come from [Config.Seed].
 //
-// The package owns no goroutines and no listener: callers mount
-// [Engine.Handler] on a server they run.
+// The package owns no goroutines and no listener: callers run
+// [Engine.NewServer] (or mount [Engine.Handler] on a server of their own,
+// which then keeps its own idle-connection rules).
 package sim
 
 import (
@@ -117,6 +118,13 @@ type Config struct {
 	// and HangRate add up to at most 1.
 	HangRate float64
 
+	// KeepAlive is how long a server made by [Engine.NewServer] keeps an
+	// idle keep-alive connection open before closing it, as uvicorn does in
+	// front of vLLM (timeout_keep_alive, from VLLM_HTTP_TIMEOUT_KEEP_ALIVE;
+	// see [KeepAliveEnv]); 0 means 5s, vLLM's default. A client that keeps
+	// idle connections longer meets connections the engine has closed.
+	KeepAlive time.Duration
+
 	// APIKey, when set, is the bearer token every request to a /v1 path
 	// must carry, as with vLLM's --api-key or VLLM_API_KEY: others get 401
 	// {"error":"Unauthorized"}. "" means no authentication.
@@ -133,6 +141,7 @@ const (
 	defaultEmbedDim    = 64
 	maxEmbedDim        = 1 << 16
 	defaultRetryAfter  = time.Second
+	defaultKeepAlive   = 5 * time.Second
 )
 
 // Validate reports whether c is usable.
@@ -167,6 +176,8 @@ func (c Config) Validate() error {
 		return errors.New("sim: error, 429 and hang rates must add up to at most 1")
 	case c.RetryAfter < 0:
 		return errors.New("sim: retry-after must not be negative")
+	case c.KeepAlive < 0:
+		return errors.New("sim: keep-alive must not be negative")
 	}
 	if d := c.withDefaults(); d.DefaultMaxTokens > d.MaxModelLen {
 		return fmt.Errorf("sim: default max tokens %d exceed max model len %d", d.DefaultMaxTokens, d.MaxModelLen)
@@ -206,6 +217,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RetryAfter == 0 {
 		c.RetryAfter = defaultRetryAfter
+	}
+	if c.KeepAlive == 0 {
+		c.KeepAlive = defaultKeepAlive
 	}
 	return c
 }
