@@ -33,6 +33,7 @@ type simFlags struct {
 	retryAfter      time.Duration
 	hangRate        float64
 	keepAlive       time.Duration
+	streamInterval  int
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
@@ -51,6 +52,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.rateLimitRate, "sim-429-rate", 0, "simulated engine: share of requests answered 429 with Retry-After (seeded)")
 	fs.DurationVar(&f.retryAfter, "sim-retry-after", time.Second, "simulated engine: the wait a 429 asks for (Retry-After, whole seconds rounded up)")
 	fs.Float64Var(&f.hangRate, "sim-hang-rate", 0, "simulated engine: share of requests that hang before their first token until the client goes away (seeded)")
+	fs.IntVar(&f.streamInterval, "sim-stream-interval", 1, "simulated engine: tokens merged into one chat or completions stream chunk, as vLLM's --stream-interval (a request's stream_interval may raise it)")
 	fs.DurationVar(&f.keepAlive, "sim-keep-alive", 0, "simulated engine: idle keep-alive connections are closed after this long, as vLLM's uvicorn does (0: $"+sim.KeepAliveEnv+" seconds, else 5s)")
 }
 
@@ -60,7 +62,7 @@ func (f *simFlags) config(model string) sim.Config {
 		StallFactor: f.stallFactor, MaxSeqs: f.maxSeqs, Seed: f.seed, DefaultMaxTokens: f.maxTokens,
 		ReasoningTokens: f.reasoningTokens, ReasoningField: f.reasoningField, EmbeddingDim: f.embeddingDim,
 		ErrorRate: f.errorRate, RateLimitRate: f.rateLimitRate, RetryAfter: f.retryAfter, HangRate: f.hangRate,
-		KeepAlive: f.keepAlive,
+		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval,
 	}
 }
 
@@ -74,6 +76,7 @@ func (f *simFlags) args() []string {
 		"--sim-embedding-dim", fmt.Sprint(f.embeddingDim), "--sim-error-rate", fmt.Sprint(f.errorRate),
 		"--sim-429-rate", fmt.Sprint(f.rateLimitRate), "--sim-retry-after", f.retryAfter.String(),
 		"--sim-hang-rate", fmt.Sprint(f.hangRate), "--sim-keep-alive", f.keepAlive.String(),
+		"--sim-stream-interval", fmt.Sprint(f.streamInterval),
 	}
 }
 

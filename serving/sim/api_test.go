@@ -82,9 +82,9 @@ func TestChatAnswerCarriesDocumentedUsage(t *testing.T) {
 			prompt: 9, text: "hello", completion: 300, finish: "length",
 		},
 		{
-			name:   "min_tokens lengthens a short answer",
+			name:   "min_tokens lengthens a short answer; the EOS comes after them",
 			body:   `{"messages":[{"role":"user","content":"hello"}],"max_tokens":250,"min_tokens":200}`,
-			prompt: 9, text: "hello", completion: 200, finish: "stop",
+			prompt: 9, text: "hello", completion: 201, finish: "stop",
 		},
 	}
 	for _, tt := range tests {
@@ -117,8 +117,12 @@ func TestChatAnswerCarriesDocumentedUsage(t *testing.T) {
 			if c.Index != 0 || c.Message.Role != "assistant" || c.FinishReason != tt.finish || string(c.Logprobs) != "null" {
 				t.Errorf("choice = index %d role %q finish %q logprobs %s", c.Index, c.Message.Role, c.FinishReason, c.Logprobs)
 			}
-			if got := len(strings.Fields(c.Message.Content)); got != want {
-				t.Errorf("content has %d words, want one per token (%d)", got, want)
+			words := want
+			if tt.finish == "stop" {
+				words-- // the EOS token counts but has no text
+			}
+			if got := len(strings.Fields(c.Message.Content)); got != words {
+				t.Errorf("content has %d words, want one per token but the EOS (%d)", got, words)
 			}
 			_, _, again := post(t, srv.URL+"/v1/chat/completions", tt.body)
 			var b chatAnswer
@@ -162,7 +166,7 @@ func TestCompletionAnswerCarriesDocumentedUsage(t *testing.T) {
 			if !strings.HasPrefix(a.ID, "cmpl-") || a.Object != "text_completion" || a.Model != "m" {
 				t.Errorf("envelope = id %q object %q model %q", a.ID, a.Object, a.Model)
 			}
-			if len(a.Choices) != 1 || len(strings.Fields(a.Choices[0].Text)) != want || a.Choices[0].FinishReason != "stop" {
+			if len(a.Choices) != 1 || len(strings.Fields(a.Choices[0].Text)) != want-1 || a.Choices[0].FinishReason != "stop" {
 				t.Errorf("choices = %+v", a.Choices)
 			}
 		})

@@ -93,6 +93,18 @@ type Config struct {
 	// like vLLM does (prompt plus completion cap); 0 means 32768.
 	MaxModelLen int
 
+	// StreamInterval is the number of tokens a stream may merge into one
+	// chat or completions chunk, as vLLM's --stream-interval; a request's
+	// stream_interval field raises it for that request. The first token and
+	// the last are sent at once. 0 means 1: every token its own chunk.
+	StreamInterval int
+	// NoEOSToken makes a text answer that finishes with "stop" end on its
+	// last word. By default it ends as vLLM's does: with the end-of-sequence
+	// token, which counts in completion_tokens but decodes to nothing (the
+	// last chunk is {"content":""} with finish_reason "stop"), so a stream
+	// has one content event fewer than completion_tokens.
+	NoEOSToken bool
+
 	// ReasoningTokens is the length of the reasoning phase that starts every
 	// choice of a chat, Responses or Messages answer, as on a model served
 	// with a reasoning parser; 0 means none. It lasts ReasoningTokens×TPOT,
@@ -163,6 +175,8 @@ func (c Config) Validate() error {
 		return errors.New("sim: default max tokens must not be negative")
 	case c.MaxModelLen < 0:
 		return errors.New("sim: max model len must not be negative")
+	case c.StreamInterval < 0:
+		return errors.New("sim: stream interval must not be negative")
 	case c.ReasoningTokens < 0:
 		return errors.New("sim: reasoning tokens must not be negative")
 	case c.ReasoningField != "" && c.ReasoningField != ReasoningFieldReasoning &&
@@ -208,6 +222,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxModelLen == 0 {
 		c.MaxModelLen = defaultMaxModelLen
+	}
+	if c.StreamInterval == 0 {
+		c.StreamInterval = 1
 	}
 	if c.ReasoningField == "" {
 		c.ReasoningField = ReasoningFieldReasoning

@@ -119,8 +119,8 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 			e.finish(total, length, arrived, first, time.Now())
 		}
 		for _, c := range choices {
-			if k < c.total() {
-				buf = enc.token(buf, c, k)
+			if k < c.total() && c.chunkEnd(k, j.interval) {
+				buf = appendChunk(buf, enc, c, k)
 			}
 		}
 		if last {
@@ -137,6 +137,25 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 		_ = rc.Flush()
 		buf = buf[:0]
 	}
+}
+
+// chunkEncoder is an encoder whose chunks can carry several tokens.
+type chunkEncoder interface {
+	chunk(b []byte, c *choice, from, to int) []byte
+}
+
+// appendChunk appends the chunk that ends with token k of c: the tokens
+// since the last chunk, merged when the encoder can, else one event each.
+func appendChunk(b []byte, enc encoder, c *choice, k int) []byte {
+	if ce, ok := enc.(chunkEncoder); ok {
+		b = ce.chunk(b, c, c.sent, k+1)
+	} else {
+		for t := c.sent; t <= k; t++ {
+			b = enc.token(b, c, t)
+		}
+	}
+	c.sent = k + 1
+	return b
 }
 
 // generatedBy returns the tokens the choices had generated after steps

@@ -33,6 +33,7 @@ type job struct {
 	fixed        int // > 0: the answer has exactly this many tokens (a transcript)
 
 	stream          bool
+	interval        int  // tokens a chunk may merge (chat and completions; else 1)
 	includeUsage    bool // final usage chunk
 	continuousUsage bool // usage on every chunk
 
@@ -85,6 +86,7 @@ var chatSpecs = []fspec{
 	{name: "min_tokens", typ: tInt},
 	{name: "skip_special_tokens", typ: tBool},
 	{name: "echo", typ: tBool},
+	{name: "stream_interval", typ: tInt, nullable: true},
 }
 
 // completionSpecs: vLLM's CompletionRequest
@@ -114,6 +116,7 @@ var completionSpecs = []fspec{
 	{name: "ignore_eos", typ: tBool},
 	{name: "min_tokens", typ: tInt},
 	{name: "skip_special_tokens", typ: tBool},
+	{name: "stream_interval", typ: tInt, nullable: true},
 }
 
 // streamOptionSpecs: StreamOptions (vllm/entrypoints/generate/base/protocol.py@022e555d).
@@ -140,6 +143,7 @@ func (e *Engine) parseChat(body []byte) (*job, *apiError) {
 		return nil, valueError(r, "Stream options can only be defined when `stream=True`.", "stream_options")
 	}
 	r.check(chatSpecs)
+	r.checkStreamInterval()
 	so := r.checkNested("stream_options", streamOptionSpecs)
 	msgs := r.checkMessages()
 	tools := r.checkTools("tools", true)
@@ -225,6 +229,18 @@ func (r *reader) checkMessages() []message {
 	return out
 }
 
+// checkStreamInterval applies stream_interval's constraint (Field(ge=1)) to
+// a value that converted.
+func (r *reader) checkStreamInterval() {
+	if v, ok := r.int("stream_interval"); ok && v < 1 {
+		r.errs = append(r.errs, pyErr{
+			typ: "greater_than_equal", loc: r.loc + ".stream_interval",
+			msg: "Input should be greater than or equal to 1", input: summarize(r.raw["stream_interval"]), ctx: "{'ge': 1}",
+		})
+		delete(r.vals, "stream_interval")
+	}
+}
+
 // checkNested validates the object in field name against specs and returns
 // its reader, nil when the field is absent or null.
 func (r *reader) checkNested(name string, specs []fspec) *reader {
@@ -280,6 +296,7 @@ func (e *Engine) parseCompletion(body []byte) (*job, *apiError) {
 		return nil, valueError(r, "Stream options can only be defined when `stream=True`.", "stream_options")
 	}
 	r.check(completionSpecs)
+	r.checkStreamInterval()
 	so := r.checkNested("stream_options", streamOptionSpecs)
 	if len(r.errs) > 0 {
 		return nil, validationError(r.errs)
@@ -370,6 +387,12 @@ func (e *Engine) fill(j *job, r *reader, so *reader, limit *int, param string) *
 	}
 	j.ignoreEOS = r.bool("ignore_eos")
 	j.stream = r.bool("stream")
+	// stream_interval "raises the server's --stream-interval for this
+	// request. Values below the server setting are clamped up to it."
+	j.interval = e.cfg.StreamInterval
+	if v := optInt(r, "stream_interval"); v != nil {
+		j.interval = max(j.interval, *v)
+	}
 	if so != nil && j.stream {
 		j.includeUsage = so.bool("include_usage")
 		j.continuousUsage = j.includeUsage && so.bool("continuous_usage_stats")
