@@ -145,9 +145,9 @@ func TestCompletionAnswerCarriesDocumentedUsage(t *testing.T) {
 		prompt int // 1 + ⌈bytes/4⌉
 		text   string
 	}{
-		{"string prompt", `{"model":"m","prompt":"hello world"}`, 1 + 3, "hello world"},
-		{"array of one string", `{"prompt":["abcd"]}`, 1 + 1, "abcd"},
-		{"array of one empty string", `{"prompt":[""]}`, 1, ""},
+		{"string prompt", `{"model":"m","prompt":"hello world","max_tokens":200}`, 1 + 3, "hello world"},
+		{"array of one string", `{"prompt":["abcd"],"max_tokens":200}`, 1 + 1, "abcd"},
+		{"array of one empty string", `{"prompt":[""],"max_tokens":200}`, 1, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -173,30 +173,31 @@ func TestCompletionAnswerCarriesDocumentedUsage(t *testing.T) {
 	}
 }
 
+// TestCompletionsDefaultTo16Tokens: without max_tokens, /v1/completions
+// stops at 16 tokens as vLLM's CompletionRequest does; chat keeps the
+// engine's default.
+func TestCompletionsDefaultTo16Tokens(t *testing.T) {
+	_, srv := start(t, Config{})
+	text, n := jsonText(t, srv.URL, "/v1/completions", `{"prompt":"hello world"}`)
+	if n != 16 || len(strings.Fields(text)) != 16 {
+		t.Errorf("completion of %d tokens (%q), want vLLM's default 16", n, text)
+	}
+	if _, n := jsonText(t, srv.URL, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello world"}]}`); n != naturalLength("hello world") {
+		t.Errorf("chat answer of %d tokens, want its natural length %d", n, naturalLength("hello world"))
+	}
+}
+
+// TestModelsListsTheServedModel pins /v1/models: vLLM's ModelCard with
+// owned_by "vllm", root, parent null and one ModelPermission.
 func TestModelsListsTheServedModel(t *testing.T) {
 	_, srv := start(t, Config{Model: "org/model-7b", MaxModelLen: 4096})
 	status, body := get(t, srv.URL+"/v1/models")
 	if status != http.StatusOK {
 		t.Fatalf("status %d", status)
 	}
-	var list struct {
-		Object string `json:"object"`
-		Data   []struct {
-			ID          string `json:"id"`
-			Object      string `json:"object"`
-			OwnedBy     string `json:"owned_by"`
-			MaxModelLen int    `json:"max_model_len"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(body, &list); err != nil {
-		t.Fatal(err)
-	}
-	if list.Object != "list" || len(list.Data) != 1 {
-		t.Fatalf("list = %s", body)
-	}
-	d := list.Data[0]
-	if d.ID != "org/model-7b" || d.Object != "model" || d.OwnedBy != "tailgate-sim" || d.MaxModelLen != 4096 {
-		t.Errorf("model card = %+v", d)
+	const want = `{"object":"list","data":[{"id":"org/model-7b","object":"model","created":0,"owned_by":"vllm","root":"org/model-7b","parent":null,"max_model_len":4096,"permission":[{"id":"modelperm-ID","object":"model_permission","created":0,"allow_create_engine":false,"allow_sampling":true,"allow_logprobs":true,"allow_search_indices":false,"allow_view":true,"allow_fine_tuning":false,"organization":"*","group":null,"is_blocking":false}]}]}`
+	if got := normalize(string(body)); got != want {
+		t.Errorf("models\n got %s\nwant %s", got, want)
 	}
 }
 

@@ -86,8 +86,9 @@ type Config struct {
 	// Seed seeds the latency draws: engines with the same seed draw the same
 	// sequence of latencies.
 	Seed int64
-	// DefaultMaxTokens caps the completion when a request sets neither
-	// max_tokens nor max_completion_tokens; 0 means 256.
+	// DefaultMaxTokens caps a chat, Responses or Messages answer when the
+	// request sets no cap; 0 means 256. /v1/completions defaults to 16
+	// tokens, as vLLM's CompletionRequest does.
 	DefaultMaxTokens int
 	// MaxModelLen is the context length reported by /v1/models and enforced
 	// like vLLM does (prompt plus completion cap); 0 means 32768.
@@ -329,17 +330,35 @@ func fingerprint(model string) string {
 	return "vllm-sim-" + string(appendHex64(nil, uint64(fnvString(fnvOffset, model)))[8:])
 }
 
-// modelList renders the /v1/models body once; it never changes.
+// modelList renders the /v1/models body once; it never changes. The card is
+// vLLM's ModelCard with its one ModelPermission, every field set
+// (vllm/entrypoints/openai/models/serving.py@4fe45004, show_available_models;
+// the models in vllm/entrypoints/openai/engine/protocol.py). root is the
+// model path vLLM was started with; the simulator's is its served name.
 func modelList(cfg Config, now time.Time) []byte {
+	type permission struct {
+		ID                 string  `json:"id"`
+		Object             string  `json:"object"`
+		Created            int64   `json:"created"`
+		AllowCreateEngine  bool    `json:"allow_create_engine"`
+		AllowSampling      bool    `json:"allow_sampling"`
+		AllowLogprobs      bool    `json:"allow_logprobs"`
+		AllowSearchIndices bool    `json:"allow_search_indices"`
+		AllowView          bool    `json:"allow_view"`
+		AllowFineTuning    bool    `json:"allow_fine_tuning"`
+		Organization       string  `json:"organization"`
+		Group              *string `json:"group"`
+		IsBlocking         bool    `json:"is_blocking"`
+	}
 	type card struct {
-		ID          string   `json:"id"`
-		Object      string   `json:"object"`
-		Created     int64    `json:"created"`
-		OwnedBy     string   `json:"owned_by"`
-		Root        string   `json:"root"`
-		Parent      *string  `json:"parent"`
-		MaxModelLen int      `json:"max_model_len"`
-		Permission  []string `json:"permission"`
+		ID          string       `json:"id"`
+		Object      string       `json:"object"`
+		Created     int64        `json:"created"`
+		OwnedBy     string       `json:"owned_by"`
+		Root        string       `json:"root"`
+		Parent      *string      `json:"parent"`
+		MaxModelLen int          `json:"max_model_len"`
+		Permission  []permission `json:"permission"`
 	}
 	body, _ := json.Marshal(struct {
 		Object string `json:"object"`
@@ -350,10 +369,13 @@ func modelList(cfg Config, now time.Time) []byte {
 			ID:          cfg.Model,
 			Object:      "model",
 			Created:     now.Unix(),
-			OwnedBy:     "tailgate-sim",
+			OwnedBy:     "vllm",
 			Root:        cfg.Model,
 			MaxModelLen: cfg.MaxModelLen,
-			Permission:  []string{},
+			Permission: []permission{{
+				ID: "modelperm-" + randomHex(), Object: "model_permission", Created: now.Unix(),
+				AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*",
+			}},
 		}},
 	})
 	return body

@@ -48,6 +48,10 @@ type job struct {
 	audio *audioRequest
 }
 
+// defaultCompletionMaxTokens is /v1/completions' cap when a request sets
+// none, as vLLM's; Config.DefaultMaxTokens is chat's.
+const defaultCompletionMaxTokens = 16
+
 // maxChoices bounds n: the simulator holds every choice of a request in
 // memory at once.
 const maxChoices = 128
@@ -427,6 +431,10 @@ func (e *Engine) fitContext(j *job, limit *int, param string) *apiError {
 		j.limit = *limit
 	case j.promptTokens >= maxLen:
 		return badRequest("max_tokens", "max_tokens must be at least 1, got 0.")
+	case j.ep == epCompletion:
+		// CompletionRequest.max_tokens defaults to 16
+		// (vllm/entrypoints/openai/completion/protocol.py@d5dba2d7).
+		j.limit = min(defaultCompletionMaxTokens, maxLen-j.promptTokens)
 	default:
 		j.limit = min(e.cfg.DefaultMaxTokens, maxLen-j.promptTokens)
 	}
