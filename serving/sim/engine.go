@@ -83,6 +83,17 @@ type Config struct {
 	// MaxSeqs is the number of requests generating at once; more wait in
 	// FIFO order. 0 means 256.
 	MaxSeqs int
+	// KVCacheTokens is the size of the simulated KV cache, in tokens; 0
+	// means none is simulated and only MaxSeqs bounds admission. A request
+	// needs room for its prompt and all its output (the simulator reserves
+	// at admission what vLLM allocates as it decodes, so it never
+	// preempts); one that does not fit waits, and holds up those behind it,
+	// while slots may be free: vllm:num_requests_waiting > 0 with
+	// vllm:num_requests_running < MaxSeqs, as on a vLLM short of KV blocks.
+	// vllm:kv_cache_usage_perc is then the share reserved. Like vLLM, which
+	// refuses to start when one max_model_len sequence does not fit its
+	// cache, it must be at least MaxModelLen.
+	KVCacheTokens int
 	// Seed seeds the latency draws: engines with the same seed draw the same
 	// sequence of latencies.
 	Seed int64
@@ -172,6 +183,8 @@ func (c Config) Validate() error {
 		return errors.New("sim: stall factor must be a non-negative finite number")
 	case c.MaxSeqs < 0:
 		return errors.New("sim: max seqs must not be negative")
+	case c.KVCacheTokens < 0:
+		return errors.New("sim: kv cache tokens must not be negative")
 	case c.DefaultMaxTokens < 0:
 		return errors.New("sim: default max tokens must not be negative")
 	case c.MaxModelLen < 0:
@@ -194,8 +207,12 @@ func (c Config) Validate() error {
 	case c.KeepAlive < 0:
 		return errors.New("sim: keep-alive must not be negative")
 	}
-	if d := c.withDefaults(); d.DefaultMaxTokens > d.MaxModelLen {
+	d := c.withDefaults()
+	if d.DefaultMaxTokens > d.MaxModelLen {
 		return fmt.Errorf("sim: default max tokens %d exceed max model len %d", d.DefaultMaxTokens, d.MaxModelLen)
+	}
+	if d.KVCacheTokens > 0 && d.KVCacheTokens < d.MaxModelLen {
+		return fmt.Errorf("sim: a kv cache of %d tokens cannot hold one sequence of max model len %d", d.KVCacheTokens, d.MaxModelLen)
 	}
 	return nil
 }
@@ -267,6 +284,7 @@ type Engine struct {
 	lat     *latencyModel
 	faults  *faultModel
 	sched   *scheduler
+	prefix  *prefixCache
 	metrics *metrics
 	handler http.Handler
 	bufs    sync.Pool // of *[]byte, see getBuf
@@ -285,7 +303,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 	}
 	cfg = cfg.withDefaults()
 	own := prometheus.NewRegistry()
-	m := newMetrics(cfg.Model, cfg.MaxSeqs)
+	m := newMetrics(cfg.Model, cfg.MaxSeqs, cfg.KVCacheTokens)
 	if err := m.register(own); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
@@ -301,9 +319,10 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 		models:      modelList(cfg, time.Now()),
 		lat:         newLatencyModel(cfg),
 		faults:      newFaultModel(cfg),
+		prefix:      newPrefixCache(),
 		metrics:     m,
 	}
-	e.sched = newScheduler(cfg.MaxSeqs, m.setLoad)
+	e.sched = newScheduler(cfg.MaxSeqs, cfg.KVCacheTokens, m.setLoad)
 	e.handler = e.routes(promhttp.HandlerFor(own, promhttp.HandlerOpts{}))
 	return e, nil
 }

@@ -25,8 +25,9 @@ const (
 type job struct {
 	ep           endpoint
 	promptTokens int
-	hash         uint32 // fnv32a of the prompt text; picks lengths and words
-	limit        int    // completion cap per choice
+	hash         uint32   // fnv32a of the prompt text; picks lengths and words
+	blocks       []uint32 // the prompt's block hashes, for prefix-cache hits
+	limit        int      // completion cap per choice
 	minTokens    int
 	ignoreEOS    bool
 	n            int // choices
@@ -163,14 +164,15 @@ func (e *Engine) parseChat(body []byte) (*job, *apiError) {
 	}
 	j := &job{ep: epChat, promptTokens: 3, reasons: true}
 	h := uint32(fnvOffset)
+	var bh blockHasher
 	for i, m := range msgs {
-		n, aerr := messageContent(m.content, i, &h)
+		n, aerr := messageContent(m.content, i, &h, &bh)
 		if aerr != nil {
 			return nil, aerr
 		}
 		j.promptTokens += messageTokens(n)
 	}
-	j.hash = h
+	j.hash, j.blocks = h, bh.blocks
 	j.afterTool = msgs[len(msgs)-1].role == "tool"
 	limit, param := optInt(r, "max_tokens"), "max_tokens"
 	if v := optInt(r, "max_completion_tokens"); v != nil {
@@ -257,14 +259,18 @@ func (r *reader) checkNested(name string, specs []fspec) *reader {
 	return n
 }
 
-// messageContent folds a message's text into h and returns its length in
-// bytes. Content is a string, null, or an array of text parts.
-func messageContent(raw json.RawMessage, i int, h *uint32) (int, *apiError) {
+// messageContent folds a message's text into h (and bh, unless nil) and
+// returns its length in bytes. Content is a string, null, or an array of
+// text parts.
+func messageContent(raw json.RawMessage, i int, h *uint32, bh *blockHasher) (int, *apiError) {
 	if len(raw) == 0 || isNull(raw) {
 		return 0, nil
 	}
 	if s, ok := asString(raw); ok {
 		*h = fnvString(*h, s)
+		if bh != nil {
+			bh.write(s)
+		}
 		return len(s), nil
 	}
 	var parts []struct {
@@ -280,6 +286,9 @@ func messageContent(raw json.RawMessage, i int, h *uint32) (int, *apiError) {
 			return 0, badRequest("messages", fmt.Sprintf("messages[%d].content[%d]: only text parts are supported by the simulated engine", i, k))
 		}
 		*h = fnvString(*h, *p.Text)
+		if bh != nil {
+			bh.write(*p.Text)
+		}
 		n += len(*p.Text)
 	}
 	return n, nil
@@ -313,10 +322,13 @@ func (e *Engine) parseCompletion(body []byte) (*job, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
+	var bh blockHasher
+	bh.write(prompt)
 	j := &job{
 		ep:           epCompletion,
 		promptTokens: TextPromptTokens(prompt),
 		hash:         fnvString(fnvOffset, prompt),
+		blocks:       bh.blocks,
 	}
 	if aerr := e.fill(j, r, so, optInt(r, "max_tokens"), "max_tokens"); aerr != nil {
 		return nil, aerr
