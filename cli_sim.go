@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
@@ -33,6 +32,9 @@ type simFlags struct {
 	rateLimitRate   float64
 	retryAfter      time.Duration
 	hangRate        float64
+	keepAlive       time.Duration
+	streamInterval  int
+	kvCacheTokens   int
 }
 
 func (f *simFlags) register(fs *flag.FlagSet) {
@@ -51,6 +53,9 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.rateLimitRate, "sim-429-rate", 0, "simulated engine: share of requests answered 429 with Retry-After (seeded)")
 	fs.DurationVar(&f.retryAfter, "sim-retry-after", time.Second, "simulated engine: the wait a 429 asks for (Retry-After, whole seconds rounded up)")
 	fs.Float64Var(&f.hangRate, "sim-hang-rate", 0, "simulated engine: share of requests that hang before their first token until the client goes away (seeded)")
+	fs.IntVar(&f.kvCacheTokens, "sim-kv-cache-tokens", 0, "simulated engine: KV cache size in tokens (at least the max model len; 0: none): a request waits, with slots free, until its prompt and output fit, as on a vLLM short of KV blocks")
+	fs.IntVar(&f.streamInterval, "sim-stream-interval", 1, "simulated engine: tokens merged into one chat or completions stream chunk, as vLLM's --stream-interval (a request's stream_interval may raise it)")
+	fs.DurationVar(&f.keepAlive, "sim-keep-alive", 0, "simulated engine: idle keep-alive connections are closed after this long, as vLLM's uvicorn does (0: $"+sim.KeepAliveEnv+" seconds, else 5s)")
 }
 
 func (f *simFlags) config(model string) sim.Config {
@@ -59,6 +64,7 @@ func (f *simFlags) config(model string) sim.Config {
 		StallFactor: f.stallFactor, MaxSeqs: f.maxSeqs, Seed: f.seed, DefaultMaxTokens: f.maxTokens,
 		ReasoningTokens: f.reasoningTokens, ReasoningField: f.reasoningField, EmbeddingDim: f.embeddingDim,
 		ErrorRate: f.errorRate, RateLimitRate: f.rateLimitRate, RetryAfter: f.retryAfter, HangRate: f.hangRate,
+		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval, KVCacheTokens: f.kvCacheTokens,
 	}
 }
 
@@ -71,7 +77,8 @@ func (f *simFlags) args() []string {
 		"--sim-reasoning-tokens", fmt.Sprint(f.reasoningTokens), "--sim-reasoning-field", f.reasoningField,
 		"--sim-embedding-dim", fmt.Sprint(f.embeddingDim), "--sim-error-rate", fmt.Sprint(f.errorRate),
 		"--sim-429-rate", fmt.Sprint(f.rateLimitRate), "--sim-retry-after", f.retryAfter.String(),
-		"--sim-hang-rate", fmt.Sprint(f.hangRate),
+		"--sim-hang-rate", fmt.Sprint(f.hangRate), "--sim-keep-alive", f.keepAlive.String(),
+		"--sim-stream-interval", fmt.Sprint(f.streamInterval), "--sim-kv-cache-tokens", fmt.Sprint(f.kvCacheTokens),
 	}
 }
 
@@ -100,6 +107,11 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if cfg.APIKey = *apiKey; cfg.APIKey == "" {
 		cfg.APIKey = os.Getenv(launcher.EngineKeyEnv)
 	}
+	if cfg.KeepAlive == 0 {
+		if cfg.KeepAlive, err = sim.ParseKeepAlive(os.Getenv(sim.KeepAliveEnv)); err != nil {
+			return err
+		}
+	}
 	eng, err := sim.New(cfg, nil)
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
@@ -108,13 +120,14 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("sim: listen: %w", err)
 	}
-	srv := &http.Server{Handler: eng.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	srv := eng.NewServer(nil)
 	if *announce {
 		fmt.Fprintf(stdout, "%s%s\n", announcePrefix, ln.Addr())
 	}
 	log.Info("simulated engine serving (output is filler text, not a model)", "addr", "http://"+ln.Addr().String(),
 		"model", *model, "ttft", sf.ttft, "tpot", sf.tpot, "stall_prob", sf.stallProb, "max_seqs", sf.maxSeqs,
-		"reasoning_tokens", sf.reasoningTokens, "error_rate", sf.errorRate, "429_rate", sf.rateLimitRate, "hang_rate", sf.hangRate, "api_key_required", cfg.APIKey != "")
+		"reasoning_tokens", sf.reasoningTokens, "error_rate", sf.errorRate, "429_rate", sf.rateLimitRate, "hang_rate", sf.hangRate, "api_key_required", cfg.APIKey != "",
+		"keep_alive", srv.IdleTimeout)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -1,13 +1,19 @@
 package main
 
 import (
+	"bufio"
+	"context"
+	"errors"
 	"flag"
 	"io"
+	"net"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"tailgate/serving/sim"
 )
 
 // TestSimFlagsReachChildEngines: every sim knob `up` and `worker --engine
@@ -22,6 +28,7 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 		"--sim-stall-factor", "4", "--sim-max-seqs", "9", "--sim-default-max-tokens", "77",
 		"--sim-reasoning-tokens", "12", "--sim-reasoning-field", "both", "--sim-embedding-dim", "32",
 		"--sim-error-rate", "0.05", "--sim-429-rate", "0.1", "--sim-retry-after", "2500ms", "--sim-hang-rate", "0.02",
+		"--sim-keep-alive", "3s", "--sim-stream-interval", "4", "--sim-kv-cache-tokens", "40000",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +44,7 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 	if got != want {
 		t.Errorf("child config %+v\nwant %+v", got, want)
 	}
-	if got.ReasoningTokens != 12 || got.ReasoningField != "both" || got.RetryAfter != 2500*time.Millisecond || got.HangRate != 0.02 {
+	if got.ReasoningTokens != 12 || got.ReasoningField != "both" || got.RetryAfter != 2500*time.Millisecond || got.HangRate != 0.02 || got.KeepAlive != 3*time.Second || got.StreamInterval != 4 || got.KVCacheTokens != 40000 {
 		t.Errorf("knobs lost on the way: %+v", got)
 	}
 	if err := got.Validate(); err != nil {
@@ -74,4 +81,55 @@ func TestREADMEDocumentsEverySimKnob(t *testing.T) {
 			t.Errorf("--%s is not in the README's sim section", f.Name)
 		}
 	})
+}
+
+// TestSimClosesIdleConnectionsLikeUvicorn: `tailgate sim` started with
+// vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE in its environment closes a
+// keep-alive connection idle that long, as vLLM does.
+func TestSimClosesIdleConnectionsLikeUvicorn(t *testing.T) {
+	t.Setenv(sim.KeepAliveEnv, "1")
+	ctx, cancel := context.WithCancel(t.Context())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- cmdSim(ctx, []string{"--listen", "127.0.0.1:0", "--announce"}, pw, io.Discard)
+		pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("sim: %v", err)
+		}
+	})
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("read the announced address: %v", err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	addr := strings.TrimSpace(strings.TrimPrefix(line, announcePrefix))
+
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /health HTTP/1.1\r\nHost: sim\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	if status, err := br.ReadString('\n'); err != nil || !strings.Contains(status, " 200 ") {
+		t.Fatalf("status line %q, %v", status, err)
+	}
+	// Read the rest of the answer, then wait: the deadline only bounds a
+	// hung test.
+	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+	for {
+		_, err := br.ReadByte()
+		if errors.Is(err, io.EOF) {
+			return // closed by the engine
+		}
+		if err != nil {
+			t.Fatalf("idle connection: %v, want EOF once the 1s keep-alive passed", err)
+		}
+	}
 }

@@ -67,6 +67,9 @@ func TestMeteringIsExactUnderMixedConcurrentLoad(t *testing.T) {
 					}
 					for _, ch := range c.Choices {
 						words += len(strings.Fields(ch.Delta.Content))
+						if ch.FinishReason == "stop" {
+							words++ // the EOS token: counted, no text (as from vLLM)
+						}
 					}
 				}
 				if err := s.Err(); err != nil {

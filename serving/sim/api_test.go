@@ -82,9 +82,9 @@ func TestChatAnswerCarriesDocumentedUsage(t *testing.T) {
 			prompt: 9, text: "hello", completion: 300, finish: "length",
 		},
 		{
-			name:   "min_tokens lengthens a short answer",
+			name:   "min_tokens lengthens a short answer; the EOS comes after them",
 			body:   `{"messages":[{"role":"user","content":"hello"}],"max_tokens":250,"min_tokens":200}`,
-			prompt: 9, text: "hello", completion: 200, finish: "stop",
+			prompt: 9, text: "hello", completion: 201, finish: "stop",
 		},
 	}
 	for _, tt := range tests {
@@ -117,8 +117,12 @@ func TestChatAnswerCarriesDocumentedUsage(t *testing.T) {
 			if c.Index != 0 || c.Message.Role != "assistant" || c.FinishReason != tt.finish || string(c.Logprobs) != "null" {
 				t.Errorf("choice = index %d role %q finish %q logprobs %s", c.Index, c.Message.Role, c.FinishReason, c.Logprobs)
 			}
-			if got := len(strings.Fields(c.Message.Content)); got != want {
-				t.Errorf("content has %d words, want one per token (%d)", got, want)
+			words := want
+			if tt.finish == "stop" {
+				words-- // the EOS token counts but has no text
+			}
+			if got := len(strings.Fields(c.Message.Content)); got != words {
+				t.Errorf("content has %d words, want one per token but the EOS (%d)", got, words)
 			}
 			_, _, again := post(t, srv.URL+"/v1/chat/completions", tt.body)
 			var b chatAnswer
@@ -141,9 +145,9 @@ func TestCompletionAnswerCarriesDocumentedUsage(t *testing.T) {
 		prompt int // 1 + ⌈bytes/4⌉
 		text   string
 	}{
-		{"string prompt", `{"model":"m","prompt":"hello world"}`, 1 + 3, "hello world"},
-		{"array of one string", `{"prompt":["abcd"]}`, 1 + 1, "abcd"},
-		{"array of one empty string", `{"prompt":[""]}`, 1, ""},
+		{"string prompt", `{"model":"m","prompt":"hello world","max_tokens":200}`, 1 + 3, "hello world"},
+		{"array of one string", `{"prompt":["abcd"],"max_tokens":200}`, 1 + 1, "abcd"},
+		{"array of one empty string", `{"prompt":[""],"max_tokens":200}`, 1, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -162,37 +166,38 @@ func TestCompletionAnswerCarriesDocumentedUsage(t *testing.T) {
 			if !strings.HasPrefix(a.ID, "cmpl-") || a.Object != "text_completion" || a.Model != "m" {
 				t.Errorf("envelope = id %q object %q model %q", a.ID, a.Object, a.Model)
 			}
-			if len(a.Choices) != 1 || len(strings.Fields(a.Choices[0].Text)) != want || a.Choices[0].FinishReason != "stop" {
+			if len(a.Choices) != 1 || len(strings.Fields(a.Choices[0].Text)) != want-1 || a.Choices[0].FinishReason != "stop" {
 				t.Errorf("choices = %+v", a.Choices)
 			}
 		})
 	}
 }
 
+// TestCompletionsDefaultTo16Tokens: without max_tokens, /v1/completions
+// stops at 16 tokens as vLLM's CompletionRequest does; chat keeps the
+// engine's default.
+func TestCompletionsDefaultTo16Tokens(t *testing.T) {
+	_, srv := start(t, Config{})
+	text, n := jsonText(t, srv.URL, "/v1/completions", `{"prompt":"hello world"}`)
+	if n != 16 || len(strings.Fields(text)) != 16 {
+		t.Errorf("completion of %d tokens (%q), want vLLM's default 16", n, text)
+	}
+	if _, n := jsonText(t, srv.URL, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello world"}]}`); n != naturalLength("hello world") {
+		t.Errorf("chat answer of %d tokens, want its natural length %d", n, naturalLength("hello world"))
+	}
+}
+
+// TestModelsListsTheServedModel pins /v1/models: vLLM's ModelCard with
+// owned_by "vllm", root, parent null and one ModelPermission.
 func TestModelsListsTheServedModel(t *testing.T) {
 	_, srv := start(t, Config{Model: "org/model-7b", MaxModelLen: 4096})
 	status, body := get(t, srv.URL+"/v1/models")
 	if status != http.StatusOK {
 		t.Fatalf("status %d", status)
 	}
-	var list struct {
-		Object string `json:"object"`
-		Data   []struct {
-			ID          string `json:"id"`
-			Object      string `json:"object"`
-			OwnedBy     string `json:"owned_by"`
-			MaxModelLen int    `json:"max_model_len"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(body, &list); err != nil {
-		t.Fatal(err)
-	}
-	if list.Object != "list" || len(list.Data) != 1 {
-		t.Fatalf("list = %s", body)
-	}
-	d := list.Data[0]
-	if d.ID != "org/model-7b" || d.Object != "model" || d.OwnedBy != "tailgate-sim" || d.MaxModelLen != 4096 {
-		t.Errorf("model card = %+v", d)
+	const want = `{"object":"list","data":[{"id":"org/model-7b","object":"model","created":0,"owned_by":"vllm","root":"org/model-7b","parent":null,"max_model_len":4096,"permission":[{"id":"modelperm-ID","object":"model_permission","created":0,"allow_create_engine":false,"allow_sampling":true,"allow_logprobs":true,"allow_search_indices":false,"allow_view":true,"allow_fine_tuning":false,"organization":"*","group":null,"is_blocking":false}]}]}`
+	if got := normalize(string(body)); got != want {
+		t.Errorf("models\n got %s\nwant %s", got, want)
 	}
 }
 

@@ -92,14 +92,18 @@ func (c *chatEncoder) first(b []byte) []byte {
 }
 
 // token appends the chunk of token k of choice ch.
-func (c *chatEncoder) token(b []byte, ch *choice, k int) []byte {
+func (c *chatEncoder) token(b []byte, ch *choice, k int) []byte { return c.chunk(b, ch, k, k+1) }
+
+// chunk appends the chunk of tokens from to to-1 of choice ch, which share
+// one kind of output (see choice.chunkEnd).
+func (c *chatEncoder) chunk(b []byte, ch *choice, from, to int) []byte {
 	b = append(b, "data: "...)
 	b = append(b, c.head...)
 	b = append(b, `"choices":[{"index":`...)
 	b = strconv.AppendInt(b, int64(ch.index), 10)
 	b = append(b, `,"delta":`...)
-	b = c.appendDelta(b, ch, k)
-	last := k == ch.total()-1
+	b = c.appendDelta(b, ch, from, to)
+	last := to == ch.total()
 	if last {
 		b = append(b, `,"logprobs":null,"finish_reason":"`...)
 		b = append(b, ch.finish...)
@@ -108,7 +112,7 @@ func (c *chatEncoder) token(b []byte, ch *choice, k int) []byte {
 		b = append(b, `,"logprobs":null,"finish_reason":null,"token_ids":null}]`...)
 	}
 	if c.j.continuousUsage {
-		b = c.appendChunkUsage(b, k+1, ch.reasoningBy(k+1))
+		b = c.appendChunkUsage(b, to, ch.reasoningBy(to))
 	}
 	if last && !c.j.includeUsage {
 		// "Stamp the fingerprint on terminal chunks only."
@@ -118,11 +122,11 @@ func (c *chatEncoder) token(b []byte, ch *choice, k int) []byte {
 	return append(b, "}\n\n"...)
 }
 
-// appendDelta appends the DeltaMessage of token k.
-func (c *chatEncoder) appendDelta(b []byte, ch *choice, k int) []byte {
-	switch ch.kind(k) {
+// appendDelta appends the DeltaMessage of tokens from to to-1.
+func (c *chatEncoder) appendDelta(b []byte, ch *choice, from, to int) []byte {
+	switch ch.kind(from) {
 	case kReasoning:
-		w := ch.text(k)
+		w := ch.joined(from, to)
 		switch c.e.cfg.ReasoningField {
 		case ReasoningFieldContent:
 			b = append(b, `{"reasoning_content":`...)
@@ -139,7 +143,7 @@ func (c *chatEncoder) appendDelta(b []byte, ch *choice, k int) []byte {
 		return append(b, '}')
 	case kContent:
 		b = append(b, `{"content":`...)
-		b = appendJSONString(b, ch.text(k))
+		b = appendJSONString(b, ch.joined(from, to))
 		return append(b, '}')
 	case kToolName:
 		// The first delta of a call: id, type, index and the name
@@ -151,10 +155,15 @@ func (c *chatEncoder) appendDelta(b []byte, ch *choice, k int) []byte {
 		return append(b, `}}]}`...)
 	case kToolArgs:
 		b = append(b, `{"tool_calls":[{"index":0,"function":{"arguments":`...)
-		b = appendJSONString(b, ch.text(k))
+		b = appendJSONString(b, ch.joined(from, to))
 		return append(b, `}}]}`...)
 	}
-	// The end-of-sequence token after a call decodes to nothing.
+	if ch.call == nil {
+		// A text's end-of-sequence token decodes to nothing.
+		return append(b, `{"content":""}`...)
+	}
+	// The end-of-sequence token after a call: the tool parser sends an
+	// empty delta.
 	return append(b, "{}"...)
 }
 
@@ -283,13 +292,17 @@ func (c *completionEncoder) open(b []byte) []byte  { return b }
 func (c *completionEncoder) first(b []byte) []byte { return b }
 
 func (c *completionEncoder) token(b []byte, ch *choice, k int) []byte {
+	return c.chunk(b, ch, k, k+1)
+}
+
+func (c *completionEncoder) chunk(b []byte, ch *choice, from, to int) []byte {
 	b = append(b, "data: "...)
 	b = append(b, c.head...)
 	b = append(b, `"choices":[{"index":`...)
 	b = strconv.AppendInt(b, int64(ch.index), 10)
 	b = append(b, `,"text":`...)
-	b = appendJSONString(b, ch.text(k))
-	last := k == ch.total()-1
+	b = appendJSONString(b, ch.joined(from, to))
+	last := to == ch.total()
 	if last {
 		b = append(b, `,"logprobs":null,"finish_reason":"`...)
 		b = append(b, ch.finish...)
@@ -299,7 +312,7 @@ func (c *completionEncoder) token(b []byte, ch *choice, k int) []byte {
 	}
 	if c.j.continuousUsage {
 		b = append(b, `,"usage":`...)
-		b = appendUsageCounts(b, c.j.promptTokens, k+1)
+		b = appendUsageCounts(b, c.j.promptTokens, to)
 		b = append(b, '}')
 	}
 	if last && !c.j.includeUsage {

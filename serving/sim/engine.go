@@ -42,8 +42,9 @@
 // README's sim section, so tests and the gateway's metering can predict them
 // exactly. Random draws (latency, faults) come from [Config.Seed].
 //
-// The package owns no goroutines and no listener: callers mount
-// [Engine.Handler] on a server they run.
+// The package owns no goroutines and no listener: callers run
+// [Engine.NewServer] (or mount [Engine.Handler] on a server of their own,
+// which then keeps its own idle-connection rules).
 package sim
 
 import (
@@ -82,15 +83,39 @@ type Config struct {
 	// MaxSeqs is the number of requests generating at once; more wait in
 	// FIFO order. 0 means 256.
 	MaxSeqs int
+	// KVCacheTokens is the size of the simulated KV cache, in tokens; 0
+	// means none is simulated and only MaxSeqs bounds admission. A request
+	// needs room for its prompt and all its output (the simulator reserves
+	// at admission what vLLM allocates as it decodes, so it never
+	// preempts); one that does not fit waits, and holds up those behind it,
+	// while slots may be free: vllm:num_requests_waiting > 0 with
+	// vllm:num_requests_running < MaxSeqs, as on a vLLM short of KV blocks.
+	// vllm:kv_cache_usage_perc is then the share reserved. Like vLLM, which
+	// refuses to start when one max_model_len sequence does not fit its
+	// cache, it must be at least MaxModelLen.
+	KVCacheTokens int
 	// Seed seeds the latency draws: engines with the same seed draw the same
 	// sequence of latencies.
 	Seed int64
-	// DefaultMaxTokens caps the completion when a request sets neither
-	// max_tokens nor max_completion_tokens; 0 means 256.
+	// DefaultMaxTokens caps a chat, Responses or Messages answer when the
+	// request sets no cap; 0 means 256. /v1/completions defaults to 16
+	// tokens, as vLLM's CompletionRequest does.
 	DefaultMaxTokens int
 	// MaxModelLen is the context length reported by /v1/models and enforced
 	// like vLLM does (prompt plus completion cap); 0 means 32768.
 	MaxModelLen int
+
+	// StreamInterval is the number of tokens a stream may merge into one
+	// chat or completions chunk, as vLLM's --stream-interval; a request's
+	// stream_interval field raises it for that request. The first token and
+	// the last are sent at once. 0 means 1: every token its own chunk.
+	StreamInterval int
+	// NoEOSToken makes a text answer that finishes with "stop" end on its
+	// last word. By default it ends as vLLM's does: with the end-of-sequence
+	// token, which counts in completion_tokens but decodes to nothing (the
+	// last chunk is {"content":""} with finish_reason "stop"), so a stream
+	// has one content event fewer than completion_tokens.
+	NoEOSToken bool
 
 	// ReasoningTokens is the length of the reasoning phase that starts every
 	// choice of a chat, Responses or Messages answer, as on a model served
@@ -117,6 +142,13 @@ type Config struct {
 	// and HangRate add up to at most 1.
 	HangRate float64
 
+	// KeepAlive is how long a server made by [Engine.NewServer] keeps an
+	// idle keep-alive connection open before closing it, as uvicorn does in
+	// front of vLLM (timeout_keep_alive, from VLLM_HTTP_TIMEOUT_KEEP_ALIVE;
+	// see [KeepAliveEnv]); 0 means 5s, vLLM's default. A client that keeps
+	// idle connections longer meets connections the engine has closed.
+	KeepAlive time.Duration
+
 	// APIKey, when set, is the bearer token every request to a /v1 path
 	// must carry, as with vLLM's --api-key or VLLM_API_KEY: others get 401
 	// {"error":"Unauthorized"}. "" means no authentication.
@@ -133,6 +165,7 @@ const (
 	defaultEmbedDim    = 64
 	maxEmbedDim        = 1 << 16
 	defaultRetryAfter  = time.Second
+	defaultKeepAlive   = 5 * time.Second
 )
 
 // Validate reports whether c is usable.
@@ -150,10 +183,14 @@ func (c Config) Validate() error {
 		return errors.New("sim: stall factor must be a non-negative finite number")
 	case c.MaxSeqs < 0:
 		return errors.New("sim: max seqs must not be negative")
+	case c.KVCacheTokens < 0:
+		return errors.New("sim: kv cache tokens must not be negative")
 	case c.DefaultMaxTokens < 0:
 		return errors.New("sim: default max tokens must not be negative")
 	case c.MaxModelLen < 0:
 		return errors.New("sim: max model len must not be negative")
+	case c.StreamInterval < 0:
+		return errors.New("sim: stream interval must not be negative")
 	case c.ReasoningTokens < 0:
 		return errors.New("sim: reasoning tokens must not be negative")
 	case c.ReasoningField != "" && c.ReasoningField != ReasoningFieldReasoning &&
@@ -167,9 +204,15 @@ func (c Config) Validate() error {
 		return errors.New("sim: error, 429 and hang rates must add up to at most 1")
 	case c.RetryAfter < 0:
 		return errors.New("sim: retry-after must not be negative")
+	case c.KeepAlive < 0:
+		return errors.New("sim: keep-alive must not be negative")
 	}
-	if d := c.withDefaults(); d.DefaultMaxTokens > d.MaxModelLen {
+	d := c.withDefaults()
+	if d.DefaultMaxTokens > d.MaxModelLen {
 		return fmt.Errorf("sim: default max tokens %d exceed max model len %d", d.DefaultMaxTokens, d.MaxModelLen)
+	}
+	if d.KVCacheTokens > 0 && d.KVCacheTokens < d.MaxModelLen {
+		return fmt.Errorf("sim: a kv cache of %d tokens cannot hold one sequence of max model len %d", d.KVCacheTokens, d.MaxModelLen)
 	}
 	return nil
 }
@@ -198,6 +241,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxModelLen == 0 {
 		c.MaxModelLen = defaultMaxModelLen
 	}
+	if c.StreamInterval == 0 {
+		c.StreamInterval = 1
+	}
 	if c.ReasoningField == "" {
 		c.ReasoningField = ReasoningFieldReasoning
 	}
@@ -206,6 +252,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RetryAfter == 0 {
 		c.RetryAfter = defaultRetryAfter
+	}
+	if c.KeepAlive == 0 {
+		c.KeepAlive = defaultKeepAlive
 	}
 	return c
 }
@@ -235,6 +284,7 @@ type Engine struct {
 	lat     *latencyModel
 	faults  *faultModel
 	sched   *scheduler
+	prefix  *prefixCache
 	metrics *metrics
 	handler http.Handler
 	bufs    sync.Pool // of *[]byte, see getBuf
@@ -253,7 +303,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 	}
 	cfg = cfg.withDefaults()
 	own := prometheus.NewRegistry()
-	m := newMetrics(cfg.Model, cfg.MaxSeqs)
+	m := newMetrics(cfg.Model, cfg.MaxSeqs, cfg.KVCacheTokens)
 	if err := m.register(own); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
@@ -269,9 +319,10 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 		models:      modelList(cfg, time.Now()),
 		lat:         newLatencyModel(cfg),
 		faults:      newFaultModel(cfg),
+		prefix:      newPrefixCache(),
 		metrics:     m,
 	}
-	e.sched = newScheduler(cfg.MaxSeqs, m.setLoad)
+	e.sched = newScheduler(cfg.MaxSeqs, cfg.KVCacheTokens, m.setLoad)
 	e.handler = e.routes(promhttp.HandlerFor(own, promhttp.HandlerOpts{}))
 	return e, nil
 }
@@ -298,17 +349,35 @@ func fingerprint(model string) string {
 	return "vllm-sim-" + string(appendHex64(nil, uint64(fnvString(fnvOffset, model)))[8:])
 }
 
-// modelList renders the /v1/models body once; it never changes.
+// modelList renders the /v1/models body once; it never changes. The card is
+// vLLM's ModelCard with its one ModelPermission, every field set
+// (vllm/entrypoints/openai/models/serving.py@4fe45004, show_available_models;
+// the models in vllm/entrypoints/openai/engine/protocol.py). root is the
+// model path vLLM was started with; the simulator's is its served name.
 func modelList(cfg Config, now time.Time) []byte {
+	type permission struct {
+		ID                 string  `json:"id"`
+		Object             string  `json:"object"`
+		Created            int64   `json:"created"`
+		AllowCreateEngine  bool    `json:"allow_create_engine"`
+		AllowSampling      bool    `json:"allow_sampling"`
+		AllowLogprobs      bool    `json:"allow_logprobs"`
+		AllowSearchIndices bool    `json:"allow_search_indices"`
+		AllowView          bool    `json:"allow_view"`
+		AllowFineTuning    bool    `json:"allow_fine_tuning"`
+		Organization       string  `json:"organization"`
+		Group              *string `json:"group"`
+		IsBlocking         bool    `json:"is_blocking"`
+	}
 	type card struct {
-		ID          string   `json:"id"`
-		Object      string   `json:"object"`
-		Created     int64    `json:"created"`
-		OwnedBy     string   `json:"owned_by"`
-		Root        string   `json:"root"`
-		Parent      *string  `json:"parent"`
-		MaxModelLen int      `json:"max_model_len"`
-		Permission  []string `json:"permission"`
+		ID          string       `json:"id"`
+		Object      string       `json:"object"`
+		Created     int64        `json:"created"`
+		OwnedBy     string       `json:"owned_by"`
+		Root        string       `json:"root"`
+		Parent      *string      `json:"parent"`
+		MaxModelLen int          `json:"max_model_len"`
+		Permission  []permission `json:"permission"`
 	}
 	body, _ := json.Marshal(struct {
 		Object string `json:"object"`
@@ -319,10 +388,13 @@ func modelList(cfg Config, now time.Time) []byte {
 			ID:          cfg.Model,
 			Object:      "model",
 			Created:     now.Unix(),
-			OwnedBy:     "tailgate-sim",
+			OwnedBy:     "vllm",
 			Root:        cfg.Model,
 			MaxModelLen: cfg.MaxModelLen,
-			Permission:  []string{},
+			Permission: []permission{{
+				ID: "modelperm-" + randomHex(), Object: "model_permission", Created: now.Unix(),
+				AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*",
+			}},
 		}},
 	})
 	return body

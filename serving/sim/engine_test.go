@@ -55,7 +55,13 @@ var vllmMetrics = []string{
 	"vllm:time_to_first_token_seconds",
 	"vllm:e2e_request_latency_seconds",
 	"vllm:request_queue_time_seconds",
-	"vllm:time_per_output_token_seconds",
+	"vllm:inter_token_latency_seconds",
+	"vllm:request_time_per_output_token_seconds",
+	"vllm:num_requests_waiting_by_reason",
+	"vllm:num_preemptions_total",
+	"vllm:prefix_cache_queries_total",
+	"vllm:prefix_cache_hits_total",
+	"vllm:engine_sleep_state",
 	"vllm:prompt_tokens_total",
 	"vllm:generation_tokens_total",
 	"vllm:request_success_total",
@@ -73,18 +79,29 @@ func TestMetricsUseVLLMNames(t *testing.T) {
 		t.Fatalf("/metrics status %d", status)
 	}
 	for _, name := range vllmMetrics {
-		if !strings.Contains(string(body), "\n"+name) || !strings.Contains(string(body), `model_name="m"`) {
-			t.Errorf("/metrics lacks %s{model_name=\"m\"}", name)
+		if !strings.Contains(string(body), "\n"+name+`{engine="0",`) && !strings.Contains(string(body), "\n"+name+`_bucket{engine="0",`) {
+			t.Errorf("/metrics lacks %s{engine=\"0\",…}", name)
 		}
 	}
+	if strings.Contains(string(body), "vllm:time_per_output_token_seconds") {
+		t.Errorf("/metrics still has vllm:time_per_output_token_seconds, removed in vLLM 0.13")
+	}
 	for series, want := range map[string]float64{
-		`vllm:prompt_tokens_total{model_name="m"}`:                            9,
-		`vllm:generation_tokens_total{model_name="m"}`:                        4,
-		`vllm:request_success_total{finished_reason="length",model_name="m"}`: 1,
-		`vllm:time_to_first_token_seconds_count{model_name="m"}`:              1,
-		`vllm:e2e_request_latency_seconds_count{model_name="m"}`:              1,
-		`vllm:time_per_output_token_seconds_count{model_name="m"}`:            1,
-		`vllm:kv_cache_usage_perc{model_name="m"}`:                            0,
+		`vllm:prompt_tokens_total{engine="0",model_name="m"}`:                                9,
+		`vllm:generation_tokens_total{engine="0",model_name="m"}`:                            4,
+		`vllm:request_success_total{engine="0",finished_reason="length",model_name="m"}`:     1,
+		`vllm:time_to_first_token_seconds_count{engine="0",model_name="m"}`:                  1,
+		`vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"}`:                  1,
+		`vllm:request_time_per_output_token_seconds_count{engine="0",model_name="m"}`:        1,
+		`vllm:inter_token_latency_seconds_count{engine="0",model_name="m"}`:                  3,
+		`vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"}`:   0,
+		`vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="deferred"}`:   0,
+		`vllm:num_preemptions_total{engine="0",model_name="m"}`:                              0,
+		`vllm:prefix_cache_queries_total{engine="0",model_name="m"}`:                         9,
+		`vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"}`:             1,
+		`vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="weights_offloaded"}`: 0,
+		`vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="discard_all"}`:       0,
+		`vllm:kv_cache_usage_perc{engine="0",model_name="m"}`:                                0,
 	} {
 		if got := metricValue(t, body, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)

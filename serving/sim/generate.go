@@ -56,18 +56,22 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 		_ = rc.Flush()
 	}
 
-	if err := e.sched.acquire(ctx); err != nil {
+	// The request's KV footprint when it ends: its prompt and every token
+	// of every choice.
+	kv := j.promptTokens + total
+	if err := e.sched.acquire(ctx, kv); err != nil {
 		e.abort(0)
 		return
 	}
 	held := true
 	defer func() {
 		if held {
-			e.sched.release()
+			e.sched.release(kv)
 		}
 	}()
 	queued := time.Since(arrived)
 	e.metrics.queue.Observe(queued.Seconds())
+	e.metrics.scheduled(j.promptTokens, e.prefix.query(j.blocks, j.promptTokens))
 
 	var p pacer
 	defer p.stop()
@@ -84,8 +88,15 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 			return
 		}
 		held = false
-		e.sched.release()
-		e.finish(total, length, arrived, first, time.Now())
+		e.sched.release(kv)
+		end := time.Now()
+		if steps > 1 {
+			gap := end.Sub(first) / time.Duration(steps-1)
+			for range steps - 1 {
+				e.metrics.itl.Observe(gap.Seconds())
+			}
+		}
+		e.finish(total, steps, length, arrived, first, end)
 		buf := e.getBuf()
 		w.Header()[serving.HeaderSimQueue] = []string{string(appendMillis(nil, queued))}
 		*buf = enc.body((*buf)[:0])
@@ -98,12 +109,16 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 	defer e.putBuf(pooled)
 	buf := enc.first((*pooled)[:0])
 	defer func() { *pooled = buf }() // keep what the buffer grew to
+	prev := first
 	for k := range steps {
 		if k > 0 {
 			if err := p.sleep(ctx, time.Until(first.Add(scale(lat.tpot, k)))); err != nil {
 				e.abort(generatedBy(choices, k))
 				return
 			}
+			now := time.Now()
+			e.metrics.itl.Observe(now.Sub(prev).Seconds())
+			prev = now
 		}
 		if k == 0 {
 			// The 200 went out before the slot was taken, so the queue time
@@ -115,12 +130,12 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 		last := k == steps-1
 		if last {
 			held = false
-			e.sched.release()
-			e.finish(total, length, arrived, first, time.Now())
+			e.sched.release(kv)
+			e.finish(total, steps, length, arrived, first, prev)
 		}
 		for _, c := range choices {
-			if k < c.total() {
-				buf = enc.token(buf, c, k)
+			if k < c.total() && c.chunkEnd(k, j.interval) {
+				buf = appendChunk(buf, enc, c, k)
 			}
 		}
 		if last {
@@ -137,6 +152,25 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 		_ = rc.Flush()
 		buf = buf[:0]
 	}
+}
+
+// chunkEncoder is an encoder whose chunks can carry several tokens.
+type chunkEncoder interface {
+	chunk(b []byte, c *choice, from, to int) []byte
+}
+
+// appendChunk appends the chunk that ends with token k of c: the tokens
+// since the last chunk, merged when the encoder can, else one event each.
+func appendChunk(b []byte, enc encoder, c *choice, k int) []byte {
+	if ce, ok := enc.(chunkEncoder); ok {
+		b = ce.chunk(b, c, c.sent, k+1)
+	} else {
+		for t := c.sent; t <= k; t++ {
+			b = enc.token(b, c, t)
+		}
+	}
+	c.sent = k + 1
+	return b
 }
 
 // generatedBy returns the tokens the choices had generated after steps
@@ -173,9 +207,9 @@ func (e *Engine) putBuf(b *[]byte) {
 	}
 }
 
-func (e *Engine) finish(tokens int, length bool, arrived, first, end time.Time) {
+func (e *Engine) finish(tokens, steps int, length bool, arrived, first, end time.Time) {
 	e.completed.Add(1)
-	e.metrics.finished(tokens, length, arrived, first, end)
+	e.metrics.finished(tokens, steps, length, arrived, first, end)
 }
 
 func (e *Engine) abort(generated int) {

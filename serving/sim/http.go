@@ -2,8 +2,10 @@ package sim
 
 import (
 	"errors"
+	"fmt"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +16,37 @@ import (
 // MaxModelLen under the simulator's tokenizer, and any audio file a test
 // sends.
 const maxBodyBytes = 32 << 20
+
+// KeepAliveEnv is the environment variable vLLM reads its keep-alive
+// timeout from, in whole seconds (vllm/envs.py, VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+// default 5).
+const KeepAliveEnv = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+
+// ParseKeepAlive reads a [KeepAliveEnv] value: whole seconds, as vLLM's
+// int(os.getenv(...)) does; "" means unset (0, the default). 0 seconds,
+// which makes uvicorn close every connection after its answer, is refused:
+// an http.Server cannot express it.
+func ParseKeepAlive(v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("sim: %s=%q: want whole seconds, at least 1", KeepAliveEnv, v)
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+// NewServer returns an HTTP server for h, nil meaning the engine's own
+// handler (pass a wrapper of [Engine.Handler] to add routes), that handles
+// connections as vLLM's uvicorn does: an idle keep-alive connection is closed
+// after [Config.KeepAlive]. The caller runs and shuts it down.
+func (e *Engine) NewServer(h http.Handler) *http.Server {
+	if h == nil {
+		h = e.handler
+	}
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: e.cfg.KeepAlive}
+}
 
 func (e *Engine) routes(metrics http.Handler) http.Handler {
 	mux := http.NewServeMux()

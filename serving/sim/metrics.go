@@ -15,23 +15,26 @@ var (
 	requestBuckets = []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}
 )
 
-// metrics are the engine's Prometheus series, named as vLLM names them and
-// labelled with model_name.
+// metrics are the engine's Prometheus series, named and labelled as vLLM
+// v1's PrometheusStatLogger names them (vllm/v1/metrics/loggers.py): every
+// series carries model_name and engine ("0": one engine core).
 type metrics struct {
-	maxSeqs float64
+	maxSeqs, kvCap float64
 
-	running, waiting, kvUsage prometheus.Gauge
-	ttft, e2e, queue, tpot    prometheus.Histogram
-	promptTokens, genTokens   prometheus.Counter
-	success                   *prometheus.CounterVec
-	successStop               prometheus.Counter
-	successLength             prometheus.Counter
-	successAbort              prometheus.Counter
-	aborted                   prometheus.Counter
+	running, waiting, kvUsage                prometheus.Gauge
+	waitingCapacity, waitingDeferred         prometheus.Gauge
+	ttft, e2e, queue, itl, requestTPOT       prometheus.Histogram
+	promptTokens, genTokens                  prometheus.Counter
+	preemptions, prefixQueries, prefixHits   prometheus.Counter
+	sleepState                               *prometheus.GaugeVec
+	success                                  *prometheus.CounterVec
+	successStop, successLength, successAbort prometheus.Counter
+	aborted                                  prometheus.Counter
+	collected                                []prometheus.Collector
 }
 
-func newMetrics(model string, maxSeqs int) *metrics {
-	labels := prometheus.Labels{"model_name": model}
+func newMetrics(model string, maxSeqs, kvCap int) *metrics {
+	labels := prometheus.Labels{"model_name": model, "engine": "0"}
 	gauge := func(name, help string) prometheus.Gauge {
 		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels})
 	}
@@ -41,42 +44,65 @@ func newMetrics(model string, maxSeqs int) *metrics {
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
 	}
+	byReason := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "vllm:num_requests_waiting_by_reason",
+		Help: "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; " +
+			"'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). " +
+			"Sum of all reasons equals vllm:num_requests_waiting.",
+		ConstLabels: labels,
+	}, []string{"reason"})
 	m := &metrics{
-		maxSeqs:      float64(maxSeqs),
-		running:      gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
-		waiting:      gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
-		kvUsage:      gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage (simulated: running/max_num_seqs)."),
-		ttft:         hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
-		e2e:          hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", requestBuckets),
-		queue:        hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", requestBuckets),
-		tpot:         hist("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", tpotBuckets),
-		promptTokens: counter("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
-		genTokens:    counter("vllm:generation_tokens_total", "Number of generation tokens processed."),
+		maxSeqs:         float64(maxSeqs),
+		kvCap:           float64(kvCap),
+		running:         gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
+		waiting:         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+		waitingCapacity: byReason.WithLabelValues("capacity"),
+		waitingDeferred: byReason.WithLabelValues("deferred"),
+		kvUsage:         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+		ttft:            hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
+		e2e:             hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", requestBuckets),
+		queue:           hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", requestBuckets),
+		itl:             hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", tpotBuckets),
+		requestTPOT:     hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", tpotBuckets),
+		promptTokens:    counter("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
+		genTokens:       counter("vllm:generation_tokens_total", "Number of generation tokens processed."),
+		preemptions:     counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine."),
+		prefixQueries:   counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
+		prefixHits:      counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+		sleepState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vllm:engine_sleep_state",
+			Help: "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; " +
+				"weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+			ConstLabels: labels,
+		}, []string{"sleep_state"}),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        "vllm:request_success_total",
-			Help:        "Count of finished requests, by finished reason.",
+			Help:        "Count of successfully processed requests.",
 			ConstLabels: labels,
 		}, []string{"finished_reason"}),
 		aborted: counter("tailgate_sim_aborted_total", "Requests aborted because their client disconnected."),
 	}
+	// The simulator never sleeps (it has no /sleep): always awake.
+	m.sleepState.WithLabelValues("awake").Set(1)
+	m.sleepState.WithLabelValues("weights_offloaded").Set(0)
+	m.sleepState.WithLabelValues("discard_all").Set(0)
+	m.waitingDeferred.Set(0)
 	m.successStop = m.success.WithLabelValues("stop")
 	m.successLength = m.success.WithLabelValues("length")
 	m.successAbort = m.success.WithLabelValues("abort")
-	return m
-}
-
-func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{
-		m.running, m.waiting, m.kvUsage,
-		m.ttft, m.e2e, m.queue, m.tpot,
-		m.promptTokens, m.genTokens, m.success, m.aborted,
+	m.collected = []prometheus.Collector{
+		m.running, m.waiting, byReason, m.kvUsage, m.sleepState,
+		m.ttft, m.e2e, m.queue, m.itl, m.requestTPOT,
+		m.promptTokens, m.genTokens, m.preemptions, m.prefixQueries, m.prefixHits,
+		m.success, m.aborted,
 	}
+	return m
 }
 
 // register adds every collector to reg, or none of them.
 func (m *metrics) register(reg prometheus.Registerer) error {
 	var done []prometheus.Collector
-	for _, c := range m.collectors() {
+	for _, c := range m.collected {
 		if err := reg.Register(c); err != nil {
 			for _, d := range done {
 				reg.Unregister(d)
@@ -88,12 +114,25 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	return nil
 }
 
-// setLoad publishes the scheduler's state; the simulator has no KV cache, so
-// its usage is the share of slots taken.
-func (m *metrics) setLoad(running, waiting int) {
+// setLoad publishes the scheduler's state. Every waiting request waits for
+// capacity (slots or KV room): the simulator defers none. KV usage is the
+// share of the cache the running requests hold, or, without a KV limit, the
+// share of slots taken.
+func (m *metrics) setLoad(running, waiting, kv int) {
 	m.running.Set(float64(running))
 	m.waiting.Set(float64(waiting))
-	m.kvUsage.Set(float64(running) / m.maxSeqs)
+	m.waitingCapacity.Set(float64(waiting))
+	if m.kvCap > 0 {
+		m.kvUsage.Set(float64(kv) / m.kvCap)
+	} else {
+		m.kvUsage.Set(float64(running) / m.maxSeqs)
+	}
+}
+
+// scheduled records a request's prompt meeting the prefix cache.
+func (m *metrics) scheduled(promptTokens, hits int) {
+	m.prefixQueries.Add(float64(promptTokens))
+	m.prefixHits.Add(float64(hits))
 }
 
 // prefilled records a request's first token: its prompt is processed.
@@ -102,11 +141,13 @@ func (m *metrics) prefilled(promptTokens int, arrived, first time.Time) {
 	m.promptTokens.Add(float64(promptTokens))
 }
 
-// finished records a request that generated all its tokens.
-func (m *metrics) finished(completionTokens int, length bool, arrived, first, end time.Time) {
+// finished records a request that generated all its tokens over steps
+// decoding steps.
+func (m *metrics) finished(completionTokens, steps int, length bool, arrived, first, end time.Time) {
 	m.e2e.Observe(end.Sub(arrived).Seconds())
-	if completionTokens > 1 {
-		m.tpot.Observe(end.Sub(first).Seconds() / float64(completionTokens-1))
+	if steps > 1 {
+		// vLLM: the mean gap per request, from the first token to the last.
+		m.requestTPOT.Observe(end.Sub(first).Seconds() / float64(steps-1))
 	}
 	m.genTokens.Add(float64(completionTokens))
 	if length {

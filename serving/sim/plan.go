@@ -3,8 +3,11 @@ package sim
 // A choice's output is decided before its first token, from the prompt's
 // hash alone, and then produced one token per TPOT: first the reasoning
 // phase (Config.ReasoningTokens, on the endpoints that show one), then
-// either text or one tool call. Every token is one delta on the wire, so
-// token and event counts agree.
+// either text or one tool call. A text answer that finishes with "stop"
+// ends, as a model's does, with its end-of-sequence token: it decodes to
+// nothing but counts as a completion token (unless Config.NoEOSToken). A
+// stream sends one token per delta unless a stream interval merges them
+// (see chunkEnd).
 
 // tokKind is what one generated token carries.
 type tokKind uint8
@@ -14,7 +17,7 @@ const (
 	kContent                  // a content word
 	kToolName                 // the tool call's opening delta: id, type, name
 	kToolArgs                 // a piece of the tool call's arguments
-	kEOS                      // the end of a complete tool call: an empty delta
+	kEOS                      // an end-of-sequence token: after a complete tool call, or ending a "stop" text
 )
 
 // choice is one of a request's n answers.
@@ -25,7 +28,9 @@ type choice struct {
 	content   int // content tokens
 	call      *toolCall
 	callToks  int    // tokens of the call: name, argument pieces, EOS when complete
+	eos       bool   // the last content token is the end-of-sequence token
 	finish    string // "stop", "length" or "tool_calls"
+	sent      int    // tokens already streamed (see chunkEnd)
 }
 
 // plan decides every choice of j. Reasoning and tool calls share the
@@ -66,11 +71,12 @@ func (e *Engine) plan(j *job) []*choice {
 				c.finish = "tool_calls"
 			}
 		} else {
-			c.content = completionTokens(h, budget, max(0, j.minTokens-c.reasoning), j.ignoreEOS)
+			c.content = completionTokens(h, budget, max(0, j.minTokens-c.reasoning), j.ignoreEOS, !e.cfg.NoEOSToken)
 			c.finish = "stop"
 			if c.reasoning+c.content >= j.limit {
 				c.finish = "length"
 			}
+			c.eos = c.finish == "stop" && c.content > 1 && !e.cfg.NoEOSToken
 		}
 		out[i] = c
 	}
@@ -85,6 +91,8 @@ func (c *choice) kind(k int) tokKind {
 	switch {
 	case k < c.reasoning:
 		return kReasoning
+	case c.call == nil && c.eos && k == c.total()-1:
+		return kEOS
 	case c.call == nil:
 		return kContent
 	case k == c.reasoning:
@@ -106,6 +114,29 @@ func (c *choice) text(k int) string {
 		return c.call.pieces[k-c.reasoning-1]
 	}
 	return ""
+}
+
+// chunkEnd reports whether token k ends a stream chunk when interval
+// tokens may share one, as vLLM's output processor sends them
+// (vllm/v1/engine/output_processor.py, RequestState.make_request_output):
+// the first token at once, then every interval tokens, and the last. The
+// simulator also ends a chunk where the kind of output changes (reasoning,
+// text, a tool call's name, its arguments), so one delta never mixes them.
+func (c *choice) chunkEnd(k, interval int) bool {
+	switch {
+	case interval <= 1, k == 0, k == c.total()-1, k+1-c.sent >= interval:
+		return true
+	}
+	return c.group(k) != c.group(k+1)
+}
+
+// group is what token k's delta holds: its kind, with a text's EOS counted
+// as text (it decodes to nothing and rides on the text's last chunk).
+func (c *choice) group(k int) tokKind {
+	if g := c.kind(k); g != kEOS || c.call != nil {
+		return g
+	}
+	return kContent
 }
 
 // reasoningText returns the whole reasoning of the choice.

@@ -26,7 +26,7 @@ func (e *Engine) servePooled(w http.ResponseWriter, r *http.Request, promptToken
 	}
 	ctx := r.Context()
 	lat := e.lat.draw()
-	if err := e.sched.acquire(ctx); err != nil {
+	if err := e.sched.acquire(ctx, promptTokens); err != nil {
 		e.abort(0)
 		return
 	}
@@ -35,14 +35,14 @@ func (e *Engine) servePooled(w http.ResponseWriter, r *http.Request, promptToken
 	var p pacer
 	defer p.stop()
 	if p.sleep(ctx, lat.ttft) != nil {
-		e.sched.release()
+		e.sched.release(promptTokens)
 		e.abort(0)
 		return
 	}
 	end := time.Now()
-	e.sched.release()
+	e.sched.release(promptTokens)
 	e.metrics.prefilled(promptTokens, arrived, end)
-	e.finish(0, false, arrived, end, end)
+	e.finish(0, 0, false, arrived, end, end)
 	buf := e.getBuf()
 	w.Header()[serving.HeaderSimQueue] = []string{string(appendMillis(nil, queued))}
 	*buf = render((*buf)[:0])

@@ -58,9 +58,9 @@ func TestQueueServesInFIFOOrder(t *testing.T) {
 
 	_, metrics := get(t, srv.URL+"/metrics")
 	for name, want := range map[string]float64{
-		`vllm:num_requests_running{model_name="m"}`: 1,
-		`vllm:num_requests_waiting{model_name="m"}`: queued,
-		`vllm:kv_cache_usage_perc{model_name="m"}`:  1,
+		`vllm:num_requests_running{engine="0",model_name="m"}`: 1,
+		`vllm:num_requests_waiting{engine="0",model_name="m"}`: queued,
+		`vllm:kv_cache_usage_perc{engine="0",model_name="m"}`:  1,
 	} {
 		if got := metricValue(t, metrics, name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
@@ -81,10 +81,10 @@ func TestQueueServesInFIFOOrder(t *testing.T) {
 		t.Errorf("stats = %+v, want %d completed and the blocker aborted", s, queued)
 	}
 	_, metrics = get(t, srv.URL+"/metrics")
-	if got := metricValue(t, metrics, `vllm:num_requests_running{model_name="m"}`); got != 0 {
+	if got := metricValue(t, metrics, `vllm:num_requests_running{engine="0",model_name="m"}`); got != 0 {
 		t.Errorf("running gauge = %v after drain", got)
 	}
-	if got := metricValue(t, metrics, `vllm:request_queue_time_seconds_count{model_name="m"}`); got != queued+1 {
+	if got := metricValue(t, metrics, `vllm:request_queue_time_seconds_count{engine="0",model_name="m"}`); got != queued+1 {
 		t.Errorf("queue time observations = %v, want %d", got, queued+1)
 	}
 }
@@ -129,10 +129,10 @@ func TestDisconnectAbortsAndFreesTheSlot(t *testing.T) {
 		t.Errorf("stats = %+v", s)
 	}
 	_, metrics := get(t, srv.URL+"/metrics")
-	if got := metricValue(t, metrics, `tailgate_sim_aborted_total{model_name="m"}`); got != 2 {
+	if got := metricValue(t, metrics, `tailgate_sim_aborted_total{engine="0",model_name="m"}`); got != 2 {
 		t.Errorf("tailgate_sim_aborted_total = %v, want 2", got)
 	}
-	if got := metricValue(t, metrics, `vllm:request_success_total{finished_reason="abort",model_name="m"}`); got != 2 {
+	if got := metricValue(t, metrics, `vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"}`); got != 2 {
 		t.Errorf("aborted success count = %v, want 2", got)
 	}
 }

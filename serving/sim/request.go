@@ -25,14 +25,16 @@ const (
 type job struct {
 	ep           endpoint
 	promptTokens int
-	hash         uint32 // fnv32a of the prompt text; picks lengths and words
-	limit        int    // completion cap per choice
+	hash         uint32   // fnv32a of the prompt text; picks lengths and words
+	blocks       []uint32 // the prompt's block hashes, for prefix-cache hits
+	limit        int      // completion cap per choice
 	minTokens    int
 	ignoreEOS    bool
 	n            int // choices
 	fixed        int // > 0: the answer has exactly this many tokens (a transcript)
 
 	stream          bool
+	interval        int  // tokens a chunk may merge (chat and completions; else 1)
 	includeUsage    bool // final usage chunk
 	continuousUsage bool // usage on every chunk
 
@@ -46,6 +48,10 @@ type job struct {
 	resp  *responsesRequest
 	audio *audioRequest
 }
+
+// defaultCompletionMaxTokens is /v1/completions' cap when a request sets
+// none, as vLLM's; Config.DefaultMaxTokens is chat's.
+const defaultCompletionMaxTokens = 16
 
 // maxChoices bounds n: the simulator holds every choice of a request in
 // memory at once.
@@ -85,6 +91,7 @@ var chatSpecs = []fspec{
 	{name: "min_tokens", typ: tInt},
 	{name: "skip_special_tokens", typ: tBool},
 	{name: "echo", typ: tBool},
+	{name: "stream_interval", typ: tInt, nullable: true},
 }
 
 // completionSpecs: vLLM's CompletionRequest
@@ -114,6 +121,7 @@ var completionSpecs = []fspec{
 	{name: "ignore_eos", typ: tBool},
 	{name: "min_tokens", typ: tInt},
 	{name: "skip_special_tokens", typ: tBool},
+	{name: "stream_interval", typ: tInt, nullable: true},
 }
 
 // streamOptionSpecs: StreamOptions (vllm/entrypoints/generate/base/protocol.py@022e555d).
@@ -140,6 +148,7 @@ func (e *Engine) parseChat(body []byte) (*job, *apiError) {
 		return nil, valueError(r, "Stream options can only be defined when `stream=True`.", "stream_options")
 	}
 	r.check(chatSpecs)
+	r.checkStreamInterval()
 	so := r.checkNested("stream_options", streamOptionSpecs)
 	msgs := r.checkMessages()
 	tools := r.checkTools("tools", true)
@@ -155,14 +164,15 @@ func (e *Engine) parseChat(body []byte) (*job, *apiError) {
 	}
 	j := &job{ep: epChat, promptTokens: 3, reasons: true}
 	h := uint32(fnvOffset)
+	var bh blockHasher
 	for i, m := range msgs {
-		n, aerr := messageContent(m.content, i, &h)
+		n, aerr := messageContent(m.content, i, &h, &bh)
 		if aerr != nil {
 			return nil, aerr
 		}
 		j.promptTokens += messageTokens(n)
 	}
-	j.hash = h
+	j.hash, j.blocks = h, bh.blocks
 	j.afterTool = msgs[len(msgs)-1].role == "tool"
 	limit, param := optInt(r, "max_tokens"), "max_tokens"
 	if v := optInt(r, "max_completion_tokens"); v != nil {
@@ -225,6 +235,18 @@ func (r *reader) checkMessages() []message {
 	return out
 }
 
+// checkStreamInterval applies stream_interval's constraint (Field(ge=1)) to
+// a value that converted.
+func (r *reader) checkStreamInterval() {
+	if v, ok := r.int("stream_interval"); ok && v < 1 {
+		r.errs = append(r.errs, pyErr{
+			typ: "greater_than_equal", loc: r.loc + ".stream_interval",
+			msg: "Input should be greater than or equal to 1", input: summarize(r.raw["stream_interval"]), ctx: "{'ge': 1}",
+		})
+		delete(r.vals, "stream_interval")
+	}
+}
+
 // checkNested validates the object in field name against specs and returns
 // its reader, nil when the field is absent or null.
 func (r *reader) checkNested(name string, specs []fspec) *reader {
@@ -237,14 +259,18 @@ func (r *reader) checkNested(name string, specs []fspec) *reader {
 	return n
 }
 
-// messageContent folds a message's text into h and returns its length in
-// bytes. Content is a string, null, or an array of text parts.
-func messageContent(raw json.RawMessage, i int, h *uint32) (int, *apiError) {
+// messageContent folds a message's text into h (and bh, unless nil) and
+// returns its length in bytes. Content is a string, null, or an array of
+// text parts.
+func messageContent(raw json.RawMessage, i int, h *uint32, bh *blockHasher) (int, *apiError) {
 	if len(raw) == 0 || isNull(raw) {
 		return 0, nil
 	}
 	if s, ok := asString(raw); ok {
 		*h = fnvString(*h, s)
+		if bh != nil {
+			bh.write(s)
+		}
 		return len(s), nil
 	}
 	var parts []struct {
@@ -260,6 +286,9 @@ func messageContent(raw json.RawMessage, i int, h *uint32) (int, *apiError) {
 			return 0, badRequest("messages", fmt.Sprintf("messages[%d].content[%d]: only text parts are supported by the simulated engine", i, k))
 		}
 		*h = fnvString(*h, *p.Text)
+		if bh != nil {
+			bh.write(*p.Text)
+		}
 		n += len(*p.Text)
 	}
 	return n, nil
@@ -280,6 +309,7 @@ func (e *Engine) parseCompletion(body []byte) (*job, *apiError) {
 		return nil, valueError(r, "Stream options can only be defined when `stream=True`.", "stream_options")
 	}
 	r.check(completionSpecs)
+	r.checkStreamInterval()
 	so := r.checkNested("stream_options", streamOptionSpecs)
 	if len(r.errs) > 0 {
 		return nil, validationError(r.errs)
@@ -292,10 +322,13 @@ func (e *Engine) parseCompletion(body []byte) (*job, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
+	var bh blockHasher
+	bh.write(prompt)
 	j := &job{
 		ep:           epCompletion,
 		promptTokens: TextPromptTokens(prompt),
 		hash:         fnvString(fnvOffset, prompt),
+		blocks:       bh.blocks,
 	}
 	if aerr := e.fill(j, r, so, optInt(r, "max_tokens"), "max_tokens"); aerr != nil {
 		return nil, aerr
@@ -370,6 +403,12 @@ func (e *Engine) fill(j *job, r *reader, so *reader, limit *int, param string) *
 	}
 	j.ignoreEOS = r.bool("ignore_eos")
 	j.stream = r.bool("stream")
+	// stream_interval "raises the server's --stream-interval for this
+	// request. Values below the server setting are clamped up to it."
+	j.interval = e.cfg.StreamInterval
+	if v := optInt(r, "stream_interval"); v != nil {
+		j.interval = max(j.interval, *v)
+	}
 	if so != nil && j.stream {
 		j.includeUsage = so.bool("include_usage")
 		j.continuousUsage = j.includeUsage && so.bool("continuous_usage_stats")
@@ -404,6 +443,10 @@ func (e *Engine) fitContext(j *job, limit *int, param string) *apiError {
 		j.limit = *limit
 	case j.promptTokens >= maxLen:
 		return badRequest("max_tokens", "max_tokens must be at least 1, got 0.")
+	case j.ep == epCompletion:
+		// CompletionRequest.max_tokens defaults to 16
+		// (vllm/entrypoints/openai/completion/protocol.py@d5dba2d7).
+		j.limit = min(defaultCompletionMaxTokens, maxLen-j.promptTokens)
 	default:
 		j.limit = min(e.cfg.DefaultMaxTokens, maxLen-j.promptTokens)
 	}

@@ -25,7 +25,7 @@ func TestOpenAIClient(t *testing.T) {
 	if err != nil {
 		t.Fatalf("list models: %v", err)
 	}
-	if len(page.Data) != 1 || page.Data[0].ID != "sim-model" || page.Data[0].OwnedBy != "tailgate-sim" {
+	if len(page.Data) != 1 || page.Data[0].ID != "sim-model" || page.Data[0].OwnedBy != "vllm" {
 		t.Errorf("models = %+v", page.Data)
 	}
 

@@ -169,7 +169,7 @@ func (e *Engine) tokenize(w http.ResponseWriter, r *http.Request) ([]int64, bool
 		}
 		for i, m := range msgs {
 			var h uint32
-			if _, aerr := messageContent(m.content, i, &h); aerr != nil {
+			if _, aerr := messageContent(m.content, i, &h, nil); aerr != nil {
 				return nil, false, aerr
 			}
 			role, ok := roleTokens[m.role]

@@ -27,18 +27,27 @@ func TextPromptTokens(prompt string) int {
 // force (max_completion_tokens, else max_tokens, else the engine's default)
 // and minTokens is the request's min_tokens. With ignoreEOS the answer is
 // exactly limit; otherwise it is min(limit, 16 + fnv32a(text) % 113), raised
-// to minTokens.
+// to minTokens + 1 when min_tokens is set (min_tokens tokens, then the
+// end-of-sequence token, which vLLM holds back until then). An answer
+// shorter than limit ends with that EOS token: it counts here but carries no
+// text, so the answer has one word fewer (see [Config.NoEOSToken], under
+// which min_tokens raises it to minTokens exactly).
 func CompletionTokens(limit, minTokens int, ignoreEOS bool, contents ...string) int {
 	h := uint32(fnvOffset)
 	for _, c := range contents {
 		h = fnvString(h, c)
 	}
-	return completionTokens(h, limit, minTokens, ignoreEOS)
+	return completionTokens(h, limit, minTokens, ignoreEOS, true)
 }
 
-func completionTokens(h uint32, limit, minTokens int, ignoreEOS bool) int {
+// completionTokens is CompletionTokens for a prompt hashing to h; eos says
+// whether the answer ends with an EOS token.
+func completionTokens(h uint32, limit, minTokens int, ignoreEOS, eos bool) int {
 	if ignoreEOS {
 		return limit
+	}
+	if eos && minTokens > 0 {
+		minTokens++
 	}
 	n := min(limit, 16+int(h%113))
 	return min(max(n, minTokens), limit)

@@ -42,7 +42,8 @@ func TestTokenFormulas(t *testing.T) {
 		{"natural length under the cap", 1000, 0, false, nat},
 		{"cap below natural length", 5, 0, false, 5},
 		{"ignore_eos takes the cap", 1000, 0, true, 1000},
-		{"min_tokens raises", 1000, 500, false, 500},
+		{"min_tokens raises, then the EOS", 1000, 500, false, 501},
+		{"min_tokens at the cap", 500, 500, false, 500},
 		{"min_tokens below natural", 1000, 1, false, nat},
 	}
 	for _, tt := range tests {

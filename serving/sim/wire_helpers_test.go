@@ -24,6 +24,7 @@ var normalizers = []struct {
 	{regexp.MustCompile(`chatcmpl-tool-[0-9a-f]{32}`), "chatcmpl-tool-ID"},
 	{regexp.MustCompile(`\b(chatcmpl|cmpl|embd|rerank|score|trsc|trsl)-[0-9a-f]{32}`), "$1-ID"},
 	{regexp.MustCompile(`\b(resp|msg|fc|call)_[0-9a-f]{32}`), "${1}_ID"},
+	{regexp.MustCompile(`modelperm-[0-9a-f]{32}`), "modelperm-ID"},
 	{regexp.MustCompile(`"(created|created_at)":\d+`), `"$1":0`},
 	{regexp.MustCompile(`"signature":"[0-9a-f]{32}"`), `"signature":"SIG"`},
 	{regexp.MustCompile(`: sim-queue-ms=[0-9.]+`), ": sim-queue-ms=Q"},
