@@ -182,6 +182,11 @@ func TestCompletionsDefaultTo16Tokens(t *testing.T) {
 	if n != 16 || len(strings.Fields(text)) != 16 {
 		t.Errorf("completion of %d tokens (%q), want vLLM's default 16", n, text)
 	}
+	// An explicit null is pydantic's None: no default of 16, the engine's
+	// own cap (vLLM: the rest of the context).
+	if _, n := jsonText(t, srv.URL, "/v1/completions", `{"prompt":"hello world","max_tokens":null,"ignore_eos":true}`); n != defaultMaxTokens {
+		t.Errorf("completion with max_tokens null: %d tokens, want the engine's cap %d", n, defaultMaxTokens)
+	}
 	if _, n := jsonText(t, srv.URL, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hello world"}]}`); n != naturalLength("hello world") {
 		t.Errorf("chat answer of %d tokens, want its natural length %d", n, naturalLength("hello world"))
 	}

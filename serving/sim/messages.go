@@ -113,7 +113,7 @@ func (e *Engine) parseMessages(body []byte) (*job, *apiError) {
 	j.hash = h
 	maxTokens, _ := rd.int("max_tokens")
 	limit := int(maxTokens)
-	if aerr := e.fitContext(j, &limit, "max_tokens"); aerr != nil {
+	if aerr := e.fitContext(j, &limit, "max_tokens", false); aerr != nil {
 		return nil, aerr
 	}
 	if j.stream = rd.bool("stream"); j.stream {

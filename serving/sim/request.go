@@ -389,7 +389,10 @@ func (e *Engine) fill(j *job, r *reader, so *reader, limit *int, param string) *
 		}
 		j.n = *v
 	}
-	if aerr := e.fitContext(j, limit, param); aerr != nil {
+	// An explicit null is pydantic's None, not the field's default: vLLM's
+	// completions then generate up to the rest of the context, not 16.
+	_, null := r.raw["max_tokens"]
+	if aerr := e.fitContext(j, limit, param, null && limit == nil); aerr != nil {
 		return aerr
 	}
 	if v := optInt(r, "min_tokens"); v != nil {
@@ -420,7 +423,10 @@ func (e *Engine) fill(j *job, r *reader, so *reader, limit *int, param string) *
 // prompts that do not fit, as vLLM's renderer does
 // (vllm/renderers/params.py@017638d7, TokenizeParams._token_len_check):
 // the prompt may use the context length minus the requested output.
-func (e *Engine) fitContext(j *job, limit *int, param string) *apiError {
+//
+// noDefault (an explicit "max_tokens": null) leaves a completion without
+// CompletionRequest's default of 16: it may use the rest of the context.
+func (e *Engine) fitContext(j *job, limit *int, param string, noDefault bool) *apiError {
 	maxLen := e.cfg.MaxModelLen
 	out := 0
 	if limit != nil {
@@ -443,7 +449,7 @@ func (e *Engine) fitContext(j *job, limit *int, param string) *apiError {
 		j.limit = *limit
 	case j.promptTokens >= maxLen:
 		return badRequest("max_tokens", "max_tokens must be at least 1, got 0.")
-	case j.ep == epCompletion:
+	case j.ep == epCompletion && !noDefault:
 		// CompletionRequest.max_tokens defaults to 16
 		// (vllm/entrypoints/openai/completion/protocol.py@d5dba2d7).
 		j.limit = min(defaultCompletionMaxTokens, maxLen-j.promptTokens)
