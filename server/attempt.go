@@ -180,6 +180,7 @@ func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int,
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", cl.id)
+	markReplayable(req, cl)
 	if !rep.Static && s.cfg.ClusterToken != "" {
 		req.Header.Set("Authorization", "Bearer "+s.cfg.ClusterToken)
 	}
@@ -384,4 +385,16 @@ func serverTiming(cl *call) string {
 		b = strconv.AppendFloat(b, float64(d)/float64(time.Millisecond), 'f', 3, 64)
 	})
 	return string(b)
+}
+
+// attemptSeq numbers upstream requests for their idempotency keys.
+var attemptSeq atomic.Uint64
+
+// markReplayable gives an upstream request an idempotency key, unique to
+// the attempt, which is what lets Go's transport send it again on a fresh
+// connection when a reused keep-alive connection turns out closed before
+// the engine read it (vLLM closes idle ones after 5 s; Go resends no POST
+// without such a key). Nothing is resent once an answer byte arrived.
+func markReplayable(req *http.Request, cl *call) {
+	req.Header.Set("X-Idempotency-Key", cl.id+"-"+strconv.FormatUint(attemptSeq.Add(1), 36))
 }

@@ -269,6 +269,7 @@ func (s *Server) openProxied(ctx context.Context, cl *call, rep *router.Replica,
 	}
 	req.Header.Set("Content-Type", ctype)
 	req.Header.Set("X-Request-Id", cl.id)
+	markReplayable(req, cl)
 	if !rep.Static && s.cfg.ClusterToken != "" {
 		req.Header.Set("Authorization", "Bearer "+s.cfg.ClusterToken)
 	}

@@ -38,6 +38,7 @@ import (
 	"tailgate/server/apierr"
 	"tailgate/server/batch"
 	"tailgate/server/strictjson"
+	"tailgate/serving"
 )
 
 // Config tunes the gateway's HTTP behaviour. Zero values mean the defaults.
@@ -261,10 +262,13 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 		dial = d.DialContext
 	}
 	return &http.Transport{
-		DialContext:           dial,
-		MaxIdleConns:          4096,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
+		DialContext:         dial,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		// Below the engine's own keep-alive (vLLM closes idle connections
+		// after 5 s), so a request is rarely written on a connection the
+		// engine is closing; one that is, is sent again (markReplayable).
+		IdleConnTimeout:       serving.EngineKeepAlive * 4 / 5,
 		DisableCompression:    true,
 		ResponseHeaderTimeout: 0, // engines may hold headers until the answer; deadlines live per attempt
 		ExpectContinueTimeout: 0,

@@ -332,7 +332,11 @@ func StartSims(t testing.TB, n int, cfg sim.Config, per map[int]sim.Config) []Si
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv := httptest.NewServer(eng.Handler())
+		// The engine's own server: it closes idle keep-alive connections
+		// after 5 s, as vLLM's uvicorn does.
+		srv := httptest.NewUnstartedServer(nil)
+		srv.Config = eng.NewServer(nil)
+		srv.Start()
 		t.Cleanup(srv.Close)
 		out = append(out, Sim{Engine: eng, Server: srv, Model: c.Model})
 	}
