@@ -61,6 +61,8 @@ func (f *tlsFlags) Validate() error {
 		return errors.New("--tls-key needs --tls-cert (the certificate of the key)")
 	case f.CertFile != "" && acmeOn:
 		return errors.New("--tls-cert and --acme-domain: give one, your own certificate or certificates from ACME")
+	case f.CertFile == "" && f.CheckInterval != defaultCertCheck && f.CheckInterval != 0:
+		return errors.New("--tls-check-interval needs --tls-cert")
 	case f.CheckInterval < 0:
 		return fmt.Errorf("--tls-check-interval %v: want a positive duration (0: %v)", f.CheckInterval, defaultCertCheck)
 	case !acmeOn && f.ACMEEmail != "":
@@ -99,6 +101,9 @@ func (f *tlsFlags) domains() ([]string, error) {
 			why = "wildcard names cannot be validated over TLS-ALPN-01; list each name"
 		case !strings.Contains(strings.Trim(d, "."), "."):
 			why = "want a fully qualified name like api.example.com"
+		}
+		if why != "" && d != "" && d != f.ACMEDomains {
+			why = fmt.Sprintf("%s: %s", d, why) // name the one at fault in a list
 		}
 		if why != "" {
 			return nil, fmt.Errorf("--acme-domain %q: %s", f.ACMEDomains, why)

@@ -116,7 +116,7 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 		{"--acme-domain with a scheme", nil, gateway("--acme-domain", "https://api.example.com"),
 			[]string{`--acme-domain "https://api.example.com"`, "without scheme"}},
 		{"--acme-domain an IP address", nil, up("--acme-domain", "api.example.com,10.0.0.5"),
-			[]string{`--acme-domain "api.example.com,10.0.0.5"`, "not an IP address"}},
+			[]string{`--acme-domain "api.example.com,10.0.0.5": 10.0.0.5: want a domain name, not an IP address`}},
 		{"--acme-directory not https", nil, gateway("--acme-domain", "api.example.com", "--acme-directory", "http://ca.internal/dir"),
 			[]string{`--acme-directory "http://ca.internal/dir"`, "https URL"}},
 		{"--acme-ca-cert without a certificate in it", nil, gateway("--acme-domain", "api.example.com", "--acme-ca-cert", regular),
