@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -54,8 +55,8 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer gw.close()
-	fmt.Fprintf(stdout, "tailgate gateway: API http://%s/v1  admin http://%s/ui/  (admin token: %s)\n",
-		gw.publicAddr, gw.adminAddr, filepath.Join(cfg.DataDir, "admin.token"))
+	fmt.Fprintf(stdout, "tailgate gateway: API %s  admin http://%s/ui/  (admin token: %s)\n",
+		gw.publicURL, gw.adminAddr, filepath.Join(cfg.DataDir, "admin.token"))
 	return gw.run(ctx)
 }
 
@@ -77,7 +78,9 @@ type gateway struct {
 	node       *mesh.Node
 	meshAdmin  *http.Server // the admin routes on the tailnet
 	meshLn     net.Listener
+	tls        *publicTLS // nil: plain HTTP on the public listener
 	publicAddr string
+	publicURL  string // the API's base URL, http(s)://…/v1
 	adminAddr  string
 
 	// stopWorkers, when set, stops the workers this process started (up);
@@ -95,6 +98,9 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 			gw.close()
 		}
 	}()
+	if gw.tls, err = openPublicTLS(cfg.TLS, cfg.DataDir, cfg.Listen, log); err != nil {
+		return nil, err
+	}
 	adminToken, clusterToken, err := ensureTokens(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -167,14 +173,21 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		maxConns = 4096
 	}
 	gw.publicLn = netutil.LimitListener(gw.publicLn, maxConns)
+	if gw.tls != nil {
+		gw.publicLn = tls.NewListener(gw.publicLn, gw.tls.config)
+	}
 	if gw.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
 	}
 	gw.publicAddr, gw.adminAddr = gw.publicLn.Addr().String(), gw.adminLn.Addr().String()
+	gw.publicURL = gw.tls.url(gw.publicAddr)
 	// No ReadTimeout/WriteTimeout: they would cut long streams. Headers have
 	// a deadline here; bodies get one per request in the handler.
 	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	if gw.tls != nil {
+		gw.public.TLSConfig = gw.tls.config
+	}
 	adminHandler := srv.Admin(web.Handler())
 	gw.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
@@ -269,13 +282,14 @@ func (gw *gateway) run(ctx context.Context) error {
 	g.Go(func() error { return gw.ledger.Run(gctx) })
 	g.Go(func() error { return gw.health.Run(gctx) })
 	g.Go(func() error { return gw.srv.RunBatches(gctx) })
+	g.Go(func() error { return gw.tls.Run(gctx) })
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()
 	go func() { serveErr <- gw.admin.Serve(gw.adminLn) }()
 	if gw.meshAdmin != nil {
 		go func() { serveErr <- gw.meshAdmin.Serve(gw.meshLn) }()
 	}
-	gw.log.Info("gateway serving", "api", "http://"+gw.publicAddr+"/v1", "admin", "http://"+gw.adminAddr)
+	gw.log.Info("gateway serving", "api", gw.publicURL, "admin", "http://"+gw.adminAddr)
 
 	var runErr error
 	select {
@@ -314,6 +328,7 @@ func (gw *gateway) run(ctx context.Context) error {
 }
 
 func (gw *gateway) close() {
+	gw.tls.close()
 	if gw.publicLn != nil {
 		_ = gw.publicLn.Close()
 	}

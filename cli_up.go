@@ -120,14 +120,14 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		what = "vLLM replica(s)"
 	}
 	fmt.Fprintf(stdout, `tailgate up: %d %s of model %q%s
-  API        http://%s/v1        key: %s
+  API        %s        key: %s
   dashboard  http://%s/ui/       admin token: %s
   metrics    curl -H "Authorization: Bearer $(cat %s)" http://%s/metrics
   try it:
-    curl -N http://%s/v1/chat/completions -H "Authorization: Bearer $(cat %s)" \
+    curl -N %s/chat/completions -H "Authorization: Bearer $(cat %s)" \
       -H 'Content-Type: application/json' \
       -d '{"model":"%s","stream":true,"messages":[{"role":"user","content":"Say hello"}]}'
-`, *replicas, what, *model, simNote(*engine), gw.publicAddr, keyPath, gw.adminAddr, admin, admin, gw.adminAddr, gw.publicAddr, keyPath, *model)
+`, *replicas, what, *model, simNote(*engine), gw.publicURL, keyPath, gw.adminAddr, admin, admin, gw.adminAddr, gw.publicURL, keyPath, *model)
 	return gw.run(ctx)
 }
 

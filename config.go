@@ -74,6 +74,8 @@ type gatewayConfig struct {
 	HedgeMin        time.Duration `yaml:"-"` // --hedge-min; 0: 20ms
 	HedgeMax        time.Duration `yaml:"-"` // --hedge-max; 0: 30s
 
+	TLS tlsFlags `yaml:"-"` // the public listener's: --tls-* and --acme-*
+
 	Mesh           meshFlags `yaml:"-"` // gateway only: --mesh and --mesh-*
 	MeshAllowPeers string    `yaml:"-"` // gateway only: --mesh-allow-peers
 
@@ -151,6 +153,7 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HedgeMin, "hedge-min", 20*time.Millisecond, "smallest hedge delay")
 	fs.DurationVar(&c.HedgeMax, "hedge-max", 30*time.Second, "largest hedge delay")
 	fs.Float64Var(&c.RetryBudget, "retry-budget", 0.05, "extra attempts (retries after a request reached a replica, and hedges) as a fraction of requests, between 0 and 1 (0: the default)")
+	c.TLS.register(fs)
 }
 
 // registerMesh defines the mesh flags, which `gateway` has and `up` has not.
@@ -257,6 +260,9 @@ func (c *gatewayConfig) Validate() error {
 	}
 	if _, err := router.ParsePolicy(c.Policy); err != nil {
 		return fmt.Errorf("--policy: %w", err)
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return err
 	}
 	// The router's rules, checked one setting at a time to name its flag.
 	for _, r := range []struct {

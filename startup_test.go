@@ -39,6 +39,13 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A certificate and a key of another certificate.
+	certDir := t.TempDir()
+	certA, keyA := filepath.Join(certDir, "a.pem"), filepath.Join(certDir, "a.key")
+	certB, keyB := filepath.Join(certDir, "b.pem"), filepath.Join(certDir, "b.key")
+	newTestCert(t, "a").write(t, certA, keyA)
+	newTestCert(t, "b").write(t, certB, keyB)
+
 	gateway := func(extra ...string) []string {
 		return append([]string{"gateway", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)
 	}
@@ -97,6 +104,30 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 			[]string{"sidecar listen on the tailnet :99999"}},
 		{"--mesh-allow-peers without --mesh", nil, gateway("--mesh-allow-peers", "tg-w1"),
 			[]string{"--mesh-allow-peers needs --mesh"}},
+		{"--tls-cert without --tls-key", nil, gateway("--tls-cert", certA),
+			[]string{"--tls-cert needs --tls-key"}},
+		{"--tls-key without --tls-cert", nil, up("--tls-key", keyA),
+			[]string{"--tls-key needs --tls-cert"}},
+		{"--tls-cert file missing", nil, gateway("--tls-cert", "/nonexistent/cert.pem", "--tls-key", keyA),
+			[]string{"--tls-cert", "/nonexistent/cert.pem", "no such file or directory"}},
+		{"--tls-key unreadable (a directory)", nil, gateway("--tls-cert", certA, "--tls-key", certDir),
+			[]string{"--tls-key", certDir, "is a directory"}},
+		{"--tls-key of another certificate", nil, up("--tls-cert", certA, "--tls-key", keyB),
+			[]string{"--tls-cert " + certA, "--tls-key " + keyB, "private key does not match public key"}},
+		{"--tls-cert that is not PEM", nil, gateway("--tls-cert", regular, "--tls-key", keyA),
+			[]string{"--tls-cert " + regular, "failed to find any PEM data"}},
+		{"own certificate and ACME both", nil, gateway("--tls-cert", certA, "--tls-key", keyA, "--acme-domain", "api.example.com"),
+			[]string{"--tls-cert and --acme-domain", "give one"}},
+		{"--acme-email without --acme-domain", nil, gateway("--acme-email", "ops@example.com"),
+			[]string{"--acme-email needs --acme-domain"}},
+		{"--acme-domain with a scheme", nil, gateway("--acme-domain", "https://api.example.com"),
+			[]string{`--acme-domain "https://api.example.com"`, "without scheme"}},
+		{"--acme-domain an IP address", nil, up("--acme-domain", "api.example.com,10.0.0.5"),
+			[]string{`--acme-domain "api.example.com,10.0.0.5": 10.0.0.5: want a domain name, not an IP address`}},
+		{"--acme-directory not https", nil, gateway("--acme-domain", "api.example.com", "--acme-directory", "http://ca.internal/dir"),
+			[]string{`--acme-directory "http://ca.internal/dir"`, "https URL"}},
+		{"--acme-ca-cert without a certificate in it", nil, gateway("--acme-domain", "api.example.com", "--acme-ca-cert", regular),
+			[]string{"--acme-ca-cert " + regular, "no PEM certificate"}},
 		{"gateway mesh key refused", nil, gateway("--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-authkey", "tskey-auth-bad"),
 			[]string{"refused", "invalid authkey", "--mesh-authkey"}},
 		{"worker mesh key refused", nil, worker("--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-authkey", "tskey-auth-bad"),
