@@ -232,3 +232,55 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 		}
 	})
 }
+
+func TestHedgesDoNotWaitForTheRetryBudget(t *testing.T) {
+	// A retry budget that never holds a token: hedges have their own.
+	reg, ev := primed(t, Config{Budget: BudgetConfig{Burst: 0.5, MinPerSecond: 1e-9}})
+	for range 5 {
+		var aborted sync.Map
+		res, err := reg.Do(context.Background(), hint("m"), slowFirst(&aborted))
+		if err != nil || !res.Hedged {
+			t.Fatalf("hedged %v, err %v: a spent retry budget held the hedge back", res.Hedged, err)
+		}
+		res.Finish()
+		res.Losers()
+	}
+	if ev.attempts() != 5 {
+		t.Fatalf("%v hedges, want 5", ev.attempts())
+	}
+}
+
+func TestFanOutPartsHedgeTogetherPastTheBurst(t *testing.T) {
+	// Eight parts stall at once. Alone, requests get the bucket's burst;
+	// parts of one group pool their shares and may run one burst ahead on
+	// credit, so the whole document is hedged.
+	for _, tc := range []struct {
+		group string
+		want  float64
+	}{{"", 4}, {"doc-1", 8}} {
+		t.Run("group="+tc.group, func(t *testing.T) {
+			reg, ev := primed(t, Config{Hedge: HedgeConfig{Budget: 0.1, Burst: 4}})
+			for _, id := range []string{"c", "d", "e"} {
+				reg.Add(readyReplica(id, "m"))
+			}
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					req := hint("m")
+					req.Group = tc.group
+					var aborted sync.Map
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					defer cancel()
+					if res, err := reg.Do(ctx, req, slowFirst(&aborted)); err == nil {
+						res.Finish()
+						res.Losers()
+					}
+				})
+			}
+			wg.Wait()
+			if got := ev.attempts(); got != tc.want {
+				t.Fatalf("%v of 8 stalled parts hedged, want %v", got, tc.want)
+			}
+		})
+	}
+}
