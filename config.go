@@ -33,8 +33,8 @@ import (
 //
 // Zero values. A zero number or duration, given as a flag or in the file,
 // means the default (the value the flag's help shows); it never turns a
-// feature off. Features are turned off by a bool: --hedge (off unless set;
-// per model hedge.enabled), --affinity, --mesh. Two durations are the
+// feature off. Features are turned on or off by a bool: --hedge (on unless
+// --hedge=false; per model hedge.enabled), --affinity, --mesh. Two durations are the
 // exception, because zero is their natural "none": --slow-start 0 turns the
 // ramp-up off and --shutdown-grace 0 stops without waiting for in-flight
 // requests. In a model's entry every zero field inherits the gateway-wide
@@ -69,7 +69,9 @@ type gatewayConfig struct {
 	Affinity        bool          `yaml:"-"` // --affinity
 	SlowStart       time.Duration `yaml:"-"` // --slow-start; 0: off
 	RetryBudget     float64       `yaml:"-"` // --retry-budget; 0: 0.05
-	Hedge           bool          `yaml:"-"` // --hedge
+	Hedge           bool          `yaml:"-"` // --hedge; on unless --hedge=false
+	HedgeBudget     float64       `yaml:"-"` // --hedge-budget; 0: 0.10
+	HedgeBurst      float64       `yaml:"-"` // --hedge-burst; 0: 20
 	HedgePercentile float64       `yaml:"-"` // --hedge-percentile; 0: 0.95
 	HedgeMin        time.Duration `yaml:"-"` // --hedge-min; 0: 20ms
 	HedgeMax        time.Duration `yaml:"-"` // --hedge-max; 0: 30s
@@ -114,6 +116,8 @@ type modelHedge struct {
 	Percentile float64       `yaml:"percentile"`
 	Min        time.Duration `yaml:"min"`
 	Max        time.Duration `yaml:"max"`
+	Budget     float64       `yaml:"budget"` // 0: --hedge-budget
+	Burst      float64       `yaml:"burst"`  // 0: --hedge-burst
 }
 
 // register defines the gateway's flags (those `up` shares) with their
@@ -148,11 +152,13 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Batch.BodyTimeout, "batch-body-timeout", 30*time.Second, "bound of reading a batch request body, and the first part of an upload")
 	fs.Int64Var(&c.Batch.UploadMinRate, "batch-upload-min-rate", 64<<10, "slowest an upload may arrive after its first --batch-body-timeout, in bytes per second")
 	fs.DurationVar(&c.Batch.UploadTimeout, "batch-upload-timeout", 10*time.Minute, "longest one upload may take")
-	fs.BoolVar(&c.Hedge, "hedge", false, "hedge requests: a second attempt on another replica when the first has no token by the hedge delay")
+	fs.BoolVar(&c.Hedge, "hedge", true, "hedge requests: a second attempt on another replica when the first has no token by the hedge delay (--hedge=false turns it off; a client opts a request out with x-tailgate-hedge: off)")
+	fs.Float64Var(&c.HedgeBudget, "hedge-budget", 0.10, "hedges as a fraction of requests per model, between 0 and 1 (0: the default); their own budget, apart from --retry-budget")
+	fs.Float64Var(&c.HedgeBurst, "hedge-burst", 20, "hedges that may start at once beyond their --hedge-budget share, per model (0: the default); parts of one x-tailgate-group may run one burst further on credit")
 	fs.Float64Var(&c.HedgePercentile, "hedge-percentile", 0.95, "hedge delay: this percentile of recent time to first token, per model")
 	fs.DurationVar(&c.HedgeMin, "hedge-min", 20*time.Millisecond, "smallest hedge delay")
 	fs.DurationVar(&c.HedgeMax, "hedge-max", 30*time.Second, "largest hedge delay")
-	fs.Float64Var(&c.RetryBudget, "retry-budget", 0.05, "extra attempts (retries after a request reached a replica, and hedges) as a fraction of requests, between 0 and 1 (0: the default)")
+	fs.Float64Var(&c.RetryBudget, "retry-budget", 0.05, "retries after a request reached a replica, as a fraction of requests, between 0 and 1 (0: the default); hedges have --hedge-budget")
 	c.TLS.register(fs)
 }
 
@@ -273,6 +279,8 @@ func (c *gatewayConfig) Validate() error {
 		{"--slow-start", c.SlowStart, router.Config{SlowStart: c.SlowStart}},
 		{"--retry-budget", c.RetryBudget, router.Config{Budget: router.BudgetConfig{Ratio: c.RetryBudget}}},
 		{"--hedge-percentile", c.HedgePercentile, router.Config{Hedge: router.HedgeConfig{Percentile: c.HedgePercentile}}},
+		{"--hedge-budget", c.HedgeBudget, router.Config{Hedge: router.HedgeConfig{Budget: c.HedgeBudget}}},
+		{"--hedge-burst", c.HedgeBurst, router.Config{Hedge: router.HedgeConfig{Burst: c.HedgeBurst}}},
 		{"--hedge-min, --hedge-max", []time.Duration{c.HedgeMin, c.HedgeMax}, router.Config{Hedge: router.HedgeConfig{Min: c.HedgeMin, Max: c.HedgeMax}}},
 	} {
 		if err := r.cfg.Validate(); err != nil {
@@ -318,6 +326,12 @@ func (m modelConfig) Validate() error {
 		}
 		if err := (router.Config{Hedge: router.HedgeConfig{Min: h.Min, Max: h.Max}}).Validate(); err != nil {
 			return fmt.Errorf("hedge.min, hedge.max %v, %v: %w", h.Min, h.Max, err)
+		}
+		if err := (router.Config{Hedge: router.HedgeConfig{Budget: h.Budget}}).Validate(); err != nil {
+			return fmt.Errorf("hedge.budget %v: %w", h.Budget, err)
+		}
+		if err := (router.Config{Hedge: router.HedgeConfig{Burst: h.Burst}}).Validate(); err != nil {
+			return fmt.Errorf("hedge.burst %v: %w", h.Burst, err)
 		}
 	}
 	return nil
@@ -410,11 +424,12 @@ func (c *gatewayConfig) routerConfig() (router.Config, error) {
 		Selector: sel, Affinity: c.Affinity, SlowStart: c.SlowStart,
 		Budget: router.BudgetConfig{Ratio: c.RetryBudget},
 		Hedge: router.HedgeConfig{Enabled: c.Hedge, Percentile: c.HedgePercentile, Min: c.HedgeMin, Max: c.HedgeMax,
-			Models: map[string]router.HedgeModel{}},
+			Budget: c.HedgeBudget, Burst: c.HedgeBurst, Models: map[string]router.HedgeModel{}},
 	}
 	for name, m := range c.Models {
 		if h := m.Hedge; h != nil {
-			rc.Hedge.Models[name] = router.HedgeModel{Enabled: h.Enabled, Percentile: h.Percentile, Min: h.Min, Max: h.Max}
+			rc.Hedge.Models[name] = router.HedgeModel{Enabled: h.Enabled, Percentile: h.Percentile, Min: h.Min, Max: h.Max,
+				Budget: h.Budget, Burst: h.Burst}
 		}
 	}
 	if err := rc.Validate(); err != nil {

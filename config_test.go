@@ -73,6 +73,9 @@ func TestGatewayConfigErrorsNameTheFlagOrKey(t *testing.T) {
 		{"file idle deadline negative", "models:\n  llama:\n    idle_deadline: -1s\n", nil, "models.llama.idle_deadline: -1s is negative"},
 		{"file price negative", "models:\n  llama:\n    price: {input_per_million: -0.2, output_per_million: 0.6}\n", nil, "models.llama.price:"},
 		{"file hedge percentile in percent", "models:\n  llama:\n    hedge: {percentile: 95}\n", nil, "models.llama.hedge.percentile 95: router:"},
+		{"hedge budget given in percent", "", []string{"--hedge-budget", "10"}, "--hedge-budget 10: router: hedge budget 10: want a fraction"},
+		{"negative hedge burst", "", []string{"--hedge-burst", "-1"}, "--hedge-burst -1: router: hedge burst -1"},
+		{"file hedge budget in percent", "models:\n  llama:\n    hedge: {budget: 10}\n", nil, "models.llama.hedge.budget 10: router:"},
 		{"file hedge min above max", "models:\n  llama:\n    hedge: {min: 5s, max: 1s}\n", nil, "models.llama.hedge.min, hedge.max 5s, 1s: router:"},
 		{"file not YAML", "models: [\n", nil, "--config"},
 	} {
@@ -106,11 +109,27 @@ func TestGatewayConfigDefaultsReachEachPackage(t *testing.T) {
 	}
 	r := st.routerCfg
 	if r.Selector != nil || r.Affinity || r.SlowStart != router.DefaultSlowStart || r.Budget.Ratio != 0.05 ||
-		r.Hedge.Enabled || r.Hedge.Percentile != 0.95 || r.Hedge.Min != 20*time.Millisecond || r.Hedge.Max != 30*time.Second {
+		!r.Hedge.Enabled || r.Hedge.Percentile != 0.95 || r.Hedge.Min != 20*time.Millisecond || r.Hedge.Max != 30*time.Second ||
+		r.Hedge.Budget != 0.10 || r.Hedge.Burst != 20 {
 		t.Errorf("router.Config = %+v", r)
 	}
 	if len(st.upstreams) != 0 || len(st.prices) != 0 {
 		t.Errorf("upstreams %v, prices %v; want none", st.upstreams, st.prices)
+	}
+}
+
+func TestGatewayHedgesUnlessTurnedOff(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{{nil, true}, {[]string{"--hedge=false"}, false}, {[]string{"--hedge"}, true}} {
+		st, err := resolveGateway(t, "", tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.routerCfg.Hedge.Enabled != tc.want {
+			t.Errorf("%v: router hedging on = %v, want %v", tc.args, st.routerCfg.Hedge.Enabled, tc.want)
+		}
 	}
 }
 
@@ -144,7 +163,7 @@ models:
     ttft_deadline: 20s
     idle_deadline: 10s
     price: {input_per_million: 0.20, output_per_million: 0.60}
-    hedge: {enabled: false, percentile: 0.9, min: 50ms, max: 5s}
+    hedge: {enabled: false, percentile: 0.9, min: 50ms, max: 5s, budget: 0.2, burst: 40}
   qwen:
     price: {input_per_million: 1, output_per_million: 2}
 `
@@ -168,7 +187,8 @@ models:
 			t.Errorf("prices = %v; want %v", st.prices, wantPrices)
 		}
 		h, ok := st.routerCfg.Hedge.Models["llama"]
-		if !ok || h.Enabled == nil || *h.Enabled || h.Percentile != 0.9 || h.Min != 50*time.Millisecond || h.Max != 5*time.Second {
+		if !ok || h.Enabled == nil || *h.Enabled || h.Percentile != 0.9 || h.Min != 50*time.Millisecond || h.Max != 5*time.Second ||
+			h.Budget != 0.2 || h.Burst != 40 {
 			t.Errorf("router hedge for llama = %+v", h)
 		}
 		if _, ok := st.routerCfg.Hedge.Models["qwen"]; ok {

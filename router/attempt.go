@@ -47,8 +47,12 @@ type Request struct {
 	// JSON answers (hedged on time to the whole answer).
 	Stream bool
 	// NoHedge opts this request out of hedging (callers whose requests are
-	// not safe to duplicate).
+	// not safe to duplicate, or a client's x-tailgate-hedge: off).
 	NoHedge bool
+	// Group names the fan-out this request is a part of (the client's
+	// x-tailgate-group header), "" for none. Parts of one group pool their
+	// hedge budget and may hedge together past the burst (see hedgeBudget).
+	Group string
 }
 
 // Lost is an attempt that did not produce the answer.
@@ -115,6 +119,9 @@ type outcome struct {
 // replica — the first to produce a token wins and the other is cancelled.
 func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result, error) {
 	r.budget.Deposit()
+	hs := r.hedges.settings(req.Model)
+	hb := r.hedges.budget(req.Model)
+	defer hb.join(req.Group, hs.budget, hs.burst)()
 	res := &Result{losersDone: make(chan struct{})}
 	defer func() { r.m.routed(res.Attempts) }()
 	outcomes := make(chan outcome, r.cfg.MaxAttempts)
@@ -125,6 +132,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	// inline runs attempts on the caller's goroutine when no hedge can
 	// start for this request: nothing needs to run beside them.
 	inline := false
+	var firstStarted time.Time
 	start := func(reason AttemptReason) error {
 		rep, err := r.Pick(req.Hint, tried)
 		if err != nil {
@@ -139,6 +147,9 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 		live++
 		r.m.attempt(req.Model, reason)
 		started := r.cfg.Now()
+		if n == 1 {
+			firstStarted = started
+		}
 		run := func() {
 			var (
 				att Attempt
@@ -184,16 +195,19 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 		}()
 	}
 
-	key := hedgeKey(req.Model, req.Stream)
 	var hedgeC <-chan time.Time
-	if !req.NoHedge {
-		if d, ok := r.hedges.delay(req.Model, key); ok {
-			t := time.NewTimer(d)
+	delay, learnt := r.hedges.learnt(req.Model, req.Stream)
+	if learnt && hs.enabled && !req.NoHedge {
+		if r.cfg.After != nil {
+			hedgeC = r.cfg.After(delay)
+		} else {
+			t := time.NewTimer(delay)
 			defer t.Stop()
 			hedgeC = t.C
 		}
 	}
-	inline = hedgeC == nil
+	armed := hedgeC != nil
+	inline = !armed
 	if err := start(ReasonFirst); err != nil {
 		close(res.losersDone)
 		return res, err
@@ -206,9 +220,24 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 			if o.err == nil {
 				now := r.cfg.Now()
 				o.rep.markOK(now)
-				ttft := now.Sub(o.started)
-				o.rep.ObserveTTFT(ttft)
-				r.hedges.observe(req.Model, key, ttft)
+				o.rep.ObserveTTFT(now.Sub(o.started))
+				// The delay learns the request's time to first token as the
+				// first attempt saw it: when a hedge won, the time the
+				// original had waited by then, a lower bound of its own
+				// (censored, but still above the delay, so the percentile
+				// holds instead of drifting down to the hedges' times).
+				waited := now.Sub(firstStarted)
+				r.hedges.observe(req.Model, req.Stream, waited)
+				if learnt && !armed && waited > delay {
+					// A hedge would have started, but for the request or
+					// the model's setting.
+					switch {
+					case req.NoHedge:
+						r.m.skipped(req.Model, skipOptOut)
+					case !hs.enabled:
+						r.m.skipped(req.Model, skipDisabled)
+					}
+				}
 				res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
 				cancel := cancels[o.n]
 				release := o.release
@@ -264,11 +293,19 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 			}
 		case <-hedgeC:
 			hedgeC = nil
-			if live != 1 || res.Attempts >= r.cfg.MaxAttempts || r.saturated(req.Hint, tried) || !r.budget.TakeHedge() {
+			if live != 1 || res.Attempts >= r.cfg.MaxAttempts {
+				continue
+			}
+			if r.saturated(req.Hint, tried) {
+				r.m.skipped(req.Model, skipSaturation)
+				continue
+			}
+			if ok, why := hb.take(req.Group, hs.burst); !ok {
+				r.m.skipped(req.Model, why)
 				continue
 			}
 			if err := start(ReasonHedge); err != nil {
-				r.budget.RefundHedge()
+				hb.refund(hs.burst)
 				continue
 			}
 			res.Hedged = true

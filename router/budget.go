@@ -5,42 +5,32 @@ import (
 	"time"
 )
 
-// BudgetConfig sizes the token bucket that bounds extra upstream work:
-// retries of attempts that reached a replica, and hedges. Attempts that never
-// reached a replica (or that it declined) are retried for free: nothing ran.
+// BudgetConfig sizes the token bucket that bounds retries of attempts that
+// reached a replica. Attempts that never reached a replica (or that it
+// declined) are retried for free: nothing ran. Hedges have a budget of their
+// own ([HedgeConfig.Budget] and [HedgeConfig.Burst]).
 type BudgetConfig struct {
 	// Ratio is the tokens every request earns; 0 means 0.05 (up to 5 % extra
-	// attempts in the long run, DESIGN's default hedge budget).
+	// attempts in the long run).
 	Ratio float64
 	// Burst caps the bucket; 0 means 50.
 	Burst float64
 	// MinPerSecond refills the bucket even without traffic, so a quiet gateway
 	// can still retry; 0 means 5.
 	MinPerSecond float64
-	// HedgeReserve is the part of Burst kept for retries: hedges only spend
-	// while the bucket holds more than this. 0 (or more than Burst) means
-	// half of Burst.
-	HedgeReserve float64
-	// HedgeBurst caps the hedges that may run ahead of their Ratio share
-	// (their own bucket, earned by requests only); 0 means 5.
-	HedgeBurst float64
 }
 
-// Budget is a token bucket shared by retries and hedges. Hedges also need a
-// token of their own, earned only by requests (Ratio each), so that however
-// quiet the gateway, hedges never exceed Ratio of the requests; the time
-// refill (MinPerSecond) is for retries only.
+// Budget is the token bucket that bounds retries.
 type Budget struct {
 	cfg BudgetConfig
 	now func() time.Time
 
 	mu     sync.Mutex
 	tokens float64
-	hedge  float64 // earned by requests only
 	last   time.Time
 }
 
-// defaultBudgetRatio is DESIGN's default hedge budget: 5 % of requests.
+// defaultBudgetRatio is the default retry budget: 5 % of requests.
 const defaultBudgetRatio = 0.05
 
 // withDefaults returns c with every zero field filled in.
@@ -54,12 +44,6 @@ func (c BudgetConfig) withDefaults() BudgetConfig {
 	if c.MinPerSecond == 0 {
 		c.MinPerSecond = 5
 	}
-	if c.HedgeReserve == 0 || c.HedgeReserve > c.Burst {
-		c.HedgeReserve = c.Burst / 2
-	}
-	if c.HedgeBurst == 0 {
-		c.HedgeBurst = 5
-	}
 	return c
 }
 
@@ -69,7 +53,7 @@ func NewBudget(cfg BudgetConfig, now func() time.Time) *Budget {
 	if now == nil {
 		now = time.Now
 	}
-	return &Budget{cfg: cfg, now: now, tokens: cfg.Burst, hedge: cfg.HedgeBurst, last: now()}
+	return &Budget{cfg: cfg, now: now, tokens: cfg.Burst, last: now()}
 }
 
 func (b *Budget) refillLocked() {
@@ -85,44 +69,19 @@ func (b *Budget) Deposit() {
 	b.mu.Lock()
 	b.refillLocked()
 	b.tokens = min(b.cfg.Burst, b.tokens+b.cfg.Ratio)
-	b.hedge = min(b.cfg.HedgeBurst, b.hedge+b.cfg.Ratio)
 	b.mu.Unlock()
-}
-
-// withdraw takes one token if at least reserve+1 are there.
-func (b *Budget) withdraw(reserve float64) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refillLocked()
-	if b.tokens-1 < reserve {
-		return false
-	}
-	b.tokens--
-	return true
 }
 
 // TakeRetry spends a token on a retry.
-func (b *Budget) TakeRetry() bool { return b.withdraw(0) }
-
-// TakeHedge spends a token on a hedge, leaving the reserve for retries.
-func (b *Budget) TakeHedge() bool {
+func (b *Budget) TakeRetry() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refillLocked()
-	if b.hedge < 1 || b.tokens-1 < b.cfg.HedgeReserve {
+	if b.tokens < 1 {
 		return false
 	}
-	b.hedge--
 	b.tokens--
 	return true
-}
-
-// RefundHedge gives back a hedge that could not start.
-func (b *Budget) RefundHedge() {
-	b.mu.Lock()
-	b.hedge = min(b.cfg.HedgeBurst, b.hedge+1)
-	b.tokens = min(b.cfg.Burst, b.tokens+1)
-	b.mu.Unlock()
 }
 
 // Refund gives a token back (an attempt that could not start).
@@ -137,5 +96,120 @@ func (b *Budget) Tokens() float64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refillLocked()
+	return b.tokens
+}
+
+// hedgeBudget bounds one model's hedges: a bucket every request credits with
+// the model's budget ratio and every hedge debits by one, holding at most
+// its burst. Tokens are earned by requests only, never by time, so however
+// quiet or busy the gateway, hedges stay within the ratio of requests plus
+// the burst.
+//
+// The parts of a fan-out (requests with the same group) decide their
+// document together: its time is its slowest part's. They trip the hedge
+// delay together too, so two rules keep the burst cap from cutting them:
+//   - while any part of a group is in flight, the parts' shares go to the
+//     group's pot instead of the bucket, so they are not lost to the cap
+//     when a document arrives at once; parts spend the pot first, and what is
+//     left goes back to the bucket when the group's last part leaves;
+//   - a part whose pot and bucket hold less than a token may hedge on
+//     credit: the bucket goes below zero, down to minus the burst, and later
+//     requests' shares repay it. The long-run bound holds; at any moment
+//     grouped requests may run at most one extra burst ahead.
+type hedgeBudget struct {
+	mu     sync.Mutex
+	tokens float64 // the bucket; negative while grouped hedges are repaid
+	deep   float64 // a bucket twice as deep serving every hedge asked for: tells "burst" from "budget" refusals
+	groups map[string]*groupPot
+}
+
+// groupPot is what the parts of one group in flight have earned.
+type groupPot struct {
+	members int
+	tokens  float64
+}
+
+// Reasons a hedge did not start, as tailgate_hedges_skipped_total labels them.
+const (
+	skipBudget     = "budget"     // the model's share of requests is spent
+	skipBurst      = "burst"      // share earned, but a bigger burst would have kept it
+	skipSaturation = "saturation" // the replica it would go to is full or queueing
+	skipOptOut     = "opt_out"    // the request asked for no hedge
+	skipDisabled   = "disabled"   // hedging is off for the model
+)
+
+func newHedgeBudget(burst float64) *hedgeBudget {
+	return &hedgeBudget{tokens: burst, deep: burst, groups: map[string]*groupPot{}}
+}
+
+// join credits one request's share, to its group's pot if it has a group,
+// and returns the function that takes it out of the group when it leaves.
+func (b *hedgeBudget) join(group string, ratio, burst float64) (leave func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.deep = min(2*burst, b.deep+ratio)
+	if group == "" {
+		b.tokens = min(burst, b.tokens+ratio)
+		return func() {}
+	}
+	p := b.groups[group]
+	if p == nil {
+		p = &groupPot{}
+		b.groups[group] = p
+	}
+	p.members++
+	p.tokens += ratio
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if p.members--; p.members == 0 {
+			b.tokens = min(burst, b.tokens+p.tokens)
+			delete(b.groups, group)
+		}
+	}
+}
+
+// take spends a token on a hedge of a request in group ("" for none), or
+// says why not (skipBudget or skipBurst).
+func (b *hedgeBudget) take(group string, burst float64) (ok bool, reason string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.groups[group]
+	pot := 0.0
+	if p != nil {
+		pot = p.tokens
+	}
+	if pot+b.tokens < 1 && (p == nil || b.tokens-(1-pot) < -burst) {
+		// deep serves the same demand from twice the depth: if it still
+		// holds a token, the burst cut this hedge, not the share.
+		if b.deep >= 1 {
+			b.deep--
+			return false, skipBurst
+		}
+		return false, skipBudget
+	}
+	if p != nil {
+		from := min(pot, 1)
+		p.tokens -= from
+		b.tokens -= 1 - from
+	} else {
+		b.tokens--
+	}
+	b.deep--
+	return true, ""
+}
+
+// refund gives back a hedge that could not start.
+func (b *hedgeBudget) refund(burst float64) {
+	b.mu.Lock()
+	b.tokens = min(burst, b.tokens+1)
+	b.deep = min(2*burst, b.deep+1)
+	b.mu.Unlock()
+}
+
+// level returns the bucket's level (for metrics and tests).
+func (b *hedgeBudget) level() float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	return b.tokens
 }

@@ -34,10 +34,15 @@ type Config struct {
 	// Affinity turns on prefix affinity (same prompt prefix → same replica
 	// when load is comparable).
 	Affinity bool
-	// Budget bounds retries after a request reached a replica, and hedges.
+	// Budget bounds retries after a request reached a replica (hedges have
+	// their own, in Hedge).
 	Budget BudgetConfig
-	// Hedge configures delayed hedging; it is off unless Hedge.Enabled.
+	// Hedge configures delayed hedging and its budget; it is off unless
+	// Hedge.Enabled (the gateway sets it unless --hedge=false).
 	Hedge HedgeConfig
+	// After returns a channel that receives once d has passed: the hedge
+	// timer. nil means a real timer; tests inject one driven by Now.
+	After func(d time.Duration) <-chan time.Time
 	// Registerer receives the router's metrics (attempts, retries, hedges,
 	// ejections, per-replica load and the budget; see metrics.go); nil
 	// means they are kept but not exported.
@@ -82,8 +87,8 @@ func (c BudgetConfig) validate() error {
 	if c.Ratio < 0 || c.Ratio > 1 {
 		return fmt.Errorf("router: retry budget ratio %v: want a fraction between 0 and 1 (0 means the default %v)", c.Ratio, defaultBudgetRatio)
 	}
-	if c.Burst < 0 || c.MinPerSecond < 0 || c.HedgeReserve < 0 || c.HedgeBurst < 0 {
-		return errors.New("router: retry budget burst, refill rate, hedge reserve and hedge burst must not be negative")
+	if c.Burst < 0 || c.MinPerSecond < 0 {
+		return errors.New("router: retry budget burst and refill rate must not be negative")
 	}
 	return nil
 }

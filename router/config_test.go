@@ -20,6 +20,8 @@ func TestConfigValidate(t *testing.T) {
 		{"a negative slow start is refused", Config{SlowStart: -time.Second}, "slow start -1s"},
 		{"negative max attempts are refused", Config{MaxAttempts: -1}, "max attempts -1"},
 		{"a hedge percentile of 1 is refused", Config{Hedge: HedgeConfig{Percentile: 1}}, "hedge percentile"},
+		{"a hedge budget above 1 is refused", Config{Hedge: HedgeConfig{Budget: 10}}, "hedge budget 10: want a fraction of requests between 0 and 1"},
+		{"a model's negative hedge burst is refused", Config{Hedge: HedgeConfig{Models: map[string]HedgeModel{"m": {Burst: -1}}}}, "hedge burst of m -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()
@@ -44,7 +46,7 @@ func TestConfigDefaults(t *testing.T) {
 	if c.MaxAttempts != 3 || c.Rand == nil || c.Now == nil || c.SlowStart != 0 || c.Affinity || c.Hedge.Enabled {
 		t.Fatalf("zero Config with defaults: %+v", c)
 	}
-	if c.Budget.Ratio != 0.05 || c.Budget.Burst != 50 || c.Budget.HedgeReserve != 25 || c.Hedge.Percentile != 0.95 {
+	if c.Budget.Ratio != 0.05 || c.Budget.Burst != 50 || c.Hedge.Percentile != 0.95 || c.Hedge.Budget != 0.10 || c.Hedge.Burst != 20 {
 		t.Fatalf("zero budget/hedge with defaults: %+v %+v", c.Budget, c.Hedge)
 	}
 }

@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -13,10 +14,19 @@ import (
 // HedgeConfig configures delayed hedging: when an attempt has produced no
 // first token after the hedge delay, a second attempt goes to another
 // replica and the first to produce a token wins. The delay adapts per model
-// to a high percentile of recent times to first token.
+// to a high percentile of recent request-level times to first token.
 type HedgeConfig struct {
 	// Enabled turns hedging on for every model unless Models says otherwise.
+	// The gateway turns it on unless told --hedge=false.
 	Enabled bool
+	// Budget is the hedges every request earns per model, a fraction of
+	// requests; 0 means 0.10. Hedges have their own bucket; the retry
+	// budget ([BudgetConfig]) is for retries only.
+	Budget float64
+	// Burst caps a model's hedge bucket: the hedges that may start at once
+	// beyond their Budget share; 0 means 20. Parts of a fan-out group may
+	// run up to one more Burst ahead on credit (see hedgeBudget).
+	Burst float64
 	// Percentile of recent TTFT used as the delay; 0 means 0.95.
 	Percentile float64
 	// Min and Max clamp the delay; 0 means 20ms and 30s.
@@ -37,10 +47,22 @@ type HedgeConfig struct {
 
 // HedgeModel overrides hedging for one model; zero fields inherit.
 type HedgeModel struct {
-	Enabled    *bool
-	Percentile float64
-	Min, Max   time.Duration
+	Enabled       *bool
+	Percentile    float64
+	Min, Max      time.Duration
+	Budget, Burst float64
 }
+
+// Hedge budget defaults, sized for fan-out: a document split into parts
+// takes its slowest part's time, so a handful of unhedged stalls decides its
+// tail. 10 % of requests is what the seed paper spent (~10 % extra tokens)
+// for its ÷4.6 cut of document P95; a burst of 20 lets a few documents' parts
+// that trip the delay at once all hedge (4–8 parts each, about one in four
+// on a slow replica), and refills in 200 requests.
+const (
+	defaultHedgeBudget = 0.10
+	defaultHedgeBurst  = 20
+)
 
 func (c HedgeConfig) validate() error {
 	check := func(p float64, lo, hi time.Duration, where string) error {
@@ -63,19 +85,40 @@ func (c HedgeConfig) validate() error {
 	if c.Window < 0 || c.MinSamples < 0 || c.MaxQueue < 0 {
 		return errors.New("router: hedge window, min samples and max queue must not be negative")
 	}
+	budget := func(ratio, burst float64, where string) error {
+		if ratio < 0 || ratio > 1 {
+			return fmt.Errorf("router: hedge budget%s %v: want a fraction of requests between 0 and 1, e.g. 0.1 (0 means the default %v)", where, ratio, defaultHedgeBudget)
+		}
+		if burst < 0 {
+			return fmt.Errorf("router: hedge burst%s %v: must not be negative (0 means the default %v)", where, burst, defaultHedgeBurst)
+		}
+		return nil
+	}
+	if err := budget(c.Budget, c.Burst, ""); err != nil {
+		return err
+	}
+	for m, mc := range c.Models {
+		if err := budget(mc.Budget, mc.Burst, " of "+m); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
-// hedger keeps per-model TTFT windows and the delay derived from them.
+// hedger keeps per-model TTFT windows and the delay derived from them, and
+// each model's hedge budget.
 type hedger struct {
 	cfg HedgeConfig
 	now func() time.Time
 
-	mu     sync.Mutex
-	models map[string]*ttftWindow
+	mu      sync.Mutex
+	models  map[string]*ttftWindow  // by hedgeKey
+	budgets map[string]*hedgeBudget // by model
 }
 
 type ttftWindow struct {
+	model   string
+	stream  bool
 	samples []time.Duration // ring
 	next    int
 	full    bool
@@ -103,51 +146,84 @@ func (c HedgeConfig) withDefaults() HedgeConfig {
 	if c.MaxQueue == 0 {
 		c.MaxQueue = 1
 	}
+	if c.Budget == 0 {
+		c.Budget = defaultHedgeBudget
+	}
+	if c.Burst == 0 {
+		c.Burst = defaultHedgeBurst
+	}
 	return c
 }
 
 func newHedger(cfg HedgeConfig, now func() time.Time) *hedger {
-	return &hedger{cfg: cfg.withDefaults(), now: now, models: map[string]*ttftWindow{}}
+	return &hedger{cfg: cfg.withDefaults(), now: now, models: map[string]*ttftWindow{}, budgets: map[string]*hedgeBudget{}}
 }
 
-func (h *hedger) settings(model string) (enabled bool, p float64, lo, hi time.Duration) {
-	enabled, p, lo, hi = h.cfg.Enabled, h.cfg.Percentile, h.cfg.Min, h.cfg.Max
+// hedgeSettings is one model's hedging, the defaults and its override merged.
+type hedgeSettings struct {
+	enabled       bool
+	p             float64
+	lo, hi        time.Duration
+	budget, burst float64
+}
+
+func (h *hedger) settings(model string) hedgeSettings {
+	s := hedgeSettings{h.cfg.Enabled, h.cfg.Percentile, h.cfg.Min, h.cfg.Max, h.cfg.Budget, h.cfg.Burst}
 	if mc, ok := h.cfg.Models[model]; ok {
 		if mc.Enabled != nil {
-			enabled = *mc.Enabled
+			s.enabled = *mc.Enabled
 		}
 		if mc.Percentile > 0 {
-			p = mc.Percentile
+			s.p = mc.Percentile
 		}
 		if mc.Min > 0 {
-			lo = mc.Min
+			s.lo = mc.Min
 		}
 		if mc.Max > 0 {
-			hi = mc.Max
+			s.hi = mc.Max
+		}
+		if mc.Budget > 0 {
+			s.budget = mc.Budget
+		}
+		if mc.Burst > 0 {
+			s.burst = mc.Burst
 		}
 	}
-	return enabled, p, lo, hi
+	return s
 }
 
-func (h *hedger) window(key string) *ttftWindow {
+func (h *hedger) window(model string, stream bool) *ttftWindow {
+	key := hedgeKey(model, stream)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	w := h.models[key]
 	if w == nil {
-		w = &ttftWindow{samples: make([]time.Duration, h.cfg.Window)}
+		w = &ttftWindow{model: model, stream: stream, samples: make([]time.Duration, h.cfg.Window)}
 		h.models[key] = w
 	}
 	return w
 }
 
-// observe adds a sample for key (a model, or model plus answer kind) and
-// refreshes the delay every few samples.
-func (h *hedger) observe(model, key string, d time.Duration) {
-	enabled, p, lo, hi := h.settings(model)
-	if !enabled {
-		return
+// budget returns model's hedge budget.
+func (h *hedger) budget(model string) *hedgeBudget {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := h.budgets[model]
+	if b == nil {
+		b = newHedgeBudget(h.settings(model).burst)
+		h.budgets[model] = b
 	}
-	w := h.window(key)
+	return b
+}
+
+// observe adds a request's time to first token for a model's streams or
+// JSON answers and refreshes the delay every few samples. It learns even
+// while hedging is off for the model, so the delay is ready when it is
+// turned on and "disabled" skips can be counted.
+func (h *hedger) observe(model string, stream bool, d time.Duration) {
+	s := h.settings(model)
+	p, lo, hi := s.p, s.lo, s.hi
+	w := h.window(model, stream)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	w.samples[w.next] = d
@@ -169,20 +245,51 @@ func (h *hedger) observe(model, key string, d time.Duration) {
 	w.delay.Store(int64(min(max(q, lo), hi)))
 }
 
-// delay returns the hedge delay for key, false when the model is not hedged
-// or has too few samples yet.
-func (h *hedger) delay(model, key string) (time.Duration, bool) {
-	if enabled, _, _, _ := h.settings(model); !enabled {
+// learnt returns the delay learnt for a model's streams or JSON answers,
+// whether or not hedging is on for it; false with too few samples yet.
+func (h *hedger) learnt(model string, stream bool) (time.Duration, bool) {
+	d := h.window(model, stream).delay.Load()
+	return time.Duration(d), d > 0
+}
+
+// delay returns the hedge delay, false when the model is not hedged or has
+// too few samples yet.
+func (h *hedger) delay(model string, stream bool) (time.Duration, bool) {
+	if !h.settings(model).enabled {
 		return 0, false
 	}
-	d := h.window(key).delay.Load()
-	return time.Duration(d), d > 0
+	return h.learnt(model, stream)
+}
+
+// delays returns the windows with a delay, for the metrics.
+func (h *hedger) delays() []*ttftWindow {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*ttftWindow
+	for _, w := range h.models {
+		if w.delay.Load() > 0 && h.settings(w.model).enabled {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// levels returns each model's hedge budget level, for the metrics.
+func (h *hedger) levels() map[string]float64 {
+	h.mu.Lock()
+	bs := maps.Clone(h.budgets)
+	h.mu.Unlock()
+	out := make(map[string]float64, len(bs))
+	for m, b := range bs {
+		out[m] = b.level()
+	}
+	return out
 }
 
 // HedgeDelay returns the current hedge delay for a model's streams or JSON
 // answers (for the admin API and tests).
 func (r *Registry) HedgeDelay(model string, stream bool) (time.Duration, bool) {
-	return r.hedges.delay(model, hedgeKey(model, stream))
+	return r.hedges.delay(model, stream)
 }
 
 func hedgeKey(model string, stream bool) string {

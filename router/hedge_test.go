@@ -12,32 +12,32 @@ import (
 func TestHedgeDelayIsAPercentileOfRecentTTFT(t *testing.T) {
 	h := newHedger(HedgeConfig{Enabled: true, Percentile: 0.95, MinSamples: 50, Min: time.Millisecond, Max: time.Second}, time.Now)
 	for i := 1; i <= 49; i++ {
-		h.observe("m", "m", time.Duration(i)*time.Millisecond)
+		h.observe("m", true, time.Duration(i)*time.Millisecond)
 	}
-	if _, ok := h.delay("m", "m"); ok {
+	if _, ok := h.delay("m", true); ok {
 		t.Fatal("hedging before MinSamples")
 	}
 	for i := 50; i <= 96; i++ {
-		h.observe("m", "m", time.Duration(i)*time.Millisecond)
+		h.observe("m", true, time.Duration(i)*time.Millisecond)
 	}
 	// p95 of 1..96 ms: the 92nd smallest (ceil(0.95·96) = 92).
-	if d, ok := h.delay("m", "m"); !ok || d != 92*time.Millisecond {
+	if d, ok := h.delay("m", true); !ok || d != 92*time.Millisecond {
 		t.Fatalf("delay = %v %v, want p95 = 92ms", d, ok)
 	}
 	// Clamped.
 	for range 1000 {
-		h.observe("m", "m", time.Hour)
+		h.observe("m", true, time.Hour)
 	}
-	if d, _ := h.delay("m", "m"); d != time.Second {
+	if d, _ := h.delay("m", true); d != time.Second {
 		t.Fatalf("delay = %v, want the 1s max", d)
 	}
 	// Per-model override off.
 	off := false
 	h2 := newHedger(HedgeConfig{Enabled: true, Models: map[string]HedgeModel{"m": {Enabled: &off}}}, time.Now)
 	for range 200 {
-		h2.observe("m", "m", time.Millisecond)
+		h2.observe("m", true, time.Millisecond)
 	}
-	if _, ok := h2.delay("m", "m"); ok {
+	if _, ok := h2.delay("m", true); ok {
 		t.Fatal("hedging a model configured off")
 	}
 }
@@ -70,7 +70,7 @@ func primed(t *testing.T, cfg Config) (*Registry, hedgeCounts) {
 	reg.Add(readyReplica("a", "m"))
 	reg.Add(readyReplica("b", "m"))
 	for range 20 {
-		reg.hedges.observe("m", hedgeKey("m", false), time.Millisecond)
+		reg.hedges.observe("m", false, time.Millisecond)
 	}
 	return reg, hedgeCounts{t, prom}
 }
@@ -186,7 +186,7 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 	t.Run("budget", func(t *testing.T) {
 		now := time.Unix(0, 0)
 		reg, ev := primed(t, Config{Now: func() time.Time { return now },
-			Budget: BudgetConfig{Ratio: 0.05, Burst: 4, HedgeReserve: 2, HedgeBurst: 2, MinPerSecond: 1e-9}})
+			Hedge: HedgeConfig{Budget: 0.05, Burst: 2}})
 		slow := func(ctx context.Context, rep *Replica, n int, reason AttemptReason) (Attempt, error) {
 			if reason == ReasonFirst {
 				select { // slower than the 10ms hedge delay, but it answers
@@ -211,7 +211,7 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 		// let hedges go past their share of requests.
 		now := time.Unix(0, 0)
 		reg, ev := primed(t, Config{Now: func() time.Time { return now },
-			Budget: BudgetConfig{Ratio: 0.05, Burst: 4, HedgeReserve: 2, HedgeBurst: 2, MinPerSecond: 100}})
+			Budget: BudgetConfig{MinPerSecond: 100}, Hedge: HedgeConfig{Budget: 0.05, Burst: 2}})
 		slow := func(ctx context.Context, rep *Replica, n int, reason AttemptReason) (Attempt, error) {
 			if reason == ReasonFirst {
 				select {
@@ -231,4 +231,56 @@ func TestNoHedgeWhenOptedOutSaturatedOrOutOfBudget(t *testing.T) {
 			t.Fatalf("%v hedges for 100 requests with a 5 %% budget on a quiet gateway", h)
 		}
 	})
+}
+
+func TestHedgesDoNotWaitForTheRetryBudget(t *testing.T) {
+	// A retry budget that never holds a token: hedges have their own.
+	reg, ev := primed(t, Config{Budget: BudgetConfig{Burst: 0.5, MinPerSecond: 1e-9}})
+	for range 5 {
+		var aborted sync.Map
+		res, err := reg.Do(context.Background(), hint("m"), slowFirst(&aborted))
+		if err != nil || !res.Hedged {
+			t.Fatalf("hedged %v, err %v: a spent retry budget held the hedge back", res.Hedged, err)
+		}
+		res.Finish()
+		res.Losers()
+	}
+	if ev.attempts() != 5 {
+		t.Fatalf("%v hedges, want 5", ev.attempts())
+	}
+}
+
+func TestFanOutPartsHedgeTogetherPastTheBurst(t *testing.T) {
+	// Eight parts stall at once. Alone, requests get the bucket's burst;
+	// parts of one group pool their shares and may run one burst ahead on
+	// credit, so the whole document is hedged.
+	for _, tc := range []struct {
+		group string
+		want  float64
+	}{{"", 4}, {"doc-1", 8}} {
+		t.Run("group="+tc.group, func(t *testing.T) {
+			reg, ev := primed(t, Config{Hedge: HedgeConfig{Budget: 0.1, Burst: 4}})
+			for _, id := range []string{"c", "d", "e"} {
+				reg.Add(readyReplica(id, "m"))
+			}
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					req := hint("m")
+					req.Group = tc.group
+					var aborted sync.Map
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					defer cancel()
+					if res, err := reg.Do(ctx, req, slowFirst(&aborted)); err == nil {
+						res.Finish()
+						res.Losers()
+					}
+				})
+			}
+			wg.Wait()
+			if got := ev.attempts(); got != tc.want {
+				t.Fatalf("%v of 8 stalled parts hedged, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -14,6 +14,7 @@ type metrics struct {
 	attempts    *prometheus.CounterVec // tailgate_upstream_attempts_total{model,reason}
 	retries     *prometheus.CounterVec // tailgate_retries_total{model,class}
 	hedges      *prometheus.CounterVec // tailgate_hedges_total{model,outcome}
+	skips       *prometheus.CounterVec // tailgate_hedges_skipped_total{model,reason}
 	attemptsPer prometheus.Histogram   // tailgate_request_attempts
 	ejections   *prometheus.CounterVec // tailgate_ejections_total{replica,reason}
 	ejectDelay  prometheus.Histogram   // tailgate_ejection_delay_seconds
@@ -36,6 +37,10 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 		hedges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_hedges_total", Help: "Hedged attempts by outcome (won, lost).",
 		}, []string{"model", "outcome"}),
+		skips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_hedges_skipped_total",
+			Help: "Hedges not started when a request passed its hedge delay, by reason (budget: the model's share of requests is spent; burst: earned but beyond --hedge-burst; saturation: the other replica is full or queueing; opt_out: x-tailgate-hedge: off; disabled: hedging is off for the model).",
+		}, []string{"model", "reason"}),
 		attemptsPer: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tailgate_request_attempts", Help: "Upstream attempts per routed request.", Buckets: []float64{1, 2, 3, 4},
 		}),
@@ -49,7 +54,7 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.attempts, m.retries, m.hedges, m.attemptsPer, m.ejections, m.ejectDelay, newReplicaCollector(r)} {
+	for _, c := range []prometheus.Collector{m.attempts, m.retries, m.hedges, m.skips, m.attemptsPer, m.ejections, m.ejectDelay, newReplicaCollector(r)} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("router: register metrics: %w", err)
 		}
@@ -73,6 +78,9 @@ func (m *metrics) hedged(model string, won bool) {
 	m.hedges.WithLabelValues(model, outcome).Inc()
 }
 
+// skipped counts a hedge that did not start, for one of the skip* reasons.
+func (m *metrics) skipped(model, reason string) { m.skips.WithLabelValues(model, reason).Inc() }
+
 // routed records how many attempts a request took (none when no replica
 // could be picked).
 func (m *metrics) routed(attempts int) {
@@ -89,11 +97,12 @@ func (m *metrics) ejected(replica, reason string, delay time.Duration) {
 	m.ejectDelay.Observe(delay.Seconds())
 }
 
-// replicaCollector reads each replica's selection inputs and the budget's
-// level when scraped.
+// replicaCollector reads each replica's selection inputs, the budgets'
+// levels and the hedge delays when scraped.
 type replicaCollector struct {
 	reg                                           *Registry
 	inflight, ready, waiting, ttft, score, budget *prometheus.Desc
+	hedgeDelay, hedgeBudget                       *prometheus.Desc
 }
 
 func newReplicaCollector(r *Registry) *replicaCollector {
@@ -107,13 +116,18 @@ func newReplicaCollector(r *Registry) *replicaCollector {
 		waiting:  per("tailgate_replica_engine_waiting", "Requests waiting in the replica's engine, from its last heartbeat."),
 		ttft:     per("tailgate_replica_ttft_estimate_seconds", "The replica's recent time to first token as the gateway sees it (selection input)."),
 		score:    per("tailgate_replica_score", "The replica's load score (expected wait; lower is picked first)."),
-		budget:   prometheus.NewDesc("tailgate_retry_budget_tokens", "Tokens left in the retry and hedge budget.", nil, nil),
+		budget:   prometheus.NewDesc("tailgate_retry_budget_tokens", "Tokens left in the retry budget.", nil, nil),
+		hedgeDelay: prometheus.NewDesc("tailgate_hedge_delay_seconds",
+			"The hedge delay in force per model and answer kind (stream, json): the percentile of recent time to first token; absent until learnt or while hedging is off for the model.",
+			[]string{"model", "answer"}, nil),
+		hedgeBudget: prometheus.NewDesc("tailgate_hedge_budget_tokens",
+			"Hedges the model's budget holds now (below zero while fan-out parts' credit is repaid).", []string{"model"}, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.inflight, c.ready, c.waiting, c.ttft, c.score, c.budget} {
+	for _, d := range []*prometheus.Desc{c.inflight, c.ready, c.waiting, c.ttft, c.score, c.budget, c.hedgeDelay, c.hedgeBudget} {
 		ch <- d
 	}
 }
@@ -124,6 +138,16 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(c.budget, c.reg.budget.Tokens())
+	for _, w := range c.reg.hedges.delays() {
+		answer := "json"
+		if w.stream {
+			answer = "stream"
+		}
+		gauge(c.hedgeDelay, time.Duration(w.delay.Load()).Seconds(), w.model, answer)
+	}
+	for model, level := range c.reg.hedges.levels() {
+		gauge(c.hedgeBudget, level, model)
+	}
 	for _, r := range c.reg.Replicas() {
 		_, waiting, ttft, _, score := c.reg.ScoreInputs(r)
 		gauge(c.waiting, waiting, r.ID)

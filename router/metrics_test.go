@@ -84,6 +84,7 @@ func TestMetricsKeepTheirNamesAndLabels(t *testing.T) {
 		"tailgate_replica_ttft_estimate_seconds": {"replica"},
 		"tailgate_replica_score":                 {"replica"},
 		"tailgate_retry_budget_tokens":           nil,
+		"tailgate_hedge_budget_tokens":           {"model"},
 	}
 	mfs, err := prom.Gather()
 	if err != nil {

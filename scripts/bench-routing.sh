@@ -121,8 +121,8 @@ for s in "${SCENARIOS[@]}"; do
 	policy)
 		w="--sim-ttft $TTFT --sim-tpot 2ms"
 		ws="--sim-ttft $slow --sim-tpot 2ms"
-		fleet rr "--policy round-robin" "$w" "$w" "$ws"
-		fleet p2c "--policy p2c" "$w" "$w" "$ws"
+		fleet rr "--policy round-robin --hedge=false" "$w" "$w" "$ws"
+		fleet p2c "--policy p2c --hedge=false" "$w" "$w" "$ws"
 		compare rr p2c "$RATE" "one replica 3x slower (sim-ttft $slow vs $TTFT), $RATE req/s: round-robin (A) vs power of two choices (B)"
 		;;
 	hedge | saturate)
@@ -132,7 +132,7 @@ for s in "${SCENARIOS[@]}"; do
 			w="$w --sim-max-seqs $SAT_SEQS"
 			rate=$SAT_RATE
 		fi
-		fleet "${s}_off" "" "$w" "$w" "$w"
+		fleet "${s}_off" "--hedge=false" "$w" "$w" "$w"
 		fleet "${s}_on" "--hedge" "$w" "$w" "$w"
 		compare "${s}_off" "${s}_on" "$rate" "stall-prone fleet (stall prob 0.03 x10)$([ "$s" = saturate ] && echo ", $SAT_SEQS slots per replica (saturated)"), $rate req/s: hedging off (A) vs on (B)"
 		;;
