@@ -132,7 +132,7 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 		return cfg, nil, fmt.Errorf("--drain-grace %s: want 0 (none) or more", wf.drainGrace)
 	}
 	cfg = worker.Config{
-		GatewayURL: wf.gateway, ClusterToken: tok, Advertise: wf.advertise, ReplicaID: wf.replicaID,
+		GatewayURL: wf.gateway, ClusterToken: tok, Advertise: wf.advertise, ReplicaID: wf.replicaID, DataDir: wf.dataDir,
 		Model: wf.model, Engine: wf.engine, StartupTimeout: wf.startupTimeout,
 		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, DrainGrace: wf.drainGrace, NoDrain: wf.drainGrace == 0,
 		Log: log,

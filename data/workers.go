@@ -127,3 +127,31 @@ func (s *Store) RevokeWorker(ctx context.Context, ref string) (Worker, error) {
 	}
 	return out, nil
 }
+
+// ActiveWorkerFor returns the active credential issued for replica id, or
+// [ErrNotFound]: a replica id belongs to one worker until its credential is
+// revoked.
+func (s *Store) ActiveWorkerFor(ctx context.Context, replicaID string) (Worker, error) {
+	w, err := scanWorker(s.read.QueryRowContext(ctx, `SELECT `+workerCols+` FROM worker_credentials
+		WHERE replica_id = ? AND revoked_at IS NULL ORDER BY created_at DESC LIMIT 1`, replicaID))
+	if errors.Is(err, sql.ErrNoRows) {
+		err = ErrNotFound
+	}
+	if err != nil {
+		return Worker{}, fmt.Errorf("worker for replica %s: %w", replicaID, err)
+	}
+	return w, nil
+}
+
+// MoveWorker records that the worker with credential id now serves at
+// address (a restarted worker's sidecar may listen on another port).
+func (s *Store) MoveWorker(ctx context.Context, id, address string) error {
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE worker_credentials SET address = ? WHERE id = ?`, address, id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("move worker %s: %w", id, err)
+	}
+	return nil
+}

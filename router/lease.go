@@ -33,8 +33,9 @@ var ErrTaken = errors.New("taken")
 // Claim reports whether the worker with credential id worker may register
 // replica id at url: neither may belong to a static upstream, nor to a
 // registered replica of another worker. A replica whose lease ended is gone
-// from the registry, so its id and address are free again (a worker that
-// restarted without its credential comes back once its old lease ends).
+// from the registry, so its id and address are free here again; the
+// gateway keeps the id for the worker credential it was issued to until
+// that is revoked (server's registration checks the store).
 // The error wraps [ErrTaken] and says who holds what.
 func (r *Registry) Claim(id, url, worker string) error {
 	now := r.cfg.Now().UnixNano()

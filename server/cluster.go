@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
@@ -95,7 +96,20 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	}
 	if w.ID == "" {
 		// First registration: exchange the cluster token for a credential
-		// bound to this replica id and address.
+		// bound to this replica id — unless another credential owns the
+		// id: a replica id is one worker's until that one is revoked.
+		switch owner, err := s.store.ActiveWorkerFor(c.Request().Context(), hb.ReplicaID); {
+		case err == nil:
+			s.warnRefused("registration refused: replica id owned by another worker", "replica", hb.ReplicaID,
+				"owner", owner.ID, "address", addr, "remote", c.Request().RemoteAddr)
+			return apierr.Reply(c, errWorkerRefused("replica_taken", fmt.Sprintf(
+				"registration refused: replica id %q belongs to worker %s (registered %s); a worker keeps its credential in its --data directory — "+
+					"if that was lost, revoke the old credential first: tailgate workers revoke %s",
+				hb.ReplicaID, owner.ID, owner.CreatedAt.UTC().Format(time.RFC3339), owner.ID)))
+		case !errors.Is(err, data.ErrNotFound):
+			s.log.Error("worker credential lookup", "err", err)
+			return apierr.Reply(c, errInternal)
+		}
 		secret, err := newWorkerSecret()
 		if err != nil {
 			return apierr.Reply(c, errInternal)
@@ -108,6 +122,14 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 		}
 		s.log.Info("worker credential issued", "worker", w.ID, "replica", hb.ReplicaID, "address", addr, "peer", peer)
 		reply.Credential = secret
+	} else if w.Address != addr {
+		// A restarted worker's sidecar may listen elsewhere; its
+		// credential, not its address, is what owns the replica id.
+		if err := s.store.MoveWorker(c.Request().Context(), w.ID, addr); err != nil {
+			s.log.Error("worker address not stored", "worker", w.ID, "err", err)
+			return apierr.Reply(c, errInternal)
+		}
+		s.log.Info("worker moved", "worker", w.ID, "replica", hb.ReplicaID, "from", w.Address, "to", addr)
 	}
 	reply.WorkerID = w.ID
 	s.reg.Heartbeat(router.Update{
@@ -158,9 +180,9 @@ func (s *Server) workerOf(c echo.Context, id, addr, peer string) (data.Worker, *
 		return data.Worker{}, errInternal
 	case w.Revoked():
 		return data.Worker{}, errWorkerRefused("worker_revoked", "worker "+w.ID+" was revoked; its heartbeats are refused")
-	case w.ReplicaID != id || w.Address != addr:
+	case w.ReplicaID != id:
 		return data.Worker{}, errWorkerRefused("worker_mismatch", fmt.Sprintf(
-			"worker %s was registered as replica %q at %s, not %q at %s", w.ID, w.ReplicaID, w.Address, id, addr))
+			"worker %s was registered as replica %q, not %q", w.ID, w.ReplicaID, id))
 	case w.Peer != peer:
 		return data.Worker{}, errWorkerRefused("worker_mismatch", fmt.Sprintf(
 			"worker %s was registered from tailnet peer %q, not %q", w.ID, w.Peer, peer))

@@ -51,7 +51,7 @@ func TestWorkerCannotTakeAnotherWorkersReplica(t *testing.T) {
 		{"replica id, token only", "", "w1", other.URL, `replica id "w1" is held by another worker`},
 		{"address, token only", "", "w3", engine.URL, "address " + engine.URL + " is held by another worker"},
 		{"replica id, other credential", second.Credential, "w1", other.URL, "was registered as replica"},
-		{"address, other credential", second.Credential, "w2", engine.URL, "was registered as replica"},
+		{"address, other credential", second.Credential, "w2", engine.URL, "address " + engine.URL + " is held by another worker"},
 	} {
 		resp, _, msg := beat(h, servertest.ClusterToken, c.cred, readyBeat(c.id, c.addr))
 		if resp.StatusCode != http.StatusForbidden || !strings.Contains(msg, c.want) {
@@ -77,6 +77,49 @@ func TestWorkerCannotTakeAnotherWorkersReplica(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 200 || res.Header.Get("X-Tailgate-Replica") != "w1" {
 		t.Fatalf("chat: %d via %q", res.StatusCode, res.Header.Get("X-Tailgate-Replica"))
+	}
+}
+
+// TestReplicaIDBelongsToItsCredentialUntilRevoked: once a worker's lease
+// has ended (it is down, or restarting), its replica id is still its own:
+// the cluster token alone cannot take it; the worker itself comes back with
+// its credential, at another address too; once the credential is revoked,
+// the id can be registered anew.
+func TestReplicaIDBelongsToItsCredentialUntilRevoked(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	engine := tokenCheckingEngine(t)
+	moved := tokenCheckingEngine(t)
+	_, owner, _ := beat(h, servertest.ClusterToken, "", readyBeat("w1", engine.URL))
+	if owner.Credential == "" {
+		t.Fatal("no credential issued")
+	}
+	h.Reg.Remove("w1") // what the lease sweep does when its heartbeats stop
+
+	resp, _, msg := beat(h, servertest.ClusterToken, "", readyBeat("w1", moved.URL))
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(msg, `replica id "w1" belongs to worker `+owner.WorkerID) ||
+		!strings.Contains(msg, "tailgate workers revoke "+owner.WorkerID) {
+		t.Fatalf("token-only registration of a down worker's id: %d %q; want 403 naming the owner and how to revoke it", resp.StatusCode, msg)
+	}
+	if h.Reg.Get("w1") != nil {
+		t.Fatal("the refused registration is routed")
+	}
+	resp, back, msg := beat(h, servertest.ClusterToken, owner.Credential, readyBeat("w1", moved.URL))
+	if resp.StatusCode != 200 || back.Credential != "" || back.WorkerID != owner.WorkerID {
+		t.Fatalf("the owner, back at a new address: %d %+v %q", resp.StatusCode, back, msg)
+	}
+	if rep := h.Reg.Get("w1"); rep == nil || rep.URL != moved.URL {
+		t.Fatalf("w1 after the move: %+v", rep)
+	}
+	if code, body := admin(t, h, http.MethodGet, "/admin/v1/workers"); code != 200 || !strings.Contains(body, moved.URL) {
+		t.Errorf("workers list after the move: %d %s", code, body)
+	}
+
+	if code, body := admin(t, h, http.MethodDelete, "/admin/v1/workers/"+owner.WorkerID); code != 200 {
+		t.Fatalf("revoke: %d %s", code, body)
+	}
+	resp, fresh, msg := beat(h, servertest.ClusterToken, "", readyBeat("w1", moved.URL))
+	if resp.StatusCode != 200 || fresh.Credential == "" || fresh.WorkerID == owner.WorkerID {
+		t.Fatalf("registration after the old credential was revoked: %d %+v %q", resp.StatusCode, fresh, msg)
 	}
 }
 

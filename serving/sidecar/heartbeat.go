@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -40,6 +42,11 @@ type HeartbeatConfig struct {
 	Client *http.Client
 	// Log receives the registration's log lines; nil discards them.
 	Log *slog.Logger
+	// CredentialFile keeps the credential across restarts (mode 0600): a
+	// replica id belongs to the credential it was first registered with,
+	// so a worker that lost it cannot take its own id back until the old
+	// credential is revoked. "" keeps it in memory only.
+	CredentialFile string
 }
 
 const (
@@ -128,6 +135,14 @@ func NewHeartbeater(cfg HeartbeatConfig) (*Heartbeater, error) {
 		sem:      make(chan struct{}, 1),
 		kick:     make(chan struct{}, 1),
 	}
+	if f := cfg.CredentialFile; f != "" {
+		switch b, err := os.ReadFile(f); {
+		case err == nil:
+			h.credential = strings.TrimSpace(string(b))
+		case !errors.Is(err, fs.ErrNotExist):
+			return nil, fmt.Errorf("heartbeat: worker credential: %w", err)
+		}
+	}
 	if h.client == nil {
 		h.client = &http.Client{Timeout: defaultBeatTimeout}
 	} else if h.client.Timeout > 0 {
@@ -212,11 +227,13 @@ func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
 		var reply serving.HeartbeatReply
 		if err := json.Unmarshal(raw, &reply); err == nil && reply.Credential != "" {
 			h.credential = reply.Credential
+			h.keepCredential()
 		}
 		return nil
 	case resp.StatusCode == http.StatusUnauthorized:
 		if _ = json.Unmarshal(raw, &e); e.Error.Code == "invalid_worker_credential" {
 			h.credential = ""
+			h.keepCredential()
 			return ErrCredentialUnknown
 		}
 		return ErrTokenRejected
@@ -260,4 +277,29 @@ func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
 	}
 	h.failing = msg
 	h.log.Warn(msg, "gateway", h.cfg.GatewayURL, "replica", hb.ReplicaID, "err", err)
+}
+
+// keepCredential writes the credential to CredentialFile (removes the file
+// when there is none), replacing it whole. A failure is logged: the worker
+// still works, but would lose its replica id with a restart.
+func (h *Heartbeater) keepCredential() {
+	f := h.cfg.CredentialFile
+	if f == "" {
+		return
+	}
+	if h.credential == "" {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			h.log.Warn("cannot remove the worker's old credential", "file", f, "err", err)
+		}
+		return
+	}
+	tmp := f + ".tmp"
+	err := os.WriteFile(tmp, []byte(h.credential+"\n"), 0o600)
+	if err == nil {
+		err = os.Rename(tmp, f)
+	}
+	if err != nil {
+		h.log.Warn("cannot keep the worker's credential: after a restart this replica id stays refused until the credential is revoked",
+			"file", f, "err", err)
+	}
 }

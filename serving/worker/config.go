@@ -31,6 +31,12 @@ type Config struct {
 	// ReplicaID names the replica at the gateway; "" means the host name
 	// and Listener's port, e.g. "gpu-box-9000".
 	ReplicaID string
+	// DataDir keeps the worker's credential across restarts (one file per
+	// replica id): the gateway gives a replica id to the credential it
+	// first registered with, for good. "" keeps it in memory only, so a
+	// restarted worker cannot take its id back until the old credential is
+	// revoked.
+	DataDir string
 	// DialGateway dials the gateway for heartbeats; nil means a plain TCP
 	// dial. A mesh node's Dial goes here so heartbeats use the tailnet.
 	DialGateway func(ctx context.Context, network, address string) (net.Conn, error)

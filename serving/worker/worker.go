@@ -27,7 +27,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,6 +88,12 @@ func New(cfg Config) (*Worker, error) {
 	}
 	hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(cfg.GatewayURL, "/"), ClusterToken: cfg.ClusterToken,
 		Build: w.heartbeat, Log: cfg.Log}
+	if cfg.DataDir != "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("worker: --data: %w", err)
+		}
+		hc.CredentialFile = filepath.Join(cfg.DataDir, "credential-"+url.PathEscape(w.id))
+	}
 	if cfg.DialGateway != nil {
 		hc.Client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: cfg.DialGateway}}
 	}
