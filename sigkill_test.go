@@ -43,7 +43,11 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 		whole []string            // request ids answered whole
 		cut   = map[string]bool{} // streams cut by a kill, with a token received well before it
 	)
-	key := ""
+	// Two of the clients spend a tenant's token budget that runs out
+	// during the run: kills lose the gateway's in-memory reservations, yet
+	// what the ledger says was spent never passes the budget.
+	key, capped := "", ""
+	budget := int64(1500)
 	for round := range kills + 1 {
 		gw := startProc(t, "tailgate gateway", true, "gateway", "--data", dir, "--listen", "127.0.0.1:0",
 			"--admin-listen", "127.0.0.1:0", "--upstream", "http://"+simAddr)
@@ -64,6 +68,9 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 				t.Fatal(err)
 			}
 			key, _, err = policy.CreateKey(t.Context(), st, policy.KeyOptions{Tenant: "acme"})
+			if err == nil {
+				capped, _, err = policy.CreateKey(t.Context(), st, policy.KeyOptions{Tenant: "capped", BudgetTokens: &budget})
+			}
 			st.Close()
 			if err != nil {
 				t.Fatal(err)
@@ -85,18 +92,22 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 					if stream {
 						n = 100 + (w*37+i*11)%300 // streams: 0.4–1.6 s, long enough to be cut
 					}
-					id, ok, firstAt := oneRequest(ctx, api, key, stream, n)
+					k := key
+					if w < 2 {
+						k = capped
+					}
+					id, ok, firstAt := oneRequest(ctx, api, k, stream, n)
 					if id == "" {
 						continue
 					}
 					killMu.Lock()
-					k := killedAt
+					killed := killedAt
 					killMu.Unlock()
 					mu.Lock()
 					switch {
 					case ok:
 						whole = append(whole, id)
-					case stream && !firstAt.IsZero() && !k.IsZero() && k.Sub(firstAt) > 200*time.Millisecond:
+					case stream && !firstAt.IsZero() && !killed.IsZero() && killed.Sub(firstAt) > 200*time.Millisecond:
 						cut[id] = true
 					}
 					mu.Unlock()
@@ -156,8 +167,20 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 			t.Errorf("stream %s still open after restarts", id)
 		}
 	}
-	t.Logf("%d kills: %d answers whole (%d without a row), %d streams cut after a token (%d settled interrupted)",
-		kills, len(whole), missing, len(cut), interrupted)
+	var spent int64
+	for _, r := range rows {
+		if r.Tenant == "capped" {
+			spent += r.PromptTokens + r.CompletionTokens
+		}
+	}
+	if spent > budget {
+		t.Errorf("tenant capped spent %d tokens of its %d-token budget", spent, budget)
+	}
+	if spent < budget/3 {
+		t.Errorf("tenant capped spent only %d of %d tokens: the budget was not put to the test", spent, budget)
+	}
+	t.Logf("%d kills: %d answers whole (%d without a row), %d streams cut after a token (%d settled interrupted); capped tenant spent %d of %d tokens",
+		kills, len(whole), missing, len(cut), interrupted, spent, budget)
 }
 
 // oneRequest sends one chat request and reports its request id, whether
