@@ -42,7 +42,7 @@ type parsedRequest struct {
 	assemble bool
 	// forcedTool: tool_choice is "required" or names a function.
 	forcedTool bool
-	wantUsage bool // the client asked for the usage chunk
+	wantUsage  bool // the client asked for the usage chunk
 	// wantContinuous: the client asked for usage on every chunk too
 	// (stream_options.continuous_usage_stats, with include_usage).
 	wantContinuous bool
