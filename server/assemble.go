@@ -563,12 +563,31 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 		}
 		buf = raw
 		timer.Reset(idle)
-		kind, ev := u.inspect(cl, raw)
-		if kind == evDone {
+		// Lighter than inspect: the running usage on every chunk is only
+		// for losers and cut streams; the winner's comes with the last.
+		switch sse.Classify(raw) {
+		case sse.Comment:
+			if bytes.HasPrefix(raw, timingPrefix) || bytes.HasPrefix(raw, simQueue) {
+				parseTiming(&u.stages, bytes.TrimRight(raw, "\r\n"))
+			}
+		case sse.Done:
+			if us, ok := a.totals(); ok {
+				u.usage, u.gotUsage = us, true
+			}
 			return a.body(u.usage), nil
-		}
-		if err := add(kind, ev); err != nil {
-			return nil, err
+		case sse.Error:
+			return nil, add(evError, raw)
+		default:
+			a.add(sse.Data(raw))
 		}
 	}
+}
+
+// totals returns the usage of the stream's usage chunk, if it came.
+func (a *assembler) totals() (policy.Usage, bool) {
+	if a.usage == "" {
+		return policy.Usage{}, false
+	}
+	u := gjson.Parse(a.usage)
+	return policy.Usage{PromptTokens: u.Get("prompt_tokens").Int(), CompletionTokens: u.Get("completion_tokens").Int()}, true
 }
