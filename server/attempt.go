@@ -121,9 +121,10 @@ func (t *attemptTrace) clientTrace() *httptrace.ClientTrace {
 	}
 }
 
-// upstream is one attempt's answer, held at its first token: for JSON the
-// whole body, for SSE the events up to and including the first token and the
-// reader positioned after them. It implements router.Attempt.
+// upstream is one attempt's answer, held at its first token: for a JSON
+// answer the whole body, for SSE (also the streams assembled into JSON) the
+// events up to and including the first token and the reader positioned after
+// them. It implements router.Attempt.
 type upstream struct {
 	rep     *router.Replica
 	n       int
@@ -184,14 +185,14 @@ func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int,
 	if !rep.Static && s.cfg.ClusterToken != "" {
 		req.Header.Set("Authorization", "Bearer "+s.cfg.ClusterToken)
 	}
-	if cl.req.stream {
+	if cl.req.upstreamStream() {
 		req.Header.Set("Accept", "text/event-stream")
 	}
 
 	// The first-token deadline, and ejection of the replica meanwhile (a
 	// probe found it hung), both end the wait; the router retries elsewhere.
 	var why atomic.Pointer[error]
-	deadline := s.deadlines(cl.req.model, cl.req.stream)
+	deadline := s.deadlines(cl.req.model, cl.req.upstreamStream())
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
@@ -200,7 +201,7 @@ func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int,
 		select {
 		case <-t.C:
 			e := errTTFTDeadline
-			if !cl.req.stream {
+			if !cl.req.upstreamStream() {
 				e = errJSONDeadline
 			}
 			why.Store(&e)
@@ -246,7 +247,7 @@ func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int,
 	if resp.StatusCode != http.StatusOK {
 		return nil, s.upstreamStatus(rep, resp, fail)
 	}
-	if !cl.req.stream {
+	if !cl.req.upstreamStream() {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
 		if err != nil {
 			return nil, fail(err)
@@ -319,8 +320,8 @@ func (s *Server) upstreamStatus(rep *router.Replica, resp *http.Response, fail f
 	return fail(&upstreamStatusError{status: status})
 }
 
-// deadlines returns the first-token deadline for a model's streams, or the
-// whole-answer deadline for JSON answers.
+// deadlines returns the first-token deadline for a model's streams (also
+// those assembled into JSON), or the whole-answer deadline for JSON answers.
 func (s *Server) deadlines(model string, stream bool) time.Duration {
 	if !stream {
 		return s.cfg.JSONDeadline

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server/internal/servertest"
@@ -114,4 +116,94 @@ func TestHedgeOptOutHeader(t *testing.T) {
 	if h.Engines[0].Stats().Aborted != 0 || h.Engines[1].Stats().Completed != 16 {
 		t.Fatalf("a second attempt ran: slow %+v fast %+v", h.Engines[0].Stats(), h.Engines[1].Stats())
 	}
+}
+
+// firstTokenHarness has two replicas with the same latency model (first
+// token after 5ms, then one token every 20ms), except as a overrides for
+// sim-a; it learns the hedge delay from short answers of sim-b alone and
+// forces selection to try sim-a first. The delay is at least 150ms, far
+// above the first token and far below a long answer.
+func firstTokenHarness(t *testing.T, a sim.Config) (*servertest.Gateway, string) {
+	t.Helper()
+	fast := sim.Config{TTFT: 5 * time.Millisecond, TTFTSigma: -1, TPOT: 20 * time.Millisecond}
+	h := servertest.Start(t, servertest.Options{
+		Replicas: 2,
+		Sims:     map[int]sim.Config{0: a, 1: fast},
+		Router: router.Config{
+			Rand:  func(n int) int { return 0 },
+			Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: 150 * time.Millisecond},
+		},
+	})
+	secret := h.Key(policy.KeyOptions{})
+	slow := h.Reg.Get("sim-a")
+	slow.SetState(router.StateDraining, "test")
+	for range 6 {
+		resp := h.Post("/v1/chat/completions", secret, `{"model":"tailgate-sim","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	_, learnt := h.Reg.HedgeDelay(servertest.SimModel, true)
+	if _, json := h.Reg.HedgeDelay(servertest.SimModel, false); !learnt && !json {
+		t.Fatal("no hedge delay learnt")
+	}
+	slow.SetState(router.StateReady, "")
+	return h, secret
+}
+
+// TestJSONIsHedgedOnFirstTokenNotOnLength: a JSON request is hedged when
+// its replica stalls before the first token, and not when a long answer
+// started promptly (it used to be hedged on the whole answer's time, so
+// long answers were hedged for their length and half the hedges wasted).
+func TestJSONIsHedgedOnFirstTokenNotOnLength(t *testing.T) {
+	t.Run("stalled before the first token", func(t *testing.T) {
+		h, secret := firstTokenHarness(t, sim.Config{HangRate: 1})
+		before := len(h.LedgerRows())
+		body := `{"model":"tailgate-sim","max_tokens":4,"ignore_eos":true,"messages":[{"role":"user","content":"hedge me"}]}`
+		resp := h.Post("/v1/chat/completions", secret, body)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Tailgate-Hedged") != "true" || resp.Header.Get("X-Tailgate-Winner") != "hedge" ||
+			resp.Header.Get("X-Tailgate-Replica") != "sim-b" {
+			t.Fatalf("status %d hedged %q winner %q replica %q: %s", resp.StatusCode, resp.Header.Get("X-Tailgate-Hedged"),
+				resp.Header.Get("X-Tailgate-Winner"), resp.Header.Get("X-Tailgate-Replica"), raw)
+		}
+		if got := gjson.GetBytes(raw, "object").Str; got != "chat.completion" {
+			t.Fatalf("answer object %q: %s", got, raw)
+		}
+		rows := h.LedgerRows()[before:]
+		if len(rows) != 1 {
+			t.Fatalf("%d ledger rows", len(rows))
+		}
+		// The stalled loser generated nothing before it was cancelled: its
+		// overhead is its prompt (estimated, the engine never said), and
+		// none of the winner's tokens.
+		r := rows[0]
+		wantOverhead := int64(len(body)/4 + 1)
+		if !r.Hedged || r.Attempts != 2 || r.Upstream != "sim-b" || r.CompletionTokens != 4 || r.HedgeOverheadTokens != wantOverhead {
+			t.Fatalf("ledger row %+v: want hedged to sim-b, 4 tokens billed, overhead %d", r, wantOverhead)
+		}
+	})
+	t.Run("long answer that started promptly", func(t *testing.T) {
+		h, secret := firstTokenHarness(t, sim.Config{TTFT: 5 * time.Millisecond, TTFTSigma: -1, TPOT: 20 * time.Millisecond})
+		before := len(h.LedgerRows())
+		// 30 tokens 20ms apart: the answer takes about 600ms, four times the
+		// hedge delay, but its first token comes at once.
+		resp := h.Post("/v1/chat/completions", secret, `{"model":"tailgate-sim","max_tokens":30,"ignore_eos":true,"messages":[{"role":"user","content":"a long one"}]}`)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Tailgate-Hedged") != "false" || resp.Header.Get("X-Tailgate-Replica") != "sim-a" {
+			t.Fatalf("status %d hedged %q replica %q: a long answer that started at once was hedged", resp.StatusCode,
+				resp.Header.Get("X-Tailgate-Hedged"), resp.Header.Get("X-Tailgate-Replica"))
+		}
+		if n := gjson.GetBytes(raw, "usage.completion_tokens").Int(); n != 30 {
+			t.Fatalf("completion_tokens %d: %s", n, raw)
+		}
+		rows := h.LedgerRows()[before:]
+		if len(rows) != 1 || rows[0].Hedged || rows[0].Attempts != 1 || rows[0].HedgeOverheadTokens != 0 || rows[0].CompletionTokens != 30 {
+			t.Fatalf("ledger rows %+v: want one unhedged attempt billed 30 tokens", rows)
+		}
+		if s := h.Engines[1].Stats(); s.Completed != 6 || s.Aborted != 0 {
+			t.Fatalf("sim-b saw a hedge: %+v", s)
+		}
+	})
 }

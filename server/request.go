@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"errors"
 	"hash/fnv"
 	"strconv"
@@ -30,10 +31,18 @@ var (
 // are rewritten to exactly what it decided, so the engine cannot read them
 // another way.
 type parsedRequest struct {
-	body      []byte // as sent upstream
-	model     string
-	stream    bool
-	wantUsage bool // the client asked for the usage chunk
+	body   []byte // as sent upstream
+	model  string
+	stream bool // the client asked for a stream
+	// assemble: the client asked for JSON, the engine is asked for a stream
+	// (with usage on every chunk) and the gateway assembles the answer, so
+	// the request is hedged on its first token like a stream. Requests an
+	// engine would answer differently when streamed (beam search, prompt
+	// logprobs, which vLLM refuses with stream: true) go upstream as JSON.
+	assemble bool
+	// forcedTool: tool_choice is "required" or names a function.
+	forcedTool bool
+	wantUsage  bool // the client asked for the usage chunk
 	// wantContinuous: the client asked for usage on every chunk too
 	// (stream_options.continuous_usage_stats, with include_usage).
 	wantContinuous bool
@@ -94,8 +103,10 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	}
 	// gjson over a string view of the body: results alias it instead of
 	// copying (a 4 MiB messages array would otherwise be copied whole).
-	fields := gjson.GetMany(unsafe.String(unsafe.SliceData(body), len(body)), "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of")
+	fields := gjson.GetMany(unsafe.String(unsafe.SliceData(body), len(body)), "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of",
+		"use_beam_search", "prompt_logprobs", "tool_choice")
 	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n, bestOf := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7], fields[8]
+	beam, promptLogprobs, toolChoice := fields[9], fields[10], fields[11]
 
 	p := &parsedRequest{body: body, sequences: 1}
 	switch {
@@ -109,6 +120,8 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 		return nil, apierr.BadRequest("stream", "stream must be a boolean")
 	}
 	p.stream = stream.Type == gjson.True
+	p.assemble = !p.stream && beam.Type != gjson.True && promptLogprobs.Type == gjson.Null
+	p.forcedTool = toolChoice.IsObject() || toolChoice.Type == gjson.String && toolChoice.Str == "required"
 	var media int64
 	if ep.chat {
 		if !messages.Exists() {
@@ -203,15 +216,28 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 
 	// Forward exactly what was decided: each field the gateway acts on is
 	// rewritten unless its bytes already say it in the one canonical way.
-	var err error
+	// Fields the body lacks are added together at its end, in one copy
+	// (each edit in place copies the whole body).
+	var (
+		err  error
+		tail []byte
+	)
 	set := func(path string, raw string, want any, canonical string) {
 		if err != nil || raw == canonical {
 			return
 		}
 		p.body, err = sjson.SetBytes(p.body, path, want)
 	}
+	add := func(key, raw string) {
+		tail = append(append(append(append(tail, ",\""...), key...), "\":"...), raw...)
+	}
 	set("model", model.Raw, p.model, strconv.Quote(p.model))
-	if stream.Exists() {
+	switch {
+	case p.assemble && !stream.Exists():
+		add("stream", "true")
+	case p.assemble:
+		set("stream", stream.Raw, true, "true")
+	case stream.Exists():
 		set("stream", stream.Raw, p.stream, strconv.FormatBool(p.stream))
 	}
 	if n.Exists() && n.Type != gjson.Null {
@@ -235,8 +261,10 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 			if err == nil {
 				p.body, err = sjson.SetRawBytes(p.body, "max_tokens", []byte("null"))
 			}
-		} else {
+		} else if maxTok.Exists() {
 			set("max_tokens", "", p.maxTokens, "-")
+		} else {
+			add("max_tokens", strconv.FormatInt(p.maxTokens, 10))
 		}
 	} else {
 		for _, f := range []struct {
@@ -248,11 +276,21 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 			}
 		}
 	}
-	if p.stream {
-		// Usage on every chunk: an aborted stream and a cancelled hedge are
-		// billed from the engine's own running count, not estimated.
+	// Usage on every chunk: an aborted stream and a cancelled hedge are
+	// billed from the engine's own running count, not estimated.
+	const usageOptions = `{"include_usage":true,"continuous_usage_stats":true}`
+	switch {
+	case p.upstreamStream() && !streamOpts.Exists():
+		add("stream_options", usageOptions)
+	case p.assemble && err == nil:
+		// null: a JSON request has no other stream_options (refused above).
+		p.body, err = sjson.SetRawBytes(p.body, "stream_options", []byte(usageOptions))
+	case p.stream:
 		set("stream_options.include_usage", streamOpts.Get("include_usage").Raw, true, "true")
 		set("stream_options.continuous_usage_stats", streamOpts.Get("continuous_usage_stats").Raw, true, "true")
+	}
+	if err == nil && len(tail) > 0 {
+		p.body = appendFields(p.body, tail)
 	}
 	if err != nil {
 		return nil, apierr.BadRequest("", "request body cannot be edited: %v", err)
@@ -286,6 +324,22 @@ func checkJSON(body []byte, maxDepth int) error {
 	}
 	return apierr.BadRequest("", "request body is not valid JSON: %s", err)
 }
+
+// appendFields returns a copy of the JSON object obj with fields (each
+// starting with a comma) added before its closing brace.
+func appendFields(obj, fields []byte) []byte {
+	end := bytes.LastIndexByte(obj, '}')
+	head := bytes.TrimRight(obj[:end], " \t\r\n")
+	if len(head) > 0 && head[len(head)-1] == '{' {
+		fields = fields[1:] // an empty object: no comma before the first
+	}
+	out := make([]byte, 0, len(obj)+len(fields))
+	out = append(append(append(out, obj[:end]...), fields...), obj[end:]...)
+	return out
+}
+
+// upstreamStream reports whether the engine is asked for a stream.
+func (p *parsedRequest) upstreamStream() bool { return p.stream || p.assemble }
 
 // reservedCompletion is the completion tokens the request may produce in
 // all: the cap per sequence times the sequences.

@@ -101,7 +101,9 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		cl.stages.Gateway = time.Since(cl.start)
 	}
 	cl.routed = true
-	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix}, Stream: pr.stream, NoHedge: cl.noHedge}
+	// Stream: every answer the engine streams, JSON assembled here included,
+	// is hedged on its time to first token.
+	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge}
 	res, err := s.reg.Do(ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 		return s.open(ctx, cl, rep, n, reason)
 	})
@@ -128,15 +130,19 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 			cl.outcome = data.OutcomeOK
 			s.settle(ctx, cl, ticket, true)
 		}
-		if pr.stream {
+		switch {
+		case pr.stream:
 			err = s.relayStream(ctx, w, cl, u, ticket, done)
 			cl.adopt(u) // usage and timings learned while relaying
-		} else {
-			cl.firstToken = true
-			cl.stages.TTFT = time.Since(cl.start)
-			cl.stages.Total = cl.stages.TTFT
-			done()
-			out.json(cl, u.body)
+		case pr.assemble:
+			// Nothing reaches the client before the whole answer: a failure
+			// on the way is a plain HTTP error, and nothing is billed.
+			var body []byte
+			if body, err = s.assembleJSON(ctx, cl, u); err == nil {
+				s.deliverJSON(cl, out, body, done)
+			}
+		default:
+			s.deliverJSON(cl, out, u.body, done)
 		}
 	}
 	if cl.recorded {
@@ -151,6 +157,16 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		}
 	}
 	s.settle(ctx, cl, ticket, false)
+}
+
+// deliverJSON sends a whole JSON answer once done has committed its ledger
+// row: the client-visible time to first token is the whole answer's.
+func (s *Server) deliverJSON(cl *call, out sink, body []byte, done func()) {
+	cl.firstToken = true
+	cl.stages.TTFT = time.Since(cl.start)
+	cl.stages.Total = cl.stages.TTFT
+	done()
+	out.json(cl, body)
 }
 
 // admit checks the parsed request against its key (the model allowed, known
@@ -197,6 +213,19 @@ func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Erro
 	case ctx.Err() != nil, errors.As(err, &cerr):
 		// The client went away: nobody to answer; the ledger says 499.
 		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientCancelled, statusClientClosed
+	case errors.As(err, &mid) && !cl.req.stream:
+		// An answer assembled into JSON broke before anything was sent:
+		// the client gets the error's own status.
+		cl.outcome, cl.class = data.OutcomeMidstream, mid.class
+		switch mid.class {
+		case data.ClassErrorEvent:
+			ae = errUpstream
+		case data.ClassIdleDeadline:
+			ae = errIdle
+		default:
+			ae = errMidstream
+		}
+		cl.status = ae.Status
 	case errors.As(err, &mid):
 		// The status line went out as 200 with the first token.
 		cl.outcome, cl.class = data.OutcomeMidstream, mid.class

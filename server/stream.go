@@ -246,6 +246,8 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 			u.usage.CompletionTokens = completion
 			u.gotUsage = true
 			switch {
+			case cl.req.assemble:
+				// The assembler reads the usage chunk; nothing is relayed.
 			case usageOnly && !cl.req.wantUsage:
 				return evDrop, nil // the usage chunk only the gateway wanted
 			case !usageOnly && !cl.req.wantContinuous:
