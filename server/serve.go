@@ -23,7 +23,8 @@ type call struct {
 	start     time.Time
 	principal *policy.Principal
 	ep        endpoint
-	noHedge   bool // the client asked for no hedge (x-tailgate-hedge: off)
+	noHedge   bool   // the client asked for no hedge (x-tailgate-hedge: off)
+	group     string // the fan-out it belongs to (x-tailgate-group), "" for none
 	req       *parsedRequest
 	mm        *modelMetrics
 
@@ -103,7 +104,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	cl.routed = true
 	// Stream: every answer the engine streams, JSON assembled here included,
 	// is hedged on its time to first token.
-	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge}
+	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group}
 	res, err := s.reg.Do(ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 		return s.open(ctx, cl, rep, n, reason)
 	})
