@@ -23,7 +23,8 @@ type call struct {
 	start     time.Time
 	principal *policy.Principal
 	ep        endpoint
-	noHedge   bool // the client asked for no hedge (x-tailgate-hedge: off)
+	noHedge   bool   // the client asked for no hedge (x-tailgate-hedge: off)
+	source    string // the client's source label for the latency budgets; "" for batch lines
 	req       *parsedRequest
 	mm        *modelMetrics
 
@@ -363,6 +364,7 @@ func (s *Server) observe(cl *call, cost int64) (data.LedgerRow, bool) {
 	if cl.overhead > 0 {
 		mm.overhead.Add(float64(cl.overhead))
 	}
+	s.observeSLO(cl)
 	if cl.principal == nil {
 		return data.LedgerRow{}, false
 	}

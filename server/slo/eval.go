@@ -355,4 +355,3 @@ func (e *Evaluator) Snapshot(bySource bool) Snapshot {
 	}
 	return s
 }
-

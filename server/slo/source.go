@@ -122,4 +122,3 @@ func (s *Sources) Label(h, remote string) string {
 // Count is the number of labels a request can get: the configured ones,
 // "default" and "other".
 func (s *Sources) Count() int { return len(s.labels) + 2 }
-
