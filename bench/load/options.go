@@ -95,6 +95,14 @@ type Options struct {
 	OnKill, OnScaleOut string
 	HookTimeout        time.Duration
 
+	// SLO, when set, checks every phase against these latency budgets
+	// (SLOFrom names where they came from, for the report); SLOFromGateway
+	// reads them from the target gateway's admin API instead (a scenario's
+	// own gateway, or A.Admin). A FAIL makes [Main] return an error.
+	SLO            *SLO
+	SLOFrom        string
+	SLOFromGateway bool
+
 	// JSONFile and HTMLFile receive the full report as JSON and as a
 	// self-contained HTML page; "" writes none.
 	JSONFile, HTMLFile string
@@ -165,6 +173,9 @@ func (o Options) resolve() (*bench, error) {
 	if err := o.checkLoop(); err != nil {
 		return nil, err
 	}
+	if err := o.checkSLO(sc); err != nil {
+		return nil, err
+	}
 	o = o.withDefaults(sc)
 	if err := o.checkTimes(); err != nil {
 		return nil, err
@@ -204,6 +215,18 @@ func (o *Options) lookupScenario() (*Scenario, error) {
 		return nil, fmt.Errorf("unknown scenario %q: want failover, burst, scaleout or overhead", o.Scenario)
 	}
 	return &s, nil
+}
+
+// checkSLO refuses two sources of budgets, and budgets from a gateway
+// without its admin API.
+func (o *Options) checkSLO(sc *Scenario) error {
+	switch {
+	case o.SLO != nil && o.SLOFromGateway:
+		return errors.New("give --slo FILE or --slo-from-gateway, not both")
+	case o.SLOFromGateway && sc == nil && o.A.Admin == "":
+		return errors.New("--slo-from-gateway reads the budgets from the gateway's admin API: give --admin and --admin-token-file")
+	}
+	return nil
 }
 
 // checkMode refuses what belongs to the other mode.

@@ -28,6 +28,11 @@ type Report struct {
 	// answer arrives whole and counts in total.
 	TTFTStreamsOnly bool `json:"ttft_streams_only"`
 
+	// SLO holds the latency-budget checks per phase (and "all") when the
+	// run was checked against budgets; SLOFrom says where they came from.
+	SLO     []SLOCheck `json:"slo,omitempty"`
+	SLOFrom string     `json:"slo_from,omitempty"`
+
 	Phases    []PhaseReport    `json:"phases"`
 	All       PhaseReport      `json:"all"`
 	Failovers []FailoverReport `json:"failovers"`

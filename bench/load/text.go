@@ -119,6 +119,7 @@ func (r *Report) writeText(w io.Writer, detail bool) error {
 	for _, ev := range r.Events {
 		fmt.Fprintf(&b, "  %s %d at %.1fs: %s\n", ev.Kind, ev.Count, secs(ev.At), eventWho(ev))
 	}
+	r.writeSLO(&b)
 
 	for i := range r.Failovers {
 		b.WriteByte('\n')
