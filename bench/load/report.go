@@ -141,6 +141,12 @@ type NewReplica struct {
 	ReadyMS  *float64 `json:"ready_after_ms"`
 	// ServingMS: first token of the first successful request it answered.
 	ServingMS *float64 `json:"serving_after_ms"`
+	// WarmMS: time to warm performance, the first token of the answer with
+	// which the TTFT p95 of its recent answers first came within
+	// WarmTolerance of WarmBaselineMS, the fleet's steady TTFT p95 (the
+	// window before the action); nil when it never did in scope.
+	WarmMS         *float64 `json:"warm_after_ms"`
+	WarmBaselineMS float64  `json:"warm_baseline_p95_ms,omitempty"`
 	// Share of successful requests it answered among those sent in the
 	// window from its first one (bounded by the next action).
 	Share float64 `json:"traffic_share"`

@@ -268,6 +268,9 @@ func newReplicaLine(rp NewReplica) string {
 	if rp.ServingMS != nil {
 		parts = append(parts, fmt.Sprintf("then %.0f%% of requests", 100*rp.Share))
 	}
+	if rp.WarmBaselineMS > 0 {
+		parts = append(parts, fmt.Sprintf("warm (ttft p95 within %.0f%% of the fleet's %s ms) %s", 100*WarmTolerance, fmtMS(rp.WarmBaselineMS), fmtOpt(rp.WarmMS)))
+	}
 	s := strings.Join(parts, ", ")
 	if rp.Inferred {
 		s += " (inferred)"
