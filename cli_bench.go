@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"tailgate/bench/load"
@@ -22,6 +23,7 @@ type benchFlags struct {
 	streamFraction                float64
 	quiet                         bool
 	sloFile                       string
+	sources                       string
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
@@ -80,6 +82,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.SampleInterval, "sample-interval", 250*time.Millisecond, "how often the admin API's replica list is sampled")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress line on stderr")
 	fs.StringVar(&f.sloFile, "slo", "", "check every phase against the latency budgets of this YAML file (a gateway --config file's slo and models.NAME.slo keys, over the defaults): PASS/FAIL per phase and stage, exit status 1 on a FAIL")
+	fs.StringVar(&f.sources, "sources", "", "label the requests in turn with these sources, comma-separated (sent as x-tailgate-source); the report gives each source's latencies")
 	fs.BoolVar(&o.SLOFromGateway, "slo-from-gateway", false, "as --slo, with the budgets the gateway under test holds (its /admin/v1/slo; needs --admin unless a scenario)")
 }
 
@@ -136,6 +139,11 @@ func (f *benchFlags) options(fs *flag.FlagSet) (load.Options, error) {
 		return o, errors.New(`--endpoint "": want chat or completions`)
 	case o.Timeout == 0 || o.Window == 0 || o.SampleInterval == 0:
 		return o, errors.New("--timeout and --window must be positive, --sample-interval at least 10ms")
+	}
+	for src := range strings.SplitSeq(f.sources, ",") {
+		if src = strings.TrimSpace(src); src != "" {
+			o.Sources = append(o.Sources, src)
+		}
 	}
 	if f.sloFile != "" {
 		s, err := readBenchSLO(f.sloFile)

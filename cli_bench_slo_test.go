@@ -92,10 +92,15 @@ slo:
 	}
 
 	t.Run("healthy fleet passes", func(t *testing.T) {
-		code, out, rep := runBenchSLO(t, "--slo", file)
+		code, out, rep := runBenchSLO(t, "--slo", file, "--sources", "eu,us")
 		c := sloCheck(rep, "all", "stream", "engine_ttft", "p95")
 		if code != 0 || c == nil || c.Result != load.Pass || c.Requests == 0 {
 			t.Fatalf("exit %d, all/stream/engine_ttft %+v: want PASS and exit 0", code, c)
+		}
+		for _, src := range []string{"eu", "us"} {
+			if s := rep.Phases[0].Sources[src]; s.Requests == 0 || s.TTFT.N == 0 || !strings.Contains(out, "source "+src+": ") {
+				t.Errorf("source %s: %+v, want its own figures in the report", src, s)
+			}
 		}
 		if sloCheck(rep, "1 steady", "json", "total", "p95") == nil || !strings.Contains(out, "== latency budgets ("+file+") ==") || !strings.Contains(out, "PASS: ") {
 			t.Errorf("per-phase checks or the text table missing")

@@ -95,6 +95,11 @@ type Options struct {
 	OnKill, OnScaleOut string
 	HookTimeout        time.Duration
 
+	// Sources label the requests in turn with these source names (sent as
+	// x-tailgate-source); the report gives each source's figures. nil: no
+	// labels.
+	Sources []string
+
 	// SLO, when set, checks every phase against these latency budgets
 	// (SLOFrom names where they came from, for the report); SLOFromGateway
 	// reads them from the target gateway's admin API instead (a scenario's
@@ -367,7 +372,7 @@ func (o *Options) plan(sc *Scenario) (Plan, error) {
 // workload parses the workload's distributions; the model and the replayed
 // requests are filled in later.
 func (o *Options) workload() (WorkloadConfig, error) {
-	w := WorkloadConfig{Completions: o.Endpoint == "completions", StreamFraction: *o.StreamFraction,
+	w := WorkloadConfig{Completions: o.Endpoint == "completions", StreamFraction: *o.StreamFraction, Sources: o.Sources,
 		IgnoreEOS: !o.NoIgnoreEOS, Seed: o.Seed}
 	var err error
 	if w.Prompt, err = ParseDist(o.PromptTokens); err != nil {

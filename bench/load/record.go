@@ -32,6 +32,7 @@ type Record struct {
 	Sent     time.Duration // when the client handed it to the transport
 
 	Stream       bool
+	Source       string `json:",omitempty"` // the source label sent (x-tailgate-source)
 	PromptTokens int // intended
 	MaxTokens    int // intended
 	Completion   int // completion tokens the answer reported (usage), 0 if unknown

@@ -79,6 +79,17 @@ type PhaseReport struct {
 	SendLag Summary `json:"send_lag_ms"`
 	// Stages are the gateway's stage durations (and client_connect).
 	Stages map[string]Summary `json:"stages_ms"`
+	// Sources holds each source label's figures when the run labelled its
+	// requests (--sources): one global percentile hides a slow source.
+	Sources map[string]SourceReport `json:"sources,omitempty"`
+}
+
+// SourceReport holds the figures of one source's requests in a phase.
+type SourceReport struct {
+	Requests int     `json:"requests"`
+	Errors   int     `json:"errors"`
+	TTFT     Summary `json:"ttft_ms"`
+	Total    Summary `json:"total_ms"`
 }
 
 // FailoverReport holds the figures of one kill.
@@ -286,7 +297,47 @@ func (a *analysis) phaseReport(name string, start, end time.Duration, recs []*Re
 	for k, v := range stages {
 		pr.Stages[k] = Summarize(v)
 	}
+	pr.Sources = a.sources(recs)
 	return pr
+}
+
+// sources summarizes recs per source label; nil when none was labelled.
+func (a *analysis) sources(recs []*Record) map[string]SourceReport {
+	type acc struct {
+		rep          SourceReport
+		ttft, totals []float64
+	}
+	by := map[string]*acc{}
+	for _, r := range recs {
+		if r.Source == "" {
+			continue
+		}
+		s := by[r.Source]
+		if s == nil {
+			s = &acc{}
+			by[r.Source] = s
+		}
+		s.rep.Requests++
+		if !r.OK() {
+			s.rep.Errors++
+			continue
+		}
+		if r.TTFT >= 0 && a.countsTTFT(r) {
+			s.ttft = append(s.ttft, ms(r.TTFT))
+		}
+		if r.Total >= 0 {
+			s.totals = append(s.totals, ms(r.Total))
+		}
+	}
+	if len(by) == 0 {
+		return nil
+	}
+	out := make(map[string]SourceReport, len(by))
+	for k, s := range by {
+		s.rep.TTFT, s.rep.Total = Summarize(s.ttft), Summarize(s.totals)
+		out[k] = s.rep
+	}
+	return out
 }
 
 func (a *analysis) notes() []string {

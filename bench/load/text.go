@@ -189,6 +189,11 @@ func (r *Report) writePhase(b *strings.Builder, p *PhaseReport) {
 	if p.Errors > 0 {
 		fmt.Fprintf(b, "  errors: %s (%d before the first token, %d mid-stream)\n", errorList(p.ErrorsByClass), p.BeforeFirstToken, p.Midstream)
 	}
+	for _, src := range slices.Sorted(maps.Keys(p.Sources)) {
+		s := p.Sources[src]
+		fmt.Fprintf(b, "  source %s: %d requests, %d errors, ttft p50 %s p95 %s p99 %s, total p95 %s\n", src, s.Requests, s.Errors,
+			s.TTFT.Show("p50"), s.TTFT.Show("p95"), s.TTFT.Show("p99"), s.Total.Show("p95"))
+	}
 }
 
 func pct(a, b float64) string {

@@ -52,3 +52,31 @@ func TestTimeToWarmPerformance(t *testing.T) {
 		t.Errorf("a replica at 3x the fleet's TTFT is warm at %v", *nr.WarmMS)
 	}
 }
+
+// TestSourcesLabelRequestsAndSplitTheReport: with sources, requests are
+// labelled in turn (the same seed, the same labels) and each phase reports
+// each source's latencies apart.
+func TestSourcesLabelRequestsAndSplitTheReport(t *testing.T) {
+	w, err := NewWorkload(WorkloadConfig{Model: "m", Sources: []string{"eu", "us"}, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Request(0).Source != "eu" || w.Request(1).Source != "us" || w.Request(2).Source != "eu" {
+		t.Fatalf("labels %q %q %q", w.Request(0).Source, w.Request(1).Source, w.Request(2).Source)
+	}
+	plan := mustPlan(t, "steady:10s")
+	var recs []Record
+	for i := range 10 {
+		r := rec(float64(i), "a", 100, 200)
+		if r.Source = "eu"; i%2 == 1 {
+			r.Source, r.TTFT = "us", msd(900)
+		}
+		r.Index, r.Span = i, plan.SpanAt(r.Intended)
+		recs = append(recs, r)
+	}
+	rep := Analyze(&Result{Plan: plan, Elapsed: 10 * time.Second, Records: recs, Rate: 1}, 0)
+	eu, us := rep.Phases[0].Sources["eu"], rep.Phases[0].Sources["us"]
+	if eu.Requests != 5 || eu.TTFT.P95 != 100 || us.Requests != 5 || us.TTFT.P95 != 900 {
+		t.Errorf("eu %+v us %+v: the slow source must show apart", eu, us)
+	}
+}
