@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -100,5 +102,24 @@ func TestSLOConfigErrorsNameTheFlagOrKey(t *testing.T) {
 				t.Errorf("error %v, want it to contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestREADMESLOExampleIsTrue: the README's slo example is a valid config.
+func TestREADMESLOExampleIsTrue(t *testing.T) {
+	raw, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := regexp.MustCompile("(?s)```yaml\n(# slo part of a gateway.yaml\n.*?)```").FindSubmatch(raw)
+	if y == nil {
+		t.Fatal("no slo example in the README")
+	}
+	st, err := resolveGateway(t, string(y[1]))
+	if err != nil {
+		t.Fatalf("the README's slo example: %v", err)
+	}
+	if objs := st.srvCfg.SLO.Objectives("meta-llama/Llama-3.1-70B-Instruct"); len(objs) == 0 || objs[len(objs)-1].Kind != slo.JSON {
+		t.Errorf("objectives %+v", objs)
 	}
 }

@@ -33,9 +33,9 @@ type Record struct {
 
 	Stream       bool
 	Source       string `json:",omitempty"` // the source label sent (x-tailgate-source)
-	PromptTokens int // intended
-	MaxTokens    int // intended
-	Completion   int // completion tokens the answer reported (usage), 0 if unknown
+	PromptTokens int    // intended
+	MaxTokens    int    // intended
+	Completion   int    // completion tokens the answer reported (usage), 0 if unknown
 
 	Status   int    // HTTP status, 0 when none arrived
 	ErrClass string // "" when the request succeeded
