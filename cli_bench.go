@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"tailgate/bench/load"
+	"tailgate/server/slo"
 )
 
 // benchFlags are the flags of `tailgate bench`. Most are bound straight to
@@ -19,6 +22,8 @@ type benchFlags struct {
 	replace, ignoreEOS, keepAlive bool
 	streamFraction                float64
 	quiet                         bool
+	sloFile                       string
+	sources                       string
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
@@ -76,16 +81,20 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Window, "window", 10*time.Second, "failover window: latency and queue figures cover this long after a kill or scale-out")
 	fs.DurationVar(&o.SampleInterval, "sample-interval", 250*time.Millisecond, "how often the admin API's replica list is sampled")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress line on stderr")
+	fs.StringVar(&f.sloFile, "slo", "", "check every phase against the latency budgets of this YAML file (a gateway --config file's slo and models.NAME.slo keys, over the defaults): PASS/FAIL per phase and stage, exit status 1 on a FAIL")
+	fs.StringVar(&f.sources, "sources", "", "label the requests in turn with these sources, comma-separated (sent as x-tailgate-source); the report gives each source's latencies")
+	fs.BoolVar(&o.SLOFromGateway, "slo-from-gateway", false, "as --slo, with the budgets the gateway under test holds (its /admin/v1/slo; needs --admin unless a scenario)")
 }
 
-const benchSynopsis = `bench (--scenario NAME | --target URL [--key KEY]) [--rate R | --concurrency C] [--phases LIST] [--seed N] [--json F] [--html F] [--compare ...]
+const benchSynopsis = `bench (--scenario NAME | --target URL [--key KEY]) [--rate R | --concurrency C] [--phases LIST] [--seed N] [--json F] [--html F] [--compare ...] [--slo FILE | --slo-from-gateway]
 
 Examples:
   tailgate bench --scenario failover --html failover.html
   tailgate bench --target http://gw:8080/v1 --key-file team.key --admin http://gw:8081 \
       --admin-token-file admin.token --rate 20 --phases steady:60s,burst:20s:x3,steady:30s
   tailgate bench --scenario failover --compare --b-worker-args "--sim-stall-prob 0.05"
-  tailgate bench --target http://gw:8080/v1 --key K --compare --target-b http://vllm:8000/v1`
+  tailgate bench --target http://gw:8080/v1 --key K --compare --target-b http://vllm:8000/v1
+  tailgate bench --scenario burst --slo gateway.yaml   # exit status 1 when a stage is over budget`
 
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench", benchSynopsis, stderr)
@@ -131,7 +140,49 @@ func (f *benchFlags) options(fs *flag.FlagSet) (load.Options, error) {
 	case o.Timeout == 0 || o.Window == 0 || o.SampleInterval == 0:
 		return o, errors.New("--timeout and --window must be positive, --sample-interval at least 10ms")
 	}
+	for src := range strings.SplitSeq(f.sources, ",") {
+		if src = strings.TrimSpace(src); src != "" {
+			o.Sources = append(o.Sources, src)
+		}
+	}
+	if f.sloFile != "" {
+		s, err := readBenchSLO(f.sloFile)
+		if err != nil {
+			return o, err
+		}
+		o.SLO, o.SLOFrom = s, f.sloFile
+	}
 	return o, nil
+}
+
+// readBenchSLO reads the latency budgets of a gateway config file (its slo
+// and models.NAME.slo keys over the defaults, as the gateway reads them)
+// for the bench.
+func readBenchSLO(path string) (*load.SLO, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--slo: %w", err)
+	}
+	var c gatewayConfig
+	if err := decodeYAML(raw, &c); err != nil {
+		return nil, fmt.Errorf("--slo %s: %w", path, err)
+	}
+	if err := c.sloConfig.validate(c.Models); err != nil {
+		return nil, fmt.Errorf("--slo %s: %w", path, err)
+	}
+	cfg := c.sloConfig.config(c.Models)
+	objs := func(model string) []load.Objective {
+		var out []load.Objective
+		for _, d := range slo.Docs(cfg.Objectives(model)) {
+			out = append(out, load.Objective{Kind: string(d.Kind), Stage: d.Stage, Name: d.Objective, Target: d.Target, BudgetMS: d.BudgetMS})
+		}
+		return out
+	}
+	s := &load.SLO{Default: objs(""), Models: map[string][]load.Objective{}}
+	for name := range cfg.Models {
+		s.Models[name] = objs(name)
+	}
+	return s, nil
 }
 
 // isTerminal tells whether w is a terminal, where progress is rewritten in

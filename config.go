@@ -21,6 +21,7 @@ import (
 	"tailgate/router"
 	"tailgate/server"
 	"tailgate/server/batch"
+	"tailgate/server/slo"
 )
 
 // gatewayConfig is the gateway's configuration (`gateway` and `up`) in one
@@ -81,6 +82,9 @@ type gatewayConfig struct {
 	Mesh           meshFlags `yaml:"-"` // gateway only: --mesh and --mesh-*
 	MeshAllowPeers string    `yaml:"-"` // gateway only: --mesh-allow-peers
 
+	// Latency budgets and request sources (config_slo.go).
+	sloConfig `yaml:",inline"`
+
 	upstreamFlags stringList // --upstream, added to Upstreams by load
 	priceFlags    stringList // --price, put in the catalog by load
 }
@@ -101,6 +105,7 @@ type modelConfig struct {
 	IdleDeadline time.Duration `yaml:"idle_deadline"` // 0: --idle-deadline
 	Price        *priceConfig  `yaml:"price"`         // nil: free; --price MODEL=IN,OUT replaces it
 	Hedge        *modelHedge   `yaml:"hedge"`         // nil: the --hedge* flags
+	SLO          *slo.Budgets  `yaml:"slo"`           // nil: the default budgets; a stage given replaces the default's
 }
 
 // priceConfig is a model's price in currency units per million tokens.
@@ -160,6 +165,7 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HedgeMax, "hedge-max", 30*time.Second, "largest hedge delay")
 	fs.Float64Var(&c.RetryBudget, "retry-budget", 0.05, "retries after a request reached a replica, as a fraction of requests, between 0 and 1 (0: the default); hedges have --hedge-budget")
 	c.TLS.register(fs)
+	c.sloConfig.register(fs)
 }
 
 // registerMesh defines the mesh flags, which `gateway` has and `up` has not.
@@ -216,7 +222,7 @@ func (c *gatewayConfig) load(fs *flag.FlagSet) error {
 		c.Models[model] = m
 	}
 	c.priceFlags = nil
-	return nil
+	return c.sloConfig.load()
 }
 
 // flagGiven reports whether the flag name was set on fs's command line.
@@ -304,7 +310,7 @@ func (c *gatewayConfig) Validate() error {
 			return fmt.Errorf("models.%s.%w", name, err)
 		}
 	}
-	return nil
+	return c.sloConfig.validate(c.Models)
 }
 
 // Validate reports the first setting of the entry that cannot work; the
@@ -378,6 +384,7 @@ func (c *gatewayConfig) setup() (*gatewaySetup, error) {
 			RejectedRows:     c.RejectedRows,
 			MaxTokensByModel: map[string]int64{}, TTFTDeadlineByModel: map[string]time.Duration{},
 			IdleDeadlineByModel: map[string]time.Duration{},
+			SLO:                 c.sloConfig.config(c.Models),
 		},
 		prices: map[string]policy.Price{},
 	}

@@ -50,6 +50,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	a.GET("/requests", s.handleGetRequests)
 	a.GET("/replicas", s.handleGetReplicas)
 	a.GET("/workers", s.handleGetWorkers)
+	a.GET("/slo", s.handleGetSLO)
 	a.DELETE("/workers/:id", s.handleDeleteWorker)
 
 	if ui != nil {

@@ -32,6 +32,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		cl := s.newCall(ep, p)
 		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
 		cl.group = boundString(r.Header.Get("X-Tailgate-Group"))
+		cl.source = s.sourceOf(r)
 		c.Response().Header().Set("X-Request-Id", cl.id)
 		out := httpSink{s: s, c: c}
 

@@ -25,6 +25,7 @@ type call struct {
 	ep        endpoint
 	noHedge   bool   // the client asked for no hedge (x-tailgate-hedge: off)
 	group     string // the fan-out it belongs to (x-tailgate-group), "" for none
+	source    string // the client's source label for the latency budgets; "" for batch lines
 	req       *parsedRequest
 	mm        *modelMetrics
 
@@ -393,6 +394,7 @@ func (s *Server) observe(cl *call, cost int64) (data.LedgerRow, bool) {
 	if cl.overhead > 0 {
 		mm.overhead.Add(float64(cl.overhead))
 	}
+	s.observeSLO(cl)
 	if cl.principal == nil {
 		return data.LedgerRow{}, false
 	}

@@ -37,6 +37,7 @@ import (
 	"tailgate/router"
 	"tailgate/server/apierr"
 	"tailgate/server/batch"
+	"tailgate/server/slo"
 	"tailgate/server/strictjson"
 	"tailgate/serving"
 )
@@ -106,6 +107,10 @@ type Config struct {
 	// JSONDeadline bounds one attempt of a request that is not streamed (its
 	// whole answer comes at once); 0 means 10m.
 	JSONDeadline time.Duration
+	// SLO holds the latency budgets the gateway evaluates (GET
+	// /admin/v1/slo, tailgate_slo_* metrics); its zero value is
+	// slo.DefaultBudgets for every model, no source labels.
+	SLO slo.Config
 	// Batch configures the Batch API (/v1/files, /v1/batches) and its
 	// executor; see [batch.Config]. Its zero value leaves the API off. Its
 	// MaxBodyBytes, when 0, is this Config's.
@@ -186,6 +191,7 @@ type Server struct {
 	log       *slog.Logger
 	transport http.RoundTripper
 	m         *metrics
+	slo       *slo.Evaluator
 	batches   *batch.Batches
 
 	idPrefix string
@@ -231,6 +237,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.m = m
+	if s.slo, err = newSLO(cfg.SLO, d.Registerer); err != nil {
+		return nil, err
+	}
 	bcfg := cfg.Batch
 	if bcfg.MaxBodyBytes == 0 {
 		bcfg.MaxBodyBytes = cfg.MaxBodyBytes

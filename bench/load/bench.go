@@ -33,6 +33,9 @@ func Main(ctx context.Context, o Options) error {
 	if err := b.output(reports); err != nil {
 		return errors.Join(runErr, err)
 	}
+	if fails, checks := sloFailures(reports); fails > 0 {
+		runErr = errors.Join(runErr, fmt.Errorf("latency budgets: %d of %d checks FAIL", fails, checks))
+	}
 	return runErr
 }
 
@@ -179,6 +182,27 @@ func (b *bench) runOverhead(ctx context.Context) ([]*Report, error) {
 	return reports, nil
 }
 
+// checkSLO checks rep against the budgets asked for, if any.
+func (b *bench) checkSLO(ctx context.Context, rep *Report, t Target, model string) error {
+	o := &b.opts
+	s, from := o.SLO, o.SLOFrom
+	if o.SLOFromGateway {
+		if t.AdminURL == "" && b.scenario != nil && b.scenario.Static {
+			return nil // overhead's engine side: no gateway, nothing to check
+		}
+		var err error
+		if s, err = gatewaySLO(ctx, t); err != nil {
+			return err
+		}
+		from = "from the gateway " + t.AdminURL
+	}
+	if s == nil {
+		return nil
+	}
+	rep.SLO, rep.SLOFrom = checkSLO(rep, s.For(model)), from
+	return nil
+}
+
 // runOne runs the plan against one target and analyzes it.
 func (b *bench) runOne(ctx context.Context, t Target, model string, fleet Fleet) (*Report, error) {
 	o := &b.opts
@@ -202,6 +226,9 @@ func (b *bench) runOne(ctx context.Context, t Target, model string, fleet Fleet)
 		return nil, err
 	}
 	rep := Analyze(res, o.Window)
+	if serr := b.checkSLO(ctx, rep, t, model); serr != nil {
+		err = errors.Join(err, serr)
+	}
 	if err != nil {
 		rep.Notes = append(rep.Notes, "the run was stopped early: "+err.Error())
 		if errors.Is(err, context.Canceled) {

@@ -57,7 +57,7 @@ type sender struct {
 
 // send sends req and fills rec. intended is the intended send time.
 func (s *sender) send(ctx context.Context, req Request, intended time.Time, rec *Record) {
-	rec.Index, rec.Stream = req.Index, req.Stream
+	rec.Index, rec.Stream, rec.Source = req.Index, req.Stream, req.Source
 	rec.PromptTokens, rec.MaxTokens = req.PromptTokens, req.MaxTokens
 	rec.Intended = intended.Sub(s.start)
 	rec.TTFT, rec.Total = -1, -1
@@ -84,6 +84,9 @@ func (s *sender) send(ctx context.Context, req Request, intended time.Time, rec 
 	}
 	if req.Stream {
 		hreq.Header.Set("Accept", "text/event-stream")
+	}
+	if req.Source != "" {
+		hreq.Header.Set("X-Tailgate-Source", req.Source)
 	}
 	rec.Sent = time.Since(s.start)
 	resp, err := s.client.Do(hreq)

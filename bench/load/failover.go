@@ -118,7 +118,7 @@ func (a *analysis) failover(ev *Event, scopeEnd time.Duration) FailoverReport {
 		reps, inferred = a.inferNew(kill, scopeEnd, f.Killed), true
 	}
 	for _, rp := range reps {
-		nr := a.newReplica(rp, kill, scopeEnd)
+		nr := a.newReplica(rp, kill, scopeEnd, f.Before.TTFT)
 		if inferred {
 			nr.Inferred, nr.StartMS = true, nil
 		}
@@ -142,8 +142,9 @@ func (a *analysis) scaleOut(ev *Event, scopeEnd time.Duration) ScaleOutReport {
 		}
 		ev.Inferred = len(reps) > 0
 	}
+	s.Before = a.windowReport(max(at-a.window, 0), at, nil)
 	for _, rp := range reps {
-		nr := a.newReplica(rp, at, scopeEnd)
+		nr := a.newReplica(rp, at, scopeEnd, s.Before.TTFT)
 		if inferred {
 			nr.Inferred, nr.StartMS = true, nil
 		}
@@ -160,13 +161,23 @@ func (a *analysis) scaleOut(ev *Event, scopeEnd time.Duration) ScaleOutReport {
 		}
 	}
 	s.After = a.windowReport(at, min(at+a.window, max(scopeEnd, at)), nil)
-	s.Before = a.windowReport(max(at-a.window, 0), at, nil)
 	return s
 }
 
-// newReplica computes when a started replica became ready and served.
-func (a *analysis) newReplica(rp EventReplacement, from, scopeEnd time.Duration) NewReplica {
+// Time to warm performance: a new replica is warm once the TTFT p95 of its
+// last WarmRequests answers (at least WarmMinRequests) first comes within
+// WarmTolerance of the fleet's steady p95 (the window before the action).
+const (
+	WarmRequests    = 10
+	WarmMinRequests = 5
+	WarmTolerance   = 0.25
+)
+
+// newReplica computes when a started replica became ready, served, and
+// served as fast as the fleet did before (steady: its TTFT before from).
+func (a *analysis) newReplica(rp EventReplacement, from, scopeEnd time.Duration, steady Summary) NewReplica {
 	nr := NewReplica{ID: rp.ID, StartMS: after(rp.At - from)}
+	a.warm(&nr, rp, from, scopeEnd, steady)
 	start := max(rp.At, from)
 	for _, s := range a.res.Samples {
 		if s.At < start || s.At >= scopeEnd {
@@ -205,6 +216,34 @@ func (a *analysis) newReplica(rp EventReplacement, from, scopeEnd time.Duration)
 		}
 	}
 	return nr
+}
+
+// warm sets nr's time to warm performance.
+func (a *analysis) warm(nr *NewReplica, rp EventReplacement, from, scopeEnd time.Duration, steady Summary) {
+	if steady.N == 0 {
+		return
+	}
+	nr.WarmBaselineMS = steady.P95
+	limit := steady.P95 * (1 + WarmTolerance)
+	var recent []float64
+	for i := range a.res.Records { // in send order
+		r := &a.res.Records[i]
+		if !r.OK() || r.Replica != rp.ID || r.Intended < max(rp.At, from) || r.Intended >= scopeEnd || !a.countsTTFT(r) {
+			continue
+		}
+		t, ok := r.FirstToken()
+		if !ok {
+			continue
+		}
+		recent = append(recent, ms(r.TTFT))
+		if len(recent) > WarmRequests {
+			recent = recent[1:]
+		}
+		if len(recent) >= WarmMinRequests && Summarize(slices.Clone(recent)).P95 <= limit {
+			nr.WarmMS = after(t - from)
+			return
+		}
+	}
 }
 
 // inferKilled works out which replicas a kill took down, for fleets that

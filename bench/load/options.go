@@ -95,6 +95,19 @@ type Options struct {
 	OnKill, OnScaleOut string
 	HookTimeout        time.Duration
 
+	// Sources label the requests in turn with these source names (sent as
+	// x-tailgate-source); the report gives each source's figures. nil: no
+	// labels.
+	Sources []string
+
+	// SLO, when set, checks every phase against these latency budgets
+	// (SLOFrom names where they came from, for the report); SLOFromGateway
+	// reads them from the target gateway's admin API instead (a scenario's
+	// own gateway, or A.Admin). A FAIL makes [Main] return an error.
+	SLO            *SLO
+	SLOFrom        string
+	SLOFromGateway bool
+
 	// JSONFile and HTMLFile receive the full report as JSON and as a
 	// self-contained HTML page; "" writes none.
 	JSONFile, HTMLFile string
@@ -165,6 +178,9 @@ func (o Options) resolve() (*bench, error) {
 	if err := o.checkLoop(); err != nil {
 		return nil, err
 	}
+	if err := o.checkSLO(sc); err != nil {
+		return nil, err
+	}
 	o = o.withDefaults(sc)
 	if err := o.checkTimes(); err != nil {
 		return nil, err
@@ -204,6 +220,18 @@ func (o *Options) lookupScenario() (*Scenario, error) {
 		return nil, fmt.Errorf("unknown scenario %q: want failover, burst, scaleout or overhead", o.Scenario)
 	}
 	return &s, nil
+}
+
+// checkSLO refuses two sources of budgets, and budgets from a gateway
+// without its admin API.
+func (o *Options) checkSLO(sc *Scenario) error {
+	switch {
+	case o.SLO != nil && o.SLOFromGateway:
+		return errors.New("give --slo FILE or --slo-from-gateway, not both")
+	case o.SLOFromGateway && sc == nil && o.A.Admin == "":
+		return errors.New("--slo-from-gateway reads the budgets from the gateway's admin API: give --admin and --admin-token-file")
+	}
+	return nil
 }
 
 // checkMode refuses what belongs to the other mode.
@@ -344,7 +372,7 @@ func (o *Options) plan(sc *Scenario) (Plan, error) {
 // workload parses the workload's distributions; the model and the replayed
 // requests are filled in later.
 func (o *Options) workload() (WorkloadConfig, error) {
-	w := WorkloadConfig{Completions: o.Endpoint == "completions", StreamFraction: *o.StreamFraction,
+	w := WorkloadConfig{Completions: o.Endpoint == "completions", StreamFraction: *o.StreamFraction, Sources: o.Sources,
 		IgnoreEOS: !o.NoIgnoreEOS, Seed: o.Seed}
 	var err error
 	if w.Prompt, err = ParseDist(o.PromptTokens); err != nil {

@@ -32,9 +32,10 @@ type Record struct {
 	Sent     time.Duration // when the client handed it to the transport
 
 	Stream       bool
-	PromptTokens int // intended
-	MaxTokens    int // intended
-	Completion   int // completion tokens the answer reported (usage), 0 if unknown
+	Source       string `json:",omitempty"` // the source label sent (x-tailgate-source)
+	PromptTokens int    // intended
+	MaxTokens    int    // intended
+	Completion   int    // completion tokens the answer reported (usage), 0 if unknown
 
 	Status   int    // HTTP status, 0 when none arrived
 	ErrClass string // "" when the request succeeded

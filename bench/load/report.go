@@ -28,6 +28,11 @@ type Report struct {
 	// answer arrives whole and counts in total.
 	TTFTStreamsOnly bool `json:"ttft_streams_only"`
 
+	// SLO holds the latency-budget checks per phase (and "all") when the
+	// run was checked against budgets; SLOFrom says where they came from.
+	SLO     []SLOCheck `json:"slo,omitempty"`
+	SLOFrom string     `json:"slo_from,omitempty"`
+
 	Phases    []PhaseReport    `json:"phases"`
 	All       PhaseReport      `json:"all"`
 	Failovers []FailoverReport `json:"failovers"`
@@ -74,6 +79,17 @@ type PhaseReport struct {
 	SendLag Summary `json:"send_lag_ms"`
 	// Stages are the gateway's stage durations (and client_connect).
 	Stages map[string]Summary `json:"stages_ms"`
+	// Sources holds each source label's figures when the run labelled its
+	// requests (--sources): one global percentile hides a slow source.
+	Sources map[string]SourceReport `json:"sources,omitempty"`
+}
+
+// SourceReport holds the figures of one source's requests in a phase.
+type SourceReport struct {
+	Requests int     `json:"requests"`
+	Errors   int     `json:"errors"`
+	TTFT     Summary `json:"ttft_ms"`
+	Total    Summary `json:"total_ms"`
 }
 
 // FailoverReport holds the figures of one kill.
@@ -136,6 +152,12 @@ type NewReplica struct {
 	ReadyMS  *float64 `json:"ready_after_ms"`
 	// ServingMS: first token of the first successful request it answered.
 	ServingMS *float64 `json:"serving_after_ms"`
+	// WarmMS: time to warm performance, the first token of the answer with
+	// which the TTFT p95 of its recent answers first came within
+	// WarmTolerance of WarmBaselineMS, the fleet's steady TTFT p95 (the
+	// window before the action); nil when it never did in scope.
+	WarmMS         *float64 `json:"warm_after_ms"`
+	WarmBaselineMS float64  `json:"warm_baseline_p95_ms,omitempty"`
 	// Share of successful requests it answered among those sent in the
 	// window from its first one (bounded by the next action).
 	Share float64 `json:"traffic_share"`
@@ -275,7 +297,47 @@ func (a *analysis) phaseReport(name string, start, end time.Duration, recs []*Re
 	for k, v := range stages {
 		pr.Stages[k] = Summarize(v)
 	}
+	pr.Sources = a.sources(recs)
 	return pr
+}
+
+// sources summarizes recs per source label; nil when none was labelled.
+func (a *analysis) sources(recs []*Record) map[string]SourceReport {
+	type acc struct {
+		rep          SourceReport
+		ttft, totals []float64
+	}
+	by := map[string]*acc{}
+	for _, r := range recs {
+		if r.Source == "" {
+			continue
+		}
+		s := by[r.Source]
+		if s == nil {
+			s = &acc{}
+			by[r.Source] = s
+		}
+		s.rep.Requests++
+		if !r.OK() {
+			s.rep.Errors++
+			continue
+		}
+		if r.TTFT >= 0 && a.countsTTFT(r) {
+			s.ttft = append(s.ttft, ms(r.TTFT))
+		}
+		if r.Total >= 0 {
+			s.totals = append(s.totals, ms(r.Total))
+		}
+	}
+	if len(by) == 0 {
+		return nil
+	}
+	out := make(map[string]SourceReport, len(by))
+	for k, s := range by {
+		s.rep.TTFT, s.rep.Total = Summarize(s.ttft), Summarize(s.totals)
+		out[k] = s.rep
+	}
+	return out
 }
 
 func (a *analysis) notes() []string {

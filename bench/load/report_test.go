@@ -125,7 +125,7 @@ func TestAnalyzeScriptedRun(t *testing.T) {
 			TTFT:        Summary{N: 2, P50: 80, P90: 90, P95: 90, P99: 90, Max: 90, Mean: 85},
 			Total:       Summary{N: 2, P50: 180, P90: 190, P95: 190, P99: 190, Max: 190, Mean: 185},
 			PeakWaiting: 1, PeakWaitingReplica: "b", PeakInflight: 1, PeakInflightReplica: "b", Samples: 1},
-		Replacements: []NewReplica{{ID: "c", StartMS: fp(500), ReadyMS: fp(1000), ServingMS: fp(2300), Share: 0.5}},
+		Replacements: []NewReplica{{ID: "c", StartMS: fp(500), ReadyMS: fp(1000), ServingMS: fp(2300), Share: 0.5, WarmBaselineMS: 90}},
 	}
 	if !reflect.DeepEqual(f, want) {
 		t.Errorf("failover\n got %s\nwant %s", show(f), show(want))
@@ -156,7 +156,7 @@ func TestAnalyzeInfersReplicas(t *testing.T) {
 	if joinIDs(f.Killed) != "a" || !f.Inferred || *f.LeftReadyMS != 250 || f.Errors != 3 {
 		t.Errorf("failover with inferred kill: %s", show(f))
 	}
-	if len(f.Replacements) != 1 || !reflect.DeepEqual(f.Replacements[0], NewReplica{ID: "c", Inferred: true, ReadyMS: fp(1000), ServingMS: fp(2300), Share: 0.5}) {
+	if len(f.Replacements) != 1 || !reflect.DeepEqual(f.Replacements[0], NewReplica{ID: "c", Inferred: true, ReadyMS: fp(1000), ServingMS: fp(2300), Share: 0.5, WarmBaselineMS: 90}) {
 		t.Errorf("inferred replacements %s", show(f.Replacements))
 	}
 	if s := rep.ScaleOuts[0]; len(s.Started) != 1 || s.Started[0].ID != "d" || !s.Started[0].Inferred || *s.Started[0].ReadyMS != 500 {

@@ -119,6 +119,7 @@ func (r *Report) writeText(w io.Writer, detail bool) error {
 	for _, ev := range r.Events {
 		fmt.Fprintf(&b, "  %s %d at %.1fs: %s\n", ev.Kind, ev.Count, secs(ev.At), eventWho(ev))
 	}
+	r.writeSLO(&b)
 
 	for i := range r.Failovers {
 		b.WriteByte('\n')
@@ -187,6 +188,11 @@ func (r *Report) writePhase(b *strings.Builder, p *PhaseReport) {
 	tw.Flush()
 	if p.Errors > 0 {
 		fmt.Fprintf(b, "  errors: %s (%d before the first token, %d mid-stream)\n", errorList(p.ErrorsByClass), p.BeforeFirstToken, p.Midstream)
+	}
+	for _, src := range slices.Sorted(maps.Keys(p.Sources)) {
+		s := p.Sources[src]
+		fmt.Fprintf(b, "  source %s: %d requests, %d errors, ttft p50 %s p95 %s p99 %s, total p95 %s\n", src, s.Requests, s.Errors,
+			s.TTFT.Show("p50"), s.TTFT.Show("p95"), s.TTFT.Show("p99"), s.Total.Show("p95"))
 	}
 }
 
@@ -266,6 +272,9 @@ func newReplicaLine(rp NewReplica) string {
 	parts = append(parts, "ready "+fmtOpt(rp.ReadyMS), "first answer "+fmtOpt(rp.ServingMS))
 	if rp.ServingMS != nil {
 		parts = append(parts, fmt.Sprintf("then %.0f%% of requests", 100*rp.Share))
+	}
+	if rp.WarmBaselineMS > 0 {
+		parts = append(parts, fmt.Sprintf("warm (ttft p95 within %.0f%% of the fleet's %s ms) %s", 100*WarmTolerance, fmtMS(rp.WarmBaselineMS), fmtOpt(rp.WarmMS)))
 	}
 	s := strings.Join(parts, ", ")
 	if rp.Inferred {

@@ -176,6 +176,10 @@ type WorkloadConfig struct {
 	Replay []ReplayEntry
 	// Seed seeds every draw.
 	Seed int64
+	// Sources, when set, label the requests in turn (request i gets
+	// Sources[i mod len]), sent as the x-tailgate-source header, so the
+	// report shows each source's latencies apart.
+	Sources []string
 }
 
 // Request is one request of the workload.
@@ -186,6 +190,7 @@ type Request struct {
 	PromptTokens int // intended prompt length (0 for replayed bodies)
 	MaxTokens    int // intended output length (0 for replayed bodies that set none)
 	Body         []byte
+	Source       string // x-tailgate-source; "" sends none
 }
 
 // Workload yields requests by index.
@@ -234,6 +239,9 @@ func (w *Workload) Request(i int) Request {
 	r := rand.New(rand.NewPCG(uint64(c.Seed), uint64(i)))
 	stream := r.Float64() < c.StreamFraction
 	req := Request{Index: i, Path: "/chat/completions"}
+	if len(c.Sources) > 0 {
+		req.Source = c.Sources[i%len(c.Sources)]
+	}
 	if c.Completions {
 		req.Path = "/completions"
 	}

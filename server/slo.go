@@ -1,0 +1,62 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"tailgate/data"
+	"tailgate/server/apierr"
+	"tailgate/server/slo"
+)
+
+// newSLO makes the latency-budget evaluator of cfg and registers its
+// gauges with reg.
+func newSLO(cfg slo.Config, reg prometheus.Registerer) (*slo.Evaluator, error) {
+	ev, err := slo.New(cfg, nil)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	if err := reg.Register(ev.Collector()); err != nil {
+		return nil, fmt.Errorf("server: register slo metrics: %w", err)
+	}
+	return ev, nil
+}
+
+// sourceOf labels a client request's source for the latency budgets (its
+// x-tailgate-source header, or its address in the configured networks).
+func (s *Server) sourceOf(r *http.Request) string {
+	return s.slo.Sources().Label(r.Header.Get(slo.SourceHeader), r.RemoteAddr)
+}
+
+// observeSLO feeds a finished call to the latency budgets: generation
+// requests a client sent (not batch lines: they have no source) that were
+// routed to a replica and did not end by the client's choice or as a
+// client error.
+func (s *Server) observeSLO(cl *call) {
+	if cl.source == "" || !cl.routed || cl.req == nil || cl.mm == nil {
+		return
+	}
+	switch cl.outcome {
+	case data.OutcomeClientCancelled, data.OutcomeUpstreamRejected, data.OutcomeRejected, data.OutcomeOpen:
+		return
+	}
+	kind := slo.JSON
+	if cl.req.stream {
+		kind = slo.Stream
+	}
+	s.slo.Observe(slo.Request{Model: cl.mm.model, Source: cl.source, Kind: kind, Answered: cl.firstToken, Stages: cl.stages})
+}
+
+// handleGetSLO serves the latency budgets' evaluation: a row per model,
+// kind, stage and objective (per source too with ?by=source), and the
+// objectives in force.
+func (s *Server) handleGetSLO(c echo.Context) error {
+	by := c.QueryParam("by")
+	if by != "" && by != "source" {
+		return apierr.Reply(c, apierr.BadRequest("by", "by=%q: want by=source, or no by for rows summed over sources", by))
+	}
+	return c.JSON(http.StatusOK, s.slo.Snapshot(by == "source"))
+}
