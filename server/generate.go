@@ -31,6 +31,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		}
 		cl := s.newCall(ep, p)
 		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
+		defer s.live.track(cl)()
 		c.Response().Header().Set("X-Request-Id", cl.id)
 		out := httpSink{s: s, c: c}
 
