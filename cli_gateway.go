@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -55,8 +56,8 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer gw.close()
-	fmt.Fprintf(stdout, "tailgate gateway: API %s  admin http://%s/ui/  (admin token: %s)\n",
-		gw.publicURL, gw.adminAddr, filepath.Join(cfg.DataDir, "admin.token"))
+	fmt.Fprintf(stdout, "tailgate gateway: API %s  admin %s  (admin token: %s)\n",
+		gw.publicURL, gw.dashboardURL(), filepath.Join(cfg.DataDir, "admin.token"))
 	return gw.run(ctx)
 }
 
@@ -82,6 +83,7 @@ type gateway struct {
 	publicAddr string
 	publicURL  string // the API's base URL, http(s)://…/v1
 	adminAddr  string
+	adminToken string // for the dashboard link printed at start
 
 	// stopWorkers, when set, stops the workers this process started (up);
 	// run calls it once nothing is left for them to serve and before the
@@ -105,6 +107,7 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 	if err != nil {
 		return nil, err
 	}
+	gw.adminToken = adminToken
 	if gw.store, err = data.Open(filepath.Join(cfg.DataDir, "tailgate.db")); err != nil {
 		return nil, err
 	}
@@ -282,6 +285,7 @@ func (gw *gateway) run(ctx context.Context) error {
 	g.Go(func() error { return gw.ledger.Run(gctx) })
 	g.Go(func() error { return gw.health.Run(gctx) })
 	g.Go(func() error { return gw.srv.RunBatches(gctx) })
+	g.Go(func() error { return gw.srv.RunHistory(gctx) })
 	g.Go(func() error { return gw.tls.Run(gctx) })
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()
@@ -347,6 +351,13 @@ func (gw *gateway) close() {
 	if gw.node != nil {
 		_ = gw.node.Close()
 	}
+}
+
+// dashboardURL is the dashboard's address with the admin token in its
+// fragment, which a browser never sends to a server: the page moves it to
+// the tab's storage and out of the address bar, so it reaches no access log.
+func (gw *gateway) dashboardURL() string {
+	return "http://" + gw.adminAddr + "/ui/#token=" + url.QueryEscape(gw.adminToken)
 }
 
 // ensureTokens creates DIR/admin.token and DIR/cluster.token (mode 0600) on

@@ -121,13 +121,13 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, `tailgate up: %d %s of model %q%s
   API        %s        key: %s
-  dashboard  http://%s/ui/       admin token: %s
+  dashboard  %s       admin token: %s
   metrics    curl -H "Authorization: Bearer $(cat %s)" http://%s/metrics
   try it:
     curl -N %s/chat/completions -H "Authorization: Bearer $(cat %s)" \
       -H 'Content-Type: application/json' \
       -d '{"model":"%s","stream":true,"messages":[{"role":"user","content":"Say hello"}]}'
-`, *replicas, what, *model, simNote(*engine), gw.publicURL, keyPath, gw.adminAddr, admin, admin, gw.adminAddr, gw.publicURL, keyPath, *model)
+`, *replicas, what, *model, simNote(*engine), gw.publicURL, keyPath, gw.dashboardURL(), admin, admin, gw.adminAddr, gw.publicURL, keyPath, *model)
 	return gw.run(ctx)
 }
 

@@ -124,6 +124,7 @@ type upProcess struct {
 	api     string // http://host:port/v1
 	admin   string // http://host:port
 	demoKey string
+	uiToken string // the #token= of the dashboard link printed
 }
 
 type syncBuffer struct {
@@ -144,7 +145,7 @@ func (s *syncBuffer) String() string {
 }
 
 var apiLine = regexp.MustCompile(`API\s+(http://\S+/v1)`)
-var dashLine = regexp.MustCompile(`dashboard\s+(http://\S+)/ui/`)
+var dashLine = regexp.MustCompile(`dashboard\s+(http://\S+)/ui/(?:#token=(\S+))?`)
 
 func startUp(t *testing.T, extra ...string) *upProcess {
 	t.Helper()
@@ -156,7 +157,7 @@ func startUp(t *testing.T, extra ...string) *upProcess {
 			p.api = m[1]
 		}
 		if m := dashLine.FindStringSubmatch(line); m != nil {
-			p.admin = m[1]
+			p.admin, p.uiToken = m[1], m[2]
 		}
 		return p.api != "" && p.admin != ""
 	})

@@ -27,9 +27,11 @@ type gatewayProcess struct {
 	admin string // http://host:port
 	key   string
 	token string // admin token
+	// uiToken is the #token= of the dashboard link printed.
+	uiToken string
 }
 
-var gatewayLine = regexp.MustCompile(`API (http://\S+/v1)\s+admin (http://\S+)/ui/`)
+var gatewayLine = regexp.MustCompile(`API (http://\S+/v1)\s+admin (http://\S+)/ui/(?:#token=(\S+))?`)
 
 func startGateway(t *testing.T, extra ...string) *gatewayProcess {
 	t.Helper()
@@ -38,7 +40,7 @@ func startGateway(t *testing.T, extra ...string) *gatewayProcess {
 		append([]string{"gateway", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)...)}
 	g.scanUntil(func(line string) bool {
 		if m := gatewayLine.FindStringSubmatch(line); m != nil {
-			g.api, g.admin = m[1], m[2]
+			g.api, g.admin, g.uiToken = m[1], m[2], m[3]
 		}
 		return g.api != ""
 	})

@@ -48,6 +48,8 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	a.PATCH("/tenants/:name", s.handlePatchTenant)
 	a.GET("/usage", s.handleGetUsage)
 	a.GET("/requests", s.handleGetRequests)
+	a.GET("/requests/inflight", s.handleGetInflight)
+	a.GET("/history", s.handleGetHistory)
 	a.GET("/replicas", s.handleGetReplicas)
 	a.GET("/workers", s.handleGetWorkers)
 	a.GET("/slo", s.handleGetSLO)
@@ -303,12 +305,12 @@ func UsageJSON(rows []data.UsageRow) []UsageView {
 
 func (s *Server) handleGetRequests(c echo.Context) error {
 	ctx := c.Request().Context()
-	limit, _ := strconv.Atoi(c.QueryParam("limit"))
-	if limit <= 0 || limit > 1000 {
-		limit = 100
+	f, ae := requestFilter(c)
+	if ae != nil {
+		return apierr.Reply(c, ae)
 	}
 	s.flushLedger(ctx)
-	rows, err := s.store.RecentRequests(ctx, limit, c.QueryParam("tenant"))
+	rows, err := s.store.FindRequests(ctx, f)
 	if err != nil {
 		return err
 	}

@@ -2,13 +2,18 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"tailgate/policy"
+	"tailgate/server"
 	"tailgate/server/internal/servertest"
 	"tailgate/web"
 )
@@ -37,37 +42,221 @@ func renderPage(t *testing.T, url string, extra ...string) string {
 	return string(out)
 }
 
+const hiStreamBody = `{"model":"tailgate-sim","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+// dashboard is a gateway with its admin listener and the dashboard, its
+// history sampled fast, and a record of every URL the admin listener was
+// asked for.
+type dashboard struct {
+	h    *servertest.Gateway
+	ui   *httptest.Server
+	mu   sync.Mutex
+	urls []string
+}
+
+// startDashboard starts it; slo, when not nil, stands in for GET
+// /admin/v1/slo (the SLO evaluator is built apart).
+func startDashboard(t *testing.T, slo http.HandlerFunc) *dashboard {
+	d := &dashboard{h: servertest.Start(t, servertest.Options{Replicas: 2, Server: server.Config{HistoryInterval: 200 * time.Millisecond}})}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.h.Srv.RunHistory(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	admin := d.h.Srv.Admin(web.Handler())
+	d.ui = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d.mu.Lock()
+		d.urls = append(d.urls, r.URL.String())
+		d.mu.Unlock()
+		if slo != nil && r.URL.Path == "/admin/v1/slo" && r.Header.Get("Authorization") == "Bearer "+servertest.AdminToken {
+			slo(w, r)
+			return
+		}
+		admin.ServeHTTP(w, r)
+	}))
+	t.Cleanup(d.ui.Close)
+	return d
+}
+
+func (d *dashboard) status(t *testing.T, secret, body string) int {
+	t.Helper()
+	resp := d.h.Post("/v1/chat/completions", secret, body)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
 func TestDashboardShowsReplicasRequestsAndUsage(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 2})
-	ui := httptest.NewServer(h.Srv.Admin(web.Handler()))
-	defer ui.Close()
-	secret := h.Key(policy.KeyOptions{Tenant: "dashboard-tenant"})
+	d := startDashboard(t, nil)
+	secret := d.h.Key(policy.KeyOptions{Tenant: "dashboard-tenant"})
 	for range 3 {
-		resp := h.Post("/v1/chat/completions", secret, hiBody)
-		resp.Body.Close()
+		if code := d.status(t, secret, hiBody); code != http.StatusOK {
+			t.Fatalf("request: %d", code)
+		}
 	}
 
-	dom := renderPage(t, ui.URL+"/ui/#token="+servertest.AdminToken, "--dump-dom")
+	dom := renderPage(t, d.ui.URL+"/ui/#token="+servertest.AdminToken, "--dump-dom")
 	for _, want := range []string{
 		"2/2 replicas ready", // the status line, computed from /admin/v1/replicas
 		">sim-a<", ">sim-b<", `class="state-ready">ready<`,
 		">dashboard-tenant<", ">tailgate-sim<", // usage and requests rows
-		"TTFT p50",
+		"JSON answers, whole answer (3)", // not mixed into a TTFT
+		"no SLO data",                    // this gateway serves no /admin/v1/slo
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("dashboard lacks %q", want)
 		}
 	}
-	if strings.Count(dom, ">dashboard-tenant<") < 4 { // 3 request rows + 1 usage row
-		t.Errorf("dashboard shows %d rows for the tenant, want 3 requests and 1 usage row", strings.Count(dom, ">dashboard-tenant<"))
+	if strings.Contains(dom, "streams TTFT") {
+		t.Errorf("three JSON answers are shown as streams' TTFT")
+	}
+	// 3 request rows, 1 usage row, 1 tenant row, 1 key row.
+	if n := strings.Count(dom, ">dashboard-tenant<"); n < 6 {
+		t.Errorf("dashboard shows %d cells of the tenant, want 3 requests, a usage, a tenant and a key row", n)
 	}
 	if t.Failed() {
 		t.Logf("DOM:\n%s", dom)
 	}
 
 	// A wrong token says so instead of showing data.
-	dom = renderPage(t, ui.URL+"/ui/#token=wrong", "--dump-dom")
+	dom = renderPage(t, d.ui.URL+"/ui/#token=wrong", "--dump-dom")
 	if !strings.Contains(dom, "admin token rejected") || strings.Contains(dom, ">sim-a<") {
 		t.Errorf("with a wrong token the dashboard shows:\n%s", dom)
+	}
+}
+
+// overBudget is an SLO evaluator's answer with one stage over its budget.
+func overBudget(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"data":[
+	 {"model":"tailgate-sim","stage":"ttft","kind":"stream","budget_ms":400,"target":0.95,"p50_ms":120,"p95_ms":380,"p99_ms":590,"within_ratio":0.97,"burn":{"5m":0.6,"1h":0.4},"ok":true},
+	 {"model":"tailgate-sim","stage":"engine_queue","kind":"json","budget_ms":50,"target":0.95,"p50_ms":80,"p95_ms":240,"p99_ms":400,"within_ratio":0.41,"burn":{"5m":11.8,"1h":3.2},"ok":false}]}`)
+}
+
+func TestDashboardPanelsLiveAndDrivesKeysAndBudgets(t *testing.T) {
+	d := startDashboard(t, overBudget)
+	seed := d.h.Key(policy.KeyOptions{Tenant: "seed-tenant"})
+	for _, body := range []string{hiBody, hiStreamBody, hiBody, hiStreamBody} {
+		if code := d.status(t, seed, body); code != http.StatusOK {
+			t.Fatalf("seed request: %d", code)
+		}
+	}
+
+	b := startBrowser(t, 1400, 900)
+	b.navigate(d.ui.URL + "/ui/#token=" + servertest.AdminToken)
+	b.waitFor("its data", `document.body.dataset.loaded && document.querySelectorAll("#requests tbody tr.clickable").length >= 4`)
+	b.waitFor("the last hour's charts", `document.querySelectorAll("#charts svg path").length >= 3`)
+
+	// The token left the address bar for this tab's storage.
+	var where struct{ Href, Stored string }
+	b.eval(`({href: location.href, stored: sessionStorage.getItem("tailgate.adminToken")})`, &where)
+	if strings.Contains(where.Href, servertest.AdminToken) || where.Stored != servertest.AdminToken {
+		t.Errorf("after loading, the address is %q and the tab stores %q", where.Href, where.Stored)
+	}
+
+	// Every panel shows live data.
+	var panels map[string]int
+	b.eval(`({
+		budgetOver: document.querySelectorAll("#budget tbody tr.over").length,
+		budgetRows: document.querySelectorAll("#budget tbody tr").length,
+		panelRed: document.querySelector("#budget-panel").classList.contains("over") ? 1 : 0,
+		charts: document.querySelectorAll("#charts figure").length,
+		replicas: [...document.querySelectorAll("#replicas tbody tr")].filter(r => /sim-[ab]/.test(r.textContent)).length,
+		streams: [...document.querySelectorAll("#requests tbody tr")].filter(r => r.textContent.includes("stream")).length,
+		jsons: [...document.querySelectorAll("#requests tbody tr")].filter(r => r.textContent.includes("JSON")).length,
+		tenants: [...document.querySelectorAll("#tenants tbody tr")].filter(r => r.textContent.includes("seed-tenant")).length,
+		keys: [...document.querySelectorAll("#keys tbody tr")].filter(r => r.textContent.includes("seed-tenant")).length,
+		usage: [...document.querySelectorAll("#usage tbody tr")].filter(r => r.textContent.includes("seed-tenant")).length,
+		replicaOverflow: document.querySelector("#replicas").scrollWidth - document.querySelector("#replicas-panel").clientWidth,
+		pageOverflow: document.documentElement.scrollWidth - window.innerWidth,
+	})`, &panels)
+	want := map[string]int{"budgetOver": 1, "budgetRows": 2, "panelRed": 1, "charts": 7, "replicas": 2, "streams": 2, "jsons": 2,
+		"tenants": 1, "keys": 1, "usage": 1}
+	for k, v := range want {
+		if panels[k] != v {
+			t.Errorf("panel count %s = %d, want %d (all: %v)", k, panels[k], v, panels)
+		}
+	}
+	if panels["replicaOverflow"] > 0 || panels["pageOverflow"] > 0 {
+		t.Errorf("at 1400 px the replica table overflows its panel by %d px, the page by %d px", panels["replicaOverflow"], panels["pageOverflow"])
+	}
+	var budgetText string
+	b.eval(`document.querySelector("#budget-status").textContent`, &budgetText)
+	if !strings.Contains(budgetText, "engine_queue (json)") {
+		t.Errorf("budget status says %q, want the stage over budget named", budgetText)
+	}
+	// A request's detail shows its stages and attempts.
+	b.eval(`document.querySelector("#requests tbody tr.clickable").click()`, nil)
+	var detail string
+	b.eval(`document.querySelector("#request-detail").innerText`, &detail)
+	for _, w := range []string{"attempts: 1", "engine_ttft", "upstream_ttft", "total"} {
+		if !strings.Contains(detail, w) {
+			t.Errorf("request detail lacks %q:\n%s", w, detail)
+		}
+	}
+	// A replica's detail shows its state history.
+	b.eval(`document.querySelector("#replicas tbody tr.clickable").click()`, nil)
+	b.eval(`document.querySelector("#replica-detail").innerText`, &detail)
+	if !strings.Contains(detail, "(first seen)") || !strings.Contains(detail, "engine's last error") {
+		t.Errorf("replica detail:\n%s", detail)
+	}
+	b.screenshot("dashboard.png")
+
+	// A key created in the UI answers a request; its secret is shown once.
+	b.eval(`(() => { const f = document.querySelector("#key-form"); f.tenant.value = "ui-tenant"; f.rpm.value = "100";
+		f.querySelector("button[type=submit]").click(); })()`, nil)
+	b.waitFor("the new key's secret", `document.querySelector("#secret-value").textContent.startsWith("tg-")`)
+	var secret string
+	b.eval(`document.querySelector("#secret-value").textContent`, &secret)
+	if code := d.status(t, secret, hiBody); code != http.StatusOK {
+		t.Fatalf("the key created in the UI: status %d", code)
+	}
+	b.eval(`document.querySelector("#secret-done").click()`, nil)
+	var shown string
+	b.eval(`document.body.innerText`, &shown)
+	if strings.Contains(shown, secret) {
+		t.Errorf("the secret is still on the page after Done")
+	}
+
+	// Revoked in the UI, it is refused.
+	b.waitFor("the new key's row", `[...document.querySelectorAll("#keys tbody tr")].some(r => r.textContent.includes("ui-tenant"))`)
+	b.eval(`[...document.querySelectorAll("#keys tbody tr")].find(r => r.textContent.includes("ui-tenant")).querySelector("button.danger").click()`, nil)
+	b.waitFor("the key revoked", `[...document.querySelectorAll("#keys tbody tr")].find(r => r.textContent.includes("ui-tenant")).textContent.includes("revoked")`)
+	refused := false
+	for range 30 {
+		if d.status(t, secret, hiBody) == http.StatusUnauthorized {
+			refused = true
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !refused {
+		t.Errorf("a key revoked in the UI still answers")
+	}
+
+	// A budget set in the UI is enforced: the seed tenant has spent tokens,
+	// a budget below that refuses its next request.
+	if code := d.status(t, seed, hiBody); code != http.StatusOK {
+		t.Fatalf("before the budget: %d", code)
+	}
+	b.eval(`(() => { const f = document.querySelector("#budget-form"); f.tenant.value = "seed-tenant"; f.budget_tokens.value = "5";
+		f.querySelector("button[type=submit]").click(); })()`, nil)
+	b.waitFor("the budget saved", `document.querySelector("#budget-form .msg").textContent.includes("budget of seed-tenant: 5 tokens")`)
+	resp := d.h.Post("/v1/chat/completions", seed, hiBody)
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&e)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || e.Error.Code != "insufficient_quota" {
+		t.Errorf("over the budget set in the UI: %d %q, want 429 insufficient_quota", resp.StatusCode, e.Error.Code)
+	}
+
+	// The token travelled in headers only, never in a URL a log could keep.
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, u := range d.urls {
+		if strings.Contains(u, servertest.AdminToken) {
+			t.Errorf("the admin token was sent in a URL: %s", u)
+		}
 	}
 }

@@ -33,6 +33,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
 		cl.group = boundString(r.Header.Get("X-Tailgate-Group"))
 		cl.source = s.sourceOf(r)
+		defer s.live.track(cl)()
 		c.Response().Header().Set("X-Request-Id", cl.id)
 		out := httpSink{s: s, c: c}
 

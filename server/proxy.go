@@ -68,6 +68,7 @@ func (s *Server) handleProxy(pe proxyEndpoint) echo.HandlerFunc {
 			return apierr.Reply(c, toAPIError(err, ""))
 		}
 		cl := s.newCall(endpoint{path: pe.path}, p)
+		defer s.live.track(cl)()
 		cl.noHedge = true // hedging waits for a first token these answers do not have
 		c.Response().Header().Set("X-Request-Id", cl.id)
 		out := httpSink{s: s, c: c}

@@ -111,6 +111,9 @@ type Config struct {
 	// /admin/v1/slo, tailgate_slo_* metrics); its zero value is
 	// slo.DefaultBudgets for every model, no source labels.
 	SLO slo.Config
+	// HistoryInterval is the step of the dashboard's in-memory time series
+	// (see [Server.RunHistory]), which keeps 360 of them; 0 means 10s.
+	HistoryInterval time.Duration
 	// Batch configures the Batch API (/v1/files, /v1/batches) and its
 	// executor; see [batch.Config]. Its zero value leaves the API off. Its
 	// MaxBodyBytes, when 0, is this Config's.
@@ -160,6 +163,9 @@ func (c *Config) setDefaults() {
 	if c.JSONDeadline <= 0 {
 		c.JSONDeadline = 10 * time.Minute
 	}
+	if c.HistoryInterval <= 0 {
+		c.HistoryInterval = 10 * time.Second
+	}
 }
 
 // Deps are the parts the server works with.
@@ -193,6 +199,8 @@ type Server struct {
 	m         *metrics
 	slo       *slo.Evaluator
 	batches   *batch.Batches
+	hist      *history   // the dashboard's last hour
+	live      *liveCalls // requests being served, for the dashboard
 
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -226,7 +234,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, gate: d.Gate, reg: d.Registry, store: d.Store, ledger: d.Ledger,
-		gatherer: d.Gatherer, log: d.Log, transport: d.Transport,
+		gatherer: d.Gatherer, log: d.Log, transport: d.Transport, hist: newHistory(), live: newLiveCalls(),
 		idPrefix: "req_" + strconv.FormatInt(time.Now().UnixNano()%(1<<40), 36) + "_",
 
 		rejectedRows: rate.NewLimiter(rate.Limit(cfg.RejectedRows), int(max(5*cfg.RejectedRows, 1))),

@@ -1,50 +1,88 @@
-// tailgate dashboard: reads the admin API with the operator's admin token.
-// The token stays in this browser (localStorage); a "#token=…" fragment is
-// accepted once and removed from the address bar.
-"use strict";
+// tailgate dashboard: reads and drives the admin API with the operator's
+// admin token. The token stays in this tab (sessionStorage); a "#token=…"
+// fragment — which browsers never send to the server — is read once and
+// removed from the address bar.
+import { lineChart } from "./charts.js";
 
 const $ = (sel) => document.querySelector(sel);
-let token = localStorage.getItem("tailgate.adminToken") || "";
+const TOKEN = "tailgate.adminToken";
+let token = sessionStorage.getItem(TOKEN) || "";
 
 const frag = new URLSearchParams(location.hash.slice(1));
 if (frag.get("token")) {
   token = frag.get("token");
-  localStorage.setItem("tailgate.adminToken", token);
-  history.replaceState(null, "", location.pathname);
+  sessionStorage.setItem(TOKEN, token);
+  history.replaceState(null, "", location.pathname + location.search);
 }
 
 $("#login").addEventListener("submit", (ev) => {
   ev.preventDefault();
   token = $("#token").value.trim();
-  localStorage.setItem("tailgate.adminToken", token);
+  sessionStorage.setItem(TOKEN, token);
   refresh();
 });
 
-async function api(path) {
-  const resp = await fetch(path, { headers: { Authorization: "Bearer " + token } });
-  if (resp.status === 401) throw new Error("admin token rejected");
-  if (!resp.ok) throw new Error(path + ": HTTP " + resp.status);
-  return (await resp.json()).data;
+class APIError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+// api calls the admin API; the error names what the server said.
+async function api(path, opts = {}) {
+  const init = { method: opts.method || "GET", headers: { Authorization: "Bearer " + token } };
+  if (opts.body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(opts.body);
+  }
+  const resp = await fetch(path, init);
+  if (resp.status === 401) throw new APIError(401, "admin token rejected");
+  const body = await resp.json().catch(() => null);
+  if (!resp.ok) throw new APIError(resp.status, (body && body.error && body.error.message) || `${path}: HTTP ${resp.status}`);
+  return body;
 }
 
 function cell(text, cls) {
   const td = document.createElement("td");
-  td.textContent = text === undefined || text === null ? "–" : String(text);
+  td.textContent = text === undefined || text === null || text === "" ? "–" : String(text);
   if (cls) td.className = cls;
   return td;
 }
 
-function fill(table, rows, render) {
+function button(label, onclick, cls) {
+  const td = document.createElement("td");
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  if (cls) b.className = cls;
+  b.addEventListener("click", onclick);
+  td.append(b);
+  return td;
+}
+
+function fill(table, rows, render, empty) {
   const body = $(table + " tbody");
+  if (!rows.length && empty) {
+    const tr = document.createElement("tr");
+    const td = cell(empty, "muted");
+    td.colSpan = $(table + " thead tr").children.length;
+    tr.append(td);
+    body.replaceChildren(tr);
+    return;
+  }
   body.replaceChildren(...rows.map((r) => {
     const tr = document.createElement("tr");
-    tr.append(...render(r));
+    const out = render(r, tr);
+    tr.append(...out);
     return tr;
   }));
 }
 
 const ms = (v) => (v === null || v === undefined ? "–" : v < 10 ? v.toFixed(2) + " ms" : v.toFixed(0) + " ms");
 const ago = (s) => (s === null || s === undefined ? "–" : s.toFixed(1) + " s ago");
+const pct = (v) => (v === null || v === undefined ? "–" : (100 * v).toFixed(1) + " %");
+const num = (v, d = 2) => (v === null || v === undefined ? "–" : Number(v).toFixed(d));
 
 function percentile(values, p) {
   if (!values.length) return null;
@@ -52,41 +90,387 @@ function percentile(values, p) {
   return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)];
 }
 
+// ---- budgets ----
+
+// renderBudgets shows /admin/v1/slo; a gateway without it says so.
+async function renderBudgets(requests) {
+  // From the request log: streams' TTFT and JSON answers' whole-answer time
+  // apart — a JSON answer's first byte is its last, which is no TTFT.
+  const streams = requests.filter((r) => r.stream).map((r) => r.stages_ms.ttft).filter((v) => v !== null);
+  const json = requests.filter((r) => !r.stream).map((r) => r.stages_ms.total).filter((v) => v !== null);
+  const line = (label, vs) => `${label} (${vs.length}): p50 ${ms(percentile(vs, 50))}, p95 ${ms(percentile(vs, 95))}, p99 ${ms(percentile(vs, 99))}`;
+  const parts = [];
+  if (streams.length) parts.push(line("streams TTFT p50/p95/p99 over the last requests", streams));
+  if (json.length) parts.push(line("JSON answers, whole answer", json));
+  $("#latency").textContent = parts.length ? parts.join(" · ") : "no requests yet";
+
+  let slo;
+  try {
+    slo = (await api("/admin/v1/slo")).data || [];
+  } catch (err) {
+    if (err.status === 404) {
+      $("#budget-status").textContent = "no SLO data: this gateway has no latency budgets configured";
+      $("#budget-status").className = "muted";
+      $("#budget-panel").classList.remove("over");
+      fill("#budget", [], () => []);
+      return;
+    }
+    throw err;
+  }
+  const over = slo.filter((r) => r.ok === false);
+  $("#budget-panel").classList.toggle("over", over.length > 0);
+  $("#budget-status").className = over.length ? "err" : "ok";
+  $("#budget-status").textContent = !slo.length ? "no SLO data yet (no requests evaluated)"
+    : over.length ? `${over.length} stage(s) over budget: ` + over.map((r) => `${r.model} ${r.stage} (${r.kind})`).join(", ")
+      : `all ${slo.length} stage budgets met`;
+  const burn = (r, w) => (r.burn && r.burn[w] !== undefined ? num(r.burn[w]) : "–");
+  fill("#budget", slo, (r, tr) => {
+    if (r.ok === false) tr.className = "over";
+    return [
+      cell(r.model), cell(r.source || "all"), cell(r.kind), cell(r.stage),
+      cell(ms(r.p50_ms)), cell(ms(r.p95_ms)), cell(ms(r.p99_ms)),
+      cell(`${ms(r.budget_ms)} at ${r.target !== undefined ? (100 * r.target).toFixed(1) + " %" : "–"}`),
+      cell(pct(r.within_ratio)), cell(burn(r, "5m")), cell(burn(r, "1h")),
+      cell(r.ok === false ? "OVER" : "ok", r.ok === false ? "err" : "state-ready"),
+    ];
+  });
+}
+
+// ---- last hour ----
+
+let lastHistory = null;
+
+function renderHistory(h) {
+  lastHistory = h;
+  const pts = h.data || [];
+  const charts = $("#charts");
+  if (!pts.length) {
+    $("#series-status").textContent = `collecting: one point every ${h.interval_seconds} s`;
+    charts.replaceChildren();
+    return;
+  }
+  $("#series-status").textContent = `${pts.length} points, one every ${h.interval_seconds} s, kept in the gateway's memory`;
+  const times = pts.map((p) => new Date(p.time));
+  const per = (p, v) => (p.seconds > 0 ? v / p.seconds : 0);
+  const classes = [...new Set(pts.flatMap((p) => Object.keys(p.errors || {})))].sort();
+  const kinds = [...new Set(pts.flatMap((p) => Object.keys(p.ttft_ms || {})))].sort();
+  const replicas = [...new Set(pts.flatMap((p) => Object.keys(p.replicas || {})))].sort();
+  const tenants = [...new Set(pts.flatMap((p) => Object.keys(p.tenant_spent || {})))].sort();
+  const figs = [
+    lineChart("request rate and errors (per second)", times, [
+      { name: "requests", values: pts.map((p) => per(p, p.requests)) },
+      ...classes.map((c) => ({ name: c, values: pts.map((p) => per(p, (p.errors || {})[c] || 0)) })),
+    ], "/s"),
+    lineChart("TTFT percentiles", times, kinds.flatMap((k) => ["p50", "p95", "p99"].map((q) => ({
+      name: (kinds.length > 1 || k !== "all" ? k + " " : "") + q,
+      values: pts.map((p) => (p.ttft_ms && p.ttft_ms[k] ? p.ttft_ms[k][q] : null)),
+    }))), " ms"),
+    lineChart("hedges and their overhead", times, [
+      { name: "hedges won", values: pts.map((p) => p.hedges_won) },
+      { name: "hedges lost", values: pts.map((p) => p.hedges_lost) },
+      { name: "overhead tokens", values: pts.map((p) => p.hedge_overhead_tokens) },
+    ]),
+    lineChart("in flight per replica", times, replicas.map((r) => ({ name: r, values: pts.map((p) => (p.replicas[r] ? p.replicas[r].inflight : null)) }))),
+    lineChart("engine queue per replica", times, replicas.map((r) => ({ name: r, values: pts.map((p) => (p.replicas[r] ? p.replicas[r].engine_waiting : null)) }))),
+    lineChart("KV cache use per replica", times, replicas.map((r) => ({ name: r, values: pts.map((p) => (p.replicas[r] ? 100 * p.replicas[r].kv_cache_usage : null)) })), " %"),
+    lineChart("spend per tenant ($, cumulative)", times, tenants.map((t) => ({ name: t, values: pts.map((p) => (p.tenant_spent || {})[t] ?? null) }))),
+  ];
+  charts.replaceChildren(...figs);
+}
+
+// ---- replicas ----
+
+let openReplica = "";
+
+function ejectionsOf(id) {
+  // Ejections are counted by reason fleet-wide; a replica's own are its
+  // transitions into "ejected".
+  const t = (lastHistory && lastHistory.transitions && lastHistory.transitions[id]) || [];
+  return t.filter((x) => x.to === "ejected").length;
+}
+
+function renderReplicas(replicas) {
+  const ready = replicas.filter((r) => r.ready).length;
+  $("#status").textContent = `${ready}/${replicas.length} replicas ready · updated ${new Date().toLocaleTimeString()}`;
+  $("#status").className = ready ? "" : "err";
+  fill("#replicas", replicas, (r, tr) => {
+    tr.className = "clickable";
+    tr.addEventListener("click", () => { openReplica = openReplica === r.id ? "" : r.id; renderReplicaDetail(replicas); });
+    return [
+      cell(r.id), cell(r.state, "state-" + r.state), cell(r.reason || "", "wrap"), cell(r.engine || (r.static ? "static" : "")),
+      cell((r.models || []).join(", "), "wrap"), cell(r.inflight), cell(r.engine_waiting), cell(r.engine_running),
+      cell(r.kv_cache_usage === undefined ? null : (100 * r.kv_cache_usage).toFixed(0) + " %"),
+      cell(r.ttft_estimate_ms ? ms(r.ttft_estimate_ms) : null), cell(ago(r.last_ok_age_seconds)), cell(ejectionsOf(r.id)),
+    ];
+  });
+  renderReplicaDetail(replicas);
+}
+
+function renderReplicaDetail(replicas) {
+  const box = $("#replica-detail");
+  const r = replicas.find((x) => x.id === openReplica);
+  if (!r) {
+    box.hidden = true;
+    return;
+  }
+  box.hidden = false;
+  const h = document.createElement("h3");
+  h.textContent = `replica ${r.id} — ${r.address}`;
+  const probe = document.createElement("p");
+  probe.textContent = `last successful probe/heartbeat: ${ago(r.last_ok_age_seconds)}; now ${r.state}${r.reason ? " (" + r.reason + ")" : ""}`;
+  const trans = document.createElement("table");
+  trans.className = "transitions";
+  trans.innerHTML = "<thead><tr><th>when</th><th>from</th><th>to</th><th>reason</th></tr></thead><tbody></tbody>";
+  const ts = ((lastHistory && lastHistory.transitions && lastHistory.transitions[r.id]) || []).slice().reverse();
+  trans.tBodies[0].append(...ts.map((t) => {
+    const tr = document.createElement("tr");
+    tr.append(cell(new Date(t.time).toLocaleTimeString()), cell(t.from || "(first seen)"), cell(t.to, "state-" + t.to), cell(t.reason, "wrap"));
+    return tr;
+  }));
+  const log = document.createElement("pre");
+  log.className = "engine-log";
+  log.textContent = r.engine_log && r.engine_log.length ? r.engine_log.join("\n") : "(the engine reported no error)";
+  const lh = document.createElement("h4");
+  lh.textContent = "engine's last error";
+  const th = document.createElement("h4");
+  th.textContent = "state history";
+  box.replaceChildren(h, probe, th, trans, lh, log);
+}
+
+// ---- requests ----
+
+let openRequest = "";
+
+function filterQuery() {
+  const q = new URLSearchParams({ limit: "100" });
+  for (const [k, v] of new FormData($("#filters"))) if (String(v).trim()) q.set(k, String(v).trim());
+  return q.toString();
+}
+
+$("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); refresh(); });
+$("#filters").addEventListener("reset", () => setTimeout(refresh, 0));
+
+function renderRequests(requests, inflight) {
+  $("#inflight-count").textContent = `(${inflight.length})`;
+  fill("#inflight", inflight, (r) => [
+    cell(r.id), cell(r.tenant), cell(r.key_prefix), cell(r.endpoint), cell(ms(r.age_ms)),
+  ], "nothing in flight");
+  fill("#requests", requests, (r, tr) => {
+    tr.className = "clickable";
+    tr.addEventListener("click", () => { openRequest = openRequest === r.id ? "" : r.id; renderRequestDetail(requests); });
+    return [
+      cell(new Date(r.time).toLocaleTimeString()), cell(r.id), cell(r.tenant), cell(r.model), cell(r.stream ? "stream" : "JSON"),
+      cell(r.replica), cell(r.status, r.status >= 400 ? "err" : ""), cell(r.outcome), cell(r.attempts + (r.hedged ? " (hedged)" : "")),
+      cell(r.prompt_tokens + r.completion_tokens), cell(r.stream ? ms(r.stages_ms.ttft) : "–"), cell(ms(r.stages_ms.total)),
+    ];
+  }, "no request matches");
+  renderRequestDetail(requests);
+}
+
+const STAGES = ["gateway", "connect", "upstream_ttft", "engine_queue", "engine_ttft", "network", "ttft", "total"];
+
+function renderRequestDetail(requests) {
+  const box = $("#request-detail");
+  const r = requests.find((x) => x.id === openRequest);
+  if (!r) {
+    box.hidden = true;
+    return;
+  }
+  box.hidden = false;
+  const h = document.createElement("h3");
+  h.textContent = `request ${r.id}`;
+  const facts = document.createElement("p");
+  facts.textContent = `${r.stream ? "stream" : "JSON answer"} · tenant ${r.tenant} · model ${r.model} · status ${r.status} (${r.outcome})` +
+    (r.error ? ` · error: ${r.error}` : "") + ` · tokens ${r.prompt_tokens} in, ${r.completion_tokens} out` +
+    (r.hedge_overhead_tokens ? `, ${r.hedge_overhead_tokens} burned by a losing hedge` : "");
+  const att = document.createElement("p");
+  att.textContent = `attempts: ${r.attempts}${r.hedged ? ", hedged" : ""}; answered by ${r.replica || "no replica"}. ` +
+    "The ledger keeps the count and the winner, not each losing attempt's replica and timings.";
+  const st = document.createElement("table");
+  st.className = "stages";
+  st.innerHTML = "<thead><tr><th>stage</th><th>time</th></tr></thead><tbody></tbody>";
+  st.tBodies[0].append(...STAGES.map((s) => {
+    const tr = document.createElement("tr");
+    tr.append(cell(s === "ttft" && !r.stream ? "ttft (whole answer)" : s), cell(ms(r.stages_ms[s])));
+    return tr;
+  }));
+  box.replaceChildren(h, facts, att, st);
+}
+
+// ---- tenants and keys ----
+
+function renderTenants(tenants) {
+  const pts = (lastHistory && lastHistory.data) || [];
+  const spendHour = (name) => {
+    const vs = pts.map((p) => (p.tenant_spent || {})[name]).filter((v) => v !== undefined);
+    return vs.length > 1 ? "$" + (vs[vs.length - 1] - vs[0]).toFixed(6) : "–";
+  };
+  fill("#tenants", tenants, (t) => [
+    cell(t.name), cell(t.budget_tokens || "unlimited"), cell(t.spent_tokens), cell(t.budget_micros ? t.budget.toFixed(6) : "unlimited"),
+    cell(t.spent.toFixed(6)), cell(t.reserved_tokens), cell(spendHour(t.name)),
+    button("set budget", () => {
+      const f = $("#budget-form");
+      f.tenant.value = t.name;
+      f.budget_tokens.value = t.budget_tokens;
+      f.budget.value = t.budget_micros ? t.budget : 0;
+      f.budget_tokens.focus();
+    }),
+  ], "no tenant yet: a tenant is created with its first key");
+}
+
+function renderKeys(keys) {
+  const sel = $("#filters").key;
+  const ids = keys.map((k) => k.id).join(",");
+  if (sel.dataset.ids !== ids) { // rebuilt only when keys come or go, so an open list stays open
+    const chosen = sel.value;
+    sel.replaceChildren(new Option("any key", ""), ...keys.map((k) => new Option(`${k.prefix} (${k.tenant})`, k.id)));
+    sel.value = chosen;
+    sel.dataset.ids = ids;
+  }
+  fill("#keys", keys, (k) => {
+    const state = k.revoked ? "revoked" : k.expired ? "expired" : "active";
+    const row = [
+      cell(k.prefix), cell(k.tenant), cell(k.rpm || "∞"), cell(k.tpm || "∞"), cell(k.max_concurrency || "∞"),
+      cell(k.models.length ? k.models.join(", ") : "all"), cell(k.expires_at ? new Date(k.expires_at).toLocaleString() : "never"),
+      cell(state, state === "active" ? "state-ready" : "err"),
+    ];
+    const td = document.createElement("td");
+    if (!k.revoked) {
+      td.append(button("edit", () => editKey(k)).firstChild, " ", button("revoke", () => revokeKey(k), "danger").firstChild);
+    }
+    row.push(td);
+    return row;
+  }, "no key yet");
+}
+
+function editKey(k) {
+  const f = $("#key-edit");
+  f.hidden = false;
+  $("#edit-prefix").textContent = k.prefix;
+  f.ref.value = k.id;
+  f.rpm.value = k.rpm;
+  f.tpm.value = k.tpm;
+  f.max_concurrency.value = k.max_concurrency;
+  f.expires.value = "";
+  f.querySelector(".msg").textContent = "";
+}
+
+async function revokeKey(k) {
+  if (!confirm(`Revoke key ${k.prefix} of ${k.tenant}? Requests with it are refused at once.`)) return;
+  try {
+    await api("/admin/v1/keys/" + encodeURIComponent(k.id), { method: "DELETE" });
+    say("#key-form", `key ${k.prefix} revoked`);
+  } catch (err) {
+    say("#key-form", err.message, true);
+  }
+  refresh();
+}
+
+function say(form, text, bad) {
+  const m = $(form + " .msg");
+  m.textContent = text;
+  m.className = "msg " + (bad ? "err" : "ok");
+}
+
+// int reads a whole number field; "" is undefined (left out of the request).
+function int(v) {
+  v = String(v).trim();
+  return v === "" ? undefined : Number.parseInt(v, 10);
+}
+
+$("#key-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const f = ev.target;
+  const body = { tenant: f.tenant.value.trim() };
+  for (const n of ["rpm", "tpm", "max_concurrency"]) if (int(f[n].value) !== undefined) body[n] = int(f[n].value);
+  const models = f.models.value.split(",").map((s) => s.trim()).filter(Boolean);
+  if (models.length) body.models = models;
+  if (f.expires.value.trim()) body.expires = f.expires.value.trim();
+  try {
+    const out = await api("/admin/v1/keys", { method: "POST", body });
+    $("#secret-value").textContent = out.secret;
+    $("#new-secret").hidden = false;
+    say("#key-form", `key ${out.key.prefix} created for ${out.key.tenant}`);
+    f.reset();
+  } catch (err) {
+    say("#key-form", err.message, true);
+  }
+  refresh();
+});
+
+$("#secret-done").addEventListener("click", () => {
+  $("#secret-value").textContent = "";
+  $("#new-secret").hidden = true;
+});
+
+$("#key-edit").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const f = ev.target;
+  const body = {};
+  for (const n of ["rpm", "tpm", "max_concurrency"]) if (int(f[n].value) !== undefined) body[n] = int(f[n].value);
+  if (f.expires.value.trim()) body.expires = f.expires.value.trim();
+  try {
+    const out = await api("/admin/v1/keys/" + encodeURIComponent(f.ref.value), { method: "PATCH", body });
+    say("#key-edit", `saved ${(out.key || out).prefix || ""}`);
+    f.hidden = true;
+  } catch (err) {
+    say("#key-edit", err.message, true);
+  }
+  refresh();
+});
+$("#edit-cancel").addEventListener("click", () => { $("#key-edit").hidden = true; });
+
+$("#budget-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const f = ev.target;
+  const body = {};
+  if (int(f.budget_tokens.value) !== undefined) body.budget_tokens = int(f.budget_tokens.value);
+  if (String(f.budget.value).trim() !== "") body.budget_micros = Math.round(Number(f.budget.value) * 1e6);
+  try {
+    const t = await api("/admin/v1/tenants/" + encodeURIComponent(f.tenant.value.trim()), { method: "PATCH", body });
+    say("#budget-form", `budget of ${t.name}: ${t.budget_tokens || "unlimited"} tokens, ${t.budget_micros ? "$" + t.budget : "no money limit"}`);
+  } catch (err) {
+    say("#budget-form", err.message, true);
+  }
+  refresh();
+});
+
+function renderUsage(usage) {
+  fill("#usage", usage, (u) => [
+    cell(u.tenant), cell(u.key_prefix), cell(u.model), cell(u.requests), cell(u.prompt_tokens),
+    cell(u.completion_tokens), cell(u.cost.toFixed(6)), cell(u.rejected),
+  ], "no usage yet");
+}
+
+// ---- refresh ----
+
+let busy = false;
+
 async function refresh() {
   if (!token) {
     $("#status").textContent = "paste the admin token to connect";
     return;
   }
+  if (busy) return;
+  busy = true;
   try {
-    const [replicas, requests, usage] = await Promise.all([
-      api("/admin/v1/replicas"), api("/admin/v1/requests?limit=50"), api("/admin/v1/usage"),
+    const [replicas, requests, inflight, usage, tenants, keys, hist] = await Promise.all([
+      api("/admin/v1/replicas"), api("/admin/v1/requests?" + filterQuery()), api("/admin/v1/requests/inflight"),
+      api("/admin/v1/usage"), api("/admin/v1/tenants"), api("/admin/v1/keys"), api("/admin/v1/history"),
     ]);
-    const ready = replicas.filter((r) => r.ready).length;
-    $("#status").textContent = `${ready}/${replicas.length} replicas ready · updated ${new Date().toLocaleTimeString()}`;
-    $("#status").className = ready ? "" : "err";
-    fill("#replicas", replicas, (r) => [
-      cell(r.id), cell(r.state, "state-" + r.state), cell(r.reason || ""), cell(r.engine || (r.static ? "static" : "")),
-      cell((r.models || []).join(", ")), cell(r.inflight), cell(r.engine_waiting), cell(r.engine_running),
-      cell(r.kv_cache_usage === undefined ? null : (100 * r.kv_cache_usage).toFixed(0) + " %"),
-      cell(r.recent_ttft_ms ? ms(r.recent_ttft_ms) : null), cell(ago(r.last_ok_age_seconds)),
-    ]);
-    const ttfts = requests.map((r) => r.stages_ms.ttft).filter((v) => v !== null);
-    $("#latency").textContent = ttfts.length
-      ? `last ${ttfts.length} requests: TTFT p50 ${ms(percentile(ttfts, 50))}, p95 ${ms(percentile(ttfts, 95))}, p99 ${ms(percentile(ttfts, 99))}`
-      : "no requests yet";
-    fill("#requests", requests, (r) => [
-      cell(new Date(r.time).toLocaleTimeString()), cell(r.tenant), cell(r.model), cell(r.replica),
-      cell(r.status, r.status >= 400 ? "err" : ""), cell(r.outcome), cell(r.attempts),
-      cell(r.prompt_tokens + r.completion_tokens), cell(ms(r.stages_ms.gateway)), cell(ms(r.stages_ms.upstream_ttft)),
-      cell(ms(r.stages_ms.engine_ttft)), cell(ms(r.stages_ms.network)), cell(ms(r.stages_ms.ttft)), cell(ms(r.stages_ms.total)),
-    ]);
-    fill("#usage", usage, (u) => [
-      cell(u.tenant), cell(u.key_prefix), cell(u.model), cell(u.requests), cell(u.prompt_tokens),
-      cell(u.completion_tokens), cell(u.cost.toFixed(6)),
-    ]);
+    renderHistory(hist);
+    renderReplicas(replicas.data);
+    renderRequests(requests.data, inflight.data);
+    renderTenants(tenants.data);
+    renderKeys(keys.data);
+    renderUsage(usage.data);
+    await renderBudgets(requests.data);
+    document.body.dataset.loaded = String(Date.now());
   } catch (err) {
     $("#status").textContent = err.message;
     $("#status").className = "err";
+  } finally {
+    busy = false;
   }
 }
 

@@ -1,0 +1,66 @@
+// Small hand-drawn SVG line charts: the dashboard's time series need lines,
+// an axis maximum and a legend, which is less code than vendoring a library.
+
+const NS = "http://www.w3.org/2000/svg";
+const COLORS = ["#2f6fde", "#c0362c", "#1a7f37", "#a36a00", "#7b3fb0", "#0f8a8a", "#6b7585", "#d4569b"];
+
+function el(name, attrs, text) {
+  const e = document.createElementNS(NS, name);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+// lineChart returns a figure with one line per series. times are Date
+// objects; each series is {name, values} with values aligned to times (null
+// for a gap).
+export function lineChart(title, times, series, unit) {
+  const W = 420, H = 130, L = 44, B = 18, T = 6, R = 6;
+  const fig = document.createElement("figure");
+  fig.className = "chart";
+  const cap = document.createElement("figcaption");
+  cap.textContent = title;
+  fig.append(cap);
+  const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title });
+  let max = 0;
+  for (const s of series) for (const v of s.values) if (v !== null && v > max) max = v;
+  if (max <= 0) max = 1;
+  const t0 = times.length ? times[0].getTime() : 0;
+  const t1 = times.length ? times[times.length - 1].getTime() : 1;
+  const x = (t) => L + ((W - L - R) * (t.getTime() - t0)) / Math.max(1, t1 - t0);
+  const y = (v) => T + (H - T - B) * (1 - v / max);
+  svg.append(el("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }));
+  svg.append(el("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" }));
+  svg.append(el("text", { x: L - 4, y: T + 8, "text-anchor": "end", class: "tick" }, fmt(max) + (unit || "")));
+  svg.append(el("text", { x: L - 4, y: H - B, "text-anchor": "end", class: "tick" }, "0"));
+  if (times.length) {
+    svg.append(el("text", { x: L, y: H - 4, class: "tick" }, times[0].toLocaleTimeString()));
+    svg.append(el("text", { x: W - R, y: H - 4, "text-anchor": "end", class: "tick" }, times[times.length - 1].toLocaleTimeString()));
+  }
+  series.forEach((s, i) => {
+    let d = "";
+    s.values.forEach((v, j) => {
+      if (v === null || v === undefined) return;
+      d += (d && s.values[j - 1] !== null && s.values[j - 1] !== undefined ? "L" : "M") + x(times[j]).toFixed(1) + " " + y(v).toFixed(1);
+    });
+    if (d) svg.append(el("path", { d, fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 1.5, "data-series": s.name }));
+  });
+  fig.append(svg);
+  const legend = document.createElement("div");
+  legend.className = "legend";
+  series.forEach((s, i) => {
+    const last = [...s.values].reverse().find((v) => v !== null && v !== undefined);
+    const item = document.createElement("span");
+    item.style.color = COLORS[i % COLORS.length];
+    item.textContent = `${s.name} ${last === undefined ? "–" : fmt(last) + (unit || "")}`;
+    legend.append(item);
+  });
+  fig.append(legend);
+  return fig;
+}
+
+function fmt(v) {
+  if (v >= 100) return v.toFixed(0);
+  if (v >= 10) return v.toFixed(1);
+  return v.toFixed(2);
+}
