@@ -142,6 +142,9 @@ func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
 		}
 		pos, args = append(pos, rest[0]), rest[1:]
 	}
+	if err := secretsFromEnv(fs, os.Getenv); err != nil {
+		return nil, usageError(fs, out, usage, err)
+	}
 	if len(pos) > maxArgs {
 		err := fmt.Errorf("unexpected argument %q", pos[maxArgs])
 		if maxArgs == 0 {
