@@ -91,8 +91,9 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 	// Hedges from the first request on (the delay is clamped to 1–2 ms
 	// against a 20 ms time to first token); seeded hangs that the TTFT
 	// deadline abandons, which ejects their replica.
-	p := startUp(t, "--replicas", "2", "--sim-ttft", "20ms", "--sim-tpot", "1ms", "--hedge", "--hedge-min", "1ms",
-		"--hedge-max", "2ms", "--retry-budget", "1", "--ttft-deadline", "300ms", "--sim-hang-rate", "0.1", "--price", "tailgate-sim=1,2")
+	const replicas = 3
+	p := startUp(t, "--replicas", fmt.Sprint(replicas), "--sim-ttft", "20ms", "--sim-tpot", "1ms", "--hedge", "--hedge-min", "1ms",
+		"--hedge-max", "2ms", "--retry-budget", "1", "--ttft-deadline", "300ms", "--sim-hang-rate", "0.05", "--price", "tailgate-sim=1,2")
 	key := lastLine(tailgate(t, "keys", "create", "--data", p.dir, "--tenant", "team-a", "--budget", "100", "--budget-tokens", "1000000"))
 	adminToken := readToken(t, filepath.Join(p.dir, "admin.token"))
 
@@ -116,7 +117,7 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 	ctx := context.Background()
 	// Every request bounded, whatever the gateway does with a hung one.
 	tctx := func() context.Context {
-		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		c, cancel := context.WithTimeout(ctx, 2*time.Second)
 		t.Cleanup(cancel)
 		return c
 	}
@@ -124,7 +125,19 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")}}
 	needed := []string{"tailgate_hedges_total", "tailgate_ejections_total", "tailgate_tenant_spent_micros_total", "tailgate_ttft_seconds"}
 	var fams map[string]*dto.MetricFamily
-	for round := 0; round < 20; round++ {
+	ready := func(fams map[string]*dto.MetricFamily) int {
+		n := 0
+		for _, m := range fams["tailgate_replica_ready"].GetMetric() {
+			n += int(m.GetGauge().GetValue())
+		}
+		return n
+	}
+	for round := 0; round < 30; round++ {
+		// An ejected replica is probed back within about a second: wait
+		// for all, so hedges have somewhere to go.
+		for wait := 0; wait < 100 && ready(scrape()) < replicas; wait++ {
+			time.Sleep(100 * time.Millisecond)
+		}
 		for i := range 10 {
 			if i%2 == 0 {
 				if _, err := client.Chat.Completions.New(tctx(), params); err != nil {
@@ -147,7 +160,7 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 	}
 	for _, n := range needed {
 		if fams[n] == nil {
-			t.Fatalf("after 200 requests the gateway still exposes no %s", n)
+			t.Fatalf("after 300 requests the gateway still exposes no %s", n)
 		}
 	}
 
