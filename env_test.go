@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -125,7 +126,17 @@ func TestWorkerSendsTheClusterTokenFromTheEnvironment(t *testing.T) {
 			}
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
-			defer func() { _ = cmd.Process.Kill(); <-exited }()
+			// SIGTERM, so the worker stops its engine (a child in its own
+			// process group) instead of leaving it behind.
+			defer func() {
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				select {
+				case <-exited:
+				case <-time.After(30 * time.Second):
+					_ = cmd.Process.Kill()
+					<-exited
+				}
+			}()
 			select {
 			case err := <-exited:
 				exited <- err
