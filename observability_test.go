@@ -391,4 +391,3 @@ func TestCheckQueryFindsWhatIsMissing(t *testing.T) {
 		}
 	}
 }
-
