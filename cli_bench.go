@@ -30,7 +30,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	o := &f.opts
 	fs.StringVar(&o.Scenario, "scenario", "", "run a built-in scenario on a local fleet the bench starts: failover, burst, scaleout, overhead (list: describe them)")
 	fs.StringVar(&o.A.Target, "target", "", "OpenAI base URL of the deployment under test, ending in /v1 (instead of --scenario)")
-	fs.StringVar(&o.A.Key, "key", "", "API key for --target")
+	fs.StringVar(&o.A.Key, "key", "", "API key for --target (default: $TAILGATE_API_KEY unless --key-file is given)")
 	fs.StringVar(&o.A.KeyFile, "key-file", "", "file holding the API key for --target")
 	fs.StringVar(&o.A.Admin, "admin", "", "tailgate admin URL of the target (http://host:8081): stage timings of streams and replica queue depth")
 	fs.StringVar(&o.A.AdminTokenFile, "admin-token-file", "", "file holding the admin token (the gateway's DIR/admin.token)")
@@ -42,7 +42,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 
 	fs.BoolVar(&o.Compare, "compare", false, "run the same seeded workload twice, against A and B, and print them side by side")
 	fs.StringVar(&o.B.Target, "target-b", "", "compare: B's base URL (any OpenAI-compatible server)")
-	fs.StringVar(&o.B.Key, "key-b", "", "compare: B's API key (default: --key)")
+	fs.StringVar(&o.B.Key, "key-b", "", "compare: B's API key (default: $TAILGATE_API_KEY_B unless --key-file-b is given, else --key)")
 	fs.StringVar(&o.B.KeyFile, "key-file-b", "", "compare: file holding B's API key")
 	fs.StringVar(&o.B.Admin, "admin-b", "", "compare: B's tailgate admin URL")
 	fs.StringVar(&o.B.AdminTokenFile, "admin-token-file-b", "", "compare: B's admin token file")

@@ -127,13 +127,15 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		return nil, err
 	}
 	promReg := prometheus.NewRegistry()
-	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		readBuildInfo().collector(), gw.gate.Collector())
 
 	rcfg := setup.routerCfg
 	rcfg.Registerer = promReg
 	if gw.reg, err = router.New(rcfg, log); err != nil {
 		return nil, err
 	}
+	promReg.MustRegister(kvCacheCollector{gw.reg})
 	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	if cfg.Mesh.enabled {
 		if gw.node, err = cfg.Mesh.up(ctx, cfg.DataDir, log); err != nil {

@@ -25,7 +25,7 @@ type meshFlags struct {
 func (m *meshFlags) register(fs *flag.FlagSet, defaultHost string) {
 	fs.BoolVar(&m.enabled, "mesh", false, "join a tailnet (Tailscale or Headscale) with an embedded node and use it for the gateway↔worker hop")
 	fs.StringVar(&m.controlURL, "mesh-control-url", "", "control server URL, e.g. https://headscale.example.com (default: Tailscale's)")
-	fs.StringVar(&m.authKey, "mesh-authkey", "", "auth key to join the tailnet (default: $TS_AUTHKEY); not needed once DIR/mesh holds a node")
+	fs.StringVar(&m.authKey, "mesh-authkey", "", "auth key to join the tailnet (default: $TAILGATE_MESH_AUTHKEY, else $TS_AUTHKEY); not needed once DIR/mesh holds a node")
 	fs.StringVar(&m.hostname, "mesh-hostname", defaultHost, "this node's tailnet host name")
 	fs.BoolVar(&m.ephemeral, "mesh-ephemeral", false, "join as an ephemeral node (removed from the tailnet when it goes offline)")
 	fs.StringVar(&m.tags, "mesh-tags", "", "comma-separated ACL tags to request, e.g. tag:tailgate-worker")
@@ -66,7 +66,7 @@ func warnSecretFlags(log *slog.Logger, fs *flag.FlagSet, names ...string) {
 	fs.Visit(func(f *flag.Flag) {
 		for _, n := range names {
 			if f.Name == n && f.Value.String() != "" {
-				alt := map[string]string{"cluster-token": "--cluster-token-file", "mesh-authkey": "TS_AUTHKEY in the environment"}[n]
+				alt := map[string]string{"cluster-token": "--cluster-token-file or TAILGATE_CLUSTER_TOKEN in the environment", "mesh-authkey": "TAILGATE_MESH_AUTHKEY (or TS_AUTHKEY) in the environment"}[n]
 				log.Warn("a secret on the command line is visible to every user of this box (ps, /proc); prefer "+alt, "flag", "--"+n)
 			}
 		}

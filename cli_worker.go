@@ -43,7 +43,7 @@ type workerFlags struct {
 func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&w.dataDir, "data", "tailgate-worker", "worker data directory")
 	fs.StringVar(&w.gateway, "gateway", "", "gateway admin URL to register with, e.g. http://gateway-host:8081 (required)")
-	fs.StringVar(&w.clusterToken, "cluster-token", "", "cluster token (the gateway's DIR/cluster.token); or use --cluster-token-file")
+	fs.StringVar(&w.clusterToken, "cluster-token", "", "cluster token (the gateway's DIR/cluster.token; default: $TAILGATE_CLUSTER_TOKEN unless --cluster-token-file is given); prefer --cluster-token-file or the environment")
 	fs.StringVar(&w.clusterTokenFile, "cluster-token-file", "", "file holding the cluster token")
 	fs.StringVar(&w.engine, "engine", "vllm", "engine: vllm or sim")
 	fs.StringVar(&w.model, "model", "", "model to serve (vllm: a Hugging Face id or path; sim: the name to serve)")

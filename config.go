@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -519,4 +520,39 @@ func yamlKeyAt(n *yaml.Node, line int, path string) string {
 		}
 	}
 	return ""
+}
+
+// secretEnv lists the flags that carry a secret and the environment
+// variable that supplies each when the command line does not: a flag is
+// visible to every user of the box (ps, /proc/PID/cmdline) and stays in
+// shell history; the environment is not (systemd's EnvironmentFile=,
+// Kubernetes' secretKeyRef). The flag wins, and so does any flag of
+// unless (a file that holds the same secret).
+var secretEnv = []struct {
+	flag, env string
+	unless    []string
+}{
+	{"cluster-token", "TAILGATE_CLUSTER_TOKEN", []string{"cluster-token-file"}},
+	{"mesh-authkey", "TAILGATE_MESH_AUTHKEY", nil},
+	{"key", "TAILGATE_API_KEY", []string{"key-file"}},
+	{"key-b", "TAILGATE_API_KEY_B", []string{"key-file-b"}},
+}
+
+// secretsFromEnv sets each secret flag of fs that its command line left out
+// from its environment variable (looked up by getenv). It sets the value,
+// not the flag: flagGiven and warnSecretFlags still see only the command
+// line.
+func secretsFromEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	for _, s := range secretEnv {
+		f := fs.Lookup(s.flag)
+		if f == nil || flagGiven(fs, s.flag) || slices.ContainsFunc(s.unless, func(n string) bool { return flagGiven(fs, n) }) {
+			continue
+		}
+		if v := strings.TrimSpace(getenv(s.env)); v != "" {
+			if err := f.Value.Set(v); err != nil {
+				return fmt.Errorf("$%s (for --%s): %w", s.env, s.flag, err)
+			}
+		}
+	}
+	return nil
 }

@@ -33,6 +33,7 @@ Usage:
   tailgate usage    [flags]   usage totals per tenant, key and model
   tailgate backup   [flags] FILE   consistent copy of the database while a gateway runs
   tailgate bench    [flags]   matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)
+  tailgate version            version, commit, Go and tailscale versions of this binary (also --version)
 
 Run 'tailgate COMMAND -h' for the flags of a command.
 `
@@ -81,6 +82,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdBench(ctx, rest, stdout, stderr)
 	case "backup":
 		return cmdBackup(ctx, rest, stdout, stderr)
+	case "version", "--version", "-version":
+		return cmdVersion(ctx, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usageText)
 		return nil
@@ -141,6 +144,9 @@ func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
 			break
 		}
 		pos, args = append(pos, rest[0]), rest[1:]
+	}
+	if err := secretsFromEnv(fs, os.Getenv); err != nil {
+		return nil, usageError(fs, out, usage, err)
 	}
 	if len(pos) > maxArgs {
 		err := fmt.Errorf("unexpected argument %q", pos[maxArgs])

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need that Go does not bring
-# (Debian's chromium, for the dashboard's browser test), then vets and runs
+# (Debian's chromium, for the dashboard's browser test; systemd, whose
+# systemd-analyze checks the units in deploy/systemd), then vets and runs
 # every test with the race detector.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,14 @@ if ! command -v chromium >/dev/null 2>&1; then
 	if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+	echo "test.sh: installing systemd (Debian package) for systemd-analyze verify of deploy/systemd" >&2
+	SUDO=""
+	if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq systemd >/dev/null
 fi
 
 go vet ./...
