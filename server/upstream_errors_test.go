@@ -79,6 +79,19 @@ func TestUpstreamFailuresMapToGatewayStatuses(t *testing.T) {
 			body: streamBody, wantStatus: 504, wantCode: "upstream_timeout", wantOutcome: data.OutcomeUpstreamError,
 		},
 		{
+			name: "a JSON client's engine stream gives no first token: gateway timeout at the TTFT deadline",
+			engine: func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.WriteHeader(200) // the gateway streams from the engine for JSON clients too
+				w.(http.Flusher).Flush()
+				select {
+				case <-r.Context().Done():
+				case <-time.After(5 * time.Second):
+				}
+			},
+			body: body, wantStatus: 504, wantCode: "upstream_timeout", wantOutcome: data.OutcomeUpstreamError,
+		},
+		{
 			name: "engine 429 with Retry-After and no other replica: 429 with the engine's Retry-After",
 			engine: func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Retry-After", "7")
