@@ -7,11 +7,46 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"tailgate/data/pgtest"
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.Stop()
+	os.Exit(code)
+}
+
+// engineCase is one database engine the store runs on: newDB makes a fresh,
+// empty database and returns its location for [Open].
+type engineCase struct {
+	name  string
+	newDB func(testing.TB) string
+}
+
+var engineCases = []engineCase{
+	{"sqlite", func(tb testing.TB) string { return filepath.Join(tb.TempDir(), "db", "tailgate.db") }},
+	{"postgres", pgtest.NewDatabase},
+}
+
+// open opens a store on a fresh database of the engine.
+func (e engineCase) open(tb testing.TB) *Store {
+	tb.Helper()
+	return openAt(tb, e.newDB(tb))
+}
+
+// forEachEngine runs test once per engine, as a subtest named for it.
+func forEachEngine(t *testing.T, test func(t *testing.T, e engineCase)) {
+	for _, e := range engineCases {
+		t.Run(e.name, func(t *testing.T) { test(t, e) })
+	}
+}
+
+// openTestStore opens a store on a fresh SQLite database (benchmarks, and
+// tests of what only SQLite has).
 func openTestStore(t testing.TB) *Store {
 	t.Helper()
-	return openAt(t, filepath.Join(t.TempDir(), "db", "tailgate.db"))
+	return engineCases[0].open(t)
 }
 
 func openAt(t testing.TB, path string) *Store {
@@ -97,7 +132,7 @@ func TestMigrationsApplyOnceAndReopenWorks(t *testing.T) {
 	}
 
 	s2 := openAt(t, path)
-	ms, err := loadMigrations()
+	ms, err := loadMigrations(engineSQLite)
 	if err != nil {
 		t.Fatal(err)
 	}
