@@ -17,6 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
@@ -27,8 +28,8 @@ import (
 // typed value: the flags, then the YAML file named by --config, checked by
 // Validate and turned into each package's Config by setup. Only main uses it.
 //
-// The file holds the fields with a yaml tag: upstreams, default_max_tokens
-// and the per-model catalog. A flag given on the command line wins over the
+// The file holds the fields with a yaml tag: database, upstreams,
+// default_max_tokens and the per-model catalog. A flag given on the command line wins over the
 // file; --upstream and --price add to it.
 //
 // Zero values. A zero number or duration, given as a flag or in the file,
@@ -40,7 +41,8 @@ import (
 // requests. In a model's entry every zero field inherits the gateway-wide
 // setting, and a model without a price is free.
 type gatewayConfig struct {
-	DataDir       string        `yaml:"-"` // --data
+	DataDir       string        `yaml:"-"`        // --data
+	Database      string        `yaml:"database"` // --database; "": SQLite in DataDir
 	Listen        string        `yaml:"-"` // --listen
 	AdminListen   string        `yaml:"-"` // --admin-listen
 	ConfigFile    string        `yaml:"-"` // --config
@@ -124,6 +126,7 @@ type modelHedge struct {
 // defaults.
 func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data", "tailgate-data", "data directory: SQLite database, tokens, keys")
+	fs.StringVar(&c.Database, "database", "", "where the gateway stores keys, budgets, the ledger and batches: a postgres://USER:PASSWORD@HOST/DB URL (the database must exist), or empty for SQLite in --data (DIR/tailgate.db)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
 	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
 	fs.Var(&c.upstreamFlags, "upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)")
@@ -188,12 +191,15 @@ func (c *gatewayConfig) load(fs *flag.FlagSet) error {
 		if err != nil {
 			return fmt.Errorf("--config: %w", err)
 		}
-		flagMaxTokens := c.DefaultMaxTokens
+		flagMaxTokens, flagDatabase := c.DefaultMaxTokens, c.Database
 		if err := decodeYAML(raw, c); err != nil {
 			return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
 		}
 		if flagGiven(fs, "default-max-tokens") {
 			c.DefaultMaxTokens = flagMaxTokens
+		}
+		if flagGiven(fs, "database") {
+			c.Database = flagDatabase
 		}
 	}
 	for _, u := range c.upstreamFlags {
@@ -232,6 +238,8 @@ func (c *gatewayConfig) Validate() error {
 	switch {
 	case c.DataDir == "":
 		return errors.New("--data: a data directory is required")
+	case c.Database != "" && !data.IsPostgres(c.Database):
+		return fmt.Errorf("--database (database) %q: want a postgres:// or postgresql:// URL, or nothing for SQLite in --data", data.Redact(c.Database))
 	case c.DefaultMaxTokens < 0:
 		return fmt.Errorf("--default-max-tokens (default_max_tokens) %d: want a positive count (0: 1024)", c.DefaultMaxTokens)
 	case c.MaxJSONDepth < 0 || c.MaxJSONDepth > 10000:

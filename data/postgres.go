@@ -36,15 +36,15 @@ func IsPostgres(location string) bool {
 	return strings.HasPrefix(location, "postgres://") || strings.HasPrefix(location, "postgresql://")
 }
 
-// Redact returns location safe to log and show: a PostgreSQL URL without
-// its password, a file path as it is.
+// Redact returns location safe to log and show: a URL without its
+// password, a file path as it is.
 func Redact(location string) string {
-	if !IsPostgres(location) {
+	if !strings.Contains(location, "://") {
 		return location
 	}
 	u, err := url.Parse(location)
 	if err != nil {
-		return "postgres://(unparsable URL)"
+		return "(unparsable URL)"
 	}
 	return u.Redacted()
 }
