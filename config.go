@@ -43,10 +43,10 @@ import (
 type gatewayConfig struct {
 	DataDir       string        `yaml:"-"`        // --data
 	Database      string        `yaml:"database"` // --database; "": SQLite in DataDir
-	Listen        string        `yaml:"-"` // --listen
-	AdminListen   string        `yaml:"-"` // --admin-listen
-	ConfigFile    string        `yaml:"-"` // --config
-	ShutdownGrace time.Duration `yaml:"-"` // --shutdown-grace; 0: none
+	Listen        string        `yaml:"-"`        // --listen
+	AdminListen   string        `yaml:"-"`        // --admin-listen
+	ConfigFile    string        `yaml:"-"`        // --config
+	ShutdownGrace time.Duration `yaml:"-"`        // --shutdown-grace; 0: none
 
 	Upstreams        []upstreamConfig       `yaml:"upstreams"`          // the file's, then --upstream
 	DefaultMaxTokens int64                  `yaml:"default_max_tokens"` // --default-max-tokens; 0: 1024
