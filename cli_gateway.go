@@ -108,8 +108,15 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		return nil, err
 	}
 	gw.adminToken = adminToken
-	if gw.store, err = data.Open(filepath.Join(cfg.DataDir, "tailgate.db")); err != nil {
+	db, err := gatewayDatabase(cfg.DataDir, cfg.Database)
+	if err != nil {
 		return nil, err
+	}
+	if gw.store, err = data.Open(db); err != nil {
+		return nil, err
+	}
+	if gw.store.Postgres() {
+		log.Info("database: PostgreSQL", "url", gw.store.Path())
 	}
 	gw.ledger = gw.store.NewLedgerWriter(data.LedgerConfig{}, log)
 	// Streams a previous run was serving when it died have open rows:

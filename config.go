@@ -18,6 +18,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
@@ -29,8 +30,8 @@ import (
 // typed value: the flags, then the YAML file named by --config, checked by
 // Validate and turned into each package's Config by setup. Only main uses it.
 //
-// The file holds the fields with a yaml tag: upstreams, default_max_tokens
-// and the per-model catalog. A flag given on the command line wins over the
+// The file holds the fields with a yaml tag: database, upstreams,
+// default_max_tokens and the per-model catalog. A flag given on the command line wins over the
 // file; --upstream and --price add to it.
 //
 // Zero values. A zero number or duration, given as a flag or in the file,
@@ -42,11 +43,12 @@ import (
 // requests. In a model's entry every zero field inherits the gateway-wide
 // setting, and a model without a price is free.
 type gatewayConfig struct {
-	DataDir       string        `yaml:"-"` // --data
-	Listen        string        `yaml:"-"` // --listen
-	AdminListen   string        `yaml:"-"` // --admin-listen
-	ConfigFile    string        `yaml:"-"` // --config
-	ShutdownGrace time.Duration `yaml:"-"` // --shutdown-grace; 0: none
+	DataDir       string        `yaml:"-"`        // --data
+	Database      string        `yaml:"database"` // --database; "": SQLite in DataDir
+	Listen        string        `yaml:"-"`        // --listen
+	AdminListen   string        `yaml:"-"`        // --admin-listen
+	ConfigFile    string        `yaml:"-"`        // --config
+	ShutdownGrace time.Duration `yaml:"-"`        // --shutdown-grace; 0: none
 
 	Upstreams        []upstreamConfig       `yaml:"upstreams"`          // the file's, then --upstream
 	DefaultMaxTokens int64                  `yaml:"default_max_tokens"` // --default-max-tokens; 0: 1024
@@ -130,6 +132,7 @@ type modelHedge struct {
 // defaults.
 func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data", "tailgate-data", "data directory: SQLite database, tokens, keys")
+	fs.StringVar(&c.Database, "database", "", "where the gateway stores keys, budgets, the ledger and batches: a postgres://USER:PASSWORD@HOST/DB URL (the database must exist), or empty for SQLite in --data (DIR/tailgate.db)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
 	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
 	fs.Var(&c.upstreamFlags, "upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)")
@@ -195,12 +198,15 @@ func (c *gatewayConfig) load(fs *flag.FlagSet) error {
 		if err != nil {
 			return fmt.Errorf("--config: %w", err)
 		}
-		flagMaxTokens := c.DefaultMaxTokens
+		flagMaxTokens, flagDatabase := c.DefaultMaxTokens, c.Database
 		if err := decodeYAML(raw, c); err != nil {
 			return fmt.Errorf("--config %s: %w", c.ConfigFile, err)
 		}
 		if flagGiven(fs, "default-max-tokens") {
 			c.DefaultMaxTokens = flagMaxTokens
+		}
+		if flagGiven(fs, "database") {
+			c.Database = flagDatabase
 		}
 	}
 	for _, u := range c.upstreamFlags {
@@ -239,6 +245,8 @@ func (c *gatewayConfig) Validate() error {
 	switch {
 	case c.DataDir == "":
 		return errors.New("--data: a data directory is required")
+	case c.Database != "" && !data.IsPostgres(c.Database):
+		return fmt.Errorf("--database (database) %q: want a postgres:// or postgresql:// URL, or nothing for SQLite in --data", data.Redact(c.Database))
 	case c.DefaultMaxTokens < 0:
 		return fmt.Errorf("--default-max-tokens (default_max_tokens) %d: want a positive count (0: 1024)", c.DefaultMaxTokens)
 	case c.MaxJSONDepth < 0 || c.MaxJSONDepth > 10000:

@@ -296,3 +296,47 @@ func TestParseUpstream(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayDatabaseFromFileOrFlag: database comes from the file or
+// --database (the flag wins); anything but a PostgreSQL URL is refused,
+// naming the flag and never showing the password.
+func TestGatewayDatabaseFromFileOrFlag(t *testing.T) {
+	for _, tc := range []struct {
+		name, file string
+		args       []string
+		want       string // cfg.Database, or the error's text
+		wantErr    bool
+	}{
+		{"default is SQLite in --data", "", nil, "", false},
+		{"file", "database: postgres://gw@db.internal/tailgate\n", nil, "postgres://gw@db.internal/tailgate", false},
+		{"flag wins over file", "database: postgres://gw@db.internal/tailgate\n",
+			[]string{"--database", "postgresql://gw@other/tg"}, "postgresql://gw@other/tg", false},
+		{"not a URL", "", []string{"--database", "/var/lib/tg.db"}, `--database (database) "/var/lib/tg.db"`, true},
+		{"other scheme, password hidden", "", []string{"--database", "mysql://gw:hunter2@db/tg"}, "--database (database)", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.file != "" {
+				path := filepath.Join(t.TempDir(), "gateway.yaml")
+				if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append([]string{"--config", path}, args...)
+			}
+			fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			var cfg gatewayConfig
+			cfg.register(fs)
+			if err := fs.Parse(args); err != nil {
+				t.Fatal(err)
+			}
+			_, err := cfg.resolve(fs)
+			switch {
+			case tc.wantErr && (err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "hunter2")):
+				t.Errorf("error = %v, want one containing %q and no password", err, tc.want)
+			case !tc.wantErr && (err != nil || cfg.Database != tc.want):
+				t.Errorf("database = %q, %v; want %q", cfg.Database, err, tc.want)
+			}
+		})
+	}
+}

@@ -78,7 +78,7 @@ var packageMap = []room{
 	{"tailgate/serving", []string{"tailgate/router", "tailgate/mesh"},
 		"the worker side: never the gateway's server, policy or data (router's wire types and the mesh node at most)"},
 	{"tailgate/web", nil, "embedded assets and their handler"},
-	{"tailgate/data", nil, "SQLite below everything"},
+	{"tailgate/data", nil, "SQLite and PostgreSQL below everything"},
 	{"tailgate/bench", []string{"tailgate/serving/proc"},
 		"the benchmark measures what a client sees, so it uses nothing of the product (but the process-group helper)"},
 }
@@ -122,10 +122,15 @@ func TestDeps(t *testing.T) {
 				t.Errorf("%s imports %s; only tailgate/mesh (and its tests' meshtest) imports tailscale.com", p.ImportPath, d)
 			case under(d, "modernc.org/sqlite") && !under(p.ImportPath, "tailgate/data"):
 				t.Errorf("%s imports %s; only tailgate/data imports modernc.org/sqlite", p.ImportPath, d)
+			case under(d, "github.com/jackc/pgx") && p.ImportPath != "tailgate/data":
+				t.Errorf("%s imports %s; only tailgate/data imports the PostgreSQL driver", p.ImportPath, d)
 			}
 		}
 		if slices.Contains(p.Imports, "tailgate/mesh/meshtest") {
 			t.Errorf("%s imports tailgate/mesh/meshtest outside its tests; meshtest is test support", p.ImportPath)
+		}
+		if slices.Contains(p.Imports, "tailgate/data/pgtest") {
+			t.Errorf("%s imports tailgate/data/pgtest outside its tests; pgtest is test support", p.ImportPath)
 		}
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 )
 
-// Backup writes a consistent copy of the database to path while the store
+// Backup writes a consistent copy of a SQLite database to path while the store
 // (and any other process on the file) keeps writing: SQLite's VACUUM INTO
 // reads one snapshot, so the copy holds every transaction committed before
 // it started and none after, with the ledger and tenant spend agreeing. The
@@ -20,7 +20,8 @@ import (
 // The copy is written to a temporary file beside path, synced and renamed
 // into place, so path never holds half a backup; an existing file at path
 // is replaced. The copy runs on a connection of its own: ledger writes go
-// on meanwhile (WAL readers do not block the writer).
+// on meanwhile (WAL readers do not block the writer). On PostgreSQL it
+// returns [ErrBackupPostgres], which says to use pg_dump.
 func (s *Store) Backup(ctx context.Context, path string) error {
 	if err := s.backup(ctx, path); err != nil {
 		return fmt.Errorf("backup: %w", err)
@@ -31,6 +32,9 @@ func (s *Store) Backup(ctx context.Context, path string) error {
 func (s *Store) backup(ctx context.Context, path string) (err error) {
 	if s.closed.Load() {
 		return errors.New("store closed")
+	}
+	if s.engine != engineSQLite {
+		return ErrBackupPostgres
 	}
 	dst, err := filepath.Abs(path)
 	if err != nil {
@@ -79,6 +83,10 @@ func (s *Store) backup(ctx context.Context, path string) (err error) {
 	}
 	return syncFile(filepath.Dir(dst)) // make the rename itself durable
 }
+
+// ErrBackupPostgres is Backup's answer on PostgreSQL, whose own tools copy a
+// live database consistently.
+var ErrBackupPostgres = errors.New("the database is PostgreSQL: back it up with pg_dump (e.g. pg_dump --format=custom --file=FILE URL), which takes a consistent snapshot while gateways keep writing")
 
 func syncFile(path string) error {
 	f, err := os.Open(path)

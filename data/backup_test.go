@@ -2,9 +2,11 @@ package data
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -115,5 +117,19 @@ func TestBackupIsConsistentUnderConcurrentWrites(t *testing.T) {
 			t.Errorf("copy %d: SettleOpen: %v", i, err)
 		}
 		checkSpendMatchesLedger(t, c)
+	}
+}
+
+// TestBackupOnPostgresSaysToUsePgDump: VACUUM INTO is SQLite's; on
+// PostgreSQL the store writes nothing and points at pg_dump.
+func TestBackupOnPostgresSaysToUsePgDump(t *testing.T) {
+	s := engineCases[1].open(t)
+	dst := filepath.Join(t.TempDir(), "copy.db")
+	err := s.Backup(context.Background(), dst)
+	if !errors.Is(err, ErrBackupPostgres) || !strings.Contains(err.Error(), "pg_dump") {
+		t.Fatalf("Backup on PostgreSQL = %v, want an error naming pg_dump", err)
+	}
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Errorf("Backup on PostgreSQL left %s (stat: %v)", dst, err)
 	}
 }

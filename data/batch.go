@@ -396,7 +396,7 @@ func insertLine(ctx context.Context, tx *sql.Tx, batchID string, l BatchLine) (b
 	res, err := tx.ExecContext(ctx, `INSERT INTO batch_lines
 		(batch_id, line, id, custom_id, ok, status_code, request_id, body, error_code, error_message, finished_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (batch_id, line) DO NOTHING`,
-		batchID, l.Line, l.ID, l.CustomID, l.OK, l.StatusCode, l.RequestID, l.Body, l.ErrorCode, l.ErrorMsg, toMicros(now()))
+		batchID, l.Line, l.ID, l.CustomID, boolInt(l.OK), l.StatusCode, l.RequestID, l.Body, l.ErrorCode, l.ErrorMsg, toMicros(now()))
 	if err != nil {
 		return false, err
 	}

@@ -86,7 +86,7 @@ func insertFile(ctx context.Context, tx *sql.Tx, f File) error {
 
 func tenantFileBytes(ctx context.Context, q queryRower, tenantID int64) (int64, error) {
 	var n int64
-	err := q.QueryRowContext(ctx, `SELECT COALESCE(SUM(bytes), 0) FROM files WHERE tenant_id = ?`, tenantID).Scan(&n)
+	err := q.QueryRowContext(ctx, `SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM files WHERE tenant_id = ?`, tenantID).Scan(&n)
 	return n, err
 }
 

@@ -80,26 +80,28 @@ func waitFor(t *testing.T, cond func() bool) {
 }
 
 func TestCommitHonoursContextAndKeepsTheRow(t *testing.T) {
-	s := openTestStore(t)
-	w := s.NewLedgerWriter(LedgerConfig{}, nil) // not running: nothing commits
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	if err := w.Commit(ctx, streamRow("r", 1, OutcomeOK, 1, 1)); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Commit with an expired context = %v, want DeadlineExceeded", err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if n := countRowsWithID(t, s, "r"); n != 1 {
-		t.Errorf("row of a timed-out Commit stored %d times after Close, want 1", n)
-	}
-	// After Close, Commit writes the row itself.
-	if err := w.Commit(context.Background(), streamRow("late", 1, OutcomeOK, 1, 1)); err != nil {
-		t.Errorf("Commit after Close: %v", err)
-	}
-	if n := countRowsWithID(t, s, "late"); n != 1 {
-		t.Errorf("row committed after Close stored %d times, want 1", n)
-	}
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		w := s.NewLedgerWriter(LedgerConfig{}, nil) // not running: nothing commits
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		if err := w.Commit(ctx, streamRow("r", 1, OutcomeOK, 1, 1)); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Commit with an expired context = %v, want DeadlineExceeded", err)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := countRowsWithID(t, s, "r"); n != 1 {
+			t.Errorf("row of a timed-out Commit stored %d times after Close, want 1", n)
+		}
+		// After Close, Commit writes the row itself.
+		if err := w.Commit(context.Background(), streamRow("late", 1, OutcomeOK, 1, 1)); err != nil {
+			t.Errorf("Commit after Close: %v", err)
+		}
+		if n := countRowsWithID(t, s, "late"); n != 1 {
+			t.Errorf("row committed after Close stored %d times, want 1", n)
+		}
+	})
 }
 
 // BenchmarkLedgerCommit measures what a caller waits for its row: Commit

@@ -94,25 +94,49 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 
 	stamp := now()
 	args := make([]any, 0, ledgerChunks[0]*len(ledgerCols))
-	for i, n := range ledgerChunks {
-		if len(rows) < n {
-			continue
-		}
-		st := tx.StmtContext(ctx, s.ledgerStmts[i])
-		for len(rows) >= n {
-			args = args[:0]
-			for _, r := range rows[:n] {
-				if args, err = appendLedgerArgs(args, r, stamp); err != nil {
+	for len(rows) > 0 {
+		run := distinctRun(rows)
+		rest := rows[len(run):]
+		for i, n := range ledgerChunks {
+			if len(run) < n {
+				continue
+			}
+			st := tx.StmtContext(ctx, s.ledgerStmts[i])
+			for len(run) >= n {
+				args = args[:0]
+				for _, r := range run[:n] {
+					if args, err = appendLedgerArgs(args, r, stamp); err != nil {
+						return err
+					}
+				}
+				if _, err := st.ExecContext(ctx, args...); err != nil {
 					return err
 				}
+				run = run[n:]
 			}
-			if _, err := st.ExecContext(ctx, args...); err != nil {
-				return err
-			}
-			rows = rows[n:]
 		}
+		rows = rest
 	}
 	return tx.Commit()
+}
+
+// distinctRun returns the longest head of rows in which no ID repeats. A
+// batch may hold a stream's open row and then its final one; SQLite applies
+// one statement's rows in order, but PostgreSQL refuses an upsert that
+// touches a row twice, so such rows go in separate statements, in order.
+// Rows with no ID yet get distinct ones.
+func distinctRun(rows []LedgerRow) []LedgerRow {
+	seen := make(map[string]struct{}, min(len(rows), ledgerChunks[0]))
+	for i, r := range rows {
+		if r.ID == "" {
+			continue
+		}
+		if _, dup := seen[r.ID]; dup {
+			return rows[:i]
+		}
+		seen[r.ID] = struct{}{}
+	}
+	return rows
 }
 
 func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time) ([]any, error) {

@@ -25,7 +25,7 @@ type failureLog struct {
 // most every unavailableLogEvery after. It returns the error Commits get.
 func (w *LedgerWriter) failed(err error, rows int) error {
 	uerr := fmt.Errorf("%w: %w", ErrLedgerUnavailable, err)
-	if code := sqliteCode(err); code != "" {
+	if code := dbCode(err); code != "" {
 		uerr = fmt.Errorf("%w: %s: %w", ErrLedgerUnavailable, code, err)
 	}
 	w.mu.Lock()

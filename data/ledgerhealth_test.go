@@ -109,70 +109,72 @@ func TestLedgerWriterFailsClosedWhenTheDatabaseIsFullAndRecovers(t *testing.T) {
 }
 
 func TestLedgerWriterBacklogBounds(t *testing.T) {
-	s := openTestStore(t)
-	ctx := context.Background()
-	// No Run at first: rows pile up exactly as they would behind a stalled
-	// disk.
-	w := s.NewLedgerWriter(LedgerConfig{MaxBacklog: 10, Buffer: 20}, nil)
-	id := 0
-	add := func() { w.Add(streamRow(fmt.Sprintf("r-%d", id), 1, OutcomeOK, 1, 0)); id++ }
-	for range 10 {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		// No Run at first: rows pile up exactly as they would behind a stalled
+		// disk.
+		w := s.NewLedgerWriter(LedgerConfig{MaxBacklog: 10, Buffer: 20}, nil)
+		id := 0
+		add := func() { w.Add(streamRow(fmt.Sprintf("r-%d", id), 1, OutcomeOK, 1, 0)); id++ }
+		for range 10 {
+			add()
+		}
+		if h := w.Healthy(); h != nil {
+			t.Fatalf("Healthy at the soft bound = %v", h)
+		}
 		add()
-	}
-	if h := w.Healthy(); h != nil {
-		t.Fatalf("Healthy at the soft bound = %v", h)
-	}
-	add()
-	if h := w.Healthy(); !errors.Is(h, ErrLedgerUnavailable) || !strings.Contains(h.Error(), "backlog") {
-		t.Fatalf("Healthy above the soft bound = %v, want ErrLedgerUnavailable about the backlog", h)
-	}
-	for w.Backlog() < 20 {
-		add()
-	}
-	// At the hard cap, Add waits for room; Open does not.
-	added := make(chan struct{})
-	go func() {
-		defer close(added)
-		add()
-	}()
-	opened := make(chan struct{})
-	go func() {
-		defer close(opened)
-		w.Open(streamRow("stream", 1, OutcomeOpen, 1, 0))
-	}()
-	select {
-	case <-opened:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Open blocked at the hard cap")
-	}
-	select {
-	case <-added:
-		t.Fatal("Add beyond the hard cap returned before there was room")
-	case <-time.After(20 * time.Millisecond):
-	}
+		if h := w.Healthy(); !errors.Is(h, ErrLedgerUnavailable) || !strings.Contains(h.Error(), "backlog") {
+			t.Fatalf("Healthy above the soft bound = %v, want ErrLedgerUnavailable about the backlog", h)
+		}
+		for w.Backlog() < 20 {
+			add()
+		}
+		// At the hard cap, Add waits for room; Open does not.
+		added := make(chan struct{})
+		go func() {
+			defer close(added)
+			add()
+		}()
+		opened := make(chan struct{})
+		go func() {
+			defer close(opened)
+			w.Open(streamRow("stream", 1, OutcomeOpen, 1, 0))
+		}()
+		select {
+		case <-opened:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Open blocked at the hard cap")
+		}
+		select {
+		case <-added:
+			t.Fatal("Add beyond the hard cap returned before there was room")
+		case <-time.After(20 * time.Millisecond):
+		}
 
-	ran := make(chan error, 1)
-	go func() { ran <- w.Run(ctx) }()
-	<-added
-	if err := w.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if h := w.Healthy(); h != nil {
-		t.Errorf("Healthy once drained = %v", h)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-ran; err != nil {
-		t.Fatal(err)
-	}
-	rows, err := s.LedgerRows(ctx, UsageFilter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rows) != id+1 {
-		t.Errorf("%d rows stored, want %d: none dropped", len(rows), id+1)
-	}
+		ran := make(chan error, 1)
+		go func() { ran <- w.Run(ctx) }()
+		<-added
+		if err := w.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if h := w.Healthy(); h != nil {
+			t.Errorf("Healthy once drained = %v", h)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-ran; err != nil {
+			t.Fatal(err)
+		}
+		rows, err := s.LedgerRows(ctx, UsageFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != id+1 {
+			t.Errorf("%d rows stored, want %d: none dropped", len(rows), id+1)
+		}
+	})
 }
 
 func BenchmarkLedgerWriterHealthy(b *testing.B) {

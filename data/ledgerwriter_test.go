@@ -141,85 +141,89 @@ func TestLedgerWriterWritesEveryRowOnce(t *testing.T) {
 }
 
 func TestLedgerWriterFlush(t *testing.T) {
-	s := openTestStore(t)
-	ctx := context.Background()
-	// An hour-long interval and huge batches: only Flush can get rows out.
-	w := s.NewLedgerWriter(LedgerConfig{BatchSize: 1 << 20, FlushInterval: time.Hour}, nil)
-	ran := make(chan error, 1)
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { ran <- w.Run(runCtx) }()
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		// An hour-long interval and huge batches: only Flush can get rows out.
+		w := s.NewLedgerWriter(LedgerConfig{BatchSize: 1 << 20, FlushInterval: time.Hour}, nil)
+		ran := make(chan error, 1)
+		runCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { ran <- w.Run(runCtx) }()
 
-	for round, n := range []int{1, 10, 0, 1000} {
-		for i := range n {
-			w.Add(LedgerRow{ID: fmt.Sprintf("r-%d-%d", round, i), Stages: UnknownStages()})
+		for round, n := range []int{1, 10, 0, 1000} {
+			for i := range n {
+				w.Add(LedgerRow{ID: fmt.Sprintf("r-%d-%d", round, i), Stages: UnknownStages()})
+			}
+			if err := w.Flush(ctx); err != nil {
+				t.Fatalf("Flush: %v", err)
+			}
+			rows, err := s.LedgerRows(ctx, UsageFilter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := 0
+			for _, m := range []int{1, 10, 0, 1000}[:round+1] {
+				want += m
+			}
+			if len(rows) != want {
+				t.Fatalf("after Flush in round %d: %d rows, want %d", round, len(rows), want)
+			}
 		}
-		if err := w.Flush(ctx); err != nil {
-			t.Fatalf("Flush: %v", err)
+
+		// Concurrent Flushes each return once their rows are in.
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				id := fmt.Sprintf("c-%d", g)
+				w.Add(LedgerRow{ID: id, Stages: UnknownStages()})
+				if err := w.Flush(ctx); err != nil {
+					t.Errorf("Flush: %v", err)
+					return
+				}
+				if n := countRowsWithID(t, s, id); n != 1 {
+					t.Errorf("row %s: %d stored after its Flush, want 1", id, n)
+				}
+			}()
 		}
-		rows, err := s.LedgerRows(ctx, UsageFilter{})
-		if err != nil {
+		wg.Wait()
+
+		if err := w.Close(); err != nil {
 			t.Fatal(err)
 		}
-		want := 0
-		for _, m := range []int{1, 10, 0, 1000}[:round+1] {
-			want += m
+		if err := <-ran; err != nil {
+			t.Fatal(err)
 		}
-		if len(rows) != want {
-			t.Fatalf("after Flush in round %d: %d rows, want %d", round, len(rows), want)
+		if err := w.Flush(ctx); err != nil {
+			t.Errorf("Flush after Close: %v", err)
 		}
-	}
-
-	// Concurrent Flushes each return once their rows are in.
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			id := fmt.Sprintf("c-%d", g)
-			w.Add(LedgerRow{ID: id, Stages: UnknownStages()})
-			if err := w.Flush(ctx); err != nil {
-				t.Errorf("Flush: %v", err)
-				return
-			}
-			if n := countRowsWithID(t, s, id); n != 1 {
-				t.Errorf("row %s: %d stored after its Flush, want 1", id, n)
-			}
-		}()
-	}
-	wg.Wait()
-
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-ran; err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Flush(ctx); err != nil {
-		t.Errorf("Flush after Close: %v", err)
-	}
-	// After Close, Add writes synchronously.
-	w.Add(LedgerRow{ID: "late", Stages: UnknownStages()})
-	if n := countRowsWithID(t, s, "late"); n != 1 {
-		t.Errorf("row added after Close stored %d times, want 1", n)
-	}
+		// After Close, Add writes synchronously.
+		w.Add(LedgerRow{ID: "late", Stages: UnknownStages()})
+		if n := countRowsWithID(t, s, "late"); n != 1 {
+			t.Errorf("row added after Close stored %d times, want 1", n)
+		}
+	})
 }
 
 func TestLedgerWriterFlushHonoursContextWhenNotRunning(t *testing.T) {
-	s := openTestStore(t)
-	w := s.NewLedgerWriter(LedgerConfig{}, nil)
-	w.Add(LedgerRow{ID: "r", Stages: UnknownStages()})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	if err := w.Flush(ctx); err == nil {
-		t.Error("Flush without Run returned nil before the row was written")
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if n := countRowsWithID(t, s, "r"); n != 1 {
-		t.Errorf("row stored %d times after Close, want 1", n)
-	}
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		w := s.NewLedgerWriter(LedgerConfig{}, nil)
+		w.Add(LedgerRow{ID: "r", Stages: UnknownStages()})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		if err := w.Flush(ctx); err == nil {
+			t.Error("Flush without Run returned nil before the row was written")
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := countRowsWithID(t, s, "r"); n != 1 {
+			t.Errorf("row stored %d times after Close, want 1", n)
+		}
+	})
 }
 
 func countRowsWithID(t *testing.T, s *Store, id string) int {
@@ -310,34 +314,36 @@ func TestLedgerWriterKeepsRowsThroughWriteErrors(t *testing.T) {
 }
 
 func TestLedgerWriterGivesUpOnlyAfterDrainTimeout(t *testing.T) {
-	s := openTestStore(t)
-	if _, err := s.write.Exec(`CREATE TRIGGER fail_ledger BEFORE INSERT ON ledger BEGIN SELECT RAISE(ABORT, 'broken'); END`); err != nil {
-		t.Fatal(err)
-	}
-	w := s.NewLedgerWriter(LedgerConfig{DrainTimeout: 30 * time.Millisecond}, nil)
-	w.Add(LedgerRow{ID: "doomed", Stages: UnknownStages()})
-	if err := w.Close(); err == nil {
-		t.Error("Close reported success for a row it could not write")
-	}
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		breakLedger(t, s)
+		w := s.NewLedgerWriter(LedgerConfig{DrainTimeout: 30 * time.Millisecond}, nil)
+		w.Add(LedgerRow{ID: "doomed", Stages: UnknownStages()})
+		if err := w.Close(); err == nil {
+			t.Error("Close reported success for a row it could not write")
+		}
+	})
 }
 
 func TestLedgerWriterAddAfterStoreCloseDoesNotHang(t *testing.T) {
-	s := openTestStore(t)
-	w := s.NewLedgerWriter(LedgerConfig{DrainTimeout: time.Hour}, nil)
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
-	done := make(chan struct{})
-	go func() {
-		w.Add(LedgerRow{ID: "straggler", Stages: UnknownStages()})
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Add after the store closed is still retrying")
-	}
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		w := s.NewLedgerWriter(LedgerConfig{DrainTimeout: time.Hour}, nil)
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		done := make(chan struct{})
+		go func() {
+			w.Add(LedgerRow{ID: "straggler", Stages: UnknownStages()})
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Add after the store closed is still retrying")
+		}
+	})
 }
 
 func BenchmarkLedgerWriter(b *testing.B) {
@@ -386,5 +392,19 @@ func BenchmarkLedgerWriter(b *testing.B) {
 			}
 			<-ran
 		})
+	}
+}
+
+// breakLedger makes every insert into the ledger fail, with a trigger in the
+// engine's own syntax.
+func breakLedger(t *testing.T, s *Store) {
+	t.Helper()
+	q := `CREATE TRIGGER fail_ledger BEFORE INSERT ON ledger BEGIN SELECT RAISE(ABORT, 'broken'); END`
+	if s.Postgres() {
+		q = `CREATE FUNCTION fail_ledger() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'broken'; END $$;
+			CREATE TRIGGER fail_ledger BEFORE INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION fail_ledger()`
+	}
+	if _, err := s.write.Exec(q); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -16,7 +16,17 @@ import (
 // each in its own transaction together with its row in schema_migrations.
 // A migration, once released, is never edited: add a new one.
 //
-//go:embed migrations/*.sql
+// There is one list of migrations, migrations/*.sql, run as it is on SQLite.
+// On PostgreSQL a file of the same name in migrations/postgres replaces it
+// where SQLite's text cannot run there: every migration up to 0007 has one,
+// because SQLite's INTEGER is 64 bits and PostgreSQL's is 32 (times are
+// microseconds), INTEGER PRIMARY KEY is SQLite's auto-increment, BLOB is
+// BYTEA, triggers are PL/pgSQL functions, and the queries' ORDER BY rowid
+// needs the column PostgreSQL does not add by itself. A new migration
+// written in the subset both engines share (BIGINT, TEXT, plain ALTER TABLE)
+// needs no variant.
+//
+//go:embed migrations/*.sql migrations/postgres/*.sql
 var migrationFS embed.FS
 
 type migration struct {
@@ -25,8 +35,31 @@ type migration struct {
 	sql     string
 }
 
-func loadMigrations() ([]migration, error) {
-	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+func loadMigrations(e engine) ([]migration, error) {
+	ms, err := loadMigrationDir("migrations")
+	if err != nil || e != enginePostgres {
+		return ms, err
+	}
+	pg, err := loadMigrationDir("migrations/postgres")
+	if err != nil {
+		return nil, err
+	}
+	byName := make(map[string]int, len(ms))
+	for i, m := range ms {
+		byName[m.name] = i
+	}
+	for _, v := range pg {
+		i, ok := byName[v.name]
+		if !ok {
+			return nil, fmt.Errorf("migration postgres/%s replaces no migration of the same name", v.name)
+		}
+		ms[i] = v
+	}
+	return ms, nil
+}
+
+func loadMigrationDir(dir string) ([]migration, error) {
+	names, err := fs.Glob(migrationFS, dir+"/*.sql")
 	if err != nil {
 		return nil, err
 	}
@@ -57,21 +90,35 @@ func loadMigrations() ([]migration, error) {
 // open a new file at once: each migration's transaction takes the write lock
 // at BEGIN and re-checks schema_migrations under it, so each migration runs
 // exactly once.
-func migrate(ctx context.Context, db *sql.DB) error {
-	ms, err := loadMigrations()
+//
+// On PostgreSQL a session advisory lock, held on one connection for the whole
+// run, does what SQLite's write lock does.
+func migrate(ctx context.Context, db *sql.DB, e engine) error {
+	ms, err := loadMigrations(e)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    INTEGER PRIMARY KEY,
-		name       TEXT    NOT NULL,
-		applied_at INTEGER NOT NULL
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer conn.Close()
+	if e == enginePostgres {
+		if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock(?)`, int64(migrateLockID)); err != nil {
+			return fmt.Errorf("migrate: lock: %w", err)
+		}
+		defer conn.ExecContext(context.Background(), `SELECT pg_advisory_unlock(?)`, int64(migrateLockID))
+	}
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    BIGINT PRIMARY KEY,
+		name       TEXT   NOT NULL,
+		applied_at BIGINT NOT NULL
 	)`); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 
 	var newest int
-	if err := db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&newest); err != nil {
+	if err := conn.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&newest); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	if len(ms) > 0 && newest > ms[len(ms)-1].version {
@@ -82,14 +129,19 @@ func migrate(ctx context.Context, db *sql.DB) error {
 		if m.version <= newest {
 			continue
 		}
-		if err := applyMigration(ctx, db, m); err != nil {
+		if err := applyMigration(ctx, conn, m); err != nil {
 			return fmt.Errorf("migrate %s: %w", m.name, err)
 		}
 	}
 	return nil
 }
 
-func applyMigration(ctx context.Context, db *sql.DB, m migration) error {
+// txBeginner is a *sql.DB or a *sql.Conn.
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+func applyMigration(ctx context.Context, db txBeginner, m migration) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err

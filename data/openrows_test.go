@@ -79,125 +79,131 @@ func checkSpendMatchesLedger(t *testing.T, s *Store) {
 }
 
 func TestInsertLedgerReplacesOnlyOpenRows(t *testing.T) {
-	const tn = 1
-	open := func(id string, c int64) LedgerRow { return streamRow(id, tn, OutcomeOpen, 10, c) }
-	final := func(id string, c int64) LedgerRow { return streamRow(id, tn, OutcomeOK, 10, c) }
-	for _, tc := range []struct {
-		name string
-		// batches are written in order, each in one InsertLedger (rows of
-		// one batch share a statement when they fit one).
-		batches [][]LedgerRow
-		want    LedgerRow
-	}{
-		{"open then final, one statement", [][]LedgerRow{{open("a", 1), open("a", 2), final("a", 3)}}, final("a", 3)},
-		{"final wins over later opens and finals", [][]LedgerRow{{open("a", 1), final("a", 3), open("a", 4), final("a", 5)}}, final("a", 3)},
-		{"open updated across transactions", [][]LedgerRow{{open("a", 1)}, {open("a", 7)}}, open("a", 7)},
-		{"final replaces stored open", [][]LedgerRow{{open("a", 1)}, {open("a", 2)}, {final("a", 9)}}, final("a", 9)},
-		{"late open leaves stored final", [][]LedgerRow{{final("a", 5)}, {open("a", 8)}}, final("a", 5)},
-		{"retried final is not billed twice", [][]LedgerRow{{final("a", 5)}, {final("a", 5)}}, final("a", 5)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := openTestStore(t)
-			for _, b := range tc.batches {
-				if err := s.InsertLedger(context.Background(), b); err != nil {
-					t.Fatal(err)
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		const tn = 1
+		open := func(id string, c int64) LedgerRow { return streamRow(id, tn, OutcomeOpen, 10, c) }
+		final := func(id string, c int64) LedgerRow { return streamRow(id, tn, OutcomeOK, 10, c) }
+		for _, tc := range []struct {
+			name string
+			// batches are written in order, each in one InsertLedger (rows of
+			// one batch share a statement when they fit one).
+			batches [][]LedgerRow
+			want    LedgerRow
+		}{
+			{"open then final, one statement", [][]LedgerRow{{open("a", 1), open("a", 2), final("a", 3)}}, final("a", 3)},
+			{"final wins over later opens and finals", [][]LedgerRow{{open("a", 1), final("a", 3), open("a", 4), final("a", 5)}}, final("a", 3)},
+			{"open updated across transactions", [][]LedgerRow{{open("a", 1)}, {open("a", 7)}}, open("a", 7)},
+			{"final replaces stored open", [][]LedgerRow{{open("a", 1)}, {open("a", 2)}, {final("a", 9)}}, final("a", 9)},
+			{"late open leaves stored final", [][]LedgerRow{{final("a", 5)}, {open("a", 8)}}, final("a", 5)},
+			{"retried final is not billed twice", [][]LedgerRow{{final("a", 5)}, {final("a", 5)}}, final("a", 5)},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				s := e.open(t)
+				for _, b := range tc.batches {
+					if err := s.InsertLedger(context.Background(), b); err != nil {
+						t.Fatal(err)
+					}
 				}
-			}
-			got := rowByID(t, s, "a")
-			if got.Outcome != tc.want.Outcome || got.CompletionTokens != tc.want.CompletionTokens {
-				t.Errorf("stored %s with %d completion tokens, want %s with %d",
-					got.Outcome, got.CompletionTokens, tc.want.Outcome, tc.want.CompletionTokens)
-			}
-			wantSpend := Spend{}
-			if tc.want.Outcome != OutcomeOpen {
-				wantSpend = Spend{10 + tc.want.CompletionTokens, 10 + tc.want.CompletionTokens}
-			}
-			if sp := spendOf(t, s, tn); sp != wantSpend {
-				t.Errorf("spend %+v, want %+v", sp, wantSpend)
-			}
-			checkSpendMatchesLedger(t, s)
-		})
-	}
+				got := rowByID(t, s, "a")
+				if got.Outcome != tc.want.Outcome || got.CompletionTokens != tc.want.CompletionTokens {
+					t.Errorf("stored %s with %d completion tokens, want %s with %d",
+						got.Outcome, got.CompletionTokens, tc.want.Outcome, tc.want.CompletionTokens)
+				}
+				wantSpend := Spend{}
+				if tc.want.Outcome != OutcomeOpen {
+					wantSpend = Spend{10 + tc.want.CompletionTokens, 10 + tc.want.CompletionTokens}
+				}
+				if sp := spendOf(t, s, tn); sp != wantSpend {
+					t.Errorf("spend %+v, want %+v", sp, wantSpend)
+				}
+				checkSpendMatchesLedger(t, s)
+			})
+		}
+	})
 }
 
 func TestOpenRowIsUpdatedThenReplacedByItsFinalRow(t *testing.T) {
-	s := openTestStore(t)
-	ctx := context.Background()
-	w := s.NewLedgerWriter(LedgerConfig{FlushInterval: time.Millisecond}, nil)
-	ran := make(chan error, 1)
-	go func() { ran <- w.Run(ctx) }()
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		w := s.NewLedgerWriter(LedgerConfig{FlushInterval: time.Millisecond}, nil)
+		ran := make(chan error, 1)
+		go func() { ran <- w.Run(ctx) }()
 
-	for c := range int64(20) {
-		w.Open(streamRow("s", 1, OutcomeOK, 10, c)) // Open marks it open whatever it says
-	}
-	if err := w.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := rowByID(t, s, "s"); got.Outcome != OutcomeOpen || got.CompletionTokens != 19 {
-		t.Errorf("after Opens: %s with %d tokens, want open with 19", got.Outcome, got.CompletionTokens)
-	}
-	if sp := spendOf(t, s, 1); sp != (Spend{}) {
-		t.Errorf("an open row is spend already: %+v", sp)
-	}
-	if u, err := s.Usage(ctx, UsageFilter{}); err != nil || len(u) != 0 {
-		t.Errorf("Usage counts an open row: %+v, %v", u, err)
-	}
+		for c := range int64(20) {
+			w.Open(streamRow("s", 1, OutcomeOK, 10, c)) // Open marks it open whatever it says
+		}
+		if err := w.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := rowByID(t, s, "s"); got.Outcome != OutcomeOpen || got.CompletionTokens != 19 {
+			t.Errorf("after Opens: %s with %d tokens, want open with 19", got.Outcome, got.CompletionTokens)
+		}
+		if sp := spendOf(t, s, 1); sp != (Spend{}) {
+			t.Errorf("an open row is spend already: %+v", sp)
+		}
+		if u, err := s.Usage(ctx, UsageFilter{}); err != nil || len(u) != 0 {
+			t.Errorf("Usage counts an open row: %+v, %v", u, err)
+		}
 
-	if err := w.Commit(ctx, streamRow("s", 1, OutcomeOK, 10, 25)); err != nil {
-		t.Fatal(err)
-	}
-	if got := rowByID(t, s, "s"); got.Outcome != OutcomeOK || got.CompletionTokens != 25 {
-		t.Errorf("after Commit: %s with %d tokens, want ok with 25", got.Outcome, got.CompletionTokens)
-	}
-	// A late update and a repeated final change nothing.
-	w.Open(streamRow("s", 1, OutcomeOpen, 10, 30))
-	w.Add(streamRow("s", 1, OutcomeMidstream, 10, 40))
-	if err := w.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := rowByID(t, s, "s"); got.Outcome != OutcomeOK || got.CompletionTokens != 25 {
-		t.Errorf("final row overwritten: %s with %d tokens", got.Outcome, got.CompletionTokens)
-	}
-	if sp := spendOf(t, s, 1); sp != (Spend{35, 35}) {
-		t.Errorf("spend %+v, want 35 tokens once", sp)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-ran; err != nil {
-		t.Fatal(err)
-	}
+		if err := w.Commit(ctx, streamRow("s", 1, OutcomeOK, 10, 25)); err != nil {
+			t.Fatal(err)
+		}
+		if got := rowByID(t, s, "s"); got.Outcome != OutcomeOK || got.CompletionTokens != 25 {
+			t.Errorf("after Commit: %s with %d tokens, want ok with 25", got.Outcome, got.CompletionTokens)
+		}
+		// A late update and a repeated final change nothing.
+		w.Open(streamRow("s", 1, OutcomeOpen, 10, 30))
+		w.Add(streamRow("s", 1, OutcomeMidstream, 10, 40))
+		if err := w.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := rowByID(t, s, "s"); got.Outcome != OutcomeOK || got.CompletionTokens != 25 {
+			t.Errorf("final row overwritten: %s with %d tokens", got.Outcome, got.CompletionTokens)
+		}
+		if sp := spendOf(t, s, 1); sp != (Spend{35, 35}) {
+			t.Errorf("spend %+v, want 35 tokens once", sp)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-ran; err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 func TestQueuedOpenRowsCoalesce(t *testing.T) {
-	s := openTestStore(t)
-	// No Run yet: everything stays queued, so what the queue holds is exact.
-	w := s.NewLedgerWriter(LedgerConfig{}, nil)
-	for c := range int64(1000) {
-		w.Open(streamRow("a", 1, OutcomeOpen, 10, c))
-		w.Open(streamRow("b", 1, OutcomeOpen, 10, c))
-	}
-	if n := w.Backlog(); n != 2 {
-		t.Errorf("2000 updates of two open rows hold %d rows, want 2", n)
-	}
-	w.Add(streamRow("b", 1, OutcomeOK, 10, 2000)) // replaces b's queued open row in place
-	if n := w.Backlog(); n != 2 {
-		t.Errorf("a final row replacing a queued open one: %d rows held, want 2", n)
-	}
-	w.Open(streamRow("b", 1, OutcomeOpen, 10, 5)) // late: queued after the final, ignored when written
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if n := w.txs.Load(); n != 1 {
-		t.Errorf("%d transactions, want 1", n)
-	}
-	if got := rowByID(t, s, "a"); got.Outcome != OutcomeOpen || got.CompletionTokens != 999 {
-		t.Errorf("a: %s with %d tokens, want open with the last update's 999", got.Outcome, got.CompletionTokens)
-	}
-	if got := rowByID(t, s, "b"); got.Outcome != OutcomeOK || got.CompletionTokens != 2000 {
-		t.Errorf("b: %s with %d tokens, want ok with 2000", got.Outcome, got.CompletionTokens)
-	}
-	checkSpendMatchesLedger(t, s)
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		// No Run yet: everything stays queued, so what the queue holds is exact.
+		w := s.NewLedgerWriter(LedgerConfig{}, nil)
+		for c := range int64(1000) {
+			w.Open(streamRow("a", 1, OutcomeOpen, 10, c))
+			w.Open(streamRow("b", 1, OutcomeOpen, 10, c))
+		}
+		if n := w.Backlog(); n != 2 {
+			t.Errorf("2000 updates of two open rows hold %d rows, want 2", n)
+		}
+		w.Add(streamRow("b", 1, OutcomeOK, 10, 2000)) // replaces b's queued open row in place
+		if n := w.Backlog(); n != 2 {
+			t.Errorf("a final row replacing a queued open one: %d rows held, want 2", n)
+		}
+		w.Open(streamRow("b", 1, OutcomeOpen, 10, 5)) // late: queued after the final, ignored when written
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := w.txs.Load(); n != 1 {
+			t.Errorf("%d transactions, want 1", n)
+		}
+		if got := rowByID(t, s, "a"); got.Outcome != OutcomeOpen || got.CompletionTokens != 999 {
+			t.Errorf("a: %s with %d tokens, want open with the last update's 999", got.Outcome, got.CompletionTokens)
+		}
+		if got := rowByID(t, s, "b"); got.Outcome != OutcomeOK || got.CompletionTokens != 2000 {
+			t.Errorf("b: %s with %d tokens, want ok with 2000", got.Outcome, got.CompletionTokens)
+		}
+		checkSpendMatchesLedger(t, s)
+	})
 }
 
 // The crash test runs a writer in a child process (this test binary, with

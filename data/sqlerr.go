@@ -23,3 +23,12 @@ func sqliteCode(err error) string {
 	}
 	return fmt.Sprintf("SQLite error %d", se.Code())
 }
+
+// dbCode names the database's error code in err: SQLite's result code or
+// PostgreSQL's SQLSTATE; "" if err carries neither.
+func dbCode(err error) string {
+	if c := sqliteCode(err); c != "" {
+		return c
+	}
+	return pgCode(err)
+}

@@ -26,9 +26,10 @@ const readConns = 4
 // batch of ledger inserts. Several Stores, in one process or several, may
 // share a file.
 type Store struct {
-	path  string
-	write *sql.DB
-	read  *sql.DB
+	path   string // the SQLite file, or the PostgreSQL URL without its password
+	engine engine
+	write  *sql.DB
+	read   *sql.DB
 	// ckpt is the checkpointer's connection; it runs until Close.
 	ckpt               *sql.DB
 	ckptStop, ckptDone chan struct{}
@@ -40,10 +41,17 @@ type Store struct {
 	closeErr  error
 }
 
-// Open opens the database at path, creating it and its parent directory
-// (mode 0700) if needed, and applies any migrations it has not seen yet.
-func Open(path string) (*Store, error) {
-	s, err := open(path)
+// Open opens the database at location, and applies any migrations it has
+// not seen yet. A location that is a postgres:// or postgresql:// URL (see
+// [IsPostgres]) is a PostgreSQL database, which must exist; anything else is
+// the path of a SQLite file, created with its parent directory (mode 0700)
+// if needed.
+func Open(location string) (*Store, error) {
+	open := open
+	if IsPostgres(location) {
+		open = openPostgres
+	}
+	s, err := open(location)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
@@ -95,7 +103,7 @@ func open(path string) (_ *Store, err error) {
 	}
 	s.write.SetMaxOpenConns(1)
 	s.write.SetMaxIdleConns(1)
-	if err := migrate(context.Background(), s.write); err != nil {
+	if err := migrate(context.Background(), s.write, engineSQLite); err != nil {
 		return nil, err
 	}
 	if err := s.prepareLedger(); err != nil {
@@ -154,8 +162,12 @@ func dsn(abs string, params ...string) string {
 	return "file:" + u.EscapedPath() + q
 }
 
-// Path returns the path the store was opened with.
+// Path returns the path the store was opened with: the SQLite file, or the
+// PostgreSQL URL without its password.
 func (s *Store) Path() string { return s.path }
+
+// Postgres reports whether the store is a PostgreSQL database.
+func (s *Store) Postgres() bool { return s.engine == enginePostgres }
 
 // Close closes the store. It is safe to call more than once; later calls
 // return the first call's result. A [LedgerWriter] must be closed first.
@@ -253,6 +265,9 @@ func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 // the current size (SQLite keeps the current size then). Tests use it to
 // fill the database without a small disk.
 func (s *Store) SetMaxPageCount(n int64) error {
+	if s.engine != engineSQLite {
+		return fmt.Errorf("set max page count: %w", ErrNotSQLite)
+	}
 	if n <= 0 {
 		return fmt.Errorf("set max page count: %d is not positive", n)
 	}

@@ -10,6 +10,11 @@ import (
 // DefaultRecentLimit is how many rows RecentRequests returns for limit <= 0.
 const DefaultRecentLimit = 100
 
+// sumBigint is SUM(expr) as a 64-bit integer on both engines (PostgreSQL's
+// SUM of a BIGINT is a NUMERIC). The sums select and group the same way on
+// both: every selected column is grouped, as PostgreSQL requires.
+func sumBigint(expr string) string { return "CAST(SUM(" + expr + ") AS BIGINT)" }
+
 // where builds the WHERE clause for f over the ledger aliased l. The tenant is
 // matched by id through a subquery so that the (tenant_id, ts) index serves
 // it; Since is inclusive and Until exclusive.
@@ -49,15 +54,15 @@ func (s *Store) Usage(ctx context.Context, f UsageFilter) ([]UsageRow, error) {
 	}
 	where += "l.outcome <> '" + string(OutcomeOpen) + "'"
 	rows, err := s.read.QueryContext(ctx, `SELECT COALESCE(t.name, ''), l.key_id, COALESCE(k.prefix, ''), l.model,
-			SUM(NOT `+rejectedSQL+`),
-			SUM(CASE WHEN `+rejectedSQL+` THEN 0 ELSE l.prompt_tokens END),
-			SUM(CASE WHEN `+rejectedSQL+` THEN 0 ELSE l.completion_tokens END),
-			SUM(CASE WHEN `+rejectedSQL+` THEN 0 ELSE l.cost_micros END),
-			SUM(`+rejectedSQL+`)
+			`+sumBigint(`CASE WHEN `+rejectedSQL+` THEN 0 ELSE 1 END`)+`,
+			`+sumBigint(`CASE WHEN `+rejectedSQL+` THEN 0 ELSE l.prompt_tokens END`)+`,
+			`+sumBigint(`CASE WHEN `+rejectedSQL+` THEN 0 ELSE l.completion_tokens END`)+`,
+			`+sumBigint(`CASE WHEN `+rejectedSQL+` THEN 0 ELSE l.cost_micros END`)+`,
+			`+sumBigint(`CASE WHEN `+rejectedSQL+` THEN 1 ELSE 0 END`)+`
 		FROM ledger l
 		LEFT JOIN tenants t ON t.id = l.tenant_id
 		LEFT JOIN api_keys k ON k.id = l.key_id`+where+`
-		GROUP BY l.tenant_id, l.key_id, l.model
+		GROUP BY l.tenant_id, l.key_id, l.model, t.name, k.prefix
 		ORDER BY 1, 2, 4`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("usage: %w", err)

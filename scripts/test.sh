@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need that Go does not bring
 # (Debian's chromium, for the dashboard's browser test; systemd, whose
-# systemd-analyze checks the units in deploy/systemd), then vets and runs
-# every test with the race detector.
+# systemd-analyze checks the units in deploy/systemd; and postgresql, whose
+# binaries the PostgreSQL tests run: data/pgtest starts a throwaway server
+# with initdb in a temporary directory, on 127.0.0.1 only, and stops it at
+# the end), then vets and runs every test with the race detector. Without
+# PostgreSQL those tests fail; TAILGATE_TEST_POSTGRES=skip skips them (for
+# local runs only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+updated=""
+install() { # PACKAGE WHY
+	echo "test.sh: installing $1 (Debian package) for $2" >&2
+	if [ -z "$updated" ]; then $SUDO apt-get update -qq; updated=1; fi
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$1" >/dev/null
+}
 if ! command -v chromium >/dev/null 2>&1; then
-	echo "test.sh: installing chromium (Debian package) for the dashboard test" >&2
-	SUDO=""
-	if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-	$SUDO apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+	install chromium "the dashboard test"
+fi
+if [ -z "${TAILGATE_PG_BINDIR:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+	install postgresql "the PostgreSQL tests"
 fi
 
 if ! command -v systemd-analyze >/dev/null 2>&1; then
-	echo "test.sh: installing systemd (Debian package) for systemd-analyze verify of deploy/systemd" >&2
-	SUDO=""
-	if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-	$SUDO apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq systemd >/dev/null
+	install systemd "systemd-analyze verify of deploy/systemd"
 fi
 
 go vet ./...
