@@ -77,25 +77,12 @@ func existingDatabase(dir string) (string, error) {
 }
 
 func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, keysUsage)
-		return errUsage
-	}
-	switch args[0] {
-	case "create":
-		return cmdKeysCreate(ctx, args[1:], stdout, stderr)
-	case "list":
-		return cmdKeysList(ctx, args[1:], stdout, stderr)
-	case "edit":
-		return cmdKeysEdit(ctx, args[1:], stdout, stderr)
-	case "revoke":
-		return cmdKeysRevoke(ctx, args[1:], stdout, stderr)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stderr, keysUsage)
-		return flag.ErrHelp
-	}
-	fmt.Fprintf(stderr, "%s\ntailgate keys: unknown subcommand %q (want create, list, edit or revoke)\n", keysUsage, args[0])
-	return errUsage
+	return dispatch(ctx, "keys", keysUsage, []subcommand{
+		{"create", cmdKeysCreate},
+		{"list", cmdKeysList},
+		{"edit", cmdKeysEdit},
+		{"revoke", cmdKeysRevoke},
+	}, args, stdout, stderr)
 }
 
 func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -28,7 +28,9 @@ func TestCommandsRefuseADataDirWithoutDatabase(t *testing.T) {
 		{"keys edit", func(dir string) []string { return []string{"keys", "edit", "--data", dir, "tg-abcdefgh", "--rpm", "1"} }},
 		{"tenants list", func(dir string) []string { return []string{"tenants", "list", "--data", dir} }},
 		{"tenants show", func(dir string) []string { return []string{"tenants", "show", "--data", dir, "acme"} }},
-		{"tenants set", func(dir string) []string { return []string{"tenants", "set", "--data", dir, "acme", "--budget-tokens", "5"} }},
+		{"tenants set", func(dir string) []string {
+			return []string{"tenants", "set", "--data", dir, "acme", "--budget-tokens", "5"}
+		}},
 		{"usage", func(dir string) []string { return []string{"usage", "--data", dir, "--json"} }},
 		{"backup", func(dir string) []string {
 			return []string{"backup", "--data", dir, filepath.Join(t.TempDir(), "copy.db")}
@@ -117,6 +119,8 @@ func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
 			`tailgate keys edit: --expires: expiry "soon": want a duration from now (30d, 720h), a time in RFC 3339 (2027-01-31T00:00:00Z) or never`},
 		{"keys create with a bad expiry", []string{"keys", "create", "--data", dir, "--tenant", "acme", "--expires", "30x"},
 			`tailgate keys create: --expires: expiry "30x": want a duration from now (30d, 720h), a time in RFC 3339 (2027-01-31T00:00:00Z) or never`},
+		{"workers with an unknown subcommand", []string{"workers", "rm"},
+			`tailgate workers: unknown subcommand "rm" (want list or revoke)`},
 		{"tenants with an unknown subcommand", []string{"tenants", "rm"},
 			`tailgate tenants: unknown subcommand "rm" (want list, show or set)`},
 		{"tenants list with a stray word", []string{"tenants", "list", "--data", dir, "acme"},
@@ -164,7 +168,7 @@ func TestHelpExitsZero(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"keys", "-h"}, {"keys", "--help"}, {"keys", "help"}, {"keys", "create", "-h"}, {"keys", "revoke", "--help"},
-		{"keys", "edit", "-h"}, {"tenants", "-h"}, {"tenants", "list", "-h"}, {"tenants", "show", "-h"}, {"tenants", "set", "--help"},
+		{"keys", "edit", "-h"}, {"tenants", "-h"}, {"tenants", "list", "-h"}, {"tenants", "show", "-h"}, {"tenants", "set", "--help"}, {"workers", "-h"},
 		{"usage", "-h"}, {"backup", "-h"}, {"up", "-h"}, {"gateway", "--help"}, {"worker", "-h"}, {"sim", "-h"}, {"bench", "-h"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {

@@ -28,23 +28,11 @@ Run 'tailgate tenants SUBCOMMAND -h' for its flags.
 const reservedNote = "note: reserved (in-flight) amounts are known only to a running gateway: GET /admin/v1/tenants on its admin listener shows them"
 
 func cmdTenants(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, tenantsUsage)
-		return errUsage
-	}
-	switch args[0] {
-	case "list":
-		return cmdTenantsList(ctx, args[1:], stdout, stderr)
-	case "show":
-		return cmdTenantsShow(ctx, args[1:], stdout, stderr)
-	case "set":
-		return cmdTenantsSet(ctx, args[1:], stdout, stderr)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stderr, tenantsUsage)
-		return flag.ErrHelp
-	}
-	fmt.Fprintf(stderr, "%s\ntailgate tenants: unknown subcommand %q (want list, show or set)\n", tenantsUsage, args[0])
-	return errUsage
+	return dispatch(ctx, "tenants", tenantsUsage, []subcommand{
+		{"list", cmdTenantsList},
+		{"show", cmdTenantsShow},
+		{"set", cmdTenantsSet},
+	}, args, stdout, stderr)
 }
 
 // tenantViews reads the tenants (all, or the one named) with what the

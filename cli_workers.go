@@ -19,21 +19,10 @@ Run 'tailgate workers SUBCOMMAND -h' for its flags.
 `
 
 func cmdWorkers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, workersUsage)
-		return errUsage
-	}
-	switch args[0] {
-	case "list":
-		return cmdWorkersList(ctx, args[1:], stdout, stderr)
-	case "revoke":
-		return cmdWorkersRevoke(ctx, args[1:], stdout, stderr)
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, workersUsage)
-		return nil
-	}
-	fmt.Fprintf(stderr, "tailgate workers: unknown subcommand %q\n\n%s", args[0], workersUsage)
-	return errUsage
+	return dispatch(ctx, "workers", workersUsage, []subcommand{
+		{"list", cmdWorkersList},
+		{"revoke", cmdWorkersRevoke},
+	}, args, stdout, stderr)
 }
 
 // workerJSON is a worker credential as `workers list --json` prints it:

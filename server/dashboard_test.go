@@ -100,7 +100,7 @@ func TestDashboardShowsReplicasRequestsAndUsage(t *testing.T) {
 		">sim-a<", ">sim-b<", `class="state-ready">ready<`,
 		">dashboard-tenant<", ">tailgate-sim<", // usage and requests rows
 		"JSON answers, whole answer (3)", // not mixed into a TTFT
-		"json</td><td>total<", // a budget row of the real evaluator
+		"json</td><td>total<",            // a budget row of the real evaluator
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("dashboard lacks %q", want)
