@@ -138,7 +138,7 @@ func (g *Gate) principal(k data.Key) *Principal {
 		MaxConcurrency: k.MaxConcurrency,
 		Models:         slices.Clip(k.Models),
 		ExpiresAt:      k.ExpiresAt,
-		Class:          storedClass(k.Class),
+		Class:          StoredClass(k.Class),
 		key:            g.keyFor(k.ID),
 		tenant:         g.tenantFor(k.Tenant.ID, k.Tenant.Name, k.Tenant.BudgetTokens, k.Tenant.BudgetMicros),
 	}

@@ -66,10 +66,10 @@ func (c Class) Cap(want Class) Class {
 	return want
 }
 
-// storedClass reads a key's stored class. A name this version does not
+// StoredClass reads a key's stored class (data.Key.Class). A name this version does not
 // know (written by a newer one) is standard rather than an error, so the
 // key keeps working.
-func storedClass(s string) Class {
+func StoredClass(s string) Class {
 	c, err := ParseClass(s)
 	if err != nil {
 		return ClassStandard

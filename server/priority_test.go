@@ -3,6 +3,7 @@ package server_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -366,4 +367,62 @@ func rowOf(t *testing.T, g *servertest.Gateway, id string) data.LedgerRow {
 	}
 	t.Fatalf("no ledger row %s", id)
 	return data.LedgerRow{}
+}
+
+// TestAdminKeyClass: the admin API creates a key with a class, shows it,
+// edits it, and refuses a class that does not exist; a request made with
+// the key runs as its class.
+func TestAdminKeyClass(t *testing.T) {
+	g := servertest.Start(t, servertest.Options{Replicas: 1})
+	resp := adminPost(t, g, "/admin/v1/keys", `{"tenant":"acme","class":"batch"}`)
+	var created struct {
+		Secret string         `json:"secret"`
+		Key    server.KeyView `json:"key"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&created); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("create: %d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	if created.Key.Class != "batch" {
+		t.Fatalf("created key shows class %q, want batch", created.Key.Class)
+	}
+	if a := send(context.Background(), g, "x", created.Secret, "interactive"); a.priority != "batch" {
+		t.Fatalf("request ran as %q, want batch", a.priority)
+	}
+
+	patch := func(body string) (*http.Response, server.KeyView) {
+		req, _ := http.NewRequest(http.MethodPatch, g.Admin.URL+"/admin/v1/keys/"+created.Key.ID, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Key server.KeyView `json:"key"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		return resp, out.Key
+	}
+	if resp, k := patch(`{"class":"interactive"}`); resp.StatusCode != http.StatusOK || k.Class != "interactive" {
+		t.Fatalf("edit: %d, class %q", resp.StatusCode, k.Class)
+	}
+	// A running gateway applies the edit within its poll interval.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		a := send(context.Background(), g, "x", created.Secret, "")
+		if a.priority == "interactive" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the edit requests still run as %q", a.priority)
+		}
+	}
+	if resp, _ := patch(`{"class":"urgent"}`); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("edit to an unknown class: %d, want 400", resp.StatusCode)
+	}
+	resp = adminPost(t, g, "/admin/v1/keys", `{"tenant":"acme","class":"urgent"}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("create with an unknown class: %d, want 400", resp.StatusCode)
+	}
 }
