@@ -86,7 +86,7 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("keys create", "keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget N] [--models a,b] [--expires 30d|720h|RFC3339]", stderr)
+	fs := newFlagSet("keys create", "keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget N] [--models a,b] [--expires 30d|720h|RFC3339] [--class interactive|standard|batch]", stderr)
 	var (
 		dir          = fs.String("data", "tailgate-data", "data directory")
 		tenant       = fs.String("tenant", "", "tenant that owns the key (created if new)")
@@ -97,6 +97,7 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		budgetMoney  = fs.Float64("budget", -1, "set the tenant's money budget in currency units (0: unlimited; default: unchanged)")
 		models       = fs.String("models", "", "comma-separated models the key may use (default: all)")
 		expires      = fs.String("expires", "", "when the key stops working: a duration from now (30d, 720h) or a time in RFC 3339 (default: never)")
+		class        = fs.String("class", "standard", "priority class, the highest the key's requests run as: interactive, standard or batch (under load, lower classes wait)")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -109,6 +110,11 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return errors.New("--rpm, --tpm and --max-concurrency must not be negative")
 	}
 	opts := policy.KeyOptions{Tenant: *tenant, RPM: *rpm, TPM: *tpm, MaxConcurrency: *maxConc, Models: splitModels(*models)}
+	c, err := policy.ParseClass(*class)
+	if err != nil {
+		return usageError(fs, stderr, fs.Usage, fmt.Errorf("--class: %w", err))
+	}
+	opts.Class = c
 	if *expires != "" {
 		exp, err := policy.ParseExpiry(*expires, time.Now())
 		if err != nil {
@@ -173,10 +179,10 @@ func cmdKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return writeJSON(stdout, out)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPREFIX\tTENANT\tRPM\tTPM\tCONC\tMODELS\tCREATED\tEXPIRES\tSTATUS")
+	fmt.Fprintln(tw, "ID\tPREFIX\tTENANT\tRPM\tTPM\tCONC\tMODELS\tCLASS\tCREATED\tEXPIRES\tSTATUS")
 	for _, k := range keys {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Tenant.Name, limit(k.RPM), limit(k.TPM),
-			limit(k.MaxConcurrency), keyModels(k), k.CreatedAt.Format(time.RFC3339), keyExpiry(k), keyStatus(k, now))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, k.Tenant.Name, limit(k.RPM), limit(k.TPM),
+			limit(k.MaxConcurrency), keyModels(k), k.Class, k.CreatedAt.Format(time.RFC3339), keyExpiry(k), keyStatus(k, now))
 	}
 	return tw.Flush()
 }
@@ -217,7 +223,7 @@ func splitModels(s string) []string {
 }
 
 func cmdKeysEdit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("keys edit", "keys edit --data DIR KEY [--rpm N] [--tpm N] [--max-concurrency N] [--models a,b | --all-models] [--expires 30d|720h|RFC3339|never]\n"+
+	fs := newFlagSet("keys edit", "keys edit --data DIR KEY [--rpm N] [--tpm N] [--max-concurrency N] [--models a,b | --all-models] [--expires 30d|720h|RFC3339|never] [--class interactive|standard|batch]\n"+
 		"  (KEY: key id, display prefix, or the secret; only the flags given change)", stderr)
 	var (
 		dir       = fs.String("data", "tailgate-data", "data directory")
@@ -227,6 +233,7 @@ func cmdKeysEdit(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		models    = fs.String("models", "", "comma-separated models the key may use, replacing its list")
 		allModels = fs.Bool("all-models", false, "let the key use every model (clears its list)")
 		expires   = fs.String("expires", "", "new expiry: a duration from now (30d, 720h), a time in RFC 3339, or never")
+		class     = fs.String("class", "", "new priority class: interactive, standard or batch")
 	)
 	pos, err := parseArgs(fs, args, 1)
 	if err != nil {
@@ -257,6 +264,11 @@ func cmdKeysEdit(ctx context.Context, args []string, stdout, stderr io.Writer) e
 				bad = fmt.Errorf("--expires: %w", err)
 			}
 			u.ExpiresAt = &exp
+		case "class":
+			if _, err := policy.ParseClass(*class); err != nil || *class == "" {
+				bad = errors.New("--class: want interactive, standard or batch")
+			}
+			u.Class = class
 		}
 	})
 	switch {
@@ -267,8 +279,8 @@ func cmdKeysEdit(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	case *allModels:
 		u.Models = &[]string{}
 	}
-	if u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && u.ExpiresAt == nil {
-		return usageError(fs, stderr, fs.Usage, errors.New("nothing to change: give --rpm, --tpm, --max-concurrency, --models, --all-models or --expires"))
+	if u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && u.ExpiresAt == nil && u.Class == nil {
+		return usageError(fs, stderr, fs.Usage, errors.New("nothing to change: give --rpm, --tpm, --max-concurrency, --models, --all-models, --expires or --class"))
 	}
 	if (u.RPM != nil && *u.RPM < 0) || (u.TPM != nil && *u.TPM < 0) || (u.MaxConcurrency != nil && *u.MaxConcurrency < 0) {
 		return errors.New("--rpm, --tpm and --max-concurrency must not be negative")
@@ -289,8 +301,8 @@ func cmdKeysEdit(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	case err != nil:
 		return err
 	}
-	fmt.Fprintf(stdout, "edited %s (%s, tenant %s): rpm %s, tpm %s, concurrency %s, models %s, expires %s (%s); a running gateway applies it within a second\n",
-		k.ID, k.Prefix, k.Tenant.Name, limit(k.RPM), limit(k.TPM), limit(k.MaxConcurrency), keyModels(k), keyExpiry(k), keyStatus(k, time.Now()))
+	fmt.Fprintf(stdout, "edited %s (%s, tenant %s): rpm %s, tpm %s, concurrency %s, models %s, expires %s, class %s (%s); a running gateway applies it within a second\n",
+		k.ID, k.Prefix, k.Tenant.Name, limit(k.RPM), limit(k.TPM), limit(k.MaxConcurrency), keyModels(k), keyExpiry(k), k.Class, keyStatus(k, time.Now()))
 	return nil
 }
 

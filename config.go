@@ -64,7 +64,12 @@ type gatewayConfig struct {
 	MaxJSONDepth       int           `yaml:"-"` // --max-json-depth; 0: 64
 	MediaPartTokens    int64         `yaml:"-"` // --media-part-tokens; 0: 16384
 	RejectedRows       float64       `yaml:"-"` // --rejected-rows; 0: 20 per second
-	MaxConnections     int           `yaml:"-"` // --max-connections; 0: 4096
+
+	AdmitCapacity  int64         `yaml:"-"` // --admit-capacity; 0: learnt engine slots
+	AdmitHeadroom  int64         `yaml:"-"` // --admit-headroom; 0: capacity/8, -1: none
+	AdmitQueue     int           `yaml:"-"` // --admit-queue; 0: 256
+	AdmitWait      time.Duration `yaml:"-"` // --admit-wait; 0: 30s
+	MaxConnections int           `yaml:"-"` // --max-connections; 0: 4096
 
 	// The Batch API's limits (batch.Config); zero means its default.
 	Batch batch.Config `yaml:"-"`
@@ -109,6 +114,9 @@ type modelConfig struct {
 	Price        *priceConfig  `yaml:"price"`         // nil: free; --price MODEL=IN,OUT replaces it
 	Hedge        *modelHedge   `yaml:"hedge"`         // nil: the --hedge* flags
 	SLO          *slo.Budgets  `yaml:"slo"`           // nil: the default budgets; a stage given replaces the default's
+	// AdmitCapacity is how many of the model's requests run at once before
+	// lower priority classes wait; 0: --admit-capacity.
+	AdmitCapacity int64 `yaml:"admit_capacity"`
 }
 
 // priceConfig is a model's price in currency units per million tokens.
@@ -152,6 +160,10 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxJSONDepth, "max-json-depth", 64, "deepest nesting of objects and arrays in a request body (deeper: 400)")
 	fs.Int64Var(&c.MediaPartTokens, "media-part-tokens", 16384, "prompt tokens reserved against the budget for each image, audio or video part of a chat message")
 	fs.Float64Var(&c.RejectedRows, "rejected-rows", 20, "ledger rows per second for refused requests (bad input, limits); past it they are only counted in tailgate_ledger_rows_skipped_total")
+	fs.Int64Var(&c.AdmitCapacity, "admit-capacity", 0, "generation requests per model that run at once before standard and batch requests wait in the admission queue, interactive ones a headroom later (0: the engine slots learnt from the model's ready replicas; nothing waits until those are known)")
+	fs.Int64Var(&c.AdmitHeadroom, "admit-headroom", 0, "how far past --admit-capacity interactive requests are still admitted at once, and how far below it batch requests stop (0: an eighth of the capacity, -1: none)")
+	fs.IntVar(&c.AdmitQueue, "admit-queue", policy.DefaultMaxQueue, "requests that may wait per priority class and model; more get 429 queue_full")
+	fs.DurationVar(&c.AdmitWait, "admit-wait", policy.DefaultMaxWait, "longest wait in the admission queue; past it a request gets 408 queue_timeout")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections the public listener holds open at once; more wait to be accepted")
 	fs.Int64Var(&c.Batch.MaxFileBytes, "batch-max-file-bytes", 100<<20, "largest batch input file upload (larger: 413)")
 	fs.IntVar(&c.Batch.MaxFileLines, "batch-max-file-lines", 50000, "most requests (non-blank lines) in a batch input file")
@@ -259,6 +271,10 @@ func (c *gatewayConfig) Validate() error {
 		return fmt.Errorf("--rejected-rows %v: want a positive rate per second (0: 20)", c.RejectedRows)
 	case c.MaxBody < 0:
 		return fmt.Errorf("--max-body %d: want a positive size in bytes (0: 4 MiB)", c.MaxBody)
+	case c.AdmitCapacity < 0:
+		return fmt.Errorf("--admit-capacity %d: want a number of requests (0: learnt from the engines)", c.AdmitCapacity)
+	case c.AdmitQueue < 0:
+		return fmt.Errorf("--admit-queue %d: want a number of requests (0: %d)", c.AdmitQueue, policy.DefaultMaxQueue)
 	case c.MeshAllowPeers != "" && !c.Mesh.enabled:
 		return errors.New("--mesh-allow-peers needs --mesh")
 	}
@@ -268,7 +284,7 @@ func (c *gatewayConfig) Validate() error {
 	}{
 		{"--shutdown-grace", c.ShutdownGrace}, {"--sse-keepalive", c.KeepAlive},
 		{"--ttft-deadline", c.TTFTDeadline}, {"--idle-deadline", c.IdleDeadline}, {"--json-deadline", c.JSONDeadline},
-		{"--client-write-timeout", c.ClientWriteTimeout},
+		{"--client-write-timeout", c.ClientWriteTimeout}, {"--admit-wait", c.AdmitWait},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s %v: want a positive duration", d.flag, d.v)
@@ -394,6 +410,8 @@ func (c *gatewayConfig) setup() (*gatewaySetup, error) {
 			MaxTokensByModel: map[string]int64{}, TTFTDeadlineByModel: map[string]time.Duration{},
 			IdleDeadlineByModel: map[string]time.Duration{},
 			SLO:                 c.sloConfig.config(c.Models),
+			AdmitCapacity:       c.AdmitCapacity, AdmitCapacityByModel: map[string]int64{},
+			Admission: policy.QueueConfig{Headroom: c.AdmitHeadroom, MaxQueue: c.AdmitQueue, MaxWait: c.AdmitWait},
 		},
 		prices: map[string]policy.Price{},
 	}
@@ -411,6 +429,9 @@ func (c *gatewayConfig) setup() (*gatewaySetup, error) {
 	for name, m := range c.Models {
 		if m.MaxTokens > 0 {
 			st.srvCfg.MaxTokensByModel[name] = m.MaxTokens
+		}
+		if m.AdmitCapacity > 0 {
+			st.srvCfg.AdmitCapacityByModel[name] = m.AdmitCapacity
 		}
 		if m.TTFTDeadline > 0 {
 			st.srvCfg.TTFTDeadlineByModel[name] = m.TTFTDeadline

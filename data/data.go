@@ -70,6 +70,10 @@ type Key struct {
 	CreatedAt time.Time
 	RevokedAt time.Time // zero while the key is active
 	ExpiresAt time.Time // zero for a key that never expires
+	// Class is the key's priority class, the highest its requests may run
+	// as: "interactive", "standard" or "batch" (package policy reads it;
+	// "" is stored as standard).
+	Class string
 }
 
 // Revoked reports whether the key has been revoked.
@@ -119,6 +123,12 @@ type LedgerRow struct {
 	Attempts int
 	Hedged   bool
 	Stages   Stages
+
+	// Priority is the class the request ran as ("" if it was refused before
+	// that was known) and QueueWait how long it waited in the admission
+	// queue (negative: it did not reach the queue).
+	Priority  string
+	QueueWait time.Duration
 }
 
 // UsageFilter selects ledger rows for [Store.Usage]. Zero fields do not filter.

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-const keyCols = `k.id, k.prefix, k.hash, k.rpm, k.tpm, k.max_concurrency, k.models, k.created_at, k.revoked_at, k.expires_at,
+const keyCols = `k.id, k.prefix, k.hash, k.rpm, k.tpm, k.max_concurrency, k.models, k.created_at, k.revoked_at, k.expires_at, k.class,
 	t.id, t.name, t.budget_tokens, t.budget_micros, t.created_at`
 
 const keyFrom = ` FROM api_keys k JOIN tenants t ON t.id = k.tenant_id`
@@ -21,7 +21,7 @@ func scanKey(r rowScanner) (Key, error) {
 	var models string
 	var created, tCreated int64
 	var revoked, expires sql.NullInt64
-	err := r.Scan(&k.ID, &k.Prefix, &k.Hash, &k.RPM, &k.TPM, &k.MaxConcurrency, &models, &created, &revoked, &expires,
+	err := r.Scan(&k.ID, &k.Prefix, &k.Hash, &k.RPM, &k.TPM, &k.MaxConcurrency, &models, &created, &revoked, &expires, &k.Class,
 		&k.Tenant.ID, &k.Tenant.Name, &k.Tenant.BudgetTokens, &k.Tenant.BudgetMicros, &tCreated)
 	if err != nil {
 		return Key{}, err
@@ -44,6 +44,14 @@ func encodeModels(models []string) (string, error) {
 	}
 	b, err := json.Marshal(models)
 	return string(b), err
+}
+
+// keyClass is the stored form of a key's class: "" is standard.
+func keyClass(c string) string {
+	if c == "" {
+		return "standard"
+	}
+	return c
 }
 
 func newKeyID() (string, error) {
@@ -81,10 +89,10 @@ func (s *Store) CreateKey(ctx context.Context, k Key) (Key, error) {
 	var out Key
 	err = s.writeTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO api_keys
-			(id, tenant_id, prefix, hash, rpm, tpm, max_concurrency, models, created_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			(id, tenant_id, prefix, hash, rpm, tpm, max_concurrency, models, created_at, expires_at, class)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			k.ID, k.Tenant.ID, k.Prefix, k.Hash, k.RPM, k.TPM, k.MaxConcurrency, models, toMicros(now()),
-			nullMicros(k.ExpiresAt)); err != nil {
+			nullMicros(k.ExpiresAt), keyClass(k.Class)); err != nil {
 			return err
 		}
 		if err := bumpKeysVersion(ctx, tx); err != nil {
@@ -181,6 +189,8 @@ type KeyUpdate struct {
 	Models *[]string
 	// ExpiresAt sets when the key expires; the zero time means never.
 	ExpiresAt *time.Time
+	// Class sets the key's priority class ("" means standard).
+	Class *string
 }
 
 // UpdateKey applies u to the key that ref or hash names (as [Store.RevokeKey]
@@ -211,12 +221,15 @@ func (s *Store) UpdateKey(ctx context.Context, ref string, hash []byte, u KeyUpd
 		if u.ExpiresAt != nil {
 			k.ExpiresAt = *u.ExpiresAt
 		}
+		if u.Class != nil {
+			k.Class = keyClass(*u.Class)
+		}
 		models, err := encodeModels(k.Models)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET rpm = ?, tpm = ?, max_concurrency = ?, models = ?, expires_at = ?
-			WHERE id = ?`, k.RPM, k.TPM, k.MaxConcurrency, models, nullMicros(k.ExpiresAt), k.ID); err != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET rpm = ?, tpm = ?, max_concurrency = ?, models = ?, expires_at = ?, class = ?
+			WHERE id = ?`, k.RPM, k.TPM, k.MaxConcurrency, models, nullMicros(k.ExpiresAt), k.Class, k.ID); err != nil {
 			return err
 		}
 		if err := bumpKeysVersion(ctx, tx); err != nil {

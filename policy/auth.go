@@ -43,6 +43,8 @@ type Principal struct {
 	Models []string
 	// ExpiresAt is when the key stops working; zero means never.
 	ExpiresAt time.Time
+	// Class is the key's priority class: the highest its requests run as.
+	Class Class
 
 	// Resolved once per cache fill so that admission skips the map lookups.
 	// Nil in a Principal built by hand; Admit then looks them up.
@@ -136,6 +138,7 @@ func (g *Gate) principal(k data.Key) *Principal {
 		MaxConcurrency: k.MaxConcurrency,
 		Models:         slices.Clip(k.Models),
 		ExpiresAt:      k.ExpiresAt,
+		Class:          StoredClass(k.Class),
 		key:            g.keyFor(k.ID),
 		tenant:         g.tenantFor(k.Tenant.ID, k.Tenant.Name, k.Tenant.BudgetTokens, k.Tenant.BudgetMicros),
 	}

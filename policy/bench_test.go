@@ -61,3 +61,20 @@ func BenchmarkAuthenticateAdmitSettleParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkAdmissionQueueIdle: what the admission queue adds to a request
+// while its model is not busy — admitted at once, then released.
+func BenchmarkAdmissionQueueIdle(b *testing.B) {
+	q := NewQueue(QueueConfig{Capacity: func(string) int64 { return 1 << 20 }})
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			s, err := q.Wait(ctx, "m", ClassStandard, 1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.Release()
+		}
+	})
+}

@@ -80,6 +80,9 @@ type KeyOptions struct {
 	// ExpiresAt is when the key stops working (see [ParseExpiry]); zero
 	// means never. It must be in the future.
 	ExpiresAt time.Time
+	// Class is the key's priority class, the highest its requests may run
+	// as (a request may ask for a lower one); the zero value is standard.
+	Class Class
 }
 
 func (o *KeyOptions) validate() error {
@@ -169,6 +172,7 @@ func CreateKey(ctx context.Context, st *data.Store, o KeyOptions) (secret string
 		MaxConcurrency: o.MaxConcurrency,
 		Models:         o.Models,
 		ExpiresAt:      o.ExpiresAt,
+		Class:          o.Class.String(),
 	})
 	if err != nil {
 		return "", data.Key{}, fmt.Errorf("create key: %w", err)
@@ -215,8 +219,16 @@ func EditKey(ctx context.Context, st *data.Store, ref string, u data.KeyUpdate) 
 		return data.Key{}, errors.New("edit key: empty key reference")
 	case u.RPM != nil && *u.RPM < 0, u.TPM != nil && *u.TPM < 0, u.MaxConcurrency != nil && *u.MaxConcurrency < 0:
 		return data.Key{}, errors.New("edit key: negative limit")
-	case u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && u.ExpiresAt == nil:
+	case u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && u.ExpiresAt == nil && u.Class == nil:
 		return data.Key{}, errors.New("edit key: nothing to change")
+	}
+	if u.Class != nil {
+		c, err := ParseClass(*u.Class)
+		if err != nil {
+			return data.Key{}, fmt.Errorf("edit key: %w", err)
+		}
+		name := c.String()
+		u.Class = &name
 	}
 	if u.Models != nil {
 		if err := validModels(*u.Models); err != nil {

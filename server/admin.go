@@ -77,6 +77,8 @@ type KeyView struct {
 	// ExpiresAt is null for a key that never expires.
 	ExpiresAt *time.Time `json:"expires_at"`
 	Expired   bool       `json:"expired"`
+	// Class is the key's priority class: interactive, standard or batch.
+	Class string `json:"class"`
 }
 
 // ViewKey converts a stored key to its view as of now.
@@ -86,7 +88,8 @@ func ViewKey(k data.Key, now time.Time) KeyView {
 		m = []string{}
 	}
 	v := KeyView{ID: k.ID, Tenant: k.Tenant.Name, Prefix: k.Prefix, RPM: k.RPM, TPM: k.TPM,
-		MaxConcurrency: k.MaxConcurrency, Models: m, CreatedAt: k.CreatedAt, Revoked: k.Revoked(), Expired: k.ExpiredAt(now)}
+		MaxConcurrency: k.MaxConcurrency, Models: m, CreatedAt: k.CreatedAt, Revoked: k.Revoked(), Expired: k.ExpiredAt(now),
+		Class: policy.StoredClass(k.Class).String()}
 	if !k.ExpiresAt.IsZero() {
 		v.ExpiresAt = &k.ExpiresAt
 	}
@@ -117,10 +120,12 @@ type createKeyRequest struct {
 	// Expires is as `tailgate keys create --expires` takes it (see
 	// policy.ParseExpiry); "" never expires.
 	Expires string `json:"expires"`
+	// Class is the key's priority class ("" is standard).
+	Class string `json:"class"`
 }
 
 // createKeyFields lists createKeyRequest's fields for error messages.
-const createKeyFields = "tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros, expires"
+const createKeyFields = "tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros, expires, class"
 
 func (s *Server) handlePostKeys(c echo.Context) error {
 	var req createKeyRequest
@@ -136,6 +141,10 @@ func (s *Server) handlePostKeys(c echo.Context) error {
 	opts := policy.KeyOptions{
 		Tenant: req.Tenant, RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency,
 		Models: req.Models, BudgetTokens: req.BudgetTokens, BudgetMicros: req.BudgetMicros,
+	}
+	var err error
+	if opts.Class, err = policy.ParseClass(req.Class); err != nil {
+		return apierr.Reply(c, apierr.BadRequest("class", "%v", err))
 	}
 	if req.Expires != "" {
 		exp, err := policy.ParseExpiry(req.Expires, time.Now())

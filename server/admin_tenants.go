@@ -122,14 +122,15 @@ func (s *Server) handlePatchKey(c echo.Context) error {
 		MaxConcurrency *int64    `json:"max_concurrency"`
 		Models         *[]string `json:"models"`
 		Expires        *string   `json:"expires"`
+		Class          *string   `json:"class"`
 	}
-	const fields = "rpm, tpm, max_concurrency, models ([] = every model), expires (30d, 720h, RFC 3339 or never)"
+	const fields = "rpm, tpm, max_concurrency, models ([] = every model), expires (30d, 720h, RFC 3339 or never), class (interactive, standard or batch)"
 	if ae := decodeAdminBody(c, &req, fields); ae != nil {
 		return apierr.Reply(c, ae)
 	}
-	u := data.KeyUpdate{RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency, Models: req.Models}
+	u := data.KeyUpdate{RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency, Models: req.Models, Class: req.Class}
 	switch {
-	case u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && req.Expires == nil:
+	case u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && req.Expires == nil && u.Class == nil:
 		return apierr.Reply(c, apierr.BadRequest("", "nothing to change: send any of %s", fields))
 	case u.RPM != nil && *u.RPM < 0, u.TPM != nil && *u.TPM < 0, u.MaxConcurrency != nil && *u.MaxConcurrency < 0:
 		return apierr.Reply(c, apierr.BadRequest("", "limits must not be negative (0 = unlimited)"))
@@ -139,6 +140,11 @@ func (s *Server) handlePatchKey(c echo.Context) error {
 			if m == "" {
 				return apierr.Reply(c, apierr.BadRequest("models", "empty model name; send [] to allow every model"))
 			}
+		}
+	}
+	if req.Class != nil {
+		if _, err := policy.ParseClass(*req.Class); err != nil {
+			return apierr.Reply(c, apierr.BadRequest("class", "%v", err))
 		}
 	}
 	if req.Expires != nil {

@@ -30,6 +30,7 @@ func (s *Server) Generate(ctx context.Context, p *policy.Principal, path string,
 		return batch.Answer{Status: ae.Status, Body: ae.Body(), Code: ae.Code}
 	}
 	cl := s.newCall(ep, p)
+	cl.priority = p.Class.Cap(policy.ClassBatch) // behind live traffic
 	out := &lineSink{}
 	s.serve(ctx, cl, body, out)
 	return batch.Answer{Status: out.status, Body: out.body, RequestID: cl.id, Code: out.code,

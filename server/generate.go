@@ -36,6 +36,10 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		defer s.live.track(cl)()
 		c.Response().Header().Set("X-Request-Id", cl.id)
 		out := httpSink{s: s, c: c}
+		if err := askPriority(cl, r, c.Response().Header()); err != nil {
+			s.reject(cl, out, err)
+			return nil
+		}
 
 		body, ok := s.readBody(c, cl, out, s.cfg.MaxBodyBytes)
 		if !ok {

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"tailgate/data"
+	"tailgate/policy"
 )
 
 // metrics holds the server's Prometheus collectors: requests, stages,
@@ -23,6 +24,10 @@ type metrics struct {
 	// (over Config.RejectedRows).
 	rowsSkipped prometheus.Counter
 
+	// queueWait observes how long each admitted request waited in the
+	// admission queue, by its class (0 when admitted at once).
+	queueWait [len(policy.Classes)]prometheus.Observer // indexed by policy.Class
+
 	stageObs [len(data.StageNames)]prometheus.Observer // indexed like data.StageNames
 	perModel sync.Map                                  // model → *modelMetrics
 }
@@ -32,7 +37,7 @@ type metrics struct {
 var latencyBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
 // newMetrics makes the server's collectors and registers them with reg.
-func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter, queue *policy.AdmissionQueue) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_requests_total", Help: "Requests answered, by model and HTTP status code.",
@@ -67,7 +72,18 @@ func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter) (*metrics,
 	backlog := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tailgate_ledger_backlog_rows", Help: "Ledger rows waiting to be written.",
 	}, func() float64 { return float64(ledger.Backlog()) })
-	for _, c := range []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.rowsSkipped, ledgerUp, backlog} {
+	queueWait := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "tailgate_admission_wait_seconds", Help: "Time admitted generation requests waited in the admission queue, by priority class.", Buckets: latencyBuckets,
+	}, []string{"class"})
+	cs := []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.rowsSkipped, ledgerUp, backlog, queueWait}
+	for _, c := range policy.Classes {
+		m.queueWait[c] = queueWait.WithLabelValues(c.String())
+		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tailgate_admission_queue_length", Help: "Generation requests waiting in the admission queue now, by priority class.",
+			ConstLabels: prometheus.Labels{"class": c.String()},
+		}, func() float64 { return float64(queue.Waiting(c)) }))
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("server: register metrics: %w", err)
 		}

@@ -72,6 +72,10 @@ func (s *Server) handleProxy(pe proxyEndpoint) echo.HandlerFunc {
 		cl.noHedge = true // hedging waits for a first token these answers do not have
 		c.Response().Header().Set("X-Request-Id", cl.id)
 		out := httpSink{s: s, c: c}
+		if err := askPriority(cl, r, c.Response().Header()); err != nil {
+			s.reject(cl, out, err)
+			return nil
+		}
 		limit := s.cfg.MaxBodyBytes
 		if pe.multipart {
 			limit = s.cfg.MaxAudioBytes
@@ -96,11 +100,13 @@ func (s *Server) serveProxy(ctx context.Context, cl *call, pe proxyEndpoint, bod
 		s.reject(cl, out, err)
 		return
 	}
-	ticket := s.admit(cl, pr, out)
+	cl.noQueue = !pe.generates
+	ticket := s.admit(ctx, cl, pr, out)
 	if ticket == nil {
 		return
 	}
 	defer ticket.Release()
+	defer cl.slot.Release()
 	cl.stages.Gateway = time.Since(cl.start)
 	cl.routed = true
 	res, err := s.reg.Do(ctx, router.Request{Hint: router.Hint{Model: pr.model}, Stream: pr.stream, NoHedge: true},

@@ -26,6 +26,10 @@ type call struct {
 	noHedge   bool   // the client asked for no hedge (x-tailgate-hedge: off)
 	group     string // the fan-out it belongs to (x-tailgate-group), "" for none
 	source    string // the client's source label for the latency budgets; "" for batch lines
+	priority  policy.Class
+	noQueue   bool          // never waits in the admission queue (it generates nothing)
+	slot      *policy.Slot  // its place in the model's capacity, once admitted
+	queueWait time.Duration // how long it waited for that; -1 until it reached the queue
 	req       *parsedRequest
 	mm        *modelMetrics
 
@@ -50,7 +54,11 @@ type call struct {
 }
 
 func (s *Server) newCall(ep endpoint, p *policy.Principal) *call {
-	return &call{id: s.newRequestID(), start: time.Now(), ep: ep, principal: p, stages: data.UnknownStages(), status: http.StatusOK}
+	cl := &call{id: s.newRequestID(), start: time.Now(), ep: ep, principal: p, stages: data.UnknownStages(), status: http.StatusOK, queueWait: -1}
+	if p != nil {
+		cl.priority = p.Class
+	}
+	return cl
 }
 
 // sink is where the pipeline delivers an answer: the HTTP response of the
@@ -83,13 +91,14 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		s.reject(cl, out, err)
 		return
 	}
-	ticket := s.admit(cl, pr, out)
+	ticket := s.admit(ctx, cl, pr, out)
 	if ticket == nil {
 		return
 	}
 	// Settle is once only: this releases the reservation and the concurrency
 	// slot if anything below panics before the real usage is settled.
 	defer ticket.Release()
+	defer cl.slot.Release()
 
 	var w *sseWriter
 	if pr.stream {
@@ -172,9 +181,12 @@ func (s *Server) deliverJSON(cl *call, out sink, body []byte, done func()) {
 }
 
 // admit checks the parsed request against its key (the model allowed, known
-// here) and admits it (limits, budget reservation); nil means it was refused
-// and answered. The caller must settle or release the ticket.
-func (s *Server) admit(cl *call, pr *parsedRequest, out sink) *policy.Ticket {
+// here), admits it (limits, budget reservation) and then waits, if the
+// model's replicas are busy, for its class's turn in the admission queue —
+// before any upstream attempt, holding no replica slot. nil means it was
+// refused and answered. The caller must settle or release the ticket, and
+// release cl.slot.
+func (s *Server) admit(ctx context.Context, cl *call, pr *parsedRequest, out sink) *policy.Ticket {
 	cl.req = pr
 	switch {
 	case !cl.principal.Allows(pr.model):
@@ -193,6 +205,28 @@ func (s *Server) admit(cl *call, pr *parsedRequest, out sink) *policy.Ticket {
 		s.reject(cl, out, err)
 		return nil
 	}
+	if cl.noQueue {
+		return ticket
+	}
+	slot, err := s.queue.Wait(ctx, pr.model, cl.priority, cl.principal.TenantID)
+	if err != nil {
+		// It took nothing: the reservation goes back before the answer.
+		ticket.Release()
+		var qe *policy.QueueError
+		if errors.As(err, &qe) {
+			cl.queueWait = qe.Wait
+			s.reject(cl, out, queueError(qe))
+			return nil
+		}
+		// The client went away while waiting; the ledger says so (499).
+		cl.queueWait = time.Since(cl.start)
+		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientCancelled, statusClientClosed
+		cl.stages.Total = time.Since(cl.start)
+		s.record(cl, 0)
+		return nil
+	}
+	cl.slot, cl.queueWait = slot, slot.Waited
+	s.m.queueWait[cl.priority].Observe(slot.Waited.Seconds())
 	return ticket
 }
 
@@ -412,6 +446,7 @@ func (s *Server) row(cl *call, usage policy.Usage, cost int64) data.LedgerRow {
 		Upstream: cl.replica, PromptTokens: usage.PromptTokens, CompletionTokens: usage.CompletionTokens,
 		CostMicros: cost, Status: cl.status, Outcome: cl.outcome, Error: cl.class,
 		Attempts: cl.attempts, Hedged: cl.hedged, HedgeOverheadTokens: cl.overhead, Stages: cl.stages,
+		Priority: cl.priority.String(), QueueWait: cl.queueWait,
 	}
 	if cl.req != nil {
 		row.Model, row.Stream = boundString(cl.req.model), cl.req.stream

@@ -114,6 +114,18 @@ type Config struct {
 	// HistoryInterval is the step of the dashboard's in-memory time series
 	// (see [Server.RunHistory]), which keeps 360 of them; 0 means 10s.
 	HistoryInterval time.Duration
+	// AdmitCapacity is how many generation requests of one model run at
+	// once before lower priority classes wait in the admission queue
+	// (interactive requests go a headroom further; see
+	// policy.AdmissionQueue). 0 means the sum of the engine slots learnt
+	// from the model's ready replicas; until one is learnt (an engine seen
+	// full), nothing waits. AdmitCapacityByModel overrides it per model.
+	AdmitCapacity        int64
+	AdmitCapacityByModel map[string]int64
+	// Admission bounds the admission queue: its headroom, length per class
+	// and wait (see policy.QueueConfig); its Capacity is ignored
+	// (AdmitCapacity says it).
+	Admission policy.QueueConfig
 	// Batch configures the Batch API (/v1/files, /v1/batches) and its
 	// executor; see [batch.Config]. Its zero value leaves the API off. Its
 	// MaxBodyBytes, when 0, is this Config's.
@@ -201,6 +213,7 @@ type Server struct {
 	batches   *batch.Batches
 	hist      *history   // the dashboard's last hour
 	live      *liveCalls // requests being served, for the dashboard
+	queue     *policy.AdmissionQueue
 
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -240,7 +253,10 @@ func New(cfg Config, d Deps) (*Server, error) {
 		rejectedRows: rate.NewLimiter(rate.Limit(cfg.RejectedRows), int(max(5*cfg.RejectedRows, 1))),
 		refusedLog:   rate.NewLimiter(rate.Every(10*time.Second), 3),
 	}
-	m, err := newMetrics(d.Registerer, d.Ledger)
+	qcfg := cfg.Admission
+	qcfg.Capacity = s.capacity
+	s.queue = policy.NewQueue(qcfg)
+	m, err := newMetrics(d.Registerer, d.Ledger, s.queue)
 	if err != nil {
 		return nil, err
 	}

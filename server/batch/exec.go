@@ -494,7 +494,8 @@ func (x *batchExec) watch(ctx context.Context, b data.Batch, stop context.Cancel
 // runLine runs one line to a result and records it; false means it has no
 // result (the run stopped first, or the result could not be recorded), so
 // it runs again if the batch does. Lines refused by a rate limit wait and
-// retry for as long as the batch's window lasts; lines that failed upstream
+// retry for as long as the batch's window lasts (so do lines the admission
+// queue refused); lines that failed upstream
 // are retried a bounded number of times; every other answer is final.
 func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt, p *policy.Principal, lane *tenantLane, l inputLine) bool {
 	raw := make([]byte, l.size)
@@ -516,7 +517,7 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 		}
 		var wait time.Duration
 		switch {
-		case res.Status == http.StatusTooManyRequests && res.Code == "rate_limit_exceeded" && x.cfg.Now().Before(b.ExpiresAt):
+		case waitsToRetry(res) && x.cfg.Now().Before(b.ExpiresAt):
 			wait = res.RetryAfter
 			if wait <= 0 {
 				wait = time.Second
@@ -533,6 +534,19 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 			return false
 		}
 	}
+}
+
+// waitsToRetry reports whether a line's answer is a refusal to wait out and
+// retry: a rate limit, or the admission queue (full, or its wait ran out),
+// where batch lines stand behind live traffic.
+func waitsToRetry(res Answer) bool {
+	switch res.Code {
+	case "rate_limit_exceeded", "queue_full":
+		return res.Status == http.StatusTooManyRequests
+	case "queue_timeout":
+		return res.Status == http.StatusRequestTimeout
+	}
+	return false
 }
 
 // maxUncleanStarts is how many runs of a line may end in a gateway crash
