@@ -112,7 +112,7 @@ func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
 		{"keys edit without a key", []string{"keys", "edit", "--data", dir, "--rpm", "1"},
 			`tailgate keys edit: want the KEY to edit`},
 		{"keys edit with nothing to change", []string{"keys", "edit", "--data", dir, "tg-aaaaaaaa"},
-			`tailgate keys edit: nothing to change: give --rpm, --tpm, --max-concurrency, --models, --all-models or --expires`},
+			`tailgate keys edit: nothing to change: give --rpm, --tpm, --max-concurrency, --models, --all-models, --expires or --class`},
 		{"keys edit with empty models", []string{"keys", "edit", "--data", dir, "tg-aaaaaaaa", "--models", ""},
 			`tailgate keys edit: --models is empty: to let the key use every model, give --all-models`},
 		{"keys edit with a bad expiry", []string{"keys", "edit", "--data", dir, "tg-aaaaaaaa", "--expires", "soon"},
