@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -53,6 +54,12 @@ type Request struct {
 	// x-tailgate-group header), "" for none. Parts of one group pool their
 	// hedge budget and may hedge together past the burst (see hedgeBudget).
 	Group string
+	// Class is the request's priority class; the zero value is standard.
+	// Its attempts count in their replica's in-flight attempts of that
+	// class, and its hedge never goes to a replica that has attempts of a
+	// higher class in flight (the hedge is skipped with reason "priority"
+	// when no other replica is free of them).
+	Class Class
 }
 
 // Lost is an attempt that did not produce the answer.
@@ -133,17 +140,13 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	// start for this request: nothing needs to run beside them.
 	inline := false
 	var firstStarted time.Time
-	start := func(reason AttemptReason) error {
-		rep, err := r.Pick(req.Hint, tried)
-		if err != nil {
-			return err
-		}
+	launch := func(rep *Replica, reason AttemptReason) {
 		tried = append(tried, rep)
 		res.Attempts++
 		n := res.Attempts
 		actx, cancel := context.WithCancel(ctx)
 		cancels[n] = cancel
-		release := rep.acquire()
+		release := rep.acquire(req.Class)
 		live++
 		r.m.attempt(req.Model, reason)
 		started := r.cfg.Now()
@@ -171,6 +174,13 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 		} else {
 			go run()
 		}
+	}
+	start := func(reason AttemptReason) error {
+		rep, err := r.Pick(req.Hint, tried)
+		if err != nil {
+			return err
+		}
+		launch(rep, reason)
 		return nil
 	}
 	// drain collects the attempts still running after the request is decided.
@@ -296,32 +306,38 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 			if live != 1 || res.Attempts >= r.cfg.MaxAttempts {
 				continue
 			}
-			if r.saturated(req.Hint, tried) {
-				r.m.skipped(req.Model, skipSaturation)
-				continue
+			rep, why := r.hedgeTarget(req, tried)
+			if why == "" {
+				_, why = hb.take(req.Group, hs.burst)
 			}
-			if ok, why := hb.take(req.Group, hs.burst); !ok {
+			if why != "" {
 				r.m.skipped(req.Model, why)
 				continue
 			}
-			if err := start(ReasonHedge); err != nil {
-				hb.refund(hs.burst)
-				continue
-			}
+			launch(rep, ReasonHedge)
 			res.Hedged = true
 		}
 	}
 }
 
-// saturated reports whether a hedge would only queue: no other replica is
-// free, the one it would go to had requests waiting for room in its engine's
-// batch at its last heartbeat (requests the engine defers for their own sake
-// do not count), or the gateway's own requests there already fill every
-// engine slot (known once learnt, see [Replica.learnSlots]).
-func (r *Registry) saturated(hint Hint, tried []*Replica) bool {
-	rep, err := r.Pick(hint, tried)
-	if err != nil {
-		return true
+// hedgeTarget picks the replica a hedge of req would go to, or says why
+// the hedge should not start: skipPriority when every other replica that
+// could take it has attempts of a class higher than req's in flight (the
+// hedge would add load where more urgent requests wait), skipSaturation
+// when it would only queue — no other replica is free, the one it would go
+// to had requests waiting for room in its engine's batch at its last
+// heartbeat (requests the engine defers for their own sake do not count),
+// or the gateway's own requests there already fill every engine slot
+// (known once learnt, see [Replica.learnSlots]).
+func (r *Registry) hedgeTarget(req Request, tried []*Replica) (*Replica, string) {
+	rep, err := r.pick(req.Hint, tried, req.Class)
+	switch {
+	case errors.Is(err, errOutranked):
+		return nil, skipPriority
+	case err != nil:
+		return nil, skipSaturation
+	case rep.Load().queued() >= r.hedges.cfg.MaxQueue || rep.full():
+		return nil, skipSaturation
 	}
-	return rep.Load().queued() >= r.hedges.cfg.MaxQueue || rep.full()
+	return rep, ""
 }

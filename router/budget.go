@@ -136,6 +136,7 @@ const (
 	skipSaturation = "saturation" // the replica it would go to is full or queueing
 	skipOptOut     = "opt_out"    // the request asked for no hedge
 	skipDisabled   = "disabled"   // hedging is off for the model
+	skipPriority   = "priority"   // every other replica serves a higher class now
 )
 
 func newHedgeBudget(burst float64) *hedgeBudget {
@@ -197,14 +198,6 @@ func (b *hedgeBudget) take(group string, burst float64) (ok bool, reason string)
 	}
 	b.deep--
 	return true, ""
-}
-
-// refund gives back a hedge that could not start.
-func (b *hedgeBudget) refund(burst float64) {
-	b.mu.Lock()
-	b.tokens = min(burst, b.tokens+1)
-	b.deep = min(2*burst, b.deep+1)
-	b.mu.Unlock()
 }
 
 // level returns the bucket's level (for metrics and tests).

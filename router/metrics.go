@@ -39,7 +39,7 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 		}, []string{"model", "outcome"}),
 		skips: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_hedges_skipped_total",
-			Help: "Hedges not started when a request passed its hedge delay, by reason (budget: the model's share of requests is spent; burst: earned but beyond --hedge-burst; saturation: the other replica is full or queueing; opt_out: x-tailgate-hedge: off; disabled: hedging is off for the model).",
+			Help: "Hedges not started when a request passed its hedge delay, by reason (budget: the model's share of requests is spent; burst: earned but beyond --hedge-burst; saturation: the other replica is full or queueing; opt_out: x-tailgate-hedge: off; disabled: hedging is off for the model; priority: every other replica has requests of a higher priority class in flight).",
 		}, []string{"model", "reason"}),
 		attemptsPer: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tailgate_request_attempts", Help: "Upstream attempts per routed request.", Buckets: []float64{1, 2, 3, 4},
@@ -102,7 +102,7 @@ func (m *metrics) ejected(replica, reason string, delay time.Duration) {
 type replicaCollector struct {
 	reg                                           *Registry
 	inflight, ready, waiting, ttft, score, budget *prometheus.Desc
-	hedgeDelay, hedgeBudget                       *prometheus.Desc
+	inflightClass, hedgeDelay, hedgeBudget        *prometheus.Desc
 }
 
 func newReplicaCollector(r *Registry) *replicaCollector {
@@ -112,11 +112,14 @@ func newReplicaCollector(r *Registry) *replicaCollector {
 	return &replicaCollector{
 		reg:      r,
 		inflight: per("tailgate_replica_inflight", "Requests the gateway has in flight on each replica."),
-		ready:    per("tailgate_replica_ready", "1 if the replica may take traffic, else 0."),
-		waiting:  per("tailgate_replica_engine_waiting", "Requests waiting in the replica's engine, from its last heartbeat."),
-		ttft:     per("tailgate_replica_ttft_estimate_seconds", "The replica's recent time to first token as the gateway sees it (selection input)."),
-		score:    per("tailgate_replica_score", "The replica's load score (expected wait; lower is picked first)."),
-		budget:   prometheus.NewDesc("tailgate_retry_budget_tokens", "Tokens left in the retry budget.", nil, nil),
+		inflightClass: prometheus.NewDesc("tailgate_replica_inflight_class",
+			"Requests the gateway has in flight on each replica by priority class (a hedge does not go where a higher class runs).",
+			[]string{"replica", "class"}, nil),
+		ready:   per("tailgate_replica_ready", "1 if the replica may take traffic, else 0."),
+		waiting: per("tailgate_replica_engine_waiting", "Requests waiting in the replica's engine, from its last heartbeat."),
+		ttft:    per("tailgate_replica_ttft_estimate_seconds", "The replica's recent time to first token as the gateway sees it (selection input)."),
+		score:   per("tailgate_replica_score", "The replica's load score (expected wait; lower is picked first)."),
+		budget:  prometheus.NewDesc("tailgate_retry_budget_tokens", "Tokens left in the retry budget.", nil, nil),
 		hedgeDelay: prometheus.NewDesc("tailgate_hedge_delay_seconds",
 			"The hedge delay in force per model and answer kind (stream, json): the percentile of recent time to first token; absent until learnt or while hedging is off for the model.",
 			[]string{"model", "answer"}, nil),
@@ -127,7 +130,7 @@ func newReplicaCollector(r *Registry) *replicaCollector {
 
 // Describe implements prometheus.Collector.
 func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.inflight, c.ready, c.waiting, c.ttft, c.score, c.budget, c.hedgeDelay, c.hedgeBudget} {
+	for _, d := range []*prometheus.Desc{c.inflight, c.ready, c.waiting, c.ttft, c.score, c.budget, c.inflightClass, c.hedgeDelay, c.hedgeBudget} {
 		ch <- d
 	}
 }
@@ -154,6 +157,9 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.ttft, ttft, r.ID)
 		gauge(c.score, score, r.ID)
 		gauge(c.inflight, float64(r.Inflight()), r.ID)
+		for _, cl := range []Class{ClassBatch, ClassStandard, ClassInteractive} {
+			gauge(c.inflightClass, float64(r.InflightClass(cl)), r.ID, cl.String())
+		}
 		ready := 0.0
 		if r.State() == StateReady {
 			ready = 1

@@ -79,6 +79,7 @@ func TestMetricsKeepTheirNamesAndLabels(t *testing.T) {
 		"tailgate_ejections_total":               {"reason", "replica"},
 		"tailgate_ejection_delay_seconds":        nil,
 		"tailgate_replica_inflight":              {"replica"},
+		"tailgate_replica_inflight_class":        {"class", "replica"},
 		"tailgate_replica_ready":                 {"replica"},
 		"tailgate_replica_engine_waiting":        {"replica"},
 		"tailgate_replica_ttft_estimate_seconds": {"replica"},

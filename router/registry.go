@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -181,9 +182,20 @@ const maxCandidates = 32
 // Pick chooses a ready replica serving the hinted model, skipping those in
 // exclude and those backing off, with the configured selection policy.
 func (r *Registry) Pick(hint Hint, exclude []*Replica) (*Replica, error) {
+	return r.pick(hint, exclude, ClassInteractive)
+}
+
+// errOutranked: the replicas that could take a hedge all have attempts of a
+// higher class than its request's in flight.
+var errOutranked = errors.New("every free replica serves a higher class")
+
+// pick is Pick that also skips replicas with attempts of a class higher than
+// c in flight (none with c = ClassInteractive); errOutranked when that left
+// none.
+func (r *Registry) pick(hint Hint, exclude []*Replica, c Class) (*Replica, error) {
 	var buf [maxCandidates]*Replica
 	cands := buf[:0]
-	known := false
+	known, outranked := false, false
 	now := r.cfg.Now()
 	for _, rep := range *r.list.Load() {
 		if !rep.Serves(hint.Model) {
@@ -193,11 +205,17 @@ func (r *Registry) Pick(hint Hint, exclude []*Replica) (*Replica, error) {
 		if rep.State() != StateReady || slices.Contains(exclude, rep) || rep.backingOff(now) {
 			continue
 		}
+		if rep.busyAbove(c) {
+			outranked = true
+			continue
+		}
 		cands = append(cands, rep)
 	}
 	switch {
 	case !known:
 		return nil, ErrUnknownModel
+	case len(cands) == 0 && outranked:
+		return nil, errOutranked
 	case len(cands) == 0:
 		return nil, ErrNoReplica
 	}

@@ -85,6 +85,7 @@ type Replica struct {
 	status   atomic.Pointer[status]
 	clock    atomic.Pointer[func() time.Time] // the registry's clock, once added to one
 	inflight atomic.Int64
+	classes  [numClasses]atomic.Int64 // inflight by Class
 	models   atomic.Pointer[[]string]
 	failures atomic.Int64           // consecutive failed attempts or probes
 	lastOK   atomic.Int64           // unix nanos of the last good probe or heartbeat
@@ -274,6 +275,20 @@ func (r *Replica) State() State { return r.status.Load().state }
 // Inflight returns the number of requests the gateway has on the replica now.
 func (r *Replica) Inflight() int64 { return r.inflight.Load() }
 
+// InflightClass returns the gateway's attempts of class c on the replica now.
+func (r *Replica) InflightClass(c Class) int64 { return r.classes[c.slot()].Load() }
+
+// busyAbove reports whether the replica has attempts of a class higher than
+// c in flight.
+func (r *Replica) busyAbove(c Class) bool {
+	for k := c + 1; k <= ClassInteractive; k++ {
+		if r.classes[k.slot()].Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Models returns the models the replica serves.
 func (r *Replica) Models() []string { return *r.models.Load() }
 
@@ -383,13 +398,16 @@ func (r *Replica) markFailure(now time.Time) {
 	}
 }
 
-// acquire counts one request in flight; the returned func gives it back and
-// is safe to call more than once.
-func (r *Replica) acquire() (release func()) {
+// acquire counts one attempt of class c in flight; the returned func gives
+// it back and is safe to call more than once.
+func (r *Replica) acquire(c Class) (release func()) {
 	r.inflight.Add(1)
+	cls := &r.classes[c.slot()]
+	cls.Add(1)
 	var done atomic.Bool
 	return func() {
 		if done.CompareAndSwap(false, true) {
+			cls.Add(-1)
 			r.inflight.Add(-1)
 		}
 	}

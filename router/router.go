@@ -20,7 +20,8 @@
 // through the caller's [OpenFunc], retries elsewhere by failure class
 // ([ErrNotSent], [ErrDeclined] at once; [ErrNoToken] within a [Budget]),
 // and, when hedging is on, opens a second attempt after an adaptive delay
-// and keeps whichever produces a first token. In-flight counts are taken and
+// and keeps whichever produces a first token. A request's [Class] keeps its
+// hedge off replicas where attempts of a higher class are in flight. In-flight counts are taken and
 // given back by Do itself, so they cannot leak or go negative.
 //
 // The router counts what it decides (attempts, retries, hedges, ejections)

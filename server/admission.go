@@ -29,6 +29,18 @@ func askPriority(cl *call, r *http.Request, h http.Header) error {
 	return nil
 }
 
+// routerClass is a priority class as the router orders it (its hedges keep
+// off replicas that serve a higher class).
+func routerClass(c policy.Class) router.Class {
+	switch c {
+	case policy.ClassInteractive:
+		return router.ClassInteractive
+	case policy.ClassBatch:
+		return router.ClassBatch
+	}
+	return router.ClassStandard
+}
+
 // retryQueueFull is the Retry-After of a full admission queue: waiters
 // leave it as requests end, typically within a second under load.
 const retryQueueFull = time.Second

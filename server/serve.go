@@ -114,7 +114,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	cl.routed = true
 	// Stream: every answer the engine streams, JSON assembled here included,
 	// is hedged on its time to first token.
-	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group}
+	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group, Class: routerClass(cl.priority)}
 	res, err := s.reg.Do(ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 		return s.open(ctx, cl, rep, n, reason)
 	})
