@@ -117,3 +117,27 @@ func TestTwoGatewaysNeverExceedSharedBudget(t *testing.T) {
 		return true
 	})
 }
+
+// A key created through one gateway's database is accepted by another
+// gateway on the same PostgreSQL, and a revocation made through one is
+// honoured by the other within 1 s, though it had the key cached.
+func TestKeysHonouredAcrossGateways(t *testing.T) {
+	ctx := context.Background()
+	stA, stB := openShared(t)
+	gA, gB := newGate(t, stA, Config{}), newGate(t, stB, Config{})
+	runGate(t, gA)
+	runGate(t, gB)
+	secret, k := createKey(t, stA, KeyOptions{Tenant: "acme"})
+	within(t, time.Second, "gateway B accepts a key created on A", func() bool {
+		_, err := gB.Authenticate(ctx, secret)
+		return err == nil
+	})
+	authenticate(t, gA, secret) // cached on both now
+	if _, err := RevokeKey(ctx, stB, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	within(t, time.Second, "gateway A rejects a key revoked on B", func() bool {
+		_, err := gA.Authenticate(ctx, secret)
+		return errors.Is(err, ErrInvalidKey)
+	})
+}
