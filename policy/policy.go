@@ -22,8 +22,10 @@
 // admission reserves the worst case under the tenant's lock, concurrent
 // requests can never together bill a tenant past its budget.
 //
-// Limiter and budget state lives in this process's memory; spend is seeded
-// from the ledger when the Gate is created. Writing ledger rows is the
+// Limiter state lives in this process's memory. Budget reservations do too
+// on SQLite (one gateway per database; spend is seeded from the ledger when
+// the Gate is created); on PostgreSQL, which several gateways may share,
+// a tenant with a budget is reserved in the database (see book.go). Writing ledger rows is the
 // caller's job. This package knows nothing of HTTP.
 package policy
 
