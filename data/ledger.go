@@ -17,13 +17,13 @@ var ledgerCols = [...]string{
 	"prompt_tokens", "completion_tokens", "hedge_overhead_tokens", "cost_micros",
 	"status", "outcome", "error", "attempts", "hedged",
 	"gateway_us", "connect_us", "upstream_ttft_us", "engine_queue_us",
-	"engine_ttft_us", "network_us", "ttft_us", "total_us", "priority", "queue_us",
+	"engine_ttft_us", "network_us", "ttft_us", "total_us", "priority", "queue_us", "gateway",
 }
 
 // ledgerChunks are the row counts of the prepared multi-row INSERTs. A batch
 // of n rows is written greedily with the largest that fit, so any batch size
 // needs at most a handful of statement executions beyond n/64 and nothing
-// is prepared per batch. 64 rows × 26 columns stays far below SQLite's
+// is prepared per batch. 64 rows × 27 columns stays far below SQLite's
 // limit on bound parameters.
 var ledgerChunks = [...]int{64, 16, 4, 1}
 
@@ -105,7 +105,7 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 			for len(run) >= n {
 				args = args[:0]
 				for _, r := range run[:n] {
-					if args, err = appendLedgerArgs(args, r, stamp); err != nil {
+					if args, err = appendLedgerArgs(args, r, stamp, s.instance); err != nil {
 						return err
 					}
 				}
@@ -139,7 +139,7 @@ func distinctRun(rows []LedgerRow) []LedgerRow {
 	return rows
 }
 
-func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time) ([]any, error) {
+func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) ([]any, error) {
 	if r.ID == "" {
 		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {
@@ -157,7 +157,7 @@ func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time) ([]any, error) {
 		int64(r.Status), r.Outcome, r.Error, int64(r.Attempts), boolInt(r.Hedged),
 		stageArg(st.Gateway), stageArg(st.Connect), stageArg(st.UpstreamTTFT), stageArg(st.EngineQueue),
 		stageArg(st.EngineTTFT), stageArg(st.Network), stageArg(st.TTFT), stageArg(st.Total),
-		r.Priority, stageArg(r.QueueWait),
+		r.Priority, stageArg(r.QueueWait), gateway,
 	), nil
 }
 

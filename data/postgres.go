@@ -63,7 +63,7 @@ func openPostgres(dsn string) (_ *Store, err error) {
 		// pgx's message may quote the URL, password included.
 		return nil, fmt.Errorf("parse %s: invalid PostgreSQL URL", Redact(dsn))
 	}
-	s := &Store{path: Redact(dsn), engine: enginePostgres}
+	s := &Store{path: Redact(dsn), engine: enginePostgres, instance: newInstanceID()}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -89,6 +89,9 @@ func openPostgres(dsn string) (_ *Store, err error) {
 	if err := s.read.Ping(); err != nil {
 		return nil, err
 	}
+	s.book = sql.OpenDB(rebindConnector{stdlib.GetConnector(*cfg)})
+	s.book.SetMaxOpenConns(bookConns)
+	s.book.SetMaxIdleConns(bookConns)
 	return s, nil
 }
 

@@ -18,9 +18,24 @@ import (
 //
 // Settling moves the rows into tenant spend, in the same transaction. Call
 // it once at start-up, before anything reads [Store.TenantSpend] to seed
-// budgets and before this process opens rows of its own: an open row of a
-// running stream would be settled too. It assumes one gateway per database.
+// budgets and before this process opens rows of its own: on SQLite an open
+// row of a running stream would be settled too (one gateway per file).
+//
+// On PostgreSQL, where several gateways may share the database, it takes
+// this gateway's lease and settles only the open rows of gateways whose
+// lease ran out (see [Store.ReapGateways]): never those of a gateway that
+// is running.
 func (s *Store) SettleOpen(ctx context.Context) (n int, err error) {
+	if s.engine == enginePostgres {
+		if _, err := s.Renew(ctx); err != nil {
+			return 0, fmt.Errorf("settle open rows: %w", err)
+		}
+		_, n, err := s.ReapGateways(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("settle open rows: %w", err)
+		}
+		return n, nil
+	}
 	err = s.writeTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE ledger SET outcome = ?, error = ? WHERE outcome = ?`,
 			OutcomeInterrupted, ClassInterrupted, OutcomeOpen)

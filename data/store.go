@@ -28,6 +28,15 @@ const readConns = 4
 type Store struct {
 	path   string // the SQLite file, or the PostgreSQL URL without its password
 	engine engine
+	// instance names this process's use of a PostgreSQL database among
+	// other gateways': it stamps the ledger rows written through the Store,
+	// its lease and its budget holds. "" on SQLite (one gateway per file).
+	instance string
+	// book is the pool of budget reservations (PostgreSQL): short
+	// transactions that must not wait behind a batch of ledger rows.
+	book *sql.DB
+	// leased is set once this instance holds a lease (see Store.Renew).
+	leased atomic.Bool
 	write  *sql.DB
 	read   *sql.DB
 	// ckpt is the checkpointer's connection; it runs until Close.
@@ -189,6 +198,9 @@ func (s *Store) Close() error {
 		}
 		if s.read != nil {
 			errs = append(errs, s.read.Close())
+		}
+		if s.book != nil {
+			errs = append(errs, s.book.Close())
 		}
 		if s.write != nil {
 			errs = append(errs, s.write.Close())

@@ -37,7 +37,11 @@ type Ticket struct {
 	g      *Gate
 	key    *keyState
 	tenant *tenantState
-	price  Price
+	// tenantID is the tenant's, and held says the reservation is booked in
+	// the database (see book).
+	tenantID int64
+	held     bool
+	price    Price
 	// tpm is the key's TPM limit at admission (0: not charged) and
 	// estimate what was charged against it.
 	tpm, estimate int64
@@ -79,7 +83,10 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 
 	// Everything is checked before anything is taken, under the key's lock
 	// and then the tenant's (always in that order), so a rejection leaves no
-	// trace and concurrent admissions cannot overbook the budget.
+	// trace and concurrent admissions cannot overbook the budget. On a shared
+	// database the budget is reserved there (see book), still under the
+	// key's lock: one key's admissions to a limited tenant take turns for
+	// the round trip.
 	ks.mu.Lock()
 	if p.RPM > 0 {
 		ks.requests.refill(now, p.RPM)
@@ -106,24 +113,24 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 			return nil, rs, &LimitError{Limit: "tokens", RetryAfter: wait}
 		}
 	}
+	held, err := g.book.reserve(ts, p.TenantID, bound, micros)
 	ts.mu.Lock()
-	qe := ts.reserve(bound, micros)
 	name, budgetMicros := ts.name, ts.budgetMicros
 	ts.mu.Unlock()
-	if qe != nil {
+	if err != nil {
 		rs := ks.state(p)
 		ks.mu.Unlock()
-		if name == "" {
-			name = p.Tenant
+		var qe *QuotaError
+		if errors.As(err, &qe) {
+			qe.Tenant = cmp.Or(name, p.Tenant)
 		}
-		qe.Tenant = name
-		return nil, rs, qe
+		return nil, rs, err
 	}
 	ks.inflight++
 	if p.RPM > 0 {
 		ks.requests.take(1)
 	}
-	t := &Ticket{g: g, key: ks, tenant: ts, price: price, reserved: [2]int64{bound, micros}}
+	t := &Ticket{g: g, key: ks, tenant: ts, tenantID: p.TenantID, held: held, price: price, reserved: [2]int64{bound, micros}}
 	if p.TPM > 0 {
 		ks.tokens.take(estimate)
 		t.tpm, t.estimate = p.TPM, estimate
@@ -197,12 +204,6 @@ func (t *Ticket) settle(u Usage) int64 {
 	}
 	ks.mu.Unlock()
 
-	ts := t.tenant
-	ts.mu.Lock()
-	ts.reserved.Tokens -= t.reserved[0]
-	ts.reserved.Micros -= t.reserved[1]
-	ts.spent.Tokens += prompt + completion
-	ts.spent.Micros += c
-	ts.mu.Unlock()
+	t.g.book.settle(t.tenant, t.tenantID, t.held, t.reserved, prompt+completion, c)
 	return c
 }

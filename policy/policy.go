@@ -22,8 +22,10 @@
 // admission reserves the worst case under the tenant's lock, concurrent
 // requests can never together bill a tenant past its budget.
 //
-// Limiter and budget state lives in this process's memory; spend is seeded
-// from the ledger when the Gate is created. Writing ledger rows is the
+// Limiter state lives in this process's memory. Budget reservations do too
+// on SQLite (one gateway per database; spend is seeded from the ledger when
+// the Gate is created); on PostgreSQL, which several gateways may share,
+// a tenant with a budget is reserved in the database (see book.go). Writing ledger rows is the
 // caller's job. This package knows nothing of HTTP.
 package policy
 
@@ -95,6 +97,10 @@ type Gate struct {
 	poll   time.Duration
 	prices map[string]Price
 	defPr  Price
+	// book books budget reservations: in memory, or in a database other
+	// gateways share (then shared is the same book).
+	book   book
+	shared *sharedBook
 
 	cache *ristretto.Cache[uint64, *entry]
 	// gen invalidates every cache entry at once: an entry counts only if it
@@ -144,6 +150,11 @@ func New(ctx context.Context, cfg Config, st *data.Store, log *slog.Logger) (*Ga
 	}
 	if g.now == nil {
 		g.now = time.Now
+	}
+	g.book = memoryBook{}
+	if st.SharedBudgets() {
+		g.shared = newSharedBook(st)
+		g.book = g.shared
 	}
 	if g.poll == 0 {
 		g.poll = DefaultPollInterval
@@ -202,17 +213,69 @@ func (g *Gate) init(ctx context.Context) error {
 // another process) every PollInterval until ctx is done, then returns nil.
 // Only one Run may be active per Gate. A failed poll is logged and retried
 // at the next tick.
+//
+// On a database other gateways share, Run also renews this gateway's lease,
+// reaps gateways whose lease ran out (settling their open rows, dropping
+// their budget holds) and writes the releases of settled reservations.
 func (g *Gate) Run(ctx context.Context) error {
 	t := time.NewTicker(g.poll)
 	defer t.Stop()
+	var lease <-chan time.Time
+	var wake chan struct{}
+	if g.shared != nil {
+		lt := time.NewTicker(data.LeaseRenewEvery)
+		defer lt.Stop()
+		lease, wake = lt.C, g.shared.wake
+		g.renew(ctx, false)
+	}
 	for {
 		select {
 		case <-ctx.Done():
+			if g.shared != nil {
+				// What settled requests reserved beyond their cost goes
+				// back before the gateway stops (bounded in time).
+				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reserveTimeout)
+				_ = g.shared.flush(fctx)
+				cancel()
+			}
 			return nil
 		case <-t.C:
+			if err := g.refresh(ctx); err != nil && ctx.Err() == nil {
+				g.log.Warn("policy: refresh keys", "err", err)
+			}
+		case <-lease:
+			g.renew(ctx, true)
+		case <-wake:
+			if err := g.shared.flush(ctx); err != nil && ctx.Err() == nil {
+				g.log.Warn("policy: release budget reservations (retried)", "err", err)
+			}
 		}
-		if err := g.refresh(ctx); err != nil && ctx.Err() == nil {
-			g.log.Warn("policy: refresh keys", "err", err)
+	}
+}
+
+// renew renews this gateway's lease and reaps gateways whose lease ran out.
+func (g *Gate) renew(ctx context.Context, running bool) {
+	fresh, err := g.st.Renew(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			g.log.Warn("policy: renew gateway lease", "err", err)
+		}
+		return
+	}
+	if fresh && running {
+		g.log.Warn("policy: this gateway's lease had run out and was taken anew; other gateways may have settled its open rows and dropped its budget holds",
+			"gateway", g.st.Instance())
+	}
+	n, rows, err := g.st.ReapGateways(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		g.log.Warn("policy: reap gateways whose lease ran out", "err", err)
+	case n > 0 || rows > 0:
+		g.log.Warn("policy: settled what stopped gateways left behind (lease ran out)", "gateways", n, "interrupted_rows", rows)
+	}
+	if g.shared != nil {
+		if err := g.shared.flush(ctx); err != nil && ctx.Err() == nil {
+			g.log.Warn("policy: release budget reservations (retried)", "err", err)
 		}
 	}
 }

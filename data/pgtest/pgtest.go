@@ -54,6 +54,9 @@ type server struct {
 	dir  string // temporary directory: data/ and the socket
 	port int
 	cred *syscall.Credential // the user the server runs as; nil: this one
+	// durable: commits are on disk when acknowledged (synchronous_commit),
+	// for a server a test stops with -m immediate.
+	durable bool
 }
 
 // NewDatabase creates a fresh, empty database on the test server (starting
@@ -83,6 +86,63 @@ func NewDatabase(tb testing.TB) string {
 	return s.url(name)
 }
 
+// Server is a PostgreSQL server of a test's own, which the test may stop
+// and start again (to see what a gateway does while its database is down).
+type Server struct {
+	s  *server
+	tb testing.TB
+}
+
+// Dedicated starts a server for tb alone; it is stopped and its cluster
+// deleted when tb ends. It fails (or skips) tb as [NewDatabase] does when
+// PostgreSQL cannot be started.
+func Dedicated(tb testing.TB) *Server {
+	tb.Helper()
+	s, err := startServer(true)
+	if err != nil {
+		if os.Getenv(SkipEnv) == "skip" {
+			tb.Skipf("PostgreSQL: %v (skipped: %s=skip)", err, SkipEnv)
+		}
+		tb.Fatalf("PostgreSQL is needed for this test: %v", err)
+	}
+	tb.Cleanup(func() {
+		_, _ = s.run("pg_ctl", "stop", "-D", filepath.Join(s.dir, "data"), "-m", "immediate", "-w", "-t", "30")
+		_ = os.RemoveAll(s.dir)
+	})
+	return &Server{s: s, tb: tb}
+}
+
+// NewDatabase creates a fresh database on the server and returns its URL.
+func (d *Server) NewDatabase() string {
+	d.tb.Helper()
+	mu.Lock()
+	dbSeq++
+	name := fmt.Sprintf("t%d_%s", dbSeq, randHex(4))
+	mu.Unlock()
+	if out, err := d.s.run("createdb", "-h", "127.0.0.1", "-p", strconv.Itoa(d.s.port), "-U", superuser, name); err != nil {
+		d.tb.Fatalf("createdb %s: %v\n%s", name, err, out)
+	}
+	return d.s.url(name)
+}
+
+// Stop stops the server at once (connections are cut, as when the database
+// host goes away); its data stay for Start.
+func (d *Server) Stop() {
+	d.tb.Helper()
+	if out, err := d.s.run("pg_ctl", "stop", "-D", filepath.Join(d.s.dir, "data"), "-m", "immediate", "-w", "-t", "30"); err != nil {
+		d.tb.Fatalf("pg_ctl stop: %v\n%s", err, out)
+	}
+}
+
+// Start starts the stopped server again, on the same port.
+func (d *Server) Start() {
+	d.tb.Helper()
+	if out, err := d.s.pgStart(); err != nil {
+		log, _ := os.ReadFile(filepath.Join(d.s.dir, "server.log"))
+		d.tb.Fatalf("pg_ctl start: %v\n%s\n%s", err, out, log)
+	}
+}
+
 // Stop stops the server, if one was started, and deletes its cluster. Call
 // it from TestMain after m.Run.
 func Stop() {
@@ -106,16 +166,16 @@ func start() (*server, error) {
 	if srv != nil || srvErr != nil {
 		return srv, srvErr
 	}
-	srv, srvErr = startServer()
+	srv, srvErr = startServer(false)
 	return srv, srvErr
 }
 
-func startServer() (_ *server, err error) {
+func startServer(durable bool) (_ *server, err error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
 	}
-	s := &server{bin: bin}
+	s := &server{bin: bin, durable: durable}
 	// initdb refuses to run as root: the cluster then belongs to the
 	// postgres user (Debian's package creates it) or else nobody.
 	if os.Geteuid() == 0 {
@@ -146,9 +206,7 @@ func startServer() (_ *server, err error) {
 		if s.port, err = freePort(); err != nil {
 			return nil, err
 		}
-		opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -c port=%d -c unix_socket_directories=%s "+
-			"-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300", s.port, s.dir)
-		out, err := s.run("pg_ctl", "start", "-D", data, "-l", filepath.Join(s.dir, "server.log"), "-o", opts, "-w", "-t", "60")
+		out, err := s.pgStart()
 		if err == nil {
 			return s, nil
 		}
@@ -157,6 +215,20 @@ func startServer() (_ *server, err error) {
 			return nil, fmt.Errorf("pg_ctl start: %v\n%s\n%s", err, out, log)
 		}
 	}
+}
+
+// pgStart starts the server of the cluster on s.port.
+func (s *server) pgStart() ([]byte, error) {
+	// A stopped server's data stay in the OS's cache, so fsync is not
+	// needed; an acknowledged commit must have left the server's memory
+	// before an immediate stop (a crash) only where the test stops it.
+	sync := "off"
+	if s.durable {
+		sync = "on"
+	}
+	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -c port=%d -c unix_socket_directories=%s "+
+		"-c fsync=off -c synchronous_commit=%s -c full_page_writes=off -c max_connections=300", s.port, s.dir, sync)
+	return s.run("pg_ctl", "start", "-D", filepath.Join(s.dir, "data"), "-l", filepath.Join(s.dir, "server.log"), "-o", opts, "-w", "-t", "60")
 }
 
 // run runs one of the PostgreSQL binaries as the server's user, bounded in

@@ -1,0 +1,143 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"tailgate/data"
+	"tailgate/data/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.Stop()
+	os.Exit(code)
+}
+
+// openShared opens two stores on one fresh PostgreSQL database, as two
+// gateways do.
+func openShared(t testing.TB) (a, b *data.Store) {
+	t.Helper()
+	url := pgtest.NewDatabase(t)
+	return openSecond(t, url), openSecond(t, url)
+}
+
+// Two gateways on one PostgreSQL admit requests of one tenant at once, and
+// write each settled request's ledger row as the server does: together they
+// never bill it past its budget, and once everything settled the database
+// holds nothing of the budget any more.
+func TestTwoGatewaysNeverExceedSharedBudget(t *testing.T) {
+	const budget, workers, rounds = 3000, 6, 40
+	stA, stB := openShared(t)
+	cfg := Config{Prices: map[string]Price{"m": {InputMicrosPerM: 1_000_000, OutputMicrosPerM: 3_000_000}}}
+	secret, _ := createKey(t, stA, KeyOptions{Tenant: "acme", BudgetTokens: ptr(budget), BudgetMicros: ptr(2 * budget)})
+	var gates [2]*Gate
+	for i, st := range []*data.Store{stA, stB} {
+		if _, err := st.SettleOpen(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		gates[i] = newGate(t, st, cfg)
+		runGate(t, gates[i])
+	}
+	var (
+		billedTokens, billedMicros atomic.Int64
+		admitted, rejected         [2]atomic.Int64
+		wg                         sync.WaitGroup
+	)
+	for w := range 2 * workers {
+		i := w % 2
+		g, st := gates[i], []*data.Store{stA, stB}[i]
+		p := authenticate(t, g, secret)
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 2))
+			for range rounds {
+				r := Request{Model: "m", PromptEstimate: 20, PromptBound: 30 + rng.Int64N(30), MaxTokens: 1 + rng.Int64N(40)}
+				tk, _, err := g.Admit(p, r)
+				if err != nil {
+					var qe *QuotaError
+					if !errors.As(err, &qe) {
+						t.Errorf("Admit: %v", err)
+						return
+					}
+					rejected[i].Add(1)
+					continue
+				}
+				admitted[i].Add(1)
+				u := Usage{PromptTokens: rng.Int64N(r.PromptBound + 1), CompletionTokens: rng.Int64N(r.MaxTokens + 1)}
+				c := tk.Settle(u)
+				billedTokens.Add(u.PromptTokens + u.CompletionTokens)
+				billedMicros.Add(c)
+				row := data.LedgerRow{TenantID: p.TenantID, KeyID: p.KeyID, Model: "m", PromptTokens: u.PromptTokens,
+					CompletionTokens: u.CompletionTokens, CostMicros: c, Status: 200, Outcome: data.OutcomeOK, Stages: data.UnknownStages()}
+				if err := st.InsertLedger(context.Background(), []data.LedgerRow{row}); err != nil {
+					t.Errorf("ledger: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if billedTokens.Load() > budget || billedMicros.Load() > 2*budget {
+		t.Fatalf("two gateways billed %d tokens and %d micros on budgets of %d and %d",
+			billedTokens.Load(), billedMicros.Load(), budget, 2*budget)
+	}
+	for i := range gates {
+		if admitted[i].Load() == 0 || rejected[i].Load() == 0 {
+			t.Fatalf("gateway %d admitted %d, rejected %d: the budget was not contended", i, admitted[i].Load(), rejected[i].Load())
+		}
+	}
+	spend, err := stA.TenantSpend(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got data.Spend
+	for _, sp := range spend {
+		got.Tokens += sp.Tokens
+		got.Micros += sp.Micros
+	}
+	if got.Tokens != billedTokens.Load() || got.Micros != billedMicros.Load() {
+		t.Fatalf("ledger spend %+v, billed %d tokens / %d micros", got, billedTokens.Load(), billedMicros.Load())
+	}
+	within(t, 5*time.Second, "holds released once every request settled", func() bool {
+		held, err := stA.BudgetHeld(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range held {
+			if h != (data.Spend{}) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A key created through one gateway's database is accepted by another
+// gateway on the same PostgreSQL, and a revocation made through one is
+// honoured by the other within 1 s, though it had the key cached.
+func TestKeysHonouredAcrossGateways(t *testing.T) {
+	ctx := context.Background()
+	stA, stB := openShared(t)
+	gA, gB := newGate(t, stA, Config{}), newGate(t, stB, Config{})
+	runGate(t, gA)
+	runGate(t, gB)
+	secret, k := createKey(t, stA, KeyOptions{Tenant: "acme"})
+	within(t, time.Second, "gateway B accepts a key created on A", func() bool {
+		_, err := gB.Authenticate(ctx, secret)
+		return err == nil
+	})
+	authenticate(t, gA, secret) // cached on both now
+	if _, err := RevokeKey(ctx, stB, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	within(t, time.Second, "gateway A rejects a key revoked on B", func() bool {
+		_, err := gA.Authenticate(ctx, secret)
+		return errors.Is(err, ErrInvalidKey)
+	})
+}
