@@ -11,6 +11,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"tailgate/policy"
+	"tailgate/server"
 	"tailgate/server/internal/servertest"
 	"tailgate/serving/sim"
 )
@@ -24,14 +25,16 @@ import (
 // default cap.
 func TestLongPromptWithoutMaxTokensIsServed(t *testing.T) {
 	const contextLen = 2048
-	h := servertest.Start(t, servertest.Options{Replicas: 1, Health: 20 * time.Millisecond,
+	h := servertest.Start(t, servertest.Options{Replicas: 1,
 		Sim: sim.Config{Model: servertest.SimModel, TTFT: time.Millisecond, MaxModelLen: contextLen, DefaultMaxTokens: contextLen}})
-	deadline := time.Now().Add(10 * time.Second)
-	for h.Reg.ContextLen(servertest.SimModel) != contextLen {
-		if time.Now().After(deadline) {
-			t.Fatalf("the gateway never learnt the context length: %d", h.Reg.ContextLen(servertest.SimModel))
-		}
-		time.Sleep(10 * time.Millisecond)
+	// One probe, as the health checker makes them (no loop: a probe that
+	// times out on a loaded machine would take the replica out).
+	rep := h.Reg.Replicas()[0]
+	if _, err := (&server.Prober{Transport: http.DefaultTransport}).Probe(t.Context(), rep); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.Reg.ContextLen(servertest.SimModel); n != contextLen {
+		t.Fatalf("the gateway learnt context length %d from /v1/models, want %d", n, contextLen)
 	}
 	req, _ := http.NewRequest(http.MethodGet, h.Admin.URL+"/admin/v1/replicas", nil)
 	req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
