@@ -76,6 +76,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Window, "window", 10*time.Second, "failover window: latency and queue figures cover this long after a kill or scale-out")
 	fs.DurationVar(&o.SampleInterval, "sample-interval", 250*time.Millisecond, "how often the admin API's replica list is sampled")
 	fs.BoolVar(&f.quiet, "quiet", false, "no progress line on stderr")
+	registerFanout(fs, &o.Fanout)
 }
 
 const benchSynopsis = `bench (--scenario NAME | --target URL [--key KEY]) [--rate R | --concurrency C] [--phases LIST] [--seed N] [--json F] [--html F] [--compare ...]
@@ -84,6 +85,8 @@ Examples:
   tailgate bench --scenario failover --html failover.html
   tailgate bench --target http://gw:8080/v1 --key-file team.key --admin http://gw:8081 \
       --admin-token-file admin.token --rate 20 --phases steady:60s,burst:20s:x3,steady:30s
+  tailgate bench --scenario fanout --seeds 1,2,3
+  tailgate bench --scenario fanout --sweep-hedge
   tailgate bench --scenario failover --compare --b-worker-args "--sim-stall-prob 0.05"
   tailgate bench --target http://gw:8080/v1 --key K --compare --target-b http://vllm:8000/v1`
 
