@@ -212,7 +212,7 @@ func (b *fanoutBench) runSeed(ctx context.Context, seed int64) ([]fanoutArm, err
 		if err != nil {
 			return nil, err
 		}
-		side.client.warm(ctx, seed, 80)
+		side.client.warm(ctx, seed, warmParts)
 		for _, mode := range b.f.Modes {
 			for _, design := range []string{armMonolithic, armDecomposed, armHedged} {
 				if mode == "batch" && design != armHedged {
@@ -233,7 +233,7 @@ func (b *fanoutBench) runSeed(ctx context.Context, seed int64) ([]fanoutArm, err
 		if err != nil {
 			return arms, err
 		}
-		side.client.warm(ctx, seed, 80)
+		side.client.warm(ctx, seed, warmParts)
 		for _, mode := range b.f.Modes {
 			designs := []string{armMonolithic, armDecomposed}
 			if hedged {
