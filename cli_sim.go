@@ -46,7 +46,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.stallFactor, "sim-stall-factor", 10, "simulated engine: latency multiplier of a stalled request")
 	fs.IntVar(&f.maxSeqs, "sim-max-seqs", 256, "simulated engine: concurrent sequences; more requests queue (FIFO)")
 	fs.Int64Var(&f.seed, "sim-seed", 1, "simulated engine: seed of the latency draws")
-	fs.BoolVar(&f.seededLat, "sim-seeded-latency", false, "simulated engine: fix each chat/completions request's latency by its content (prompt text and seed field) instead of arrival order: the TTFT jitter is the same on every replica, stalls differ per --sim-seed, so A/B runs see the same latencies request for request")
+	fs.BoolVar(&f.seededLat, "sim-seeded-latency", false, "simulated engine: fix each chat/completions request's latency (jitter and stall) by its content (prompt text and seed field) and --sim-seed instead of arrival order, so A/B runs see the same latencies request for request on each replica while replicas draw independently")
 	fs.IntVar(&f.maxTokens, "sim-default-max-tokens", 256, "simulated engine: completion cap when a request sets none")
 	fs.IntVar(&f.reasoningTokens, "sim-reasoning-tokens", 0, "simulated engine: reasoning tokens before every chat, Responses and Messages answer (0: no reasoning phase); they last N×TPOT and count as completion tokens")
 	fs.StringVar(&f.reasoningField, "sim-reasoning-field", sim.ReasoningFieldReasoning, "simulated engine: name of the reasoning text in chat deltas: reasoning (vLLM ≥ 0.12), reasoning_content (≤ 0.10) or both (0.11 to 0.1x)")

@@ -100,13 +100,14 @@ type Config struct {
 	Seed int64
 	// LatencyFromContent fixes a chat or completions request's latency by
 	// what it asks instead of drawing it in arrival order: its TTFT jitter
-	// is a function of its prompt text and its seed field, the same on every
-	// replica, and whether it stalls a function of those and Seed, so
-	// replicas with different seeds stall independently (a hedge to another
-	// replica does not meet the original's stall) while each replica stalls
-	// the same requests run after run. Two benchmark runs that send the same
-	// requests then see the same latencies request for request, whatever
-	// the order they arrive in. Pooling requests keep the seeded stream.
+	// and whether it stalls are functions of its prompt text, its seed field
+	// and Seed. Each replica gives the same request the same latency run
+	// after run, whatever the order requests arrive in, so two benchmark
+	// runs that send the same requests see the same stalls request for
+	// request on each replica; replicas with different seeds draw
+	// independently, as their load would make them, so a hedge to another
+	// replica does not meet the original's stall (or its slow jitter).
+	// Pooling requests keep the seeded stream.
 	LatencyFromContent bool
 	// DefaultMaxTokens caps a chat, Responses or Messages answer when the
 	// request sets no cap; 0 means 256. /v1/completions defaults to 16

@@ -17,10 +17,10 @@ type latency struct {
 // latencyModel draws per-request latencies. By default they come from one
 // seeded source, so a seed fixes the sequence of draws (not which request
 // gets which draw: that follows arrival order). With fromContent a
-// generation request's latency is a function of what it asks instead (see
-// [Config.LatencyFromContent]): its TTFT jitter of its content alone, the
-// same on every replica, and its stall of its content and the replica's
-// seed, so a hedge to another replica stalls independently of the original.
+// generation request's latency is a function of what it asks and of the
+// replica's seed instead (see [Config.LatencyFromContent]): the same request
+// meets the same latency on the same replica run after run, and a hedge to
+// another replica draws its jitter and its stall independently.
 type latencyModel struct {
 	ttft        time.Duration
 	tpot        time.Duration
@@ -69,7 +69,7 @@ func (m *latencyModel) drawFor(key uint64) latency {
 	}
 	// The jitter's uniform is kept inside (0, 1), where the inverse normal
 	// CDF is finite.
-	v := (float64(splitmix(key^ttftSalt)>>11) + 0.5) / (1 << 53)
+	v := (float64(splitmix(key^splitmix(m.seed^ttftSalt))>>11) + 0.5) / (1 << 53)
 	z := math.Sqrt2 * math.Erfinv(2*v-1)
 	u := float64(splitmix(key^splitmix(m.seed^stallSalt))>>11) / (1 << 53)
 	return m.shape(z, u)

@@ -148,19 +148,16 @@ func TestSeededLatencyIsFixedByContentAndStallsPerReplica(t *testing.T) {
 		t.Errorf("%.2f of requests stalled, want about the stall probability 0.3", frac)
 	}
 
-	// Another replica (another seed) gives each request the same jitter but
-	// stalls independently, so a hedge rarely meets the original's stall.
+	// Another replica (another seed) draws independently, so a hedge
+	// rarely meets the original's stall.
 	other := seededLatencies(t, newEngine(2), bodies, forward)
-	both, unstalledBoth := 0, 0
+	both, sameTTFT := 0, 0
 	for i := range a {
-		switch {
-		case a[i].stalled && other[i].stalled:
+		if a[i].stalled && other[i].stalled {
 			both++
-		case !a[i].stalled && !other[i].stalled:
-			unstalledBoth++
-			if a[i] != other[i] {
-				t.Fatalf("request %d: TTFT %v on one replica, %v on another: the jitter should follow the content only", i, a[i].ttft, other[i].ttft)
-			}
+		}
+		if a[i].ttft == other[i].ttft {
+			sameTTFT++
 		}
 	}
 	// Independent stalls at 0.3 overlap on about 0.09 of requests; the same
@@ -168,8 +165,8 @@ func TestSeededLatencyIsFixedByContentAndStallsPerReplica(t *testing.T) {
 	if frac := float64(both) / n; frac > 0.16 {
 		t.Errorf("%.2f of requests stalled on both replicas: stalls do not depend on the replica's seed", frac)
 	}
-	if unstalledBoth == 0 {
-		t.Fatal("no request unstalled on both replicas")
+	if sameTTFT > n/10 {
+		t.Errorf("%d of %d requests have the same TTFT on two replicas: the jitter does not depend on the replica's seed", sameTTFT, n)
 	}
 
 	// A request's own seed field makes it another draw.
