@@ -177,7 +177,7 @@ func runFanout(ctx context.Context, o Options) error {
 	w := orWriter(o.Stdout)
 	fmt.Fprintf(w, "fan-out: %d documents of %d–%d parts per arm at %g documents/s; a document takes its slowest part's time\n",
 		b.f.Docs, b.f.MinParts, b.f.MaxParts, b.f.DocRate)
-	var failed error
+	var missed []string
 	for _, seed := range b.f.Seeds {
 		arms, err := b.runSeed(ctx, seed)
 		if len(arms) > 0 {
@@ -186,12 +186,13 @@ func runFanout(ctx context.Context, o Options) error {
 		if err != nil {
 			return err
 		}
-		if !fanoutDone(arms) && failed == nil {
-			failed = fmt.Errorf("seed %d: the fan-out target (P95 ÷4.6 vs monolithic, ÷2.5 vs decomposed, ≤ 10%% extra tokens) is not met", seed)
+		if !fanoutDone(arms) {
+			missed = append(missed, strconv.FormatInt(seed, 10))
 		}
 	}
-	if failed != nil {
-		fmt.Fprintln(w, "note:", failed)
+	if len(missed) > 0 {
+		fmt.Fprintf(w, "note: seed %s: the fan-out target (P95 ÷4.6 vs monolithic, ÷2.5 vs decomposed, ≤ 10%% extra tokens) is not met in every mode\n",
+			strings.Join(missed, ", "))
 	}
 	return nil
 }
