@@ -84,6 +84,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.sloFile, "slo", "", "check every phase against the latency budgets of this YAML file (a gateway --config file's slo and models.NAME.slo keys, over the defaults): PASS/FAIL per phase and stage, exit status 1 on a FAIL")
 	fs.StringVar(&f.sources, "sources", "", "label the requests in turn with these sources, comma-separated (sent as x-tailgate-source); the report gives each source's latencies")
 	fs.BoolVar(&o.SLOFromGateway, "slo-from-gateway", false, "as --slo, with the budgets the gateway under test holds (its /admin/v1/slo; needs --admin unless a scenario)")
+	registerFanout(fs, &o.Fanout)
 }
 
 const benchSynopsis = `bench (--scenario NAME | --target URL [--key KEY]) [--rate R | --concurrency C] [--phases LIST] [--seed N] [--json F] [--html F] [--compare ...] [--slo FILE | --slo-from-gateway]
@@ -92,6 +93,8 @@ Examples:
   tailgate bench --scenario failover --html failover.html
   tailgate bench --target http://gw:8080/v1 --key-file team.key --admin http://gw:8081 \
       --admin-token-file admin.token --rate 20 --phases steady:60s,burst:20s:x3,steady:30s
+  tailgate bench --scenario fanout --seeds 1,2,3
+  tailgate bench --scenario fanout --sweep-hedge
   tailgate bench --scenario failover --compare --b-worker-args "--sim-stall-prob 0.05"
   tailgate bench --target http://gw:8080/v1 --key K --compare --target-b http://vllm:8000/v1
   tailgate bench --scenario burst --slo gateway.yaml   # exit status 1 when a stage is over budget`

@@ -23,6 +23,7 @@ type simFlags struct {
 	stallFactor float64
 	maxSeqs     int
 	seed        int64
+	seededLat   bool
 	maxTokens   int
 
 	reasoningTokens int
@@ -45,6 +46,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.stallFactor, "sim-stall-factor", 10, "simulated engine: latency multiplier of a stalled request")
 	fs.IntVar(&f.maxSeqs, "sim-max-seqs", 256, "simulated engine: concurrent sequences; more requests queue (FIFO)")
 	fs.Int64Var(&f.seed, "sim-seed", 1, "simulated engine: seed of the latency draws")
+	fs.BoolVar(&f.seededLat, "sim-seeded-latency", false, "simulated engine: fix each chat/completions request's latency (jitter and stall) by its content (prompt text and seed field) and --sim-seed instead of arrival order, so A/B runs see the same latencies request for request on each replica while replicas draw independently")
 	fs.IntVar(&f.maxTokens, "sim-default-max-tokens", 256, "simulated engine: completion cap when a request sets none")
 	fs.IntVar(&f.reasoningTokens, "sim-reasoning-tokens", 0, "simulated engine: reasoning tokens before every chat, Responses and Messages answer (0: no reasoning phase); they last N×TPOT and count as completion tokens")
 	fs.StringVar(&f.reasoningField, "sim-reasoning-field", sim.ReasoningFieldReasoning, "simulated engine: name of the reasoning text in chat deltas: reasoning (vLLM ≥ 0.12), reasoning_content (≤ 0.10) or both (0.11 to 0.1x)")
@@ -61,7 +63,7 @@ func (f *simFlags) register(fs *flag.FlagSet) {
 func (f *simFlags) config(model string) sim.Config {
 	return sim.Config{
 		Model: model, TTFT: f.ttft, TTFTSigma: f.ttftSigma, TPOT: f.tpot, StallProb: f.stallProb,
-		StallFactor: f.stallFactor, MaxSeqs: f.maxSeqs, Seed: f.seed, DefaultMaxTokens: f.maxTokens,
+		StallFactor: f.stallFactor, MaxSeqs: f.maxSeqs, Seed: f.seed, LatencyFromContent: f.seededLat, DefaultMaxTokens: f.maxTokens,
 		ReasoningTokens: f.reasoningTokens, ReasoningField: f.reasoningField, EmbeddingDim: f.embeddingDim,
 		ErrorRate: f.errorRate, RateLimitRate: f.rateLimitRate, RetryAfter: f.retryAfter, HangRate: f.hangRate,
 		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval, KVCacheTokens: f.kvCacheTokens,
@@ -79,6 +81,7 @@ func (f *simFlags) args() []string {
 		"--sim-429-rate", fmt.Sprint(f.rateLimitRate), "--sim-retry-after", f.retryAfter.String(),
 		"--sim-hang-rate", fmt.Sprint(f.hangRate), "--sim-keep-alive", f.keepAlive.String(),
 		"--sim-stream-interval", fmt.Sprint(f.streamInterval), "--sim-kv-cache-tokens", fmt.Sprint(f.kvCacheTokens),
+		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat),
 	}
 }
 

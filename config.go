@@ -168,6 +168,8 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.Int64Var(&c.Batch.MaxFileBytes, "batch-max-file-bytes", 100<<20, "largest batch input file upload (larger: 413)")
 	fs.IntVar(&c.Batch.MaxFileLines, "batch-max-file-lines", 50000, "most requests (non-blank lines) in a batch input file")
 	fs.Int64Var(&c.Batch.MaxLineBytes, "batch-max-line-bytes", 1<<20, "longest line of a batch input file")
+	fs.IntVar(&c.Batch.Concurrency, "batch-concurrency", 32, "batch lines in flight across all batches")
+	fs.IntVar(&c.Batch.TenantConcurrency, "batch-tenant-concurrency", 8, "batch lines in flight per tenant (a key's --max-concurrency, when lower, bounds its batches)")
 	fs.Int64Var(&c.Batch.TenantStorageBytes, "batch-tenant-storage", 1<<30, "bytes of files one tenant may keep (uploads and results)")
 	fs.DurationVar(&c.Batch.FileExpiry, "batch-file-expiry", 30*24*time.Hour, "files (inputs and results) are removed this long after they were made, unless the upload asks for less")
 	fs.DurationVar(&c.Batch.BodyTimeout, "batch-body-timeout", 30*time.Second, "bound of reading a batch request body, and the first part of an upload")

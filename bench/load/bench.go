@@ -17,6 +17,9 @@ import (
 // cancelled). Main is bounded in time whatever ctx says: the phases, the
 // drain, the fleet's start and each hook, with room to spare.
 func Main(ctx context.Context, o Options) error {
+	if o.Scenario == "fanout" || o.Fanout.Sweep {
+		return mainFanout(ctx, o)
+	}
 	b, err := o.resolve()
 	if err != nil {
 		return err

@@ -32,6 +32,8 @@ type Options struct {
 	// AdminTenant is the tenant of the API key, to find its requests among
 	// the admin API's recent requests; "" means every tenant's.
 	AdminTenant string
+	// Fanout configures the fanout scenario and the hedge sweep.
+	Fanout FanoutOptions
 
 	// Binary is the tailgate executable a scenario's fleet runs; "" means
 	// the running executable, so [Main] called from anything but tailgate
@@ -217,7 +219,7 @@ func (o *Options) lookupScenario() (*Scenario, error) {
 	}
 	s, ok := LookupScenario(o.Scenario)
 	if !ok {
-		return nil, fmt.Errorf("unknown scenario %q: want failover, burst, scaleout or overhead", o.Scenario)
+		return nil, fmt.Errorf("unknown scenario %q: want failover, burst, scaleout, overhead or fanout", o.Scenario)
 	}
 	return &s, nil
 }

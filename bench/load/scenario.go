@@ -49,6 +49,12 @@ func Scenarios() []Scenario {
 			SimArgs: []string{"--sim-ttft", "40ms", "--sim-tpot", "4ms", "--sim-max-seqs", "4"},
 		},
 		{
+			Name:     "fanout",
+			About:    "documents of 4–8 parts sent at once, slowest part decides: monolithic vs decomposed vs decomposed+hedge, streamed, JSON and Batch API (--sweep-hedge: the hedge threshold procedure)",
+			Replicas: 4, Rate: 3, Phases: "100 documents per arm",
+			SimArgs: fanoutSimArgs,
+		},
+		{
 			Name:     "overhead",
 			About:    "what the gateway adds: the same load through the gateway and straight to an instant engine",
 			Replicas: 1, Static: true, Rate: 100, Phases: "steady:15s",

@@ -369,6 +369,7 @@ func (s *Batches) handlePostBatch(c echo.Context, p *policy.Principal) error {
 		return err
 	}
 	s.log.Info("batch created", "batch", b.ID, "tenant", p.Tenant, "key", p.KeyPrefix, "endpoint", b.Endpoint, "input_file", f.ID)
+	s.wakeExecutor()
 	return c.JSON(http.StatusOK, batchObject(b))
 }
 
@@ -426,6 +427,7 @@ func (s *Batches) handlePostBatchCancel(c echo.Context, p *policy.Principal) err
 	}
 	if b.Status == data.BatchCancelling {
 		s.log.Info("batch cancelling", "batch", b.ID, "tenant", p.Tenant)
+		s.wakeExecutor()
 	}
 	return c.JSON(http.StatusOK, batchObject(b))
 }

@@ -71,6 +71,10 @@ type Batches struct {
 	auth     func(echo.Context) (*policy.Principal, error)
 	apiError func(error) *apierr.Error
 	log      *slog.Logger
+	// wake tells the executor a batch was created or cancelled, so it
+	// looks now rather than at its next PollInterval tick. One pending
+	// wake-up is enough: the executor re-lists every unfinished batch.
+	wake chan struct{}
 }
 
 // New returns the Batch API for cfg; with cfg.FilesDir empty it is off.
@@ -85,5 +89,14 @@ func New(cfg Config, d Deps) (*Batches, error) {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	return &Batches{cfg: cfg.withDefaults(), store: d.Store, gate: d.Gate, gen: d.Generator,
-		auth: d.Authenticate, apiError: d.APIError, log: d.Log}, nil
+		auth: d.Authenticate, apiError: d.APIError, log: d.Log, wake: make(chan struct{}, 1)}, nil
+}
+
+// wakeExecutor asks the executor to look for new and cancelled batches now;
+// it never blocks.
+func (s *Batches) wakeExecutor() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }

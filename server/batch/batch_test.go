@@ -899,3 +899,30 @@ func TestBatchLineRunningDuringTwoCrashesFailsAlone(t *testing.T) {
 		t.Fatalf("error file %+v, want line 1 (req-000) failed as line_interrupted", errs)
 	}
 }
+
+// A batch starts when it is created, not at the executor's next look for
+// work: with the poll an hour apart, batches created one after another each
+// complete (each is created after the executor has settled into waiting).
+func TestBatchStartsWhenCreated(t *testing.T) {
+	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
+	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{batch: batch.Config{PollInterval: time.Hour}})
+	c := g.Client(key(g, "acme"))
+	for i := range 2 {
+		f := uploadBatchFile(t, c, chatLine(fmt.Sprintf("doc-%d", i), "One line that should run at once."))
+		created := createBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+		deadline := time.Now().Add(30 * time.Second) // far below the hour the poll would take
+		for {
+			b, err := c.Batches.Get(context.Background(), created.ID)
+			if err != nil {
+				t.Fatalf("get batch: %v", err)
+			}
+			if b.Status == openai.BatchStatusCompleted && b.RequestCounts.Completed == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("batch %d still %s with %+v 30s after it was created: the executor waits for its poll", i, b.Status, b.RequestCounts)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}

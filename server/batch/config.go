@@ -47,7 +47,8 @@ type Config struct {
 	// key's MaxConcurrency, when lower, bounds the lines of its batches.
 	TenantConcurrency int
 	// PollInterval is how often the executor looks for new, cancelled and
-	// expired batches and re-reads the owner's key; 0 means 500ms.
+	// expired batches and re-reads the owner's key; 0 means 500ms. A batch
+	// created through the API does not wait for it: the executor is woken.
 	PollInterval time.Duration
 	// DrainTimeout is how long Run lets the lines in flight finish once its
 	// context is done before it cancels them. A cancelled line is not

@@ -47,8 +47,9 @@ const maxUpstreamRetries = 2
 // Run runs batches until ctx is done: it picks up every batch that is
 // validating, in progress, finalizing or cancelling (so after a restart the
 // unfinished ones resume), validates input files, runs lines with bounded
-// concurrency, and writes the output and error files. Every PollInterval
-// it removes the files that have expired; at start it removes what a crash
+// concurrency, and writes the output and error files. A batch created
+// through the API starts at once (the handler wakes the executor); the
+// PollInterval tick is the fallback, and every PollInterval it removes the files that have expired; at start it removes what a crash
 // left in the files directory. When ctx is done it
 // starts no new line, waits up to Config.DrainTimeout for the lines in
 // flight, cancels the rest (they are not recorded and run again after a
@@ -105,6 +106,7 @@ func (s *Batches) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		case d := <-done:
 			x.ended(d, running, backoff)
+		case <-s.wake:
 		case <-tick.C:
 			expire = true
 		}

@@ -21,7 +21,8 @@
 // slots in FIFO order, emits its first token after a lognormal draw around
 // [Config.TTFT], then one token every [Config.TPOT] (one per choice when
 // n > 1). With probability [Config.StallProb] a request stalls: both delays
-// are multiplied by [Config.StallFactor]. Pooling requests (embeddings,
+// are multiplied by [Config.StallFactor]. The draws follow arrival order, or
+// with [Config.LatencyFromContent] each request's content. Pooling requests (embeddings,
 // rerank, score) take a slot for one TTFT. A client that disconnects aborts
 // its request at once. Faults are injected on request: a share of 500s
 // ([Config.ErrorRate]), of 429s with Retry-After ([Config.RateLimitRate]) and
@@ -97,6 +98,17 @@ type Config struct {
 	// Seed seeds the latency draws: engines with the same seed draw the same
 	// sequence of latencies.
 	Seed int64
+	// LatencyFromContent fixes a chat or completions request's latency by
+	// what it asks instead of drawing it in arrival order: its TTFT jitter
+	// and whether it stalls are functions of its prompt text, its seed field
+	// and Seed. Each replica gives the same request the same latency run
+	// after run, whatever the order requests arrive in, so two benchmark
+	// runs that send the same requests see the same stalls request for
+	// request on each replica; replicas with different seeds draw
+	// independently, as their load would make them, so a hedge to another
+	// replica does not meet the original's stall (or its slow jitter).
+	// Pooling requests keep the seeded stream.
+	LatencyFromContent bool
 	// DefaultMaxTokens caps a chat, Responses or Messages answer when the
 	// request sets no cap; 0 means 256. /v1/completions defaults to 16
 	// tokens, as vLLM's CompletionRequest does.

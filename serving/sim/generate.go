@@ -41,7 +41,7 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 		total += c.total()
 		length = length || c.finish == "length"
 	}
-	lat := e.lat.draw()
+	lat := e.lat.drawFor(j.latencyKey())
 
 	var rc *http.ResponseController
 	if j.stream {

@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -88,5 +90,102 @@ func TestTTFTIsLognormalAroundTheMedian(t *testing.T) {
 		if d := fixed.draw().ttft; d != median {
 			t.Fatalf("negative sigma drew %v, want exactly %v", d, median)
 		}
+	}
+}
+
+// seededLatencies parses each chat body on e, as a request to e would be,
+// and returns the latency e gives it, drawing in the order given by order.
+func seededLatencies(t *testing.T, e *Engine, bodies []string, order []int) []latency {
+	t.Helper()
+	out := make([]latency, len(bodies))
+	for _, i := range order {
+		j, aerr := e.parseChat([]byte(bodies[i]))
+		if aerr != nil {
+			t.Fatalf("parse %s: %+v", bodies[i], aerr)
+		}
+		out[i] = e.lat.drawFor(j.latencyKey())
+	}
+	return out
+}
+
+func TestSeededLatencyIsFixedByContentAndStallsPerReplica(t *testing.T) {
+	cfg := Config{TTFT: 50 * time.Millisecond, TPOT: time.Millisecond, StallProb: 0.3, Seed: 1, LatencyFromContent: true}
+	newEngine := func(seed int64) *Engine {
+		c := cfg
+		c.Seed = seed
+		e, err := New(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	const n = 400
+	bodies := make([]string, n)
+	forward, backward := make([]int, n), make([]int, n)
+	for i := range bodies {
+		bodies[i] = fmt.Sprintf(`{"model":"tailgate-sim","messages":[{"role":"user","content":"part %d of document %d"}],"max_tokens":8}`, i%7, i/7)
+		forward[i], backward[n-1-i] = i, i
+	}
+
+	// The same requests in another order, with unrelated draws between
+	// them, get the same latencies: a rerun (or the B side of an A/B run)
+	// sees the same stalls request for request.
+	a := seededLatencies(t, newEngine(1), bodies, forward)
+	again := newEngine(1)
+	for range 17 {
+		again.lat.draw()
+	}
+	if b := seededLatencies(t, again, bodies, backward); !slices.Equal(a, b) {
+		t.Fatalf("the same requests in reverse order drew other latencies on an engine of the same seed")
+	}
+	stalled := 0
+	for _, l := range a {
+		if l.stalled {
+			stalled++
+		}
+	}
+	if frac := float64(stalled) / n; frac < 0.22 || frac > 0.38 {
+		t.Errorf("%.2f of requests stalled, want about the stall probability 0.3", frac)
+	}
+
+	// Another replica (another seed) draws independently, so a hedge
+	// rarely meets the original's stall.
+	other := seededLatencies(t, newEngine(2), bodies, forward)
+	both, sameTTFT := 0, 0
+	for i := range a {
+		if a[i].stalled && other[i].stalled {
+			both++
+		}
+		if a[i].ttft == other[i].ttft {
+			sameTTFT++
+		}
+	}
+	// Independent stalls at 0.3 overlap on about 0.09 of requests; the same
+	// stalls would overlap on 0.3.
+	if frac := float64(both) / n; frac > 0.16 {
+		t.Errorf("%.2f of requests stalled on both replicas: stalls do not depend on the replica's seed", frac)
+	}
+	if sameTTFT > n/10 {
+		t.Errorf("%d of %d requests have the same TTFT on two replicas: the jitter does not depend on the replica's seed", sameTTFT, n)
+	}
+
+	// A request's own seed field makes it another draw.
+	withSeed := make([]string, n)
+	for i, b := range bodies {
+		withSeed[i] = strings.Replace(b, `"max_tokens":8`, fmt.Sprintf(`"max_tokens":8,"seed":%d`, 1000+i), 1)
+	}
+	if seeded := seededLatencies(t, newEngine(1), withSeed, forward); slices.Equal(a, seeded) {
+		t.Errorf("the seed field left every latency as it was")
+	}
+	// Jitter still spreads around the median.
+	ttfts := make([]time.Duration, 0, n)
+	for _, l := range a {
+		if !l.stalled {
+			ttfts = append(ttfts, l.ttft)
+		}
+	}
+	slices.Sort(ttfts)
+	if med := ttfts[len(ttfts)/2]; med < 45*time.Millisecond || med > 55*time.Millisecond || ttfts[0] == ttfts[len(ttfts)-1] {
+		t.Errorf("content-fixed TTFTs: median %v, range %v..%v; want jitter around 50ms", med, ttfts[0], ttfts[len(ttfts)-1])
 	}
 }

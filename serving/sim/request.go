@@ -30,8 +30,9 @@ type job struct {
 	limit        int      // completion cap per choice
 	minTokens    int
 	ignoreEOS    bool
-	n            int // choices
-	fixed        int // > 0: the answer has exactly this many tokens (a transcript)
+	n            int   // choices
+	seed         int64 // the request's seed field, 0 when absent
+	fixed        int   // > 0: the answer has exactly this many tokens (a transcript)
 
 	stream          bool
 	interval        int  // tokens a chunk may merge (chat and completions; else 1)
@@ -47,6 +48,13 @@ type job struct {
 	// Endpoint details the encoders echo.
 	resp  *responsesRequest
 	audio *audioRequest
+}
+
+// latencyKey identifies what the request asks for, for
+// [Config.LatencyFromContent]: its prompt's hash and its seed field, so the
+// same prompt sampled with another seed is another draw.
+func (j *job) latencyKey() uint64 {
+	return uint64(j.hash)<<32 ^ splitmix(uint64(j.seed))
 }
 
 // defaultCompletionMaxTokens is /v1/completions' cap when a request sets
@@ -404,6 +412,7 @@ func (e *Engine) fill(j *job, r *reader, so *reader, limit *int, param string) *
 		}
 		j.minTokens = *v
 	}
+	j.seed, _ = r.int("seed")
 	j.ignoreEOS = r.bool("ignore_eos")
 	j.stream = r.bool("stream")
 	// stream_interval "raises the server's --stream-interval for this
