@@ -196,7 +196,6 @@ func (c *fanoutClient) runDoc(ctx context.Context, d doc, mode string, monolithi
 	return docResult{ms: float64(time.Since(start)) / float64(time.Millisecond)}
 }
 
-
 // post sends one part and reads its whole answer.
 func (c *fanoutClient) post(ctx context.Context, body []byte, group string, stream, noHedge bool) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/chat/completions", bytes.NewReader(body))
