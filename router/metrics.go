@@ -90,7 +90,7 @@ func (m *metrics) routed(attempts int) {
 }
 
 // ejected counts a replica taken out of routing: reason is a short, bounded
-// label ("connect", "probe", "ttft_deadline", "idle_deadline"), delay the
+// label ("connect", "probe", "ttft_deadline", "idle_deadline", "midstream"), delay the
 // time since the first failure of the streak.
 func (m *metrics) ejected(replica, reason string, delay time.Duration) {
 	m.ejections.WithLabelValues(replica, reason).Inc()

@@ -146,10 +146,35 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 			err = s.relayStream(ctx, w, cl, u, ticket, done)
 			cl.adopt(u) // usage and timings learned while relaying
 		case pr.assemble:
-			// Nothing reaches the client before the whole answer: a failure
-			// on the way is a plain HTTP error, and nothing is billed.
+			// Nothing reaches the client before the whole answer: a replica
+			// that breaks on the way is retried once elsewhere (within the
+			// retry budget; what it generated is overhead, not billed), and
+			// any other failure is a plain HTTP error, nothing billed.
 			var body []byte
-			if body, err = s.assembleJSON(ctx, cl, u); err == nil {
+			body, err = s.assembleJSON(ctx, cl, u)
+			if err != nil && s.retryAssembled(ctx, err) {
+				s.hedgeOverhead(cl, res)
+				cl.overhead += u.burnt(cl)
+				// A connection that broke mid-answer is most likely a
+				// replica that died: out of routing until a probe says not.
+				s.reg.Eject(u.rep, "midstream")
+				u.Abort()
+				res.Finish()
+				first := res
+				res, err = s.reg.Do(ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+					return s.open(ctx, cl, rep, n, reason)
+				})
+				res.Attempts += first.Attempts
+				cl.attempts, cl.hedged = res.Attempts, first.Hedged || res.Hedged
+				defer res.Finish()
+				if err == nil {
+					u = res.Attempt.(*upstream)
+					defer u.Abort()
+					cl.replica, cl.winner = res.Replica.ID, "retry"
+					body, err = s.assembleJSON(ctx, cl, u)
+				}
+			}
+			if err == nil {
 				s.deliverJSON(cl, out, body, done)
 			}
 		default:
@@ -168,6 +193,22 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		}
 	}
 	s.settle(ctx, cl, ticket, false)
+}
+
+// retryAssembled reports whether an assembled JSON answer that failed with
+// err starts again on another replica: the replica broke or went quiet
+// after its first token (nothing reached the client yet), the client is
+// still there, and the retry budget has a token.
+func (s *Server) retryAssembled(ctx context.Context, err error) bool {
+	var me *midstreamError
+	if ctx.Err() != nil || !errors.As(err, &me) {
+		return false
+	}
+	switch me.class {
+	case data.ClassMidstream, data.ClassIdleDeadline:
+		return s.reg.TakeRetry()
+	}
+	return false
 }
 
 // deliverJSON sends a whole JSON answer once done has committed its ledger
@@ -374,16 +415,22 @@ func (s *Server) hedgeOverhead(cl *call, res *router.Result) {
 	}
 	for _, l := range res.Losers() {
 		switch {
-		case l.Attempt != nil && l.Attempt.(*upstream).gotUsage:
-			// The engine's own running count when the loser was cancelled.
-			u := l.Attempt.(*upstream).usage
-			cl.overhead += u.PromptTokens + u.CompletionTokens
 		case l.Attempt != nil:
-			cl.overhead += cl.req.promptEstimate + l.Attempt.(*upstream).tokens
+			cl.overhead += l.Attempt.(*upstream).burnt(cl)
 		case router.IsNoToken(l.Err):
 			cl.overhead += cl.req.promptEstimate
 		}
 	}
+}
+
+// burnt is what an attempt that is not billed cost its engine: the
+// engine's own running count when it reported one, else the estimated
+// prompt and the output pieces relayed.
+func (u *upstream) burnt(cl *call) int64 {
+	if u.gotUsage {
+		return u.usage.PromptTokens + u.usage.CompletionTokens
+	}
+	return cl.req.promptEstimate + u.tokens
 }
 
 func (s *Server) maxTokensFor(model string) int64 {
