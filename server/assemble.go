@@ -550,12 +550,21 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 		return a.body(u.usage), nil
 	}
 
+	// One timer for both deadlines: it is due at the earlier one, and says
+	// which it was when it fires.
 	var idleFired, tooLong atomic.Bool
 	idle := s.idleDeadline(cl.req.model)
-	timer := time.AfterFunc(idle, func() { idleFired.Store(true); u.cancel() })
+	whole := u.sentAt.Add(s.cfg.JSONDeadline)
+	due := func() time.Duration { return min(idle, time.Until(whole)) }
+	timer := time.AfterFunc(due(), func() {
+		if time.Now().Before(whole) {
+			idleFired.Store(true)
+		} else {
+			tooLong.Store(true)
+		}
+		u.cancel()
+	})
 	defer timer.Stop()
-	whole := time.AfterFunc(time.Until(u.sentAt.Add(s.cfg.JSONDeadline)), func() { tooLong.Store(true); u.cancel() })
-	defer whole.Stop()
 	var buf []byte
 	for {
 		raw, err := sse.ReadEvent(u.br, buf)
@@ -574,7 +583,7 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 			return nil, &midstreamError{class: data.ClassMidstream, err: err}
 		}
 		buf = raw
-		timer.Reset(idle)
+		timer.Reset(due())
 		// Lighter than inspect: the running usage on every chunk is only
 		// for losers and cut streams; the winner's comes with the last.
 		switch sse.Classify(raw) {

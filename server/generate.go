@@ -33,10 +33,11 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
 		cl.group = boundString(r.Header.Get("X-Tailgate-Group"))
 		cl.source = s.sourceOf(r)
-		defer s.live.track(cl)()
+		s.live.track(cl)
+		defer s.live.untrack(cl)
 		out := newHTTPSink(s, c)
 		out.set("X-Request-Id", cl.id)
-		if err := askPriority(cl, r, out.set); err != nil {
+		if err := askPriority(cl, r, out); err != nil {
 			s.reject(cl, out, err)
 			return nil
 		}
@@ -104,17 +105,17 @@ func (o *httpSink) set(key, v string) {
 	o.n++
 }
 
-func (o *httpSink) rateLimits(rs policy.RateState) { setRateHeaders(o.set, rs) }
+func (o *httpSink) rateLimits(rs policy.RateState) { setRateHeaders(o, rs) }
 
 func (o *httpSink) stream(cl *call) *sseWriter {
-	return newSSEWriter(o.c.Response(), o.s.cfg.KeepAlive, o.s.cfg.ClientWriteTimeout, func(http.Header) { setRouteHeaders(o.set, cl) })
+	return newSSEWriter(o.c.Response(), o.s.cfg.KeepAlive, o.s.cfg.ClientWriteTimeout, func(http.Header) { setRouteHeaders(o, cl) })
 }
 
 // json sends the winning attempt's JSON answer byte for byte.
 func (o *httpSink) json(cl *call, body []byte) {
 	o.set("Content-Type", "application/json")
 	o.set("Content-Length", strconv.Itoa(len(body)))
-	setRouteHeaders(o.set, cl)
+	setRouteHeaders(o, cl)
 	o.set("Server-Timing", serverTiming(cl))
 	_ = http.NewResponseController(o.c.Response()).SetWriteDeadline(time.Now().Add(o.s.cfg.ClientWriteTimeout))
 	o.c.Response().WriteHeader(http.StatusOK)
@@ -125,36 +126,36 @@ func (o *httpSink) error(cl *call, ae *apierr.Error) {
 	if cl.outcome == data.OutcomeClientCancelled {
 		return // nobody to tell
 	}
-	setRouteHeaders(o.set, cl)
+	setRouteHeaders(o, cl)
 	_ = apierr.Reply(o.c, ae)
 }
 
 // setRouteHeaders says which replica answered and how: x-tailgate-replica,
 // -attempts, -hedged, -winner (for a routed call only).
-func setRouteHeaders(set func(key, v string), cl *call) {
+func setRouteHeaders(o *httpSink, cl *call) {
 	if !cl.routed {
 		return
 	}
 	if cl.replica != "" {
-		set("X-Tailgate-Replica", cl.replica)
+		o.set("X-Tailgate-Replica", cl.replica)
 	}
-	set("X-Tailgate-Attempts", strconv.Itoa(max(cl.attempts, 1)))
+	o.set("X-Tailgate-Attempts", strconv.Itoa(max(cl.attempts, 1)))
 	if cl.winner != "" {
-		set("X-Tailgate-Hedged", strconv.FormatBool(cl.hedged))
-		set("X-Tailgate-Winner", cl.winner)
+		o.set("X-Tailgate-Hedged", strconv.FormatBool(cl.hedged))
+		o.set("X-Tailgate-Winner", cl.winner)
 	}
 }
 
-func setRateHeaders(set func(key, v string), rs policy.RateState) {
+func setRateHeaders(o *httpSink, rs policy.RateState) {
 	if rs.LimitRequests > 0 {
-		set("X-Ratelimit-Limit-Requests", strconv.FormatInt(rs.LimitRequests, 10))
-		set("X-Ratelimit-Remaining-Requests", strconv.FormatInt(max(rs.RemainingRequests, 0), 10))
-		set("X-Ratelimit-Reset-Requests", formatReset(rs.ResetRequests))
+		o.set("X-Ratelimit-Limit-Requests", strconv.FormatInt(rs.LimitRequests, 10))
+		o.set("X-Ratelimit-Remaining-Requests", strconv.FormatInt(max(rs.RemainingRequests, 0), 10))
+		o.set("X-Ratelimit-Reset-Requests", formatReset(rs.ResetRequests))
 	}
 	if rs.LimitTokens > 0 {
-		set("X-Ratelimit-Limit-Tokens", strconv.FormatInt(rs.LimitTokens, 10))
-		set("X-Ratelimit-Remaining-Tokens", strconv.FormatInt(max(rs.RemainingTokens, 0), 10))
-		set("X-Ratelimit-Reset-Tokens", formatReset(rs.ResetTokens))
+		o.set("X-Ratelimit-Limit-Tokens", strconv.FormatInt(rs.LimitTokens, 10))
+		o.set("X-Ratelimit-Remaining-Tokens", strconv.FormatInt(max(rs.RemainingTokens, 0), 10))
+		o.set("X-Ratelimit-Reset-Tokens", formatReset(rs.ResetTokens))
 	}
 }
 

@@ -68,11 +68,12 @@ func (s *Server) handleProxy(pe proxyEndpoint) echo.HandlerFunc {
 			return apierr.Reply(c, toAPIError(err, ""))
 		}
 		cl := s.newCall(endpoint{path: pe.path}, p)
-		defer s.live.track(cl)()
+		s.live.track(cl)
+		defer s.live.untrack(cl)
 		cl.noHedge = true // hedging waits for a first token these answers do not have
 		out := newHTTPSink(s, c)
 		out.set("X-Request-Id", cl.id)
-		if err := askPriority(cl, r, out.set); err != nil {
+		if err := askPriority(cl, r, out); err != nil {
 			s.reject(cl, out, err)
 			return nil
 		}
