@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -195,4 +196,35 @@ func runCallers(b *testing.B, callers, n int, name string, op func(LedgerRow) er
 	}
 	slices.Sort(all)
 	return all
+}
+
+// TestSmallLedgerTransactionAllocatesForItsRows: the group commit's
+// transactions are mostly a row or a few, and each one's garbage is paid
+// for by the requests waiting on it; a one-row insert once allocated the
+// arguments of the largest statement (64 rows, 26 KiB) every time.
+func TestSmallLedgerTransactionAllocatesForItsRows(t *testing.T) {
+	s := openTestStore(t)
+	ctx := context.Background()
+	row := LedgerRow{TenantID: 1, KeyID: "key_0123456789abcdef", Model: "m", Upstream: "replica-1",
+		PromptTokens: 42, CompletionTokens: 128, CostMicros: 170, Status: 200, Outcome: OutcomeOK, Attempts: 1,
+		Stages: UnknownStages()}
+	const runs = 50
+	insert := func(i int) {
+		row.ID = fmt.Sprintf("alloc-%d", i)
+		if err := s.InsertLedger(ctx, []LedgerRow{row}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert(-1) // statements and connection warm
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range runs {
+		insert(i)
+	}
+	runtime.ReadMemStats(&after)
+	per := (after.TotalAlloc - before.TotalAlloc) / runs
+	t.Logf("one-row transaction: %d bytes allocated", per)
+	if per > 12<<10 {
+		t.Errorf("a one-row ledger transaction allocates %d bytes, want at most 12 KiB", per)
+	}
 }

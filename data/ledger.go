@@ -93,7 +93,9 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 	defer tx.Rollback()
 
 	stamp := now()
-	args := make([]any, 0, ledgerChunks[0]*len(ledgerCols))
+	// Sized for this batch: the writer's transactions are mostly a few
+	// rows, and the largest statement's arguments are 26 KiB.
+	args := make([]any, 0, min(len(rows), ledgerChunks[0])*len(ledgerCols))
 	for len(rows) > 0 {
 		run := distinctRun(rows)
 		rest := rows[len(run):]
@@ -126,6 +128,9 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 // touches a row twice, so such rows go in separate statements, in order.
 // Rows with no ID yet get distinct ones.
 func distinctRun(rows []LedgerRow) []LedgerRow {
+	if len(rows) < 2 {
+		return rows
+	}
 	seen := make(map[string]struct{}, min(len(rows), ledgerChunks[0]))
 	for i, r := range rows {
 		if r.ID == "" {

@@ -31,14 +31,17 @@ func (w *LedgerWriter) Add(row LedgerRow) {
 // carried the row failed), or ctx's error when ctx ended first. Like Add,
 // Commit waits for room while the writer holds Buffer rows, whatever ctx.
 func (w *LedgerWriter) Commit(ctx context.Context, row LedgerRow) error {
-	done := make(chan error, 1)
+	done := w.doneChans.Get().(chan error)
 	if !w.put(row, done) {
+		w.doneChans.Put(done)
 		return w.writeNow(row)
 	}
 	select {
 	case err := <-done:
+		w.doneChans.Put(done) // sent to once, and drained
 		return err
 	case <-ctx.Done():
+		// The writer still sends to done: it is not reused.
 		return fmt.Errorf("commit ledger row: %w", ctx.Err())
 	}
 }

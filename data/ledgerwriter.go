@@ -131,6 +131,10 @@ type LedgerWriter struct {
 
 	txs atomic.Int64 // committed transactions, for tests and benchmarks
 
+	// doneChans holds the empty channels of Commits that got their answer,
+	// for the next ones: every JSON answer and stream end waits on one.
+	doneChans sync.Pool
+
 	logMu sync.Mutex
 	flog  failureLog
 }
@@ -142,7 +146,7 @@ func (s *Store) NewLedgerWriter(cfg LedgerConfig, log *slog.Logger) *LedgerWrite
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &LedgerWriter{
+	w := &LedgerWriter{
 		store:    s,
 		cfg:      cfg,
 		log:      log,
@@ -155,6 +159,8 @@ func (s *Store) NewLedgerWriter(cfg LedgerConfig, log *slog.Logger) *LedgerWrite
 		stopping: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	w.doneChans.New = func() any { return make(chan error, 1) }
+	return w
 }
 
 // Healthy returns nil while rows are being persisted, and otherwise an error

@@ -17,7 +17,7 @@ const priorityHeader = "X-Tailgate-Priority"
 
 // askPriority applies the client's x-tailgate-priority to cl, capped by the
 // key's class, and says on the response which class the request runs as.
-func askPriority(cl *call, r *http.Request, h http.Header) error {
+func askPriority(cl *call, r *http.Request, out *httpSink) error {
 	if v := r.Header.Get(priorityHeader); v != "" {
 		want, err := policy.ParseClass(v)
 		if err != nil {
@@ -25,7 +25,7 @@ func askPriority(cl *call, r *http.Request, h http.Header) error {
 		}
 		cl.priority = cl.principal.Class.Cap(want)
 	}
-	h.Set(priorityHeader, cl.priority.String())
+	out.set(priorityHeader, cl.priority.String())
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -105,8 +106,10 @@ func newAssembler(ep endpoint, forcedTool bool) *assembler {
 }
 
 // add takes one data payload of the stream (neither [DONE] nor an error).
+// payload may be reused once add returns: it is parsed in place, and what
+// the answer keeps of it is copied (keep, or appended to the choice's bytes).
 func (a *assembler) add(payload []byte) {
-	v := gjson.ParseBytes(payload)
+	v := gjson.Parse(unsafe.String(unsafe.SliceData(payload), len(payload)))
 	if !v.IsObject() {
 		return
 	}
@@ -118,31 +121,31 @@ func (a *assembler) add(payload []byte) {
 			usage = f
 		case "id":
 			if a.id == "" {
-				a.id = f.Raw
+				a.id = keep(f.Raw)
 			}
 		case "created":
 			if a.created == "" {
-				a.created = f.Raw
+				a.created = keep(f.Raw)
 			}
 		case "model":
 			if a.model == "" {
-				a.model = f.Raw
+				a.model = keep(f.Raw)
 			}
 		case "system_fingerprint":
-			if f.Type != gjson.Null {
-				a.fingerprint = f.Raw
+			if f.Type != gjson.Null && f.Raw != a.fingerprint {
+				a.fingerprint = keep(f.Raw)
 			}
 		case "metrics":
-			if f.Type != gjson.Null {
-				a.metrics = f.Raw
+			if f.Type != gjson.Null && f.Raw != a.metrics {
+				a.metrics = keep(f.Raw)
 			}
 		case "prompt_token_ids":
 			if f.Type != gjson.Null && a.promptTokenIDs == "" {
-				a.promptTokenIDs = f.Raw
+				a.promptTokenIDs = keep(f.Raw)
 			}
 		case "prompt_text":
 			if f.Type != gjson.Null && a.promptText == "" {
-				a.promptText = f.Raw
+				a.promptText = keep(f.Raw)
 			}
 		case "choices":
 			n := 0
@@ -158,7 +161,7 @@ func (a *assembler) add(payload []byte) {
 	// Every chunk carries the running usage (continuous usage, and per
 	// choice with n > 1); the usage-only chunk at the end has the totals.
 	if usageOnly && usage.IsObject() {
-		a.usage = usage.Raw
+		a.usage = keep(usage.Raw)
 	}
 }
 
@@ -194,12 +197,17 @@ func (a *assembler) addChoice(v gjson.Result) {
 				})
 			}
 		case "finish_reason":
-			if f.Type != gjson.Null {
-				c.finish = f.Raw
+			if f.Type != gjson.Null && f.Raw != c.finish {
+				c.finish = keep(f.Raw)
 			}
 		case "stop_reason":
-			if f.Type != gjson.Null || c.finish == "" {
-				c.stop = f.Raw
+			// A null before the finish says null ("" renders as null);
+			// after it, a null does not undo the reason.
+			switch {
+			case f.Type != gjson.Null && f.Raw != c.stop:
+				c.stop = keep(f.Raw)
+			case f.Type == gjson.Null && c.finish == "":
+				c.stop = ""
 			}
 		case "token_ids":
 			if f.IsArray() {
@@ -208,7 +216,7 @@ func (a *assembler) addChoice(v gjson.Result) {
 			}
 		case "prompt_token_ids":
 			if f.Type != gjson.Null && c.promptIDs == "" {
-				c.promptIDs = f.Raw
+				c.promptIDs = keep(f.Raw)
 			}
 		}
 		return true
@@ -219,8 +227,8 @@ func (a *assembler) addDelta(c *asmChoice, d gjson.Result) {
 	d.ForEach(func(k, f gjson.Result) bool {
 		switch k.Str {
 		case "role":
-			if f.Type == gjson.String {
-				c.role = f.Raw
+			if f.Type == gjson.String && f.Raw != c.role {
+				c.role = keep(f.Raw)
 			}
 		case "content":
 			appendRawString(&c.content, f)
@@ -258,10 +266,10 @@ func (a *assembler) addDelta(c *asmChoice, d gjson.Result) {
 					c.toolCalls[i] = t
 				}
 				if id := tc.Get("id"); id.Type == gjson.String && t.id == "" {
-					t.id = id.Raw
+					t.id = keep(id.Raw)
 				}
 				if typ := tc.Get("type"); typ.Type == gjson.String && t.typ == "" {
-					t.typ = typ.Raw
+					t.typ = keep(typ.Raw)
 				}
 				appendRawString(&t.name, tc.Get("function.name"))
 				appendRawString(&t.arguments, tc.Get("function.arguments"))
@@ -271,6 +279,10 @@ func (a *assembler) addDelta(c *asmChoice, d gjson.Result) {
 		return true
 	})
 }
+
+// keep copies a piece of a payload that the answer keeps: payloads are
+// parsed in place and their buffers reused.
+func keep(raw string) string { return strings.Clone(raw) }
 
 // appendRawString appends a JSON string's escaped bytes, without its
 // quotes; anything but a string adds nothing.
@@ -287,7 +299,7 @@ func listFor(ls *[]asmList, key string) *asmList {
 			return &(*ls)[i]
 		}
 	}
-	*ls = append(*ls, asmList{key: key})
+	*ls = append(*ls, asmList{key: keep(key)})
 	return &(*ls)[len(*ls)-1]
 }
 
@@ -538,12 +550,21 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 		return a.body(u.usage), nil
 	}
 
+	// One timer for both deadlines: it is due at the earlier one, and says
+	// which it was when it fires.
 	var idleFired, tooLong atomic.Bool
 	idle := s.idleDeadline(cl.req.model)
-	timer := time.AfterFunc(idle, func() { idleFired.Store(true); u.cancel() })
+	whole := u.sentAt.Add(s.cfg.JSONDeadline)
+	due := func() time.Duration { return min(idle, time.Until(whole)) }
+	timer := time.AfterFunc(due(), func() {
+		if time.Now().Before(whole) {
+			idleFired.Store(true)
+		} else {
+			tooLong.Store(true)
+		}
+		u.cancel()
+	})
 	defer timer.Stop()
-	whole := time.AfterFunc(time.Until(u.sentAt.Add(s.cfg.JSONDeadline)), func() { tooLong.Store(true); u.cancel() })
-	defer whole.Stop()
 	var buf []byte
 	for {
 		raw, err := sse.ReadEvent(u.br, buf)
@@ -562,7 +583,7 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 			return nil, &midstreamError{class: data.ClassMidstream, err: err}
 		}
 		buf = raw
-		timer.Reset(idle)
+		timer.Reset(due())
 		// Lighter than inspect: the running usage on every chunk is only
 		// for losers and cut streams; the winner's comes with the last.
 		switch sse.Classify(raw) {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -272,17 +273,20 @@ func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int,
 
 	u.br = readerPool.Get().(*bufio.Reader)
 	u.br.Reset(resp.Body)
+	var spare []byte // a dropped event's buffer, for the next
 	for {
-		ev, err := sse.ReadEvent(u.br, nil)
+		raw, err := sse.ReadEvent(u.br, spare)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = errNoTokenEOF
 			}
 			return nil, fail(err)
 		}
-		kind, ev := u.inspect(cl, ev)
+		spare = nil
+		kind, ev := u.inspect(cl, raw)
 		switch kind {
 		case evDrop:
+			spare = raw
 			continue
 		case evError:
 			// An error before any token: the attempt failed; the event is
@@ -355,17 +359,23 @@ func parseMillis(v string) (time.Duration, bool) {
 // ": tailgate-timing engine_ttft_ms=12.3 engine_queue_ms=0.2", or the sim
 // engine's ": sim-queue-ms=0.2" when it is a static upstream.
 func parseTiming(st *data.Stages, comment []byte) {
-	for _, f := range strings.Fields(strings.TrimPrefix(string(comment), ":")) {
-		k, v, _ := strings.Cut(f, "=")
-		d, ok := parseMillis(v)
-		if !ok {
+	rest := bytes.TrimPrefix(comment, []byte(":"))
+	for len(rest) > 0 {
+		var f []byte
+		f, rest, _ = bytes.Cut(bytes.TrimLeft(rest, " \t"), []byte(" "))
+		k, v, _ := bytes.Cut(f, []byte("="))
+		var dst *time.Duration
+		switch string(k) {
+		case "engine_ttft_ms":
+			dst = &st.EngineTTFT
+		case "engine_queue_ms", "sim-queue-ms":
+			dst = &st.EngineQueue
+		default:
 			continue
 		}
-		switch k {
-		case "engine_ttft_ms":
-			st.EngineTTFT = d
-		case "engine_queue_ms", "sim-queue-ms":
-			st.EngineQueue = d
+		// A view, not a copy: parseMillis keeps nothing of it.
+		if d, ok := parseMillis(unsafe.String(unsafe.SliceData(v), len(v))); ok {
+			*dst = d
 		}
 	}
 }
@@ -373,19 +383,23 @@ func parseTiming(st *data.Stages, comment []byte) {
 // serverTiming renders the call's known stages as a Server-Timing header, in
 // milliseconds.
 func serverTiming(cl *call) string {
-	var b []byte
+	var (
+		b   strings.Builder
+		num [24]byte
+	)
+	b.Grow(256) // every stage: "upstream_ttft;dur=1234.567, " is 28 bytes
 	cl.stages.Each(func(_ int, name string, d time.Duration) {
 		if d < 0 {
 			return
 		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
+		if b.Len() > 0 {
+			b.WriteString(", ")
 		}
-		b = append(b, name...)
-		b = append(b, ";dur="...)
-		b = strconv.AppendFloat(b, float64(d)/float64(time.Millisecond), 'f', 3, 64)
+		b.WriteString(name)
+		b.WriteString(";dur=")
+		b.Write(strconv.AppendFloat(num[:0], float64(d)/float64(time.Millisecond), 'f', 3, 64))
 	})
-	return string(b)
+	return b.String()
 }
 
 // attemptSeq numbers upstream requests for their idempotency keys.

@@ -33,10 +33,11 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
 		cl.group = boundString(r.Header.Get("X-Tailgate-Group"))
 		cl.source = s.sourceOf(r)
-		defer s.live.track(cl)()
-		c.Response().Header().Set("X-Request-Id", cl.id)
-		out := httpSink{s: s, c: c}
-		if err := askPriority(cl, r, c.Response().Header()); err != nil {
+		s.live.track(cl)
+		defer s.live.untrack(cl)
+		out := newHTTPSink(s, c)
+		out.set("X-Request-Id", cl.id)
+		if err := askPriority(cl, r, out); err != nil {
 			s.reject(cl, out, err)
 			return nil
 		}
@@ -82,60 +83,79 @@ func bodyError(err error) error {
 type httpSink struct {
 	s *Server
 	c echo.Context
+	h http.Header // c's response headers
+	// vals backs the response's header values: Header.Set allocates a
+	// one-element slice for each, and an answer sets about fifteen.
+	vals [16]string
+	n    int
 }
 
-func (o httpSink) rateLimits(rs policy.RateState) { setRateHeaders(o.c.Response().Header(), rs) }
+func newHTTPSink(s *Server, c echo.Context) *httpSink {
+	return &httpSink{s: s, c: c, h: c.Response().Header()}
+}
 
-func (o httpSink) stream(cl *call) *sseWriter {
-	return newSSEWriter(o.c.Response(), o.s.cfg.KeepAlive, o.s.cfg.ClientWriteTimeout, func(h http.Header) { setRouteHeaders(h, cl) })
+// set sets a response header; key must be in canonical form.
+func (o *httpSink) set(key, v string) {
+	if o.n == len(o.vals) {
+		o.h.Set(key, v)
+		return
+	}
+	o.vals[o.n] = v
+	o.h[key] = o.vals[o.n : o.n+1 : o.n+1]
+	o.n++
+}
+
+func (o *httpSink) rateLimits(rs policy.RateState) { setRateHeaders(o, rs) }
+
+func (o *httpSink) stream(cl *call) *sseWriter {
+	return newSSEWriter(o.c.Response(), o.s.cfg.KeepAlive, o.s.cfg.ClientWriteTimeout, func(http.Header) { setRouteHeaders(o, cl) })
 }
 
 // json sends the winning attempt's JSON answer byte for byte.
-func (o httpSink) json(cl *call, body []byte) {
-	h := o.c.Response().Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	setRouteHeaders(h, cl)
-	h.Set("Server-Timing", serverTiming(cl))
+func (o *httpSink) json(cl *call, body []byte) {
+	o.set("Content-Type", "application/json")
+	o.set("Content-Length", strconv.Itoa(len(body)))
+	setRouteHeaders(o, cl)
+	o.set("Server-Timing", serverTiming(cl))
 	_ = http.NewResponseController(o.c.Response()).SetWriteDeadline(time.Now().Add(o.s.cfg.ClientWriteTimeout))
 	o.c.Response().WriteHeader(http.StatusOK)
 	_, _ = o.c.Response().Write(body)
 }
 
-func (o httpSink) error(cl *call, ae *apierr.Error) {
+func (o *httpSink) error(cl *call, ae *apierr.Error) {
 	if cl.outcome == data.OutcomeClientCancelled {
 		return // nobody to tell
 	}
-	setRouteHeaders(o.c.Response().Header(), cl)
+	setRouteHeaders(o, cl)
 	_ = apierr.Reply(o.c, ae)
 }
 
 // setRouteHeaders says which replica answered and how: x-tailgate-replica,
 // -attempts, -hedged, -winner (for a routed call only).
-func setRouteHeaders(h http.Header, cl *call) {
+func setRouteHeaders(o *httpSink, cl *call) {
 	if !cl.routed {
 		return
 	}
 	if cl.replica != "" {
-		h.Set("X-Tailgate-Replica", cl.replica)
+		o.set("X-Tailgate-Replica", cl.replica)
 	}
-	h.Set("X-Tailgate-Attempts", strconv.Itoa(max(cl.attempts, 1)))
+	o.set("X-Tailgate-Attempts", strconv.Itoa(max(cl.attempts, 1)))
 	if cl.winner != "" {
-		h.Set("X-Tailgate-Hedged", strconv.FormatBool(cl.hedged))
-		h.Set("X-Tailgate-Winner", cl.winner)
+		o.set("X-Tailgate-Hedged", strconv.FormatBool(cl.hedged))
+		o.set("X-Tailgate-Winner", cl.winner)
 	}
 }
 
-func setRateHeaders(h http.Header, rs policy.RateState) {
+func setRateHeaders(o *httpSink, rs policy.RateState) {
 	if rs.LimitRequests > 0 {
-		h.Set("X-Ratelimit-Limit-Requests", strconv.FormatInt(rs.LimitRequests, 10))
-		h.Set("X-Ratelimit-Remaining-Requests", strconv.FormatInt(max(rs.RemainingRequests, 0), 10))
-		h.Set("X-Ratelimit-Reset-Requests", formatReset(rs.ResetRequests))
+		o.set("X-Ratelimit-Limit-Requests", strconv.FormatInt(rs.LimitRequests, 10))
+		o.set("X-Ratelimit-Remaining-Requests", strconv.FormatInt(max(rs.RemainingRequests, 0), 10))
+		o.set("X-Ratelimit-Reset-Requests", formatReset(rs.ResetRequests))
 	}
 	if rs.LimitTokens > 0 {
-		h.Set("X-Ratelimit-Limit-Tokens", strconv.FormatInt(rs.LimitTokens, 10))
-		h.Set("X-Ratelimit-Remaining-Tokens", strconv.FormatInt(max(rs.RemainingTokens, 0), 10))
-		h.Set("X-Ratelimit-Reset-Tokens", formatReset(rs.ResetTokens))
+		o.set("X-Ratelimit-Limit-Tokens", strconv.FormatInt(rs.LimitTokens, 10))
+		o.set("X-Ratelimit-Remaining-Tokens", strconv.FormatInt(max(rs.RemainingTokens, 0), 10))
+		o.set("X-Ratelimit-Reset-Tokens", formatReset(rs.ResetTokens))
 	}
 }
 

@@ -68,11 +68,12 @@ func (s *Server) handleProxy(pe proxyEndpoint) echo.HandlerFunc {
 			return apierr.Reply(c, toAPIError(err, ""))
 		}
 		cl := s.newCall(endpoint{path: pe.path}, p)
-		defer s.live.track(cl)()
+		s.live.track(cl)
+		defer s.live.untrack(cl)
 		cl.noHedge = true // hedging waits for a first token these answers do not have
-		c.Response().Header().Set("X-Request-Id", cl.id)
-		out := httpSink{s: s, c: c}
-		if err := askPriority(cl, r, c.Response().Header()); err != nil {
+		out := newHTTPSink(s, c)
+		out.set("X-Request-Id", cl.id)
+		if err := askPriority(cl, r, out); err != nil {
 			s.reject(cl, out, err)
 			return nil
 		}
@@ -90,7 +91,7 @@ func (s *Server) handleProxy(pe proxyEndpoint) echo.HandlerFunc {
 }
 
 // serveProxy is serve for a proxied endpoint.
-func (s *Server) serveProxy(ctx context.Context, cl *call, pe proxyEndpoint, body []byte, ctype string, out httpSink) {
+func (s *Server) serveProxy(ctx context.Context, cl *call, pe proxyEndpoint, body []byte, ctype string, out *httpSink) {
 	if err := s.ledger.Healthy(); err != nil {
 		s.reject(cl, out, err)
 		return

@@ -219,8 +219,9 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	// Fields the body lacks are added together at its end, in one copy
 	// (each edit in place copies the whole body).
 	var (
-		err  error
-		tail []byte
+		err     error
+		tailBuf [128]byte
+		tail    = tailBuf[:0] // what parseRequest adds fits: no allocation
 	)
 	set := func(path string, raw string, want any, canonical string) {
 		if err != nil || raw == canonical {

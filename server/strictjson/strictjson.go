@@ -102,8 +102,13 @@ func Check(b []byte, maxDepth int) error {
 		maxDepth = DefaultMaxDepth
 	}
 	c := checker{b: b, max: maxDepth}
-	var small [8]frame
-	c.stack = small[:0]
+	// Room for a typical request on the stack: its keys would otherwise
+	// grow a slice three or four times.
+	var (
+		small [8]frame
+		keys  [32][]byte
+	)
+	c.stack, c.keys = small[:0], keys[:0]
 	return c.run()
 }
 

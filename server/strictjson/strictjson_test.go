@@ -105,3 +105,19 @@ func FuzzCheckAgreesWithEncodingJSON(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckAllocatesLittleForATypicalRequest: every request body goes
+// through Check; one of a few dozen keys costs it its two work arrays
+// (stack frames and keys), not a slice grown key after key.
+func TestCheckAllocatesLittleForATypicalRequest(t *testing.T) {
+	body := []byte(`{"model":"m","messages":[{"role":"system","content":"You are terse."},` +
+		`{"role":"user","content":[{"type":"text","text":"Say hello."}]}],"max_tokens":16,"temperature":0.2,` +
+		`"top_p":0.9,"stream":true,"stream_options":{"include_usage":true},"tools":[{"type":"function",` +
+		`"function":{"name":"f","description":"d","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}}]}`)
+	if err := Check(body, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = Check(body, 0) }); n > 2 {
+		t.Errorf("Check of a %d-byte request allocates %.0f times, want at most 2", len(body), n)
+	}
+}
