@@ -160,10 +160,13 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 				s.reg.Eject(u.rep, "midstream")
 				u.Abort()
 				res.Finish()
-				first := res
+				first, broke := res, err
 				res, err = s.reg.Do(ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 					return s.open(ctx, cl, rep, n, reason)
 				})
+				if err != nil && res.Attempts == 0 {
+					err = broke // no other replica to try: the client hears what broke
+				}
 				res.Attempts += first.Attempts
 				cl.attempts, cl.hedged = res.Attempts, first.Hedged || res.Hedged
 				defer res.Finish()
