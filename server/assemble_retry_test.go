@@ -12,18 +12,6 @@ import (
 	"tailgate/server/internal/servertest"
 )
 
-// brokenFirst sends every first attempt to the replica "broken".
-type brokenFirst struct{}
-
-func (brokenFirst) Select(cands []*router.Replica, _ router.Hint) *router.Replica {
-	for _, c := range cands {
-		if c.ID == "broken" {
-			return c
-		}
-	}
-	return cands[0]
-}
-
 // TestJSONAnswerBrokenMidStreamIsRetriedElsewhere: a JSON client gets
 // nothing before the whole answer, so a replica that dies after its first
 // token (a SIGKILLed worker) is not the client's error: the answer starts
@@ -38,7 +26,7 @@ func TestJSONAnswerBrokenMidStreamIsRetriedElsewhere(t *testing.T) {
 		panic(http.ErrAbortHandler) // the connection dies mid-answer
 	}))
 	t.Cleanup(broken.Close)
-	h := servertest.Start(t, servertest.Options{Replicas: 1, Router: router.Config{Selector: brokenFirst{}}})
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Router: router.Config{Selector: prefer("broken")}})
 	h.AddReplica("broken", broken.URL, "")
 	secret := h.Key(policy.KeyOptions{})
 

@@ -15,13 +15,13 @@ import (
 	"tailgate/serving/sim"
 )
 
-// slowFirst sends every first attempt to sim-a (the slow replica), and a
-// hedge to whatever else is left.
-type slowFirst struct{}
+// prefer sends every first attempt to the replica it names, and a hedge or
+// a retry to whatever else is left.
+type prefer string
 
-func (slowFirst) Select(cands []*router.Replica, _ router.Hint) *router.Replica {
+func (p prefer) Select(cands []*router.Replica, _ router.Hint) *router.Replica {
 	for _, c := range cands {
-		if c.ID == "sim-a" {
+		if c.ID == string(p) {
 			return c
 		}
 	}
@@ -41,7 +41,7 @@ func TestGroupHeaderLetsPartsHedgeTogether(t *testing.T) {
 				0: {TTFT: time.Second, TTFTSigma: -1},
 				1: {TTFT: 5 * time.Millisecond, TTFTSigma: -1},
 			},
-			Router: router.Config{Selector: slowFirst{},
+			Router: router.Config{Selector: prefer("sim-a"),
 				Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: time.Millisecond, Budget: 0.001, Burst: 2}},
 		})
 		secret := h.Key(policy.KeyOptions{})
