@@ -25,6 +25,7 @@ func registerFanout(fs *flag.FlagSet, o *load.FanoutOptions) {
 		return nil
 	})
 	fs.Float64Var(&o.DocRate, "doc-rate", 0, "fanout: documents started per second (default 3)")
+	fs.IntVar(&o.WarmParts, "warm-parts", 0, "fanout: parts sent to each fresh gateway before measuring, so its hedge delay is learnt (default 240; it needs 50)")
 	fs.Func("modes", "fanout: how parts are sent, a list of stream, json, batch (default all three)", func(s string) error {
 		o.Modes = strings.Split(s, ",")
 		return nil

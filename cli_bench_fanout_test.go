@@ -43,7 +43,7 @@ func runBench(t *testing.T, bound time.Duration, args ...string) string {
 // cost in tokens and requests (read from the gateway's metrics).
 func TestBenchFanoutScenarioReportsEveryArm(t *testing.T) {
 	t.Parallel() // mostly waiting on its own fleets: overlaps the other bench runs
-	out := runBench(t, 3*time.Minute, "--scenario", "fanout", "--docs", "6", "--parts", "2-3", "--doc-rate", "20", "--seed", "5")
+	out := runBench(t, 3*time.Minute, "--scenario", "fanout", "--docs", "6", "--parts", "2-3", "--doc-rate", "20", "--seed", "5", "--warm-parts", "60")
 	for _, want := range []string{"fan-out: 6 documents of 2–3 parts per arm", "seed 5 — document latency (ms)",
 		"mono/this p95", "decomp/this p95", "extra tokens", "extra requests"} {
 		if !strings.Contains(out, want) {
@@ -75,7 +75,7 @@ func TestBenchFanoutScenarioReportsEveryArm(t *testing.T) {
 // documents and prints one row per setting and the setting it recommends.
 func TestBenchSweepHedgePrintsTheTradeOff(t *testing.T) {
 	t.Parallel() // mostly waiting on its own fleets: overlaps the other bench runs
-	out := runBench(t, 3*time.Minute, "--sweep-hedge", "--docs", "6", "--parts", "2-3", "--doc-rate", "20",
+	out := runBench(t, 3*time.Minute, "--sweep-hedge", "--docs", "6", "--parts", "2-3", "--doc-rate", "20", "--warm-parts", "60",
 		"--sweep-percentiles", "0.9", "--sweep-budgets", "0.1,0.2")
 	for _, want := range []string{"hedge sweep: 6 documents", "hedge percentile", "no hedge", "p95 cut", "extra tokens"} {
 		if !strings.Contains(out, want) {

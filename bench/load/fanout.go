@@ -43,6 +43,9 @@ type FanoutOptions struct {
 	Sweep       bool
 	Percentiles []float64 // nil means 0.8, 0.9, 0.95, 0.99
 	Budgets     []float64 // nil means 0.05, 0.10, 0.15
+	// WarmParts are sent to each fresh gateway before anything is
+	// measured, so its hedge delay is learnt; 0 means 240.
+	WarmParts int
 }
 
 func (f FanoutOptions) withDefaults(seed int64) FanoutOptions {
@@ -50,6 +53,7 @@ func (f FanoutOptions) withDefaults(seed int64) FanoutOptions {
 	f.MinParts = orDefault(f.MinParts, 4)
 	f.MaxParts = orDefault(f.MaxParts, 8)
 	f.DocRate = orDefault(f.DocRate, 3)
+	f.WarmParts = orDefault(f.WarmParts, warmParts)
 	if len(f.Modes) == 0 {
 		f.Modes = []string{"stream", "json", "batch"}
 	}
@@ -73,6 +77,8 @@ func (f FanoutOptions) validate() error {
 		return fmt.Errorf("--parts %d-%d: want MIN-MAX with 1 ≤ MIN ≤ MAX ≤ 64", f.MinParts, f.MaxParts)
 	case !(f.DocRate > 0) || math.IsInf(f.DocRate, 0):
 		return fmt.Errorf("--doc-rate %v: want documents per second above 0", f.DocRate)
+	case f.WarmParts < 0 || f.WarmParts > 100000:
+		return fmt.Errorf("--warm-parts %d: want 0 to 100000 (0: the default)", f.WarmParts)
 	}
 	for _, m := range f.Modes {
 		if m != "stream" && m != "json" && m != "batch" {

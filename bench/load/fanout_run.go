@@ -213,7 +213,7 @@ func (b *fanoutBench) runSeed(ctx context.Context, seed int64) ([]fanoutArm, err
 		if err != nil {
 			return nil, err
 		}
-		side.client.warm(ctx, seed, warmParts)
+		side.client.warm(ctx, seed, b.f.WarmParts)
 		for _, mode := range b.f.Modes {
 			for _, design := range []string{armMonolithic, armDecomposed, armHedged} {
 				if mode == "batch" && design != armHedged {
@@ -234,7 +234,7 @@ func (b *fanoutBench) runSeed(ctx context.Context, seed int64) ([]fanoutArm, err
 		if err != nil {
 			return arms, err
 		}
-		side.client.warm(ctx, seed, warmParts)
+		side.client.warm(ctx, seed, b.f.WarmParts)
 		for _, mode := range b.f.Modes {
 			designs := []string{armMonolithic, armDecomposed}
 			if hedged {

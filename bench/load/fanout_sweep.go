@@ -60,7 +60,7 @@ func runSweep(ctx context.Context, o Options) error {
 		if err != nil {
 			return err
 		}
-		side.client.warm(ctx, seed, warmParts)
+		side.client.warm(ctx, seed, b.f.WarmParts)
 		base = side.measure(ctx, b, docs, seed, "stream", armDecomposed)
 		rows = append(rows, sweepRow{Arm: side.measure(ctx, b, docs, seed, "stream", armHedged)})
 		fmt.Fprintln(w, "against a deployment the bench cannot change the gateway's --hedge-percentile and --hedge-budget:")
@@ -71,7 +71,7 @@ func runSweep(ctx context.Context, o Options) error {
 		if err != nil {
 			return err
 		}
-		side.client.warm(ctx, seed, warmParts)
+		side.client.warm(ctx, seed, b.f.WarmParts)
 		base = side.measure(ctx, b, docs, seed, "stream", armDecomposed)
 		closeFleet()
 		for _, p := range b.f.Percentiles {
@@ -83,7 +83,7 @@ func runSweep(ctx context.Context, o Options) error {
 				if err != nil {
 					return err
 				}
-				side.client.warm(ctx, seed, warmParts)
+				side.client.warm(ctx, seed, b.f.WarmParts)
 				rows = append(rows, sweepRow{Percentile: p, Budget: budget, Arm: side.measure(ctx, b, docs, seed, "stream", armHedged)})
 				closeFleet()
 			}
