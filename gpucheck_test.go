@@ -75,8 +75,10 @@ func TestGPUCheckScript(t *testing.T) {
 	})
 	t.Run("an engine failing chat fails the run", func(t *testing.T) {
 		t.Parallel()
-		code, out := runGPUCheck(t, "FAKE_VLLM_CHAT_STATUS=500", "READY_TIMEOUT=5")
-		if code != 1 || !strings.Contains(out, "\nFAIL ready (not ready within 5s: state ") ||
+		// Long enough for a loaded machine to start the fake engine; the
+		// script reports the last telling reason, not the restart's wait.
+		code, out := runGPUCheck(t, "FAKE_VLLM_CHAT_STATUS=500", "READY_TIMEOUT=20")
+		if code != 1 || !strings.Contains(out, "\nFAIL ready (not ready within 20s: state ") ||
 			!strings.Contains(out, "500 Internal Server Error") || !strings.HasSuffix(out, "\n0 passed, 1 failed\n") {
 			t.Fatalf("exit status %d, output:\n%s\nwant exit 1, FAIL ready naming the 500, and \"0 passed, 1 failed\" last", code, out)
 		}

@@ -144,7 +144,7 @@ state_reason() { admin /admin/v1/replicas 2>/dev/null | json "'state %s, reason 
 # to be ready (at an address other than OLD_ADDRESS: a new worker), printing
 # progress every 10s; fails if `up` exits.
 wait_ready() {
-	local start=$SECONDS last=$SECONDS old=${2:-}
+	local start=$SECONDS last=$SECONDS old=${2:-} sr telling=""
 	while :; do
 		if ! kill -0 "$UP_PID" 2>/dev/null; then
 			why="tailgate up exited; last lines of $LOG: $(tail -n 3 "$LOG" | tr '\n' ' ')"
@@ -158,8 +158,13 @@ wait_ready() {
 			note "$1: ready after $((SECONDS - start))s"
 			return 0
 		fi
+		# The last reason that says more than "waiting for the engine" (an
+		# engine that fails its warm-up is restarted and waits again).
+		if [ -n "$ADMIN_TOKEN" ] && sr=$(state_reason) && [ -n "$sr" ] && [[ $sr != *"waiting for the engine"* ]]; then
+			telling=$sr
+		fi
 		if [ $((SECONDS - start)) -ge "$READY_TIMEOUT" ]; then
-			why="not ready within ${READY_TIMEOUT}s: $(state_reason)"
+			why="not ready within ${READY_TIMEOUT}s: ${telling:-$(state_reason)}"
 			return 1
 		fi
 		if [ $((SECONDS - last)) -ge 10 ]; then
