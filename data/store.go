@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -112,7 +113,7 @@ func open(path string) (_ *Store, err error) {
 	}
 	s.write.SetMaxOpenConns(1)
 	s.write.SetMaxIdleConns(1)
-	if err := migrate(context.Background(), s.write, engineSQLite); err != nil {
+	if err := migrateSQLite(s.write); err != nil {
 		return nil, err
 	}
 	if err := s.prepareLedger(); err != nil {
@@ -138,6 +139,21 @@ func open(path string) (_ *Store, err error) {
 	s.ckptStop, s.ckptDone = make(chan struct{}), make(chan struct{})
 	go s.checkpoints(checkpointEvery)
 	return s, nil
+}
+
+// migrateSQLite migrates a SQLite file, trying again for a while when it is
+// busy: two processes opening a new file at once (say `keys create` while
+// the gateway starts) can find it locked without waiting — switching a new
+// file to WAL takes an exclusive lock the busy timeout does not cover.
+func migrateSQLite(db *sql.DB) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for backoff := 5 * time.Millisecond; ; backoff = min(2*backoff, 200*time.Millisecond) {
+		err := migrate(context.Background(), db, engineSQLite)
+		if err == nil || !strings.HasPrefix(sqliteCode(err), "SQLITE_BUSY") || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(backoff)
+	}
 }
 
 // checkpointEvery is how often the checkpointer copies the WAL back into
