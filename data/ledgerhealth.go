@@ -21,7 +21,7 @@ type failureLog struct {
 
 // failed records a failed write of rows: Healthy turns unavailable with an
 // error saying why, Commits waiting in the queue are told at once (their
-// rows stay queued), and a line is logged at the start of a streak and at
+// rows are given back: dropped from the queue), and a line is logged at the start of a streak and at
 // most every unavailableLogEvery after. It returns the error Commits get.
 func (w *LedgerWriter) failed(err error, rows int) error {
 	uerr := fmt.Errorf("%w: %w", ErrLedgerUnavailable, err)
@@ -34,10 +34,13 @@ func (w *LedgerWriter) failed(err error, rows int) error {
 		for i := range w.queue {
 			if c := w.queue[i].done; c != nil {
 				c <- uerr
-				w.queue[i].done = nil
+				w.queue[i].done, w.queue[i].dropped = nil, true
+				w.queue[i].row = LedgerRow{}
+				w.held--
 			}
 		}
 		w.waiters = 0
+		w.backlog.Store(int64(w.held))
 	}
 	held := w.held
 	w.mu.Unlock()

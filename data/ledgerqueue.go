@@ -24,12 +24,14 @@ func (w *LedgerWriter) Add(row LedgerRow) {
 // WAL with synchronous=NORMAL: durable against a process crash, not against
 // power loss). Rows of concurrent callers share one transaction.
 //
-// A non-nil error means the row is not committed yet; it stays held and is
-// written when it can be, like a row given to Add. The error wraps
-// [ErrLedgerUnavailable] when the ledger cannot write (returned at once if
-// it already could not when Commit was called, else when the attempt that
-// carried the row failed), or ctx's error when ctx ended first. Like Add,
-// Commit waits for room while the writer holds Buffer rows, whatever ctx.
+// A non-nil error wrapping [ErrLedgerUnavailable] means the ledger cannot
+// write (returned at once if it already could not when Commit was called,
+// else when the attempt that carried the row failed): the row is not
+// committed and no longer held — the caller decides what happened instead
+// (an answer withheld, a stream cut) and records that with Add. ctx's error
+// means ctx ended first: the row stays queued and is written when it can be,
+// like a row given to Add. Like Add, Commit waits for room while the writer
+// holds Buffer rows, whatever ctx.
 func (w *LedgerWriter) Commit(ctx context.Context, row LedgerRow) error {
 	done := w.doneChans.Get().(chan error)
 	if !w.put(row, done) {
@@ -97,6 +99,13 @@ func (w *LedgerWriter) put(row LedgerRow, done chan error) bool {
 			w.mu.Unlock()
 			return false
 		}
+		if p := w.failure.Load(); p != nil && done != nil {
+			// A Commit while writes fail: its row is not taken (the open
+			// row it would replace stays).
+			w.mu.Unlock()
+			done <- *p
+			return true
+		}
 		if seq, ok := w.opens[row.ID]; ok {
 			delete(w.opens, row.ID)
 			if seq >= w.headSeq {
@@ -128,14 +137,9 @@ func (w *LedgerWriter) put(row LedgerRow, done chan error) bool {
 	return true
 }
 
-// waitLocked attaches done to e, unless writes are failing: then done gets
-// that error at once and is not attached. It returns the waiter attached.
+// waitLocked attaches done to e and returns it.
 func (w *LedgerWriter) waitLocked(e *entry, done chan error) chan error {
 	if done == nil {
-		return nil
-	}
-	if p := w.failure.Load(); p != nil {
-		done <- *p
 		return nil
 	}
 	e.done = done

@@ -72,8 +72,9 @@ const (
 // entry is a row waiting in the queue; done is its Commit's waiter (buffered,
 // sent to once), nil for Add and Open.
 type entry struct {
-	row  LedgerRow
-	done chan error
+	row     LedgerRow
+	done    chan error
+	dropped bool // a Commit's row given back to its caller: not written
 }
 
 // LedgerWriter batches ledger rows from many requests into few transactions.
@@ -327,6 +328,7 @@ func (w *LedgerWriter) newBatch() batch {
 type batch struct {
 	rows    []LedgerRow
 	waiters []chan error
+	waitRow []int  // for each waiter, the index of its row in rows
 	last    uint64 // sequence number of the last entry taken
 }
 
@@ -334,6 +336,9 @@ type batch struct {
 func (w *LedgerWriter) takeLocked(b *batch) {
 	k := min(len(w.queue), w.cfg.BatchSize)
 	for i, e := range w.queue[:k] {
+		if e.dropped {
+			continue
+		}
 		if e.row.Outcome == OutcomeOpen {
 			if seq, ok := w.opens[e.row.ID]; ok && seq == w.headSeq+uint64(i) {
 				delete(w.opens, e.row.ID)
@@ -342,6 +347,7 @@ func (w *LedgerWriter) takeLocked(b *batch) {
 		b.rows = append(b.rows, e.row)
 		if e.done != nil {
 			b.waiters = append(b.waiters, e.done)
+			b.waitRow = append(b.waitRow, len(b.rows)-1)
 			w.waiters--
 		}
 	}
@@ -377,7 +383,7 @@ func (w *LedgerWriter) commit(ctx context.Context, b *batch) {
 	}
 	clear(b.rows)
 	clear(b.waiters)
-	b.rows, b.waiters = b.rows[:0], b.waiters[:0]
+	b.rows, b.waiters, b.waitRow = b.rows[:0], b.waiters[:0], b.waitRow[:0]
 }
 
 // write inserts b's rows, retrying with backoff until it succeeds. Once the
@@ -400,12 +406,11 @@ func (w *LedgerWriter) write(ctx context.Context, b *batch) error {
 			return nil
 		}
 		uerr := w.failed(err, len(b.rows))
-		// The Commits riding this batch learn at once; their rows stay.
-		for i, c := range b.waiters {
-			if c != nil {
-				c <- uerr
-				b.waiters[i] = nil
-			}
+		w.giveBack(b, uerr)
+		if len(b.rows) == 0 {
+			// Only Commits rode it: their callers record what happened
+			// instead, and those rows carry the next attempt. Still failing.
+			return nil
 		}
 		if w.store.closed.Load() {
 			// Retrying cannot help, and a straggler's Add must not hang.
@@ -422,6 +427,41 @@ func (w *LedgerWriter) write(ctx context.Context, b *batch) error {
 		time.Sleep(backoff)
 		backoff = min(2*backoff, retryMax)
 	}
+}
+
+// giveBack tells the Commits riding b that their attempt failed and takes
+// their rows out of b: a Commit's caller, told its row is not committed,
+// records what happened instead. Rows given to Add stay for the retry.
+func (w *LedgerWriter) giveBack(b *batch, err error) {
+	var drop []bool
+	for i, c := range b.waiters {
+		if c == nil {
+			continue
+		}
+		c <- err
+		b.waiters[i] = nil
+		if drop == nil {
+			drop = make([]bool, len(b.rows))
+		}
+		drop[b.waitRow[i]] = true
+	}
+	if drop == nil {
+		return
+	}
+	kept := b.rows[:0]
+	for i, r := range b.rows {
+		if !drop[i] {
+			kept = append(kept, r)
+		}
+	}
+	n := len(b.rows) - len(kept)
+	clear(b.rows[len(kept):])
+	b.rows = kept
+	b.waiters, b.waitRow = b.waiters[:0], b.waitRow[:0]
+	w.mu.Lock()
+	w.held -= n
+	w.backlog.Store(int64(w.held))
+	w.mu.Unlock()
 }
 
 func (w *LedgerWriter) isStopping(ctx context.Context) bool {

@@ -31,6 +31,10 @@ const (
 	// stopped without finishing it (a crash, a kill); [Store.SettleOpen]
 	// billed it at the counts its open row last carried.
 	OutcomeInterrupted Outcome = "interrupted"
+	// OutcomeWithheld: a whole JSON answer the gateway did not deliver
+	// because its ledger row could not be committed (the client got 503
+	// ledger_unavailable). Nothing is billed; what it cost is overhead.
+	OutcomeWithheld Outcome = "withheld"
 )
 
 // Rejected reports whether the request was refused as it came, by the
@@ -83,6 +87,10 @@ const (
 	ClassClientStalled ErrorClass = "client_stalled"
 	// ClassInternal: a gateway bug; the client got a 500.
 	ClassInternal ErrorClass = "internal_error"
+	// ClassLedgerUnavailable: a whole answer's ledger row could not be
+	// committed, so its final bytes were not sent (a JSON answer withheld,
+	// a stream cut before [DONE]).
+	ClassLedgerUnavailable ErrorClass = "ledger_unavailable"
 )
 
 // Stage names, as used in Server-Timing, the stage metric's label, the

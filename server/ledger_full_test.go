@@ -1,6 +1,9 @@
 package server_test
 
 import (
+	"bufio"
+	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -10,6 +13,7 @@ import (
 	"tailgate/data"
 	"tailgate/policy"
 	"tailgate/server/internal/servertest"
+	"tailgate/serving/sim"
 )
 
 // TestFullDiskFailsClosedAndRecovers: when the database fills mid-load, the
@@ -114,4 +118,130 @@ func gauge(t *testing.T, h *servertest.Gateway, name string) float64 {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// TestAnswerWhoseRowCannotBeCommittedIsNotDelivered: the ledger fails after
+// a request was admitted (the disk fills while its answer is generated). A
+// JSON answer is then withheld — the client gets 503 ledger_unavailable and
+// is billed nothing — and a stream is cut before [DONE] with the same error,
+// billed at what it delivered. On the old code both were delivered whole
+// and the rows held in memory only.
+func TestAnswerWhoseRowCannotBeCommittedIsNotDelivered(t *testing.T) {
+	const tokens = 12
+	h := servertest.Start(t, servertest.Options{Replicas: 1,
+		Sim: sim.Config{TPOT: 100 * time.Millisecond, TTFTSigma: -1}})
+	secret := h.Key(policy.KeyOptions{})
+	ask := func(stream bool) string {
+		return fmt.Sprintf(`{"model":%q,"max_tokens":%d,"ignore_eos":true,"stream":%t,"messages":[{"role":"user","content":"hello"}]}`,
+			servertest.SimModel, tokens, stream)
+	}
+
+	type answer struct {
+		code int
+		body string
+	}
+	jsonDone := make(chan answer, 1)
+	go func() {
+		resp := h.Post("/v1/chat/completions", secret, ask(false))
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		jsonDone <- answer{resp.StatusCode, string(raw)}
+	}()
+	resp := h.Post("/v1/chat/completions", secret, ask(true))
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	first, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(first, "data: ") {
+		t.Fatalf("first line of the stream: %q, %v", first, err)
+	}
+	// Both admitted and generating (the ledger was healthy then); now the
+	// disk fills.
+	deadline := time.Now().Add(10 * time.Second)
+	for h.Inflight() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("in flight %v, want 2", h.Inflight())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fillLedger(t, h)
+	rest, _ := io.ReadAll(br)
+	stream := first + string(rest)
+	j := <-jsonDone
+
+	if j.code != http.StatusServiceUnavailable || !strings.Contains(j.body, `"ledger_unavailable"`) {
+		t.Errorf("JSON answer whose row could not be committed: %d %s; want 503 ledger_unavailable", j.code, j.body)
+	}
+	if strings.Contains(j.body, `"choices"`) {
+		t.Errorf("the withheld JSON answer reached the client: %s", j.body)
+	}
+	if strings.Contains(stream, "data: [DONE]") || !strings.Contains(stream, `"ledger_unavailable"`) {
+		t.Errorf("stream whose row could not be committed ended:\n%s\nwant no [DONE] and a ledger_unavailable error event", stream)
+	}
+	delivered := strings.Count(stream, `"content":"`) - strings.Count(stream, `"content":""`)
+
+	// Space returns; the rows land.
+	if err := h.Store.SetMaxPageCount(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	var withheld, cut *data.LedgerRow
+	for deadline := time.Now().Add(15 * time.Second); withheld == nil || cut == nil; {
+		if time.Now().After(deadline) {
+			t.Fatalf("ledger rows after recovery: withheld %+v, cut %+v; want the JSON request's and the stream's final rows", withheld, cut)
+		}
+		time.Sleep(20 * time.Millisecond)
+		withheld, cut = nil, nil
+		rows := h.LedgerRows()
+		for i, r := range rows {
+			switch {
+			case strings.HasPrefix(r.ID, "pad-"):
+			case r.Stream && r.Outcome != data.OutcomeOpen:
+				cut = &rows[i]
+			case !r.Stream:
+				withheld = &rows[i]
+			}
+		}
+	}
+	if withheld.Outcome != data.OutcomeWithheld || withheld.Error != data.ClassLedgerUnavailable ||
+		withheld.PromptTokens+withheld.CompletionTokens != 0 || withheld.CostMicros != 0 || withheld.HedgeOverheadTokens == 0 {
+		t.Errorf("withheld JSON answer's row: %+v; want outcome withheld, nothing billed, its tokens as overhead", *withheld)
+	}
+	if cut.Outcome != data.OutcomeMidstream || cut.Error != data.ClassLedgerUnavailable || cut.CompletionTokens < int64(delivered) {
+		t.Errorf("cut stream's row: %+v; want midstream_error/ledger_unavailable billing at least the %d tokens delivered", *cut, delivered)
+	}
+}
+
+// fillLedger fills the gateway's database to the last page: no row the
+// gateway writes from now on fits. The padding rows are refusals of tenant
+// 1 (no spend), with ids "pad-N".
+func fillLedger(t *testing.T, h *servertest.Gateway) {
+	t.Helper()
+	if err := h.Store.SetMaxPageCount(1); err != nil { // as low as the file is now
+		t.Fatal(err)
+	}
+	// Big rows first, many to a transaction, then ever smaller ones into
+	// what room is left, down to rows smaller than any the gateway writes.
+	i := 0
+	for _, size := range []int{1500, 400, 100, 20, 0} {
+		for _, n := range []int{64, 1} {
+			for {
+				if i > 200000 {
+					t.Fatal("the database never filled up")
+				}
+				rows := make([]data.LedgerRow, n)
+				for k := range rows {
+					rows[k] = data.LedgerRow{ID: fmt.Sprintf("pad-%d", i), TenantID: 1, Upstream: strings.Repeat("x", size),
+						Status: 400, Outcome: data.OutcomeRejected}
+					i++
+				}
+				err := h.Store.InsertLedger(context.Background(), rows)
+				if err == nil {
+					continue
+				}
+				if !strings.Contains(err.Error(), "disk is full") {
+					t.Fatalf("filling the database: %v", err)
+				}
+				break
+			}
+		}
+	}
 }

@@ -134,12 +134,18 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		defer u.Abort() // done with it: close the connection's body, free buffers
 		// An answer's ledger row is committed before its final bytes leave:
 		// a gateway killed after that has the row, one killed before has an
-		// open row (streams) or served nothing whole.
-		done := func() {
+		// open row (streams) or served nothing whole. A row the ledger cannot
+		// commit stops the final bytes (an *unbilledError).
+		done := func() error {
 			cl.adopt(u)
+			over := cl.overhead
 			s.hedgeOverhead(cl, res)
 			cl.outcome = data.OutcomeOK
-			s.settle(ctx, cl, ticket, true)
+			if err := s.settle(ctx, cl, ticket, true); err != nil {
+				cl.overhead = over // counted again on the way out
+				return err
+			}
+			return nil
 		}
 		switch {
 		case pr.stream:
@@ -178,10 +184,10 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 				}
 			}
 			if err == nil {
-				s.deliverJSON(cl, out, body, done)
+				err = s.deliverJSON(cl, out, body, done)
 			}
 		default:
-			s.deliverJSON(cl, out, u.body, done)
+			err = s.deliverJSON(cl, out, u.body, done)
 		}
 	}
 	if cl.recorded {
@@ -215,13 +221,19 @@ func (s *Server) retryAssembled(ctx context.Context, err error) bool {
 }
 
 // deliverJSON sends a whole JSON answer once done has committed its ledger
-// row: the client-visible time to first token is the whole answer's.
-func (s *Server) deliverJSON(cl *call, out sink, body []byte, done func()) {
-	cl.firstToken = true
+// row: the client-visible time to first token is the whole answer's. An
+// answer whose row could not be committed is withheld: done's error is
+// returned and nothing is sent.
+func (s *Server) deliverJSON(cl *call, out sink, body []byte, done func() error) error {
 	cl.stages.TTFT = time.Since(cl.start)
 	cl.stages.Total = cl.stages.TTFT
-	done()
+	if err := done(); err != nil {
+		cl.stages.TTFT, cl.stages.Total = -1, -1
+		return err
+	}
+	cl.firstToken = true
 	out.json(cl, body)
+	return nil
 }
 
 // admit checks the parsed request against its key (the model allowed, known
@@ -284,9 +296,24 @@ func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Erro
 		cerr *clientError
 		ae   *apierr.Error
 	)
+	var unbilled *unbilledError
 	switch {
 	case err == nil:
 		cl.outcome = data.OutcomeOK
+	case errors.As(err, &unbilled):
+		// The answer was whole but its ledger row could not be committed,
+		// so its final bytes did not go out. A JSON answer is withheld:
+		// nothing is billed, what it cost is overhead. A stream is cut
+		// before [DONE] and billed at what it delivered (its open row says
+		// so if the gateway dies before the ledger is back).
+		ae, cl.class = errLedgerUnavailable, data.ClassLedgerUnavailable
+		if cl.req.stream {
+			cl.outcome = data.OutcomeMidstream
+		} else {
+			u := cl.billable()
+			cl.overhead += u.PromptTokens + u.CompletionTokens
+			cl.outcome, cl.status = data.OutcomeWithheld, ae.Status
+		}
 	case errors.As(err, &cerr) && isTimeout(cerr):
 		// The client stopped reading for longer than the write timeout: cut.
 		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientStalled, statusClientClosed
@@ -337,34 +364,47 @@ func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Erro
 // settle bills what was used — the engine's own count when it reported
 // one, else what reached the client (prompt estimated), never the
 // reservation — and records the call; with commit, it waits until the row
-// is committed (the answer's final bytes go out after it).
-func (s *Server) settle(ctx context.Context, cl *call, ticket *policy.Ticket, commit bool) {
+// is committed (the answer's final bytes go out after it). If the ledger
+// cannot commit it, settle settles and records nothing and returns an
+// *unbilledError: the caller stops the answer and settles again.
+func (s *Server) settle(ctx context.Context, cl *call, ticket *policy.Ticket, commit bool) error {
 	if cl.stages.Total < 0 {
 		cl.stages.Total = time.Since(cl.start)
 	}
 	cl.usage = cl.billable()
-	cost := ticket.Settle(cl.usage)
-	if !commit {
-		s.record(cl, cost)
-		return
+	if !commit || cl.principal == nil {
+		s.record(cl, ticket.Settle(cl.usage))
+		return nil
 	}
-	row, ok := s.observe(cl, cost)
-	cl.recorded = true
-	if !ok {
-		return
-	}
-	// The client's going away does not stop the row; a ledger that cannot
-	// write does (the row stays queued and lands when it can).
+	// The client's going away does not stop the row. A ledger that cannot
+	// write gives it back; one that is only slow keeps it queued.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := s.ledger.Commit(cctx, row); err != nil {
-		s.log.Warn("answer delivered before its ledger row was committed", "request_id", cl.id, "err", err)
+	if err := s.ledger.Commit(cctx, s.row(cl, cl.usage, ticket.Cost(cl.usage))); err != nil {
+		if errors.Is(err, data.ErrLedgerUnavailable) {
+			s.log.Warn("answer stopped before its final bytes: its ledger row could not be committed", "request_id", cl.id, "err", err)
+			return &unbilledError{err: err}
+		}
+		s.log.Warn("answer delivered before its ledger row was committed; the row is queued", "request_id", cl.id, "err", err)
 	}
+	s.observe(cl, ticket.Settle(cl.usage))
+	cl.recorded = true
+	return nil
 }
+
+// unbilledError stops a whole answer before its final bytes: its ledger row
+// could not be committed.
+type unbilledError struct{ err error }
+
+func (e *unbilledError) Error() string { return "ledger row not committed: " + e.err.Error() }
+func (e *unbilledError) Unwrap() error { return e.err }
 
 // billable is the usage to bill now: the engine's count when it reported
 // one, else what reached the client with an estimated prompt.
 func (cl *call) billable() policy.Usage {
+	if cl.outcome == data.OutcomeWithheld {
+		return policy.Usage{} // generated, never delivered
+	}
 	if cl.gotUsage {
 		return cl.usage
 	}

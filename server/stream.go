@@ -291,8 +291,10 @@ const openRowEvery = 500 * time.Millisecond
 // keeps an open ledger row up to date while the stream runs and calls done
 // (which commits the final row) before the last event, [DONE], goes out.
 // It returns nil when the stream ended with [DONE], a *midstreamError when
-// the replica broke it, or the client's error when the client went away.
-func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *upstream, ticket *policy.Ticket, done func()) error {
+// the replica broke it, done's error when the final row could not be
+// committed ([DONE] withheld), or the client's error when the client went
+// away.
+func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *upstream, ticket *policy.Ticket, done func() error) error {
 	pending := u.pending
 	if u.done {
 		pending = pending[:len(pending)-1] // [DONE] waits for the ledger
@@ -303,7 +305,9 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 	cl.firstToken = true
 	cl.stages.TTFT = time.Since(cl.start)
 	if u.done {
-		done()
+		if err := done(); err != nil {
+			return err
+		}
 		return w.write(u.pending[len(u.pending)-1])
 	}
 	u.pending = nil
@@ -347,7 +351,9 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 			}
 			continue
 		case evDone:
-			done()
+			if err := done(); err != nil {
+				return err // no [DONE]: the stream ends with the ledger's error
+			}
 			if err := w.write(ev); err != nil {
 				return err
 			}
