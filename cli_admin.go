@@ -28,6 +28,30 @@ Run 'tailgate keys SUBCOMMAND -h' for its flags.
 `
 
 // openStore opens the database of an existing deployment in dir.
+// openCommand finishes the prelude of a command on an existing deployment:
+// it parses args with fs (which defines --data into dir), takes the one
+// positional argument named want (none when want is ""), and opens the
+// deployment's store, which the caller closes.
+func openCommand(fs *flag.FlagSet, stderr io.Writer, args []string, dir *string, want string) (*data.Store, string, error) {
+	var arg string
+	if want == "" {
+		if err := parseFlags(fs, args); err != nil {
+			return nil, "", err
+		}
+	} else {
+		pos, err := parseArgs(fs, args, 1)
+		if err != nil {
+			return nil, "", err
+		}
+		if len(pos) != 1 || pos[0] == "" {
+			return nil, "", usageError(fs, stderr, fs.Usage, errors.New("want the "+want))
+		}
+		arg = pos[0]
+	}
+	st, err := openStore(*dir)
+	return st, arg, err
+}
+
 func openStore(dir string) (*data.Store, error) {
 	db, err := existingDatabase(dir)
 	if err != nil {
@@ -158,10 +182,7 @@ func cmdKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		tenant = fs.String("tenant", "", "only this tenant's keys")
 		asJSON = fs.Bool("json", false, "print JSON")
 	)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	st, err := openStore(*dir)
+	st, _, err := openCommand(fs, stderr, args, dir, "")
 	if err != nil {
 		return err
 	}
@@ -316,19 +337,12 @@ func limit(v int64) string {
 func cmdKeysRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("keys revoke", "keys revoke --data DIR KEY   (KEY: key id, display prefix, or the secret)", stderr)
 	dir := fs.String("data", "tailgate-data", "data directory")
-	pos, err := parseArgs(fs, args, 1)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 || pos[0] == "" {
-		return usageError(fs, stderr, fs.Usage, errors.New("want the KEY to revoke"))
-	}
-	st, err := openStore(*dir)
+	st, ref, err := openCommand(fs, stderr, args, dir, "KEY to revoke")
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	k, err := policy.RevokeKey(ctx, st, pos[0])
+	k, err := policy.RevokeKey(ctx, st, ref)
 	switch {
 	case errors.Is(err, data.ErrNotFound):
 		return errors.New("no key matches that id, prefix or secret")

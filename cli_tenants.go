@@ -70,10 +70,7 @@ func cmdTenantsList(ctx context.Context, args []string, stdout, stderr io.Writer
 		dir    = fs.String("data", "tailgate-data", "data directory")
 		asJSON = fs.Bool("json", false, "print JSON (reserved_* are null: only a running gateway knows them)")
 	)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	st, err := openStore(*dir)
+	st, _, err := openCommand(fs, stderr, args, dir, "")
 	if err != nil {
 		return err
 	}
@@ -103,19 +100,12 @@ func cmdTenantsShow(ctx context.Context, args []string, stdout, stderr io.Writer
 		dir    = fs.String("data", "tailgate-data", "data directory")
 		asJSON = fs.Bool("json", false, "print JSON (reserved_* are null: only a running gateway knows them)")
 	)
-	pos, err := parseArgs(fs, args, 1)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 || pos[0] == "" {
-		return usageError(fs, stderr, fs.Usage, errors.New("want the NAME of the tenant"))
-	}
-	st, err := openStore(*dir)
+	st, name, err := openCommand(fs, stderr, args, dir, "NAME of the tenant")
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	views, err := tenantViews(ctx, st, pos[0])
+	views, err := tenantViews(ctx, st, name)
 	if err != nil {
 		return err
 	}

@@ -42,10 +42,7 @@ func cmdWorkersList(ctx context.Context, args []string, stdout, stderr io.Writer
 		dir    = fs.String("data", "tailgate-data", "data directory")
 		asJSON = fs.Bool("json", false, "print JSON")
 	)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	st, err := openStore(*dir)
+	st, _, err := openCommand(fs, stderr, args, dir, "")
 	if err != nil {
 		return err
 	}
@@ -83,19 +80,12 @@ func cmdWorkersList(ctx context.Context, args []string, stdout, stderr io.Writer
 func cmdWorkersRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("workers revoke", "workers revoke --data DIR WORKER   (WORKER: worker id, or the replica id it registered)", stderr)
 	dir := fs.String("data", "tailgate-data", "data directory")
-	pos, err := parseArgs(fs, args, 1)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 || pos[0] == "" {
-		return usageError(fs, stderr, fs.Usage, errors.New("want the WORKER to revoke"))
-	}
-	st, err := openStore(*dir)
+	st, ref, err := openCommand(fs, stderr, args, dir, "WORKER to revoke")
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	w, err := st.RevokeWorker(ctx, pos[0])
+	w, err := st.RevokeWorker(ctx, ref)
 	switch {
 	case errors.Is(err, data.ErrNotFound):
 		return errors.New("no worker has that id, nor an active one that replica id (see `tailgate workers list`)")
