@@ -17,6 +17,7 @@
 #   DURATION=10s                           length of each vegeta run
 #   WARMUP=2s                              warm-up run per path before the rates
 #   STREAMS=200 STREAM_TOKENS=100 STREAM_TPOT=20ms STREAM_DURATION=10s STREAM_ROUNDS=1
+#   JSON_RATE=100 JSON_TOKENS=16 JSON_DURATION=10s  JSON answers from the STREAM_TPOT engine
 #   VEGETA_MAX_CONNS=512                   connections vegeta may open per path
 #   NGINX=auto|off                         baseline row through nginx if installed
 #   KEEP_TMP=1                             keep the temp dir (results, logs)
@@ -32,6 +33,9 @@ STREAM_TOKENS=${STREAM_TOKENS:-100}
 STREAM_TPOT=${STREAM_TPOT:-20ms}
 STREAM_DURATION=${STREAM_DURATION:-10s}
 STREAM_ROUNDS=${STREAM_ROUNDS:-1}
+JSON_RATE=${JSON_RATE:-100}
+JSON_TOKENS=${JSON_TOKENS:-16}
+JSON_DURATION=${JSON_DURATION:-10s}
 VEGETA_MAX_CONNS=${VEGETA_MAX_CONNS:-512}
 NGINX=${NGINX:-auto}
 VEGETA_VERSION=v12.13.0
@@ -241,6 +245,26 @@ echo "== streams: engine token every $STREAM_TPOT =="
 log "streams: $STREAMS at once, $STREAM_TOKENS tokens, $STREAM_DURATION per path"
 "$TMP/streamgap" --direct "http://$SIM_STREAM" --gateway "http://$GW" --key "$KEY" --model tailgate-sim-stream \
 	--streams "$STREAMS" --tokens "$STREAM_TOKENS" --duration "$STREAM_DURATION" --rounds "$STREAM_ROUNDS"
+
+# --- JSON answers from an engine that takes time per token ------------------
+# With the instant engine above, every chunk the gateway reads from the
+# engine (it streams from the engine to hedge JSON answers on their first
+# token, and assembles them) arrives at once, so all their handling adds to
+# the answer's time. Here tokens come STREAM_TPOT apart, as from a GPU: what
+# the gateway adds is what a client of a real engine sees.
+echo
+echo "== JSON answers, engine token every $STREAM_TPOT (${JSON_TOKENS} tokens, $JSON_RATE req/s, $JSON_DURATION) =="
+JBODY="$TMP/body-slow.json"
+printf '{"model":"tailgate-sim-stream","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":%d,"ignore_eos":true}' "$JSON_TOKENS" >"$JBODY"
+printf 'POST http://%s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' "$SIM_STREAM" "$KEY" "$JBODY" >"$TMP/targets-direct.txt"
+printf 'POST http://%s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' "$GW" "$KEY" "$JBODY" >"$TMP/targets-gateway.txt"
+mkdir -p "$TMP/results-json"
+for p in direct gateway; do
+	log "JSON answers: $p at $JSON_RATE req/s for $JSON_DURATION"
+	attack "$p" "$JSON_RATE" "$JSON_DURATION" "$TMP/results-json/$p-$JSON_RATE.csv"
+	sleep 1
+done
+"$TMP/overheadtable" --dir "$TMP/results-json" --rates "$JSON_RATE" --paths "direct gateway" | grep -v -e '^goal' -e '^highest rate' -e '^  direct ' -e '^  gateway '
 
 # The gateway metered what it served.
 usage=$("$TMP/tailgate" usage --data "$DATA" --tenant bench 2>/dev/null | tail -n +2 | awk '{n += $4} END {print n + 0}')
