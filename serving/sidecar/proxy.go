@@ -10,9 +10,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"tailgate/serving"
@@ -82,45 +80,39 @@ func (s *Sidecar) handlePostGenerate(w http.ResponseWriter, r *http.Request) {
 }
 
 // post sends the client's request to the engine and returns its answer and
-// when the request was written. A request that failed on a kept-alive
-// connection before any byte of an answer came back is sent once more on a
-// new connection: the engine closed the idle connection as the request
+// when the request was written. The request carries an idempotency key (the
+// gateway's, or one of its own), which lets Go's transport send it once more
+// on a new connection when it failed on a kept-alive one before any byte of
+// an answer came back: the engine closed the idle connection as the request
 // arrived (vLLM closes idle connections after VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
-// so it never read it, and Go's transport resends no POST it has written.
+// so it never read it. Without a key the transport resends no POST it has
+// written; with one it resends nothing the engine began to answer.
 func (s *Sidecar) post(r *http.Request, body []byte) (*http.Response, time.Time, error) {
-	send := func(rt http.RoundTripper) (*http.Response, *wroteTrace, error) {
-		tr := newWroteTrace()
-		ctx := httptrace.WithClientTrace(r.Context(), tr.clientTrace())
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.engineURL(r), bytes.NewReader(body))
-		if err != nil {
-			return nil, tr, err
-		}
-		copyRequestHeader(req.Header, r.Header)
-		s.authorize(req)
-		resp, err := rt.RoundTrip(req)
-		return resp, tr, err
+	tr := newWroteTrace()
+	ctx := httptrace.WithClientTrace(r.Context(), tr.clientTrace())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.engineURL(r), bytes.NewReader(body))
+	if err != nil {
+		return nil, time.Time{}, err
 	}
-	resp, tr, err := send(s.transport)
-	if err != nil && tr.unanswered() && closedUnderUs(err) && r.Context().Err() == nil {
-		s.log.Debug("engine closed a kept-alive connection under the request; sending it again on a new one",
-			"path", r.URL.Path, "err", err)
-		resp, tr, err = send(s.fresh)
+	copyRequestHeader(req.Header, r.Header)
+	if req.Header.Get(idempotencyKey) == "" {
+		req.Header.Set(idempotencyKey, "sidecar-"+strconv.FormatUint(requestSeq.Add(1), 36))
 	}
+	s.authorize(req)
+	resp, err := s.transport.RoundTrip(req)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
 	return resp, tr.wroteAt(), nil
 }
 
-// closedUnderUs reports whether err is what a connection closed by the
-// engine looks like: the connection ended (EOF, reset, broken pipe), or Go
-// saw it close while idle. A timeout or a cancellation is not.
-func closedUnderUs(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		// net/http's errServerClosedIdle, unexported.
-		strings.Contains(err.Error(), "server closed idle connection")
-}
+// idempotencyKey is the header that makes Go's transport replay a POST
+// that died unanswered on a kept-alive connection (net/http's
+// Request.isReplayable).
+const idempotencyKey = "X-Idempotency-Key"
+
+// requestSeq numbers the idempotency keys the sidecar makes itself.
+var requestSeq atomic.Uint64
 
 // handleGetModels proxies the engine's model list.
 func (s *Sidecar) handleGetModels(w http.ResponseWriter, r *http.Request) {
@@ -320,21 +312,17 @@ func copyResponseHeader(dst, src http.Header) {
 }
 
 // wroteTrace records when the request was fully written to the engine, as an
-// offset from a base time so the monotonic clock is kept, and whether it went
-// on a kept-alive connection and saw any answer.
+// offset from a base time so the monotonic clock is kept. A replayed
+// request's time is its last write.
 type wroteTrace struct {
-	base     time.Time
-	wrote    atomic.Int64 // nanoseconds after base; 0 until written
-	reused   atomic.Bool  // the connection had carried an earlier request
-	answered atomic.Bool  // a byte of the answer arrived
+	base  time.Time
+	wrote atomic.Int64 // nanoseconds after base; 0 until written
 }
 
 func newWroteTrace() *wroteTrace { return &wroteTrace{base: time.Now()} }
 
 func (t *wroteTrace) clientTrace() *httptrace.ClientTrace {
 	return &httptrace.ClientTrace{
-		GotConn:              func(info httptrace.GotConnInfo) { t.reused.Store(info.Reused) },
-		GotFirstResponseByte: func() { t.answered.Store(true) },
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
 				t.wrote.Store(max(int64(time.Since(t.base)), 1))
@@ -342,10 +330,6 @@ func (t *wroteTrace) clientTrace() *httptrace.ClientTrace {
 		},
 	}
 }
-
-// unanswered reports whether the request went on a kept-alive connection
-// and no byte of an answer came back.
-func (t *wroteTrace) unanswered() bool { return t.reused.Load() && !t.answered.Load() }
 
 // wroteAt returns when the request was written; the base time if the trace
 // never said.

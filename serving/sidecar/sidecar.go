@@ -120,7 +120,6 @@ type Sidecar struct {
 	cfg       Config // defaults applied
 	log       *slog.Logger
 	transport http.RoundTripper
-	fresh     http.RoundTripper // transport's twin that keeps no connection, for resends
 	tokenSum  [sha256.Size]byte // of "Bearer <token>", compared in constant time
 	handler   http.Handler
 
@@ -165,12 +164,6 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	if s.transport == nil {
 		s.transport = newTransport(cfg.EngineKeepAlive * 4 / 5)
-	}
-	s.fresh = s.transport
-	if t, ok := s.transport.(*http.Transport); ok {
-		f := t.Clone()
-		f.DisableKeepAlives = true
-		s.fresh = f
 	}
 	s.handler = s.routes()
 	return s, nil
