@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,8 +22,15 @@ import (
 // burst scenario, and returns its exit code, stdout and report.
 func runBenchSLO(t *testing.T, args ...string) (int, string, load.Report) {
 	t.Helper()
+	return runBenchReport(t, append([]string{"--scenario", "burst"}, args...)...)
+}
+
+// runBenchReport runs the real binary's bench with args and a short bounded
+// steady phase, and returns its exit code, stdout and report.
+func runBenchReport(t *testing.T, args ...string) (int, string, load.Report) {
+	t.Helper()
 	jsonPath := filepath.Join(t.TempDir(), "r.json")
-	args = append([]string{"bench", "--scenario", "burst", "--phases", "steady:3s", "--rate", "10", "--seed", "5",
+	args = append([]string{"bench", "--phases", "steady:3s", "--rate", "10", "--seed", "5",
 		"--json", jsonPath, "--quiet"}, args...)
 	cmd := exec.Command(binPath, args...)
 	var stdout, stderr bytes.Buffer
@@ -54,10 +65,15 @@ func runBenchSLO(t *testing.T, args ...string) (int, string, load.Report) {
 	return code, stdout.String(), rep
 }
 
+// sloCheck finds a check of every source (the global one).
 func sloCheck(rep load.Report, phase, kind, stage, obj string) *load.SLOCheck {
+	return sourceCheck(rep, "", phase, kind, stage, obj)
+}
+
+func sourceCheck(rep load.Report, source, phase, kind, stage, obj string) *load.SLOCheck {
 	for i := range rep.SLO {
 		c := &rep.SLO[i]
-		if c.Phase == phase && c.Kind == kind && c.Stage == stage && c.Name == obj {
+		if c.Source == source && c.Phase == phase && c.Kind == kind && c.Stage == stage && c.Name == obj {
 			return c
 		}
 	}
@@ -130,4 +146,67 @@ slo:
 			t.Errorf("ttft %+v: want the gateway's 5s budget, passed", ttft)
 		}
 	})
+}
+
+// TestBenchSLOFailsASlowSourceThatTheGlobalPercentileHides: one source of
+// three reaches the gateway 400 ms late (a slow geography, played by a
+// loopback proxy that holds only its requests). Its own checks FAIL and the
+// bench exits 1, while the global check of the same phase PASSes: two
+// thirds of the requests are fast, and the budget is a p50.
+func TestBenchSLOFailsASlowSourceThatTheGlobalPercentileHides(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
+	up := startUp(t, "--replicas", "1", "--sim-ttft", "5ms", "--sim-tpot", "1ms")
+	gw, err := url.Parse(up.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, _ := url.Parse(up.api)
+	gw.Host = api.Host
+	proxy := httputil.NewSingleHostReverseProxy(gw)
+	proxy.FlushInterval = -1
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Tailgate-Source") == "ap" {
+			select {
+			case <-time.After(400 * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(slow.Close)
+	file := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(file, []byte(`
+slo:
+  stream:
+    ttft: {p50: 250ms}
+  json:
+    total: {p50: 250ms}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, rep := runBenchReport(t, "--target", slow.URL+"/v1", "--key-file", filepath.Join(up.dir, "demo.key"),
+		"--slo", file, "--sources", "eu,us,ap")
+	if code != 1 {
+		t.Errorf("exit %d, want 1: a source over its budget fails the run", code)
+	}
+	for _, kind := range []string{"stream", "json"} {
+		stage := map[string]string{"stream": "ttft", "json": "total"}[kind]
+		if c := sloCheck(rep, "1 steady", kind, stage, "p50"); c == nil || c.Result != load.Pass {
+			t.Errorf("global %s %s: %+v, want PASS (two thirds are fast)", kind, stage, c)
+		}
+		if c := sourceCheck(rep, "ap", "1 steady", kind, stage, "p50"); c == nil || c.Result != load.Fail || c.Requests == 0 {
+			t.Errorf("source ap %s %s: %+v, want FAIL", kind, stage, c)
+		}
+		for _, src := range []string{"eu", "us"} {
+			if c := sourceCheck(rep, src, "all", kind, stage, "p50"); c == nil || c.Result != load.Pass {
+				t.Errorf("source %s %s %s: %+v, want PASS", src, kind, stage, c)
+			}
+		}
+	}
+	if !strings.Contains(out, "FAIL: source ap over budget") {
+		t.Errorf("the text report does not name the failing source")
+	}
 }

@@ -370,7 +370,7 @@ func isIdent(s string) bool {
 // and a bucket bound the histogram does not have.
 func TestCheckQueryFindsWhatIsMissing(t *testing.T) {
 	series := map[string]map[string]map[string]bool{
-		"tailgate_ttft_seconds_bucket": {"model": {"m": true}, "le": {"0.5": true, "+Inf": true}},
+		"tailgate_ttft_seconds_bucket": {"model": {"m": true}, "answer": {"stream": true, "json": true}, "le": {"0.5": true, "+Inf": true}},
 		"tailgate_ttft_seconds_count":  {"model": {"m": true}},
 		"tailgate_requests_total":      {"model": {"m": true}, "code": {"200": true}},
 	}
@@ -381,6 +381,8 @@ func TestCheckQueryFindsWhatIsMissing(t *testing.T) {
 		{`histogram_quantile(0.99, sum by (le) (rate(tailgate_ttft_seconds_bucket[$__rate_interval])))`, ""},
 		{`sum by (code) (rate(tailgate_requests_total{code=~"5.."}[5m])) / sum(rate(tailgate_requests_total[5m]))`, ""},
 		{`sum(rate(tailgate_request_total[5m]))`, "metric tailgate_request_total"},
+		{`sum by (le) (rate(tailgate_ttft_seconds_bucket{answer="stream"}[5m]))`, ""},
+		{`sum by (le) (rate(tailgate_ttft_seconds_bucket{anwser="stream"}[5m]))`, "has no label anwser"},
 		{`sum(rate(tailgate_requests_total{tenant="a"}[5m]))`, "has no label tenant"},
 		{`sum by (stage) (rate(tailgate_requests_total[5m]))`, "label stage"},
 		{`rate(tailgate_ttft_seconds_bucket{le="0.6"}[1h]) / rate(tailgate_ttft_seconds_count[1h]) > 14.4 * 0.01`, `le="0.6"`},

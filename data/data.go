@@ -123,6 +123,10 @@ type LedgerRow struct {
 	Attempts int
 	Hedged   bool
 	Stages   Stages
+	// AttemptLog is every attempt of the request, the winner and the
+	// others, in the order they started. It is stored with a final row (not
+	// with an open one) and filled by [Store.FindRequests].
+	AttemptLog []Attempt
 
 	// Priority is the class the request ran as ("" if it was refused before
 	// that was known) and QueueWait how long it waited in the admission

@@ -34,6 +34,9 @@ func (s *Store) prepareLedger() error {
 			return fmt.Errorf("prepare ledger insert: %w", err)
 		}
 		s.ledgerStmts[i] = st
+		if s.attemptStmts[i], err = s.write.Prepare(attemptInsertSQL(n)); err != nil {
+			return fmt.Errorf("prepare attempt insert: %w", err)
+		}
 	}
 	return nil
 }
@@ -92,7 +95,7 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 	}
 	defer tx.Rollback()
 
-	stamp := now()
+	all, stamp := rows, now()
 	// Sized for this batch: the writer's transactions are mostly a few
 	// rows, and the largest statement's arguments are 26 KiB.
 	args := make([]any, 0, min(len(rows), ledgerChunks[0])*len(ledgerCols))
@@ -118,6 +121,9 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 			}
 		}
 		rows = rest
+	}
+	if err := s.insertAttempts(ctx, tx, all, args); err != nil {
+		return err
 	}
 	return tx.Commit()
 }

@@ -360,6 +360,9 @@ func BenchmarkLedgerWriter(b *testing.B) {
 				Stages: Stages{Gateway: 300 * time.Microsecond, Connect: -1, UpstreamTTFT: 80 * time.Millisecond,
 					EngineQueue: time.Millisecond, EngineTTFT: 70 * time.Millisecond, Network: 9 * time.Millisecond,
 					TTFT: 81 * time.Millisecond, Total: 900 * time.Millisecond},
+				// The common request: one attempt, the winner.
+				AttemptLog: []Attempt{{N: 1, Replica: "replica-1", Role: "first", Start: 300 * time.Microsecond,
+					TTFT: 80 * time.Millisecond, End: 900 * time.Millisecond, Outcome: AttemptWon, PromptTokens: 42, CompletionTokens: 128}},
 			}
 			b.ResetTimer()
 			start := time.Now()

@@ -19,7 +19,7 @@ type RequestFilter struct {
 }
 
 // FindRequests returns the ledger rows f selects, newest first, with the
-// tenant name filled.
+// tenant name and every attempt of each request filled.
 func (s *Store) FindRequests(ctx context.Context, f RequestFilter) ([]LedgerRow, error) {
 	if f.Limit <= 0 {
 		f.Limit = DefaultRecentLimit
@@ -47,6 +47,9 @@ func (s *Store) FindRequests(ctx context.Context, f RequestFilter) ([]LedgerRow,
 		q += " WHERE " + strings.Join(conds, " AND ")
 	}
 	out, err := s.queryLedger(ctx, q+` ORDER BY l.ts DESC, l.rowid DESC LIMIT ?`, append(args, f.Limit)...)
+	if err == nil {
+		err = s.fillAttempts(ctx, out)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("find requests: %w", err)
 	}

@@ -3,6 +3,7 @@ package data
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -227,7 +228,7 @@ func TestLedgerRowRoundTrip(t *testing.T) {
 					t.Errorf("Time = %v, want %v", got.Time, want.Time)
 				}
 				got.Time = want.Time
-				if *got != want {
+				if !reflect.DeepEqual(*got, want) {
 					t.Errorf("read back\n%+v\nwant\n%+v", *got, want)
 				}
 				var nulls int

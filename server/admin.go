@@ -340,10 +340,24 @@ func (s *Server) handleGetRequests(c echo.Context) error {
 			"attempts": r.Attempts, "hedged": r.Hedged,
 			"prompt_tokens": r.PromptTokens, "completion_tokens": r.CompletionTokens,
 			"hedge_overhead_tokens": r.HedgeOverheadTokens, "cost_micros": r.CostMicros,
-			"stages_ms": stages,
+			"stages_ms": stages, "attempt_log": attemptsJSON(r.AttemptLog, ms),
 		})
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})
+}
+
+// attemptsJSON is a request's attempts as the admin API shows them, times
+// in milliseconds (start and end after the request arrived; null unknown).
+func attemptsJSON(as []data.Attempt, ms func(time.Duration) *float64) []map[string]any {
+	out := make([]map[string]any, 0, len(as))
+	for _, a := range as {
+		out = append(out, map[string]any{
+			"n": a.N, "replica": a.Replica, "role": a.Role, "outcome": a.Outcome, "reason": a.Reason,
+			"start_ms": ms(a.Start), "ttft_ms": ms(a.TTFT), "end_ms": ms(a.End),
+			"prompt_tokens": a.PromptTokens, "completion_tokens": a.CompletionTokens,
+		})
+	}
+	return out
 }
 
 func (s *Server) handleGetReplicas(c echo.Context) error {

@@ -67,7 +67,7 @@ func TestHistoryRecordsRequestsErrorsTTFTAndReplicaStates(t *testing.T) {
 		for _, p := range got.Data {
 			requests += p.Requests
 			bad += p.Errors["4xx"]
-			ttftN += p.TTFT["all"].N
+			ttftN += p.TTFT["stream"].N + p.TTFT["json"].N
 			for _, n := range p.Ejections {
 				ejections += n
 			}

@@ -143,10 +143,16 @@ type upstream struct {
 	gotUsage        bool
 	perChoice       map[int64]int64 // n > 1: each choice's running completion tokens
 	tokens          int64           // content events seen
+
+	log *tryLog // the call's attempt log, and this attempt's index in it
+	try int
 }
 
 // Abort cancels the attempt and closes its connection.
 func (u *upstream) Abort() {
+	if u.log != nil {
+		u.log.aborted(u.try)
+	}
 	u.cancel()
 	if u.resp != nil {
 		u.resp.Body.Close()
@@ -162,9 +168,20 @@ func (u *upstream) release() {
 	}
 }
 
-// open runs one attempt up to its first token. It writes nothing to the
-// client: the router may run two at once and keep one.
+// open runs one attempt up to its first token, and records it in the
+// call's attempt log. It writes nothing to the client: the router may run
+// two at once and keep one.
 func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+	i := cl.tries.begin(rep, reason)
+	att, err := s.openAttempt(ctx, cl, rep, n, reason)
+	cl.tries.opened(i, att, err, ctx.Err() != nil)
+	if u, ok := att.(*upstream); ok {
+		u.log, u.try = &cl.tries, i
+	}
+	return att, err
+}
+
+func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	u := &upstream{rep: rep, n: n, reason: reason, cancel: cancel, stages: data.UnknownStages()}
 	ok := false

@@ -139,6 +139,12 @@ func TestDashboardPanelsLiveAndDrivesKeysAndBudgets(t *testing.T) {
 	b.navigate(d.ui.URL + "/ui/#token=" + servertest.AdminToken)
 	b.waitFor("its data", `document.body.dataset.loaded && document.querySelectorAll("#requests tbody tr.clickable").length >= 4`)
 	b.waitFor("the last hour's charts", `document.querySelectorAll("#charts svg path").length >= 3`)
+	// Streams and JSON answers in TTFT charts of their own, each with data.
+	ttftLines := func(title string) string {
+		return `[...document.querySelectorAll("#charts figure")].filter(f => f.querySelector("figcaption").textContent === "` + title +
+			`").map(f => f.querySelectorAll("svg path").length).join(",")`
+	}
+	b.waitFor("both TTFT charts with data", ttftLines("time to first token, streams")+` === "3" && `+ttftLines("JSON answers, whole answer")+` === "3"`)
 
 	// The token left the address bar for this tab's storage.
 	var where struct{ Href, Stored string }
@@ -168,7 +174,7 @@ func TestDashboardPanelsLiveAndDrivesKeysAndBudgets(t *testing.T) {
 	}
 	delete(panels, "budgetOver")
 	delete(panels, "budgetRows")
-	want := map[string]int{"panelRed": 1, "charts": 7, "replicas": 2, "streams": 2, "jsons": 2,
+	want := map[string]int{"panelRed": 1, "charts": 8, "replicas": 2, "streams": 2, "jsons": 2,
 		"tenants": 1, "keys": 1, "usage": 1}
 	for k, v := range want {
 		if panels[k] != v {

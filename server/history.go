@@ -38,9 +38,9 @@ type HistoryPoint struct {
 	// Errors counts answers by class: "4xx" (429 apart), "429", "5xx".
 	Errors map[string]float64 `json:"errors"`
 	// TTFT holds client-visible TTFT percentiles (ms) of the interval from
-	// tailgate_ttft_seconds, keyed by the histogram's "kind" label when it
-	// has one (streams and JSON answers apart), else "all". A percentile is
-	// the upper bound of the bucket it falls in.
+	// tailgate_ttft_seconds, keyed by its answer label: "stream", and "json"
+	// (a whole answer's time, never mixed into the streams'). A percentile
+	// is the upper bound of the bucket it falls in.
 	TTFT           map[string]Percentiles `json:"ttft_ms"`
 	HedgesWon      float64                `json:"hedges_won"`
 	HedgesLost     float64                `json:"hedges_lost"`
@@ -99,7 +99,7 @@ type counters struct {
 	hedges    map[string]float64
 	overhead  float64
 	ejections map[string]float64
-	ttft      map[string][]bucket // by kind
+	ttft      map[string][]bucket // by answer
 }
 
 type bucket struct{ le, count float64 }
@@ -166,8 +166,8 @@ func (h *history) add(p HistoryPoint, c counters) {
 	p.HedgesLost = math.Max(0, c.hedges["lost"]-prev.hedges["lost"])
 	p.HedgeOverhead = math.Max(0, c.overhead-prev.overhead)
 	p.TTFT = map[string]Percentiles{}
-	for kind, bs := range c.ttft {
-		p.TTFT[kind] = percentiles(bs, prev.ttft[kind])
+	for answer, bs := range c.ttft {
+		p.TTFT[answer] = percentiles(bs, prev.ttft[answer])
 	}
 	h.points[h.next] = p
 	h.next = (h.next + 1) % len(h.points)
@@ -252,11 +252,8 @@ func (s *Server) gatherCounters() counters {
 			case "tailgate_ejections_total":
 				c.ejections[label(m, "reason")] += m.GetCounter().GetValue()
 			case "tailgate_ttft_seconds":
-				kind := label(m, "kind")
-				if kind == "" {
-					kind = "all"
-				}
-				c.ttft[kind] = addBuckets(c.ttft[kind], m.GetHistogram())
+				answer := label(m, "answer")
+				c.ttft[answer] = addBuckets(c.ttft[answer], m.GetHistogram())
 			}
 		}
 	}

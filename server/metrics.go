@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -46,8 +47,8 @@ func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter, queue *pol
 			Name: "tailgate_stage_duration_seconds", Help: "Duration of each stage of a request.", Buckets: latencyBuckets,
 		}, []string{"stage"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "tailgate_ttft_seconds", Help: "Client-visible time to first token.", Buckets: latencyBuckets,
-		}, []string{"model"}),
+			Name: "tailgate_ttft_seconds", Help: "Client-visible time to first token, by model and answer (stream, or json: a whole answer's first byte is its last).", Buckets: latencyBuckets,
+		}, []string{"model", "answer"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_tokens_total", Help: "Tokens by kind (prompt, completion, hedge_overhead).",
 		}, []string{"model", "kind"}),
@@ -94,7 +95,7 @@ func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter, queue *pol
 // modelMetrics caches the per-model children so the hot path does no label
 // hashing.
 type modelMetrics struct {
-	ttft        prometheus.Observer
+	ttft        [2]prometheus.Observer // by answer: ttftJSON, ttftStream
 	prompt      prometheus.Counter
 	completion  prometheus.Counter
 	overhead    prometheus.Counter
@@ -108,7 +109,7 @@ func (m *metrics) model(name string) *modelMetrics {
 		return mm.(*modelMetrics)
 	}
 	mm := &modelMetrics{
-		ttft:        m.ttft.WithLabelValues(name),
+		ttft:        [2]prometheus.Observer{m.ttft.WithLabelValues(name, "json"), m.ttft.WithLabelValues(name, "stream")},
 		prompt:      m.tokens.WithLabelValues(name, "prompt"),
 		completion:  m.tokens.WithLabelValues(name, "completion"),
 		overhead:    m.tokens.WithLabelValues(name, "hedge_overhead"),
@@ -117,6 +118,23 @@ func (m *metrics) model(name string) *modelMetrics {
 	}
 	actual, _ := m.perModel.LoadOrStore(name, mm)
 	return actual.(*modelMetrics)
+}
+
+// Indexes of modelMetrics.ttft: the answer label's two values.
+const (
+	ttftJSON   = 0
+	ttftStream = 1
+)
+
+// observeTTFT counts a client-visible time to first token apart for streams
+// and JSON answers: one histogram of both would put whole answers into the
+// streams' percentiles.
+func (mm *modelMetrics) observeTTFT(stream bool, d time.Duration) {
+	i := ttftJSON
+	if stream {
+		i = ttftStream
+	}
+	mm.ttft[i].Observe(d.Seconds())
 }
 
 func (mm *modelMetrics) request(code int) {

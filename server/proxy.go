@@ -112,7 +112,10 @@ func (s *Server) serveProxy(ctx context.Context, cl *call, pe proxyEndpoint, bod
 	cl.routed = true
 	res, err := s.reg.Do(ctx, router.Request{Hint: router.Hint{Model: pr.model}, Stream: pr.stream, NoHedge: true},
 		func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
-			return s.openProxied(ctx, cl, rep, ctype)
+			i := cl.tries.begin(rep, reason)
+			att, err := s.openProxied(ctx, cl, rep, ctype)
+			cl.tries.opened(i, att, err, ctx.Err() != nil)
+			return att, err
 		})
 	cl.attempts, cl.hedged = res.Attempts, res.Hedged
 	if res.Replica != nil {
@@ -122,6 +125,7 @@ func (s *Server) serveProxy(ctx context.Context, cl *call, pe proxyEndpoint, bod
 	var w *sseWriter
 	if err == nil {
 		a := res.Attempt.(*proxied)
+		cl.tries.win(a)
 		defer a.Abort()
 		cl.winner = res.Reason.String()
 		cl.stages.Connect, cl.stages.UpstreamTTFT = a.connect, a.ttft

@@ -45,6 +45,7 @@ type call struct {
 	attempts      int
 	hedged        bool
 	winner        string // first, retry or hedge
+	tries         tryLog // every attempt, for the ledger
 
 	// How it ended: set once, by conclude (or reject).
 	recorded bool // the ledger row is written (or committed)
@@ -131,6 +132,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	defer res.Finish() // the winner's in-flight slot, even if the relay panics
 	if err == nil {
 		u := res.Attempt.(*upstream)
+		cl.tries.win(u)
 		defer u.Abort() // done with it: close the connection's body, free buffers
 		// An answer's ledger row is committed before its final bytes leave:
 		// a gateway killed after that has the row, one killed before has an
@@ -164,6 +166,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 				// A connection that broke mid-answer is most likely a
 				// replica that died: out of routing until a probe says not.
 				s.reg.Eject(u.rep, "midstream")
+				cl.tries.broke(u, err)
 				u.Abort()
 				res.Finish()
 				first, broke := res, err
@@ -178,6 +181,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 				defer res.Finish()
 				if err == nil {
 					u = res.Attempt.(*upstream)
+					cl.tries.win(u)
 					defer u.Abort()
 					cl.replica, cl.winner = res.Replica.ID, "retry"
 					body, err = s.assembleJSON(ctx, cl, u)
@@ -507,7 +511,7 @@ func (s *Server) observe(cl *call, cost int64) (data.LedgerRow, bool) {
 		}
 	})
 	if cl.stages.TTFT >= 0 {
-		mm.ttft.Observe(cl.stages.TTFT.Seconds())
+		mm.observeTTFT(cl.req != nil && cl.req.stream, cl.stages.TTFT)
 	}
 	if cl.usage.PromptTokens > 0 {
 		mm.prompt.Add(float64(cl.usage.PromptTokens))
@@ -526,7 +530,9 @@ func (s *Server) observe(cl *call, cost int64) (data.LedgerRow, bool) {
 		s.m.rowsSkipped.Inc()
 		return data.LedgerRow{}, false
 	}
-	return s.row(cl, cl.usage, cost), true
+	row := s.row(cl, cl.usage, cost)
+	row.AttemptLog = cl.attemptLog()
+	return row, true
 }
 
 // row is the call's ledger row as it stands.

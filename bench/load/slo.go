@@ -3,6 +3,7 @@ package load
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -41,6 +42,10 @@ func (s *SLO) For(model string) []Objective {
 // kind with the stage measured.
 type SLOCheck struct {
 	Phase string `json:"phase"`
+	// Source is the source label the check is limited to; "" for every
+	// request. With more than one source in a run, each phase is checked
+	// for every source too: one global percentile hides a slow geography.
+	Source string `json:"source,omitempty"`
 	Objective
 	Requests    int     `json:"requests"`
 	Within      int     `json:"within"`
@@ -83,58 +88,78 @@ func sloValue(r *Record, kind, stage string) (v float64, has, counted bool) {
 	return 0, false, false
 }
 
-// checkSLO checks objs on every phase of rep and on the whole run.
+// checkSLO checks objs on every phase of rep and on the whole run, and,
+// when the requests carry more than one source label, on each source of
+// each phase and of the run as well.
 func checkSLO(rep *Report, objs []Objective) []SLOCheck {
 	byPhase := make([][]*Record, len(rep.Phases))
 	all := make([]*Record, 0, len(rep.Requests))
+	sources := map[string]bool{}
 	for i := range rep.Requests {
 		r := &rep.Requests[i]
 		if r.Span >= 0 && r.Span < len(byPhase) {
 			byPhase[r.Span] = append(byPhase[r.Span], r)
 		}
 		all = append(all, r)
+		if r.Source != "" {
+			sources[r.Source] = true
+		}
+	}
+	perSource := []string{""}
+	if len(sources) > 1 {
+		perSource = append(perSource, slices.Sorted(maps.Keys(sources))...)
 	}
 	var out []SLOCheck
 	check := func(phase string, recs []*Record) {
-		for _, o := range objs {
-			c := SLOCheck{Phase: phase, Objective: o, Result: NoData}
-			var vals []float64
-			for _, r := range recs {
-				if r.Stream != (o.Kind == "stream") {
-					continue
-				}
-				v, has, counted := sloValue(r, o.Kind, o.Stage)
-				if !counted {
-					continue
-				}
-				c.Requests++
-				if !has {
-					continue
-				}
-				vals = append(vals, v)
-				if v <= o.BudgetMS {
-					c.Within++
-				}
-			}
-			if c.Requests > 0 {
-				c.WithinRatio = float64(c.Within) / float64(c.Requests)
-				c.Result = Pass
-				if c.WithinRatio < o.Target {
-					c.Result = Fail
-				}
-			}
-			if len(vals) > 0 {
-				slices.Sort(vals)
-				v := Percentile(vals, o.Target*100)
-				c.ValueMS = &v
-			}
-			out = append(out, c)
+		for _, src := range perSource {
+			out = append(out, checkObjectives(phase, src, recs, objs)...)
 		}
 	}
 	for i, p := range rep.Phases {
 		check(p.Name, byPhase[i])
 	}
 	check("all", all)
+	return out
+}
+
+// checkObjectives checks objs on recs, limited to the requests of source
+// unless it is "".
+func checkObjectives(phase, source string, recs []*Record, objs []Objective) []SLOCheck {
+	var out []SLOCheck
+	for _, o := range objs {
+		c := SLOCheck{Phase: phase, Source: source, Objective: o, Result: NoData}
+		var vals []float64
+		for _, r := range recs {
+			if r.Stream != (o.Kind == "stream") || source != "" && r.Source != source {
+				continue
+			}
+			v, has, counted := sloValue(r, o.Kind, o.Stage)
+			if !counted {
+				continue
+			}
+			c.Requests++
+			if !has {
+				continue
+			}
+			vals = append(vals, v)
+			if v <= o.BudgetMS {
+				c.Within++
+			}
+		}
+		if c.Requests > 0 {
+			c.WithinRatio = float64(c.Within) / float64(c.Requests)
+			c.Result = Pass
+			if c.WithinRatio < o.Target {
+				c.Result = Fail
+			}
+		}
+		if len(vals) > 0 {
+			slices.Sort(vals)
+			v := Percentile(vals, o.Target*100)
+			c.ValueMS = &v
+		}
+		out = append(out, c)
+	}
 	return out
 }
 
@@ -158,6 +183,10 @@ func (r *Report) writeSLO(b *strings.Builder) {
 	}
 	fmt.Fprintf(b, "\n== latency budgets (%s) ==\n", r.SLOFrom)
 	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
+	bySource := slices.ContainsFunc(r.SLO, func(c SLOCheck) bool { return c.Source != "" })
+	if bySource {
+		fmt.Fprint(tw, "source\t")
+	}
 	fmt.Fprintln(tw, "phase\tkind\tstage\tobjective\tbudget\tvalue\twithin\treqs\tresult")
 	for _, c := range r.SLO {
 		val := "–"
@@ -168,17 +197,31 @@ func (r *Report) writeSLO(b *strings.Builder) {
 		if c.Requests > 0 {
 			within = fmt.Sprintf("%.1f%% (≥ %s%%)", 100*c.WithinRatio, trimFloat(math.Round(c.Target*1000)/10))
 		}
+		if bySource {
+			src := c.Source
+			if src == "" {
+				src = "(all)"
+			}
+			fmt.Fprintf(tw, "%s\t", src)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ms\t%s\t%s\t%d\t%s\n", c.Phase, c.Kind, c.Stage, c.Name, trimFloat(c.BudgetMS), val, within, c.Requests, c.Result)
 	}
 	tw.Flush()
 	fails := 0
+	var failed []string // sources with a FAIL
 	for _, c := range r.SLO {
 		if c.Result == Fail {
 			fails++
+			if c.Source != "" && !slices.Contains(failed, c.Source) {
+				failed = append(failed, c.Source)
+			}
 		}
 	}
 	if fails > 0 {
 		fmt.Fprintf(b, "  FAIL: %d of %d checks over budget\n", fails, len(r.SLO))
+		if len(failed) > 0 {
+			fmt.Fprintf(b, "  FAIL: source %s over budget\n", strings.Join(failed, ", "))
+		}
 	} else {
 		fmt.Fprintf(b, "  PASS: %d checks within budget\n", len(r.SLO))
 	}

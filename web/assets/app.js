@@ -153,7 +153,9 @@ function renderHistory(h) {
   const times = pts.map((p) => new Date(p.time));
   const per = (p, v) => (p.seconds > 0 ? v / p.seconds : 0);
   const classes = [...new Set(pts.flatMap((p) => Object.keys(p.errors || {})))].sort();
-  const kinds = [...new Set(pts.flatMap((p) => Object.keys(p.ttft_ms || {})))].sort();
+  const ttftChart = (title, answer) => lineChart(title, times, ["p50", "p95", "p99"].map((q) => ({
+    name: q, values: pts.map((p) => (p.ttft_ms && p.ttft_ms[answer] ? p.ttft_ms[answer][q] : null)),
+  })), " ms");
   const replicas = [...new Set(pts.flatMap((p) => Object.keys(p.replicas || {})))].sort();
   const tenants = [...new Set(pts.flatMap((p) => Object.keys(p.tenant_spent || {})))].sort();
   const figs = [
@@ -161,10 +163,10 @@ function renderHistory(h) {
       { name: "requests", values: pts.map((p) => per(p, p.requests)) },
       ...classes.map((c) => ({ name: c, values: pts.map((p) => per(p, (p.errors || {})[c] || 0)) })),
     ], "/s"),
-    lineChart("TTFT percentiles", times, kinds.flatMap((k) => ["p50", "p95", "p99"].map((q) => ({
-      name: (kinds.length > 1 || k !== "all" ? k + " " : "") + q,
-      values: pts.map((p) => (p.ttft_ms && p.ttft_ms[k] ? p.ttft_ms[k][q] : null)),
-    }))), " ms"),
+    // Streams and JSON answers apart: a JSON answer's first byte is its
+    // last, and mixed in it would pass for a slow stream.
+    ttftChart("time to first token, streams", "stream"),
+    ttftChart("JSON answers, whole answer", "json"),
     lineChart("hedges and their overhead", times, [
       { name: "hedges won", values: pts.map((p) => p.hedges_won) },
       { name: "hedges lost", values: pts.map((p) => p.hedges_lost) },
@@ -284,8 +286,20 @@ function renderRequestDetail(requests) {
     (r.error ? ` · error: ${r.error}` : "") + ` · tokens ${r.prompt_tokens} in, ${r.completion_tokens} out` +
     (r.hedge_overhead_tokens ? `, ${r.hedge_overhead_tokens} burned by a losing hedge` : "");
   const att = document.createElement("p");
-  att.textContent = `attempts: ${r.attempts}${r.hedged ? ", hedged" : ""}; answered by ${r.replica || "no replica"}. ` +
-    "The ledger keeps the count and the winner, not each losing attempt's replica and timings.";
+  att.textContent = `attempts: ${r.attempts}${r.hedged ? ", hedged" : ""}; answered by ${r.replica || "no replica"}.`;
+  // Every attempt, not only the winner: times are after the request arrived.
+  const at = document.createElement("table");
+  at.className = "attempts";
+  at.innerHTML = "<thead><tr><th>#</th><th>replica</th><th>role</th><th>outcome</th><th>start</th>" +
+    "<th>first token</th><th>end</th><th>tokens in/out</th><th>reason</th></tr></thead><tbody></tbody>";
+  at.tBodies[0].append(...(r.attempt_log || []).map((a) => {
+    const tr = document.createElement("tr");
+    tr.className = "attempt-" + a.outcome;
+    tr.append(cell(a.n), cell(a.replica), cell(a.role), cell(a.outcome, a.outcome === "failed" ? "err" : ""),
+      cell(ms(a.start_ms)), cell(a.ttft_ms === null ? "none" : "+" + ms(a.ttft_ms)), cell(ms(a.end_ms)),
+      cell(`${a.prompt_tokens}/${a.completion_tokens}`), cell(a.reason || "–"));
+    return tr;
+  }));
   const st = document.createElement("table");
   st.className = "stages";
   st.innerHTML = "<thead><tr><th>stage</th><th>time</th></tr></thead><tbody></tbody>";
@@ -294,7 +308,7 @@ function renderRequestDetail(requests) {
     tr.append(cell(s === "ttft" && !r.stream ? "ttft (whole answer)" : s), cell(ms(r.stages_ms[s])));
     return tr;
   }));
-  box.replaceChildren(h, facts, att, st);
+  box.replaceChildren(h, facts, att, at, st);
 }
 
 // ---- tenants and keys ----

@@ -1,0 +1,76 @@
+package data
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// A request's attempts ride with its final ledger row through the writer, in
+// the row's own transaction, and come back with it from FindRequests; an
+// open row carries none, and a batch sent again stores nothing twice.
+func TestAttemptsStoredWithTheirLedgerRow(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		w := s.NewLedgerWriter(LedgerConfig{FlushInterval: time.Millisecond}, nil)
+		go w.Run(ctx)
+		defer w.Close()
+
+		hedged := []Attempt{
+			{N: 1, Replica: "sim-a", Role: "first", Start: time.Millisecond, TTFT: -1, End: 90 * time.Millisecond,
+				Outcome: AttemptCancelled, Reason: "another attempt won", PromptTokens: 12},
+			{N: 2, Replica: "sim-b", Role: "hedge", Start: 60 * time.Millisecond, TTFT: 5 * time.Millisecond, End: 120 * time.Millisecond,
+				Outcome: AttemptWon, PromptTokens: 12, CompletionTokens: 4},
+		}
+		retried := []Attempt{
+			{N: 1, Replica: "sim-a", Role: "first", TTFT: -1, End: 2 * time.Millisecond, Outcome: AttemptFailed, Reason: "not_sent: connection refused"},
+			{N: 2, Replica: "sim-b", Role: "retry", Start: 3 * time.Millisecond, TTFT: 4 * time.Millisecond, End: -1, Outcome: AttemptWon, PromptTokens: 7, CompletionTokens: 2},
+		}
+		w.Open(LedgerRow{ID: "req-h", TenantID: 1, Stages: UnknownStages(), AttemptLog: hedged[:1]})
+		if err := w.Commit(ctx, LedgerRow{ID: "req-h", TenantID: 1, Attempts: 2, Hedged: true, Stages: UnknownStages(), AttemptLog: hedged}); err != nil {
+			t.Fatal(err)
+		}
+		// Many rows in one batch: the attempts take every statement size.
+		for i := range 70 {
+			w.Add(LedgerRow{ID: fmt.Sprintf("req-%d", i), TenantID: 1, Stages: UnknownStages(), AttemptLog: retried})
+		}
+		w.Open(LedgerRow{ID: "req-open", TenantID: 1, Stages: UnknownStages(), AttemptLog: retried})
+		if err := w.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Sent again (a commit whose result was lost): nothing doubles.
+		if err := s.InsertLedger(ctx, []LedgerRow{{ID: "req-h", TenantID: 1, Stages: UnknownStages(), AttemptLog: hedged}}); err != nil {
+			t.Fatal(err)
+		}
+
+		for id, want := range map[string][]Attempt{"req-h": hedged, "req-69": retried, "req-open": nil} {
+			rows, err := s.FindRequests(ctx, RequestFilter{ID: id})
+			if err != nil || len(rows) != 1 {
+				t.Fatalf("FindRequests(%s): %d rows, %v", id, len(rows), err)
+			}
+			if got := rows[0].AttemptLog; !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: attempts read back\n%+v\nwant\n%+v", id, got, want)
+			}
+		}
+		var n int
+		if err := s.read.QueryRow(`SELECT COUNT(*) FROM request_attempts`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if want := 2 + 70*2; n != want {
+			t.Errorf("%d attempts stored, want %d", n, want)
+		}
+		// The list view fills every row's attempts with one query.
+		rows, err := s.FindRequests(ctx, RequestFilter{Limit: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.ID != "req-open" && len(r.AttemptLog) != 2 {
+				t.Errorf("list: %s has %d attempts, want 2", r.ID, len(r.AttemptLog))
+			}
+		}
+	})
+}
