@@ -162,7 +162,10 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 
 	setup.srvCfg.AdminToken = adminToken
 	bcfg := cfg.Batch
-	bcfg.FilesDir, bcfg.DrainTimeout = filepath.Join(cfg.DataDir, "files"), min(cfg.ShutdownGrace, 10*time.Second)
+	bcfg.FilesDir, bcfg.DrainTimeout = cfg.BatchFilesDir, min(cfg.ShutdownGrace, 10*time.Second)
+	if bcfg.FilesDir == "" {
+		bcfg.FilesDir = filepath.Join(cfg.DataDir, "files")
+	}
 	setup.srvCfg.Batch = bcfg
 	setup.srvCfg.ClusterToken = clusterToken
 	srv, err := server.New(setup.srvCfg, server.Deps{

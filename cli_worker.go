@@ -21,7 +21,7 @@ import (
 // workerFlags configure one GPU box: launcher + sidecar + registration.
 type workerFlags struct {
 	dataDir          string
-	gateway          string
+	gateways         stringList
 	clusterToken     string
 	clusterTokenFile string
 	engine           string
@@ -42,7 +42,7 @@ type workerFlags struct {
 
 func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&w.dataDir, "data", "tailgate-worker", "worker data directory")
-	fs.StringVar(&w.gateway, "gateway", "", "gateway admin URL to register with, e.g. http://gateway-host:8081 (required)")
+	fs.Var(&w.gateways, "gateway", "gateway admin URL to register with, e.g. http://gateway-host:8081 (required; repeatable: the worker registers with each gateway on its own, e.g. several gateways sharing one PostgreSQL, and one that is down does not stop the others)")
 	fs.StringVar(&w.clusterToken, "cluster-token", "", "cluster token (the gateway's DIR/cluster.token; default: $TAILGATE_CLUSTER_TOKEN unless --cluster-token-file is given); prefer --cluster-token-file or the environment")
 	fs.StringVar(&w.clusterTokenFile, "cluster-token-file", "", "file holding the cluster token")
 	fs.StringVar(&w.engine, "engine", "vllm", "engine: vllm or sim")
@@ -96,11 +96,19 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // it returns closes the listener (and the tailnet node with --mesh).
 func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Config, func(), error) {
 	var cfg worker.Config
-	if wf.gateway == "" {
+	if len(wf.gateways) == 0 {
 		return cfg, nil, errors.New("--gateway is required: the gateway's admin URL, e.g. http://gateway-host:8081")
 	}
-	if u, err := url.Parse(wf.gateway); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return cfg, nil, fmt.Errorf("--gateway %q: want a URL like http://gateway-host:8081", wf.gateway)
+	hosts := map[string]bool{}
+	for _, g := range wf.gateways {
+		u, err := url.Parse(g)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return cfg, nil, fmt.Errorf("--gateway %q: want a URL like http://gateway-host:8081", g)
+		}
+		if hosts[u.Host] {
+			return cfg, nil, fmt.Errorf("--gateway %s is given twice", u.Host)
+		}
+		hosts[u.Host] = true
 	}
 	tok, err := clusterToken(wf.clusterToken, wf.clusterTokenFile)
 	if err != nil {
@@ -132,7 +140,7 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 		return cfg, nil, fmt.Errorf("--drain-grace %s: want 0 (none) or more", wf.drainGrace)
 	}
 	cfg = worker.Config{
-		GatewayURL: wf.gateway, ClusterToken: tok, Advertise: wf.advertise, ReplicaID: wf.replicaID, DataDir: wf.dataDir,
+		Gateways: wf.gateways, ClusterToken: tok, Advertise: wf.advertise, ReplicaID: wf.replicaID, DataDir: wf.dataDir,
 		Model: wf.model, Engine: wf.engine, StartupTimeout: wf.startupTimeout,
 		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, DrainGrace: wf.drainGrace, NoDrain: wf.drainGrace == 0,
 		Log: log,

@@ -50,6 +50,11 @@ type gatewayConfig struct {
 	ConfigFile    string        `yaml:"-"`        // --config
 	ShutdownGrace time.Duration `yaml:"-"`        // --shutdown-grace; 0: none
 
+	// --batch-files-dir; "": DataDir/files. Gateways sharing one PostgreSQL
+	// database share it too (a network file system), since any of them may
+	// run a batch uploaded through another.
+	BatchFilesDir string `yaml:"-"`
+
 	Upstreams        []upstreamConfig       `yaml:"upstreams"`          // the file's, then --upstream
 	DefaultMaxTokens int64                  `yaml:"default_max_tokens"` // --default-max-tokens; 0: 1024
 	Models           map[string]modelConfig `yaml:"models"`             // the catalog; --price adds prices
@@ -165,6 +170,7 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.AdmitQueue, "admit-queue", policy.DefaultMaxQueue, "requests that may wait per priority class and model; more get 429 queue_full")
 	fs.DurationVar(&c.AdmitWait, "admit-wait", policy.DefaultMaxWait, "longest wait in the admission queue; past it a request gets 408 queue_timeout")
 	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections the public listener holds open at once; more wait to be accepted")
+	fs.StringVar(&c.BatchFilesDir, "batch-files-dir", "", "where Batch API file bodies are kept (default: DIR/files); gateways sharing one PostgreSQL database must share this directory too (e.g. NFS), since any of them may run a batch uploaded through another")
 	fs.Int64Var(&c.Batch.MaxFileBytes, "batch-max-file-bytes", 100<<20, "largest batch input file upload (larger: 413)")
 	fs.IntVar(&c.Batch.MaxFileLines, "batch-max-file-lines", 50000, "most requests (non-blank lines) in a batch input file")
 	fs.Int64Var(&c.Batch.MaxLineBytes, "batch-max-line-bytes", 1<<20, "longest line of a batch input file")

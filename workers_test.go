@@ -35,7 +35,14 @@ var gatewayLine = regexp.MustCompile(`API (http://\S+/v1)\s+admin (http://\S+)/u
 
 func startGateway(t *testing.T, extra ...string) *gatewayProcess {
 	t.Helper()
-	dir := t.TempDir()
+	return startGatewayIn(t, t.TempDir(), extra...)
+}
+
+// startGatewayIn starts a gateway on data directory dir, which may hold
+// tokens already (a second gateway of a deployment shares the first's
+// cluster token).
+func startGatewayIn(t *testing.T, dir string, extra ...string) *gatewayProcess {
+	t.Helper()
 	g := &gatewayProcess{t: t, dir: dir, process: startProc(t, "gateway", true,
 		append([]string{"gateway", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)...)}
 	g.scanUntil(func(line string) bool {

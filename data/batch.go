@@ -231,11 +231,25 @@ func (s *Store) Batches(ctx context.Context, tenantID int64, after string, limit
 	return bs, nil
 }
 
+// Batches across gateways: a batch is run by one gateway at a time, the
+// one that claimed it ([Store.ClaimBatch]); its claim lasts as long as that
+// gateway's lease (see [Store.Renew]), so the batches of a gateway that
+// died are taken over by another once its lease has run out. The lines it
+// finished keep their rows and are not run again; a line it had in flight
+// runs again on the new owner (batch_line_starts counts it towards the
+// executor's limit on unclean stops). With SQLite there is one gateway and
+// every claim is its.
+
+// claimable is the condition under which this gateway may run a batch: no
+// one has claimed it, it has, or its claimant's lease has run out.
+const claimable = `(gateway = '' OR gateway = ? OR gateway NOT IN (SELECT id FROM gateways WHERE lease_until >= ?))`
+
 // UnfinishedBatches returns the ids of the batches an executor still has
-// work on (validating, in_progress, finalizing or cancelling), oldest first.
+// work on (validating, in_progress, finalizing or cancelling) and this
+// gateway may claim, oldest first.
 func (s *Store) UnfinishedBatches(ctx context.Context) ([]string, error) {
-	rows, err := s.read.QueryContext(ctx, `SELECT id FROM batches WHERE status IN (?, ?, ?, ?) ORDER BY seq`,
-		BatchValidating, BatchInProgress, BatchFinalizing, BatchCancelling)
+	rows, err := s.read.QueryContext(ctx, `SELECT id FROM batches WHERE status IN (?, ?, ?, ?) AND `+claimable+` ORDER BY seq`,
+		BatchValidating, BatchInProgress, BatchFinalizing, BatchCancelling, s.instance, toMicros(now()))
 	if err != nil {
 		return nil, fmt.Errorf("unfinished batches: %w", err)
 	}
@@ -252,6 +266,50 @@ func (s *Store) UnfinishedBatches(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("unfinished batches: %w", err)
 	}
 	return ids, nil
+}
+
+// ClaimBatch makes this gateway the one that runs batch id, unless another
+// live gateway runs it; it reports whether this gateway has it now. An
+// executor calls it before it runs a batch and again while it does: false
+// then means its lease ran out (it was cut off from the database) and
+// another gateway took the batch over.
+func (s *Store) ClaimBatch(ctx context.Context, id string) (bool, error) {
+	if s.engine == enginePostgres && !s.leased.Load() {
+		if _, err := s.Renew(ctx); err != nil {
+			return false, fmt.Errorf("claim batch: %w", err)
+		}
+	}
+	var n int64
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE batches SET gateway = ? WHERE id = ? AND `+claimable,
+			s.instance, id, s.instance, toMicros(now()))
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("claim batch: %w", err)
+	}
+	return n > 0, nil
+}
+
+// ReleaseBatches gives up this gateway's claims, when its executor stops
+// cleanly: another gateway takes the batches over at once instead of after
+// the lease.
+func (s *Store) ReleaseBatches(ctx context.Context) error {
+	if s.instance == "" {
+		return nil
+	}
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE batches SET gateway = '' WHERE gateway = ?`, s.instance)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("release batches: %w", err)
+	}
+	return nil
 }
 
 // setStatus moves batch id from one of the from statuses to status to,

@@ -80,6 +80,19 @@ func (s *Store) Renew(ctx context.Context) (fresh bool, err error) {
 	return true, nil
 }
 
+// LiveGateways counts the gateways whose lease is live, this one included
+// once it renewed; 1 on SQLite (one gateway per database).
+func (s *Store) LiveGateways(ctx context.Context) (int, error) {
+	if s.engine != enginePostgres {
+		return 1, nil
+	}
+	var n int
+	if err := s.book.QueryRowContext(ctx, `SELECT COUNT(*) FROM gateways WHERE lease_until >= ?`, toMicros(now())).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count gateways: %w", err)
+	}
+	return n, nil
+}
+
 // ReapGateways settles what gateways whose lease ran out left behind: their
 // open ledger rows become interrupted (billed at what their clients had
 // received, moved from their holds into spend) and their remaining budget

@@ -2,6 +2,7 @@ package data
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -126,4 +127,58 @@ func TestSettleOpenSparesRunningGateways(t *testing.T) {
 		t.Fatalf("spent %d tokens, want the interrupted stream's 12", sp.Tokens)
 	}
 	checkSpendMatchesLedger(t, alive)
+}
+
+// Two gateways on one PostgreSQL see the same unfinished batch: one claims
+// it and the other neither lists nor claims it while the claimant's lease
+// lasts; once that lease has run out (the gateway died) the other takes it
+// over, and the first finds it lost. A clean stop gives the claim up at
+// once.
+func TestBatchRunByOneGatewayUntilItsLeaseEnds(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t)
+	a, b := openAt(t, url), openAt(t, url)
+	bt, _ := newTestBatch(t, a, "batch_shared")
+	listed := func(s *Store) bool {
+		ids, err := s.UnfinishedBatches(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(ids, bt.ID)
+	}
+	claim := func(s *Store) bool {
+		ok, err := s.ClaimBatch(ctx, bt.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !listed(a) || !listed(b) {
+		t.Fatal("an unclaimed batch is not listed for both gateways")
+	}
+	if !claim(a) || !claim(a) {
+		t.Fatal("gateway A cannot claim (and keep) an unclaimed batch")
+	}
+	if claim(b) || listed(b) {
+		t.Fatal("gateway B claims or lists a batch gateway A runs under a live lease")
+	}
+	// A dies: its lease runs out.
+	if _, err := a.write.ExecContext(ctx, `UPDATE gateways SET lease_until = 0 WHERE id = ?`, a.Instance()); err != nil {
+		t.Fatal(err)
+	}
+	if !listed(b) || !claim(b) {
+		t.Fatal("gateway B does not take over the batch of a gateway whose lease ran out")
+	}
+	if _, err := a.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if claim(a) {
+		t.Fatal("gateway A, back after its lease ran out, still claims the batch B took over")
+	}
+	if err := b.ReleaseBatches(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !claim(a) {
+		t.Fatal("a batch B gave up on a clean stop is not free for A")
+	}
 }

@@ -71,13 +71,14 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	if ts == nil {
 		ts = g.tenantFor(p.TenantID, p.Tenant, 0, 0)
 	}
+	rpm, tpm, conc := g.share(p.RPM), g.share(p.TPM), g.share(p.MaxConcurrency)
 	maxTokens := clampLimit(r.MaxTokens)
 	estimate := clampLimit(r.PromptEstimate) + maxTokens
 	bound := clampLimit(r.PromptBound) + maxTokens
 	price := g.price(r.Model)
 	micros := cost(price, clampLimit(r.PromptBound), maxTokens)
 	var now time.Time
-	if p.RPM > 0 || p.TPM > 0 {
+	if rpm > 0 || tpm > 0 {
 		now = g.now()
 	}
 
@@ -88,27 +89,27 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	// key's lock: one key's admissions to a limited tenant take turns for
 	// the round trip.
 	ks.mu.Lock()
-	if p.RPM > 0 {
-		ks.requests.refill(now, p.RPM)
+	if rpm > 0 {
+		ks.requests.refill(now, rpm)
 	}
-	if p.TPM > 0 {
-		ks.tokens.refill(now, p.TPM)
+	if tpm > 0 {
+		ks.tokens.refill(now, tpm)
 	}
-	if p.MaxConcurrency > 0 && ks.inflight >= p.MaxConcurrency {
-		rs := ks.state(p)
+	if conc > 0 && ks.inflight >= conc {
+		rs := ks.state(rpm, tpm)
 		ks.mu.Unlock()
 		return nil, rs, &LimitError{Limit: "concurrency"}
 	}
-	if p.RPM > 0 {
-		if ok, wait := ks.requests.check(1, p.RPM); !ok {
-			rs := ks.state(p)
+	if rpm > 0 {
+		if ok, wait := ks.requests.check(1, rpm); !ok {
+			rs := ks.state(rpm, tpm)
 			ks.mu.Unlock()
 			return nil, rs, &LimitError{Limit: "requests", RetryAfter: wait}
 		}
 	}
-	if p.TPM > 0 {
-		if ok, wait := ks.tokens.check(estimate, p.TPM); !ok {
-			rs := ks.state(p)
+	if tpm > 0 {
+		if ok, wait := ks.tokens.check(estimate, tpm); !ok {
+			rs := ks.state(rpm, tpm)
 			ks.mu.Unlock()
 			return nil, rs, &LimitError{Limit: "tokens", RetryAfter: wait}
 		}
@@ -118,7 +119,7 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	name, budgetMicros := ts.name, ts.budgetMicros
 	ts.mu.Unlock()
 	if err != nil {
-		rs := ks.state(p)
+		rs := ks.state(rpm, tpm)
 		ks.mu.Unlock()
 		var qe *QuotaError
 		if errors.As(err, &qe) {
@@ -127,15 +128,15 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 		return nil, rs, err
 	}
 	ks.inflight++
-	if p.RPM > 0 {
+	if rpm > 0 {
 		ks.requests.take(1)
 	}
 	t := &Ticket{g: g, key: ks, tenant: ts, tenantID: p.TenantID, held: held, price: price, reserved: [2]int64{bound, micros}}
-	if p.TPM > 0 {
+	if tpm > 0 {
 		ks.tokens.take(estimate)
-		t.tpm, t.estimate = p.TPM, estimate
+		t.tpm, t.estimate = tpm, estimate
 	}
-	rs := ks.state(p)
+	rs := ks.state(rpm, tpm)
 	ks.mu.Unlock()
 	if budgetMicros > 0 && price == (Price{}) {
 		g.noteUnpriced(cmp.Or(name, p.Tenant), r.Model, budgetMicros)
@@ -143,19 +144,30 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	return t, rs, nil
 }
 
-// state reports the key's rate-limit state. Callers hold ks.mu and have
-// refilled the buckets.
-func (ks *keyState) state(p *Principal) RateState {
-	var rs RateState
-	if p.RPM > 0 {
-		rs.LimitRequests = p.RPM
-		rs.RemainingRequests = ks.requests.remaining()
-		rs.ResetRequests = ks.requests.reset(p.RPM)
+// share is this gateway's share of a key's limit: limit/N, rounded up,
+// with N the gateways whose lease is live on a shared database (1 on
+// SQLite, or before the first count). 0 (no limit) stays 0.
+func (g *Gate) share(limit int64) int64 {
+	n := g.gateways.Load()
+	if limit <= 0 || n <= 1 {
+		return limit
 	}
-	if p.TPM > 0 {
-		rs.LimitTokens = p.TPM
+	return (limit + n - 1) / n
+}
+
+// state reports the key's rate-limit state under this gateway's limits.
+// Callers hold ks.mu and have refilled the buckets.
+func (ks *keyState) state(rpm, tpm int64) RateState {
+	var rs RateState
+	if rpm > 0 {
+		rs.LimitRequests = rpm
+		rs.RemainingRequests = ks.requests.remaining()
+		rs.ResetRequests = ks.requests.reset(rpm)
+	}
+	if tpm > 0 {
+		rs.LimitTokens = tpm
 		rs.RemainingTokens = ks.tokens.remaining()
-		rs.ResetTokens = ks.tokens.reset(p.TPM)
+		rs.ResetTokens = ks.tokens.reset(tpm)
 	}
 	return rs
 }

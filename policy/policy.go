@@ -101,6 +101,10 @@ type Gate struct {
 	// gateways share (then shared is the same book).
 	book   book
 	shared *sharedBook
+	// gateways is how many gateways share the database (live leases,
+	// counted at each renewal); each enforces 1/gateways of a key's rpm,
+	// tpm and concurrency. 0 or 1: the whole limit.
+	gateways atomic.Int64
 
 	cache *ristretto.Cache[uint64, *entry]
 	// gen invalidates every cache entry at once: an entry counts only if it
@@ -265,6 +269,14 @@ func (g *Gate) renew(ctx context.Context, running bool) {
 	if fresh && running {
 		g.log.Warn("policy: this gateway's lease had run out and was taken anew; other gateways may have settled its open rows and dropped its budget holds",
 			"gateway", g.st.Instance())
+	}
+	if live, err := g.st.LiveGateways(ctx); err == nil {
+		if prev := g.gateways.Swap(int64(live)); prev != int64(live) && live > 1 {
+			g.log.Info("policy: gateways sharing the database changed; each enforces its share of per-key rpm, tpm and concurrency",
+				"gateways", live)
+		}
+	} else if ctx.Err() == nil {
+		g.log.Warn("policy: count the gateways sharing the database", "err", err)
 	}
 	n, rows, err := g.st.ReapGateways(ctx)
 	switch {

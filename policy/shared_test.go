@@ -141,3 +141,46 @@ func TestKeysHonouredAcrossGateways(t *testing.T) {
 		return errors.Is(err, ErrInvalidKey)
 	})
 }
+
+// Two gateways on one PostgreSQL each enforce half of a key's rpm and
+// concurrency (limit/N, N the gateways with a live lease): together they
+// admit the key's limit, not twice it.
+func TestKeyLimitsNotMultipliedByGateways(t *testing.T) {
+	stA, stB := openShared(t)
+	gates := []*Gate{newGate(t, stA, Config{}), newGate(t, stB, Config{})}
+	for _, g := range gates {
+		runGate(t, g)
+	}
+	within(t, 5*time.Second, "both gateways count two live leases", func() bool {
+		return gates[0].gateways.Load() == 2 && gates[1].gateways.Load() == 2
+	})
+	const rpm, conc = 10, 4
+	rpmKey, _ := createKey(t, stA, KeyOptions{Tenant: "acme", RPM: rpm})
+	concKey, _ := createKey(t, stA, KeyOptions{Tenant: "acme", MaxConcurrency: conc})
+	for _, c := range []struct {
+		name   string
+		secret string
+		limit  int
+		settle bool
+	}{{"rpm", rpmKey, rpm, true}, {"concurrency", concKey, conc, false}} {
+		admitted := 0
+		for _, g := range gates {
+			p := authenticate(t, g, c.secret)
+			for range 2 * c.limit {
+				tk, _, err := g.Admit(p, Request{Model: "m", PromptEstimate: 1, PromptBound: 1, MaxTokens: 1})
+				if err != nil {
+					continue
+				}
+				admitted++
+				if c.settle {
+					tk.Release()
+				} else {
+					defer tk.Release()
+				}
+			}
+		}
+		if admitted > c.limit || admitted < c.limit-1 {
+			t.Errorf("%s %d: two gateways admitted %d requests at once", c.name, c.limit, admitted)
+		}
+	}
+}

@@ -10,8 +10,10 @@
 // handlers on the public API's /v1 group and [Batches.Run] runs batches
 // until its context ends. File bodies live on disk under Config.FilesDir;
 // their owners, the batches' state and one row per finished line live in
-// SQLite (package data), so a restarted gateway resumes every unfinished
-// batch and runs only the lines without a row.
+// the database (package data), so a restarted gateway resumes every
+// unfinished batch and runs only the lines without a row. Gateways sharing
+// a PostgreSQL database (and a files directory) each run the batches they
+// claimed; a dead gateway's batches are taken over once its lease runs out.
 //
 // The package owns the Batch API's wire format, input validation, the
 // executor's scheduling (global and per-tenant concurrency, rate-limit

@@ -19,7 +19,7 @@ import (
 	"tailgate/policy"
 )
 
-// The batch executor. SQLite is the only state that matters: a batch's
+// The batch executor. The database is the only state that matters: a batch's
 // status and one batch_lines row per finished line. The executor re-reads
 // both whenever it (re)starts a batch, so a gateway restart resumes every
 // unfinished batch and runs only the lines without a row. Handlers talk to
@@ -39,6 +39,9 @@ var (
 	errRunCancelled = errors.New("batch cancelled")
 	errRunExpired   = errors.New("batch expired")
 	errRunRevoked   = errors.New("owner key revoked")
+	// errRunLost: another gateway took the batch over (this one's lease
+	// ran out while it was cut off from the database).
+	errRunLost = errors.New("batch taken over by another gateway")
 )
 
 // maxUpstreamRetries bounds the retries of a line that failed upstream.
@@ -54,8 +57,10 @@ const maxUpstreamRetries = 2
 // starts no new line, waits up to Config.DrainTimeout for the lines in
 // flight, cancels the rest (they are not recorded and run again after a
 // restart) and returns nil. With the Batch API off it returns at once.
-// Call it at most once per Batches; only one gateway per database may run
-// batches.
+// Call it at most once per Batches. Gateways sharing a database each run
+// the batches they claimed (see data.Store.ClaimBatch): one gateway per
+// batch, another taking over once the first's lease has run out; on a
+// clean stop it gives its claims up.
 func (s *Batches) Run(ctx context.Context) error {
 	cfg := s.cfg
 	if cfg.FilesDir == "" {
@@ -122,6 +127,11 @@ func (s *Batches) Run(ctx context.Context) error {
 		x.ended(<-done, running, backoff)
 	}
 	wg.Wait()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer rcancel()
+	if err := s.store.ReleaseBatches(rctx); err != nil {
+		s.log.Warn("batches: give up this gateway's claims (others take its batches over once its lease runs out)", "err", err)
+	}
 	return nil
 }
 
@@ -230,6 +240,9 @@ func release(sem chan struct{}) {
 // no result for, finalize. It returns nil when the batch is finished or ctx
 // ended the run.
 func (x *batchExec) runBatch(ctx context.Context, id string) error {
+	if ok, err := x.s.store.ClaimBatch(ctx, id); err != nil || !ok {
+		return err // !ok: another gateway runs it
+	}
 	b, err := x.s.store.BatchByID(ctx, 0, id)
 	if err != nil {
 		return err
@@ -312,6 +325,9 @@ func (x *batchExec) runBatch(ctx context.Context, id string) error {
 		return nil
 	}
 	switch cause {
+	case errRunLost:
+		x.log.Warn("batch taken over by another gateway: this one was cut off from the database for longer than its lease", "batch", b.ID)
+		return nil
 	case errRunCancelled:
 		return x.finalize(ctx, b, data.BatchCancelling, data.BatchCancelled)
 	case errRunExpired, errRunRevoked:
@@ -478,6 +494,10 @@ func (x *batchExec) watch(ctx context.Context, b data.Batch, stop context.Cancel
 			}
 			if cur, err := x.s.store.BatchByID(ctx, 0, b.ID); err == nil && cur.Status == data.BatchCancelling {
 				stop(errRunCancelled)
+				return
+			}
+			if ours, err := x.s.store.ClaimBatch(ctx, b.ID); err == nil && !ours {
+				stop(errRunLost)
 				return
 			}
 			p, err := x.s.gate.PrincipalForKey(ctx, b.KeyID)

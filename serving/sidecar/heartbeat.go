@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"tailgate/serving"
@@ -47,9 +48,19 @@ type HeartbeatConfig struct {
 	// so a worker that lost it cannot take its own id back until the old
 	// credential is revoked. "" keeps it in memory only.
 	CredentialFile string
+	// Borrow returns credentials this worker holds from its other
+	// gateways. While it has none of its own, the heartbeater offers them
+	// to this gateway (in order) before registering with the cluster token
+	// alone: gateways that share one database know each other's
+	// credentials, and there the replica id already belongs to the first
+	// one issued. A gateway that does not know one says so and the next is
+	// tried. nil offers none.
+	Borrow func() []string
 }
 
 const (
+	// failingRepeat is how often a failure streak is logged again.
+	failingRepeat            = time.Minute
 	defaultHeartbeatInterval = time.Second
 	defaultBeatTimeout       = 2 * time.Second
 )
@@ -105,6 +116,13 @@ type Heartbeater struct {
 	registered bool   // the last beat succeeded
 	credential string // issued by the gateway on the first good beat; "" before
 	failing    string // message of the failure streak being logged; "" if none
+	// failingSince is when the streak began, failedAt when it was last logged.
+	failingSince, failedAt time.Time
+	// unknown holds the borrowed credentials this gateway did not know.
+	unknown map[string]bool
+
+	// held is credential, readable by other heartbeaters' Borrow without sem.
+	held atomic.Pointer[string]
 
 	kick chan struct{} // Kick's request for a beat now (capacity 1)
 }
@@ -139,6 +157,7 @@ func NewHeartbeater(cfg HeartbeatConfig) (*Heartbeater, error) {
 		switch b, err := os.ReadFile(f); {
 		case err == nil:
 			h.credential = strings.TrimSpace(string(b))
+			h.held.Store(&h.credential)
 		case !errors.Is(err, fs.ErrNotExist):
 			return nil, fmt.Errorf("heartbeat: worker credential: %w", err)
 		}
@@ -183,12 +202,51 @@ func (h *Heartbeater) Beat(ctx context.Context) error {
 	defer func() { <-h.sem }()
 
 	hb := h.cfg.Build()
-	err := h.send(ctx, &hb)
+	err := h.sendBorrowing(ctx, &hb)
 	if ctx.Err() != nil {
 		return err // shutting down: not a failure worth a log line
 	}
 	h.record(&hb, err)
 	return err
+}
+
+// Credential returns the credential this gateway issued to the worker (or
+// accepted from another gateway on its database), "" while it has none.
+func (h *Heartbeater) Credential() string {
+	if c := h.held.Load(); c != nil {
+		return *c
+	}
+	return ""
+}
+
+// sendBorrowing sends hb; with no credential of its own, it first offers
+// the ones Borrow returns that this gateway has not refused.
+func (h *Heartbeater) sendBorrowing(ctx context.Context, hb *serving.Heartbeat) error {
+	if h.credential == "" && h.cfg.Borrow != nil {
+		for _, c := range h.cfg.Borrow() {
+			if c == "" || h.unknown[c] {
+				continue
+			}
+			h.credential = c
+			err := h.send(ctx, hb)
+			if err == nil {
+				h.keepCredential() // this gateway's too now
+				h.log.Info("gateway accepted the credential another gateway issued (they share a database)",
+					"gateway", h.cfg.GatewayURL, "replica", hb.ReplicaID)
+				return nil
+			}
+			h.credential = ""
+			h.held.Store(nil)
+			if !errors.Is(err, ErrCredentialUnknown) && !errors.Is(err, ErrRefused) {
+				return err // unreachable, or the like: offered again at the next beat
+			}
+			if h.unknown == nil {
+				h.unknown = map[string]bool{}
+			}
+			h.unknown[c] = true
+		}
+	}
+	return h.send(ctx, hb)
 }
 
 func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
@@ -273,9 +331,17 @@ func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
 		msg = "heartbeat to gateway failed"
 	}
 	if msg == h.failing {
+		// Still failing: said again once a minute, so a worker whose
+		// other gateways are fine keeps saying which one is not.
+		if time.Since(h.failedAt) < failingRepeat {
+			return
+		}
+		h.log.Warn(msg+" (still)", "gateway", h.cfg.GatewayURL, "replica", hb.ReplicaID, "err", err,
+			"since", time.Since(h.failingSince).Round(time.Second))
+		h.failedAt = time.Now()
 		return
 	}
-	h.failing = msg
+	h.failing, h.failedAt, h.failingSince = msg, time.Now(), time.Now()
 	h.log.Warn(msg, "gateway", h.cfg.GatewayURL, "replica", hb.ReplicaID, "err", err)
 }
 
@@ -283,6 +349,12 @@ func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
 // when there is none), replacing it whole. A failure is logged: the worker
 // still works, but would lose its replica id with a restart.
 func (h *Heartbeater) keepCredential() {
+	if h.credential == "" {
+		h.held.Store(nil)
+	} else {
+		c := h.credential
+		h.held.Store(&c)
+	}
 	f := h.cfg.CredentialFile
 	if f == "" {
 		return

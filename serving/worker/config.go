@@ -13,10 +13,12 @@ import (
 // Config configures a [Worker]. Zero values mean the documented default; a
 // feature is turned off by its own field (NoWarmup, NoDrain).
 type Config struct {
-	// GatewayURL is the base URL of the gateway's admin listener the worker
-	// registers with, e.g. http://gateway-host:8081, or in mesh mode the
-	// gateway's tailnet name, http://tg-gateway:8081. Required.
-	GatewayURL string
+	// Gateways are the base URLs of the admin listeners of the gateways
+	// the worker registers with, e.g. http://gateway-host:8081, or in mesh
+	// mode the gateway's tailnet name, http://tg-gateway:8081. At least one
+	// is required. Each gets its own registration and heartbeats, so one
+	// that is down does not keep the replica from the others.
+	Gateways []string
 	// ClusterToken authenticates the worker's heartbeats to the gateway and
 	// the gateway's requests to the sidecar. Required.
 	ClusterToken string
@@ -31,11 +33,14 @@ type Config struct {
 	// ReplicaID names the replica at the gateway; "" means the host name
 	// and Listener's port, e.g. "gpu-box-9000".
 	ReplicaID string
-	// DataDir keeps the worker's credential across restarts (one file per
-	// replica id): the gateway gives a replica id to the credential it
-	// first registered with, for good. "" keeps it in memory only, so a
-	// restarted worker cannot take its id back until the old credential is
-	// revoked.
+	// DataDir keeps the worker's credentials across restarts: the gateway
+	// gives a replica id to the credential it first registered with, for
+	// good. The file is credential-<replica id> with one gateway, and
+	// credential-<replica id>@<gateway host:port> for each of several
+	// (gateways sharing a database accept one another's credential, so
+	// their files then hold the same one). "" keeps them in memory only,
+	// so a restarted worker cannot take its id back until the old
+	// credential is revoked.
 	DataDir string
 	// DialGateway dials the gateway for heartbeats; nil means a plain TCP
 	// dial. A mesh node's Dial goes here so heartbeats use the tailnet.
@@ -79,8 +84,8 @@ const DefaultDrainGrace = 30 * time.Second
 // Validate reports whether c is usable.
 func (c Config) Validate() error {
 	switch {
-	case c.GatewayURL == "":
-		return errors.New("worker: GatewayURL is required")
+	case len(c.Gateways) == 0:
+		return errors.New("worker: a gateway URL is required")
 	case c.ClusterToken == "":
 		return errors.New("worker: ClusterToken is required")
 	case c.Listener == nil:
@@ -94,8 +99,16 @@ func (c Config) Validate() error {
 	case c.StartupTimeout < 0, c.DrainGrace < 0:
 		return errors.New("worker: durations must not be negative")
 	}
-	if u, err := url.Parse(c.GatewayURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("worker: GatewayURL %q is not an http(s) URL", c.GatewayURL)
+	seen := map[string]bool{}
+	for _, g := range c.Gateways {
+		u, err := url.Parse(g)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("worker: gateway URL %q is not an http(s) URL", g)
+		}
+		if seen[u.Host] {
+			return fmt.Errorf("worker: gateway %s is named twice", u.Host)
+		}
+		seen[u.Host] = true
 	}
 	if c.Advertise == "" && wildcard(c.Listener.Addr()) {
 		return fmt.Errorf("worker: Listener %s binds every interface: Advertise is required", c.Listener.Addr())

@@ -1,6 +1,7 @@
 // Package worker runs the worker role of one GPU box: the engine's launcher,
 // the sidecar that fronts it, and the heartbeats that register it with a
-// gateway, with the drain on shutdown that ties them together.
+// gateway (each of several gateways independently), with the drain on
+// shutdown that ties them together.
 //
 // # Overview
 //
@@ -30,6 +31,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,7 +52,8 @@ type Worker struct {
 	id     string
 	launch *launcher.Launcher
 	side   *sidecar.Sidecar
-	beats  *sidecar.Heartbeater
+	beats  []*sidecar.Heartbeater // one per gateway
+	legacy string                 // credential-<id> of a worker that had one gateway; "" if none
 	ran    atomic.Bool
 
 	mu       sync.Mutex // orders launcher state changes against the drain
@@ -82,25 +85,63 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, EngineKey: w.launch.EngineKey, ClusterToken: cfg.ClusterToken, Log: cfg.Log,
-		OnStateChange: func(string, string) { w.beats.Kick() }})
+		OnStateChange: func(string, string) { w.kick() }})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(cfg.GatewayURL, "/"), ClusterToken: cfg.ClusterToken,
-		Build: w.heartbeat, Log: cfg.Log}
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("worker: --data: %w", err)
 		}
-		hc.CredentialFile = filepath.Join(cfg.DataDir, "credential-"+url.PathEscape(w.id))
 	}
-	if cfg.DialGateway != nil {
-		hc.Client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: cfg.DialGateway}}
+	var legacy string // a one-gateway worker's credential, offered to each of several
+	for _, g := range cfg.Gateways {
+		hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(g, "/"), ClusterToken: cfg.ClusterToken,
+			Build: w.heartbeat, Log: cfg.Log, Borrow: w.credentials}
+		if cfg.DataDir != "" {
+			hc.CredentialFile = filepath.Join(cfg.DataDir, "credential-"+url.PathEscape(w.id))
+			if len(cfg.Gateways) > 1 {
+				if b, err := os.ReadFile(hc.CredentialFile); err == nil {
+					legacy = strings.TrimSpace(string(b))
+				}
+				u, _ := url.Parse(g)
+				hc.CredentialFile += "@" + url.PathEscape(u.Host)
+			}
+		}
+		if cfg.DialGateway != nil {
+			hc.Client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: cfg.DialGateway}}
+		}
+		hb, err := sidecar.NewHeartbeater(hc)
+		if err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		w.beats = append(w.beats, hb)
 	}
-	if w.beats, err = sidecar.NewHeartbeater(hc); err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
-	}
+	w.legacy = legacy
 	return w, nil
+}
+
+// credentials returns the credentials the worker holds from its gateways
+// (and the one it kept from when it had one gateway), for a gateway it
+// has none from yet: gateways sharing a database accept each other's.
+func (w *Worker) credentials() []string {
+	var cs []string
+	for _, b := range w.beats {
+		if c := b.Credential(); c != "" && !slices.Contains(cs, c) {
+			cs = append(cs, c)
+		}
+	}
+	if w.legacy != "" && !slices.Contains(cs, w.legacy) {
+		cs = append(cs, w.legacy)
+	}
+	return cs
+}
+
+// kick asks every gateway's heartbeater to beat now.
+func (w *Worker) kick() {
+	for _, b := range w.beats {
+		b.Kick()
+	}
 }
 
 // ReplicaID returns the name the replica registers under.
@@ -120,7 +161,7 @@ func (w *Worker) engineState(state, reason string) {
 	w.side.SetState(state, reason)
 	w.mu.Unlock()
 	w.log.Info("replica state", "state", state, "reason", reason)
-	w.beats.Kick() // tell the gateway now rather than at the next beat
+	w.kick() // tell the gateways now rather than at the next beat
 }
 
 func (w *Worker) heartbeat() serving.Heartbeat {
@@ -142,7 +183,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("worker: Run called twice")
 	}
 	w.log.Info("worker starting", "replica", w.id, "engine", w.cfg.Engine, "model", w.cfg.Model,
-		"sidecar", w.addr, "gateway", w.cfg.GatewayURL)
+		"sidecar", w.addr, "gateways", w.cfg.Gateways)
 	if w.cfg.Engine == "sim" {
 		w.log.Info("engine is the SIMULATED engine: answers are filler text, not a model")
 	}
@@ -159,7 +200,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	engineDone := make(chan error, 1)
 	go func() { engineDone <- w.launch.Run(engineCtx) }()
 	g.Go(func() error { return w.side.Run(bgCtx) })
-	g.Go(func() error { return w.beats.Run(bgCtx) })
+	for _, b := range w.beats {
+		g.Go(func() error { return b.Run(bgCtx) })
+	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(w.cfg.Listener) }()
 
@@ -202,7 +245,11 @@ func (w *Worker) drain(why string) {
 	w.side.SetState(serving.StateDraining, why)
 	w.mu.Unlock()
 	bctx, bcancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = w.beats.Beat(bctx)
+	var told sync.WaitGroup
+	for _, b := range w.beats {
+		told.Go(func() { _ = b.Beat(bctx) })
+	}
+	told.Wait()
 	bcancel()
 	w.log.Info("draining: waiting for in-flight requests", "inflight", w.side.Inflight(), "grace", w.cfg.DrainGrace)
 	dctx, dcancel := context.WithTimeout(context.Background(), w.cfg.DrainGrace)

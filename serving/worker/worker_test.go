@@ -138,14 +138,15 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	ln := listen(t, "127.0.0.1:0")
 	wild := listen(t, "0.0.0.0:0")
-	good := Config{GatewayURL: "http://gw:8081", ClusterToken: "tok", Listener: ln, Model: "m", Command: engineCommand}
+	good := Config{Gateways: []string{"http://gw:8081"}, ClusterToken: "tok", Listener: ln, Model: "m", Command: engineCommand}
 	tests := []struct {
 		name   string
 		change func(*Config)
 		want   string
 	}{
-		{"no gateway", func(c *Config) { c.GatewayURL = "" }, "GatewayURL is required"},
-		{"gateway not a URL", func(c *Config) { c.GatewayURL = "gw:8081" }, `GatewayURL "gw:8081" is not an http(s) URL`},
+		{"no gateway", func(c *Config) { c.Gateways = nil }, "a gateway URL is required"},
+		{"gateway not a URL", func(c *Config) { c.Gateways = []string{"gw:8081"} }, `gateway URL "gw:8081" is not an http(s) URL`},
+		{"gateway twice", func(c *Config) { c.Gateways = []string{"http://gw:8081", "http://gw:8081/"} }, "gateway gw:8081 is named twice"},
 		{"no token", func(c *Config) { c.ClusterToken = "" }, "ClusterToken is required"},
 		{"no listener", func(c *Config) { c.Listener = nil }, "Listener is required"},
 		{"no model", func(c *Config) { c.Model = "" }, "Model is required"},
@@ -176,7 +177,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 func TestNewNamesTheReplicaAfterHostAndPort(t *testing.T) {
 	t.Parallel()
 	ln := listen(t, "127.0.0.1:0")
-	w, err := New(Config{GatewayURL: "http://gw:8081", ClusterToken: "tok", Listener: ln, Model: "m", Command: engineCommand})
+	w, err := New(Config{Gateways: []string{"http://gw:8081"}, ClusterToken: "tok", Listener: ln, Model: "m", Command: engineCommand})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +206,7 @@ func TestRunDrainsBeforeStoppingTheEngine(t *testing.T) {
 			t.Parallel()
 			g := startGateway(t)
 			ln := listen(t, "127.0.0.1:0")
-			w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
+			w, err := New(Config{Gateways: []string{g.URL}, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
 				Engine: "sim", Command: engineCommand, Warmup: 1, NoDrain: tt.noDrain})
 			if err != nil {
 				t.Fatal(err)
@@ -268,7 +269,7 @@ func TestEngineAnswersOnlyTheSidecar(t *testing.T) {
 	g := startGateway(t)
 	ln := listen(t, "127.0.0.1:0")
 	var port atomic.Int64
-	w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
+	w, err := New(Config{Gateways: []string{g.URL}, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
 		Engine: "sim", Warmup: 1, NoDrain: true,
 		Command: func(p int) ([]string, []string, error) { port.Store(int64(p)); return engineCommand(p) }})
 	if err != nil {
@@ -309,7 +310,7 @@ func TestRunFailsWhenTheEngineCannotStart(t *testing.T) {
 	t.Parallel()
 	g := startGateway(t)
 	ln := listen(t, "127.0.0.1:0")
-	w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, Model: "m",
+	w, err := New(Config{Gateways: []string{g.URL}, ClusterToken: "tok", Listener: ln, Model: "m",
 		Command: func(int) ([]string, []string, error) { return []string{"/nonexistent/vllm"}, nil, nil }})
 	if err != nil {
 		t.Fatal(err)
@@ -344,7 +345,7 @@ func TestFrozenEngineIsReportedAndRecovers(t *testing.T) {
 	t.Parallel()
 	g := startGateway(t)
 	ln := listen(t, "127.0.0.1:0")
-	w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
+	w, err := New(Config{Gateways: []string{g.URL}, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
 		Engine: "sim", Command: engineCommand, NoWarmup: true, NoDrain: true})
 	if err != nil {
 		t.Fatal(err)
@@ -385,7 +386,7 @@ func TestFailingEngineSendsItsErrorLines(t *testing.T) {
 	t.Parallel()
 	g := startGateway(t)
 	ln := listen(t, "127.0.0.1:0")
-	w, err := New(Config{GatewayURL: g.URL, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m", NoDrain: true,
+	w, err := New(Config{Gateways: []string{g.URL}, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m", NoDrain: true,
 		Command: func(int) ([]string, []string, error) {
 			return []string{"sh", "-c", "echo loading; echo 'Traceback (most recent call last):' >&2; echo 'OSError: no such model: m' >&2; exit 1"}, nil, nil
 		}})
