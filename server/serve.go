@@ -384,7 +384,7 @@ func (s *Server) settle(ctx context.Context, cl *call, ticket *policy.Ticket, co
 	// write gives it back; one that is only slow keeps it queued.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := s.ledger.Commit(cctx, s.row(cl, cl.usage, ticket.Cost(cl.usage))); err != nil {
+	if err := s.ledger.Commit(cctx, s.finalRow(cl, ticket.Cost(cl.usage))); err != nil {
 		if errors.Is(err, data.ErrLedgerUnavailable) {
 			s.log.Warn("answer stopped before its final bytes: its ledger row could not be committed", "request_id", cl.id, "err", err)
 			return &unbilledError{err: err}
@@ -530,9 +530,14 @@ func (s *Server) observe(cl *call, cost int64) (data.LedgerRow, bool) {
 		s.m.rowsSkipped.Inc()
 		return data.LedgerRow{}, false
 	}
+	return s.finalRow(cl, cost), true
+}
+
+// finalRow is the call's final ledger row: as it stands, with every attempt.
+func (s *Server) finalRow(cl *call, cost int64) data.LedgerRow {
 	row := s.row(cl, cl.usage, cost)
 	row.AttemptLog = cl.attemptLog()
-	return row, true
+	return row
 }
 
 // row is the call's ledger row as it stands.
