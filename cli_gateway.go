@@ -58,6 +58,9 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer gw.close()
 	fmt.Fprintf(stdout, "tailgate gateway: API %s  admin %s  (admin token: %s)\n",
 		gw.publicURL, gw.dashboardURL(), filepath.Join(cfg.DataDir, "admin.token"))
+	if u := gw.meshURL(); u != "" {
+		fmt.Fprintf(stdout, "tailgate gateway: API on the tailnet %s\n", u)
+	}
 	return gw.run(ctx)
 }
 
@@ -79,6 +82,9 @@ type gateway struct {
 	node       *mesh.Node
 	meshAdmin  *http.Server // the admin routes on the tailnet
 	meshLn     net.Listener
+	meshCerts  *mesh.Certs  // --mesh-tls: the node's HTTPS certificate
+	meshPublic *http.Server // --mesh-tls: the public API on the tailnet, HTTPS
+	meshPubLn  net.Listener
 	tls        *publicTLS // nil: plain HTTP on the public listener
 	publicAddr string
 	publicURL  string // the API's base URL, http(s)://…/v1
@@ -215,7 +221,40 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 			ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, viaMesh{}, true) }}
 		log.Info("admin routes on the tailnet", "url", fmt.Sprintf("http://%s:%s", gw.node.Hostname(), port))
 	}
+	if cfg.MeshTLS {
+		if err := gw.listenMeshTLS(srv.Public()); err != nil {
+			return nil, err
+		}
+	}
 	return gw, nil
+}
+
+// listenMeshTLS serves the public API on the tailnet at port 443 over HTTPS
+// with the node's certificate (--mesh-tls). A tailnet that issues no
+// certificates is a start-up error; a certificate not obtained yet is
+// retried in run, and handshakes fail until it is there.
+func (gw *gateway) listenMeshTLS(public http.Handler) error {
+	certs, err := gw.node.Certs(gw.log)
+	if err != nil {
+		return fmt.Errorf("--mesh-tls: %w; or leave --mesh-tls off and give the public listener its own certificate (--tls-cert or --acme-domain)", err)
+	}
+	if gw.meshPubLn, err = certs.ListenTLS(":443", "http/1.1"); err != nil {
+		return fmt.Errorf("--mesh-tls: %w", err)
+	}
+	gw.meshCerts = certs
+	gw.meshPublic = &http.Server{Handler: public, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(gw.log.Handler(), slog.LevelWarn)}
+	gw.log.Info("public API on the tailnet over HTTPS; its certificate is obtained in the background (the first can take a minute)",
+		"url", gw.meshURL())
+	return nil
+}
+
+// meshURL is the public API's base URL on the tailnet (--mesh-tls), "" without.
+func (gw *gateway) meshURL() string {
+	if gw.meshCerts == nil {
+		return ""
+	}
+	return "https://" + gw.meshCerts.Domain() + "/v1"
 }
 
 // checkBudgets refuses to start with a money budget that the prices make
@@ -296,8 +335,14 @@ func (gw *gateway) run(ctx context.Context) error {
 	g.Go(func() error { return gw.srv.RunBatches(gctx) })
 	g.Go(func() error { return gw.srv.RunHistory(gctx) })
 	g.Go(func() error { return gw.tls.Run(gctx) })
-	serveErr := make(chan error, 2)
+	if gw.meshCerts != nil {
+		g.Go(func() error { return gw.meshCerts.Run(gctx) })
+	}
+	serveErr := make(chan error, 4)
 	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()
+	if gw.meshPublic != nil {
+		go func() { serveErr <- gw.meshPublic.Serve(gw.meshPubLn) }()
+	}
 	go func() { serveErr <- gw.admin.Serve(gw.adminLn) }()
 	if gw.meshAdmin != nil {
 		go func() { serveErr <- gw.meshAdmin.Serve(gw.meshLn) }()
@@ -317,6 +362,11 @@ func (gw *gateway) run(ctx context.Context) error {
 	if err := gw.public.Shutdown(sctx); err != nil {
 		gw.log.Warn("public listener: in-flight requests cut at the end of the grace period", "err", err)
 		_ = gw.public.Close()
+	}
+	if gw.meshPublic != nil {
+		if err := gw.meshPublic.Shutdown(sctx); err != nil {
+			_ = gw.meshPublic.Close()
+		}
 	}
 	cancel() // stop gate, health, batches; the ledger writer drains what it holds
 	if err := g.Wait(); err != nil && runErr == nil {
@@ -356,6 +406,9 @@ func (gw *gateway) close() {
 	}
 	if gw.meshLn != nil {
 		_ = gw.meshLn.Close()
+	}
+	if gw.meshPubLn != nil {
+		_ = gw.meshPubLn.Close()
 	}
 	if gw.node != nil {
 		_ = gw.node.Close()
