@@ -57,7 +57,7 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer gw.close()
 	fmt.Fprintf(stdout, "tailgate gateway: API %s  admin %s  (admin token: %s)\n",
-		gw.publicURL, gw.dashboardURL(), filepath.Join(cfg.DataDir, "admin.token"))
+		gw.publicURL, gw.dashboardLink(stdout), filepath.Join(cfg.DataDir, "admin.token"))
 	if u := gw.meshURL(); u != "" {
 		fmt.Fprintf(stdout, "tailgate gateway: API on the tailnet %s\n", u)
 	}
@@ -420,6 +420,45 @@ func (gw *gateway) close() {
 // the tab's storage and out of the address bar, so it reaches no access log.
 func (gw *gateway) dashboardURL() string {
 	return "http://" + gw.adminAddr + "/ui/#token=" + url.QueryEscape(gw.adminToken)
+}
+
+// dashboardLink is the dashboard link to print on stdout. Only a terminal
+// gets the token in it: stdout under systemd (the journal), a container
+// runtime or a pipe ends up in logs that others read and keep. Otherwise
+// the link is printed bare and the one with the token is written to
+// DIR/dashboard.url (mode 0600), which the printed line and a log line name.
+func (gw *gateway) dashboardLink(stdout io.Writer) string {
+	path := filepath.Join(gw.cfg.DataDir, "dashboard.url")
+	if err := writeSecretFile(path, gw.dashboardURL()+"\n"); err != nil {
+		gw.log.Warn("dashboard link not written", "path", path, "err", err)
+	}
+	if isTerminal(stdout) {
+		return gw.dashboardURL()
+	}
+	gw.log.Info("dashboard link with the admin token written (stdout is not a terminal, so it is not printed)", "path", path)
+	return "http://" + gw.adminAddr + "/ui/ (sign-in link with the admin token: " + path + ")"
+}
+
+// writeSecretFile replaces path with content, mode 0600 whatever the old
+// file's mode was: written beside it and renamed over it.
+func writeSecretFile(path, content string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // after a successful rename, there is nothing to remove
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.WriteString(content); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }
 
 // ensureTokens creates DIR/admin.token and DIR/cluster.token (mode 0600) on
