@@ -37,7 +37,6 @@ type Certs struct {
 	domain string
 	log    *slog.Logger
 	cur    atomic.Pointer[tls.Certificate]
-	ready  chan struct{} // closed once a certificate is held
 }
 
 // Certs returns the keeper of the node's HTTPS certificate, or an error
@@ -63,15 +62,12 @@ func (n *Node) Certs(log *slog.Logger) (*Certs, error) {
 			"Headscale issues none (it sends nodes no certificate name and does not implement /machine/set-dns, the DNS-01 step)",
 			ErrNoHTTPS, n.hostname, why)
 	}
-	return &Certs{node: n, domain: st.CertDomains[0], log: log, ready: make(chan struct{})}, nil
+	return &Certs{node: n, domain: st.CertDomains[0], log: log}, nil
 }
 
 // Domain is the name the certificate is for, the node's MagicDNS name
 // (e.g. tg-gateway.tail1234.ts.net). Clients must use it in their URLs.
 func (c *Certs) Domain() string { return c.domain }
-
-// Ready is closed once a certificate is held.
-func (c *Certs) Ready() <-chan struct{} { return c.ready }
 
 // GetCertificate serves the certificate last obtained; until there is one,
 // handshakes fail with an error saying it is being obtained.
@@ -97,16 +93,18 @@ func (c *Certs) Run(ctx context.Context) error {
 			return nil
 		case err != nil:
 			failures++
-			c.log.Warn("mesh: no HTTPS certificate from the tailnet yet; the tailnet HTTPS listener refuses handshakes until there is one, retrying",
-				"domain", c.domain, "attempt", failures, "retry_in", wait, "elapsed", time.Since(start).Round(time.Second), "err", err)
+			msg := "mesh: no HTTPS certificate from the tailnet yet; the tailnet HTTPS listener refuses handshakes until there is one, retrying"
+			if cur := c.cur.Load(); cur != nil {
+				msg = "mesh: HTTPS certificate not refreshed; still serving the current one until it expires " +
+					cur.Leaf.NotAfter.UTC().Format(time.RFC3339) + ", retrying"
+			}
+			c.log.Warn(msg, "domain", c.domain, "attempt", failures, "retry_in", wait, "elapsed", time.Since(start).Round(time.Second), "err", err)
 			next, wait = wait, min(2*wait, certRetryMax)
 		default:
 			if old := c.cur.Swap(cert); old == nil || !old.Leaf.Equal(cert.Leaf) {
 				msg := "mesh: HTTPS certificate obtained"
 				if old != nil {
 					msg = "mesh: HTTPS certificate renewed"
-				} else {
-					close(c.ready)
 				}
 				c.log.Info(msg, "domain", c.domain, "issuer", cert.Leaf.Issuer.String(),
 					"expires", cert.Leaf.NotAfter.UTC().Format(time.RFC3339), "attempts", failures+1)

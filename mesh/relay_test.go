@@ -2,7 +2,6 @@ package mesh
 
 import (
 	"bytes"
-	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -81,31 +80,4 @@ func mustPort(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// TestCertsNeedTailnetHTTPS: a tailnet that sends no certificate name
-// (HTTPS off, or Headscale) makes Certs fail with ErrNoHTTPS saying what to
-// enable; one that does names the node's MagicDNS name.
-func TestCertsNeedTailnetHTTPS(t *testing.T) {
-	tstest.ResourceCheck(t)
-	ctx := t.Context()
-	off := startControl(t, func(c *testcontrol.Server) { c.MagicDNSDomain = "" })
-	n := startNode(t, ctx, off.HTTPTestServer.URL, "gw", nil)
-	_, err := n.Certs(nil)
-	if !errors.Is(err, ErrNoHTTPS) || !strings.Contains(err.Error(), "admin console") || !strings.Contains(err.Error(), "Headscale") {
-		t.Fatalf("Certs on a tailnet without HTTPS = %v; want ErrNoHTTPS saying what to enable", err)
-	}
-
-	on := startControl(t, nil)
-	n = startNode(t, ctx, on.HTTPTestServer.URL, "gw", nil)
-	c, err := n.Certs(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Domain() != "gw.tail-scale.ts.net" {
-		t.Fatalf("certificate name %q, want gw.tail-scale.ts.net", c.Domain())
-	}
-	if _, err := c.GetCertificate(nil); err == nil || !strings.Contains(err.Error(), "being obtained") {
-		t.Fatalf("before Run, GetCertificate = %v; want an error saying it is being obtained", err)
-	}
 }
