@@ -452,8 +452,8 @@ func TestComposeFileIsConsistent(t *testing.T) {
 			Build    map[string]any `yaml:"build"`
 			Command  []string       `yaml:"command"`
 			Profiles []string       `yaml:"profiles"`
-			Ports   []string       `yaml:"ports"`
-			Volumes []string       `yaml:"volumes"`
+			Ports    []string       `yaml:"ports"`
+			Volumes  []string       `yaml:"volumes"`
 		} `yaml:"services"`
 		Volumes map[string]any `yaml:"volumes"`
 	}
