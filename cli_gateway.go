@@ -57,7 +57,10 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer gw.close()
 	fmt.Fprintf(stdout, "tailgate gateway: API %s  admin %s  (admin token: %s)\n",
-		gw.publicURL, gw.dashboardURL(), filepath.Join(cfg.DataDir, "admin.token"))
+		gw.publicURL, gw.dashboardLink(stdout), filepath.Join(cfg.DataDir, "admin.token"))
+	if u := gw.meshURL(); u != "" {
+		fmt.Fprintf(stdout, "tailgate gateway: API on the tailnet %s\n", u)
+	}
 	return gw.run(ctx)
 }
 
@@ -79,6 +82,9 @@ type gateway struct {
 	node       *mesh.Node
 	meshAdmin  *http.Server // the admin routes on the tailnet
 	meshLn     net.Listener
+	meshCerts  *mesh.Certs  // --mesh-tls: the node's HTTPS certificate
+	meshPublic *http.Server // --mesh-tls: the public API on the tailnet, HTTPS
+	meshPubLn  net.Listener
 	tls        *publicTLS // nil: plain HTTP on the public listener
 	publicAddr string
 	publicURL  string // the API's base URL, http(s)://…/v1
@@ -218,7 +224,40 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 			ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, viaMesh{}, true) }}
 		log.Info("admin routes on the tailnet", "url", fmt.Sprintf("http://%s:%s", gw.node.Hostname(), port))
 	}
+	if cfg.MeshTLS {
+		if err := gw.listenMeshTLS(srv.Public()); err != nil {
+			return nil, err
+		}
+	}
 	return gw, nil
+}
+
+// listenMeshTLS serves the public API on the tailnet at port 443 over HTTPS
+// with the node's certificate (--mesh-tls). A tailnet that issues no
+// certificates is a start-up error; a certificate not obtained yet is
+// retried in run, and handshakes fail until it is there.
+func (gw *gateway) listenMeshTLS(public http.Handler) error {
+	certs, err := gw.node.Certs(gw.log)
+	if err != nil {
+		return fmt.Errorf("--mesh-tls: %w; or leave --mesh-tls off and give the public listener its own certificate (--tls-cert or --acme-domain)", err)
+	}
+	if gw.meshPubLn, err = certs.ListenTLS(":443", "http/1.1"); err != nil {
+		return fmt.Errorf("--mesh-tls: %w", err)
+	}
+	gw.meshCerts = certs
+	gw.meshPublic = &http.Server{Handler: public, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(gw.log.Handler(), slog.LevelWarn)}
+	gw.log.Info("public API on the tailnet over HTTPS; its certificate is obtained in the background (the first can take a minute)",
+		"url", gw.meshURL())
+	return nil
+}
+
+// meshURL is the public API's base URL on the tailnet (--mesh-tls), "" without.
+func (gw *gateway) meshURL() string {
+	if gw.meshCerts == nil {
+		return ""
+	}
+	return "https://" + gw.meshCerts.Domain() + "/v1"
 }
 
 // checkBudgets refuses to start with a money budget that the prices make
@@ -299,8 +338,14 @@ func (gw *gateway) run(ctx context.Context) error {
 	g.Go(func() error { return gw.srv.RunBatches(gctx) })
 	g.Go(func() error { return gw.srv.RunHistory(gctx) })
 	g.Go(func() error { return gw.tls.Run(gctx) })
-	serveErr := make(chan error, 2)
+	if gw.meshCerts != nil {
+		g.Go(func() error { return gw.meshCerts.Run(gctx) })
+	}
+	serveErr := make(chan error, 4)
 	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()
+	if gw.meshPublic != nil {
+		go func() { serveErr <- gw.meshPublic.Serve(gw.meshPubLn) }()
+	}
 	go func() { serveErr <- gw.admin.Serve(gw.adminLn) }()
 	if gw.meshAdmin != nil {
 		go func() { serveErr <- gw.meshAdmin.Serve(gw.meshLn) }()
@@ -320,6 +365,11 @@ func (gw *gateway) run(ctx context.Context) error {
 	if err := gw.public.Shutdown(sctx); err != nil {
 		gw.log.Warn("public listener: in-flight requests cut at the end of the grace period", "err", err)
 		_ = gw.public.Close()
+	}
+	if gw.meshPublic != nil {
+		if err := gw.meshPublic.Shutdown(sctx); err != nil {
+			_ = gw.meshPublic.Close()
+		}
 	}
 	cancel() // stop gate, health, batches; the ledger writer drains what it holds
 	if err := g.Wait(); err != nil && runErr == nil {
@@ -360,6 +410,9 @@ func (gw *gateway) close() {
 	if gw.meshLn != nil {
 		_ = gw.meshLn.Close()
 	}
+	if gw.meshPubLn != nil {
+		_ = gw.meshPubLn.Close()
+	}
 	if gw.node != nil {
 		_ = gw.node.Close()
 	}
@@ -370,6 +423,45 @@ func (gw *gateway) close() {
 // the tab's storage and out of the address bar, so it reaches no access log.
 func (gw *gateway) dashboardURL() string {
 	return "http://" + gw.adminAddr + "/ui/#token=" + url.QueryEscape(gw.adminToken)
+}
+
+// dashboardLink is the dashboard link to print on stdout. Only a terminal
+// gets the token in it: stdout under systemd (the journal), a container
+// runtime or a pipe ends up in logs that others read and keep. Otherwise
+// the link is printed bare and the one with the token is written to
+// DIR/dashboard.url (mode 0600), which the printed line and a log line name.
+func (gw *gateway) dashboardLink(stdout io.Writer) string {
+	path := filepath.Join(gw.cfg.DataDir, "dashboard.url")
+	if err := writeSecretFile(path, gw.dashboardURL()+"\n"); err != nil {
+		gw.log.Warn("dashboard link not written", "path", path, "err", err)
+	}
+	if isTerminal(stdout) {
+		return gw.dashboardURL()
+	}
+	gw.log.Info("dashboard link with the admin token written (stdout is not a terminal, so it is not printed)", "path", path)
+	return "http://" + gw.adminAddr + "/ui/ (sign-in link with the admin token: " + path + ")"
+}
+
+// writeSecretFile replaces path with content, mode 0600 whatever the old
+// file's mode was: written beside it and renamed over it.
+func writeSecretFile(path, content string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // after a successful rename, there is nothing to remove
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.WriteString(content); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }
 
 // ensureTokens creates DIR/admin.token and DIR/cluster.token (mode 0600) on

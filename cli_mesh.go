@@ -42,7 +42,9 @@ func (m *meshFlags) up(ctx context.Context, dataDir string, log *slog.Logger) (*
 	case errors.As(err, &le):
 		return nil, fmt.Errorf("%w; this node needs to be authorised: open %s, or pass --mesh-authkey (or set TS_AUTHKEY) with a pre-authorised key", err, le.URL)
 	case errors.Is(err, mesh.ErrRefused):
-		return nil, fmt.Errorf("%w; check --mesh-authkey (it may be expired, used up or for another tailnet) and --mesh-tags (the control server decides which tags a node may have)", err)
+		return nil, fmt.Errorf("%w; check --mesh-authkey (it may be expired, used up or for another tailnet) and --mesh-tags (the control server decides which tags a node may have: "+
+			"on Tailscale, tagOwners in the tailnet policy file must name the key's owner, or use a key made with the tags; "+
+			"on Headscale, tagOwners in its ACL policy, or a key made with `headscale preauthkeys create --tags`)", err)
 	case errors.Is(err, mesh.ErrTimeout):
 		return nil, fmt.Errorf("%w; check --mesh-control-url and that this box reaches the control server", err)
 	}

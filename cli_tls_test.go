@@ -9,26 +9,18 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/binary"
-	"encoding/json"
 	"encoding/pem"
-	"errors"
-	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/net/dns/dnsmessage"
 )
 
 // testCert is a self-signed certificate for 127.0.0.1 and localhost.
@@ -267,10 +259,6 @@ func TestTLSCertReloadedWhenFilesChange(t *testing.T) {
 	waitServed(t, addr, roots, c, 20*time.Second)
 }
 
-// pebbleVersion is Let's Encrypt's test ACME server the ACME test builds
-// from the Go module proxy (not a dependency of tailgate).
-const pebbleVersion = "v2.10.3"
-
 // TestACMECertificateFromPebble: `up --acme-domain` obtains its certificate
 // from a real ACME CA (pebble, on loopback) that validates the domain over
 // TLS-ALPN-01 against the gateway's own public listener; clients trusting
@@ -280,17 +268,15 @@ func TestACMECertificateFromPebble(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds pebble and starts the tailgate binary")
 	}
-	pebbleBin, pebbleDir := buildPebble(t)
-	dnsAddr := serveLoopbackDNS(t)
+	dns := serveLoopbackDNS(t)
+	pebble := newPebble(t, dns.addr)
 
 	// The gateway first, to learn its port; pebble validates on it.
 	const domain = "tailgate.test"
-	pebbleAddr, mgmtAddr := freeLoopbackAddr(t), freeLoopbackAddr(t)
 	dir := t.TempDir()
 	p := startProc(t, "tailgate up", true, "up", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
 		"--replicas", "1", "--acme-domain", domain, "--acme-email", "ops@tailgate.test",
-		"--acme-directory", "https://"+pebbleAddr+"/dir",
-		"--acme-ca-cert", filepath.Join(pebbleDir, "test/certs/pebble.minica.pem"))
+		"--acme-directory", pebble.directory(), "--acme-ca-cert", pebble.caCert())
 	var api string
 	bound := time.AfterFunc(60*time.Second, func() { _ = p.Stop(0) })
 	p.scanUntil(func(line string) bool {
@@ -305,66 +291,8 @@ func TestACMECertificateFromPebble(t *testing.T) {
 	}
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(api, "https://"))
 	addr := net.JoinHostPort("127.0.0.1", port)
-
-	cfg, err := json.Marshal(map[string]any{"pebble": map[string]any{
-		"listenAddress": pebbleAddr, "managementListenAddress": mgmtAddr,
-		"certificate": filepath.Join(pebbleDir, "test/certs/localhost/cert.pem"),
-		"privateKey":  filepath.Join(pebbleDir, "test/certs/localhost/key.pem"),
-		"httpPort":    5002, "tlsPort": mustAtoi(t, port),
-		"ocspResponderURL": "", "externalAccountBindingRequired": false,
-		"retryAfter": map[string]int{"authz": 1, "order": 1},
-		"profiles":   map[string]any{"default": map[string]any{"description": "test", "validityPeriod": 7776000}},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfgPath := filepath.Join(t.TempDir(), "pebble.json")
-	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	pebble := exec.Command(pebbleBin, "-config", cfgPath, "-dnsserver", dnsAddr)
-	pebble.Env = append(os.Environ(), "PEBBLE_VA_NOSLEEP=1", "PEBBLE_WFE_NONCEREJECT=0")
-	var pebbleOut syncBuffer
-	pebble.Stdout, pebble.Stderr = &pebbleOut, &pebbleOut
-	if err := pebble.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = pebble.Process.Kill()
-		_ = pebble.Wait()
-		if t.Failed() {
-			t.Logf("pebble output:\n%s", pebbleOut.String())
-		}
-	})
-
-	// Pebble's management API serves the root it issues under, over
-	// HTTPS signed by its test CA.
-	minica, err := os.ReadFile(filepath.Join(pebbleDir, "test/certs/pebble.minica.pem"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	minicaPool := x509.NewCertPool()
-	minicaPool.AppendCertsFromPEM(minica)
-	mgmt := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: minicaPool}}}
-	var rootPEM []byte
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		resp, err := mgmt.Get("https://" + mgmtAddr + "/roots/0")
-		if err == nil {
-			rootPEM, err = io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK && err == nil {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pebble's management API did not answer /roots/0 in 20s: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	issuing := x509.NewCertPool()
-	if !issuing.AppendCertsFromPEM(rootPEM) {
-		t.Fatalf("pebble's /roots/0 is not PEM: %q", rootPEM)
-	}
+	pebble.start(t, mustAtoi(t, port))
+	issuing := pebble.issuing
 
 	// The first handshake for the domain has the certificate issued:
 	// autocert orders it, pebble connects back for TLS-ALPN-01.
@@ -407,163 +335,4 @@ func TestACMECertificateFromPebble(t *testing.T) {
 	if err != nil || len(cached) != 1 {
 		t.Errorf("certificate cache %s/acme/*/%s: %v %v; want the certificate kept there", dir, domain, cached, err)
 	}
-}
-
-func slicesContain(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-func mustAtoi(t *testing.T, s string) int {
-	t.Helper()
-	var n int
-	if _, err := fmt.Sscan(s, &n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// buildPebble returns the pebble binary (TAILGATE_PEBBLE, or built from the
-// Go module proxy) and pebble's module directory (its test certificates).
-func buildPebble(t *testing.T) (bin, moduleDir string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	work := t.TempDir() // outside tailgate's module: nothing is added to go.mod
-	mod := "github.com/letsencrypt/pebble/v2@" + pebbleVersion
-	goCmd := func(args ...string) *exec.Cmd {
-		cmd := exec.CommandContext(ctx, "go", args...)
-		cmd.Dir = work
-		cmd.Env = append(os.Environ(), "GOBIN="+work, "GOFLAGS=-mod=mod")
-		return cmd
-	}
-	out, err := goCmd("mod", "download", "-json", mod).Output()
-	var info struct{ Dir, Error string }
-	if err == nil {
-		err = json.Unmarshal(out, &info)
-	}
-	if err != nil || info.Dir == "" {
-		t.Fatalf("go mod download %s: %v %s %s", mod, err, info.Error, stderrOf(err))
-	}
-	if bin = os.Getenv("TAILGATE_PEBBLE"); bin != "" {
-		return bin, info.Dir
-	}
-	if out, err := goCmd("install", "github.com/letsencrypt/pebble/v2/cmd/pebble@"+pebbleVersion).CombinedOutput(); err != nil {
-		t.Fatalf("go install pebble %s: %v\n%s", pebbleVersion, err, out)
-	}
-	return filepath.Join(work, "pebble"), info.Dir
-}
-
-func stderrOf(err error) string {
-	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
-		return string(ee.Stderr)
-	}
-	return ""
-}
-
-// freeLoopbackAddr returns a loopback address with a port free a moment ago.
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// serveLoopbackDNS answers every A question with 127.0.0.1 and any other
-// with no record, over TCP and UDP on one loopback port, until the test
-// ends; it returns its address. Pebble resolves the domain it validates
-// through it (over TCP).
-func serveLoopbackDNS(t *testing.T) string {
-	t.Helper()
-	var (
-		ln  net.Listener
-		pc  net.PacketConn
-		err error
-	)
-	for range 10 { // the UDP port of the same number may be taken
-		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-			t.Fatal(err)
-		}
-		if pc, err = net.ListenPacket("udp", ln.Addr().String()); err == nil {
-			break
-		}
-		ln.Close()
-	}
-	if err != nil {
-		t.Fatalf("no loopback port free for both TCP and UDP: %v", err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); pc.Close(); wg.Wait() })
-	wg.Go(func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			if out := dnsAnswer(buf[:n]); out != nil {
-				_, _ = pc.WriteTo(out, from)
-			}
-		}
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				for { // messages framed by a two-byte length (RFC 1035 4.2.2)
-					var size [2]byte
-					if _, err := io.ReadFull(c, size[:]); err != nil {
-						return
-					}
-					q := make([]byte, binary.BigEndian.Uint16(size[:]))
-					if _, err := io.ReadFull(c, q); err != nil {
-						return
-					}
-					out := dnsAnswer(q)
-					if out == nil {
-						return
-					}
-					if _, err := c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(out))), out...)); err != nil {
-						return
-					}
-				}
-			})
-		}
-	})
-	return ln.Addr().String()
-}
-
-// dnsAnswer answers a DNS query: A 127.0.0.1 for any name, no record of
-// any other type; nil for a message that is not one question.
-func dnsAnswer(query []byte) []byte {
-	var m dnsmessage.Message
-	if err := m.Unpack(query); err != nil || len(m.Questions) != 1 {
-		return nil
-	}
-	q := m.Questions[0]
-	m.Header.Response, m.Header.Authoritative, m.Header.RCode = true, true, dnsmessage.RCodeSuccess
-	m.Answers, m.Authorities, m.Additionals = nil, nil, nil
-	if q.Type == dnsmessage.TypeA {
-		m.Answers = []dnsmessage.Resource{{
-			Header: dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 60},
-			Body:   &dnsmessage.AResource{A: [4]byte{127, 0, 0, 1}},
-		}}
-	}
-	out, err := m.Pack()
-	if err != nil {
-		return nil
-	}
-	return out
 }

@@ -127,7 +127,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
     curl -N %s/chat/completions -H "Authorization: Bearer $(cat %s)" \
       -H 'Content-Type: application/json' \
       -d '{"model":"%s","stream":true,"messages":[{"role":"user","content":"Say hello"}]}'
-`, *replicas, what, *model, simNote(*engine), gw.publicURL, keyPath, gw.dashboardURL(), admin, admin, gw.adminAddr, gw.publicURL, keyPath, *model)
+`, *replicas, what, *model, simNote(*engine), gw.publicURL, keyPath, gw.dashboardLink(stdout), admin, admin, gw.adminAddr, gw.publicURL, keyPath, *model)
 	return gw.run(ctx)
 }
 

@@ -94,6 +94,7 @@ type gatewayConfig struct {
 
 	Mesh           meshFlags `yaml:"-"` // gateway only: --mesh and --mesh-*
 	MeshAllowPeers string    `yaml:"-"` // gateway only: --mesh-allow-peers
+	MeshTLS        bool      `yaml:"-"` // gateway only: --mesh-tls
 
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
@@ -196,6 +197,7 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 func (c *gatewayConfig) registerMesh(fs *flag.FlagSet) {
 	c.Mesh.register(fs, "tg-gateway")
 	fs.StringVar(&c.MeshAllowPeers, "mesh-allow-peers", "", "with --mesh: only tailnet peers with one of these tags or host names may register as workers (comma-separated), besides the cluster token")
+	fs.BoolVar(&c.MeshTLS, "mesh-tls", false, "with --mesh: also serve the public API on the tailnet over HTTPS at port 443, with the node's Tailscale certificate (https://NODE.TAILNET.ts.net/v1); the tailnet must have HTTPS certificates enabled")
 }
 
 // resolve completes c once fs is parsed (load), checks it (Validate) and
@@ -285,6 +287,8 @@ func (c *gatewayConfig) Validate() error {
 		return fmt.Errorf("--admit-queue %d: want a number of requests (0: %d)", c.AdmitQueue, policy.DefaultMaxQueue)
 	case c.MeshAllowPeers != "" && !c.Mesh.enabled:
 		return errors.New("--mesh-allow-peers needs --mesh")
+	case c.MeshTLS && !c.Mesh.enabled:
+		return errors.New("--mesh-tls needs --mesh (it serves the API on the tailnet with the node's certificate)")
 	}
 	for _, d := range []struct {
 		flag string

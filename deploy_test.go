@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -311,6 +312,127 @@ func TestDockerfileBuildsAStaticNonRootImage(t *testing.T) {
 	}
 }
 
+// workerImage is what deploy/worker.Dockerfile makes: the name its header
+// builds it as, its vLLM tag, its entry point and default command.
+type workerImage struct {
+	name, vllmTag string
+	build, final  dockerStage
+	entry, cmd    []string
+}
+
+var (
+	workerImageBuild = regexp.MustCompile(`(?m)^#\s+docker build -f deploy/worker\.Dockerfile -t (\S+) `)
+	vllmImageTag     = regexp.MustCompile(`^vllm/vllm-openai:v(\d+\.\d+\.\d+)$`)
+	readmeVLLM       = regexp.MustCompile(`checked against vLLM's source and published captures up to (\d+\.\d+\.\d+)`)
+)
+
+func readWorkerImage(t *testing.T) workerImage {
+	t.Helper()
+	raw, err := os.ReadFile("deploy/worker.Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w workerImage
+	if m := workerImageBuild.FindStringSubmatch(string(raw)); m != nil {
+		w.name = m[1]
+	} else {
+		t.Error("deploy/worker.Dockerfile's header does not say how to build it (docker build -f deploy/worker.Dockerfile -t NAME ...)")
+	}
+	stages := parseDockerfile(string(raw))
+	if len(stages) != 2 {
+		t.Fatalf("deploy/worker.Dockerfile: %d stages, want a build stage and the vLLM stage", len(stages))
+	}
+	w.build, w.final = stages[0], stages[1]
+	if m := vllmImageTag.FindStringSubmatch(w.final.from); m != nil {
+		w.vllmTag = m[1]
+	}
+	for _, in := range w.final.instr {
+		var dst *[]string
+		switch in[0] {
+		case "ENTRYPOINT":
+			dst = &w.entry
+		case "CMD":
+			dst = &w.cmd
+		default:
+			continue
+		}
+		if err := yaml.Unmarshal([]byte(in[1]), dst); err != nil {
+			t.Errorf("%s %s: want the exec form (a JSON list): %v", in[0], in[1], err)
+		}
+	}
+	return w
+}
+
+// TestWorkerImageRunsTheWorkerOnVLLM: deploy/worker.Dockerfile builds the
+// binary as deploy/Dockerfile does (that test builds and runs it), adds it
+// to the official vLLM image at the release the README says the launcher
+// was checked against, runs as a user of its own, and its entry point plus
+// default command is a `tailgate worker --engine vllm` the binary accepts,
+// which finds vllm on the image's PATH (no --vllm-binary).
+func TestWorkerImageRunsTheWorkerOnVLLM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the built binary")
+	}
+	w := readWorkerImage(t)
+	raw, err := os.ReadFile("deploy/Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gw := parseDockerfile(string(raw)); !slices.Equal(gw[0].instr, w.build.instr) || gw[0].from != w.build.from {
+		t.Errorf("the worker image's build stage differs from deploy/Dockerfile's:\n%v\n%v", w.build, gw[0])
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := readmeVLLM.FindStringSubmatch(string(readme))
+	switch {
+	case w.vllmTag == "":
+		t.Errorf("final stage FROM %s: want the official image at a pinned release, vllm/vllm-openai:vX.Y.Z", w.final.from)
+	case checked == nil:
+		t.Error("the README no longer says which vLLM release the launcher was checked against")
+	case checked[1] != w.vllmTag:
+		t.Errorf("the image runs vLLM %s, the README says the launcher was checked up to %s", w.vllmTag, checked[1])
+	}
+	var user, bin string
+	for _, in := range w.final.instr {
+		switch in[0] {
+		case "USER":
+			user = in[1]
+		case "COPY":
+			if f := strings.Fields(in[1]); slices.Contains(f, "--from="+w.build.name) && strings.HasSuffix(f[len(f)-2], "/tailgate") {
+				bin = f[len(f)-1]
+			}
+		}
+	}
+	if u, _, _ := strings.Cut(user, ":"); user == "" || u == "root" || u == "0" {
+		t.Errorf("USER %q: want a user of its own, not root", user)
+	}
+	if len(w.entry) < 2 || w.entry[0] != bin || w.entry[1] != "worker" {
+		t.Fatalf("ENTRYPOINT %v: want [%s worker ...], the binary copied from the build stage", w.entry, bin)
+	}
+	args := slices.Concat(w.entry[1:], w.cmd)
+	if flagValue(args, "engine") != "vllm" || flagValue(args, "vllm-binary") != "" {
+		t.Errorf("worker %v: want --engine vllm with vllm found on the image's PATH", args)
+	}
+	if flagValue(args, "data") == "" || !slices.ContainsFunc(w.final.instr, func(in [2]string) bool {
+		return in[0] == "VOLUME" && strings.Contains(in[1], flagValue(args, "data"))
+	}) {
+		t.Errorf("worker --data %q is not the image's VOLUME", flagValue(args, "data"))
+	}
+	checkArgs(t, "worker.Dockerfile ENTRYPOINT+CMD", args)
+}
+
+// composeArgs is the command a compose service runs: the worker image's
+// entry point (after the binary) before its command when it runs that
+// image, else its command.
+func composeArgs(w workerImage, image string, build map[string]any, command []string) []string {
+	if build["dockerfile"] == "deploy/worker.Dockerfile" || strings.HasPrefix(image, w.name+":") {
+		return slices.Concat(w.entry[1:], command)
+	}
+	return command
+}
+
 // TestComposeFileIsConsistent: every service runs a command the binary
 // accepts; the gateway's published ports are those it listens on; each
 // worker reaches the gateway by its service name and admin port,
@@ -326,11 +448,12 @@ func TestComposeFileIsConsistent(t *testing.T) {
 	}
 	var c struct {
 		Services map[string]struct {
-			Image   string         `yaml:"image"`
-			Build   map[string]any `yaml:"build"`
-			Command []string       `yaml:"command"`
-			Ports   []string       `yaml:"ports"`
-			Volumes []string       `yaml:"volumes"`
+			Image    string         `yaml:"image"`
+			Build    map[string]any `yaml:"build"`
+			Command  []string       `yaml:"command"`
+			Profiles []string       `yaml:"profiles"`
+			Ports    []string       `yaml:"ports"`
+			Volumes  []string       `yaml:"volumes"`
 		} `yaml:"services"`
 		Volumes map[string]any `yaml:"volumes"`
 	}
@@ -353,8 +476,10 @@ func TestComposeFileIsConsistent(t *testing.T) {
 	}
 	gw := c.Services["gateway"].Command
 	adminPort := portOf(flagValue(gw, "admin-listen"))
-	workers := 0
+	wi := readWorkerImage(t)
+	workers, gpuWorkers := 0, 0
 	for name, s := range c.Services {
+		s.Command = composeArgs(wi, s.Image, s.Build, s.Command)
 		checkArgs(t, "service "+name, s.Command)
 		mounts := map[string]bool{}
 		for _, v := range s.Volumes {
@@ -385,7 +510,19 @@ func TestComposeFileIsConsistent(t *testing.T) {
 		if s.Command[0] != "worker" {
 			continue
 		}
-		workers++
+		if flagValue(s.Command, "engine") == "vllm" {
+			// A GPU worker runs the worker image, and only when asked for:
+			// `docker compose up` alone must work on a box without a GPU.
+			gpuWorkers++
+			if s.Build["dockerfile"] != "deploy/worker.Dockerfile" || !strings.HasPrefix(s.Image, wi.name+":") {
+				t.Errorf("service %s runs vLLM but not the worker image (build %v, image %s; want deploy/worker.Dockerfile as %s)", name, s.Build, s.Image, wi.name)
+			}
+			if len(s.Profiles) == 0 {
+				t.Errorf("service %s needs a GPU but starts with every `docker compose up`: give it a profile", name)
+			}
+		} else {
+			workers++
+		}
 		g, err := url.Parse(flagValue(s.Command, "gateway"))
 		if err != nil || g.Hostname() != "gateway" || g.Port() != adminPort {
 			t.Errorf("service %s: --gateway %s is not the gateway service's admin port %s", name, flagValue(s.Command, "gateway"), adminPort)
@@ -399,7 +536,10 @@ func TestComposeFileIsConsistent(t *testing.T) {
 		}
 	}
 	if workers < 2 {
-		t.Errorf("%d workers; want at least 2", workers)
+		t.Errorf("%d simulated workers; want at least 2", workers)
+	}
+	if gpuWorkers == 0 {
+		t.Error("no GPU worker service (deploy/worker.Dockerfile) in the compose file")
 	}
 }
 
@@ -424,6 +564,7 @@ func TestKubernetesManifestsAreConsistent(t *testing.T) {
 	}
 	type container struct {
 		Name    string   `yaml:"name"`
+		Image   string   `yaml:"image"`
 		Command []string `yaml:"command"`
 		Args    []string `yaml:"args"`
 		Env     []struct {
@@ -543,6 +684,10 @@ func TestKubernetesManifestsAreConsistent(t *testing.T) {
 					t.Errorf("%s: --data %s is not on a PersistentVolumeClaim", o.Metadata.Name, data)
 				}
 			case "worker":
+				if wi := readWorkerImage(t); !strings.HasPrefix(c.Image, wi.name+":") || !slices.Equal(c.Command, wi.entry[:1]) {
+					t.Errorf("%s/%s: image %s, command %v; want the worker image (%s, deploy/worker.Dockerfile) and its binary %v",
+						o.Metadata.Name, c.Name, c.Image, c.Command, wi.name, wi.entry[:1])
+				}
 				if c.Resources.Limits["nvidia.com/gpu"] != "1" {
 					t.Errorf("%s: the worker asks for no GPU (limits %v)", o.Metadata.Name, c.Resources.Limits)
 				}

@@ -244,7 +244,7 @@ func TestRefusedTagsStopTheGateway(t *testing.T) {
 			t.Fatalf("exit status %d; stderr:\n%s", code, stderr)
 		}
 		line := errorLine(t, stderr)
-		for _, w := range []string{"refused", "expired the node's key", "tag:nobody-owns", "--mesh-tags"} {
+		for _, w := range []string{"refused", "expired the node's key", "tag:nobody-owns", "--mesh-tags", "tagOwners", "preauthkeys create --tags"} {
 			if !strings.Contains(line, w) {
 				t.Errorf("error line lacks %q: %s", w, line)
 			}

@@ -17,6 +17,11 @@ import (
 // progressEvery is how often Up says it is still waiting.
 const progressEvery = 5 * time.Second
 
+// relayWait bounds how long Up waits for the home relay once the node
+// runs: a node without one still works over direct paths, so Up goes on
+// with a warning instead of spending the whole UpTimeout.
+const relayWait = 15 * time.Second
+
 // joiner follows a starting node's state until it runs or cannot.
 type joiner struct {
 	srv *tsnet.Server
@@ -46,10 +51,51 @@ func (j *joiner) run(ctx context.Context) (*ipnstate.Status, error) {
 	// Until the home relay (DERP) has seen us, peers' first packets to us
 	// are dropped and their first dial stalls; wait for it, but a node
 	// that is running is usable, so this only delays, never fails.
-	if !j.awaitHomeRelay(ctx, deadline.C) {
-		j.cfg.Log.Warn("mesh: running, but not yet connected to a relay; first connections may be slow")
+	relayDeadline := time.NewTimer(min(relayWait, max(0, j.cfg.UpTimeout-time.Since(start))))
+	defer relayDeadline.Stop()
+	if !j.awaitHomeRelay(ctx, relayDeadline.C) {
+		j.warnNoRelay(ctx)
 	}
 	return st, nil
+}
+
+// warnNoRelay says that no relay (DERP) server was reached, which relays
+// the tailnet offers, and, behind an http:// control server, the likely
+// cause: Tailscale clients speak only TLS to relays
+// (tailscale.com/derp/derphttp, Client.useHTTPS), so a Headscale serving
+// plain http cannot offer its embedded DERP server.
+func (j *joiner) warnNoRelay(ctx context.Context) {
+	control := controlURL(j.cfg.ControlURL)
+	msg := "mesh: running, but no relay (DERP) server reached: peers that cannot reach this node directly cannot connect to it, and first connections may be slow"
+	if strings.HasPrefix(control, "http://") {
+		msg += "; the control server is plain http://, and Tailscale nodes speak only TLS to relays, so a Headscale on http:// cannot relay with its embedded DERP server: serve Headscale over https (server_url) or keep Tailscale's public relays in its DERP map (derp.urls)"
+	}
+	j.cfg.Log.Warn(msg, "control", control, "relays", j.relays(ctx), "problems", j.problems(ctx))
+}
+
+// relays lists the relay servers the control server's DERP map offers,
+// as host:port.
+func (j *joiner) relays(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	dm, err := j.lc.CurrentDERPMap(ctx)
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	var out []string
+	for _, id := range dm.RegionIDs() {
+		for _, n := range dm.Regions[id].Nodes {
+			port := n.DERPPort
+			if port == 0 {
+				port = 443
+			}
+			out = append(out, fmt.Sprintf("%s:%d", n.HostName, port))
+		}
+	}
+	if len(out) == 0 {
+		return "none (the DERP map is empty)"
+	}
+	return strings.Join(out, ",")
 }
 
 func (j *joiner) awaitRunning(ctx context.Context, start time.Time, deadline <-chan time.Time) error {

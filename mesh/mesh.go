@@ -16,6 +16,11 @@
 // and [Node.Dial] reaches peers by tailnet host name. [Node.WhoIs] names the
 // peer behind a connection accepted on the tailnet.
 //
+// [Node.Certs] keeps the node's HTTPS certificate for its MagicDNS name,
+// issued through the control server when the tailnet offers certificates
+// ([ErrNoHTTPS] when it does not), and [Certs.ListenTLS] serves TLS with it
+// on the tailnet.
+//
 // The node does open sockets of its own on the host: a UDP socket for
 // WireGuard and NAT traversal, which carries only encrypted tailnet traffic,
 // and a TCP listener on all addresses for tailscale's peer API (a port above

@@ -31,6 +31,26 @@ func RequireAuthKey(key string) Option {
 	return func(s *testcontrol.Server) { s.RequireAuthKey = key }
 }
 
+// OnSetDNS has the control server hand each DNS record a node asks it to
+// publish to set: the TXT record of an ACME DNS-01 challenge, the step of
+// a node's HTTPS certificate (tsnet's ListenTLS, tailgate's --mesh-tls).
+// A test feeds them to the DNS server its ACME CA resolves through.
+func OnSetDNS(set func(name, value string)) Option {
+	return func(s *testcontrol.Server) {
+		s.OnSetDNS = func(req *tailcfg.SetDNSRequest) error {
+			set(req.Name, req.Value)
+			return nil
+		}
+	}
+}
+
+// NoHTTPS makes a tailnet that issues no HTTPS certificates, as a Tailscale
+// tailnet with HTTPS off or a Headscale: the control server sends nodes no
+// certificate name. Nodes keep their MagicDNS short names.
+func NoHTTPS() Option {
+	return func(s *testcontrol.Server) { s.MagicDNSDomain = "" }
+}
+
 // StartControl starts the control server and relay for the test's duration
 // and returns the control server's URL.
 func StartControl(tb testing.TB, opts ...Option) string {
