@@ -477,7 +477,7 @@ func insertLine(ctx context.Context, tx *sql.Tx, batchID string, l BatchLine) (b
 func (s *Store) StartBatchLine(ctx context.Context, id string, line int64) (before int, err error) {
 	err = s.writeTx(ctx, func(tx *sql.Tx) error {
 		return tx.QueryRowContext(ctx, `INSERT INTO batch_line_starts (batch_id, line, starts) VALUES (?, ?, 1)
-			ON CONFLICT (batch_id, line) DO UPDATE SET starts = starts + 1 RETURNING starts - 1`, id, line).Scan(&before)
+			ON CONFLICT (batch_id, line) DO UPDATE SET starts = batch_line_starts.starts + 1 RETURNING starts - 1`, id, line).Scan(&before)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("start batch %s line %d: %w", id, line, err)

@@ -362,3 +362,33 @@ func TestFilesStoredBeforeExpiryExpireAfter30Days(t *testing.T) {
 		t.Errorf("file after the migration = %+v, %v; want it to expire 30 days after creation", f, err)
 	}
 }
+
+// TestBatchLineStartsCountUncleanRuns: a line started again without a result
+// or a clean stop in between counts its earlier starts (the crash-loop
+// guard), on both engines. On PostgreSQL the upsert's bare column name was
+// ambiguous and every start failed.
+func TestBatchLineStartsCountUncleanRuns(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		b, _ := newTestBatch(t, s, "batch_starts")
+		for want := range 3 {
+			before, err := s.StartBatchLine(ctx, b.ID, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if before != want {
+				t.Fatalf("start %d: %d unclean runs before, want %d", want+1, before, want)
+			}
+		}
+		if got, err := s.BatchLineStarts(ctx, b.ID); err != nil || got[7] != 3 {
+			t.Fatalf("BatchLineStarts = %v, %v; want line 7 started 3 times", got, err)
+		}
+		if err := s.EndBatchLine(ctx, b.ID, 7); err != nil {
+			t.Fatal(err)
+		}
+		if before, err := s.StartBatchLine(ctx, b.ID, 7); err != nil || before != 0 {
+			t.Fatalf("start after a clean end: %d, %v; want 0", before, err)
+		}
+	})
+}
