@@ -111,7 +111,17 @@ func TestTwoGatewaysOnPostgresLoseNothingToSIGKILL(t *testing.T) {
 				}
 			})
 		}
+		// Kill once this round has answers behind it (a count, not a time:
+		// a loaded machine answers slower), and at least 2 s into it.
+		mu.Lock()
+		want := len(whole) + 25
+		mu.Unlock()
 		time.Sleep(2 * time.Second)
+		waitFor(t, 60*time.Second, "answers before the kill", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(whole) >= want
+		})
 		killMu.Lock()
 		killedAt = time.Now()
 		killMu.Unlock()

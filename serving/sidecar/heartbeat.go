@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +57,13 @@ type HeartbeatConfig struct {
 	// one issued. A gateway that does not know one says so and the next is
 	// tried. nil offers none.
 	Borrow func() []string
+	// Registering, if set, is held while this heartbeater, with no
+	// credential of its own, borrows one or registers with the cluster
+	// token: a worker's heartbeaters that share it register one at a time,
+	// so those after the first borrow its credential instead of each
+	// getting one of their own (which a shared database would then hold
+	// twice for one replica id).
+	Registering sync.Locker
 }
 
 const (
@@ -222,6 +230,10 @@ func (h *Heartbeater) Credential() string {
 // sendBorrowing sends hb; with no credential of its own, it first offers
 // the ones Borrow returns that this gateway has not refused.
 func (h *Heartbeater) sendBorrowing(ctx context.Context, hb *serving.Heartbeat) error {
+	if h.credential == "" && h.cfg.Registering != nil {
+		h.cfg.Registering.Lock()
+		defer h.cfg.Registering.Unlock()
+	}
 	if h.credential == "" && h.cfg.Borrow != nil {
 		for _, c := range h.cfg.Borrow() {
 			if c == "" || h.unknown[c] {

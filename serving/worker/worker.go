@@ -54,7 +54,10 @@ type Worker struct {
 	side   *sidecar.Sidecar
 	beats  []*sidecar.Heartbeater // one per gateway
 	legacy string                 // credential-<id> of a worker that had one gateway; "" if none
-	ran    atomic.Bool
+	// registering lets one heartbeater at a time obtain a credential; the
+	// others then borrow it.
+	registering sync.Mutex
+	ran         atomic.Bool
 
 	mu       sync.Mutex // orders launcher state changes against the drain
 	draining bool
@@ -97,7 +100,7 @@ func New(cfg Config) (*Worker, error) {
 	var legacy string // a one-gateway worker's credential, offered to each of several
 	for _, g := range cfg.Gateways {
 		hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(g, "/"), ClusterToken: cfg.ClusterToken,
-			Build: w.heartbeat, Log: cfg.Log, Borrow: w.credentials}
+			Build: w.heartbeat, Log: cfg.Log, Borrow: w.credentials, Registering: &w.registering}
 		if cfg.DataDir != "" {
 			hc.CredentialFile = filepath.Join(cfg.DataDir, "credential-"+url.PathEscape(w.id))
 			if len(cfg.Gateways) > 1 {
