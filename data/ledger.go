@@ -1,11 +1,13 @@
 package data
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -95,6 +97,9 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 	}
 	defer tx.Rollback()
 
+	if s.engine == enginePostgres {
+		rows = tenantOrder(rows)
+	}
 	all, stamp := rows, now()
 	// Sized for this batch: the writer's transactions are mostly a few
 	// rows, and the largest statement's arguments are 26 KiB.
@@ -127,6 +132,23 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 	}
 	return tx.Commit()
 }
+
+// tenantOrder returns rows ordered by tenant (a copy, when they are not
+// already), keeping the order of each tenant's rows. Each row's trigger
+// locks its tenant's spend row; gateways sharing a PostgreSQL database take
+// those locks in one order so their ledger transactions cannot deadlock.
+// Rows of one id (a stream's open and final rows) have one tenant, so they
+// keep their order.
+func tenantOrder(rows []LedgerRow) []LedgerRow {
+	if slices.IsSortedFunc(rows, byTenant) {
+		return rows
+	}
+	rows = slices.Clone(rows)
+	slices.SortStableFunc(rows, byTenant)
+	return rows
+}
+
+func byTenant(a, b LedgerRow) int { return cmp.Compare(a.TenantID, b.TenantID) }
 
 // distinctRun returns the longest head of rows in which no ID repeats. A
 // batch may hold a stream's open row and then its final one; SQLite applies

@@ -396,6 +396,7 @@ func (w *LedgerWriter) write(ctx context.Context, b *batch) error {
 	}
 	backoff := retryMin
 	var deadline time.Time
+	conflicts := 0
 	for {
 		// Background: a request's or Run's context ending must not abort
 		// the write of rows already accepted.
@@ -404,6 +405,12 @@ func (w *LedgerWriter) write(ctx context.Context, b *batch) error {
 			w.txs.Add(1)
 			w.recovered()
 			return nil
+		}
+		if conflicts < maxConflictRetries && conflict(err) {
+			// Another gateway's transaction won a lock race: not the
+			// ledger failing. Again at once, before anyone is told.
+			conflicts++
+			continue
 		}
 		uerr := w.failed(err, len(b.rows))
 		w.giveBack(b, uerr)

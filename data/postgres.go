@@ -190,5 +190,20 @@ func pgCode(err error) string {
 	return "SQLSTATE " + pe.Code
 }
 
+// maxConflictRetries is how many times in a row a ledger transaction that
+// lost a lock race to another gateway's is run again at once.
+const maxConflictRetries = 3
+
+// conflict reports whether err is PostgreSQL aborting a transaction that
+// lost to a concurrent one (a deadlock, a serialization failure): running
+// it again is expected to succeed.
+func conflict(err error) bool {
+	switch pgCode(err) {
+	case "SQLSTATE 40P01", "SQLSTATE 40001":
+		return true
+	}
+	return false
+}
+
 // ErrNotSQLite is returned by operations that exist only for a SQLite file.
 var ErrNotSQLite = errors.New("not a SQLite database")
