@@ -187,7 +187,7 @@ func (s *Server) run(name string, args ...string) ([]byte, error) {
 func BinDir() (string, error) {
 	if d := os.Getenv(BinDirEnv); d != "" {
 		if _, err := os.Stat(filepath.Join(d, "initdb")); err != nil {
-			return "", fmt.Errorf("%s=%s: %w", BinDirEnv, d, err)
+			return "", fmt.Errorf("%w (%s=%s: %v)", ErrNotInstalled, BinDirEnv, d, err)
 		}
 		return d, nil
 	}
