@@ -114,6 +114,7 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	o.Stdout, o.Stderr = stdout, stderr
+	o.Postgres = benchPostgres
 	if !f.quiet {
 		o.Progress, o.ProgressTTY = stderr, isTerminal(stderr)
 	}

@@ -79,6 +79,9 @@ func (b *bench) run(ctx context.Context) ([]*Report, error) {
 	if b.scenario != nil && b.scenario.Static {
 		return b.runOverhead(ctx)
 	}
+	if b.scenario != nil && b.scenario.Databases {
+		return b.runDatabases(ctx)
+	}
 	var reports []*Report
 	for i, s := range b.sides {
 		if i > 0 && ctx.Err() != nil {
@@ -120,17 +123,27 @@ func (b *bench) binary() (string, error) {
 
 // startFleet starts a scenario's fleet with a side's extra flags.
 func (b *bench) startFleet(ctx context.Context, s Side) (*Local, error) {
-	o, sc := &b.opts, b.scenario
-	bin, err := b.binary()
+	cfg, err := b.fleetConfig(s)
 	if err != nil {
 		return nil, err
 	}
-	return StartLocal(ctx, LocalConfig{
+	return StartLocal(ctx, cfg)
+}
+
+// fleetConfig is the configuration of a scenario's fleet with a side's
+// extra flags.
+func (b *bench) fleetConfig(s Side) (LocalConfig, error) {
+	o, sc := &b.opts, b.scenario
+	bin, err := b.binary()
+	if err != nil {
+		return LocalConfig{}, err
+	}
+	return LocalConfig{
 		Binary: bin, Keep: o.Keep, Replicas: o.Replicas, Static: sc.Static, Model: s.Model,
 		GatewayArgs: strings.Fields(s.GatewayArgs),
 		WorkerArgs:  append(append([]string{}, sc.SimArgs...), strings.Fields(s.WorkerArgs)...),
 		Replace:     !o.NoReplace, ReplaceDelay: o.ReplaceDelay, StartupTimeout: o.StartupTimeout, Log: o.Stderr,
-	})
+	}, nil
 }
 
 // runScenario starts a local fleet for one configuration, runs the plan on

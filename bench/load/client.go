@@ -49,7 +49,7 @@ func newHTTPClient(disableKeepAlive bool, maxConns int) *http.Client {
 // sender sends requests to one target and measures them.
 type sender struct {
 	client  *http.Client
-	base    string // ends in /v1, no trailing slash
+	bases   []string // each ends in /v1, no trailing slash; request i goes to bases[i%len]
 	key     string
 	timeout time.Duration
 	start   time.Time // the run's start
@@ -72,7 +72,7 @@ func (s *sender) send(ctx context.Context, req Request, intended time.Time, rec 
 		ConnectStart: func(string, string) { connStart.CompareAndSwap(0, time.Now().UnixNano()) },
 		ConnectDone:  func(string, string, error) { connDone.CompareAndSwap(0, time.Now().UnixNano()) },
 	}
-	hreq, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, s.base+req.Path, bytes.NewReader(req.Body))
+	hreq, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, s.bases[req.Index%len(s.bases)]+req.Path, bytes.NewReader(req.Body))
 	if err != nil {
 		rec.Sent = time.Since(s.start)
 		rec.fail(ErrTransport, BeforeFirstToken, since())

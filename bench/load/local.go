@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +30,14 @@ type LocalConfig struct {
 	Keep bool
 	// Replicas is the number of replicas started with the gateway.
 	Replicas int
+	// Gateways is the number of gateways started, all with GatewayArgs;
+	// more than one needs a shared --database in GatewayArgs. The later
+	// ones get the first's cluster token, every worker registers with each,
+	// and [Local.Target] spreads the requests over them. 0 means 1.
+	Gateways int
+	// KeyArgs are added to `keys create` for the bench's key (limits, a
+	// tenant budget).
+	KeyArgs []string
 	// Static starts `tailgate sim` engines as the gateway's --upstream
 	// instead of workers; such a fleet cannot kill or scale out.
 	Static bool
@@ -52,17 +61,20 @@ type LocalConfig struct {
 // Local is a running fleet: a gateway and its replicas, each a child process
 // in its own process group.
 type Local struct {
-	cfg        LocalConfig
-	dir        string
-	ownDir     bool
-	api        string // http://host:port/v1
-	admin      string // http://host:port
-	adminToken string
-	key        string
-	sims       []string // static engines' base URLs (…/v1)
+	cfg    LocalConfig
+	dir    string
+	ownDir bool
+	api    string // http://host:port/v1
+	admin  string // http://host:port
+	// apis, admins and adminTokens are every gateway's, the first's first.
+	apis, admins, adminTokens []string
+	adminToken                string
+	key                       string
+	sims                      []string // static engines' base URLs (…/v1)
 
 	mu      sync.Mutex
-	gateway *child
+	gateway *child   // the first gateway
+	more    []*child // the other gateways
 	workers []*child // every worker started, in order
 	others  []*child // static sims
 	next    int      // number of the next worker
@@ -102,6 +114,12 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 	}
 	if cfg.StartupTimeout <= 0 {
 		cfg.StartupTimeout = 60 * time.Second
+	}
+	if cfg.Gateways == 0 {
+		cfg.Gateways = 1
+	}
+	if cfg.Gateways < 1 || cfg.Gateways > 8 || cfg.Gateways > 1 && cfg.Static {
+		return nil, fmt.Errorf("local fleet: gateways must be from 1 to 8 (1 with static engines), not %d", cfg.Gateways)
 	}
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
@@ -148,7 +166,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 	for _, u := range upstreams {
 		gwArgs = append(gwArgs, "--upstream", u)
 	}
-	fmt.Fprintf(cfg.Log, "bench: starting a gateway and %d simulated replica(s) on 127.0.0.1 (files in %s)\n", cfg.Replicas, l.dir)
+	fmt.Fprintf(cfg.Log, "bench: starting %s and %d simulated replica(s) on 127.0.0.1 (files in %s)\n", plural(cfg.Gateways, "gateway"), cfg.Replicas, l.dir)
 	if l.gateway, err = l.spawn("gateway", append(gwArgs, cfg.GatewayArgs...)); err != nil {
 		return nil, err
 	}
@@ -157,11 +175,16 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 		return nil, err
 	}
 	l.api, l.admin = "http://"+m[1]+"/v1", "http://"+m[2]
+	l.apis, l.admins = []string{l.api}, []string{l.admin}
 	tok, err := os.ReadFile(filepath.Join(l.dir, "gateway", "admin.token"))
 	if err != nil {
 		return nil, fmt.Errorf("local fleet: %w", err)
 	}
 	l.adminToken = strings.TrimSpace(string(tok))
+	l.adminTokens = []string{l.adminToken}
+	if err := l.startMoreGateways(ctx); err != nil {
+		return nil, err
+	}
 	if err := l.createKey(ctx); err != nil {
 		return nil, err
 	}
@@ -229,7 +252,8 @@ func tail(path string) string {
 }
 
 func (l *Local) createKey(ctx context.Context) error {
-	cmd := exec.CommandContext(ctx, l.cfg.Binary, "keys", "create", "--data", filepath.Join(l.dir, "gateway"), "--tenant", "bench")
+	args := append([]string{"keys", "create", "--data", filepath.Join(l.dir, "gateway"), "--tenant", "bench"}, l.cfg.KeyArgs...)
+	cmd := exec.CommandContext(ctx, l.cfg.Binary, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -254,11 +278,15 @@ func (l *Local) startWorker() (string, error) {
 	i := l.next
 	l.next++
 	id := fmt.Sprintf("sim-%d", i)
-	args := append([]string{"worker", "--gateway", l.admin,
+	var gws []string
+	for _, a := range l.admins {
+		gws = append(gws, "--gateway", a)
+	}
+	args := append(append([]string{"worker"}, gws...),
 		"--cluster-token-file", filepath.Join(l.dir, "gateway", "cluster.token"),
 		"--engine", "sim", "--model", l.cfg.Model, "--listen", "127.0.0.1:0", "--replica-id", id,
-		"--data", filepath.Join(l.dir, "w-"+strconv.Itoa(i)), "--drain-grace", "1s", "--sim-seed", strconv.Itoa(i)},
-		l.cfg.WorkerArgs...)
+		"--data", filepath.Join(l.dir, "w-"+strconv.Itoa(i)), "--drain-grace", "1s", "--sim-seed", strconv.Itoa(i))
+	args = append(args, l.cfg.WorkerArgs...)
 	p, err := l.spawn(id, args)
 	if err != nil {
 		return "", err
@@ -267,31 +295,22 @@ func (l *Local) startWorker() (string, error) {
 	return id, nil
 }
 
-// waitReady waits for /healthz and for n ready replicas.
+// waitReady waits until every gateway answers /healthz and has n ready
+// replicas.
 func (l *Local) waitReady(ctx context.Context, n int) error {
-	adm := newAdmin(l.admin, l.adminToken, "")
 	hc := &http.Client{Timeout: 2 * time.Second}
-	health := strings.TrimSuffix(l.api, "/v1") + "/healthz"
 	for {
-		ready := 0
-		if reps, err := adm.replicas(ctx); err == nil {
-			for _, r := range reps {
-				if r.Ready {
-					ready++
-				}
-			}
+		// ready is the fewest any gateway has.
+		ready := n
+		for i := range l.admins {
+			ready = min(ready, l.readyAt(ctx, hc, i))
 		}
 		if ready >= n {
-			if resp, err := hc.Get(health); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					return nil
-				}
-			}
+			return nil
 		}
 		l.mu.Lock()
 		var dead *child
-		for _, p := range append([]*child{l.gateway}, l.workers...) {
+		for _, p := range slices.Concat([]*child{l.gateway}, l.more, l.workers) {
 			if !p.killed && !p.alive() {
 				dead = p
 			}
@@ -308,9 +327,73 @@ func (l *Local) waitReady(ctx context.Context, n int) error {
 	}
 }
 
-// Target returns the gateway as a bench target, admin access included.
+// readyAt returns the number of ready replicas gateway i has, 0 until its
+// /healthz says it can serve.
+func (l *Local) readyAt(ctx context.Context, hc *http.Client, i int) int {
+	ready := 0
+	if reps, err := newAdmin(l.admins[i], l.adminTokens[i], "").replicas(ctx); err == nil {
+		for _, r := range reps {
+			if r.Ready {
+				ready++
+			}
+		}
+	}
+	resp, err := hc.Get(strings.TrimSuffix(l.apis[i], "/v1") + "/healthz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0
+	}
+	return ready
+}
+
+// Target returns the gateway as a bench target, admin access (the first
+// gateway's) included; with several gateways the requests go to each in
+// turn, as clients behind one DNS name with several addresses would.
 func (l *Local) Target() Target {
-	return Target{BaseURL: l.api, Key: l.key, AdminURL: l.admin, AdminToken: l.adminToken, AdminTenant: "bench"}
+	return Target{BaseURL: l.api, Also: l.apis[1:], Key: l.key, AdminURL: l.admin, AdminToken: l.adminToken, AdminTenant: "bench"}
+}
+
+// startMoreGateways starts gateways 2 to cfg.Gateways with the first's
+// arguments, each with its own data directory holding the first's cluster
+// token (so workers hold one token for all), and waits until each listens.
+func (l *Local) startMoreGateways(ctx context.Context) error {
+	tok, err := os.ReadFile(filepath.Join(l.dir, "gateway", "cluster.token"))
+	if err != nil && l.cfg.Gateways > 1 {
+		return fmt.Errorf("local fleet: %w", err)
+	}
+	for i := 2; i <= l.cfg.Gateways; i++ {
+		name := fmt.Sprintf("gateway-%d", i)
+		dir := filepath.Join(l.dir, name)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("local fleet: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cluster.token"), tok, 0o600); err != nil {
+			return fmt.Errorf("local fleet: %w", err)
+		}
+		args := append([]string{"gateway", "--data", dir, "--listen", "127.0.0.1:0",
+			"--admin-listen", "127.0.0.1:0", "--shutdown-grace", "2s"}, l.cfg.GatewayArgs...)
+		p, err := l.spawn(name, args)
+		if err != nil {
+			return err
+		}
+		l.mu.Lock()
+		l.more = append(l.more, p)
+		l.mu.Unlock()
+		m, err := l.waitLine(ctx, p, gatewayRE)
+		if err != nil {
+			return err
+		}
+		adm, err := os.ReadFile(filepath.Join(dir, "admin.token"))
+		if err != nil {
+			return fmt.Errorf("local fleet: %w", err)
+		}
+		l.apis, l.admins = append(l.apis, "http://"+m[1]+"/v1"), append(l.admins, "http://"+m[2])
+		l.adminTokens = append(l.adminTokens, strings.TrimSpace(string(adm)))
+	}
+	return nil
 }
 
 // Engines returns the base URLs (…/v1) of a static fleet's engines.
@@ -387,7 +470,7 @@ func (l *Local) Close() error {
 	l.once.Do(func() {
 		l.mu.Lock()
 		l.closed = true
-		procs := append(append([]*child{}, l.workers...), l.others...)
+		procs := slices.Concat(l.workers, l.others, l.more)
 		if l.gateway != nil {
 			procs = append(procs, l.gateway)
 		}

@@ -35,6 +35,10 @@ type Options struct {
 	// Fanout configures the fanout scenario and the hedge sweep.
 	Fanout FanoutOptions
 
+	// Postgres starts the PostgreSQL of the databases scenario; nil: that
+	// scenario cannot run.
+	Postgres PostgresFunc
+
 	// Binary is the tailgate executable a scenario's fleet runs; "" means
 	// the running executable, so [Main] called from anything but tailgate
 	// itself must set it.

@@ -38,6 +38,9 @@ type Report struct {
 	Failovers []FailoverReport `json:"failovers"`
 	ScaleOuts []ScaleOutReport `json:"scaleouts"`
 	Notes     []string         `json:"notes,omitempty"`
+	// Ledger is the ledger's check against the answers (the databases
+	// scenario); nil when not checked.
+	Ledger *LedgerCheck `json:"ledger,omitempty"`
 
 	Events   []Event         `json:"events"`
 	Samples  []ReplicaSample `json:"replica_samples,omitempty"`

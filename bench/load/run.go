@@ -19,6 +19,11 @@ type Target struct {
 	Label string
 	// BaseURL is the OpenAI base URL, ending in /v1.
 	BaseURL string
+	// Also are more base URLs of the same deployment (gateways sharing one
+	// database); request i goes to BaseURL and these in turn, as clients
+	// behind a DNS name with several addresses would spread. nil: BaseURL
+	// alone.
+	Also []string
 	// Key is sent as a bearer token; "" sends none.
 	Key string
 	// AdminURL is a tailgate gateway's admin listener (http://host:port);
@@ -134,8 +139,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	client := newHTTPClient(cfg.DisableKeepAlive, cfg.MaxConns)
 	defer client.CloseIdleConnections()
 	r.start = time.Now()
-	r.snd = &sender{client: client, base: strings.TrimSuffix(cfg.Target.BaseURL, "/"), key: cfg.Target.Key,
-		timeout: cfg.Timeout, start: r.start}
+	r.snd = &sender{client: client, key: cfg.Target.Key, timeout: cfg.Timeout, start: r.start}
+	for _, u := range append([]string{cfg.Target.BaseURL}, cfg.Target.Also...) {
+		r.snd.bases = append(r.snd.bases, strings.TrimSuffix(u, "/"))
+	}
 	r.prog = newProgress(cfg.Progress, cfg.ProgressTTY, cfg.Plan, r.start)
 
 	bg, stopBg := context.WithCancel(ctx)

@@ -15,7 +15,11 @@ type Scenario struct {
 	// Static makes the replicas plain `tailgate sim` engines behind
 	// --upstream (no workers, so no kill or scaleout), and compares the
 	// gateway with calling the engine directly.
-	Static         bool
+	Static bool
+	// Databases compares one gateway on SQLite (A) with two gateways on
+	// one PostgreSQL (B) at the same rate, and checks both ledgers against
+	// what the clients received (needs [Options.Postgres]).
+	Databases      bool
 	Rate           float64
 	Phases         string
 	Prompt, Output string
@@ -53,6 +57,13 @@ func Scenarios() []Scenario {
 			About:    "documents of 4–8 parts sent at once, slowest part decides: monolithic vs decomposed vs decomposed+hedge, streamed, JSON and Batch API (--sweep-hedge: the hedge threshold procedure)",
 			Replicas: 4, Rate: 3, Phases: "100 documents per arm",
 			SimArgs: fanoutSimArgs,
+		},
+		{
+			Name:     "databases",
+			About:    "what PostgreSQL adds: 1 gateway on SQLite vs 2 gateways on one throwaway PostgreSQL (requests alternating), a key with limits and a tenant budget; ledgers checked against the answers",
+			Replicas: 2, Databases: true, Rate: 200, Phases: "steady:20s",
+			Prompt: "64", Output: "16", StreamFraction: 0.5,
+			SimArgs: []string{"--sim-ttft", "10ms", "--sim-tpot", "1ms", "--sim-max-seqs", "1024"},
 		},
 		{
 			Name:     "overhead",
