@@ -485,6 +485,20 @@ func (s *Store) StartBatchLine(ctx context.Context, id string, line int64) (befo
 	return before, nil
 }
 
+// LineBilled reports whether tenant was billed for an answer to a request
+// whose id starts with prefix, made at since or later: a batch line's
+// earlier run (its request ids share the line's prefix).
+func (s *Store) LineBilled(ctx context.Context, tenantID int64, since time.Time, prefix string) (bool, error) {
+	var n int
+	err := s.read.QueryRowContext(ctx, `SELECT COUNT(*) FROM ledger
+		WHERE tenant_id = ? AND ts >= ? AND substr(id, 1, ?) = ? AND outcome = ?`,
+		tenantID, toMicros(since), len(prefix), prefix, OutcomeOK).Scan(&n)
+	if err != nil {
+		return false, fmt.Errorf("ledger rows of %s: %w", prefix, err)
+	}
+	return n > 0, nil
+}
+
 // EndBatchLine forgets a line's starts: it has a result, or the gateway
 // stopped it cleanly.
 func (s *Store) EndBatchLine(ctx context.Context, id string, line int64) error {

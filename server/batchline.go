@@ -18,7 +18,7 @@ var _ batch.Generator = (*Server)(nil)
 // on path (a batch's endpoint: /v1/chat/completions or /v1/completions), and
 // returns the whole answer: it is the batch executor's way in, with a
 // lineSink where the public API has its HTTP response.
-func (s *Server) Generate(ctx context.Context, p *policy.Principal, path string, body []byte) batch.Answer {
+func (s *Server) Generate(ctx context.Context, p *policy.Principal, path string, body []byte, line batch.Line) batch.Answer {
 	var ep endpoint
 	switch path {
 	case chatEndpoint.path:
@@ -30,6 +30,7 @@ func (s *Server) Generate(ctx context.Context, p *policy.Principal, path string,
 		return batch.Answer{Status: ae.Status, Body: ae.Body(), Code: ae.Code}
 	}
 	cl := s.newCall(ep, p)
+	cl.id, cl.prepaid = line.IDPrefix+cl.id, line.Prepaid
 	cl.priority = p.Class.Cap(policy.ClassBatch) // behind live traffic
 	out := &lineSink{}
 	s.serve(ctx, cl, body, out)

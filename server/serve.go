@@ -46,6 +46,10 @@ type call struct {
 	hedged        bool
 	winner        string // first, retry or hedge
 	tries         tryLog // every attempt, for the ledger
+	// prepaid: a batch line whose earlier run was billed for an answer
+	// that was then lost; what this run uses is overhead, not billed.
+	prepaid       bool
+	prepaidTokens int64 // what a prepaid call used, set when it is settled
 
 	// How it ended: set once, by conclude (or reject).
 	recorded bool // the ledger row is written (or committed)
@@ -314,8 +318,10 @@ func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Erro
 		if cl.req.stream {
 			cl.outcome = data.OutcomeMidstream
 		} else {
-			u := cl.billable()
-			cl.overhead += u.PromptTokens + u.CompletionTokens
+			if !cl.prepaid { // a prepaid run's tokens are overhead already
+				u := cl.billable()
+				cl.overhead += u.PromptTokens + u.CompletionTokens
+			}
 			cl.outcome, cl.status = data.OutcomeWithheld, ae.Status
 		}
 	case errors.As(err, &cerr) && isTimeout(cerr):
@@ -375,6 +381,10 @@ func (s *Server) settle(ctx context.Context, cl *call, ticket *policy.Ticket, co
 	if cl.stages.Total < 0 {
 		cl.stages.Total = time.Since(cl.start)
 	}
+	if cl.prepaid && cl.prepaidTokens == 0 {
+		u := cl.used()
+		cl.prepaidTokens = u.PromptTokens + u.CompletionTokens
+	}
 	cl.usage = cl.billable()
 	if !commit || cl.principal == nil {
 		s.record(cl, ticket.Settle(cl.usage))
@@ -406,9 +416,15 @@ func (e *unbilledError) Unwrap() error { return e.err }
 // billable is the usage to bill now: the engine's count when it reported
 // one, else what reached the client with an estimated prompt.
 func (cl *call) billable() policy.Usage {
-	if cl.outcome == data.OutcomeWithheld {
-		return policy.Usage{} // generated, never delivered
+	if cl.outcome == data.OutcomeWithheld || cl.prepaid {
+		return policy.Usage{} // generated, never delivered; or paid for already
 	}
+	return cl.used()
+}
+
+// used is what the call used: the engine's count when it reported one,
+// else what reached the client with an estimated prompt.
+func (cl *call) used() policy.Usage {
 	if cl.gotUsage {
 		return cl.usage
 	}
@@ -552,6 +568,7 @@ func (s *Server) row(cl *call, usage policy.Usage, cost int64) data.LedgerRow {
 	if cl.req != nil {
 		row.Model, row.Stream = boundString(cl.req.model), cl.req.stream
 	}
+	row.HedgeOverheadTokens += cl.prepaidTokens
 	return row
 }
 

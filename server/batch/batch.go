@@ -19,7 +19,19 @@ import (
 // request body. When ctx ends before there is an answer, the answer is
 // Cancelled. The gateway's server implements it with its request pipeline.
 type Generator interface {
-	Generate(ctx context.Context, p *policy.Principal, endpoint string, body []byte) Answer
+	Generate(ctx context.Context, p *policy.Principal, endpoint string, body []byte, line Line) Answer
+}
+
+// Line is how a Generator runs a batch line.
+type Line struct {
+	// IDPrefix starts the request id of every run of the line, so that
+	// the ledger rows of its earlier runs can be found
+	// ([data.Store.LineBilled]).
+	IDPrefix string
+	// Prepaid: an earlier run of the line was billed for an answer whose
+	// result was lost (its gateway died between the two); this run's
+	// tokens are not billed again.
+	Prepaid bool
 }
 
 // Answer is what a Generator answered a line.

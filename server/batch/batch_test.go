@@ -929,3 +929,54 @@ func TestBatchStartsWhenCreated(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchLineBilledButLostIsNotBilledTwice: the gateway died after a
+// line's answer was billed and before its result was stored (its start
+// noted, an ok ledger row under the line's request id prefix, no result).
+// The line runs again after the restart — its answer is in the output —
+// but the tenant is not billed for it a second time: that run's tokens are
+// overhead. Before, the tenant paid twice.
+func TestBatchLineBilledButLostIsNotBilledTwice(t *testing.T) {
+	fleet := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
+	dir := t.TempDir()
+	g := startBatchGateway(t, dir, fleet, batchOpts{})
+	g.StopBatches() // nothing runs until the "restart"
+	c := g.Client(key(g, "acme"))
+	f := uploadBatchFile(t, c, chatLines(2))
+	b := createBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	row := batchRow(t, g, b.ID)
+	if _, err := g.Store.StartBatchLine(t.Context(), b.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	lost := data.LedgerRow{ID: fmt.Sprintf("req_%s_l0_req_lost", b.ID), TenantID: row.TenantID, KeyID: row.KeyID,
+		Model: servertest.SimModel, PromptTokens: 10, CompletionTokens: 20, Status: 200, Outcome: data.OutcomeOK,
+		Attempts: 1, Stages: data.UnknownStages()}
+	if err := g.Store.InsertLedger(t.Context(), []data.LedgerRow{lost}); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	g = startBatchGateway(t, dir, fleet, batchOpts{})
+	c = g.Client(key(g, "acme"))
+	final := batchRow(t, g, b.ID)
+	for deadline := time.Now().Add(20 * time.Second); final.Status != data.BatchCompleted && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		final = batchRow(t, g, b.ID)
+	}
+	if final.Status != data.BatchCompleted || final.Completed != 2 {
+		t.Fatalf("batch %+v, want both lines completed", final)
+	}
+	var billed, overhead int64
+	prefix := fmt.Sprintf("req_%s_l0_", b.ID)
+	for _, r := range g.LedgerRows() {
+		if strings.HasPrefix(r.ID, prefix) && r.ID != lost.ID && r.Outcome == data.OutcomeOK {
+			billed += r.PromptTokens + r.CompletionTokens
+			overhead += r.HedgeOverheadTokens
+		}
+	}
+	if billed != 0 || overhead == 0 {
+		t.Errorf("line 0's second run billed %d tokens (overhead %d); want nothing billed, its tokens as overhead", billed, overhead)
+		for _, r := range g.LedgerRows() {
+			t.Logf("row %s %s billed %d overhead %d", r.ID, r.Outcome, r.PromptTokens+r.CompletionTokens, r.HedgeOverheadTokens)
+		}
+	}
+}

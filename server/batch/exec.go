@@ -528,11 +528,25 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 	body := []byte(gjson.GetBytes(raw, "body").Raw)
 	// Noted before it runs, forgotten when it has a result or stops cleanly:
 	// what is left after a crash counts towards maxUncleanStarts.
-	if _, err := x.s.store.StartBatchLine(runCtx, b.ID, l.n); err != nil {
+	before, err := x.s.store.StartBatchLine(runCtx, b.ID, l.n)
+	if err != nil {
 		x.log.Warn("batch line: note its start", "batch", b.ID, "line", l.n+1, "err", err)
 	}
+	// A line billed whose result was lost (its gateway died between the
+	// two) is run again without billing it twice.
+	line := Line{IDPrefix: fmt.Sprintf("req_%s_l%d_", b.ID, l.n)}
+	if before > 0 {
+		billed, err := x.s.store.LineBilled(runCtx, b.TenantID, b.CreatedAt, line.IDPrefix)
+		switch {
+		case err != nil:
+			x.log.Warn("batch line: look for an earlier billed run", "batch", b.ID, "line", l.n+1, "err", err)
+		case billed:
+			line.Prepaid = true
+			x.log.Info("batch line: an earlier run was billed but its result was lost; running it again unbilled", "batch", b.ID, "line", l.n+1)
+		}
+	}
 	for attempt := 0; ; attempt++ {
-		res := x.s.gen.Generate(x.lineCtx, p, b.Endpoint, body)
+		res := x.s.gen.Generate(x.lineCtx, p, b.Endpoint, body, line)
 		if res.Cancelled {
 			x.endLine(b, l) // a clean stop: it runs again after a restart
 			return false
