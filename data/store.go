@@ -309,6 +309,19 @@ func (s *Store) SetMaxPageCount(n int64) error {
 	return nil
 }
 
+// SetReadOnly makes SQLite refuse every write from now on (on) or again
+// allows them, as a file system remounted read-only would — for drills and
+// tests of the ledger failing under load.
+func (s *Store) SetReadOnly(on bool) error {
+	if s.engine != engineSQLite {
+		return fmt.Errorf("set read-only: %w", ErrNotSQLite)
+	}
+	if _, err := s.write.Exec(fmt.Sprintf(`PRAGMA query_only = %t`, on)); err != nil {
+		return fmt.Errorf("set read-only: %w", err)
+	}
+	return nil
+}
+
 // pageCount returns how many pages the database has.
 func (s *Store) pageCount(ctx context.Context) (int64, error) {
 	var n int64
