@@ -156,10 +156,12 @@ func TestAnswerWhoseRowCannotBeCommittedIsNotDelivered(t *testing.T) {
 	}
 	// Both admitted and generating (the ledger was healthy then); now the
 	// disk fills.
+	// (Both on the replica: past admission, where a ledger already failing
+	// would have refused them.)
 	deadline := time.Now().Add(10 * time.Second)
-	for h.Inflight() < 2 {
+	for h.Reg.Get("sim-a").Inflight() < 2 {
 		if time.Now().After(deadline) {
-			t.Fatalf("in flight %v, want 2", h.Inflight())
+			t.Fatalf("on the replica %d, want 2", h.Reg.Get("sim-a").Inflight())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
