@@ -38,11 +38,7 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 	_ = sim
 	dir := t.TempDir()
 	const kills = 4
-	var (
-		mu    sync.Mutex
-		whole []string            // request ids answered whole
-		cut   = map[string]bool{} // streams cut by a kill, with a token received well before it
-	)
+	load := newKillLoad()
 	// Two of the clients spend a tenant's token budget that runs out
 	// during the run: kills lose the gateway's in-memory reservations, yet
 	// what the ledger says was spent never passes the budget.
@@ -80,44 +76,17 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 		if round == kills {
 			break // the last start only settles what the last kill left
 		}
-		var killedAt time.Time
-		var killMu sync.Mutex
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		for w := range 6 {
-			wg.Go(func() {
-				for i := 0; ctx.Err() == nil && i < 2000; i++ {
-					stream := (w+i)%2 == 0
-					n := 10 + (w*7+i)%40 // JSON: short answers
-					if stream {
-						n = 100 + (w*37+i*11)%300 // streams: 0.4–1.6 s, long enough to be cut
-					}
-					k := key
-					if w < 2 {
-						k = capped
-					}
-					id, ok, firstAt := oneRequest(ctx, api, k, stream, n)
-					if id == "" {
-						continue
-					}
-					killMu.Lock()
-					killed := killedAt
-					killMu.Unlock()
-					mu.Lock()
-					switch {
-					case ok:
-						whole = append(whole, id)
-					case stream && !firstAt.IsZero() && !killed.IsZero() && killed.Sub(firstAt) > 200*time.Millisecond:
-						cut[id] = true
-					}
-					mu.Unlock()
-				}
-			})
+			k := key
+			if w < 2 {
+				k = capped
+			}
+			wg.Go(func() { load.run(ctx, api, k, w, "") })
 		}
 		time.Sleep(time.Duration(700+300*round) * time.Millisecond)
-		killMu.Lock()
-		killedAt = time.Now()
-		killMu.Unlock()
+		load.kill()
 		if err := gw.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -140,8 +109,9 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 	for _, r := range rows {
 		byID[r.ID] = r
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	load.mu.Lock() // the clients are done; for the race detector
+	defer load.mu.Unlock()
+	whole, cut := load.whole, load.cut
 	if len(whole) < 20 {
 		t.Fatalf("only %d answers completed: the load did not run", len(whole))
 	}
@@ -181,6 +151,56 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 	}
 	t.Logf("%d kills: %d answers whole (%d without a row), %d streams cut after a token (%d settled interrupted); capped tenant spent %d of %d tokens",
 		kills, len(whole), missing, len(cut), interrupted, spent, budget)
+}
+
+// killLoad is a mixed load of streams and JSON answers judged against the
+// moment of a gateway kill: the request ids answered whole, and the streams
+// the kill cut well after their first token (so they had an open row).
+type killLoad struct {
+	mu       sync.Mutex
+	killedAt time.Time
+	whole    []string
+	cut      map[string]bool
+	how      map[string]string // a whole answer's note
+}
+
+func newKillLoad() *killLoad {
+	return &killLoad{cut: map[string]bool{}, how: map[string]string{}}
+}
+
+// kill notes that the gateway is being killed now.
+func (l *killLoad) kill() {
+	l.mu.Lock()
+	l.killedAt = time.Now()
+	l.mu.Unlock()
+}
+
+// run is client w's requests to api with key until ctx ends (2,000 at
+// most): every other one streamed, JSON answers short, streams 0.4–1.6 s
+// (long enough to be cut). note describes a whole answer (the time since
+// the kill is added).
+func (l *killLoad) run(ctx context.Context, api, key string, w int, note string) {
+	for i := 0; ctx.Err() == nil && i < 2000; i++ {
+		stream := (w+i)%2 == 0
+		n := 10 + (w*7+i)%40
+		if stream {
+			n = 100 + (w*37+i*11)%300
+		}
+		id, ok, firstAt := oneRequest(ctx, api, key, stream, n)
+		if id == "" {
+			continue
+		}
+		l.mu.Lock()
+		killed := l.killedAt
+		switch {
+		case ok:
+			l.whole = append(l.whole, id)
+			l.how[id] = fmt.Sprintf("%s stream %v, answered %v after the kill", note, stream, time.Since(killed))
+		case stream && !firstAt.IsZero() && !killed.IsZero() && killed.Sub(firstAt) > 200*time.Millisecond:
+			l.cut[id] = true
+		}
+		l.mu.Unlock()
+	}
 }
 
 // oneRequest sends one chat request and reports its request id, whether

@@ -67,64 +67,31 @@ func TestTwoGatewaysOnPostgresLoseNothingToSIGKILL(t *testing.T) {
 	const lines = 160
 	batchID := startBatch(t, strings.TrimSuffix(gws[0].api, "/v1"), batcher, lines)
 
-	var (
-		mu    sync.Mutex
-		whole []string
-		how   = map[string]string{} // a whole answer: which gateway, stream or JSON, when against the kill
-		cut   = map[string]bool{}
-	)
+	load := newKillLoad()
 	for round := range 2 {
 		g := gws[round]
-		var killedAt time.Time
-		var killMu sync.Mutex
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		for c := range 8 {
 			api := strings.TrimSuffix(gws[c%2].api, "/v1")
-			wg.Go(func() {
-				for i := 0; ctx.Err() == nil && i < 2000; i++ {
-					stream := (c+i)%2 == 0
-					n := 10 + (c*7+i)%40
-					if stream {
-						n = 100 + (c*37+i*11)%300
-					}
-					k := free
-					if c < 6 {
-						k = capped[c%3]
-					}
-					id, ok, firstAt := oneRequest(ctx, api, k, stream, n)
-					if id == "" {
-						continue
-					}
-					killMu.Lock()
-					killed := killedAt
-					killMu.Unlock()
-					mu.Lock()
-					switch {
-					case ok:
-						whole = append(whole, id)
-						how[id] = fmt.Sprintf("gateway %d (killed: %d), stream %v, answered %v after the kill", c%2, round, stream, time.Since(killed))
-					case stream && !firstAt.IsZero() && !killed.IsZero() && killed.Sub(firstAt) > 200*time.Millisecond:
-						cut[id] = true
-					}
-					mu.Unlock()
-				}
-			})
+			k := free
+			if c < 6 {
+				k = capped[c%3]
+			}
+			wg.Go(func() { load.run(ctx, api, k, c, fmt.Sprintf("gateway %d (killed: %d),", c%2, round)) })
 		}
 		// Kill once this round has answers behind it (a count, not a time:
 		// a loaded machine answers slower), and at least 2 s into it.
-		mu.Lock()
-		want := len(whole) + 25
-		mu.Unlock()
+		load.mu.Lock()
+		want := len(load.whole) + 25
+		load.mu.Unlock()
 		time.Sleep(2 * time.Second)
 		waitFor(t, 60*time.Second, "answers before the kill", func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return len(whole) >= want
+			load.mu.Lock()
+			defer load.mu.Unlock()
+			return len(load.whole) >= want
 		})
-		killMu.Lock()
-		killedAt = time.Now()
-		killMu.Unlock()
+		load.kill()
 		if err := g.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -171,8 +138,9 @@ func TestTwoGatewaysOnPostgresLoseNothingToSIGKILL(t *testing.T) {
 		}
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
+	load.mu.Lock() // the clients are done; for the race detector
+	defer load.mu.Unlock()
+	whole, cut, how := load.whole, load.cut, load.how
 	if len(whole) < 40 {
 		t.Fatalf("only %d answers completed: the load did not run", len(whole))
 	}
