@@ -3,7 +3,9 @@ package policy
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"tailgate/data"
@@ -57,19 +59,56 @@ const reserveTimeout = 2 * time.Second
 // without a budget is not booked there (nothing to exceed; the request
 // costs no round trip). A settled request's ledger row moves its cost from
 // this gateway's hold into spend when it is written; what it reserved
-// beyond its cost is released here, in the background and batched per
-// tenant (late releases are safe: a hold only ever errs on the side of
-// refusing).
+// beyond its cost stays held as this gateway's spare for the tenant, so
+// the next requests reserve from it without a round trip. A spare holds at
+// most 1/spareShare of the tenant's budget (more is released), and a spare
+// not drawn on since the previous lease tick is released: near a budget's
+// end another gateway may be refused that much early, for about a second.
+// Releases are written in the background, batched per tenant (late
+// releases are safe: a hold only ever errs on the side of refusing).
 type sharedBook struct {
-	st   *data.Store
-	mem  memoryBook // this gateway's view, for TenantState
-	mu   sync.Mutex
-	owed map[int64]data.Spend // releases not yet written, per tenant
-	wake chan struct{}
+	st    *data.Store
+	mem   memoryBook // this gateway's view, for TenantState
+	mu    sync.Mutex
+	owed  map[int64]data.Spend // releases not yet written, per tenant
+	spare map[int64]*spare     // held in the database beyond the requests in flight
+	wake  chan struct{}
+	// booked counts reservations that went to the database.
+	booked atomic.Int64
+}
+
+// spare is budget this gateway holds in the database for a tenant beyond
+// its requests in flight.
+type spare struct {
+	data.Spend
+	used bool // drawn on or added to since the last lease tick
+}
+
+// spareShare: a gateway's spare for a tenant holds at most 1/spareShare of
+// each of the tenant's budgets.
+const spareShare = 16
+
+// spareCap is the most a spare keeps of a budget: 1/spareShare of it, or
+// all it gets when the budget is unlimited (0), where holds restrict
+// nothing.
+func spareCap(budget int64) int64 {
+	if budget <= 0 {
+		return math.MaxInt64 / 2
+	}
+	return budget / spareShare
+}
+
+// sliceOf is what a reservation that goes to the database takes beyond its
+// need, for the spare: half the spare's cap; none of an unlimited budget.
+func sliceOf(budget int64) int64 {
+	if budget <= 0 {
+		return 0
+	}
+	return budget / spareShare / 2
 }
 
 func newSharedBook(st *data.Store) *sharedBook {
-	return &sharedBook{st: st, owed: make(map[int64]data.Spend), wake: make(chan struct{}, 1)}
+	return &sharedBook{st: st, owed: make(map[int64]data.Spend), spare: make(map[int64]*spare), wake: make(chan struct{}, 1)}
 }
 
 func (b *sharedBook) reserve(ts *tenantState, tenantID, tokens, micros int64) (bool, error) {
@@ -79,9 +118,37 @@ func (b *sharedBook) reserve(ts *tenantState, tenantID, tokens, micros int64) (b
 	if !limited {
 		return b.mem.reserve(ts, tenantID, tokens, micros)
 	}
+	if b.take(tenantID, tokens, micros) {
+		ts.mu.Lock()
+		ts.reserved.Tokens += tokens
+		ts.reserved.Micros += micros
+		ts.mu.Unlock()
+		return true, nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), reserveTimeout)
 	defer cancel()
-	c, err := b.st.ReserveBudget(ctx, tenantID, tokens, micros)
+	// Half a spare's worth more than asked, for the next requests; near the
+	// budget's end, where that does not fit, just what was asked.
+	ts.mu.Lock()
+	slice := data.Spend{Tokens: sliceOf(ts.budgetTokens), Micros: sliceOf(ts.budgetMicros)}
+	ts.mu.Unlock()
+	b.booked.Add(1)
+	c, err := b.st.ReserveBudget(ctx, tenantID, tokens+slice.Tokens, micros+slice.Micros)
+	if err == nil && c.OK {
+		b.mu.Lock()
+		sp := b.spare[tenantID]
+		if sp == nil {
+			sp = &spare{}
+			b.spare[tenantID] = sp
+		}
+		sp.Tokens += slice.Tokens
+		sp.Micros += slice.Micros
+		sp.used = true
+		b.mu.Unlock()
+	} else if err == nil && slice != (data.Spend{}) {
+		b.booked.Add(1)
+		c, err = b.st.ReserveBudget(ctx, tenantID, tokens, micros)
+	}
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", data.ErrLedgerUnavailable, err)
 	}
@@ -99,26 +166,81 @@ func (b *sharedBook) reserve(ts *tenantState, tenantID, tokens, micros int64) (b
 	return true, nil
 }
 
+// take reserves tokens and micros from the tenant's spare, if it holds
+// them.
+func (b *sharedBook) take(tenantID, tokens, micros int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sp := b.spare[tenantID]
+	if sp == nil || sp.Tokens < tokens || sp.Micros < micros {
+		return false
+	}
+	sp.Tokens -= tokens
+	sp.Micros -= micros
+	sp.used = true
+	return true
+}
+
 func (b *sharedBook) settle(ts *tenantState, tenantID int64, held bool, reserved [2]int64, tokens, cost int64) {
 	b.mem.settle(ts, tenantID, held, reserved, tokens, cost)
 	if !held {
 		return
 	}
 	// The ledger row takes tokens and cost out of the hold; the rest of the
-	// reservation goes back now.
+	// reservation stays held as spare, up to the cap; beyond it, it goes
+	// back.
 	extra := data.Spend{Tokens: max(reserved[0]-tokens, 0), Micros: max(reserved[1]-cost, 0)}
 	if extra == (data.Spend{}) {
 		return
 	}
+	ts.mu.Lock()
+	capT, capM := spareCap(ts.budgetTokens), spareCap(ts.budgetMicros)
+	ts.mu.Unlock()
 	b.mu.Lock()
-	o := b.owed[tenantID]
-	o.Tokens += extra.Tokens
-	o.Micros += extra.Micros
-	b.owed[tenantID] = o
+	sp := b.spare[tenantID]
+	if sp == nil {
+		sp = &spare{}
+		b.spare[tenantID] = sp
+	}
+	sp.Tokens += extra.Tokens
+	sp.Micros += extra.Micros
+	sp.used = true
+	over := data.Spend{Tokens: max(sp.Tokens-capT, 0), Micros: max(sp.Micros-capM, 0)}
+	sp.Tokens -= over.Tokens
+	sp.Micros -= over.Micros
+	owe := over != (data.Spend{})
+	if owe {
+		o := b.owed[tenantID]
+		o.Tokens += over.Tokens
+		o.Micros += over.Micros
+		b.owed[tenantID] = o
+	}
 	b.mu.Unlock()
-	select {
-	case b.wake <- struct{}{}:
-	default:
+	if owe {
+		select {
+		case b.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// releaseIdle releases the spares not drawn on since the last call (all of
+// them with all set, before the gateway stops); flush writes them.
+func (b *sharedBook) releaseIdle(all bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for id, sp := range b.spare {
+		if sp.used && !all {
+			sp.used = false
+			continue
+		}
+		if sp.Spend != (data.Spend{}) {
+			o := b.owed[id]
+			o.Tokens += sp.Tokens
+			o.Micros += sp.Micros
+			b.owed[id] = o
+		}
+		delete(b.spare, id)
 	}
 }
 

@@ -238,6 +238,7 @@ func (g *Gate) Run(ctx context.Context) error {
 			if g.shared != nil {
 				// What settled requests reserved beyond their cost goes
 				// back before the gateway stops (bounded in time).
+				g.shared.releaseIdle(true)
 				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reserveTimeout)
 				_ = g.shared.flush(fctx)
 				cancel()
@@ -249,6 +250,10 @@ func (g *Gate) Run(ctx context.Context) error {
 			}
 		case <-lease:
 			g.renew(ctx, true)
+			g.shared.releaseIdle(false)
+			if err := g.shared.flush(ctx); err != nil && ctx.Err() == nil {
+				g.log.Warn("policy: release budget reservations (retried)", "err", err)
+			}
 		case <-wake:
 			if err := g.shared.flush(ctx); err != nil && ctx.Err() == nil {
 				g.log.Warn("policy: release budget reservations (retried)", "err", err)

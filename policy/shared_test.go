@@ -184,3 +184,52 @@ func TestKeyLimitsNotMultipliedByGateways(t *testing.T) {
 		}
 	}
 }
+
+// TestSpareBudgetSavesRoundTrips: what settled requests reserved beyond
+// their cost stays held as the gateway's spare, so a tenant's next requests
+// reserve from it instead of one database round trip each; the spare
+// stays under its share of the budget, and an idle spare goes back.
+func TestSpareBudgetSavesRoundTrips(t *testing.T) {
+	const budget, requests = 100_000, 200
+	st, _ := openShared(t)
+	secret, _ := createKey(t, st, KeyOptions{Tenant: "acme", BudgetTokens: ptr(budget)})
+	g := newGate(t, st, Config{})
+	runGate(t, g)
+	p := authenticate(t, g, secret)
+	for range requests {
+		tk, _, err := g.Admit(p, Request{Model: "m", PromptEstimate: 20, PromptBound: 60, MaxTokens: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.Settle(Usage{PromptTokens: 20, CompletionTokens: 10})
+	}
+	n := g.shared.booked.Load()
+	if n > requests/10 {
+		t.Errorf("%d of %d reservations went to the database; want most from the spare", n, requests)
+	}
+	t.Logf("%d of %d reservations went to the database", n, requests)
+	held, err := st.BudgetHeld(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No ledger rows were written: what is held is every settled cost plus
+	// the spare, which stays under its cap.
+	var h data.Spend
+	for _, s := range held {
+		h.Tokens += s.Tokens
+	}
+	if spare := h.Tokens - requests*30; spare < 0 || spare > budget/spareShare {
+		t.Errorf("held %d tokens = %d settled + a spare of %d; want a spare within 0..%d", h.Tokens, requests*30, spare, budget/spareShare)
+	}
+	within(t, 5*time.Second, "an idle spare released", func() bool {
+		held, err := st.BudgetHeld(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var h data.Spend
+		for _, s := range held {
+			h.Tokens += s.Tokens
+		}
+		return h.Tokens == requests*30
+	})
+}
