@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -60,6 +61,11 @@ type Request struct {
 	// higher class in flight (the hedge is skipped with reason "priority"
 	// when no other replica is free of them).
 	Class Class
+	// Exclude are replicas this request must not go to, for any attempt —
+	// first, retry or hedge — however well they score (e.g. the replica
+	// an answer already broke on, when the caller starts it again); nil
+	// for none. Do never changes the slice.
+	Exclude []*Replica
 }
 
 // Lost is an attempt that did not produce the answer.
@@ -133,7 +139,8 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	defer func() { r.m.routed(res.Attempts) }()
 	outcomes := make(chan outcome, r.cfg.MaxAttempts)
 	cancels := map[int]context.CancelFunc{}
-	var tried []*Replica
+	// Clipped: appending to tried never writes into the caller's array.
+	tried := slices.Clip(req.Exclude)
 	live := 0
 
 	// inline runs attempts on the caller's goroutine when no hedge can
