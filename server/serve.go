@@ -157,11 +157,15 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 				cl.overhead += u.burnt(cl)
 				// A connection that broke mid-answer is most likely a
 				// replica that died: out of routing until a probe says not.
+				// The retry itself is kept off it by Exclude, whatever its
+				// state by then.
 				s.reg.Eject(u.rep, "midstream")
 				u.Abort()
 				res.Finish()
 				first, broke := res, err
-				res, err = s.reg.Do(ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+				again := rreq
+				again.Exclude = []*router.Replica{u.rep}
+				res, err = s.reg.Do(ctx, again, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 					return s.open(ctx, cl, rep, n, reason)
 				})
 				if err != nil && res.Attempts == 0 {
