@@ -154,3 +154,30 @@ func TestInteractiveRequestFindsTheOneFreeReplica(t *testing.T) {
 		t.Fatalf("interactive hedge target %v (%q), want d", rep.ID, why)
 	}
 }
+
+// TestInteractiveRequestPrefersAFreeSlotToALowScore: a replica whose
+// engine slots the gateway's own requests fill scores better than a slower
+// one with room (its recent TTFT is lower); a standard request goes by the
+// score and queues there, an interactive one takes the free slot.
+func TestInteractiveRequestPrefersAFreeSlotToALowScore(t *testing.T) {
+	reg := newRegistry(t, Config{Rand: func(int) int { return 0 }})
+	full := reg.Add(readyReplica("full", "m"))
+	full.slots.Store(8)
+	full.inflight.Store(8)
+	full.ObserveTTFT(10 * time.Millisecond)
+	room := reg.Add(readyReplica("room", "m"))
+	room.slots.Store(8)
+	room.inflight.Store(2)
+	room.ObserveTTFT(100 * time.Millisecond)
+	answer := func(context.Context, *Replica, int, AttemptReason) (Attempt, error) { return &fakeAttempt{}, nil }
+	for _, tc := range []struct {
+		class Class
+		want  string
+	}{{ClassStandard, "full"}, {ClassInteractive, "room"}} {
+		res, err := reg.Do(context.Background(), Request{Hint: Hint{Model: "m"}, Class: tc.class}, answer)
+		if err != nil || res.Replica.ID != tc.want {
+			t.Fatalf("%s request went to %s (%v), want %s", tc.class, res.Replica.ID, err, tc.want)
+		}
+		res.Finish()
+	}
+}

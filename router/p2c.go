@@ -53,18 +53,21 @@ func (p *P2C) Select(cands []*Replica, hint Hint) *Replica {
 }
 
 // best is Select over every candidate instead of two drawn at random: the
-// lowest score (prefix affinity as in Select). The registry uses it for
-// interactive requests: they are few, so the herding two random draws
-// guard against cannot happen, and they must find the one free slot when
-// batch work fills the rest — with two draws an interactive request lands
-// behind a full engine whenever both draws are full.
+// lowest score among the replicas with a free engine slot (all of them
+// when none has one, or their slots are not known), prefix affinity as in
+// Select. The registry uses it for interactive requests: they are few, so
+// the herding two random draws guard against cannot happen, and they must
+// find the free slot when batch work fills the rest — with two draws an
+// interactive request lands behind a full engine whenever both draws are
+// full, and by score alone whenever a full replica's recent TTFT is lower.
 func (p *P2C) best(cands []*Replica, hint Hint) *Replica {
 	fb := fallbackTTFT(cands)
 	var best *Replica
-	bestScore := math.Inf(1)
+	bestScore, bestFull := math.Inf(1), true
 	for _, c := range cands {
-		if s := p.score.inputs(c, fb).Score; s < bestScore {
-			best, bestScore = c, s
+		s, full := p.score.inputs(c, fb).Score, c.full()
+		if (bestFull && !full) || (full == bestFull && s < bestScore) {
+			best, bestScore, bestFull = c, s, full
 		}
 	}
 	if p.affinity && hint.Prefix != 0 {
