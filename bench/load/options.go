@@ -34,6 +34,8 @@ type Options struct {
 	AdminTenant string
 	// Fanout configures the fanout scenario and the hedge sweep.
 	Fanout FanoutOptions
+	// Priority configures the priority scenario.
+	Priority PriorityOptions
 
 	// Binary is the tailgate executable a scenario's fleet runs; "" means
 	// the running executable, so [Main] called from anything but tailgate
@@ -219,7 +221,7 @@ func (o *Options) lookupScenario() (*Scenario, error) {
 	}
 	s, ok := LookupScenario(o.Scenario)
 	if !ok {
-		return nil, fmt.Errorf("unknown scenario %q: want failover, burst, scaleout, overhead or fanout", o.Scenario)
+		return nil, fmt.Errorf("unknown scenario %q: want failover, burst, scaleout, overhead, fanout or priority", o.Scenario)
 	}
 	return &s, nil
 }

@@ -55,6 +55,12 @@ func Scenarios() []Scenario {
 			SimArgs: fanoutSimArgs,
 		},
 		{
+			Name:     "priority",
+			About:    "interactive requests alone, then beside a 2,000-line Batch API job: interactive p99 must stay within --max-ratio (1.2) of alone",
+			Replicas: priorityReplicas, Rate: 20, Phases: "30s alone, 30s with the batch",
+			SimArgs: prioritySimArgs,
+		},
+		{
 			Name:     "overhead",
 			About:    "what the gateway adds: the same load through the gateway and straight to an instant engine",
 			Replicas: 1, Static: true, Rate: 100, Phases: "steady:15s",
