@@ -57,3 +57,10 @@ func registerFanout(fs *flag.FlagSet, o *load.FanoutOptions) {
 	fs.Func("sweep-percentiles", "sweep: hedge percentiles tried (default 0.8,0.9,0.95,0.99)", floats(&o.Percentiles))
 	fs.Func("sweep-budgets", "sweep: hedge budgets tried (default 0.05,0.10,0.15)", floats(&o.Budgets))
 }
+
+// registerPriority binds the priority scenario's flags to o.
+func registerPriority(fs *flag.FlagSet, o *load.PriorityOptions) {
+	fs.IntVar(&o.Lines, "batch-lines", 0, "priority: lines of the Batch API job run beside interactive traffic (default 2000)")
+	fs.DurationVar(&o.Duration, "priority-duration", 0, "priority: how long interactive traffic (--rate, default 20/s) runs alone and then beside the batch (default 30s)")
+	fs.Float64Var(&o.MaxRatio, "max-ratio", 0, "priority: highest interactive p99 beside the batch over p99 alone that passes; exit status 1 above it (default 1.2)")
+}

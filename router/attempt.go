@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -58,8 +59,15 @@ type Request struct {
 	// Its attempts count in their replica's in-flight attempts of that
 	// class, and its hedge never goes to a replica that has attempts of a
 	// higher class in flight (the hedge is skipped with reason "priority"
-	// when no other replica is free of them).
+	// when no other replica is free of them). An interactive request's
+	// attempts go to the best-scored replica of all, not the better of two
+	// drawn at random, so it finds the free slot batch work left.
 	Class Class
+	// Exclude are replicas this request must not go to, for any attempt —
+	// first, retry or hedge — however well they score (e.g. the replica
+	// an answer already broke on, when the caller starts it again); nil
+	// for none. Do never changes the slice.
+	Exclude []*Replica
 }
 
 // Lost is an attempt that did not produce the answer.
@@ -133,7 +141,8 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	defer func() { r.m.routed(res.Attempts) }()
 	outcomes := make(chan outcome, r.cfg.MaxAttempts)
 	cancels := map[int]context.CancelFunc{}
-	var tried []*Replica
+	// Clipped: appending to tried never writes into the caller's array.
+	tried := slices.Clip(req.Exclude)
 	live := 0
 
 	// inline runs attempts on the caller's goroutine when no hedge can
@@ -176,7 +185,8 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 		}
 	}
 	start := func(reason AttemptReason) error {
-		rep, err := r.Pick(req.Hint, tried)
+		// An interactive request goes to the best-scored replica of all.
+		rep, err := r.pick(req.Hint, tried, ClassInteractive, req.Class == ClassInteractive)
 		if err != nil {
 			return err
 		}
@@ -330,7 +340,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 // or the gateway's own requests there already fill every engine slot
 // (known once learnt, see [Replica.learnSlots]).
 func (r *Registry) hedgeTarget(req Request, tried []*Replica) (*Replica, string) {
-	rep, err := r.pick(req.Hint, tried, req.Class)
+	rep, err := r.pick(req.Hint, tried, req.Class, req.Class == ClassInteractive)
 	switch {
 	case errors.Is(err, errOutranked):
 		return nil, skipPriority

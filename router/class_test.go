@@ -125,3 +125,59 @@ func TestBatchHedgeGoesOnceTheInteractiveRequestEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestInteractiveRequestFindsTheOneFreeReplica: three replicas are full of
+// batch work and one is free; P2C's two draws see only full ones, and a
+// standard request goes to one of them, but an interactive request goes
+// to the free one, first attempt and hedge alike.
+func TestInteractiveRequestFindsTheOneFreeReplica(t *testing.T) {
+	reg := newRegistry(t, Config{Rand: func(int) int { return 0 }}) // draws the first two candidates
+	reg.Add(readyReplica("a", "m")).inflight.Store(8)
+	reg.Add(readyReplica("b", "m")).inflight.Store(8)
+	reg.Add(readyReplica("c", "m")).inflight.Store(8)
+	reg.Add(readyReplica("d", "m"))
+	answer := func(context.Context, *Replica, int, AttemptReason) (Attempt, error) { return &fakeAttempt{}, nil }
+	for _, tc := range []struct {
+		class Class
+		want  string
+	}{{ClassStandard, "a"}, {ClassInteractive, "d"}} {
+		res, err := reg.Do(context.Background(), Request{Hint: Hint{Model: "m"}, Class: tc.class}, answer)
+		if err != nil || res.Replica.ID != tc.want {
+			t.Fatalf("%s request went to %s (%v), want %s", tc.class, res.Replica.ID, err, tc.want)
+		}
+		res.Finish()
+	}
+	// Its hedge too: with a, the first attempt's replica, tried, two draws
+	// would see b and c, both full.
+	rep, why := reg.hedgeTarget(Request{Hint: Hint{Model: "m"}, Class: ClassInteractive}, []*Replica{reg.Get("a")})
+	if why != "" || rep.ID != "d" {
+		t.Fatalf("interactive hedge target %v (%q), want d", rep.ID, why)
+	}
+}
+
+// TestInteractiveRequestPrefersAFreeSlotToALowScore: a replica whose
+// engine slots the gateway's own requests fill scores better than a slower
+// one with room (its recent TTFT is lower); a standard request goes by the
+// score and queues there, an interactive one takes the free slot.
+func TestInteractiveRequestPrefersAFreeSlotToALowScore(t *testing.T) {
+	reg := newRegistry(t, Config{Rand: func(int) int { return 0 }})
+	full := reg.Add(readyReplica("full", "m"))
+	full.slots.Store(8)
+	full.inflight.Store(8)
+	full.ObserveTTFT(10 * time.Millisecond)
+	room := reg.Add(readyReplica("room", "m"))
+	room.slots.Store(8)
+	room.inflight.Store(2)
+	room.ObserveTTFT(100 * time.Millisecond)
+	answer := func(context.Context, *Replica, int, AttemptReason) (Attempt, error) { return &fakeAttempt{}, nil }
+	for _, tc := range []struct {
+		class Class
+		want  string
+	}{{ClassStandard, "full"}, {ClassInteractive, "room"}} {
+		res, err := reg.Do(context.Background(), Request{Hint: Hint{Model: "m"}, Class: tc.class}, answer)
+		if err != nil || res.Replica.ID != tc.want {
+			t.Fatalf("%s request went to %s (%v), want %s", tc.class, res.Replica.ID, err, tc.want)
+		}
+		res.Finish()
+	}
+}

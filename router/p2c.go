@@ -1,5 +1,7 @@
 package router
 
+import "math"
+
 // P2C is the default selection policy: power of two choices. It draws two
 // candidates at random and takes the one with the lower load score. With
 // affinity on it prefers the replica a request's prefix hashes to
@@ -40,6 +42,33 @@ func (p *P2C) Select(cands []*Replica, hint Hint) *Replica {
 	best, bestScore := a, sa
 	if sb < sa {
 		best, bestScore = b, sb
+	}
+	if p.affinity && hint.Prefix != 0 {
+		pref := rendezvous(cands, hint.Prefix)
+		if pref != best && p.score.inputs(pref, fb).Score <= bestScore*affinitySlack {
+			return pref
+		}
+	}
+	return best
+}
+
+// best is Select over every candidate instead of two drawn at random: the
+// lowest score among the replicas with a free engine slot (all of them
+// when none has one, or their slots are not known), prefix affinity as in
+// Select. The registry uses it for interactive requests: they are few, so
+// the herding two random draws guard against cannot happen, and they must
+// find the free slot when batch work fills the rest — with two draws an
+// interactive request lands behind a full engine whenever both draws are
+// full, and by score alone whenever a full replica's recent TTFT is lower.
+func (p *P2C) best(cands []*Replica, hint Hint) *Replica {
+	fb := fallbackTTFT(cands)
+	var best *Replica
+	bestScore, bestFull := math.Inf(1), true
+	for _, c := range cands {
+		s, full := p.score.inputs(c, fb).Score, c.full()
+		if (bestFull && !full) || (full == bestFull && s < bestScore) {
+			best, bestScore, bestFull = c, s, full
+		}
 	}
 	if p.affinity && hint.Prefix != 0 {
 		pref := rendezvous(cands, hint.Prefix)

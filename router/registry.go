@@ -182,7 +182,7 @@ const maxCandidates = 32
 // Pick chooses a ready replica serving the hinted model, skipping those in
 // exclude and those backing off, with the configured selection policy.
 func (r *Registry) Pick(hint Hint, exclude []*Replica) (*Replica, error) {
-	return r.pick(hint, exclude, ClassInteractive)
+	return r.pick(hint, exclude, ClassInteractive, false)
 }
 
 // errOutranked: the replicas that could take a hedge all have attempts of a
@@ -191,8 +191,9 @@ var errOutranked = errors.New("every free replica serves a higher class")
 
 // pick is Pick that also skips replicas with attempts of a class higher than
 // c in flight (none with c = ClassInteractive); errOutranked when that left
-// none.
-func (r *Registry) pick(hint Hint, exclude []*Replica, c Class) (*Replica, error) {
+// none. With best, the load-aware policy scores every candidate instead of
+// two drawn at random (see P2C.best); other policies ignore it.
+func (r *Registry) pick(hint Hint, exclude []*Replica, c Class, best bool) (*Replica, error) {
 	var buf [maxCandidates]*Replica
 	cands := buf[:0]
 	known, outranked := false, false
@@ -218,6 +219,9 @@ func (r *Registry) pick(hint Hint, exclude []*Replica, c Class) (*Replica, error
 		return nil, errOutranked
 	case len(cands) == 0:
 		return nil, ErrNoReplica
+	}
+	if p, ok := r.sel.(*P2C); ok && best {
+		return p.best(cands, hint), nil
 	}
 	return r.sel.Select(cands, hint), nil
 }

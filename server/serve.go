@@ -169,12 +169,16 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 				cl.overhead += u.burnt(cl)
 				// A connection that broke mid-answer is most likely a
 				// replica that died: out of routing until a probe says not.
+				// The retry itself is kept off it by Exclude, whatever its
+				// state by then.
 				s.reg.Eject(u.rep, "midstream")
 				cl.tries.broke(u, err)
 				u.Abort()
 				res.Finish()
 				first, broke := res, err
-				res, err = s.reg.Do(ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+				again := rreq
+				again.Exclude = []*router.Replica{u.rep}
+				res, err = s.reg.Do(ctx, again, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 					return s.open(ctx, cl, rep, n, reason)
 				})
 				if err != nil && res.Attempts == 0 {
@@ -469,19 +473,24 @@ func (cl *call) adopt(u *upstream) {
 	cl.usage, cl.gotUsage, cl.relayedTokens = u.usage, u.gotUsage, u.tokens
 }
 
-// hedgeOverhead counts what losing attempts of a hedged request burned: the
-// prompt of every attempt that reached its replica, plus the tokens it
-// produced before it was cancelled. The tenant is not billed for them.
+// hedgeOverhead counts what losing attempts of a hedged request burned, as
+// their engines count it: an attempt that had its first token, its prompt
+// and the tokens it was seen to produce (continuous usage) before it was
+// cancelled. One cancelled before its first token costs nothing counted:
+// vLLM counts a prompt when its first token comes
+// (vllm/v1/metrics/stats.py IterationStats.update_from_output) and output
+// per step, so a loser still queued or in prefill adds to neither
+// vllm:prompt_tokens_total nor vllm:generation_tokens_total. What remains
+// unseen is a close race: tokens the engine made after the last chunk
+// read — a first token in flight when the loser was cancelled, a prompt
+// and a token or two. The tenant is not billed for any of it.
 func (s *Server) hedgeOverhead(cl *call, res *router.Result) {
 	if !res.Hedged {
 		return
 	}
 	for _, l := range res.Losers() {
-		switch {
-		case l.Attempt != nil:
+		if l.Attempt != nil {
 			cl.overhead += l.Attempt.(*upstream).burnt(cl)
-		case router.IsNoToken(l.Err):
-			cl.overhead += cl.req.promptEstimate
 		}
 	}
 }

@@ -20,6 +20,9 @@ func Main(ctx context.Context, o Options) error {
 	if o.Scenario == "fanout" || o.Fanout.Sweep {
 		return mainFanout(ctx, o)
 	}
+	if o.Scenario == "priority" {
+		return mainPriority(ctx, o)
+	}
 	b, err := o.resolve()
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -43,17 +44,21 @@ type fanoutArm struct {
 	// (hedge overhead) as a share of prompt+completion tokens, hedges as a
 	// share of first attempts; NaN when not measured.
 	ExtraTokens, ExtraRequests float64
+	// Skipped are the hedges not started over the arm, by reason
+	// (tailgate_hedges_skipped_total): why stalled parts went unhedged.
+	Skipped map[string]float64
 }
 
 // gatewayCounts are the gateway counters the fan-out report reads.
 type gatewayCounts struct {
 	prompt, completion, overhead float64
 	first, hedges                float64
+	skipped                      map[string]float64 // by reason
 }
 
 // scrapeCounts reads the gateway's Prometheus metrics.
 func scrapeCounts(ctx context.Context, adminURL, token string) (gatewayCounts, error) {
-	var c gatewayCounts
+	c := gatewayCounts{skipped: map[string]float64{}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(adminURL, "/")+"/metrics", nil)
 	if err != nil {
 		return c, err
@@ -96,6 +101,8 @@ func scrapeCounts(ctx context.Context, adminURL, token string) (gatewayCounts, e
 			c.first += v
 		case name == "tailgate_upstream_attempts_total" && strings.Contains(labels, `reason="hedge"`):
 			c.hedges += v
+		case name == "tailgate_hedges_skipped_total":
+			c.skipped[labelValue(labels, "reason")] += v
 		}
 	}
 	return c, sc.Err()
@@ -146,6 +153,14 @@ func (s *fanoutSide) measure(ctx context.Context, b *fanoutBench, docs []doc, se
 			}
 			if first := after.first - before.first; first > 0 {
 				arm.ExtraRequests = (after.hedges - before.hedges) / first
+			}
+			for why, n := range after.skipped {
+				if d := n - before.skipped[why]; d > 0 {
+					if arm.Skipped == nil {
+						arm.Skipped = map[string]float64{}
+					}
+					arm.Skipped[why] = d
+				}
 			}
 		}
 	}
@@ -368,6 +383,16 @@ func writeFanoutTable(w io.Writer, seed int64, arms []fanoutArm) {
 		}
 	}
 	_ = tw.Flush()
+	for _, a := range arms {
+		if a.Design != armHedged || len(a.Skipped) == 0 {
+			continue
+		}
+		var why []string
+		for _, r := range slices.Sorted(maps.Keys(a.Skipped)) {
+			why = append(why, fmt.Sprintf("%s %.0f", r, a.Skipped[r]))
+		}
+		fmt.Fprintf(w, "%s %s: hedges not started: %s\n", a.Mode, a.Design, strings.Join(why, ", "))
+	}
 }
 
 func sharePct(v float64) string {

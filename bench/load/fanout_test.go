@@ -62,3 +62,17 @@ func TestFanoutDocsAreSeeded(t *testing.T) {
 		t.Errorf("decomposed bodies: %d, want %d streamed", len(parts), len(d.prompt))
 	}
 }
+
+// TestFanoutTableSaysWhyHedgesDidNotStart: under the table, each hedged
+// arm's hedges not started, by reason, as the gateway counted them.
+func TestFanoutTableSaysWhyHedgesDidNotStart(t *testing.T) {
+	arm := func(design string, skipped map[string]float64) fanoutArm {
+		return fanoutArm{Mode: "stream", Design: design, Docs: Summary{N: 10, P95: 100, P99: 100}, Skipped: skipped}
+	}
+	var out strings.Builder
+	writeFanoutTable(&out, 3, []fanoutArm{arm(armMonolithic, nil), arm(armDecomposed, nil),
+		arm(armHedged, map[string]float64{"saturation": 4, "budget": 2})})
+	if !strings.Contains(out.String(), "stream decomposed+hedge: hedges not started: budget 2, saturation 4\n") {
+		t.Fatalf("no skip reasons:\n%s", out.String())
+	}
+}

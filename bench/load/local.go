@@ -251,21 +251,29 @@ func tail(path string) string {
 	return "  " + strings.Join(lines, "\n  ")
 }
 
-func (l *Local) createKey(ctx context.Context) error {
-	args := append([]string{"keys", "create", "--data", filepath.Join(l.dir, "gateway"), "--tenant", "bench"}, l.cfg.KeyArgs...)
-	cmd := exec.CommandContext(ctx, l.cfg.Binary, args...)
+func (l *Local) createKey(ctx context.Context) (err error) {
+	l.key, err = l.CreateKey(ctx, "bench", l.cfg.KeyArgs...)
+	return err
+}
+
+// CreateKey creates another API key on the fleet's gateway, of tenant and
+// with `keys create` flags args (e.g. "--class", "interactive"), and
+// returns its secret.
+func (l *Local) CreateKey(ctx context.Context, tenant string, args ...string) (string, error) {
+	argv := append([]string{"keys", "create", "--data", filepath.Join(l.dir, "gateway"), "--tenant", tenant}, args...)
+	cmd := exec.CommandContext(ctx, l.cfg.Binary, argv...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("local fleet: keys create: %w: %s", err, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("local fleet: keys create: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	l.key = strings.TrimSpace(lines[len(lines)-1])
-	if l.key == "" {
-		return errors.New("local fleet: keys create printed no key")
+	key := strings.TrimSpace(lines[len(lines)-1])
+	if key == "" {
+		return "", errors.New("local fleet: keys create printed no key")
 	}
-	return nil
+	return key, nil
 }
 
 // startWorker starts worker number l.next.

@@ -34,6 +34,8 @@ type Options struct {
 	AdminTenant string
 	// Fanout configures the fanout scenario and the hedge sweep.
 	Fanout FanoutOptions
+	// Priority configures the priority scenario.
+	Priority PriorityOptions
 
 	// Postgres starts the PostgreSQL of the databases scenario; nil: that
 	// scenario cannot run.
@@ -223,7 +225,11 @@ func (o *Options) lookupScenario() (*Scenario, error) {
 	}
 	s, ok := LookupScenario(o.Scenario)
 	if !ok {
-		return nil, fmt.Errorf("unknown scenario %q: want failover, burst, scaleout, overhead or fanout", o.Scenario)
+		var names []string
+		for _, sc := range Scenarios() {
+			names = append(names, sc.Name)
+		}
+		return nil, fmt.Errorf("unknown scenario %q: want one of %s", o.Scenario, strings.Join(names, ", "))
 	}
 	return &s, nil
 }

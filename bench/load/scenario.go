@@ -59,6 +59,12 @@ func Scenarios() []Scenario {
 			SimArgs: fanoutSimArgs,
 		},
 		{
+			Name:     "priority",
+			About:    "interactive requests alone, then beside a 2,000-line Batch API job: interactive p99 must stay within --max-ratio (1.2) of alone",
+			Replicas: priorityReplicas, Rate: 20, Phases: "30s alone, 30s with the batch",
+			SimArgs: prioritySimArgs,
+		},
+		{
 			Name:     "databases",
 			About:    "what PostgreSQL adds: 1 gateway on SQLite vs 2 gateways on one throwaway PostgreSQL (requests alternating), a key with limits and a tenant budget; ledgers checked against the answers",
 			Replicas: 2, Databases: true, Rate: 200, Phases: "steady:20s",
