@@ -2,7 +2,7 @@ package data
 
 import (
 	"context"
-	"database/sql"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -34,76 +34,69 @@ type Attempt struct {
 	CompletionTokens int64
 }
 
-var attemptCols = [...]string{
-	"request_id", "n", "replica", "role", "start_us", "ttft_us", "end_us",
-	"outcome", "reason", "prompt_tokens", "completion_tokens",
+// attemptJSON is an Attempt as the ledger's attempt_log column keeps it;
+// times in microseconds, null when unknown.
+type attemptJSON struct {
+	N          int    `json:"n"`
+	Replica    string `json:"replica"`
+	Role       string `json:"role"`
+	StartUS    int64  `json:"start_us"`
+	TTFTUS     *int64 `json:"ttft_us"`
+	EndUS      *int64 `json:"end_us"`
+	Outcome    string `json:"outcome"`
+	Reason     string `json:"reason,omitempty"`
+	Prompt     int64  `json:"prompt_tokens"`
+	Completion int64  `json:"completion_tokens"`
 }
 
-// attemptInsertSQL inserts rows attempts. An attempt already stored (a
-// batch sent again after an ambiguous failure) is left as it is: attempts
-// come with final ledger rows only, which are never replaced either.
-func attemptInsertSQL(rows int) string {
-	one := "(" + strings.TrimSuffix(strings.Repeat("?,", len(attemptCols)), ",") + ")"
-	var b strings.Builder
-	b.WriteString("INSERT INTO request_attempts (" + strings.Join(attemptCols[:], ", ") + ") VALUES ")
-	for i := range rows {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(one)
+// attemptLogArg is the attempt_log column of row r: its attempts as JSON,
+// or NULL for an open row or one with none.
+func attemptLogArg(r LedgerRow) (any, error) {
+	if r.Outcome == OutcomeOpen || len(r.AttemptLog) == 0 {
+		return nil, nil
 	}
-	b.WriteString(" ON CONFLICT (request_id, n) DO NOTHING")
-	return b.String()
+	us := func(d time.Duration) *int64 {
+		if d < 0 {
+			return nil
+		}
+		v := d.Microseconds()
+		return &v
+	}
+	out := make([]attemptJSON, len(r.AttemptLog))
+	for i, a := range r.AttemptLog {
+		out[i] = attemptJSON{N: a.N, Replica: a.Replica, Role: a.Role, StartUS: a.Start.Microseconds(),
+			TTFTUS: us(a.TTFT), EndUS: us(a.End), Outcome: a.Outcome, Reason: a.Reason,
+			Prompt: a.PromptTokens, Completion: a.CompletionTokens}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, fmt.Errorf("attempt log of %s: %w", r.ID, err)
+	}
+	return string(b), nil
 }
 
-// insertAttempts writes the attempts of rows' final rows in tx, in as few
-// statements as ledger rows take (args is a spare argument buffer). A row
-// with no ID has no attempts stored: nothing could find them.
-func (s *Store) insertAttempts(ctx context.Context, tx *sql.Tx, rows []LedgerRow, args []any) error {
-	n := 0
-	for _, r := range rows {
-		if r.Outcome != OutcomeOpen && r.ID != "" {
-			n += len(r.AttemptLog)
-		}
+// parseAttemptLog reads an attempt_log column back.
+func parseAttemptLog(raw string) ([]Attempt, error) {
+	var in []attemptJSON
+	if err := json.Unmarshal([]byte(raw), &in); err != nil {
+		return nil, err
 	}
-	if n == 0 {
-		return nil
-	}
-	// Walk the attempts row by row, filling statements of the largest
-	// chunk that still fits what is left.
-	ri, ai := 0, 0
-	next := func() (string, Attempt) {
-		for {
-			r := rows[ri]
-			if r.Outcome != OutcomeOpen && r.ID != "" && ai < len(r.AttemptLog) {
-				ai++
-				return r.ID, r.AttemptLog[ai-1]
-			}
-			ri, ai = ri+1, 0
+	d := func(v *int64) time.Duration {
+		if v == nil {
+			return -1
 		}
+		return time.Duration(*v) * time.Microsecond
 	}
-	for i, size := range ledgerChunks {
-		if n < size {
-			continue
-		}
-		st := tx.StmtContext(ctx, s.attemptStmts[i])
-		for n >= size {
-			args = args[:0]
-			for range size {
-				id, a := next()
-				args = append(args, id, int64(a.N), a.Replica, a.Role, a.Start.Microseconds(),
-					stageArg(a.TTFT), stageArg(a.End), a.Outcome, a.Reason, a.PromptTokens, a.CompletionTokens)
-			}
-			if _, err := st.ExecContext(ctx, args...); err != nil {
-				return fmt.Errorf("attempts: %w", err)
-			}
-			n -= size
-		}
+	out := make([]Attempt, len(in))
+	for i, a := range in {
+		out[i] = Attempt{N: a.N, Replica: a.Replica, Role: a.Role, Start: time.Duration(a.StartUS) * time.Microsecond,
+			TTFT: d(a.TTFTUS), End: d(a.EndUS), Outcome: a.Outcome, Reason: a.Reason,
+			PromptTokens: a.Prompt, CompletionTokens: a.Completion}
 	}
-	return nil
+	return out, nil
 }
 
-// fillAttempts sets the AttemptLog of rows from the stored attempts.
+// fillAttempts sets the AttemptLog of rows from their attempt_log column.
 func (s *Store) fillAttempts(ctx context.Context, rows []LedgerRow) error {
 	if len(rows) == 0 {
 		return nil
@@ -114,28 +107,24 @@ func (s *Store) fillAttempts(ctx context.Context, rows []LedgerRow) error {
 		at[r.ID] = i
 		args = append(args, r.ID)
 	}
-	q := `SELECT ` + strings.Join(attemptCols[:], ", ") + ` FROM request_attempts WHERE request_id IN (` +
-		strings.TrimSuffix(strings.Repeat("?,", len(args)), ",") + `) ORDER BY request_id, n`
+	q := `SELECT id, attempt_log FROM ledger WHERE attempt_log IS NOT NULL AND id IN (` +
+		strings.TrimSuffix(strings.Repeat("?,", len(args)), ",") + `)`
 	res, err := s.read.QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
 	}
 	defer res.Close()
 	for res.Next() {
-		var (
-			id          string
-			a           Attempt
-			n, start    int64
-			ttft, ended sql.NullInt64
-		)
-		if err := res.Scan(&id, &n, &a.Replica, &a.Role, &start, &ttft, &ended, &a.Outcome, &a.Reason,
-			&a.PromptTokens, &a.CompletionTokens); err != nil {
+		var id, raw string
+		if err := res.Scan(&id, &raw); err != nil {
 			return err
 		}
-		a.N, a.Start = int(n), time.Duration(start)*time.Microsecond
-		a.TTFT, a.End = stageFromNull(ttft), stageFromNull(ended)
+		log, err := parseAttemptLog(raw)
+		if err != nil {
+			return fmt.Errorf("attempt log of %s: %w", id, err)
+		}
 		if i, ok := at[id]; ok {
-			rows[i].AttemptLog = append(rows[i].AttemptLog, a)
+			rows[i].AttemptLog = log
 		}
 	}
 	return res.Err()

@@ -20,6 +20,7 @@ var ledgerCols = [...]string{
 	"status", "outcome", "error", "attempts", "hedged",
 	"gateway_us", "connect_us", "upstream_ttft_us", "engine_queue_us",
 	"engine_ttft_us", "network_us", "ttft_us", "total_us", "priority", "queue_us", "gateway",
+	"attempt_log",
 }
 
 // ledgerChunks are the row counts of the prepared multi-row INSERTs. A batch
@@ -36,9 +37,6 @@ func (s *Store) prepareLedger() error {
 			return fmt.Errorf("prepare ledger insert: %w", err)
 		}
 		s.ledgerStmts[i] = st
-		if s.attemptStmts[i], err = s.write.Prepare(attemptInsertSQL(n)); err != nil {
-			return fmt.Errorf("prepare attempt insert: %w", err)
-		}
 	}
 	return nil
 }
@@ -100,7 +98,7 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 	if s.engine == enginePostgres {
 		rows = tenantOrder(rows)
 	}
-	all, stamp := rows, now()
+	stamp := now()
 	// Sized for this batch: the writer's transactions are mostly a few
 	// rows, and the largest statement's arguments are 26 KiB.
 	args := make([]any, 0, min(len(rows), ledgerChunks[0])*len(ledgerCols))
@@ -126,9 +124,6 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 			}
 		}
 		rows = rest
-	}
-	if err := s.insertAttempts(ctx, tx, all, args); err != nil {
-		return err
 	}
 	return tx.Commit()
 }
@@ -173,6 +168,10 @@ func distinctRun(rows []LedgerRow) []LedgerRow {
 }
 
 func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) ([]any, error) {
+	log, err := attemptLogArg(r)
+	if err != nil {
+		return nil, err
+	}
 	if r.ID == "" {
 		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {
@@ -190,7 +189,7 @@ func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) 
 		int64(r.Status), r.Outcome, r.Error, int64(r.Attempts), boolInt(r.Hedged),
 		stageArg(st.Gateway), stageArg(st.Connect), stageArg(st.UpstreamTTFT), stageArg(st.EngineQueue),
 		stageArg(st.EngineTTFT), stageArg(st.Network), stageArg(st.TTFT), stageArg(st.Total),
-		r.Priority, stageArg(r.QueueWait), gateway,
+		r.Priority, stageArg(r.QueueWait), gateway, log,
 	), nil
 }
 

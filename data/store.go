@@ -45,8 +45,6 @@ type Store struct {
 	ckptStop, ckptDone chan struct{}
 	// ledgerStmts[i] inserts ledgerChunks[i] rows at once.
 	ledgerStmts [len(ledgerChunks)]*sql.Stmt
-	// attemptStmts[i] inserts ledgerChunks[i] request attempts at once.
-	attemptStmts [len(ledgerChunks)]*sql.Stmt
 
 	closed    atomic.Bool // set once Close starts; lets writers stop retrying
 	closeOnce sync.Once
@@ -209,7 +207,7 @@ func (s *Store) Close() error {
 		if s.ckpt != nil {
 			errs = append(errs, s.ckpt.Close())
 		}
-		for _, st := range append(s.ledgerStmts[:], s.attemptStmts[:]...) {
+		for _, st := range s.ledgerStmts {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}
