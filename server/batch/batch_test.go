@@ -980,3 +980,35 @@ func TestBatchLineBilledButLostIsNotBilledTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchWaitsForWorkersToRegisterAfterAStart: a gateway that starts
+// finds an unfinished batch before the workers serving its model have
+// registered again. Its lines wait for them instead of failing with 404
+// model_not_found.
+func TestBatchWaitsForWorkersToRegisterAfterAStart(t *testing.T) {
+	others := newSimFleet(t, 1, sim.Config{Model: "another-model"}) // no replica of the batch's model
+	late := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
+	g := startBatchGateway(t, t.TempDir(), others, batchOpts{})
+	c := g.Client(key(g, "acme"))
+	f := uploadBatchFile(t, c, chatLines(3))
+	b := createBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	// The lines have been tried (and refused) before the worker comes.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if rows := g.LedgerRows(); len(rows) >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the batch's lines were never tried")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	g.AddReplica("late", late[0].Server.URL, servertest.SimModel)
+	final := batchRow(t, g, b.ID)
+	for deadline := time.Now().Add(20 * time.Second); final.Status != data.BatchCompleted && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		final = batchRow(t, g, b.ID)
+	}
+	if final.Status != data.BatchCompleted || final.Completed != 3 || final.Failed != 0 {
+		t.Fatalf("batch %+v, want its 3 lines completed once the worker registered", final)
+	}
+}

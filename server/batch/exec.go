@@ -72,7 +72,7 @@ func (s *Batches) Run(ctx context.Context) error {
 	lineCtx, cancelLines := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelLines()
 	x := &batchExec{
-		s: s, cfg: cfg, log: s.log, lineCtx: lineCtx,
+		s: s, cfg: cfg, log: s.log, lineCtx: lineCtx, started: cfg.Now(),
 		global: make(chan struct{}, cfg.Concurrency),
 		lanes:  map[int64]*tenantLane{},
 	}
@@ -158,6 +158,7 @@ type batchExec struct {
 	// context by the drain timeout.
 	lineCtx context.Context
 	global  chan struct{}
+	started time.Time // when Run started: workers may still be registering
 
 	mu    sync.Mutex
 	lanes map[int64]*tenantLane
@@ -561,6 +562,10 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 			lane.pause(wait)
 		case res.Status >= 500 && attempt < maxUpstreamRetries:
 			wait = x.cfg.RetryWait << attempt
+		case res.Code == "model_not_found" && x.cfg.Now().Before(x.started.Add(registerGrace)):
+			// Just started: the model's workers have not registered
+			// again yet (they do within a heartbeat or two).
+			wait = time.Second
 		}
 		if wait == 0 {
 			return x.record(b, l, res)
@@ -584,6 +589,11 @@ func waitsToRetry(res Answer) bool {
 	}
 	return false
 }
+
+// registerGrace is how long after the executor starts a line refused for a
+// model no replica serves waits and runs again: a gateway that restarts
+// finds unfinished batches before its workers have registered again.
+const registerGrace = 30 * time.Second
 
 // maxUncleanStarts is how many runs of a line may end in a gateway crash
 // before the line is failed instead of run again.
