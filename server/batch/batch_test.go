@@ -981,17 +981,21 @@ func TestBatchLineBilledButLostIsNotBilledTwice(t *testing.T) {
 	}
 }
 
-// TestBatchWaitsForWorkersToRegisterAfterAStart: a gateway that starts
+// TestBatchWaitsForWorkersToRegisterAfterAStart: a gateway that restarts
 // finds an unfinished batch before the workers serving its model have
 // registered again. Its lines wait for them instead of failing with 404
 // model_not_found.
 func TestBatchWaitsForWorkersToRegisterAfterAStart(t *testing.T) {
 	others := newSimFleet(t, 1, sim.Config{Model: "another-model"}) // no replica of the batch's model
 	late := newSimFleet(t, 1, sim.Config{Model: servertest.SimModel})
-	g := startBatchGateway(t, t.TempDir(), others, batchOpts{})
+	dir := t.TempDir()
+	g := startBatchGateway(t, dir, others, batchOpts{})
+	g.StopBatches() // nothing runs until the restart
 	c := g.Client(key(g, "acme"))
 	f := uploadBatchFile(t, c, chatLines(3))
 	b := createBatch(t, c, f.ID, openai.BatchNewParamsEndpointV1ChatCompletions)
+	g.Close()
+	g = startBatchGateway(t, dir, others, batchOpts{})
 	// The lines have been tried (and refused) before the worker comes.
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if rows := g.LedgerRows(); len(rows) >= 3 {

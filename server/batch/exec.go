@@ -562,9 +562,10 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 			lane.pause(wait)
 		case res.Status >= 500 && attempt < maxUpstreamRetries:
 			wait = x.cfg.RetryWait << attempt
-		case res.Code == "model_not_found" && x.cfg.Now().Before(x.started.Add(registerGrace)):
-			// Just started: the model's workers have not registered
-			// again yet (they do within a heartbeat or two).
+		case res.Code == "model_not_found" && b.CreatedAt.Before(x.started) && x.cfg.Now().Before(x.started.Add(registerGrace)):
+			// A batch this gateway found when it started: the model's
+			// workers may not have registered again yet (they do within
+			// a heartbeat or two).
 			wait = time.Second
 		}
 		if wait == 0 {
@@ -590,9 +591,11 @@ func waitsToRetry(res Answer) bool {
 	return false
 }
 
-// registerGrace is how long after the executor starts a line refused for a
-// model no replica serves waits and runs again: a gateway that restarts
-// finds unfinished batches before its workers have registered again.
+// registerGrace is how long after the executor starts a line of a batch
+// created before it started, refused for a model no replica serves, waits
+// and runs again: a gateway that restarts finds unfinished batches before
+// its workers have registered again. (A new batch naming an unknown model
+// fails at once.)
 const registerGrace = 30 * time.Second
 
 // maxUncleanStarts is how many runs of a line may end in a gateway crash
