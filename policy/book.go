@@ -136,14 +136,7 @@ func (b *sharedBook) reserve(ts *tenantState, tenantID, tokens, micros int64) (b
 	c, err := b.st.ReserveBudget(ctx, tenantID, tokens+slice.Tokens, micros+slice.Micros)
 	if err == nil && c.OK {
 		b.mu.Lock()
-		sp := b.spare[tenantID]
-		if sp == nil {
-			sp = &spare{}
-			b.spare[tenantID] = sp
-		}
-		sp.Tokens += slice.Tokens
-		sp.Micros += slice.Micros
-		sp.used = true
+		b.addSpareLocked(tenantID, slice)
 		b.mu.Unlock()
 	} else if err == nil && slice != (data.Spend{}) {
 		b.booked.Add(1)
@@ -164,6 +157,19 @@ func (b *sharedBook) reserve(ts *tenantState, tenantID, tokens, micros int64) (b
 	ts.reserved.Micros += micros
 	ts.mu.Unlock()
 	return true, nil
+}
+
+// addSpareLocked adds s to the tenant's spare and returns it.
+func (b *sharedBook) addSpareLocked(tenantID int64, s data.Spend) *spare {
+	sp := b.spare[tenantID]
+	if sp == nil {
+		sp = &spare{}
+		b.spare[tenantID] = sp
+	}
+	sp.Tokens += s.Tokens
+	sp.Micros += s.Micros
+	sp.used = true
+	return sp
 }
 
 // take reserves tokens and micros from the tenant's spare, if it holds
@@ -197,14 +203,7 @@ func (b *sharedBook) settle(ts *tenantState, tenantID int64, held bool, reserved
 	capT, capM := spareCap(ts.budgetTokens), spareCap(ts.budgetMicros)
 	ts.mu.Unlock()
 	b.mu.Lock()
-	sp := b.spare[tenantID]
-	if sp == nil {
-		sp = &spare{}
-		b.spare[tenantID] = sp
-	}
-	sp.Tokens += extra.Tokens
-	sp.Micros += extra.Micros
-	sp.used = true
+	sp := b.addSpareLocked(tenantID, extra)
 	over := data.Spend{Tokens: max(sp.Tokens-capT, 0), Micros: max(sp.Micros-capM, 0)}
 	sp.Tokens -= over.Tokens
 	sp.Micros -= over.Micros

@@ -59,37 +59,7 @@ type gatewayCounts struct {
 // scrapeCounts reads the gateway's Prometheus metrics.
 func scrapeCounts(ctx context.Context, adminURL, token string) (gatewayCounts, error) {
 	c := gatewayCounts{skipped: map[string]float64{}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(adminURL, "/")+"/metrics", nil)
-	if err != nil {
-		return c, err
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
-	if err != nil {
-		return c, fmt.Errorf("gateway metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return c, fmt.Errorf("gateway metrics: status %d", resp.StatusCode)
-	}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 64<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		name, rest, ok := strings.Cut(line, "{")
-		if !ok {
-			continue
-		}
-		labels, val, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.Fields(val)[0], 64)
-		if err != nil {
-			continue
-		}
+	err := eachSample(ctx, adminURL, token, func(name, labels string, v float64) {
 		switch {
 		case name == "tailgate_tokens_total" && strings.Contains(labels, `kind="prompt"`):
 			c.prompt += v
@@ -104,8 +74,46 @@ func scrapeCounts(ctx context.Context, adminURL, token string) (gatewayCounts, e
 		case name == "tailgate_hedges_skipped_total":
 			c.skipped[labelValue(labels, "reason")] += v
 		}
+	})
+	return c, err
+}
+
+// eachSample calls fn with every labelled sample of the gateway's
+// Prometheus metrics, in the order it lists them.
+func eachSample(ctx context.Context, adminURL, token string, fn func(name, labels string, v float64)) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(adminURL, "/")+"/metrics", nil)
+	if err != nil {
+		return err
 	}
-	return c, sc.Err()
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return fmt.Errorf("gateway metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("gateway metrics: status %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 64<<20))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(sc.Text(), "{")
+		if !ok {
+			continue
+		}
+		labels, val, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.Fields(val)[0], 64)
+		if err != nil {
+			continue
+		}
+		fn(name, labels, v)
+	}
+	return sc.Err()
 }
 
 // fanoutSide is a gateway the fan-out arms run against.

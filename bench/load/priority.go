@@ -335,38 +335,11 @@ func (c *fanoutClient) stream(ctx context.Context, body []byte) (first, whole fl
 // were admitted, how many at once (the histogram's first bucket holds the
 // zero waits), and the seconds waited.
 func scrapeWaits(ctx context.Context, adminURL, token string) (map[string]admissionWait, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(adminURL, "/")+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("gateway metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("gateway metrics: status %d", resp.StatusCode)
-	}
 	out := map[string]admissionWait{}
 	firstBucket := map[string]bool{}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 64<<20))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		name, rest, ok := strings.Cut(line, "{")
-		if !ok || !strings.HasPrefix(name, "tailgate_admission_wait_seconds") {
-			continue
-		}
-		labels, val, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.Fields(val)[0], 64)
-		if err != nil {
-			continue
+	err := eachSample(ctx, adminURL, token, func(name, labels string, v float64) {
+		if !strings.HasPrefix(name, "tailgate_admission_wait_seconds") {
+			return
 		}
 		class := labelValue(labels, "class")
 		a := out[class]
@@ -382,8 +355,8 @@ func scrapeWaits(ctx context.Context, adminURL, token string) (map[string]admiss
 			}
 		}
 		out[class] = a
-	}
-	return out, sc.Err()
+	})
+	return out, err
 }
 
 // labelValue returns a label's value in a Prometheus label list.
