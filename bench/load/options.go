@@ -262,6 +262,8 @@ func (o *Options) checkScenario(sc *Scenario) error {
 		return errors.New("--on-kill and --on-scaleout are for --target; a scenario kills and starts its own workers")
 	case o.B.Target != "":
 		return errors.New("--target-b is for comparing --target deployments; compare scenario configurations with --b-gateway-args/--b-worker-args")
+	case sc.Databases && (o.Compare || o.B.GatewayArgs != "" || o.B.WorkerArgs != ""):
+		return errors.New("the databases scenario compares SQLite (A) with PostgreSQL (B) by itself: drop --compare and the --b-* flags")
 	case o.Compare && !sc.Static && o.B.GatewayArgs == "" && o.B.WorkerArgs == "":
 		return errors.New("--compare with a scenario needs B's configuration: --b-gateway-args or --b-worker-args")
 	case o.Replicas < 0 || o.Replicas > 32:

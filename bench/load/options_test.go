@@ -35,6 +35,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"hooks in a scenario", Options{Scenario: "failover", OnKill: "true"}, "--on-kill and --on-scaleout are for --target"},
 		{"target-b in a scenario", Options{Scenario: "failover", B: target}, "--target-b is for comparing"},
 		{"scenario compare without B", Options{Scenario: "failover", Compare: true}, "--b-gateway-args or --b-worker-args"},
+		{"databases compares by itself", Options{Scenario: "databases", Compare: true, B: Side{GatewayArgs: "--hedge=false"}}, "compares SQLite (A) with PostgreSQL (B) by itself"},
+		{"databases alone", Options{Scenario: "databases"}, ""},
 		{"compare without target-b", withTarget(Options{Compare: true}), "--compare with --target needs --target-b"},
 		{"fleet flags against a target", withTarget(Options{A: Side{WorkerArgs: "--sim-ttft 1s"}}), "--gateway-args and --worker-args configure"},
 		{"too many replicas", Options{Scenario: "failover", Replicas: 33}, "--replicas 33: want 1 to 32"},
