@@ -3,8 +3,10 @@ package data
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"tailgate/data/pgtest"
 )
@@ -51,5 +53,47 @@ func TestGatewaysLedgerTransactionsDoNotDeadlock(t *testing.T) {
 		if sp := spendOf(t, a, tn); sp.Tokens != 2*2*40 {
 			t.Errorf("tenant %d spent %d tokens, want %d", tn, sp.Tokens, 2*2*40)
 		}
+	}
+}
+
+// TestLedgerCommitSurvivesALostLockRace: PostgreSQL aborts a ledger
+// transaction that lost a race with another gateway's (here: a trigger
+// raises serialization_failure on the first two inserts). The writer runs
+// it again at once: the Commit succeeds, the ledger never counts as
+// failing, nothing is logged as a failed write.
+func TestLedgerCommitSurvivesALostLockRace(t *testing.T) {
+	s := openAt(t, pgtest.NewDatabase(t))
+	ctx := context.Background()
+	// A sequence, because its count survives the aborted transactions.
+	if _, err := s.write.ExecContext(ctx, `CREATE SEQUENCE race_seq;
+		CREATE FUNCTION lose_race() RETURNS trigger AS $$
+		BEGIN
+			IF nextval('race_seq') <= 2 THEN
+				RAISE EXCEPTION 'lost a lock race' USING ERRCODE = 'serialization_failure';
+			END IF;
+			RETURN NEW;
+		END $$ LANGUAGE plpgsql;
+		CREATE TRIGGER lose_race BEFORE INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION lose_race();`); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	w := s.NewLedgerWriter(LedgerConfig{FlushInterval: time.Millisecond}, slog.New(rec))
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(ctx) }()
+	if err := w.Commit(ctx, streamRow("raced", 1, OutcomeOK, 5, 5)); err != nil {
+		t.Fatalf("Commit after two lost races: %v; want it run again and committed", err)
+	}
+	if h := w.Healthy(); h != nil {
+		t.Errorf("Healthy = %v after a lost race", h)
+	}
+	if n := rec.count("ledger write failed, retrying; rows are kept"); n != 0 {
+		t.Errorf("a lost race was logged as a failed write %d times", n)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-ran
+	if r := rowByID(t, s, "raced"); r.Outcome != OutcomeOK {
+		t.Errorf("row %+v, want it stored ok", r)
 	}
 }
