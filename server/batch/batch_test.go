@@ -67,6 +67,18 @@ func key(g *servertest.Gateway, tenant string) string {
 	return g.Key(policy.KeyOptions{Tenant: tenant})
 }
 
+// completedRow waits up to 20 s for a batch to complete and returns its
+// row as it then stands (completed or not: the caller says what it wanted).
+func completedRow(t *testing.T, g *servertest.Gateway, id string) data.Batch {
+	t.Helper()
+	b := batchRow(t, g, id)
+	for deadline := time.Now().Add(20 * time.Second); b.Status != data.BatchCompleted && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		b = batchRow(t, g, id)
+	}
+	return b
+}
+
 // batchRow reads a batch straight from the store (microsecond times).
 func batchRow(t *testing.T, g *servertest.Gateway, id string) data.Batch {
 	t.Helper()
@@ -889,11 +901,7 @@ func TestBatchLineRunningDuringTwoCrashesFailsAlone(t *testing.T) {
 	g.Close()
 	g = startBatchGateway(t, dir, fleet, batchOpts{})
 	c = g.Client(key(g, "acme"))
-	final := batchRow(t, g, b.ID)
-	for deadline := time.Now().Add(20 * time.Second); final.Status != data.BatchCompleted && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-		final = batchRow(t, g, b.ID)
-	}
+	final := completedRow(t, g, b.ID)
 	if final.Status != data.BatchCompleted || final.Completed != 2 || final.Failed != 1 {
 		t.Fatalf("batch %+v, want 2 completed and line 1 failed", final)
 	}
@@ -957,11 +965,7 @@ func TestBatchLineBilledButLostIsNotBilledTwice(t *testing.T) {
 	g.Close()
 	g = startBatchGateway(t, dir, fleet, batchOpts{})
 	c = g.Client(key(g, "acme"))
-	final := batchRow(t, g, b.ID)
-	for deadline := time.Now().Add(20 * time.Second); final.Status != data.BatchCompleted && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-		final = batchRow(t, g, b.ID)
-	}
+	final := completedRow(t, g, b.ID)
 	if final.Status != data.BatchCompleted || final.Completed != 2 {
 		t.Fatalf("batch %+v, want both lines completed", final)
 	}
@@ -1007,11 +1011,7 @@ func TestBatchWaitsForWorkersToRegisterAfterAStart(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	g.AddReplica("late", late[0].Server.URL, servertest.SimModel)
-	final := batchRow(t, g, b.ID)
-	for deadline := time.Now().Add(20 * time.Second); final.Status != data.BatchCompleted && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-		final = batchRow(t, g, b.ID)
-	}
+	final := completedRow(t, g, b.ID)
 	if final.Status != data.BatchCompleted || final.Completed != 3 || final.Failed != 0 {
 		t.Fatalf("batch %+v, want its 3 lines completed once the worker registered", final)
 	}
