@@ -114,24 +114,29 @@ func newSharedBook(st *data.Store) *sharedBook {
 func (b *sharedBook) reserve(ts *tenantState, tenantID, tokens, micros int64) (bool, error) {
 	ts.mu.Lock()
 	limited := ts.budgetTokens > 0 || ts.budgetMicros > 0
+	slice := data.Spend{Tokens: sliceOf(ts.budgetTokens), Micros: sliceOf(ts.budgetMicros)}
 	ts.mu.Unlock()
 	if !limited {
 		return b.mem.reserve(ts, tenantID, tokens, micros)
 	}
-	if b.take(tenantID, tokens, micros) {
-		ts.mu.Lock()
-		ts.reserved.Tokens += tokens
-		ts.reserved.Micros += micros
-		ts.mu.Unlock()
-		return true, nil
+	if !b.take(tenantID, tokens, micros) {
+		if err := b.hold(tenantID, tokens, micros, slice); err != nil {
+			return false, err
+		}
 	}
+	ts.mu.Lock()
+	ts.reserved.Tokens += tokens
+	ts.reserved.Micros += micros
+	ts.mu.Unlock()
+	return true, nil
+}
+
+// hold reserves tokens and micros for the tenant in the database, and slice
+// more for its spare; near the budget's end, where that does not fit, just
+// what was asked. It returns a *QuotaError when not even that fits.
+func (b *sharedBook) hold(tenantID, tokens, micros int64, slice data.Spend) error {
 	ctx, cancel := context.WithTimeout(context.Background(), reserveTimeout)
 	defer cancel()
-	// Half a spare's worth more than asked, for the next requests; near the
-	// budget's end, where that does not fit, just what was asked.
-	ts.mu.Lock()
-	slice := data.Spend{Tokens: sliceOf(ts.budgetTokens), Micros: sliceOf(ts.budgetMicros)}
-	ts.mu.Unlock()
 	b.booked.Add(1)
 	c, err := b.st.ReserveBudget(ctx, tenantID, tokens+slice.Tokens, micros+slice.Micros)
 	if err == nil && c.OK {
@@ -143,20 +148,16 @@ func (b *sharedBook) reserve(ts *tenantState, tenantID, tokens, micros int64) (b
 		c, err = b.st.ReserveBudget(ctx, tenantID, tokens, micros)
 	}
 	if err != nil {
-		return false, fmt.Errorf("%w: %v", data.ErrLedgerUnavailable, err)
+		return fmt.Errorf("%w: %v", data.ErrLedgerUnavailable, err)
 	}
 	if !c.OK {
 		qe := &QuotaError{Budget: "tokens", Limit: c.Budget.Tokens, Spent: c.Spent.Tokens, Reserved: c.Held.Tokens, Requested: tokens}
 		if within := c.Budget.Tokens <= 0 || fits(c.Budget.Tokens, c.Spent.Tokens, c.Held.Tokens, tokens); within {
 			qe = &QuotaError{Budget: "cost", Limit: c.Budget.Micros, Spent: c.Spent.Micros, Reserved: c.Held.Micros, Requested: micros}
 		}
-		return false, qe
+		return qe
 	}
-	ts.mu.Lock()
-	ts.reserved.Tokens += tokens
-	ts.reserved.Micros += micros
-	ts.mu.Unlock()
-	return true, nil
+	return nil
 }
 
 // addSpareLocked adds s to the tenant's spare and returns it.
