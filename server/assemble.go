@@ -599,7 +599,10 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 		case sse.Error:
 			return nil, add(evError, raw)
 		default:
-			a.add(sse.Data(raw))
+			d := sse.Data(raw)
+			// What reached the client, should the engine report no usage.
+			u.tokens += int64(sse.Pieces(d))
+			a.add(d)
 		}
 	}
 }

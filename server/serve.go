@@ -237,13 +237,14 @@ func (s *Server) retryAssembled(ctx context.Context, err error) bool {
 // answer whose row could not be committed is withheld: done's error is
 // returned and nothing is sent.
 func (s *Server) deliverJSON(cl *call, out sink, body []byte, done func() error) error {
+	// Billed as delivered: the row committed first is the answer's.
+	cl.firstToken = true
 	cl.stages.TTFT = time.Since(cl.start)
 	cl.stages.Total = cl.stages.TTFT
 	if err := done(); err != nil {
-		cl.stages.TTFT, cl.stages.Total = -1, -1
+		cl.firstToken, cl.stages.TTFT, cl.stages.Total = false, -1, -1
 		return err
 	}
-	cl.firstToken = true
 	out.json(cl, body)
 	return nil
 }
@@ -323,8 +324,8 @@ func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Erro
 			cl.outcome = data.OutcomeMidstream
 		} else {
 			if !cl.prepaid { // a prepaid run's tokens are overhead already
-				u := cl.billable()
-				cl.overhead += u.PromptTokens + u.CompletionTokens
+				// What the commit that failed would have billed.
+				cl.overhead += cl.usage.PromptTokens + cl.usage.CompletionTokens
 			}
 			cl.outcome, cl.status = data.OutcomeWithheld, ae.Status
 		}
