@@ -592,6 +592,7 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 				parseTiming(&u.stages, bytes.TrimRight(raw, "\r\n"))
 			}
 		case sse.Done:
+			u.ended = true
 			if us, ok := a.totals(); ok {
 				u.usage, u.gotUsage = us, true
 			}

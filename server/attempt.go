@@ -136,6 +136,9 @@ type upstream struct {
 	body    []byte   // JSON answer
 	pending [][]byte // SSE events read before relaying began (first token last)
 	done    bool     // [DONE] already among pending
+	// ended: the answer was read to its [DONE], so Abort keeps the
+	// connection; aborted: Abort ran.
+	ended, aborted bool
 
 	sentAt, wroteAt time.Time
 	stages          data.Stages // connect, upstream_ttft, engine_*
@@ -148,10 +151,24 @@ type upstream struct {
 	try int
 }
 
-// Abort cancels the attempt and closes its connection.
+// Abort cancels the attempt and closes its connection — unless the answer
+// was read to its [DONE]: then the rest of the body (the end of the chunked
+// stream, which the engine sends just after) is read first, so that the
+// connection goes back to the pool; closed early, it would be torn down and
+// the next request would dial again. The client has its answer by then
+// (sinks flush it), so this wait is not on its path.
 func (u *upstream) Abort() {
+	if u.aborted {
+		return
+	}
+	u.aborted = true
 	if u.log != nil {
 		u.log.aborted(u.try)
+	}
+	if u.ended && u.resp != nil && u.br != nil {
+		t := time.AfterFunc(keepWait, u.cancel)
+		_, _ = io.Copy(io.Discard, io.LimitReader(u.br, 64<<10))
+		t.Stop()
 	}
 	u.cancel()
 	if u.resp != nil {
@@ -159,6 +176,10 @@ func (u *upstream) Abort() {
 	}
 	u.release()
 }
+
+// keepWait bounds how long Abort waits for the end of a finished answer's
+// body before it closes the connection instead of keeping it.
+const keepWait = 100 * time.Millisecond
 
 func (u *upstream) release() {
 	if u.br != nil {
@@ -313,6 +334,7 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 		u.pending = append(u.pending, ev)
 		if kind == evToken || kind == evDone {
 			u.done = kind == evDone
+			u.ended = u.done
 			u.stages.UpstreamTTFT = time.Since(u.wroteAt)
 			ok = true
 			return u, nil

@@ -120,6 +120,10 @@ func (o *httpSink) json(cl *call, body []byte) {
 	_ = http.NewResponseController(o.c.Response()).SetWriteDeadline(time.Now().Add(o.s.cfg.ClientWriteTimeout))
 	o.c.Response().WriteHeader(http.StatusOK)
 	_, _ = o.c.Response().Write(body)
+	// Out now, not when the handler returns: what is left to do (the
+	// upstream connection put back, the request's accounts closed) is
+	// not the client's wait.
+	_ = http.NewResponseController(o.c.Response()).Flush()
 }
 
 func (o *httpSink) error(cl *call, ae *apierr.Error) {

@@ -351,6 +351,7 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 			}
 			continue
 		case evDone:
+			u.ended = true
 			if err := done(); err != nil {
 				return err // no [DONE]: the stream ends with the ledger's error
 			}
