@@ -12,8 +12,9 @@ import (
 const backupSynopsis = `backup --data DIR [--force] FILE
 
 Writes a consistent copy of DIR's database to FILE while a gateway may be
-running on it. To restore: stop the gateway, delete DIR/tailgate.db-wal and
-DIR/tailgate.db-shm if present, copy FILE to DIR/tailgate.db, start again`
+running on it. To restore: stop the gateway, delete DIR/tailgate.db-wal,
+DIR/tailgate.db-shm and DIR/tailgate.db-commits-* if present, copy FILE to
+DIR/tailgate.db, start again`
 
 func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("backup", backupSynopsis, stderr)

@@ -125,6 +125,17 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		log.Info("database: PostgreSQL", "url", gw.store.Path())
 	}
 	gw.ledger = gw.store.NewLedgerWriter(data.LedgerConfig{}, log)
+	// Answers' rows are made durable by an append to the commit log; rows a
+	// previous run logged but had not written to the database are written
+	// now.
+	switch n, err := gw.ledger.OpenCommitLog(ctx); {
+	case errors.Is(err, data.ErrCommitLogLocked):
+		log.Warn("another process uses this database's commit log (two gateways on one SQLite file?); answers wait for their database transaction", "err", err)
+	case err != nil:
+		return nil, fmt.Errorf("ledger commit log: %w", err)
+	case n > 0:
+		log.Warn("ledger rows recovered from the commit log of a gateway that stopped without writing them", "rows", n)
+	}
 	// Streams a previous run was serving when it died have open rows:
 	// settle them (billed at what their clients had received) before the
 	// budgets are read.

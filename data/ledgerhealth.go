@@ -17,6 +17,24 @@ type failureLog struct {
 	count    int       // failed attempts since the last line
 	total    int       // failed attempts in the streak
 	overfull bool      // the backlog was above the bound after the last batch
+
+	appendLast  time.Time // last line logged about a failed commit-log append
+	appendCount int       // failed appends since then
+}
+
+// appendFailed logs, at most every unavailableLogEvery, that commit-log
+// appends fail (Commits wait for their transaction meanwhile).
+func (w *LedgerWriter) appendFailed(err error) {
+	now := time.Now()
+	w.logMu.Lock()
+	defer w.logMu.Unlock()
+	l := &w.flog
+	l.appendCount++
+	if now.Sub(l.appendLast) < unavailableLogEvery {
+		return
+	}
+	w.log.Warn("ledger commit log append failed; answers wait for their SQLite transaction instead", "failures", l.appendCount, "err", err)
+	l.appendLast, l.appendCount = now, 0
 }
 
 // failed records a failed write of rows: Healthy turns unavailable with an

@@ -12,17 +12,20 @@ import (
 // writer holds Buffer rows, and never drops the row: once the writer has
 // stopped, Add writes it itself before returning.
 func (w *LedgerWriter) Add(row LedgerRow) {
-	if !w.put(row, nil) {
+	if !w.put(row, nil, 0) {
 		// Errors are logged by write; Add's callers (request handlers) have
 		// no better way to handle them.
 		_ = w.writeNow(row)
 	}
 }
 
-// Commit queues a final row and waits until the transaction holding it has
-// committed: a crash after Commit returned nil cannot lose the row (SQLite's
-// WAL with synchronous=NORMAL: durable against a process crash, not against
-// power loss). Rows of concurrent callers share one transaction.
+// Commit queues a final row and returns once the row is durable: a crash
+// after Commit returned nil cannot lose the row (durable against a process
+// crash, not against power loss: SQLite's WAL with synchronous=NORMAL). With
+// a commit log (OpenCommitLog) that is one append to the log, and the row
+// goes to SQLite with the next batch; without one, Commit waits until the
+// transaction holding the row has committed, and rows of concurrent callers
+// share one transaction. While writes fail, the commit log is not used.
 //
 // A non-nil error wrapping [ErrLedgerUnavailable] means the ledger cannot
 // write (returned at once if it already could not when Commit was called,
@@ -33,8 +36,22 @@ func (w *LedgerWriter) Add(row LedgerRow) {
 // like a row given to Add. Like Add, Commit waits for room while the writer
 // holds Buffer rows, whatever ctx.
 func (w *LedgerWriter) Commit(ctx context.Context, row LedgerRow) error {
+	if w.clog != nil && w.failure.Load() == nil {
+		gen, err := w.clog.append(row)
+		if err == nil {
+			if !w.put(row, nil, gen) {
+				// Stopped: written here; should that fail, the log keeps it.
+				if w.writeNow(row) == nil {
+					w.clog.written([]logged{{gen: gen, n: 1}})
+				}
+			}
+			return nil
+		}
+		// The transaction decides: it may work where the append did not.
+		w.appendFailed(err)
+	}
 	done := w.doneChans.Get().(chan error)
-	if !w.put(row, done) {
+	if !w.put(row, done, 0) {
 		w.doneChans.Put(done)
 		return w.writeNow(row)
 	}
@@ -92,7 +109,7 @@ func (w *LedgerWriter) Open(row LedgerRow) {
 // receives the outcome of the transaction that carries the row; if writes
 // are failing already, it receives that error at once. put reports false,
 // having queued nothing, if the writer has stopped.
-func (w *LedgerWriter) put(row LedgerRow, done chan error) bool {
+func (w *LedgerWriter) put(row LedgerRow, done chan error, gen uint64) bool {
 	w.mu.Lock()
 	for {
 		if w.stopped {
@@ -110,7 +127,7 @@ func (w *LedgerWriter) put(row LedgerRow, done chan error) bool {
 			delete(w.opens, row.ID)
 			if seq >= w.headSeq {
 				e := &w.queue[seq-w.headSeq]
-				e.row = row
+				e.row, e.gen = row, gen
 				done = w.waitLocked(e, done)
 				w.mu.Unlock()
 				if done != nil {
@@ -127,7 +144,7 @@ func (w *LedgerWriter) put(row LedgerRow, done chan error) bool {
 		<-ch
 		w.mu.Lock()
 	}
-	e := entry{row: row}
+	e := entry{row: row, gen: gen}
 	done = w.waitLocked(&e, done)
 	signal := w.appendLocked(e)
 	w.mu.Unlock()

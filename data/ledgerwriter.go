@@ -74,7 +74,8 @@ const (
 type entry struct {
 	row     LedgerRow
 	done    chan error
-	dropped bool // a Commit's row given back to its caller: not written
+	dropped bool   // a Commit's row given back to its caller: not written
+	gen     uint64 // the commit-log file holding the row, 0 for none
 }
 
 // LedgerWriter batches ledger rows from many requests into few transactions.
@@ -138,6 +139,8 @@ type LedgerWriter struct {
 
 	logMu sync.Mutex
 	flog  failureLog
+
+	clog *commitLog // nil: Commits wait for their transaction (set once, before Run)
 }
 
 // NewLedgerWriter returns a writer for s. Start [LedgerWriter.Run] in a
@@ -202,6 +205,7 @@ func (w *LedgerWriter) Run(ctx context.Context) error {
 	w.loop(ctx)
 	w.stop()
 	w.drain()
+	w.closeLog()
 	close(w.done)
 	return w.result()
 }
@@ -217,6 +221,7 @@ func (w *LedgerWriter) Close() error {
 	w.mu.Unlock()
 	if consume {
 		w.drain()
+		w.closeLog()
 		close(w.done)
 	}
 	<-w.done
@@ -231,6 +236,13 @@ func (w *LedgerWriter) stop() {
 		w.bumpLocked() // releases callers waiting for room; they write themselves
 		w.mu.Unlock()
 	})
+}
+
+// closeLog closes the commit log, if any, once every row is drained.
+func (w *LedgerWriter) closeLog() {
+	if w.clog != nil {
+		w.clog.close()
+	}
 }
 
 func (w *LedgerWriter) bumpLocked() {
@@ -326,6 +338,7 @@ func (w *LedgerWriter) newBatch() batch {
 // batch is the rows taken for one transaction and the Commits waiting on
 // them.
 type batch struct {
+	logged  []logged // the rows that are in the commit log, per file
 	rows    []LedgerRow
 	waiters []chan error
 	waitRow []int  // for each waiter, the index of its row in rows
@@ -345,6 +358,9 @@ func (w *LedgerWriter) takeLocked(b *batch) {
 			}
 		}
 		b.rows = append(b.rows, e.row)
+		if e.gen != 0 {
+			b.logged = addLogged(b.logged, e.gen)
+		}
 		if e.done != nil {
 			b.waiters = append(b.waiters, e.done)
 			b.waitRow = append(b.waitRow, len(b.rows)-1)
@@ -365,6 +381,10 @@ func (w *LedgerWriter) takeLocked(b *batch) {
 // and callers waiting for room wake up.
 func (w *LedgerWriter) commit(ctx context.Context, b *batch) {
 	err := w.write(ctx, b)
+	if err == nil && len(b.logged) > 0 {
+		w.clog.written(b.logged)
+	}
+	b.logged = b.logged[:0]
 	w.mu.Lock()
 	if err != nil {
 		w.err = errors.Join(w.err, err)

@@ -29,6 +29,8 @@ const readConns = 4
 type Store struct {
 	path   string // the SQLite file, or the PostgreSQL URL without its password
 	engine engine
+	// readOnly is set by SetReadOnly: the commit log refuses appends too.
+	readOnly atomic.Bool
 	// instance names this process's use of a PostgreSQL database among
 	// other gateways': it stamps the ledger rows written through the Store,
 	// its lease and its budget holds. "" on SQLite (one gateway per file).
@@ -317,6 +319,7 @@ func (s *Store) SetReadOnly(on bool) error {
 	if _, err := s.write.Exec(fmt.Sprintf(`PRAGMA query_only = %t`, on)); err != nil {
 		return fmt.Errorf("set read-only: %w", err)
 	}
+	s.readOnly.Store(on)
 	return nil
 }
 

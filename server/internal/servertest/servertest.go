@@ -130,6 +130,9 @@ func Start(t testing.TB, o Options) *Gateway {
 		t.Fatal(err)
 	}
 	g.Ledger = g.Store.NewLedgerWriter(data.LedgerConfig{FlushInterval: flush}, log)
+	if _, err := g.Ledger.OpenCommitLog(ctx); err != nil {
+		t.Fatal(err)
+	}
 	g.Metrics = prometheus.NewRegistry()
 	rcfg := o.Router
 	rcfg.Registerer = g.Metrics
