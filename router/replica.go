@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"hash/fnv"
 	"math"
 	"slices"
@@ -99,7 +100,7 @@ type Replica struct {
 	ttftBits     atomic.Uint64 // EWMA of time to first token, float64 nanoseconds
 	backoffUntil atomic.Int64  // unix nanos: the replica pushed back (429/503 Retry-After)
 	firstFailAt  atomic.Int64  // unix nanos of the first failure of the current streak
-	ejectCh      atomic.Pointer[chan struct{}]
+	ejection     atomic.Pointer[ejection] // ended at the replica's next ejection
 	slots        atomic.Int64 // engine concurrency learnt from heartbeats (0: unknown)
 	contextLen   atomic.Int64 // the engine's max_model_len from /v1/models (0: unknown)
 	peakRunning  atomic.Int64 // the most sequences a heartbeat saw the engine running
@@ -143,15 +144,33 @@ func (r *Replica) full() bool {
 	return s > 0 && r.Inflight() >= s
 }
 
+// ejection is a context ended when the replica is next ejected.
+type ejection struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newEjection() *ejection {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &ejection{ctx: ctx, cancel: cancel}
+}
+
 // Ejected returns a channel closed when the replica is next ejected, so
 // attempts still waiting for a first token there can give up and go
 // elsewhere at once.
-func (r *Replica) Ejected() <-chan struct{} { return *r.ejectCh.Load() }
+func (r *Replica) Ejected() <-chan struct{} { return r.ejection.Load().ctx.Done() }
 
-// signalEjected wakes everyone waiting on Ejected.
+// OnEjected calls f in a goroutine of its own when the replica is next
+// ejected, unless stop is called first (stop reports whether it was in
+// time). Unlike a goroutine waiting on Ejected, it costs nothing until then:
+// every attempt arms one while it waits for its first token.
+func (r *Replica) OnEjected(f func()) (stop func() bool) {
+	return context.AfterFunc(r.ejection.Load().ctx, f)
+}
+
+// signalEjected wakes everyone waiting on Ejected or OnEjected.
 func (r *Replica) signalEjected() {
-	next := make(chan struct{})
-	close(*r.ejectCh.Swap(&next))
+	r.ejection.Swap(newEjection()).cancel()
 }
 
 // ttftAlpha weighs a new TTFT sample in the replica's moving average.
@@ -254,8 +273,7 @@ func NewReplica(id, url string) *Replica {
 	h := fnv.New64a()
 	h.Write([]byte(id))
 	r := &Replica{ID: id, URL: url, idHash: h.Sum64()}
-	ch := make(chan struct{})
-	r.ejectCh.Store(&ch)
+	r.ejection.Store(newEjection())
 	empty := []string{}
 	r.models.Store(&empty)
 	r.status.Store(&status{state: StateStarting, reason: "not probed yet"})

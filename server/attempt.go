@@ -230,28 +230,23 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 
 	// The first-token deadline, and ejection of the replica meanwhile (a
 	// probe found it hung), both end the wait; the router retries elsewhere.
+	// Callbacks, not a goroutine waiting for either: a goroutine per
+	// attempt, woken at its end only to exit, was a scheduler round trip on
+	// every request. The first to fire says why.
 	var why atomic.Pointer[error]
-	deadline := s.deadlines(cl.req.model, cl.req.upstreamStream())
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		t := time.NewTimer(deadline)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			e := errTTFTDeadline
-			if !cl.req.upstreamStream() {
-				e = errJSONDeadline
-			}
-			why.Store(&e)
-			cancel()
-		case <-rep.Ejected():
-			why.Store(&errReplicaEjected)
-			cancel()
-		case <-stop:
-		case <-ctx.Done():
-		}
-	}()
+	timedOut := errTTFTDeadline
+	if !cl.req.upstreamStream() {
+		timedOut = errJSONDeadline
+	}
+	deadline := time.AfterFunc(s.deadlines(cl.req.model, cl.req.upstreamStream()), func() {
+		why.CompareAndSwap(nil, &timedOut)
+		cancel()
+	})
+	defer deadline.Stop()
+	defer rep.OnEjected(func() {
+		why.CompareAndSwap(nil, &errReplicaEjected)
+		cancel()
+	})()
 	fail := func(err error) error {
 		if w := why.Load(); w != nil {
 			switch *w {
