@@ -6,10 +6,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server/internal/servertest"
+	"tailgate/serving/sim"
 	"tailgate/web"
 )
 
@@ -134,4 +136,60 @@ func TestDashboardRequestDetailShowsEveryAttempt(t *testing.T) {
 		t.Errorf("the request detail's attempts: %q; want sim-a's first attempt cancelled and sim-b's hedge won", attempts)
 	}
 	b.screenshot("request-attempts.png")
+}
+
+// An attempt waiting for its first token on a replica that is ejected
+// meanwhile (a probe or a heartbeat found it hung) gives up at once and the
+// request goes to another replica — not after the first-token deadline.
+// sim-a takes 30 s to its first token (the deadline is longer); it is
+// ejected once the request waits there; the answer comes from sim-b, and
+// the request's log says why the first attempt failed.
+func TestAttemptOnAnEjectedReplicaGoesElsewhere(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Sims: map[int]sim.Config{0: {TTFT: 30 * time.Second}}})
+	secret := h.Key(policy.KeyOptions{})
+	var a *router.Replica
+	for _, rep := range h.Reg.Replicas() {
+		if rep.ID == "sim-a" {
+			a = rep
+		}
+	}
+	// sim-b pushed back for a moment, so the request goes to sim-a; it is
+	// back by the time sim-a is ejected.
+	back := time.Now().Add(2 * time.Second)
+	for _, rep := range h.Reg.Replicas() {
+		if rep.ID == "sim-b" {
+			rep.BackOff(back)
+		}
+	}
+	type answer struct {
+		resp *http.Response
+		body string
+	}
+	got := make(chan answer, 1)
+	go func() {
+		resp := h.Post("/v1/chat/completions", secret, `{"model":"tailgate-sim","max_tokens":4,"messages":[{"role":"user","content":"eject me"}]}`)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- answer{resp, string(b)}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); a.Inflight() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached sim-a")
+		}
+	}
+	time.Sleep(time.Until(back))
+	h.Reg.Eject(a, "test")
+	var ans answer
+	select {
+	case ans = <-got:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer 20 s after sim-a was ejected: the attempt there kept waiting")
+	}
+	if ans.resp.StatusCode != http.StatusOK || ans.resp.Header.Get("X-Tailgate-Replica") != "sim-b" {
+		t.Fatalf("%d via %q: %s; want 200 from sim-b", ans.resp.StatusCode, ans.resp.Header.Get("X-Tailgate-Replica"), ans.body)
+	}
+	as := requestAttempts(t, h, ans.resp.Header.Get("X-Request-Id"))
+	if len(as) != 2 || as[0].Replica != "sim-a" || as[0].Outcome != "failed" || !strings.Contains(as[0].Reason, "ejected") {
+		t.Errorf("attempts %+v, want sim-a failed for its ejection, then sim-b", as)
+	}
 }
