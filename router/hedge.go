@@ -289,17 +289,29 @@ func (h *hedger) learnt(model string, stream bool) (time.Duration, bool) {
 	return time.Duration(d), d > 0
 }
 
-// paceDue returns how long after its first token an attempt of model that
-// has produced k more output tokens is behind the model's pace: by PaceLead
-// tokens at the pace percentile (at least Min) more than k tokens take at
-// that pace. False while the pace has too few samples.
-func (h *hedger) paceDue(model string, k int64) (time.Duration, bool) {
-	pace := time.Duration(h.paceWindow(model).delay.Load())
-	if pace <= 0 {
-		return 0, false
+// Pace is a model's decode pace as learnt when it was read: its percentile
+// time per output token after the first, and the lead an attempt may fall
+// behind it.
+type Pace struct {
+	Per, Lead time.Duration
+}
+
+// Due returns how long after its first token an attempt that has produced
+// k more output tokens is behind the pace: by Lead more than k tokens take
+// at the percentile time per token.
+func (p Pace) Due(k int64) time.Duration {
+	return p.Per*time.Duration(max(k, 0)) + p.Lead
+}
+
+// pace returns model's decode pace, its lead PaceLead tokens at the pace
+// percentile or Min, whichever is longer; false while the pace has too few
+// samples.
+func (h *hedger) pace(model string) (Pace, bool) {
+	per := time.Duration(h.paceWindow(model).delay.Load())
+	if per <= 0 {
+		return Pace{}, false
 	}
-	lead := max(pace*time.Duration(h.cfg.PaceLead), h.settings(model).lo)
-	return pace*time.Duration(max(k, 0)) + lead, true
+	return Pace{Per: per, Lead: max(per*time.Duration(h.cfg.PaceLead), h.settings(model).lo)}, true
 }
 
 // delay returns the hedge delay, false when the model is not hedged or has

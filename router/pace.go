@@ -41,16 +41,15 @@ func (h *Hedge) Attempt() (Attempt, error) { return h.att, h.err }
 // Replica is where the hedge runs.
 func (h *Hedge) Replica() *Replica { return h.rep }
 
-// PaceDue returns how long after its first token the request's winning
-// attempt, having produced k more output tokens since, is behind its
-// model's decode pace (see [HedgeConfig.PaceLead]); false while the model's
-// pace is not learnt. It does not say whether a hedge may start: PaceHedge
-// decides that, and counts why not.
-func (res *Result) PaceDue(k int64) (time.Duration, bool) {
+// Pace returns the decode pace the request's winning attempt is held to
+// (see [HedgeConfig.PaceLead]); false while the model's pace is not learnt.
+// It does not say whether a hedge may start: PaceHedge decides that, and
+// counts why not.
+func (res *Result) Pace() (Pace, bool) {
 	if res.reg == nil || res.Attempt == nil {
-		return 0, false
+		return Pace{}, false
 	}
-	return res.reg.hedges.paceDue(res.req.Model, k)
+	return res.reg.hedges.pace(res.req.Model)
 }
 
 // ObservePace teaches the model's decode pace an attempt of this request

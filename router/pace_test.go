@@ -43,8 +43,8 @@ func TestPaceRuleSaysWhenAnAttemptFellBehind(t *testing.T) {
 	f := newFleet(t, Config{Hedge: HedgeConfig{MinSamples: 10, Min: time.Millisecond, PaceLead: 4}})
 	f.learnPace(9, 10*time.Millisecond)
 	res, _ := f.decided(hint("m"))
-	if d, ok := res.PaceDue(0); ok {
-		t.Fatalf("behind after %v with 9 samples, want no pace before 10", d)
+	if p, ok := res.Pace(); ok {
+		t.Fatalf("pace %+v with 9 samples, want none before 10", p)
 	}
 	res.Finish()
 	f.learnPace(1, 10*time.Millisecond)
@@ -52,11 +52,11 @@ func TestPaceRuleSaysWhenAnAttemptFellBehind(t *testing.T) {
 	res, _ = f.decided(hint("m"))
 	defer res.Finish()
 	behind := func(since time.Duration, k int64) bool {
-		due, ok := res.PaceDue(k)
+		p, ok := res.Pace()
 		if !ok {
 			t.Fatal("no pace learnt after 10 samples")
 		}
-		return since >= due
+		return since >= p.Due(k)
 	}
 	for _, c := range []struct {
 		since time.Duration
@@ -80,8 +80,8 @@ func TestPaceRuleSaysWhenAnAttemptFellBehind(t *testing.T) {
 	g.learnPace(10, time.Millisecond)
 	r2, _ := g.decided(hint("m"))
 	defer r2.Finish()
-	if d, ok := r2.PaceDue(5); !ok || d != 105*time.Millisecond {
-		t.Errorf("due %v %v at 5 tokens of 1ms with Min 100ms, want 105ms", d, ok)
+	if p, ok := r2.Pace(); !ok || p.Due(5) != 105*time.Millisecond {
+		t.Errorf("due %v %v at 5 tokens of 1ms with Min 100ms, want 105ms", p.Due(5), ok)
 	}
 }
 

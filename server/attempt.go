@@ -138,6 +138,7 @@ type upstream struct {
 	done    bool     // [DONE] already among pending
 
 	sentAt, wroteAt time.Time
+	firstAt         time.Time   // when its first token came (streams)
 	stages          data.Stages // connect, upstream_ttft, engine_*
 	usage           policy.Usage
 	gotUsage        bool
@@ -313,7 +314,8 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 		u.pending = append(u.pending, ev)
 		if kind == evToken || kind == evDone {
 			u.done = kind == evDone
-			u.stages.UpstreamTTFT = time.Since(u.wroteAt)
+			u.firstAt = time.Now()
+			u.stages.UpstreamTTFT = u.firstAt.Sub(u.wroteAt)
 			ok = true
 			return u, nil
 		}
