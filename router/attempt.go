@@ -100,8 +100,8 @@ type Result struct {
 	open  OpenFunc
 	tried []*Replica
 
-	mu         sync.Mutex
-	lost       []Lost
+	mu   sync.Mutex
+	lost []Lost
 }
 
 // Finish gives back the winner's in-flight slot and cancels its context.

@@ -53,16 +53,16 @@ func (res *Result) Pace() (Pace, bool) {
 }
 
 // ObservePace teaches the model's decode pace an attempt of this request
-// whose first token came at first and that has produced k more output
-// tokens by now: when it is whole, or when a pace hedge beat it (then k
-// tokens by now is a lower bound of its pace, which keeps the percentile
-// from drifting down to the hedges' paces). Nothing is learnt for k < 1.
-func (res *Result) ObservePace(first time.Time, k int64) {
+// whose first token came at first and that had produced k more output
+// tokens by last: when it was whole (streamed or assembled), or when a pace
+// hedge beat it (then k tokens by the time it was beaten is a lower bound
+// of its pace, which keeps the percentile from drifting down to the
+// hedges' paces). Nothing is learnt for k < 1.
+func (res *Result) ObservePace(first, last time.Time, k int64) {
 	if res.reg == nil || k < 1 {
 		return
 	}
-	e := res.reg.cfg.Now().Sub(first)
-	res.reg.hedges.observePace(res.req.Model, e/time.Duration(k))
+	res.reg.hedges.observePace(res.req.Model, last.Sub(first)/time.Duration(k))
 }
 
 // PaceHedge opens one more attempt of a decided request whose winning

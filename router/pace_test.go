@@ -28,7 +28,7 @@ func (f *fleet) learnPace(n int, per time.Duration) {
 		res, _ := f.decided(hint("m"))
 		first := f.c.Now()
 		f.c.set(first.Add(20 * per))
-		res.ObservePace(first, 20)
+		res.ObservePace(first, f.c.Now(), 20)
 		res.Finish()
 		res.Losers()
 	}

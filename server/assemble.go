@@ -605,6 +605,7 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, pace *
 			d := sse.Data(raw)
 			// What reached the client, should the engine report no usage.
 			u.tokens += int64(sse.Pieces(d))
+			u.lastAt = time.Now()
 			u.countUsage(cl, d)
 			a.add(d)
 			pace.progress(u)

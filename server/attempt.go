@@ -138,7 +138,7 @@ type upstream struct {
 	done    bool     // [DONE] already among pending
 
 	sentAt, wroteAt time.Time
-	firstAt         time.Time   // when its first token came (streams)
+	firstAt, lastAt time.Time   // when its first and its latest token came (streams)
 	stages          data.Stages // connect, upstream_ttft, engine_*
 	usage           policy.Usage
 	gotUsage        bool

@@ -139,7 +139,7 @@ func (s *Server) assembleRace(ctx context.Context, cl *call, res *router.Result,
 			running--
 			switch {
 			case r.err == nil && r.u == u:
-				res.ObservePace(u.firstAt, u.tokens-1)
+				res.ObservePace(u.firstAt, u.lastAt, u.tokens-1)
 				if h != nil {
 					if hu != nil && running > 0 {
 						hu.cancel()
@@ -154,7 +154,7 @@ func (s *Server) assembleRace(ctx context.Context, cl *call, res *router.Result,
 					<-results
 					// Censored: the original's pace so far, at least the
 					// threshold it fell behind.
-					res.ObservePace(u.firstAt, max(u.tokens-1, 1))
+					res.ObservePace(u.firstAt, time.Now(), max(u.tokens-1, 1))
 				} else {
 					s.blameBroken(cl, u, broken.err)
 				}

@@ -18,8 +18,8 @@ import (
 // crawlHarness has two replicas whose first token comes at once (5ms):
 // sim-a then decodes a token every 60ms, sim-b every 2ms. Every first
 // attempt goes to sim-a; the decode pace (and the first-token delay, at
-// least 50ms) is learnt from JSON answers of sim-b alone.
-func crawlHarness(t *testing.T) (*servertest.Gateway, string) {
+// least 50ms) is learnt from answers of sim-b alone, streamed or JSON.
+func crawlHarness(t *testing.T, learnStreamed bool) (*servertest.Gateway, string) {
 	t.Helper()
 	h := servertest.Start(t, servertest.Options{
 		Replicas: 2,
@@ -34,7 +34,7 @@ func crawlHarness(t *testing.T) (*servertest.Gateway, string) {
 	slow := h.Reg.Get("sim-a")
 	slow.SetState(router.StateDraining, "test")
 	for range 5 {
-		tokenRequest(t, h, secret, false, "learn the pace", 20)
+		tokenRequest(t, h, secret, learnStreamed, "learn the pace", 20)
 	}
 	slow.SetState(router.StateReady, "")
 	return h, secret
@@ -68,9 +68,15 @@ func pacedHedges(t *testing.T, h *servertest.Gateway, outcome string) float64 {
 // behind the pace, and the client gets the hedge's whole answer at once.
 // The ledger bills the hedge's answer and counts what the crawling attempt
 // burned, as its engine counted it, as overhead; its attempt log shows
-// both attempts.
+// both attempts. Streams are not hedged on pace, but they teach it.
 func TestJSONAnswerThatCrawlsIsHedgedOnPace(t *testing.T) {
-	h, secret := crawlHarness(t)
+	for _, learn := range []string{"json", "stream"} {
+		t.Run("learnt from "+learn, func(t *testing.T) { crawlIsHedgedOnPace(t, learn == "stream") })
+	}
+}
+
+func crawlIsHedgedOnPace(t *testing.T, learnStreamed bool) {
+	h, secret := crawlHarness(t, learnStreamed)
 	const prompt = "a part of a document that crawls"
 	promptTokens := int64(sim.ChatPromptTokens(prompt))
 	base := engineTokens(t, h)
@@ -123,7 +129,7 @@ func TestJSONAnswerThatCrawlsIsHedgedOnPace(t *testing.T) {
 // off crawls to its end on the replica it started on, and the hedge it
 // would have had is counted as skipped for opting out.
 func TestOptedOutJSONAnswerIsNotHedgedOnPace(t *testing.T) {
-	h, secret := crawlHarness(t)
+	h, secret := crawlHarness(t, false)
 	req, _ := http.NewRequest(http.MethodPost, h.Public.URL+"/v1/chat/completions",
 		strings.NewReader(`{"model":"`+servertest.SimModel+`","max_tokens":8,"ignore_eos":true,"messages":[{"role":"user","content":"leave me be"}]}`))
 	req.Header.Set("Authorization", "Bearer "+secret)

@@ -157,6 +157,11 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		case pr.stream:
 			err = s.relayStream(ctx, w, cl, u, ticket, done)
 			cl.adopt(u) // usage and timings learned while relaying
+			if err == nil {
+				// Never hedged on pace (the client has its bytes), but
+				// its pace is the model's.
+				res.ObservePace(u.firstAt, u.lastAt, u.tokens-1)
+			}
 		case pr.assemble:
 			// Nothing reaches the client before the whole answer: a replica
 			// that breaks on the way is retried once elsewhere (within the

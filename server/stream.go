@@ -238,6 +238,7 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 		}
 	}
 	if kind == sse.Token {
+		u.lastAt = time.Now()
 		u.tokens += int64(sse.Pieces(payload))
 		return evToken, ev
 	}
