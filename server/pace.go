@@ -168,7 +168,9 @@ func (s *Server) assembleRace(ctx context.Context, cl *call, res *router.Result,
 				if r.u == u {
 					broken = &r
 				} else {
-					s.blameBroken(cl, hu, r.err)
+					if ctx.Err() == nil { // not the client going away
+						s.blameBroken(cl, hu, r.err)
+					}
 					if running > 0 {
 						continue // the original carries on alone
 					}
