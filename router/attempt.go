@@ -93,8 +93,15 @@ type Result struct {
 
 	finish     func()
 	losersDone chan struct{}
-	mu         sync.Mutex
-	lost       []Lost
+	// For a pace hedge (see PaceHedge), once decided: the registry, the
+	// request, how attempts open, and the replicas it went to.
+	reg   *Registry
+	req   Request
+	open  OpenFunc
+	tried []*Replica
+
+	mu   sync.Mutex
+	lost []Lost
 }
 
 // Finish gives back the winner's in-flight slot and cancels its context.
@@ -259,6 +266,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 					}
 				}
 				res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
+				res.reg, res.req, res.open, res.tried = r, req, open, tried
 				cancel := cancels[o.n]
 				release := o.release
 				res.finish = func() { release(); cancel() }
@@ -280,18 +288,13 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 				return res, last
 			}
 			class := ""
+			r.blame(o.rep, o.err)
 			switch {
 			case IsNotSent(o.err):
-				r.Eject(o.rep, "connect")
 				class = "not_sent"
 			case IsDeclined(o.err):
 				class = "declined"
 			case IsNoToken(o.err):
-				if why := noTokenEject(o.err); why != "" {
-					r.Eject(o.rep, why)
-				} else {
-					o.rep.markFailure(r.cfg.Now())
-				}
 				if live == 0 && r.budget.TakeRetry() {
 					class = "no_token"
 				}
@@ -326,6 +329,23 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 			}
 			launch(rep, ReasonHedge)
 			res.Hedged = true
+		}
+	}
+}
+
+// blame takes an attempt's failure out on its replica: one it never reached
+// is ejected at once, one that reached it but produced no token counts as
+// a failure (or ejects it, for a deadline that says it hung).
+func (r *Registry) blame(rep *Replica, err error) {
+	switch {
+	case IsNotSent(err):
+		r.Eject(rep, "connect")
+	case IsDeclined(err):
+	case IsNoToken(err):
+		if why := noTokenEject(err); why != "" {
+			r.Eject(rep, why)
+		} else {
+			rep.markFailure(r.cfg.Now())
 		}
 	}
 }

@@ -15,6 +15,13 @@ import (
 // first token after the hedge delay, a second attempt goes to another
 // replica and the first to produce a token wins. The delay adapts per model
 // to a high percentile of recent request-level times to first token.
+//
+// An answer the client sees only whole (JSON assembled by the gateway, a
+// Batch API line) may also be hedged on its decode pace: an attempt that,
+// after its first token, falls behind the same percentile of recent time per
+// output token gets a hedge on another replica, and the first whole answer
+// wins (see [Result.PaceHedge]). Every switch and budget here applies to
+// both kinds of hedge.
 type HedgeConfig struct {
 	// Enabled turns hedging on for every model unless Models says otherwise.
 	// The gateway turns it on unless told --hedge=false.
@@ -29,8 +36,14 @@ type HedgeConfig struct {
 	Burst float64
 	// Percentile of recent TTFT used as the delay; 0 means 0.95.
 	Percentile float64
-	// Min and Max clamp the delay; 0 means 20ms and 30s.
+	// Min and Max clamp the delay; 0 means 20ms and 30s. Min is also the
+	// least time an attempt must fall behind the pace percentile before a
+	// pace hedge (see PaceLead).
 	Min, Max time.Duration
+	// PaceLead is how many output tokens, at the pace percentile, an attempt
+	// must fall behind it before a pace hedge starts (or Min, whichever is
+	// longer), so the jitter of a few tokens does not trip it; 0 means 4.
+	PaceLead int
 	// Window is how many recent samples per model are kept; 0 means 1000.
 	Window int
 	// MinSamples is how many samples a model needs before it is hedged;
@@ -82,8 +95,8 @@ func (c HedgeConfig) validate() error {
 			return err
 		}
 	}
-	if c.Window < 0 || c.MinSamples < 0 || c.MaxQueue < 0 {
-		return errors.New("router: hedge window, min samples and max queue must not be negative")
+	if c.Window < 0 || c.MinSamples < 0 || c.MaxQueue < 0 || c.PaceLead < 0 {
+		return errors.New("router: hedge window, min samples, max queue and pace lead must not be negative")
 	}
 	budget := func(ratio, burst float64, where string) error {
 		if ratio < 0 || ratio > 1 {
@@ -105,17 +118,20 @@ func (c HedgeConfig) validate() error {
 	return nil
 }
 
-// hedger keeps per-model TTFT windows and the delay derived from them, and
-// each model's hedge budget.
+// hedger keeps per-model TTFT windows and the delay derived from them, the
+// decode pace windows, and each model's hedge budget.
 type hedger struct {
 	cfg HedgeConfig
 	now func() time.Time
 
 	mu      sync.Mutex
 	models  map[string]*ttftWindow  // by hedgeKey
+	paces   map[string]*ttftWindow  // by model: time per output token
 	budgets map[string]*hedgeBudget // by model
 }
 
+// ttftWindow is a model's recent samples of one duration — time to first
+// token, or time per output token after it — and their percentile.
 type ttftWindow struct {
 	model   string
 	stream  bool
@@ -123,7 +139,7 @@ type ttftWindow struct {
 	next    int
 	full    bool
 	seen    int
-	delay   atomic.Int64 // cached delay in ns; 0 = not enough samples
+	delay   atomic.Int64 // cached percentile in ns; 0 = not enough samples
 }
 
 // withDefaults returns c with every zero field that has a default filled in.
@@ -152,11 +168,14 @@ func (c HedgeConfig) withDefaults() HedgeConfig {
 	if c.Burst == 0 {
 		c.Burst = defaultHedgeBurst
 	}
+	if c.PaceLead == 0 {
+		c.PaceLead = 4
+	}
 	return c
 }
 
 func newHedger(cfg HedgeConfig, now func() time.Time) *hedger {
-	return &hedger{cfg: cfg.withDefaults(), now: now, models: map[string]*ttftWindow{}, budgets: map[string]*hedgeBudget{}}
+	return &hedger{cfg: cfg.withDefaults(), now: now, models: map[string]*ttftWindow{}, paces: map[string]*ttftWindow{}, budgets: map[string]*hedgeBudget{}}
 }
 
 // hedgeSettings is one model's hedging, the defaults and its override merged.
@@ -193,13 +212,22 @@ func (h *hedger) settings(model string) hedgeSettings {
 }
 
 func (h *hedger) window(model string, stream bool) *ttftWindow {
-	key := hedgeKey(model, stream)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	w := h.models[key]
+	return h.windowLocked(h.models, hedgeKey(model, stream), model, stream)
+}
+
+func (h *hedger) paceWindow(model string) *ttftWindow {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.windowLocked(h.paces, model, model, false)
+}
+
+func (h *hedger) windowLocked(in map[string]*ttftWindow, key, model string, stream bool) *ttftWindow {
+	w := in[key]
 	if w == nil {
 		w = &ttftWindow{model: model, stream: stream, samples: make([]time.Duration, h.cfg.Window)}
-		h.models[key] = w
+		in[key] = w
 	}
 	return w
 }
@@ -222,8 +250,17 @@ func (h *hedger) budget(model string) *hedgeBudget {
 // turned on and "disabled" skips can be counted.
 func (h *hedger) observe(model string, stream bool, d time.Duration) {
 	s := h.settings(model)
-	p, lo, hi := s.p, s.lo, s.hi
-	w := h.window(model, stream)
+	h.add(h.window(model, stream), d, s.p, s.lo, s.hi)
+}
+
+// observePace adds an attempt's time per output token after its first.
+func (h *hedger) observePace(model string, d time.Duration) {
+	h.add(h.paceWindow(model), d, h.settings(model).p, time.Nanosecond, math.MaxInt64)
+}
+
+// add puts d in w and refreshes w's percentile p, clamped to [lo, hi],
+// every few samples.
+func (h *hedger) add(w *ttftWindow, d time.Duration, p float64, lo, hi time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	w.samples[w.next] = d
@@ -250,6 +287,31 @@ func (h *hedger) observe(model string, stream bool, d time.Duration) {
 func (h *hedger) learnt(model string, stream bool) (time.Duration, bool) {
 	d := h.window(model, stream).delay.Load()
 	return time.Duration(d), d > 0
+}
+
+// Pace is a model's decode pace as learnt when it was read: its percentile
+// time per output token after the first, and the lead an attempt may fall
+// behind it.
+type Pace struct {
+	Per, Lead time.Duration
+}
+
+// Due returns how long after its first token an attempt that has produced
+// k more output tokens is behind the pace: by Lead more than k tokens take
+// at the percentile time per token.
+func (p Pace) Due(k int64) time.Duration {
+	return p.Per*time.Duration(max(k, 0)) + p.Lead
+}
+
+// pace returns model's decode pace, its lead PaceLead tokens at the pace
+// percentile or Min, whichever is longer; false while the pace has too few
+// samples.
+func (h *hedger) pace(model string) (Pace, bool) {
+	per := time.Duration(h.paceWindow(model).delay.Load())
+	if per <= 0 {
+		return Pace{}, false
+	}
+	return Pace{Per: per, Lead: max(per*time.Duration(h.cfg.PaceLead), h.settings(model).lo)}, true
 }
 
 // delay returns the hedge delay, false when the model is not hedged or has

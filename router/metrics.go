@@ -15,6 +15,7 @@ type metrics struct {
 	retries     *prometheus.CounterVec // tailgate_retries_total{model,class}
 	hedges      *prometheus.CounterVec // tailgate_hedges_total{model,outcome}
 	skips       *prometheus.CounterVec // tailgate_hedges_skipped_total{model,reason}
+	paced       *prometheus.CounterVec // tailgate_pace_hedges_total{model,outcome}
 	attemptsPer prometheus.Histogram   // tailgate_request_attempts
 	ejections   *prometheus.CounterVec // tailgate_ejections_total{replica,reason}
 	ejectDelay  prometheus.Histogram   // tailgate_ejection_delay_seconds
@@ -41,6 +42,10 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 			Name: "tailgate_hedges_skipped_total",
 			Help: "Hedges not started when a request passed its hedge delay, by reason (budget: the model's share of requests is spent; burst: earned but beyond --hedge-burst; saturation: the other replica is full or queueing; opt_out: x-tailgate-hedge: off; disabled: hedging is off for the model; priority: every other replica has requests of a higher priority class in flight).",
 		}, []string{"model", "reason"}),
+		paced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_pace_hedges_total",
+			Help: "Hedges on decode pace (an answer the client sees only whole fell behind the model's time per token), by outcome (won, lost; skipped: not started, the reason counted in tailgate_hedges_skipped_total). Those started count in tailgate_hedges_total and tailgate_upstream_attempts_total{reason=\"hedge\"} too.",
+		}, []string{"model", "outcome"}),
 		attemptsPer: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tailgate_request_attempts", Help: "Upstream attempts per routed request.", Buckets: []float64{1, 2, 3, 4},
 		}),
@@ -54,7 +59,7 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.attempts, m.retries, m.hedges, m.skips, m.attemptsPer, m.ejections, m.ejectDelay, newReplicaCollector(r)} {
+	for _, c := range []prometheus.Collector{m.attempts, m.retries, m.hedges, m.skips, m.paced, m.attemptsPer, m.ejections, m.ejectDelay, newReplicaCollector(r)} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("router: register metrics: %w", err)
 		}
@@ -80,6 +85,9 @@ func (m *metrics) hedged(model string, won bool) {
 
 // skipped counts a hedge that did not start, for one of the skip* reasons.
 func (m *metrics) skipped(model, reason string) { m.skips.WithLabelValues(model, reason).Inc() }
+
+// paceHedge counts a pace hedge's outcome: "won", "lost" or "skipped".
+func (m *metrics) paceHedge(model, outcome string) { m.paced.WithLabelValues(model, outcome).Inc() }
 
 // routed records how many attempts a request took (none when no replica
 // could be picked).

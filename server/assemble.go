@@ -530,8 +530,10 @@ func appendQuotedRaw(b, escaped []byte) []byte {
 // it buffered up to its first token, then the rest — and returns the JSON
 // answer. Nothing reaches the client meanwhile: a failure here is still a
 // plain HTTP error for it. The inter-token idle deadline and the whole-answer
-// deadline (Config.JSONDeadline, from the attempt's start) both apply.
-func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byte, error) {
+// deadline (Config.JSONDeadline, from the attempt's start) both apply. A
+// non-nil pace is told of every event, to say when the attempt falls behind
+// its model's decode pace (see assembleRace).
+func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, pace *paceWatch) ([]byte, error) {
 	a := newAssembler(cl.ep, cl.req.forcedTool)
 	add := func(kind eventKind, ev []byte) error {
 		switch kind {
@@ -565,6 +567,7 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 		u.cancel()
 	})
 	defer timer.Stop()
+	pace.progress(u)
 	var buf []byte
 	for {
 		raw, err := sse.ReadEvent(u.br, buf)
@@ -584,8 +587,8 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 		}
 		buf = raw
 		timer.Reset(due())
-		// Lighter than inspect: the running usage on every chunk is only
-		// for losers and cut streams; the winner's comes with the last.
+		// Lighter than inspect: nothing is relayed. The running usage is
+		// kept, for an attempt that loses its race or breaks.
 		switch sse.Classify(raw) {
 		case sse.Comment:
 			if bytes.HasPrefix(raw, timingPrefix) || bytes.HasPrefix(raw, simQueue) {
@@ -603,7 +606,10 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream) ([]byt
 			d := sse.Data(raw)
 			// What reached the client, should the engine report no usage.
 			u.tokens += int64(sse.Pieces(d))
+			u.lastAt = time.Now()
+			u.countUsage(cl, d)
 			a.add(d)
+			pace.progress(u)
 		}
 	}
 }

@@ -141,6 +141,7 @@ type upstream struct {
 	ended, aborted bool
 
 	sentAt, wroteAt time.Time
+	firstAt, lastAt time.Time   // when its first and its latest token came (streams)
 	stages          data.Stages // connect, upstream_ttft, engine_*
 	usage           policy.Usage
 	gotUsage        bool
@@ -330,7 +331,8 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 		if kind == evToken || kind == evDone {
 			u.done = kind == evDone
 			u.ended = u.done
-			u.stages.UpstreamTTFT = time.Since(u.wroteAt)
+			u.firstAt = time.Now()
+			u.stages.UpstreamTTFT = u.firstAt.Sub(u.wroteAt)
 			ok = true
 			return u, nil
 		}

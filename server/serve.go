@@ -157,13 +157,30 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		case pr.stream:
 			err = s.relayStream(ctx, w, cl, u, ticket, done)
 			cl.adopt(u) // usage and timings learned while relaying
+			if err == nil {
+				// Never hedged on pace (the client has its bytes), but
+				// its pace is the model's.
+				res.ObservePace(u.firstAt, u.lastAt, u.tokens-1)
+			}
 		case pr.assemble:
 			// Nothing reaches the client before the whole answer: a replica
 			// that breaks on the way is retried once elsewhere (within the
 			// retry budget; what it generated is overhead, not billed), and
 			// any other failure is a plain HTTP error, nothing billed.
-			var body []byte
-			body, err = s.assembleJSON(ctx, cl, u)
+			// An answer that falls behind its model's decode pace may be
+			// hedged meanwhile: the first whole answer is delivered.
+			var (
+				body []byte
+				won  *upstream
+			)
+			won, body, err = s.assembleRace(ctx, cl, res, u)
+			cl.attempts, cl.hedged = res.Attempts, res.Hedged
+			if won != u {
+				u = won
+				cl.tries.win(u)
+				defer u.Abort()
+				cl.replica, cl.winner = res.Replica.ID, res.Reason.String()
+			}
 			if err != nil && s.retryAssembled(ctx, err) {
 				s.hedgeOverhead(cl, res)
 				cl.overhead += u.burnt(cl)
@@ -192,7 +209,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 					cl.tries.win(u)
 					defer u.Abort()
 					cl.replica, cl.winner = res.Replica.ID, "retry"
-					body, err = s.assembleJSON(ctx, cl, u)
+					body, err = s.assembleJSON(ctx, cl, u, nil)
 				}
 			}
 			if err == nil {

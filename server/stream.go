@@ -225,43 +225,57 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 		return evError, ev
 	}
 	payload := sse.Data(ev)
-	if bytes.Contains(payload, usageMarker) {
-		if us := gjson.GetBytes(payload, "usage"); us.IsObject() {
-			usageOnly := bytes.Contains(payload, emptyChoices)
-			u.usage.PromptTokens = us.Get("prompt_tokens").Int()
-			completion := us.Get("completion_tokens").Int()
-			if !usageOnly && cl.req.sequences > 1 {
-				// With n > 1, vLLM's running usage on a chunk counts only
-				// that chunk's choice: bill the sum of every choice's latest.
-				i := gjson.GetBytes(payload, "choices.0.index").Int()
-				if u.perChoice == nil {
-					u.perChoice = map[int64]int64{}
-				}
-				u.perChoice[i] = completion
-				completion = 0
-				for _, c := range u.perChoice {
-					completion += c
-				}
-			}
-			u.usage.CompletionTokens = completion
-			u.gotUsage = true
-			switch {
-			case cl.req.assemble:
-				// The assembler reads the usage chunk; nothing is relayed.
-			case usageOnly && !cl.req.wantUsage:
-				return evDrop, nil // the usage chunk only the gateway wanted
-			case !usageOnly && !cl.req.wantContinuous:
-				if stripped, err := sjson.DeleteBytes(payload, "usage"); err == nil {
-					ev = append(append([]byte("data: "), stripped...), "\n\n"...)
-				}
+	if has, usageOnly := u.countUsage(cl, payload); has {
+		switch {
+		case cl.req.assemble:
+			// The assembler reads the usage chunk; nothing is relayed.
+		case usageOnly && !cl.req.wantUsage:
+			return evDrop, nil // the usage chunk only the gateway wanted
+		case !usageOnly && !cl.req.wantContinuous:
+			if stripped, err := sjson.DeleteBytes(payload, "usage"); err == nil {
+				ev = append(append([]byte("data: "), stripped...), "\n\n"...)
 			}
 		}
 	}
 	if kind == sse.Token {
+		u.lastAt = time.Now()
 		u.tokens += int64(sse.Pieces(payload))
 		return evToken, ev
 	}
 	return evOther, ev
+}
+
+// countUsage learns the usage a chunk's payload carries: the running usage
+// of continuous usage on every chunk, the totals on the usage-only chunk
+// at the end. It reports whether the payload had usage, and whether it was
+// the usage-only chunk.
+func (u *upstream) countUsage(cl *call, payload []byte) (has, usageOnly bool) {
+	if !bytes.Contains(payload, usageMarker) {
+		return false, false
+	}
+	us := gjson.GetBytes(payload, "usage")
+	if !us.IsObject() {
+		return false, false
+	}
+	usageOnly = bytes.Contains(payload, emptyChoices)
+	u.usage.PromptTokens = us.Get("prompt_tokens").Int()
+	completion := us.Get("completion_tokens").Int()
+	if !usageOnly && cl.req.sequences > 1 {
+		// With n > 1, vLLM's running usage on a chunk counts only
+		// that chunk's choice: bill the sum of every choice's latest.
+		i := gjson.GetBytes(payload, "choices.0.index").Int()
+		if u.perChoice == nil {
+			u.perChoice = map[int64]int64{}
+		}
+		u.perChoice[i] = completion
+		completion = 0
+		for _, c := range u.perChoice {
+			completion += c
+		}
+	}
+	u.usage.CompletionTokens = completion
+	u.gotUsage = true
+	return true, usageOnly
 }
 
 // clientError is a failed write to the client: it went away or stopped

@@ -47,6 +47,10 @@ type fanoutArm struct {
 	// Skipped are the hedges not started over the arm, by reason
 	// (tailgate_hedges_skipped_total): why stalled parts went unhedged.
 	Skipped map[string]float64
+	// Paced are the hedges started on decode pace over the arm, by outcome
+	// (tailgate_pace_hedges_total: won, lost): JSON and batch parts whose
+	// first token came in time and whose tokens then crawled.
+	Paced map[string]float64
 }
 
 // gatewayCounts are the gateway counters the fan-out report reads.
@@ -54,11 +58,12 @@ type gatewayCounts struct {
 	prompt, completion, overhead float64
 	first, hedges                float64
 	skipped                      map[string]float64 // by reason
+	paced                        map[string]float64 // pace hedges by outcome
 }
 
 // scrapeCounts reads the gateway's Prometheus metrics.
 func scrapeCounts(ctx context.Context, adminURL, token string) (gatewayCounts, error) {
-	c := gatewayCounts{skipped: map[string]float64{}}
+	c := gatewayCounts{skipped: map[string]float64{}, paced: map[string]float64{}}
 	err := eachSample(ctx, adminURL, token, func(name, labels string, v float64) {
 		switch {
 		case name == "tailgate_tokens_total" && strings.Contains(labels, `kind="prompt"`):
@@ -73,6 +78,8 @@ func scrapeCounts(ctx context.Context, adminURL, token string) (gatewayCounts, e
 			c.hedges += v
 		case name == "tailgate_hedges_skipped_total":
 			c.skipped[labelValue(labels, "reason")] += v
+		case name == "tailgate_pace_hedges_total" && !strings.Contains(labels, `outcome="skipped"`):
+			c.paced[labelValue(labels, "outcome")] += v
 		}
 	})
 	return c, err
@@ -168,6 +175,14 @@ func (s *fanoutSide) measure(ctx context.Context, b *fanoutBench, docs []doc, se
 						arm.Skipped = map[string]float64{}
 					}
 					arm.Skipped[why] = d
+				}
+			}
+			for outcome, n := range after.paced {
+				if d := n - before.paced[outcome]; d > 0 {
+					if arm.Paced == nil {
+						arm.Paced = map[string]float64{}
+					}
+					arm.Paced[outcome] = d
 				}
 			}
 		}
@@ -400,6 +415,12 @@ func writeFanoutTable(w io.Writer, seed int64, arms []fanoutArm) {
 			why = append(why, fmt.Sprintf("%s %.0f", r, a.Skipped[r]))
 		}
 		fmt.Fprintf(w, "%s %s: hedges not started: %s\n", a.Mode, a.Design, strings.Join(why, ", "))
+	}
+	for _, a := range arms {
+		if a.Design != armHedged || len(a.Paced) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%s %s: hedges on decode pace: won %.0f, lost %.0f\n", a.Mode, a.Design, a.Paced["won"], a.Paced["lost"])
 	}
 }
 

@@ -76,3 +76,18 @@ func TestFanoutTableSaysWhyHedgesDidNotStart(t *testing.T) {
 		t.Fatalf("no skip reasons:\n%s", out.String())
 	}
 }
+
+// TestFanoutTableSaysTheHedgesOnDecodePace: under the table, each hedged
+// arm's hedges started on decode pace, won and lost, as the gateway counted
+// them; an arm with none says nothing.
+func TestFanoutTableSaysTheHedgesOnDecodePace(t *testing.T) {
+	arm := func(mode, design string, paced map[string]float64) fanoutArm {
+		return fanoutArm{Mode: mode, Design: design, Docs: Summary{N: 10, P95: 100, P99: 100}, Paced: paced}
+	}
+	var out strings.Builder
+	writeFanoutTable(&out, 3, []fanoutArm{arm("json", armMonolithic, nil), arm("json", armDecomposed, nil),
+		arm("json", armHedged, map[string]float64{"won": 7, "lost": 2}), arm("stream", armHedged, nil)})
+	if !strings.Contains(out.String(), "json decomposed+hedge: hedges on decode pace: won 7, lost 2\n") || strings.Contains(out.String(), "stream decomposed+hedge: hedges on") {
+		t.Fatalf("pace hedges not reported as counted:\n%s", out.String())
+	}
+}
