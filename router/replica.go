@@ -96,14 +96,14 @@ type Replica struct {
 
 	engineLog atomic.Pointer[[]string] // engine error lines from the last heartbeat
 
-	idHash       uint64        // for rendezvous hashing
-	ttftBits     atomic.Uint64 // EWMA of time to first token, float64 nanoseconds
-	backoffUntil atomic.Int64  // unix nanos: the replica pushed back (429/503 Retry-After)
-	firstFailAt  atomic.Int64  // unix nanos of the first failure of the current streak
+	idHash       uint64                   // for rendezvous hashing
+	ttftBits     atomic.Uint64            // EWMA of time to first token, float64 nanoseconds
+	backoffUntil atomic.Int64             // unix nanos: the replica pushed back (429/503 Retry-After)
+	firstFailAt  atomic.Int64             // unix nanos of the first failure of the current streak
 	ejection     atomic.Pointer[ejection] // ended at the replica's next ejection
-	slots        atomic.Int64 // engine concurrency learnt from heartbeats (0: unknown)
-	contextLen   atomic.Int64 // the engine's max_model_len from /v1/models (0: unknown)
-	peakRunning  atomic.Int64 // the most sequences a heartbeat saw the engine running
+	slots        atomic.Int64             // engine concurrency learnt from heartbeats (0: unknown)
+	contextLen   atomic.Int64             // the engine's max_model_len from /v1/models (0: unknown)
+	peakRunning  atomic.Int64             // the most sequences a heartbeat saw the engine running
 }
 
 // Slots returns the engine's concurrency as learnt from heartbeats (0: not
