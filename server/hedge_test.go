@@ -101,10 +101,11 @@ func TestHedgeBeatsASlowReplicaAndCancelsIt(t *testing.T) {
 	}
 }
 
-func TestHedgeOptOutHeader(t *testing.T) {
-	h, secret := hedgeHarness(t)
-	req, _ := http.NewRequest(http.MethodPost, h.Public.URL+"/v1/chat/completions",
-		strings.NewReader(`{"model":"tailgate-sim","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"once only"}]}`))
+// postOptedOut sends a chat request with x-tailgate-hedge: off and reads
+// its answer to the end.
+func postOptedOut(t *testing.T, h *servertest.Gateway, secret, body string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, h.Public.URL+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+secret)
 	req.Header.Set("X-Tailgate-Hedge", "off")
 	resp, err := http.DefaultClient.Do(req)
@@ -113,6 +114,12 @@ func TestHedgeOptOutHeader(t *testing.T) {
 	}
 	_, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
+	return resp
+}
+
+func TestHedgeOptOutHeader(t *testing.T) {
+	h, secret := hedgeHarness(t)
+	resp := postOptedOut(t, h, secret, `{"model":"tailgate-sim","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"once only"}]}`)
 	if resp.Header.Get("X-Tailgate-Hedged") != "false" || resp.Header.Get("X-Tailgate-Replica") != "sim-a" {
 		t.Fatalf("opted-out request: hedged %q via %q", resp.Header.Get("X-Tailgate-Hedged"), resp.Header.Get("X-Tailgate-Replica"))
 	}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -130,16 +129,7 @@ func crawlIsHedgedOnPace(t *testing.T, learnStreamed bool) {
 // would have had is counted as skipped for opting out.
 func TestOptedOutJSONAnswerIsNotHedgedOnPace(t *testing.T) {
 	h, secret := crawlHarness(t, false)
-	req, _ := http.NewRequest(http.MethodPost, h.Public.URL+"/v1/chat/completions",
-		strings.NewReader(`{"model":"`+servertest.SimModel+`","max_tokens":8,"ignore_eos":true,"messages":[{"role":"user","content":"leave me be"}]}`))
-	req.Header.Set("Authorization", "Bearer "+secret)
-	req.Header.Set("X-Tailgate-Hedge", "off")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp := postOptedOut(t, h, secret, `{"model":"`+servertest.SimModel+`","max_tokens":8,"ignore_eos":true,"messages":[{"role":"user","content":"leave me be"}]}`)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Tailgate-Replica") != "sim-a" || resp.Header.Get("X-Tailgate-Attempts") != "1" {
 		t.Fatalf("%d via %q after %s attempts; want the opted-out answer from sim-a alone", resp.StatusCode,
 			resp.Header.Get("X-Tailgate-Replica"), resp.Header.Get("X-Tailgate-Attempts"))
