@@ -15,8 +15,13 @@ import (
 	"tailgate/serving/sim"
 )
 
-// skippedHedges reads tailgate_hedges_skipped_total{reason}.
+// skippedHedges reads tailgate_hedges_skipped_total{reason}, summed over models.
 func skippedHedges(t *testing.T, h *servertest.Gateway, reason string) float64 {
+	return counterSum(t, h, "tailgate_hedges_skipped_total", "reason", reason)
+}
+
+// counterSum sums the counter name's series whose label is value.
+func counterSum(t *testing.T, h *servertest.Gateway, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := h.Metrics.Gather()
 	if err != nil {
@@ -24,12 +29,12 @@ func skippedHedges(t *testing.T, h *servertest.Gateway, reason string) float64 {
 	}
 	var n float64
 	for _, mf := range mfs {
-		if mf.GetName() != "tailgate_hedges_skipped_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
+				if l.GetName() == label && l.GetValue() == value {
 					n += m.GetCounter().GetValue()
 				}
 			}

@@ -39,26 +39,9 @@ func crawlHarness(t *testing.T, learnStreamed bool) (*servertest.Gateway, string
 	return h, secret
 }
 
-// pacedHedges reads tailgate_pace_hedges_total{outcome}.
+// pacedHedges reads tailgate_pace_hedges_total{outcome}, summed over models.
 func pacedHedges(t *testing.T, h *servertest.Gateway, outcome string) float64 {
-	t.Helper()
-	mfs, err := h.Metrics.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "tailgate_pace_hedges_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == outcome {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return counterSum(t, h, "tailgate_pace_hedges_total", "outcome", outcome)
 }
 
 // TestJSONAnswerThatCrawlsIsHedgedOnPace: a JSON answer whose first token
