@@ -266,11 +266,8 @@ func (c *commitLog) close() {
 	}
 	c.f.Close()
 	c.f = nil
-	for gen, n := range c.pending {
-		if n <= 0 {
-			os.Remove(c.name(gen))
-		}
-	}
+	// An older file is gone once its rows are in SQLite (written); only
+	// the one appended to may have none left only here.
 	if c.pending[c.gen] == 0 {
 		os.Remove(c.name(c.gen))
 	}
