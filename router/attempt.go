@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -155,6 +156,9 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	// inline runs attempts on the caller's goroutine when no hedge can
 	// start for this request: nothing needs to run beside them.
 	inline := false
+	// deferRun, when set, receives the next attempt's run instead of
+	// running it: the first attempt of a hedged request (see below).
+	var deferRun *func()
 	var firstStarted time.Time
 	launch := func(rep *Replica, reason AttemptReason) {
 		tried = append(tried, rep)
@@ -185,9 +189,12 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 			// Never blocks: the channel holds one outcome per possible attempt.
 			outcomes <- outcome{n: n, rep: rep, reason: reason, att: att, err: err, release: release, started: started}
 		}
-		if inline {
+		switch {
+		case deferRun != nil:
+			*deferRun, deferRun = run, nil
+		case inline:
 			run()
-		} else {
+		default:
 			go run()
 		}
 	}
@@ -207,6 +214,10 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 				c()
 			}
 		}
+		if pending == 0 {
+			close(res.losersDone)
+			return
+		}
 		go func() {
 			defer close(res.losersDone)
 			for range pending {
@@ -222,115 +233,176 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 		}()
 	}
 
-	var hedgeC <-chan time.Time
 	delay, learnt := r.hedges.learnt(req.Model, req.Stream)
-	if learnt && hs.enabled && !req.NoHedge {
-		if r.cfg.After != nil {
-			hedgeC = r.cfg.After(delay)
-		} else {
-			t := time.NewTimer(delay)
-			defer t.Stop()
-			hedgeC = t.C
+	armed := learnt && hs.enabled && !req.NoHedge
+
+	// decide waits for the attempts' outcomes — and, on hedgeC, for the
+	// hedge delay — until the request is served or has failed.
+	decide := func(hedgeC <-chan time.Time) (*Result, error) {
+		var last error
+		for {
+			select {
+			case o := <-outcomes:
+				live--
+				if o.err == nil {
+					now := r.cfg.Now()
+					o.rep.markOK(now)
+					o.rep.ObserveTTFT(now.Sub(o.started))
+					// The delay learns the request's time to first token as the
+					// first attempt saw it: when a hedge won, the time the
+					// original had waited by then, a lower bound of its own
+					// (censored, but still above the delay, so the percentile
+					// holds instead of drifting down to the hedges' times).
+					waited := now.Sub(firstStarted)
+					r.hedges.observe(req.Model, req.Stream, waited)
+					if learnt && !armed && waited > delay {
+						// A hedge would have started, but for the request or
+						// the model's setting.
+						switch {
+						case req.NoHedge:
+							r.m.skipped(req.Model, skipOptOut)
+						case !hs.enabled:
+							r.m.skipped(req.Model, skipDisabled)
+						}
+					}
+					res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
+					res.reg, res.req, res.open, res.tried = r, req, open, tried
+					cancel := cancels[o.n]
+					release := o.release
+					res.finish = func() { release(); cancel() }
+					if res.Hedged {
+						r.m.hedged(req.Model, o.reason == ReasonHedge)
+					}
+					drain(live)
+					return res, nil
+				}
+				o.release()
+				cancels[o.n]()
+				res.Replica = o.rep
+				res.mu.Lock()
+				res.lost = append(res.lost, Lost{Replica: o.rep, N: o.n, Reason: o.reason, Err: o.err})
+				res.mu.Unlock()
+				last = o.err
+				if ctx.Err() != nil {
+					drain(live)
+					return res, last
+				}
+				class := ""
+				r.blame(o.rep, o.err)
+				switch {
+				case IsNotSent(o.err):
+					class = "not_sent"
+				case IsDeclined(o.err):
+					class = "declined"
+				case IsNoToken(o.err):
+					if live == 0 && r.budget.TakeRetry() {
+						class = "no_token"
+					}
+				default: // final: the replica's answer stands
+					drain(live)
+					return res, o.err
+				}
+				if class != "" && live == 0 && res.Attempts < r.cfg.MaxAttempts {
+					if err := start(ReasonRetry); err == nil {
+						r.m.retry(req.Model, class)
+						continue
+					} else if class == "no_token" {
+						r.budget.Refund()
+					}
+				}
+				if live == 0 {
+					drain(0)
+					return res, last
+				}
+			case <-hedgeC:
+				hedgeC = nil
+				if live != 1 || res.Attempts >= r.cfg.MaxAttempts {
+					continue
+				}
+				rep, why := r.hedgeTarget(req, tried)
+				if why == "" {
+					_, why = hb.take(req.Group, hs.burst)
+				}
+				if why != "" {
+					r.m.skipped(req.Model, why)
+					continue
+				}
+				launch(rep, ReasonHedge)
+				res.Hedged = true
+			}
 		}
 	}
-	armed := hedgeC != nil
+
 	inline = !armed
+	if !armed {
+		if err := start(ReasonFirst); err != nil {
+			close(res.losersDone)
+			return res, err
+		}
+		return decide(nil)
+	}
+	// A hedged request's first attempt also runs on the caller's
+	// goroutine: most first tokens come before the hedge delay, and then
+	// nothing else ever ran. Should the delay pass first, the timer's
+	// goroutine takes over deciding the request — it starts the hedge and
+	// cancels the loser — while this one waits for its attempt to end.
+	var run func()
+	deferRun = &run
 	if err := start(ReasonFirst); err != nil {
 		close(res.losersDone)
 		return res, err
 	}
-	var last error
-	for {
-		select {
-		case o := <-outcomes:
-			live--
-			if o.err == nil {
-				now := r.cfg.Now()
-				o.rep.markOK(now)
-				o.rep.ObserveTTFT(now.Sub(o.started))
-				// The delay learns the request's time to first token as the
-				// first attempt saw it: when a hedge won, the time the
-				// original had waited by then, a lower bound of its own
-				// (censored, but still above the delay, so the percentile
-				// holds instead of drifting down to the hedges' times).
-				waited := now.Sub(firstStarted)
-				r.hedges.observe(req.Model, req.Stream, waited)
-				if learnt && !armed && waited > delay {
-					// A hedge would have started, but for the request or
-					// the model's setting.
-					switch {
-					case req.NoHedge:
-						r.m.skipped(req.Model, skipOptOut)
-					case !hs.enabled:
-						r.m.skipped(req.Model, skipDisabled)
-					}
-				}
-				res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
-				res.reg, res.req, res.open, res.tried = r, req, open, tried
-				cancel := cancels[o.n]
-				release := o.release
-				res.finish = func() { release(); cancel() }
-				if res.Hedged {
-					r.m.hedged(req.Model, o.reason == ReasonHedge)
-				}
-				drain(live)
-				return res, nil
-			}
-			o.release()
-			cancels[o.n]()
-			res.Replica = o.rep
-			res.mu.Lock()
-			res.lost = append(res.lost, Lost{Replica: o.rep, N: o.n, Reason: o.reason, Err: o.err})
-			res.mu.Unlock()
-			last = o.err
-			if ctx.Err() != nil {
-				drain(live)
-				return res, last
-			}
-			class := ""
-			r.blame(o.rep, o.err)
-			switch {
-			case IsNotSent(o.err):
-				class = "not_sent"
-			case IsDeclined(o.err):
-				class = "declined"
-			case IsNoToken(o.err):
-				if live == 0 && r.budget.TakeRetry() {
-					class = "no_token"
-				}
-			default: // final: the replica's answer stands
-				drain(live)
-				return res, o.err
-			}
-			if class != "" && live == 0 && res.Attempts < r.cfg.MaxAttempts {
-				if err := start(ReasonRetry); err == nil {
-					r.m.retry(req.Model, class)
-					continue
-				} else if class == "no_token" {
-					r.budget.Refund()
-				}
-			}
-			if live == 0 {
-				drain(0)
-				return res, last
-			}
-		case <-hedgeC:
-			hedgeC = nil
-			if live != 1 || res.Attempts >= r.cfg.MaxAttempts {
-				continue
-			}
-			rep, why := r.hedgeTarget(req, tried)
-			if why == "" {
-				_, why = hb.take(req.Group, hs.burst)
-			}
-			if why != "" {
-				r.m.skipped(req.Model, why)
-				continue
-			}
-			launch(rep, ReasonHedge)
-			res.Hedged = true
-		}
+	const (
+		running   = iota // the first attempt runs on the caller's goroutine
+		takenOver        // the delay passed first: the timer decides
+		ended            // the attempt ended first: the caller decides
+	)
+	var state atomic.Int32
+	tick := make(chan time.Time, 1) // the delay, for a caller that decides
+	type decided struct {
+		res     *Result
+		err     error
+		panicky any // a panic while deciding, raised again on the caller's goroutine
 	}
+	taken := make(chan decided, 1)
+	fire := func() {
+		if !state.CompareAndSwap(running, takenOver) {
+			tick <- time.Time{}
+			return
+		}
+		defer func() {
+			if p := recover(); p != nil {
+				taken <- decided{panicky: p}
+			}
+		}()
+		fired := make(chan time.Time, 1)
+		fired <- time.Time{}
+		res, err := decide(fired)
+		taken <- decided{res: res, err: err}
+	}
+	if r.cfg.After != nil {
+		c, stop := r.cfg.After(delay), make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-c:
+				fire()
+			case <-stop:
+			}
+		}()
+	} else {
+		t := time.AfterFunc(delay, fire)
+		defer t.Stop()
+	}
+	run()
+	if !state.CompareAndSwap(running, ended) {
+		d := <-taken
+		if d.panicky != nil {
+			panic(d.panicky)
+		}
+		return d.res, d.err
+	}
+	return decide(tick)
 }
 
 // blame takes an attempt's failure out on its replica: one it never reached

@@ -13,6 +13,7 @@ import (
 
 	"tailgate/data"
 	"tailgate/policy"
+	"tailgate/router"
 	"tailgate/server/internal/servertest"
 	"tailgate/serving/sim"
 )
@@ -28,7 +29,9 @@ type benchStack struct {
 
 func newBenchStack(tb testing.TB, cfg sim.Config) *benchStack {
 	tb.Helper()
+	// Hedging is on, as `tailgate gateway` runs unless --hedge=false.
 	h := servertest.Start(tb, servertest.Options{Replicas: 1, Sim: cfg, Production: true,
+		Router: router.Config{Hedge: router.HedgeConfig{Enabled: true}},
 		Prices: map[string]policy.Price{cfg.Model: {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}})
 	// Every limit is on (and far away), so admission does all its work.
 	huge := int64(1 << 60)

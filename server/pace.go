@@ -21,23 +21,24 @@ import (
 // paceWatch tells assembleRace when the attempt it watches has fallen
 // behind its model's decode pace. The attempt's reader reports progress;
 // a timer, due when the attempt would be behind with the tokens it has,
-// fires on behind.
+// calls behind (once: the timer is not re-armed after it fired).
 type paceWatch struct {
 	pace    router.Pace
 	first   time.Time
-	behind  chan struct{} // receives once the attempt is behind
+	behind  func()
 	timer   atomic.Pointer[time.Timer]
 	stopped atomic.Bool
 }
 
-// newPaceWatch returns a watch of u, the winning attempt of res; nil when
-// the model's pace is not learnt yet.
-func newPaceWatch(res *router.Result, u *upstream) *paceWatch {
+// newPaceWatch returns a watch of u, the winning attempt of res, that
+// calls behind on u's timer goroutine; nil when the model's pace is not
+// learnt yet.
+func newPaceWatch(res *router.Result, u *upstream, behind func()) *paceWatch {
 	p, ok := res.Pace()
 	if !ok || u.firstAt.IsZero() {
 		return nil
 	}
-	return &paceWatch{pace: p, first: u.firstAt, behind: make(chan struct{}, 1)}
+	return &paceWatch{pace: p, first: u.firstAt, behind: behind}
 }
 
 // progress re-arms the watch for the output tokens u has produced.
@@ -51,9 +52,8 @@ func (w *paceWatch) progress(u *upstream) {
 		return
 	}
 	w.timer.Store(time.AfterFunc(d, func() {
-		select {
-		case w.behind <- struct{}{}:
-		default:
+		if w.stopped.CompareAndSwap(false, true) {
+			w.behind()
 		}
 	}))
 }
@@ -67,14 +67,6 @@ func (w *paceWatch) stop() {
 	if t := w.timer.Load(); t != nil {
 		t.Stop()
 	}
-}
-
-// behindC is the watch's channel, nil (never ready) for no watch.
-func (w *paceWatch) behindC() <-chan struct{} {
-	if w == nil {
-		return nil
-	}
-	return w.behind
 }
 
 // assembled is one attempt's assembly, as it ended.
@@ -92,15 +84,63 @@ type assembled struct {
 // other, whose tokens are overhead). When no attempt made a whole answer
 // it returns u and u's failure, so the caller's retry rules see the
 // original attempt. The model's decode pace is learnt from u.
+//
+// The original is assembled on the caller's goroutine: most answers keep
+// their pace, and then nothing else ever ran. Should u fall behind, the
+// watch's timer goroutine takes over the race — it starts the pace hedge
+// and decides — while the caller's goroutine finishes (or is cancelled
+// out of) u's assembly and waits for the decision.
 func (s *Server) assembleRace(ctx context.Context, cl *call, res *router.Result, u *upstream) (*upstream, []byte, error) {
-	watch := newPaceWatch(res, u)
-	defer watch.stop()
-	behind := watch.behindC()
 	results := make(chan assembled, 2)
-	go func() {
-		body, err := s.assembleJSON(ctx, cl, u, watch)
+	const (
+		assembling = iota // u is assembled on the caller's goroutine
+		takenOver         // u fell behind: the timer's goroutine races
+		ended             // u's assembly ended first: the caller returns
+	)
+	var state atomic.Int32
+	taken := make(chan raced, 1)
+	watch := newPaceWatch(res, u, func() {
+		if !state.CompareAndSwap(assembling, takenOver) {
+			return
+		}
+		defer func() {
+			if p := recover(); p != nil {
+				taken <- raced{panicky: p}
+			}
+		}()
+		won, body, err := s.paceRace(ctx, cl, res, u, results)
+		taken <- raced{won, body, err, nil}
+	})
+	body, err := s.assembleJSON(ctx, cl, u, watch)
+	if !state.CompareAndSwap(assembling, ended) {
 		results <- assembled{u, body, err}
-	}()
+		r := <-taken
+		if r.panicky != nil {
+			panic(r.panicky)
+		}
+		return r.won, r.body, r.err
+	}
+	watch.stop()
+	if err == nil {
+		res.ObservePace(u.firstAt, u.lastAt, u.tokens-1)
+	}
+	return u, body, err
+}
+
+// raced is how a race taken over by the pace watch ended.
+type raced struct {
+	won     *upstream
+	body    []byte
+	err     error
+	panicky any // a panic while racing, raised again on the caller's goroutine
+}
+
+// paceRace races a pace hedge against u, which has fallen behind and is
+// still being assembled on the caller's goroutine (its end comes on
+// results), and returns the first whole answer as assembleRace does.
+func (s *Server) paceRace(ctx context.Context, cl *call, res *router.Result, u *upstream, results chan assembled) (*upstream, []byte, error) {
+	behind := make(chan struct{}, 1)
+	behind <- struct{}{}
 	var (
 		h       *router.Hedge
 		opened  <-chan struct{}
@@ -112,7 +152,6 @@ func (s *Server) assembleRace(ctx context.Context, cl *call, res *router.Result,
 		select {
 		case <-behind:
 			behind = nil
-			watch.stop()
 			if h = res.PaceHedge(ctx); h != nil {
 				opened = h.Opened()
 				s.log.Debug("pace hedge: the answer fell behind its model's decode pace", "request_id", cl.id,
