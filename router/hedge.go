@@ -273,7 +273,11 @@ func (h *hedger) add(w *ttftWindow, d time.Duration, p float64, lo, hi time.Dura
 	if w.full {
 		n = len(w.samples)
 	}
-	if n < h.cfg.MinSamples || (w.seen%8 != 0 && w.delay.Load() != 0) {
+	// Refreshed every 8 samples while the window fills, then every 1/32
+	// of the window: a sort of the whole window per refresh, on every
+	// request's path, for a percentile that moves slowly once it is full.
+	every := max(8, n/32)
+	if n < h.cfg.MinSamples || (w.seen%every != 0 && w.delay.Load() != 0) {
 		return
 	}
 	sorted := slices.Clone(w.samples[:n])

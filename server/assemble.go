@@ -105,13 +105,23 @@ func newAssembler(ep endpoint, forcedTool bool) *assembler {
 	return &assembler{chat: ep.chat, forcedTool: forcedTool}
 }
 
+// chunkUsage is what one chunk said of usage: its usage object (if any),
+// whether it had no choice (the usage-only chunk) and its first choice's
+// index. Valid until the chunk's payload is reused.
+type chunkUsage struct {
+	usage     gjson.Result
+	usageOnly bool
+	index     int64
+}
+
 // add takes one data payload of the stream (neither [DONE] nor an error).
 // payload may be reused once add returns: it is parsed in place, and what
 // the answer keeps of it is copied (keep, or appended to the choice's bytes).
-func (a *assembler) add(payload []byte) {
+// It returns what the chunk said of usage, read in the same pass.
+func (a *assembler) add(payload []byte) (cu chunkUsage) {
 	v := gjson.Parse(unsafe.String(unsafe.SliceData(payload), len(payload)))
 	if !v.IsObject() {
-		return
+		return cu
 	}
 	var usage gjson.Result
 	usageOnly := false
@@ -150,8 +160,11 @@ func (a *assembler) add(payload []byte) {
 		case "choices":
 			n := 0
 			f.ForEach(func(_, c gjson.Result) bool {
+				i := a.addChoice(c)
+				if n == 0 {
+					cu.index = i
+				}
 				n++
-				a.addChoice(c)
 				return true
 			})
 			usageOnly = n == 0
@@ -163,6 +176,8 @@ func (a *assembler) add(payload []byte) {
 	if usageOnly && usage.IsObject() {
 		a.usage = keep(usage.Raw)
 	}
+	cu.usage, cu.usageOnly = usage, usageOnly
+	return cu
 }
 
 func (a *assembler) choice(i int64) *asmChoice {
@@ -177,8 +192,10 @@ func (a *assembler) choice(i int64) *asmChoice {
 	return c
 }
 
-func (a *assembler) addChoice(v gjson.Result) {
-	c := a.choice(v.Get("index").Int())
+// addChoice adds one choice of a chunk and returns its index.
+func (a *assembler) addChoice(v gjson.Result) int64 {
+	i := v.Get("index").Int()
+	c := a.choice(i)
 	v.ForEach(func(k, f gjson.Result) bool {
 		switch k.Str {
 		case "delta", "message":
@@ -221,6 +238,7 @@ func (a *assembler) addChoice(v gjson.Result) {
 		}
 		return true
 	})
+	return i
 }
 
 func (a *assembler) addDelta(c *asmChoice, d gjson.Result) {
@@ -607,8 +625,8 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, pace *
 			// What reached the client, should the engine report no usage.
 			u.tokens += int64(sse.Pieces(d))
 			u.lastAt = time.Now()
-			u.countUsage(cl, d)
-			a.add(d)
+			cu := a.add(d)
+			u.takeUsage(cl, cu.usage, cu.usageOnly, cu.index)
 			pace.progress(u)
 		}
 	}

@@ -253,21 +253,29 @@ func (u *upstream) countUsage(cl *call, payload []byte) (has, usageOnly bool) {
 	if !bytes.Contains(payload, usageMarker) {
 		return false, false
 	}
-	us := gjson.GetBytes(payload, "usage")
-	if !us.IsObject() {
-		return false, false
-	}
 	usageOnly = bytes.Contains(payload, emptyChoices)
+	var index int64
+	if !usageOnly && cl.req.sequences > 1 {
+		index = gjson.GetBytes(payload, "choices.0.index").Int()
+	}
+	return u.takeUsage(cl, gjson.GetBytes(payload, "usage"), usageOnly, index), usageOnly
+}
+
+// takeUsage learns a chunk's usage object us (see countUsage); index is
+// the chunk's choice, unless usageOnly. It reports whether us was usage.
+func (u *upstream) takeUsage(cl *call, us gjson.Result, usageOnly bool, index int64) bool {
+	if !us.IsObject() {
+		return false
+	}
 	u.usage.PromptTokens = us.Get("prompt_tokens").Int()
 	completion := us.Get("completion_tokens").Int()
 	if !usageOnly && cl.req.sequences > 1 {
 		// With n > 1, vLLM's running usage on a chunk counts only
 		// that chunk's choice: bill the sum of every choice's latest.
-		i := gjson.GetBytes(payload, "choices.0.index").Int()
 		if u.perChoice == nil {
 			u.perChoice = map[int64]int64{}
 		}
-		u.perChoice[i] = completion
+		u.perChoice[index] = completion
 		completion = 0
 		for _, c := range u.perChoice {
 			completion += c
@@ -275,7 +283,7 @@ func (u *upstream) countUsage(cl *call, payload []byte) (has, usageOnly bool) {
 	}
 	u.usage.CompletionTokens = completion
 	u.gotUsage = true
-	return true, usageOnly
+	return true
 }
 
 // clientError is a failed write to the client: it went away or stopped
