@@ -210,10 +210,6 @@ func (c *commitLog) startLocked() error {
 // append makes row durable and returns the file it went to. On an error
 // nothing was appended (a partial record is cut off again).
 func (c *commitLog) append(row LedgerRow) (uint64, error) {
-	rec, err := json.Marshal(row)
-	if err != nil {
-		return 0, fmt.Errorf("commit log: %w", err)
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.f == nil {
@@ -227,9 +223,11 @@ func (c *commitLog) append(row LedgerRow) (uint64, error) {
 			return 0, err
 		}
 	}
-	c.buf = binary.LittleEndian.AppendUint32(c.buf[:0], uint32(len(rec)))
-	c.buf = binary.LittleEndian.AppendUint32(c.buf, crc32.ChecksumIEEE(rec))
-	c.buf = append(c.buf, rec...)
+	// The record's length and checksum, then the record.
+	c.buf = appendRecord(append(c.buf[:0], make([]byte, 8)...), &row)
+	rec := c.buf[8:]
+	binary.LittleEndian.PutUint32(c.buf, uint32(len(rec)))
+	binary.LittleEndian.PutUint32(c.buf[4:], crc32.ChecksumIEEE(rec))
 	n, err := c.f.Write(c.buf)
 	if err != nil {
 		if n > 0 {
