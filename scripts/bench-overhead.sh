@@ -7,7 +7,8 @@
 # limit on, far away), admission and metering into SQLite. vegeta sends an
 # open-loop load at each rate in RATES, alternating between the engine
 # directly and the gateway (and a bare nginx proxy_pass hop when nginx is
-# installed), with the same body and keep-alive on. Then bench/streamgap holds
+# installed, and a bare Go httputil.ReverseProxy hop, bench/goproxy), with the
+# same body and keep-alive on. Then bench/streamgap holds
 # STREAMS streams open on each path and compares time to first chunk and the
 # gaps between chunks.
 #
@@ -20,6 +21,7 @@
 #   JSON_RATE=100 JSON_TOKENS=16 JSON_DURATION=10s  JSON answers from the STREAM_TPOT engine
 #   VEGETA_MAX_CONNS=512                   connections vegeta may open per path
 #   NGINX=auto|off                         baseline row through nginx if installed
+#   GOPROXY=on|off                         baseline row through a bare Go reverse proxy (bench/goproxy)
 #   KEEP_TMP=1                             keep the temp dir (results, logs)
 # Needs go and curl; vegeta is installed with `go install` when it is not on
 # PATH.
@@ -38,6 +40,7 @@ JSON_TOKENS=${JSON_TOKENS:-16}
 JSON_DURATION=${JSON_DURATION:-10s}
 VEGETA_MAX_CONNS=${VEGETA_MAX_CONNS:-512}
 NGINX=${NGINX:-auto}
+GOPROXY=${GOPROXY:-on}
 VEGETA_VERSION=v12.13.0
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -106,7 +109,7 @@ if [[ -z "$VEGETA" ]]; then
 fi
 log "building tailgate and the bench helpers into $TMP"
 (cd "$ROOT" && go build -o "$TMP/tailgate" . && go build -o "$TMP/streamgap" ./bench/streamgap &&
-	go build -o "$TMP/overheadtable" ./bench/overheadtable)
+	go build -o "$TMP/overheadtable" ./bench/overheadtable && go build -o "$TMP/goproxy" ./bench/goproxy)
 
 # --- engines and gateway -----------------------------------------------------
 start_sim() { # NAME MODEL TPOT; sets ADDR
@@ -188,6 +191,18 @@ EOF
 	else
 		log "nginx did not start, no baseline row: $(cat "$TMP/nginx/stderr" "$TMP/nginx/logs/error.log" 2>/dev/null)"
 	fi
+fi
+
+# A bare Go hop (net/http + httputil.ReverseProxy, no work at all): what Go's
+# HTTP stack alone adds, so the gateway's own share can be told apart.
+if [[ "$GOPROXY" != off ]]; then
+	"$TMP/goproxy" --upstream "http://$SIM" >"$TMP/goproxy.out" 2>"$TMP/goproxy.log" &
+	PIDS+=($!)
+	GOPROXY_ADDR=$(wait_for_line "$TMP/goproxy.out" '^GOPROXY_LISTEN ' | awk '{print $2}') ||
+		die "goproxy did not start: $(cat "$TMP/goproxy.log")"
+	PATHS="$PATHS goproxy"
+	BASE[goproxy]="http://$GOPROXY_ADDR"
+	log "bare Go proxy baseline: $GOPROXY_ADDR"
 fi
 
 # --- non-streaming: vegeta at fixed rates ------------------------------------
