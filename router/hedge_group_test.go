@@ -112,6 +112,8 @@ func TestGroupOfOneWaitsForTheLoneDelay(t *testing.T) {
 				c <- now
 			}
 		case <-bound:
+			close(answer)
+			<-done
 			t.Fatal("hedge timer not armed twice in 10s")
 		}
 	}
