@@ -323,7 +323,7 @@ func (h *hedger) at(w *ttftWindow, p float64) (time.Duration, bool) {
 // that were hedged: each costs its document the delay plus a hedge's own
 // first token, and a lone request's delay makes that the document's P95.
 // A part is hedged earlier, then — at a percentile one (1-p) lower for
-// each doubling of its group (a document of 4 parts at p95: p90), the more
+// each doubling of its group (p95: p90 for 4 parts, p85 for 8), the more
 // parts the likelier one of them decides the document — but never below
 // 1 − ¾·budget: first-token hedges of parts then use at most three
 // quarters of the hedge budget, leaving the rest for pace hedges and for
