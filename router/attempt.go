@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -93,6 +94,7 @@ type Result struct {
 	Hedged   bool // a hedge was started
 
 	finish     func()
+	leave      func() // takes the request out of its group (see hedgeBudget.join)
 	losersDone chan struct{}
 	// For a pace hedge (see PaceHedge), once decided: the registry, the
 	// request, how attempts open, and the replicas it went to.
@@ -105,12 +107,17 @@ type Result struct {
 	lost []Lost
 }
 
-// Finish gives back the winner's in-flight slot and cancels its context.
-// Safe to call more than once and on a failed result.
+// Finish gives back the winner's in-flight slot, cancels its context and
+// takes the request out of its group. Safe to call more than once and on a
+// failed result.
 func (res *Result) Finish() {
 	if res.finish != nil {
 		res.finish()
 		res.finish = nil
+	}
+	if res.leave != nil {
+		res.leave()
+		res.leave = nil
 	}
 }
 
@@ -144,8 +151,15 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	r.budget.Deposit()
 	hs := r.hedges.settings(req.Model)
 	hb := r.hedges.budget(req.Model)
-	defer hb.join(req.Group, hs.budget, hs.burst)()
 	res := &Result{losersDone: make(chan struct{})}
+	// A request stays in its group until its answer is relayed (Finish),
+	// so the group's pot and size hold for pace hedges too.
+	leave := hb.join(req.Group, hs.budget, hs.burst)
+	defer func() {
+		if res.leave == nil {
+			leave()
+		}
+	}()
 	defer func() { r.m.routed(res.Attempts) }()
 	outcomes := make(chan outcome, r.cfg.MaxAttempts)
 	cancels := map[int]context.CancelFunc{}
@@ -233,8 +247,35 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 		}()
 	}
 
-	delay, learnt := r.hedges.learnt(req.Model, req.Stream)
+	// A part of a group is armed for the earliest any part may be due: its
+	// group's size is not known yet (parts sent at once reach the router
+	// one by one). When the delay passes, the part waits on if its group
+	// turned out smaller (see partPercentile).
+	size := 1
+	if req.Group != "" {
+		size = math.MaxInt
+	}
+	delay, learnt := r.hedges.delayFor(req.Model, req.Stream, size)
 	armed := learnt && hs.enabled && !req.NoHedge
+	// after re-arms the hedge delay, for a group part whose group turned
+	// out smaller (the first arming is below: it may take over deciding).
+	var timer *time.Timer
+	after := func(d time.Duration) <-chan time.Time {
+		if r.cfg.After != nil {
+			return r.cfg.After(d)
+		}
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		return timer.C
+	}
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 
 	// decide waits for the attempts' outcomes — and, on hedgeC, for the
 	// hedge delay — until the request is served or has failed.
@@ -255,14 +296,15 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 					// holds instead of drifting down to the hedges' times).
 					waited := now.Sub(firstStarted)
 					r.hedges.observe(req.Model, req.Stream, waited)
-					if learnt && !armed && waited > delay {
+					if !armed && (req.NoHedge || !hs.enabled) {
 						// A hedge would have started, but for the request or
 						// the model's setting.
-						switch {
-						case req.NoHedge:
-							r.m.skipped(req.Model, skipOptOut)
-						case !hs.enabled:
-							r.m.skipped(req.Model, skipDisabled)
+						if d, ok := r.hedges.delayFor(req.Model, req.Stream, hb.size(req.Group)); ok && waited > d {
+							if req.NoHedge {
+								r.m.skipped(req.Model, skipOptOut)
+							} else {
+								r.m.skipped(req.Model, skipDisabled)
+							}
 						}
 					}
 					res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
@@ -270,6 +312,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 					cancel := cancels[o.n]
 					release := o.release
 					res.finish = func() { release(); cancel() }
+					res.leave = leave
 					if res.Hedged {
 						r.m.hedged(req.Model, o.reason == ReasonHedge)
 					}
@@ -316,6 +359,13 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 				}
 			case <-hedgeC:
 				hedgeC = nil
+				if req.Group != "" {
+					if d, _ := r.hedges.delayFor(req.Model, req.Stream, hb.size(req.Group)); d > delay {
+						hedgeC = after(d - r.cfg.Now().Sub(firstStarted))
+						delay = d
+						continue
+					}
+				}
 				if live != 1 || res.Attempts >= r.cfg.MaxAttempts {
 					continue
 				}

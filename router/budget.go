@@ -126,6 +126,7 @@ type hedgeBudget struct {
 // groupPot is what the parts of one group in flight have earned.
 type groupPot struct {
 	members int
+	peak    int // the most members in flight at once: the group's size
 	tokens  float64
 }
 
@@ -159,6 +160,7 @@ func (b *hedgeBudget) join(group string, ratio, burst float64) (leave func()) {
 		b.groups[group] = p
 	}
 	p.members++
+	p.peak = max(p.peak, p.members)
 	p.tokens += ratio
 	return func() {
 		b.mu.Lock()
@@ -198,6 +200,20 @@ func (b *hedgeBudget) take(group string, burst float64) (ok bool, reason string)
 	}
 	b.deep--
 	return true, ""
+}
+
+// size returns how many requests group has had in flight at once while
+// it has been in flight; 1 for no group ("") or one not in flight.
+func (b *hedgeBudget) size(group string) int {
+	if group == "" {
+		return 1
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p := b.groups[group]; p != nil {
+		return p.peak
+	}
+	return 1
 }
 
 // level returns the bucket's level (for metrics and tests).

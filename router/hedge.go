@@ -22,6 +22,11 @@ import (
 // output token gets a hedge on another replica, and the first whole answer
 // wins (see [Result.PaceHedge]). Every switch and budget here applies to
 // both kinds of hedge.
+//
+// A part of a fan-out (requests with the same group, see [Request.Group])
+// is hedged at a lower percentile than a lone request, the lower the more
+// parts its group has in flight, within what the budget pays for (see
+// partPercentile).
 type HedgeConfig struct {
 	// Enabled turns hedging on for every model unless Models says otherwise.
 	// The gateway turns it on unless told --hedge=false.
@@ -140,6 +145,11 @@ type ttftWindow struct {
 	full    bool
 	seen    int
 	delay   atomic.Int64 // cached percentile in ns; 0 = not enough samples
+	// sorted are the samples as of the last refresh of delay, sorted, and
+	// lo, hi its clamp: other percentiles (a group part's) are read from
+	// them. nil before MinSamples.
+	sorted []time.Duration
+	lo, hi time.Duration
 }
 
 // withDefaults returns c with every zero field that has a default filled in.
@@ -280,17 +290,63 @@ func (h *hedger) add(w *ttftWindow, d time.Duration, p float64, lo, hi time.Dura
 	if n < h.cfg.MinSamples || (w.seen%every != 0 && w.delay.Load() != 0) {
 		return
 	}
-	sorted := slices.Clone(w.samples[:n])
-	slices.Sort(sorted)
-	q := sorted[min(n-1, int(math.Ceil(p*float64(n)))-1)]
-	w.delay.Store(int64(min(max(q, lo), hi)))
+	w.sorted = append(w.sorted[:0], w.samples[:n]...)
+	slices.Sort(w.sorted)
+	w.lo, w.hi = lo, hi
+	w.delay.Store(int64(w.quantileLocked(p)))
 }
 
-// learnt returns the delay learnt for a model's streams or JSON answers,
-// whether or not hedging is on for it; false with too few samples yet.
-func (h *hedger) learnt(model string, stream bool) (time.Duration, bool) {
-	d := h.window(model, stream).delay.Load()
-	return time.Duration(d), d > 0
+// quantileLocked returns w's percentile p as of its last refresh, clamped;
+// 0 before it has one. h.mu must be held.
+func (w *ttftWindow) quantileLocked(p float64) time.Duration {
+	n := len(w.sorted)
+	if n == 0 {
+		return 0
+	}
+	return min(max(w.sorted[max(0, min(n-1, int(math.Ceil(p*float64(n)))-1))], w.lo), w.hi)
+}
+
+// at returns w's percentile p: its cached delay when p is the model's
+// percentile, else read from its last refresh; false with too few samples.
+func (h *hedger) at(w *ttftWindow, p float64) (time.Duration, bool) {
+	if p == h.settings(w.model).p {
+		d := w.delay.Load()
+		return time.Duration(d), d > 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := w.quantileLocked(p)
+	return d, d > 0
+}
+
+// partPercentile is the percentile a request's hedge delay and decode pace
+// are read at: the model's p for a lone request, lower for a part of a
+// group that has had n requests in flight at once.
+//
+// A fan-out is as slow as its slowest part, so its tail is made of parts
+// that were hedged: each costs its document the delay plus a hedge's own
+// first token, and a lone request's delay makes that the document's P95.
+// A part is hedged earlier, then — at a percentile one (1-p) lower for
+// each doubling of its group (p95: p90 for 4 parts, p85 for 8), the more
+// parts the likelier one of them decides the document — but never below
+// 1 − ¾·budget: first-token hedges of parts then use at most three
+// quarters of the hedge budget, leaving the rest for pace hedges and for
+// documents that bunch up, so a stalled part is not refused a hedge that
+// spurious ones spent. Never above p: a budget too small for that leaves
+// parts at the lone percentile.
+func partPercentile(p, budget float64, n int) float64 {
+	if n < 2 {
+		return p
+	}
+	return min(p, max(1-(1-p)*math.Log2(float64(n)), 1-0.75*budget))
+}
+
+// delayFor returns the hedge delay of a request of model that is one of n
+// in flight in its group (1 for a lone request), whether or not hedging is
+// on for the model; false with too few samples yet.
+func (h *hedger) delayFor(model string, stream bool, n int) (time.Duration, bool) {
+	s := h.settings(model)
+	return h.at(h.window(model, stream), partPercentile(s.p, s.budget, n))
 }
 
 // Pace is a model's decode pace as learnt when it was read: its percentile
@@ -307,24 +363,26 @@ func (p Pace) Due(k int64) time.Duration {
 	return p.Per*time.Duration(max(k, 0)) + p.Lead
 }
 
-// pace returns model's decode pace, its lead PaceLead tokens at the pace
-// percentile or Min, whichever is longer; false while the pace has too few
-// samples.
-func (h *hedger) pace(model string) (Pace, bool) {
-	per := time.Duration(h.paceWindow(model).delay.Load())
-	if per <= 0 {
+// pace returns model's decode pace for a request that is one of n in
+// flight in its group (1 for a lone request; see partPercentile), its lead
+// PaceLead tokens at the pace percentile or Min, whichever is longer; false
+// while the pace has too few samples.
+func (h *hedger) pace(model string, n int) (Pace, bool) {
+	s := h.settings(model)
+	per, ok := h.at(h.paceWindow(model), partPercentile(s.p, s.budget, n))
+	if !ok {
 		return Pace{}, false
 	}
-	return Pace{Per: per, Lead: max(per*time.Duration(h.cfg.PaceLead), h.settings(model).lo)}, true
+	return Pace{Per: per, Lead: max(per*time.Duration(h.cfg.PaceLead), s.lo)}, true
 }
 
-// delay returns the hedge delay, false when the model is not hedged or has
-// too few samples yet.
+// delay returns a lone request's hedge delay, false when the model is not
+// hedged or has too few samples yet.
 func (h *hedger) delay(model string, stream bool) (time.Duration, bool) {
 	if !h.settings(model).enabled {
 		return 0, false
 	}
-	return h.learnt(model, stream)
+	return h.delayFor(model, stream, 1)
 }
 
 // delays returns the windows with a delay, for the metrics.

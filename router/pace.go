@@ -42,14 +42,16 @@ func (h *Hedge) Attempt() (Attempt, error) { return h.att, h.err }
 func (h *Hedge) Replica() *Replica { return h.rep }
 
 // Pace returns the decode pace the request's winning attempt is held to
-// (see [HedgeConfig.PaceLead]); false while the model's pace is not learnt.
+// (see [HedgeConfig.PaceLead]; a part of a group is held to a lower
+// percentile, see partPercentile); false while the model's pace is not learnt.
 // It does not say whether a hedge may start: PaceHedge decides that, and
 // counts why not.
 func (res *Result) Pace() (Pace, bool) {
 	if res.reg == nil || res.Attempt == nil {
 		return Pace{}, false
 	}
-	return res.reg.hedges.pace(res.req.Model)
+	h, req := res.reg.hedges, res.req
+	return h.pace(req.Model, h.budget(req.Model).size(req.Group))
 }
 
 // ObservePace teaches the model's decode pace an attempt of this request
@@ -156,7 +158,9 @@ func (res *Result) Decide(h *Hedge, hedgeWon bool) {
 	}
 	beaten := Lost{Replica: res.Replica, N: res.N, Reason: res.Reason, Attempt: res.Attempt}
 	res.Attempt.Abort()
-	res.Finish()
+	if res.finish != nil { // the beaten attempt's slot; the request stays in its group
+		res.finish()
+	}
 	res.Replica, res.Attempt, res.N, res.Reason = h.rep, h.att, h.n, ReasonHedge
 	res.finish = func() { h.release(); h.cancel() }
 	res.lose(beaten)

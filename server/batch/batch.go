@@ -32,6 +32,9 @@ type Line struct {
 	// result was lost (its gateway died between the two); this run's
 	// tokens are not billed again.
 	Prepaid bool
+	// Group is the fan-out the line is a part of: its batch. The lines of
+	// a batch in flight are hedged as one group (see router.Request.Group).
+	Group string
 }
 
 // Answer is what a Generator answered a line.

@@ -535,7 +535,7 @@ func (x *batchExec) runLine(runCtx context.Context, b data.Batch, in io.ReaderAt
 	}
 	// A line billed whose result was lost (its gateway died between the
 	// two) is run again without billing it twice.
-	line := Line{IDPrefix: fmt.Sprintf("req_%s_l%d_", b.ID, l.n)}
+	line := Line{IDPrefix: fmt.Sprintf("req_%s_l%d_", b.ID, l.n), Group: b.ID}
 	if before > 0 {
 		billed, err := x.s.store.LineBilled(runCtx, b.TenantID, b.CreatedAt, line.IDPrefix)
 		switch {
