@@ -184,12 +184,11 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 			if err != nil && s.retryAssembled(ctx, err) {
 				s.hedgeOverhead(cl, res)
 				cl.overhead += u.burnt(cl)
-				// A connection that broke mid-answer is most likely a
-				// replica that died: out of routing until a probe says not.
-				// The retry itself is kept off it by Exclude, whatever its
+				// Blamed as a broken pace race is (an idle deadline has
+				// already ejected the replica for its own reason). The
+				// retry itself is kept off it by Exclude, whatever its
 				// state by then.
-				s.reg.Eject(u.rep, "midstream")
-				cl.tries.broke(u, err)
+				s.blameBroken(cl, u, err)
 				u.Abort()
 				res.Finish()
 				first, broke := res, err
