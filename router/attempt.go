@@ -277,42 +277,47 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 		}
 	}()
 
-	// win makes o the request's answer and cancels the attempts still running.
-	win := func(o outcome) (*Result, error) {
-		res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
-		res.reg, res.req, res.open, res.tried = r, req, open, tried
-		cancel := cancels[o.n]
-		release := o.release
-		res.finish = func() { release(); cancel() }
-		res.leave = leave
-		if res.Hedged {
-			r.m.hedged(req.Model, o.reason == ReasonHedge)
-		}
-		drain(live)
-		return res, nil
-	}
-	// held is a late original whose first token came while its hedge had
-	// none yet, held back for the grace (see hedger.grace); graceC ends it.
-	var (
-		held   *outcome
-		graceC <-chan time.Time
-	)
-	// unhold makes the held original a loser: it had its first token, so it
-	// is aborted and counted like any loser of a close race.
-	unhold := func() {
-		h := held
-		held = nil
-		h.att.Abort()
-		h.release()
-		cancels[h.n]()
-		res.mu.Lock()
-		res.lost = append(res.lost, Lost{Replica: h.rep, N: h.n, Reason: h.reason, Attempt: h.att})
-		res.mu.Unlock()
-	}
-
 	// decide waits for the attempts' outcomes — and, on hedgeC, for the
 	// hedge delay — until the request is served or has failed.
 	decide := func(hedgeC <-chan time.Time) (*Result, error) {
+		// What follows is declared in decide, not beside it, so it stays on
+		// the stack: decide may run on the timer's goroutine, and what it
+		// captures lives on the heap.
+		//
+		// win makes o the request's answer and cancels the attempts still running.
+		win := func(o outcome) (*Result, error) {
+			res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
+			res.reg, res.req, res.open, res.tried = r, req, open, tried
+			cancel := cancels[o.n]
+			release := o.release
+			res.finish = func() { release(); cancel() }
+			res.leave = leave
+			if res.Hedged {
+				r.m.hedged(req.Model, o.reason == ReasonHedge)
+			}
+			drain(live)
+			return res, nil
+		}
+		// held is a late original whose first token came while its hedge had
+		// none yet, held back for the grace (see hedger.grace) while holding;
+		// graceC ends it.
+		var (
+			held    outcome
+			holding bool
+			graceC  <-chan time.Time
+		)
+		// unhold makes the held original a loser: it had its first token, so it
+		// is aborted and counted like any loser of a close race.
+		unhold := func() {
+			h := held
+			holding = false
+			h.att.Abort()
+			h.release()
+			cancels[h.n]()
+			res.mu.Lock()
+			res.lost = append(res.lost, Lost{Replica: h.rep, N: h.n, Reason: h.reason, Attempt: h.att})
+			res.mu.Unlock()
+		}
 		var last error
 		for {
 			select {
@@ -322,7 +327,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 					now := r.cfg.Now()
 					o.rep.markOK(now)
 					o.rep.ObserveTTFT(now.Sub(o.started))
-					if held != nil {
+					if holding {
 						// The hedge's first token came within the grace: it
 						// wins, and the late original is the loser.
 						r.m.graced(req.Model, "hedge")
@@ -349,7 +354,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 					}
 					if res.Hedged && o.reason != ReasonHedge && live > 0 {
 						if g := r.hedges.grace(req.Model, req.Stream, delay); g > 0 {
-							held, graceC = &o, after(g)
+							held, holding, graceC = o, true, after(g)
 							continue
 						}
 					}
@@ -362,7 +367,7 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 				res.lost = append(res.lost, Lost{Replica: o.rep, N: o.n, Reason: o.reason, Err: o.err})
 				res.mu.Unlock()
 				last = o.err
-				if held != nil {
+				if holding {
 					if ctx.Err() != nil {
 						unhold()
 						drain(live)
@@ -370,9 +375,8 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 					}
 					// The hedge failed within the grace: the original stands.
 					r.m.graced(req.Model, "original")
-					h := *held
-					held = nil
-					return win(h)
+					holding = false
+					return win(held)
 				}
 				if ctx.Err() != nil {
 					drain(live)
@@ -410,9 +414,8 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 				// original wins after all.
 				graceC = nil
 				r.m.graced(req.Model, "original")
-				h := *held
-				held = nil
-				return win(h)
+				holding = false
+				return win(held)
 			case <-hedgeC:
 				hedgeC = nil
 				if req.Group != "" {
