@@ -280,6 +280,44 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	// decide waits for the attempts' outcomes — and, on hedgeC, for the
 	// hedge delay — until the request is served or has failed.
 	decide := func(hedgeC <-chan time.Time) (*Result, error) {
+		// What follows is declared in decide, not beside it, so it stays on
+		// the stack: decide may run on the timer's goroutine, and what it
+		// captures lives on the heap.
+		//
+		// win makes o the request's answer and cancels the attempts still running.
+		win := func(o outcome) (*Result, error) {
+			res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
+			res.reg, res.req, res.open, res.tried = r, req, open, tried
+			cancel := cancels[o.n]
+			release := o.release
+			res.finish = func() { release(); cancel() }
+			res.leave = leave
+			if res.Hedged {
+				r.m.hedged(req.Model, o.reason == ReasonHedge)
+			}
+			drain(live)
+			return res, nil
+		}
+		// held is a late original whose first token came while its hedge had
+		// none yet, held back for the grace (see hedger.grace) while holding;
+		// graceC ends it.
+		var (
+			held    outcome
+			holding bool
+			graceC  <-chan time.Time
+		)
+		// unhold makes the held original a loser: it had its first token, so it
+		// is aborted and counted like any loser of a close race.
+		unhold := func() {
+			h := held
+			holding = false
+			h.att.Abort()
+			h.release()
+			cancels[h.n]()
+			res.mu.Lock()
+			res.lost = append(res.lost, Lost{Replica: h.rep, N: h.n, Reason: h.reason, Attempt: h.att})
+			res.mu.Unlock()
+		}
 		var last error
 		for {
 			select {
@@ -289,6 +327,13 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 					now := r.cfg.Now()
 					o.rep.markOK(now)
 					o.rep.ObserveTTFT(now.Sub(o.started))
+					if holding {
+						// The hedge's first token came within the grace: it
+						// wins, and the late original is the loser.
+						r.m.graced(req.Model, "hedge")
+						unhold()
+						return win(o)
+					}
 					// The delay learns the request's time to first token as the
 					// first attempt saw it: when a hedge won, the time the
 					// original had waited by then, a lower bound of its own
@@ -307,17 +352,13 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 							}
 						}
 					}
-					res.Replica, res.Attempt, res.N, res.Reason = o.rep, o.att, o.n, o.reason
-					res.reg, res.req, res.open, res.tried = r, req, open, tried
-					cancel := cancels[o.n]
-					release := o.release
-					res.finish = func() { release(); cancel() }
-					res.leave = leave
-					if res.Hedged {
-						r.m.hedged(req.Model, o.reason == ReasonHedge)
+					if res.Hedged && o.reason != ReasonHedge && live > 0 {
+						if g := r.hedges.grace(req.Model, req.Stream, delay); g > 0 {
+							held, holding, graceC = o, true, after(g)
+							continue
+						}
 					}
-					drain(live)
-					return res, nil
+					return win(o)
 				}
 				o.release()
 				cancels[o.n]()
@@ -326,6 +367,17 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 				res.lost = append(res.lost, Lost{Replica: o.rep, N: o.n, Reason: o.reason, Err: o.err})
 				res.mu.Unlock()
 				last = o.err
+				if holding {
+					if ctx.Err() != nil {
+						unhold()
+						drain(live)
+						return res, last
+					}
+					// The hedge failed within the grace: the original stands.
+					r.m.graced(req.Model, "original")
+					holding = false
+					return win(held)
+				}
 				if ctx.Err() != nil {
 					drain(live)
 					return res, last
@@ -357,6 +409,13 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 					drain(0)
 					return res, last
 				}
+			case <-graceC:
+				// No first token from the hedge within the grace: the
+				// original wins after all.
+				graceC = nil
+				r.m.graced(req.Model, "original")
+				holding = false
+				return win(held)
 			case <-hedgeC:
 				hedgeC = nil
 				if req.Group != "" {

@@ -349,6 +349,28 @@ func (h *hedger) delayFor(model string, stream bool, n int) (time.Duration, bool
 	return h.at(h.window(model, stream), partPercentile(s.p, s.budget, n))
 }
 
+// grace returns how long a hedged request's original, whose first token
+// came while its hedge had produced none yet, is held back for the
+// hedge's: the model's median time to first token (as learnt in the same
+// window as its delay), clamped to [Min, delay]; 0 while too few samples.
+//
+// An original so late that it was hedged is evidence of a slow or loaded
+// replica — in the simulated engine a stall that stretches every token, in
+// vLLM a long queue or a large batch that slows its decode too — so it
+// should not win a close race outright: the hedge, on a replica that was
+// not late, gets the time a typical first token takes. A stream cannot be
+// hedged on pace once its client has the original's tokens, and an
+// assembled answer's pace hedge would come only after the original fell
+// behind; the grace costs the client at most its own length, and an
+// original that loses it its prompt and first token as hedge overhead.
+func (h *hedger) grace(model string, stream bool, delay time.Duration) time.Duration {
+	med, ok := h.at(h.window(model, stream), 0.5)
+	if !ok {
+		return 0
+	}
+	return min(max(med, h.settings(model).lo), delay)
+}
+
 // Pace is a model's decode pace as learnt when it was read: its percentile
 // time per output token after the first, and the lead an attempt may fall
 // behind it.

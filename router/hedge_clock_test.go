@@ -18,11 +18,16 @@ import (
 type vclock struct {
 	mu    sync.Mutex
 	now   time.Time
-	armed time.Duration // the delay armed for the request in flight; -1 none
+	armed time.Duration // the delay last armed for the request in flight; -1 none
 	fire  chan time.Time
+	// rearmed is closed, and replaced, whenever a timer is armed (the
+	// grace of a late original, after the hedge delay).
+	rearmed chan struct{}
 }
 
-func newVclock() *vclock { return &vclock{now: time.Unix(1000, 0), armed: -1} }
+func newVclock() *vclock {
+	return &vclock{now: time.Unix(1000, 0), armed: -1, rearmed: make(chan struct{})}
+}
 
 func (c *vclock) Now() time.Time {
 	c.mu.Lock()
@@ -41,6 +46,8 @@ func (c *vclock) After(d time.Duration) <-chan time.Time {
 	defer c.mu.Unlock()
 	c.armed = d
 	c.fire = make(chan time.Time, 1)
+	close(c.rearmed)
+	c.rearmed = make(chan struct{})
 	return c.fire
 }
 
@@ -69,7 +76,9 @@ func (f *fleet) skips() float64 {
 
 // serve runs one request whose first attempt takes t1 to its first token
 // and whose hedge, if one starts, takes t2 from its own start; it returns
-// the result once every attempt has ended.
+// the result once every attempt has ended. An original whose first token
+// comes first while its hedge runs may be held for a grace: the hedge wins
+// if its first token comes within it.
 func (f *fleet) serve(req Request, t1, t2 time.Duration) *Result {
 	f.t.Helper()
 	c := f.c
@@ -90,7 +99,23 @@ func (f *fleet) serve(req Request, t1, t2 time.Duration) *Result {
 				c.set(t0.Add(armed + t2))
 				return &fakeAttempt{}, nil
 			}
+			c.mu.Lock()
+			rearmed := c.rearmed
+			c.mu.Unlock()
 			close(proceed)
+			select {
+			case <-rearmed: // the original is held for a grace
+				c.mu.Lock()
+				grace, fire := c.armed, c.fire
+				c.mu.Unlock()
+				if armed+t2 <= t1+grace {
+					c.set(t0.Add(armed + t2))
+					return &fakeAttempt{}, nil
+				}
+				c.set(t0.Add(t1 + grace))
+				fire <- t0.Add(t1 + grace)
+			case <-ctx.Done():
+			}
 			<-ctx.Done()
 			return nil, ErrNoToken(ctx.Err(), "")
 		}

@@ -16,6 +16,7 @@ type metrics struct {
 	hedges      *prometheus.CounterVec // tailgate_hedges_total{model,outcome}
 	skips       *prometheus.CounterVec // tailgate_hedges_skipped_total{model,reason}
 	paced       *prometheus.CounterVec // tailgate_pace_hedges_total{model,outcome}
+	graces      *prometheus.CounterVec // tailgate_hedge_graces_total{model,winner}
 	attemptsPer prometheus.Histogram   // tailgate_request_attempts
 	ejections   *prometheus.CounterVec // tailgate_ejections_total{replica,reason}
 	ejectDelay  prometheus.Histogram   // tailgate_ejection_delay_seconds
@@ -46,6 +47,10 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 			Name: "tailgate_pace_hedges_total",
 			Help: "Hedges on decode pace (an answer the client sees only whole fell behind the model's time per token), by outcome (won, lost; skipped: not started, the reason counted in tailgate_hedges_skipped_total). Those started count in tailgate_hedges_total and tailgate_upstream_attempts_total{reason=\"hedge\"} too.",
 		}, []string{"model", "outcome"}),
+		graces: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_hedge_graces_total",
+			Help: "Hedged requests whose original produced its first token while the hedge had none yet, so the original was held back for a grace (the model's median time to first token), by winner (hedge: the hedge's first token came within the grace, the original was cancelled as the loser; original: it did not, or the hedge failed).",
+		}, []string{"model", "winner"}),
 		attemptsPer: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tailgate_request_attempts", Help: "Upstream attempts per routed request.", Buckets: []float64{1, 2, 3, 4},
 		}),
@@ -59,7 +64,7 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.attempts, m.retries, m.hedges, m.skips, m.paced, m.attemptsPer, m.ejections, m.ejectDelay, newReplicaCollector(r)} {
+	for _, c := range []prometheus.Collector{m.attempts, m.retries, m.hedges, m.skips, m.paced, m.graces, m.attemptsPer, m.ejections, m.ejectDelay, newReplicaCollector(r)} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("router: register metrics: %w", err)
 		}
@@ -88,6 +93,9 @@ func (m *metrics) skipped(model, reason string) { m.skips.WithLabelValues(model,
 
 // paceHedge counts a pace hedge's outcome: "won", "lost" or "skipped".
 func (m *metrics) paceHedge(model, outcome string) { m.paced.WithLabelValues(model, outcome).Inc() }
+
+// graced counts a late original's grace by its winner: "hedge" or "original".
+func (m *metrics) graced(model, winner string) { m.graces.WithLabelValues(model, winner).Inc() }
 
 // routed records how many attempts a request took (none when no replica
 // could be picked).

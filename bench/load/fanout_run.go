@@ -51,6 +51,10 @@ type fanoutArm struct {
 	// (tailgate_pace_hedges_total: won, lost): JSON and batch parts whose
 	// first token came in time and whose tokens then crawled.
 	Paced map[string]float64
+	// Graced are the hedged parts whose original's first token came first
+	// and was held for a grace, by winner (tailgate_hedge_graces_total:
+	// hedge, original).
+	Graced map[string]float64
 }
 
 // gatewayCounts are the gateway counters the fan-out report reads.
@@ -59,11 +63,12 @@ type gatewayCounts struct {
 	first, hedges                float64
 	skipped                      map[string]float64 // by reason
 	paced                        map[string]float64 // pace hedges by outcome
+	graced                       map[string]float64 // graces by winner
 }
 
 // scrapeCounts reads the gateway's Prometheus metrics.
 func scrapeCounts(ctx context.Context, adminURL, token string) (gatewayCounts, error) {
-	c := gatewayCounts{skipped: map[string]float64{}, paced: map[string]float64{}}
+	c := gatewayCounts{skipped: map[string]float64{}, paced: map[string]float64{}, graced: map[string]float64{}}
 	err := eachSample(ctx, adminURL, token, func(name, labels string, v float64) {
 		switch {
 		case name == "tailgate_tokens_total" && strings.Contains(labels, `kind="prompt"`):
@@ -80,6 +85,8 @@ func scrapeCounts(ctx context.Context, adminURL, token string) (gatewayCounts, e
 			c.skipped[labelValue(labels, "reason")] += v
 		case name == "tailgate_pace_hedges_total" && !strings.Contains(labels, `outcome="skipped"`):
 			c.paced[labelValue(labels, "outcome")] += v
+		case name == "tailgate_hedge_graces_total":
+			c.graced[labelValue(labels, "winner")] += v
 		}
 	})
 	return c, err
@@ -183,6 +190,14 @@ func (s *fanoutSide) measure(ctx context.Context, b *fanoutBench, docs []doc, se
 						arm.Paced = map[string]float64{}
 					}
 					arm.Paced[outcome] = d
+				}
+			}
+			for winner, n := range after.graced {
+				if d := n - before.graced[winner]; d > 0 {
+					if arm.Graced == nil {
+						arm.Graced = map[string]float64{}
+					}
+					arm.Graced[winner] = d
 				}
 			}
 		}
@@ -421,6 +436,13 @@ func writeFanoutTable(w io.Writer, seed int64, arms []fanoutArm) {
 			continue
 		}
 		fmt.Fprintf(w, "%s %s: hedges on decode pace: won %.0f, lost %.0f\n", a.Mode, a.Design, a.Paced["won"], a.Paced["lost"])
+	}
+	for _, a := range arms {
+		if a.Design != armHedged || len(a.Graced) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%s %s: originals whose first token came first, held for a grace: the hedge won %.0f, the original %.0f\n",
+			a.Mode, a.Design, a.Graced["hedge"], a.Graced["original"])
 	}
 }
 

@@ -91,3 +91,18 @@ func TestFanoutTableSaysTheHedgesOnDecodePace(t *testing.T) {
 		t.Fatalf("pace hedges not reported as counted:\n%s", out.String())
 	}
 }
+
+// TestFanoutTableSaysTheGraces: under the table, each hedged arm's late
+// originals held for a grace, by winner, as the gateway counted them.
+func TestFanoutTableSaysTheGraces(t *testing.T) {
+	arm := func(mode, design string, graced map[string]float64) fanoutArm {
+		return fanoutArm{Mode: mode, Design: design, Docs: Summary{N: 10, P95: 100, P99: 100}, Graced: graced}
+	}
+	var out strings.Builder
+	writeFanoutTable(&out, 3, []fanoutArm{arm("stream", armDecomposed, nil),
+		arm("stream", armHedged, map[string]float64{"hedge": 9, "original": 4}), arm("json", armHedged, nil)})
+	if !strings.Contains(out.String(), "stream decomposed+hedge: originals whose first token came first, held for a grace: the hedge won 9, the original 4\n") ||
+		strings.Contains(out.String(), "json decomposed+hedge: originals") {
+		t.Fatalf("graces not reported as counted:\n%s", out.String())
+	}
+}
