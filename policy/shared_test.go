@@ -50,11 +50,16 @@ func TestTwoGatewaysNeverExceedSharedBudget(t *testing.T) {
 		admitted, rejected         [2]atomic.Int64
 		wg                         sync.WaitGroup
 	)
+	// Every worker authenticates first and all start together: a worker of
+	// one gateway that ran ahead while the other's were still being set up
+	// could spend the whole budget alone (seen once in a full run).
+	principals := [2]*Principal{authenticate(t, gates[0], secret), authenticate(t, gates[1], secret)}
+	start := make(chan struct{})
 	for w := range 2 * workers {
 		i := w % 2
-		g, st := gates[i], []*data.Store{stA, stB}[i]
-		p := authenticate(t, g, secret)
+		g, st, p := gates[i], []*data.Store{stA, stB}[i], principals[i]
 		wg.Go(func() {
+			<-start
 			rng := rand.New(rand.NewPCG(uint64(w), 2))
 			for range rounds {
 				r := Request{Model: "m", PromptEstimate: 20, PromptBound: 30 + rng.Int64N(30), MaxTokens: 1 + rng.Int64N(40)}
@@ -82,6 +87,7 @@ func TestTwoGatewaysNeverExceedSharedBudget(t *testing.T) {
 			}
 		})
 	}
+	close(start)
 	wg.Wait()
 	if billedTokens.Load() > budget || billedMicros.Load() > 2*budget {
 		t.Fatalf("two gateways billed %d tokens and %d micros on budgets of %d and %d",
