@@ -37,12 +37,7 @@ func TestStalledStreamIsAnsweredByItsHedgeThoughItsFirstTokenCameFirst(t *testin
 			Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: 20 * time.Millisecond}},
 	})
 	secret := h.Key(policy.KeyOptions{})
-	slow := h.Reg.Get("sim-a")
-	slow.SetState(router.StateDraining, "test")
-	for range 5 {
-		tokenRequest(t, h, secret, true, "learn the first token", 2)
-	}
-	slow.SetState(router.StateReady, "")
+	learnWithout(h.Reg.Get("sim-a"), 5, func() { tokenRequest(t, h, secret, true, "learn the first token", 2) })
 	if _, ok := h.Reg.HedgeDelay(servertest.SimModel, true); !ok {
 		t.Fatal("no hedge delay learnt")
 	}

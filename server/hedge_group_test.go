@@ -58,19 +58,11 @@ func TestGroupHeaderLetsPartsHedgeTogether(t *testing.T) {
 		var wg sync.WaitGroup
 		for range parts {
 			wg.Go(func() {
-				req, _ := http.NewRequest(http.MethodPost, h.Public.URL+"/v1/chat/completions",
-					strings.NewReader(`{"model":"tailgate-sim","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"part"}]}`))
-				req.Header.Set("Authorization", "Bearer "+secret)
-				if group != "" {
-					req.Header.Set("X-Tailgate-Group", group)
-				}
-				resp, err := http.DefaultClient.Do(req)
+				resp, err := postPart(h, secret, group)
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				_, _ = io.ReadAll(resp.Body)
-				resp.Body.Close()
 				if resp.Header.Get("X-Tailgate-Hedged") == "true" {
 					n.Add(1)
 				}
@@ -142,19 +134,11 @@ func TestGroupPartOnASlowReplicaIsAnsweredByItsHedge(t *testing.T) {
 		var wg sync.WaitGroup
 		for range parts {
 			wg.Go(func() {
-				req, _ := http.NewRequest(http.MethodPost, h.Public.URL+"/v1/chat/completions",
-					strings.NewReader(`{"model":"tailgate-sim","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"part"}]}`))
-				req.Header.Set("Authorization", "Bearer "+secret)
-				if group != "" {
-					req.Header.Set("X-Tailgate-Group", group)
-				}
-				resp, err := http.DefaultClient.Do(req)
+				resp, err := postPart(h, secret, group)
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				_, _ = io.ReadAll(resp.Body)
-				resp.Body.Close()
 				mu.Lock()
 				defer mu.Unlock()
 				if resp.Header.Get("X-Tailgate-Hedged") == "true" {
@@ -172,4 +156,22 @@ func TestGroupPartOnASlowReplicaIsAnsweredByItsHedge(t *testing.T) {
 	if n, reps := answered(t, "doc-1"); n != parts || slices.Contains(reps, "sim-a") {
 		t.Errorf("parts of one group: %d of %d hedged, answered by %v; want all answered by their hedge on sim-b", n, parts, reps)
 	}
+}
+
+// postPart streams one part of a document, in group unless group is "",
+// and reads the answer whole; its headers say how it was served.
+func postPart(h *servertest.Gateway, secret, group string) (*http.Response, error) {
+	req, _ := http.NewRequest(http.MethodPost, h.Public.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"tailgate-sim","max_tokens":2,"stream":true,"messages":[{"role":"user","content":"part"}]}`))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	if group != "" {
+		req.Header.Set("X-Tailgate-Group", group)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	_, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, nil
 }
