@@ -40,6 +40,7 @@ import (
 	"tailgate/server/slo"
 	"tailgate/server/strictjson"
 	"tailgate/serving"
+	"tailgate/serving/hop"
 )
 
 // Config tunes the gateway's HTTP behaviour. Zero values mean the defaults.
@@ -286,27 +287,35 @@ func New(cfg Config, d Deps) (*Server, error) {
 func (s *Server) RunBatches(ctx context.Context) error { return s.batches.Run(ctx) }
 
 // NewTransport returns the transport the gateway uses to reach replicas:
-// keep-alive connections reused aggressively, no compression (streams must
-// flush per event), a bounded dial. dial, when non-nil, replaces the TCP
-// dialer (the mesh uses it).
-func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Transport {
+// plain-http replicas through [hop.Transport] (the request written and its
+// answer read on the attempt's own goroutine, keep-alive connections reused
+// aggressively), anything else (an https upstream) through net/http's
+// Transport; no compression (streams must flush per event), a bounded dial.
+// dial, when non-nil, replaces the TCP dialer (the mesh uses it).
+func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error)) http.RoundTripper {
 	if dial == nil {
 		d := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
 		dial = d.DialContext
 	}
-	return &http.Transport{
-		DialContext:         dial,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 1024,
-		// Below the engine's own keep-alive (vLLM closes idle connections
-		// after 5 s), so a request is rarely written on a connection the
-		// engine is closing; one that is, is sent again (markReplayable).
-		IdleConnTimeout:       serving.EngineKeepAlive * 4 / 5,
-		DisableCompression:    true,
-		ResponseHeaderTimeout: 0, // engines may hold headers until the answer; deadlines live per attempt
-		ExpectContinueTimeout: 0,
-		WriteBufferSize:       32 << 10,
-		ReadBufferSize:        32 << 10,
+	// Below the engine's own keep-alive (vLLM closes idle connections after
+	// 5 s), so a request is rarely written on a connection the engine is
+	// closing; one that is, is sent again (markReplayable).
+	idle := serving.EngineKeepAlive * 4 / 5
+	return &hop.Transport{
+		Dial:           dial,
+		IdleTimeout:    idle,
+		MaxIdlePerHost: 1024,
+		BufferSize:     32 << 10,
+		Fallback: &http.Transport{
+			DialContext:           dial,
+			MaxIdleConns:          4096,
+			MaxIdleConnsPerHost:   1024,
+			IdleConnTimeout:       idle,
+			DisableCompression:    true,
+			ResponseHeaderTimeout: 0, // engines may hold headers until the answer; deadlines live per attempt
+			WriteBufferSize:       32 << 10,
+			ReadBufferSize:        32 << 10,
+		},
 	}
 }
 
