@@ -57,6 +57,9 @@ type fleet struct {
 	c    *vclock
 	reg  *Registry
 	prom *prometheus.Registry
+	// lateOriginal, when set, is the attempt of an original whose first
+	// token comes after its hedge started (else a fakeAttempt).
+	lateOriginal func() Attempt
 }
 
 func newFleet(t *testing.T, cfg Config) *fleet {
@@ -131,6 +134,9 @@ func (f *fleet) serve(req Request, t1, t2 time.Duration) *Result {
 				return nil, ErrNoToken(ctx.Err(), "")
 			case <-proceed:
 				c.set(t0.Add(t1))
+				if f.lateOriginal != nil {
+					return f.lateOriginal(), nil
+				}
 				return &fakeAttempt{}, nil
 			case <-bound:
 				f.t.Error("request not decided in 10s")

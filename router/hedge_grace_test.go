@@ -55,3 +55,28 @@ func TestLateOriginalWaitsAGraceForItsHedge(t *testing.T) {
 		})
 	}
 }
+
+// panickyAttempt is an attempt whose Abort has a bug.
+type panickyAttempt struct{}
+
+func (panickyAttempt) Abort() { panic("abort bug") }
+
+func TestPanicWhileTheTimerDecidesReachesTheCaller(t *testing.T) {
+	// Past the hedge delay the timer's goroutine decides the request while
+	// the caller's still runs the first attempt. A panic there (here: the
+	// held original's Abort, when its hedge wins within the grace) must
+	// come out of Do on the caller's goroutine — where the server's
+	// recovery turns it into a 500 — not kill the process from a goroutine
+	// nobody recovers.
+	f := newFleet(t, Config{Hedge: HedgeConfig{Budget: 1, Burst: 1e6}})
+	teachTwoLevels(f)
+	f.lateOriginal = func() Attempt { return panickyAttempt{} }
+	var got any
+	func() {
+		defer func() { got = recover() }()
+		f.serve(hint("m"), 250*time.Millisecond, 80*time.Millisecond)
+	}()
+	if got != "abort bug" {
+		t.Fatalf("Do raised %v on the caller's goroutine, want the timer goroutine's panic \"abort bug\"", got)
+	}
+}
