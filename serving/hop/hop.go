@@ -304,6 +304,11 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 		trace.GotFirstResponseByte()
 	}
 	resp, err := http.ReadResponse(c.br, req)
+	// Informational answers (100 Continue, 103 Early Hints) come before
+	// the answer, as net/http's Transport skips them.
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = http.ReadResponse(c.br, req)
+	}
 	if err != nil {
 		return fail(err, false)
 	}
@@ -347,6 +352,7 @@ type body struct {
 	// goroutine while a Read waits; whichever moves the state first owns
 	// the connection.
 	state atomic.Int32
+	err   error // how the body ended, for the Reads after: only Read touches it
 }
 
 const (
@@ -356,7 +362,10 @@ const (
 )
 
 func (b *body) Read(p []byte) (int, error) {
-	if b.state.Load() != bodyOpen {
+	switch b.state.Load() {
+	case bodyDone:
+		return 0, b.err // io.EOF again, or the error it ended with
+	case bodyClosed:
 		return 0, errBodyClosed
 	}
 	n, err := b.rc.Read(p)
@@ -367,6 +376,7 @@ func (b *body) Read(p []byte) (int, error) {
 		return n, errBodyClosed // closed meanwhile; Close closed the connection
 	}
 	if err == io.EOF {
+		b.err = err
 		b.c.release(b.stop, b.keep)
 		return n, err
 	}
@@ -374,6 +384,7 @@ func (b *body) Read(p []byte) (int, error) {
 	if cerr := b.ctx.Err(); cerr != nil {
 		err = cerr
 	}
+	b.err = err
 	return n, err
 }
 

@@ -389,3 +389,44 @@ func TestConcurrentRequestsGetTheirOwnAnswers(t *testing.T) {
 		t.Fatalf("8 clients opened %d connections", n)
 	}
 }
+
+func TestInformationalAnswersAreSkippedAndEOFRepeats(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"+
+				"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+		}
+	}()
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	for range 2 {
+		resp, err := post(t, tr, context.Background(), "http://"+ln.Addr().String()+"/", "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || string(b) != "hello" || err != nil {
+			t.Fatalf("got %d %q %v, want 200 \"hello\"", resp.StatusCode, b, err)
+		}
+		if n, err := resp.Body.Read(make([]byte, 8)); n != 0 || err != io.EOF {
+			t.Fatalf("a read after the end: %d, %v; want 0, EOF", n, err)
+		}
+		resp.Body.Close()
+	}
+}
