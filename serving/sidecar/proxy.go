@@ -81,7 +81,7 @@ func (s *Sidecar) handlePostGenerate(w http.ResponseWriter, r *http.Request) {
 
 // post sends the client's request to the engine and returns its answer and
 // when the request was written. The request carries an idempotency key (the
-// gateway's, or one of its own), which lets Go's transport send it once more
+// gateway's, or one of its own), which lets the transport send it once more
 // on a new connection when it failed on a kept-alive one before any byte of
 // an answer came back: the engine closed the idle connection as the request
 // arrived (vLLM closes idle connections after VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
@@ -106,9 +106,9 @@ func (s *Sidecar) post(r *http.Request, body []byte) (*http.Response, time.Time,
 	return resp, tr.wroteAt(), nil
 }
 
-// idempotencyKey is the header that makes Go's transport replay a POST
-// that died unanswered on a kept-alive connection (net/http's
-// Request.isReplayable).
+// idempotencyKey is the header that makes the transport replay a POST
+// that died unanswered on a kept-alive connection (hop.Transport, as
+// net/http's Request.isReplayable).
 const idempotencyKey = "X-Idempotency-Key"
 
 // requestSeq numbers the idempotency keys the sidecar makes itself.

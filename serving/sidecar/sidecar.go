@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"tailgate/serving"
+	"tailgate/serving/hop"
 )
 
 // Config describes a sidecar.
@@ -172,17 +173,26 @@ func New(cfg Config) (*Sidecar, error) {
 // newTransport returns a transport for a local engine: many warm keep-alive
 // connections (every concurrent stream holds one), each closed after idle
 // (before the engine closes it: see [Config.EngineKeepAlive]), no gzip (SSE
-// must arrive as the engine flushed it), and a bounded dial.
-func newTransport(idle time.Duration) *http.Transport {
-	return &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     idle,
-		DisableCompression:  true,
-		WriteBufferSize:     16 << 10,
-		ReadBufferSize:      16 << 10,
+// must arrive as the engine flushed it), and a bounded dial. Requests are
+// written and answers read on the handler's goroutine ([hop.Transport]); an
+// https engine URL goes through net/http's Transport.
+func newTransport(idle time.Duration) http.RoundTripper {
+	dial := (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	return &hop.Transport{
+		Dial:           dial,
+		IdleTimeout:    idle,
+		MaxIdlePerHost: 1024,
+		BufferSize:     16 << 10,
+		Fallback: &http.Transport{
+			Proxy:               nil,
+			DialContext:         dial,
+			MaxIdleConns:        1024,
+			MaxIdleConnsPerHost: 1024,
+			IdleConnTimeout:     idle,
+			DisableCompression:  true,
+			WriteBufferSize:     16 << 10,
+			ReadBufferSize:      16 << 10,
+		},
 	}
 }
 
