@@ -13,7 +13,7 @@ import (
 // to o.
 func registerFanout(fs *flag.FlagSet, o *load.FanoutOptions) {
 	fs.BoolVar(&o.Sweep, "sweep-hedge", false, "run the hedge threshold procedure: the same seeded fan-out without hedging and at each --sweep-percentiles × --sweep-budgets, then the trade-off table and the recommended setting (with --target: the deployment's own setting against x-tailgate-hedge: off)")
-	fs.IntVar(&o.Docs, "docs", 0, "fanout: documents per arm (default 100)")
+	fs.IntVar(&o.Docs, "docs", 0, "fanout: documents per arm (default 300)")
 	fs.Func("parts", "fanout: parts per document, MIN-MAX (default 4-8)", func(s string) error {
 		lo, hi, ok := strings.Cut(s, "-")
 		var err1, err2 error
@@ -24,7 +24,7 @@ func registerFanout(fs *flag.FlagSet, o *load.FanoutOptions) {
 		}
 		return nil
 	})
-	fs.Float64Var(&o.DocRate, "doc-rate", 0, "fanout: documents started per second (default 3)")
+	fs.Float64Var(&o.DocRate, "doc-rate", 0, "fanout: documents started per second (default 6)")
 	fs.IntVar(&o.WarmParts, "warm-parts", 0, "fanout: parts sent to each fresh gateway before measuring, so its hedge delay is learnt (default 240; it needs 50)")
 	fs.Func("modes", "fanout: how parts are sent, a list of stream, json, batch (default all three)", func(s string) error {
 		o.Modes = strings.Split(s, ",")

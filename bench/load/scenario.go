@@ -55,7 +55,7 @@ func Scenarios() []Scenario {
 		{
 			Name:     "fanout",
 			About:    "documents of 4–8 parts sent at once, slowest part decides: monolithic vs decomposed vs decomposed+hedge, streamed, JSON and Batch API (--sweep-hedge: the hedge threshold procedure)",
-			Replicas: 4, Rate: 3, Phases: "100 documents per arm",
+			Replicas: 4, Rate: 6, Phases: "300 documents per arm",
 			SimArgs: fanoutSimArgs,
 		},
 		{
