@@ -87,7 +87,7 @@ func (k Key) ExpiredAt(t time.Time) bool { return !k.ExpiresAt.IsZero() && !t.Be
 type Stages struct {
 	Gateway      time.Duration // auth + admission + routing, before the first upstream byte
 	Connect      time.Duration
-	UpstreamTTFT time.Duration // gateway wrote the request → first token
+	UpstreamTTFT time.Duration // gateway starts writing the request (connection in hand) → first token
 	EngineQueue  time.Duration
 	EngineTTFT   time.Duration
 	Network      time.Duration // UpstreamTTFT minus the engine-reported part

@@ -107,6 +107,7 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 type attemptTrace struct {
 	connectStart atomic.Int64
 	connectDone  atomic.Int64
+	writing      atomic.Int64 // unix nanos when the connection was in hand, the request about to be written
 	wrote        atomic.Int64 // unix nanos when the request was fully written
 }
 
@@ -114,6 +115,7 @@ func (t *attemptTrace) clientTrace() *httptrace.ClientTrace {
 	return &httptrace.ClientTrace{
 		ConnectStart: func(string, string) { t.connectStart.Store(time.Now().UnixNano()) },
 		ConnectDone:  func(string, string, error) { t.connectDone.Store(time.Now().UnixNano()) },
+		GotConn:      func(httptrace.GotConnInfo) { t.writing.Store(time.Now().UnixNano()) },
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
 				t.wrote.Store(time.Now().UnixNano())
@@ -275,8 +277,11 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 	if cs, cd := tr.connectStart.Load(), tr.connectDone.Load(); cs != 0 && cd >= cs {
 		u.stages.Connect = time.Duration(cd - cs)
 	}
+	// The upstream clock starts as the request starts out, not when the
+	// write returned: the engine may be at work before this goroutine runs
+	// again, and its own share (engine_ttft) must fit in upstream_ttft.
 	u.wroteAt = u.sentAt
-	if w := tr.wrote.Load(); w != 0 {
+	if w := tr.writing.Load(); w != 0 {
 		u.wroteAt = time.Unix(0, w)
 	}
 	if resp.StatusCode != http.StatusOK {
