@@ -141,32 +141,17 @@ func TestConnectionTheReplicaClosedWhileIdleIsReplaced(t *testing.T) {
 	// does just before the next request: the request is sent again on a
 	// new connection when it carries an idempotency key, and fails —
 	// never sent twice silently — when it does not.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	var served atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				io.Copy(io.Discard, req.Body)
-				served.Add(1)
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				time.Sleep(20 * time.Millisecond) // the client pools it meanwhile
-			}()
+	url := rawServer(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
 		}
-	}()
-	url := "http://" + ln.Addr().String() + "/"
+		io.Copy(io.Discard, req.Body)
+		served.Add(1)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		time.Sleep(20 * time.Millisecond) // the client pools it meanwhile
+	})
 	tr := newTransport()
 	defer tr.CloseIdleConnections()
 	read := func(resp *http.Response, err error) string {
@@ -391,17 +376,7 @@ func TestConcurrentRequestsGetTheirOwnAnswers(t *testing.T) {
 }
 
 func TestInformationalAnswersAreSkippedAndEOFRepeats(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
+	url := rawServer(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
 			req, err := http.ReadRequest(br)
@@ -412,11 +387,11 @@ func TestInformationalAnswersAreSkippedAndEOFRepeats(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n"+
 				"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
 		}
-	}()
+	})
 	tr := newTransport()
 	defer tr.CloseIdleConnections()
 	for range 2 {
-		resp, err := post(t, tr, context.Background(), "http://"+ln.Addr().String()+"/", "x")
+		resp, err := post(t, tr, context.Background(), url, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -429,4 +404,29 @@ func TestInformationalAnswersAreSkippedAndEOFRepeats(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
+}
+
+// rawServer serves each connection to a loopback listener with handle,
+// written at the TCP level (for what net/http's server would not send), and
+// returns its URL. The connection is closed when handle returns.
+func rawServer(t *testing.T, handle func(c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/"
 }
