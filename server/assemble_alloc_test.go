@@ -16,7 +16,7 @@ import (
 
 // recordedPayloads returns the data payloads of a recorded vLLM stream,
 // [DONE] left out.
-func recordedPayloads(t *testing.T, name string) [][]byte {
+func recordedPayloads(t testing.TB, name string) [][]byte {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join("testdata", "assemble", name+".sse"))
 	if err != nil {
@@ -98,5 +98,23 @@ func TestAssemblerAllocatesPerAnswerNotPerChunk(t *testing.T) {
 	t.Logf("%d chunks assembled with %.0f allocations", len(long), allocs)
 	if allocs > float64(len(long))/10 {
 		t.Errorf("%d chunks assembled with %.0f allocations, want at most %d", len(long), allocs, len(long)/10)
+	}
+}
+
+// BenchmarkAssembler: one recorded vLLM stream per op, chunk by chunk, as
+// the gateway assembles a JSON answer (run with -benchmem).
+func BenchmarkAssembler(b *testing.B) {
+	for _, name := range []string{"chat_content", "chat_tools", "chat_logprobs_n2"} {
+		b.Run(name, func(b *testing.B) {
+			payloads := recordedPayloads(b, name)
+			b.ReportAllocs()
+			for b.Loop() {
+				a := newAssembler(chatEndpoint, false)
+				for _, p := range payloads {
+					a.add(p)
+				}
+				_ = a.body(policy.Usage{})
+			}
+		})
 	}
 }
