@@ -300,23 +300,11 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 	// Below the engine's own keep-alive (vLLM closes idle connections after
 	// 5 s), so a request is rarely written on a connection the engine is
 	// closing; one that is, is sent again (markReplayable).
-	idle := serving.EngineKeepAlive * 4 / 5
-	return &hop.Transport{
-		Dial:           dial,
-		IdleTimeout:    idle,
-		MaxIdlePerHost: 1024,
-		BufferSize:     32 << 10,
-		Fallback: &http.Transport{
-			DialContext:           dial,
-			MaxIdleConns:          4096,
-			MaxIdleConnsPerHost:   1024,
-			IdleConnTimeout:       idle,
-			DisableCompression:    true,
-			ResponseHeaderTimeout: 0, // engines may hold headers until the answer; deadlines live per attempt
-			WriteBufferSize:       32 << 10,
-			ReadBufferSize:        32 << 10,
-		},
-	}
+	// No response-header timeout on either path: engines may hold headers
+	// until the answer; deadlines live per attempt.
+	t := &hop.Transport{Dial: dial, IdleTimeout: serving.EngineKeepAlive * 4 / 5, MaxIdlePerHost: 1024, BufferSize: 32 << 10}
+	t.Fallback = t.NetHTTP(4096)
+	return t
 }
 
 // Public returns the handler of the OpenAI-compatible API.

@@ -107,6 +107,43 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
+// NetHTTP returns a net/http Transport set as t is — its dialer, idle
+// connections per host (maxIdle in all), idle timeout and buffers — with no
+// compression (an SSE answer must arrive as the engine flushed it): the
+// Fallback for what t does not carry.
+func (t *Transport) NetHTTP(maxIdle int) *http.Transport {
+	return &http.Transport{
+		DialContext:         t.Dial,
+		MaxIdleConns:        maxIdle,
+		MaxIdleConnsPerHost: t.maxIdlePerHost(),
+		IdleConnTimeout:     t.idleTimeout(),
+		DisableCompression:  true,
+		WriteBufferSize:     t.bufferSize(),
+		ReadBufferSize:      t.bufferSize(),
+	}
+}
+
+func (t *Transport) idleTimeout() time.Duration {
+	if t.IdleTimeout <= 0 {
+		return 90 * time.Second
+	}
+	return t.IdleTimeout
+}
+
+func (t *Transport) maxIdlePerHost() int {
+	if t.MaxIdlePerHost <= 0 {
+		return 256
+	}
+	return t.MaxIdlePerHost
+}
+
+func (t *Transport) bufferSize() int {
+	if t.BufferSize <= 0 {
+		return 32 << 10
+	}
+	return t.BufferSize
+}
+
 // CloseIdleConnections closes the pooled connections.
 func (t *Transport) CloseIdleConnections() {
 	t.mu.Lock()
@@ -204,10 +241,7 @@ func (t *Transport) get(ctx context.Context, key string, trace *httptrace.Client
 	if err != nil {
 		return nil, err
 	}
-	size := t.BufferSize
-	if size <= 0 {
-		size = 32 << 10
-	}
+	size := t.bufferSize()
 	c := &conn{t: t, key: key, nc: nc, br: bufio.NewReaderSize(nc, size), bw: bufio.NewWriterSize(nc, size)}
 	if trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: nc})
@@ -218,16 +252,9 @@ func (t *Transport) get(ctx context.Context, key string, trace *httptrace.Client
 // put returns c to the pool, or closes it when the pool is full.
 func (t *Transport) put(c *conn) {
 	c.used = true
-	idle := t.IdleTimeout
-	if idle <= 0 {
-		idle = 90 * time.Second
-	}
-	limit := t.MaxIdlePerHost
-	if limit <= 0 {
-		limit = 256
-	}
+	idle := t.idleTimeout()
 	t.mu.Lock()
-	if len(t.idle[c.key]) >= limit {
+	if len(t.idle[c.key]) >= t.maxIdlePerHost() {
 		t.mu.Unlock()
 		c.nc.Close()
 		return

@@ -178,22 +178,9 @@ func New(cfg Config) (*Sidecar, error) {
 // https engine URL goes through net/http's Transport.
 func newTransport(idle time.Duration) http.RoundTripper {
 	dial := (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
-	return &hop.Transport{
-		Dial:           dial,
-		IdleTimeout:    idle,
-		MaxIdlePerHost: 1024,
-		BufferSize:     16 << 10,
-		Fallback: &http.Transport{
-			Proxy:               nil,
-			DialContext:         dial,
-			MaxIdleConns:        1024,
-			MaxIdleConnsPerHost: 1024,
-			IdleConnTimeout:     idle,
-			DisableCompression:  true,
-			WriteBufferSize:     16 << 10,
-			ReadBufferSize:      16 << 10,
-		},
-	}
+	t := &hop.Transport{Dial: dial, IdleTimeout: idle, MaxIdlePerHost: 1024, BufferSize: 16 << 10}
+	t.Fallback = t.NetHTTP(1024)
+	return t
 }
 
 // Handler returns the sidecar's HTTP API.
