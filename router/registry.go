@@ -128,6 +128,21 @@ func (r *Registry) ContextLen(model string) int64 {
 	return n
 }
 
+// Alternatives reports whether more than one ready replica serves model:
+// whether a request for it, once sent to one, could be hedged or retried on
+// another.
+func (r *Registry) Alternatives(model string) bool {
+	n := 0
+	for _, rep := range *r.list.Load() {
+		if rep.State() == StateReady && rep.Serves(model) {
+			if n++; n > 1 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // AnyReady reports whether at least one replica is ready.
 func (r *Registry) AnyReady() bool {
 	for _, rep := range *r.list.Load() {

@@ -306,3 +306,31 @@ func TestInflightReturnsToZeroOnEveryOutcome(t *testing.T) {
 		})
 	}
 }
+
+// TestAlternativesCountsReadyReplicasOfTheModel: a model has alternatives
+// only with two replicas ready that serve it; an ejected, draining or
+// other-model replica is none.
+func TestAlternativesCountsReadyReplicasOfTheModel(t *testing.T) {
+	reg := newRegistry(t, Config{})
+	a := reg.Add(readyReplica("a", "m"))
+	if reg.Alternatives("m") {
+		t.Fatal("one replica: alternatives")
+	}
+	reg.Add(readyReplica("other", "n"))
+	if reg.Alternatives("m") {
+		t.Fatal("a replica of another model counted")
+	}
+	b := reg.Add(readyReplica("b", "m", "n"))
+	if !reg.Alternatives("m") || !reg.Alternatives("n") {
+		t.Fatal("two ready replicas: no alternatives")
+	}
+	reg.Eject(b, "test")
+	if reg.Alternatives("m") {
+		t.Fatal("an ejected replica counted")
+	}
+	b.SetState(StateReady, "")
+	a.SetState(StateDraining, "test")
+	if reg.Alternatives("m") {
+		t.Fatal("a draining replica counted")
+	}
+}

@@ -39,7 +39,9 @@ func TestAssembledJSONAnswerDeadlines(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := servertest.Start(t, servertest.Options{Replicas: 1, Server: server.Config{
 				IdleDeadline: tc.idle, JSONDeadline: tc.json, TTFTDeadline: time.Minute}})
-			fakeEngine(t, h, "fake", func(w http.ResponseWriter, r *http.Request) {
+			// Two replicas: JSON is assembled where it can be hedged (the
+			// idle one's retry goes to the other, as silent).
+			engine := func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				io.WriteString(w, chunk("Hello"))
 				w.(http.Flusher).Flush()
@@ -56,7 +58,9 @@ func TestAssembledJSONAnswerDeadlines(t *testing.T) {
 					io.WriteString(w, chunk(" more"))
 					w.(http.Flusher).Flush()
 				}
-			})
+			}
+			fakeEngine(t, h, "fake-a", engine)
+			fakeEngine(t, h, "fake-b", engine)
 			secret := h.Key(policy.KeyOptions{})
 			resp := h.Post("/v1/chat/completions", secret, `{"model":"broken","messages":[{"role":"user","content":"hi"}]}`)
 			defer resp.Body.Close()

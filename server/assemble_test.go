@@ -19,6 +19,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"tailgate/policy"
+	"tailgate/router"
 	"tailgate/server/internal/servertest"
 	"tailgate/serving/sim"
 )
@@ -78,9 +79,11 @@ func diffJSON(want, got []string) string {
 // replayModel is served by a replica that replays recorded vLLM streams.
 const replayModel = "Qwen/Qwen3-8B"
 
-// startReplay adds to h a replica that answers each request with the
+// startReplay adds to h two replicas that answer each request with the
 // stream testdata/assemble/<prompt>.sse, as vLLM streamed it, and counts
-// requests that did not ask for a stream with usage on every chunk.
+// requests that did not ask for a stream with usage on every chunk. Two:
+// a JSON answer is assembled from a stream only where it could be hedged
+// (with one replica the engine's own JSON is relayed).
 func startReplay(t *testing.T, h *servertest.Gateway) *atomic.Int64 {
 	t.Helper()
 	var notStreamed atomic.Int64
@@ -103,7 +106,8 @@ func startReplay(t *testing.T, h *servertest.Gateway) *atomic.Int64 {
 		_, _ = w.Write(sse)
 	}))
 	t.Cleanup(srv.Close)
-	h.AddReplica("vllm-replay", srv.URL, replayModel)
+	h.AddReplica("vllm-replay-a", srv.URL, replayModel)
+	h.AddReplica("vllm-replay-b", srv.URL, replayModel)
 	return &notStreamed
 }
 
@@ -214,7 +218,8 @@ func TestAssembledJSONMatchesTheEnginesOwn(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eng, streamed := recordingEngine(t, tc.cfg)
-			h := servertest.Start(t, servertest.Options{Fleet: []servertest.Sim{eng}})
+			// The engine twice: JSON is assembled where it can be hedged.
+			h := servertest.Start(t, servertest.Options{Fleet: []servertest.Sim{eng, eng}})
 			gateway := h.Client(h.Key(policy.KeyOptions{}))
 			direct := openai.NewClient(option.WithBaseURL(eng.Server.URL+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 			rng := rand.New(rand.NewPCG(15, uint64(len(tc.name))))
@@ -342,4 +347,55 @@ func seededCompletion(rng *rand.Rand) openai.CompletionNewParams {
 		p.Logprobs = openai.Int(int64(rng.IntN(3)))
 	}
 	return p
+}
+
+// TestJSONIsAssembledOnlyWhereItCanBeHedged: a JSON request goes to the
+// engine as a stream (hedged on its first token, assembled) only while its
+// model has more than one replica ready; with one, nothing could be hedged
+// or retried elsewhere, and the engine's own JSON answer is relayed. Both
+// are billed the engine's usage.
+func TestJSONIsAssembledOnlyWhereItCanBeHedged(t *testing.T) {
+	eng, streamed := recordingEngine(t, sim.Config{})
+	h := servertest.Start(t, servertest.Options{Fleet: []servertest.Sim{eng, eng}})
+	client := h.Client(h.Key(policy.KeyOptions{}))
+	ask := func() *openai.ChatCompletion {
+		t.Helper()
+		resp, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+			Model: servertest.SimModel, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}, MaxTokens: openai.Int(5),
+		}, option.WithJSONSet("ignore_eos", true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	for _, tc := range []struct {
+		name     string
+		ready    int
+		streamed int64
+	}{
+		{"two replicas ready: assembled from a stream", 2, 1},
+		{"one replica ready: the engine's JSON", 1, 0},
+		{"two again", 2, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other := h.Reg.Get("fleet-1")
+			if tc.ready == 1 {
+				other.SetState(router.StateDraining, "test")
+			} else {
+				other.SetState(router.StateReady, "")
+			}
+			before, rows := streamed.Load(), len(h.LedgerRows())
+			got := ask()
+			if n := streamed.Load() - before; n != tc.streamed {
+				t.Fatalf("the engine was asked for %d streams, want %d", n, tc.streamed)
+			}
+			if got.Object != "chat.completion" || got.Usage.CompletionTokens != 5 || got.Choices[0].Message.Content == "" {
+				t.Fatalf("answer %s", got.RawJSON())
+			}
+			r := h.LedgerRows()[rows:]
+			if len(r) != 1 || r[0].CompletionTokens != 5 || r[0].PromptTokens != got.Usage.PromptTokens {
+				t.Fatalf("ledger %+v; want one row billed the engine's usage %+v", r, got.Usage)
+			}
+		})
+	}
 }

@@ -305,6 +305,11 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 		if us := gjson.GetBytes(body, "usage"); us.IsObject() {
 			u.usage = policy.Usage{PromptTokens: us.Get("prompt_tokens").Int(), CompletionTokens: us.Get("completion_tokens").Int()}
 			u.gotUsage = true
+		} else {
+			// An engine that reports no usage: billed its estimated prompt
+			// and the answer's text, as a stream without usage is billed
+			// its pieces — not nothing.
+			u.tokens = outputEstimate(body)
 		}
 		ok = true
 		return u, nil
@@ -342,6 +347,37 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 			return u, nil
 		}
 	}
+}
+
+// outputEstimate is a JSON answer's output in tokens, at about 4 bytes a
+// token (as the prompt is estimated), for an engine that reported no usage:
+// the text of every choice — content, reasoning (once, under either name),
+// refusal, tool calls' names and arguments, a completion's text.
+func outputEstimate(body []byte) int64 {
+	var n int64
+	str := func(v gjson.Result) {
+		if v.Type == gjson.String {
+			n += int64(len(v.Raw) - 2)
+		}
+	}
+	gjson.GetBytes(body, "choices").ForEach(func(_, c gjson.Result) bool {
+		str(c.Get("text"))
+		m := c.Get("message")
+		str(m.Get("content"))
+		str(m.Get("refusal"))
+		if r := m.Get("reasoning"); r.Type == gjson.String {
+			str(r)
+		} else {
+			str(m.Get("reasoning_content"))
+		}
+		m.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+			str(tc.Get("function.name"))
+			str(tc.Get("function.arguments"))
+			return true
+		})
+		return true
+	})
+	return (n + 3) / 4
 }
 
 // upstreamStatus classifies a non-200 answer.

@@ -37,7 +37,7 @@ func TestStalledStreamIsAnsweredByItsHedgeThoughItsFirstTokenCameFirst(t *testin
 			Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: 20 * time.Millisecond}},
 	})
 	secret := h.Key(policy.KeyOptions{})
-	learnWithout(h.Reg.Get("sim-a"), 5, func() { tokenRequest(t, h, secret, true, "learn the first token", 2) })
+	h.LearnWithout(h.Reg.Get("sim-a"), 5, func() { tokenRequest(t, h, secret, true, "learn the first token", 2) })
 	if _, ok := h.Reg.HedgeDelay(servertest.SimModel, true); !ok {
 		t.Fatal("no hedge delay learnt")
 	}

@@ -69,15 +69,15 @@ func TestBatchHedgeKeepsOffAReplicaServingInteractive(t *testing.T) {
 			})
 			secret := h.Key(policy.KeyOptions{Class: policy.ClassInteractive})
 			slow := h.Reg.Get("sim-a")
-			slow.SetState(router.StateDraining, "test")
-			for range 6 { // learn the hedge delay on sim-b alone
+			h.LearnWithout(slow, 6, func() { // learn the hedge delay on sim-b alone
 				resp := h.Post("/v1/chat/completions", secret, `{"model":"tailgate-sim","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
 				_, _ = io.ReadAll(resp.Body)
 				resp.Body.Close()
-			}
+			})
 			if _, ok := h.Reg.HedgeDelay(servertest.SimModel, true); !ok {
 				t.Fatal("no hedge delay learnt")
 			}
+			slow.SetState(router.StateDraining, "test") // the held stream goes to sim-b
 
 			// A long stream of the held class on sim-b, read up to its first chunk.
 			ctx, cancel := context.WithCancel(context.Background())

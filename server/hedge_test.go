@@ -145,18 +145,14 @@ func firstTokenHarness(t *testing.T, a sim.Config) (*servertest.Gateway, string)
 		},
 	})
 	secret := h.Key(policy.KeyOptions{})
-	slow := h.Reg.Get("sim-a")
-	slow.SetState(router.StateDraining, "test")
-	for range 6 {
+	h.LearnWithout(h.Reg.Get("sim-a"), 6, func() {
 		resp := h.Post("/v1/chat/completions", secret, `{"model":"tailgate-sim","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`)
 		_, _ = io.ReadAll(resp.Body)
 		resp.Body.Close()
-	}
-	_, learnt := h.Reg.HedgeDelay(servertest.SimModel, true)
-	if _, json := h.Reg.HedgeDelay(servertest.SimModel, false); !learnt && !json {
+	})
+	if _, learnt := h.Reg.HedgeDelay(servertest.SimModel, true); !learnt {
 		t.Fatal("no hedge delay learnt")
 	}
-	slow.SetState(router.StateReady, "")
 	return h, secret
 }
 

@@ -30,19 +30,8 @@ func crawlHarness(t *testing.T, learnStreamed bool) (*servertest.Gateway, string
 			Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: 50 * time.Millisecond}},
 	})
 	secret := h.Key(policy.KeyOptions{})
-	learnWithout(h.Reg.Get("sim-a"), 5, func() { tokenRequest(t, h, secret, learnStreamed, "learn the pace", 20) })
+	h.LearnWithout(h.Reg.Get("sim-a"), 5, func() { tokenRequest(t, h, secret, learnStreamed, "learn the pace", 20) })
 	return h, secret
-}
-
-// learnWithout sends n requests with rep out of routing (draining), so
-// the delays and the pace are learnt from the other replicas alone, and
-// puts rep back.
-func learnWithout(rep *router.Replica, n int, send func()) {
-	rep.SetState(router.StateDraining, "test")
-	for range n {
-		send()
-	}
-	rep.SetState(router.StateReady, "")
 }
 
 // pacedHedges reads tailgate_pace_hedges_total{outcome}, summed over models.

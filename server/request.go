@@ -36,9 +36,14 @@ type parsedRequest struct {
 	stream bool // the client asked for a stream
 	// assemble: the client asked for JSON, the engine is asked for a stream
 	// (with usage on every chunk) and the gateway assembles the answer, so
-	// the request is hedged on its first token like a stream. Requests an
-	// engine would answer differently when streamed (beam search, prompt
-	// logprobs, which vLLM refuses with stream: true) go upstream as JSON.
+	// the request is hedged on its first token like a stream — where it can
+	// be: only when its model has more than one replica ready. With one,
+	// no hedge, pace hedge or retry elsewhere can start, and the engine's
+	// own JSON is relayed instead (a stream parsed and built again cost a
+	// JSON answer about as much gateway CPU as everything else together).
+	// Requests an engine would answer differently when streamed (beam
+	// search, prompt logprobs, which vLLM refuses with stream: true) go
+	// upstream as JSON.
 	assemble bool
 	// forcedTool: tool_choice is "required" or names a function.
 	forcedTool bool
@@ -83,6 +88,10 @@ type parseLimits struct {
 	// contextLen is the model's context length at its replicas (0:
 	// unknown); nil means unknown everywhere.
 	contextLen func(model string) int64
+	// alternatives reports whether the model has more than one replica
+	// ready (a JSON answer is assembled from a stream only then); nil
+	// means yes.
+	alternatives func(model string) bool
 }
 
 // parseRequest validates body for ep and prepares what is sent upstream:
@@ -120,7 +129,8 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 		return nil, apierr.BadRequest("stream", "stream must be a boolean")
 	}
 	p.stream = stream.Type == gjson.True
-	p.assemble = !p.stream && beam.Type != gjson.True && promptLogprobs.Type == gjson.Null
+	p.assemble = !p.stream && beam.Type != gjson.True && promptLogprobs.Type == gjson.Null &&
+		(lim.alternatives == nil || lim.alternatives(p.model))
 	p.forcedTool = toolChoice.IsObject() || toolChoice.Type == gjson.String && toolChoice.Str == "required"
 	var media int64
 	if ep.chat {

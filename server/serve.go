@@ -91,7 +91,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		s.reject(cl, out, err)
 		return
 	}
-	pr, err := parseRequest(cl.ep, body, parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen})
+	pr, err := parseRequest(cl.ep, body, parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen, alternatives: s.reg.Alternatives})
 	if err != nil {
 		s.reject(cl, out, err)
 		return

@@ -40,15 +40,14 @@ func TestBatchLinesHedgeAsOneGroup(t *testing.T) {
 	g := startBatchGateway(t, t.TempDir(), fleet, batchOpts{router: router.Config{Selector: preferReplica("fleet-0"),
 		Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: time.Millisecond, Budget: 0.001, Burst: 2}}})
 	secret := key(g, "acme")
-	slow := g.Reg.Get("fleet-0")
-	slow.SetState(router.StateDraining, "test")
-	for i := range 6 { // a short hedge delay, learnt on the fast replica
+	i := 0
+	g.LearnWithout(g.Reg.Get("fleet-0"), 6, func() { // a short hedge delay, learnt on the fast replica
 		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"warm %d"}],"max_tokens":1}`, servertest.SimModel, i)
+		i++
 		if resp := batchDo(t, g, http.MethodPost, "/v1/chat/completions", secret, "application/json", strings.NewReader(body)); resp.StatusCode != http.StatusOK {
 			t.Fatalf("warm-up request: %d", resp.StatusCode)
 		}
-	}
-	slow.SetState(router.StateReady, "")
+	})
 
 	c := g.Client(secret)
 	b := createBatch(t, c, uploadBatchFile(t, c, chatLines(lines)).ID, openai.BatchNewParamsEndpointV1ChatCompletions)

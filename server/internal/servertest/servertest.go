@@ -228,6 +228,37 @@ func (g *Gateway) AddReplica(id, url, model string) *router.Replica {
 	return g.Reg.Add(rep)
 }
 
+// LearnWithout calls send n times with rep out of routing (draining), so
+// that hedge delays and decode paces are learnt from the other replicas
+// alone, and puts rep back. Meanwhile each other ready replica of rep's
+// models has a twin (the same engine, replica id <id>-twin), so that the
+// models keep more than one replica ready and JSON answers are assembled
+// from streams, as they are once rep is back (with one replica ready, the
+// engine's JSON is relayed and teaches neither).
+func (g *Gateway) LearnWithout(rep *router.Replica, n int, send func()) {
+	rep.SetState(router.StateDraining, "test")
+	var twins []string
+	for _, o := range g.Reg.Replicas() {
+		if o == rep || o.State() != router.StateReady {
+			continue
+		}
+		for _, m := range o.Models() {
+			if rep.Serves(m) {
+				g.AddReplica(o.ID+"-twin", o.URL, m)
+				twins = append(twins, o.ID+"-twin")
+				break
+			}
+		}
+	}
+	for range n {
+		send()
+	}
+	for _, id := range twins {
+		g.Reg.Remove(id)
+	}
+	rep.SetState(router.StateReady, "")
+}
+
 // Key creates an API key (of tenant "acme" unless o names one) and returns
 // its secret.
 func (g *Gateway) Key(o policy.KeyOptions) string {
