@@ -246,14 +246,25 @@ func TestDashboardPanelsLiveAndDrivesKeysAndBudgets(t *testing.T) {
 	b.eval(`(() => { const f = document.querySelector("#budget-form"); f.tenant.value = "seed-tenant"; f.budget_tokens.value = "5";
 		f.querySelector("button[type=submit]").click(); })()`, nil)
 	b.waitFor("the budget saved", `document.querySelector("#budget-form .msg").textContent.includes("budget of seed-tenant: 5 tokens")`)
-	resp := d.h.Post("/v1/chat/completions", seed, hiBody)
-	var e struct {
-		Error struct{ Code string } `json:"error"`
+	// A budget change takes effect within the key cache's poll interval
+	// (policy.DefaultPollInterval), as a revocation does.
+	var (
+		status int
+		e      struct {
+			Error struct{ Code string } `json:"error"`
+		}
+	)
+	for range 30 {
+		resp := d.h.Post("/v1/chat/completions", seed, hiBody)
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if status = resp.StatusCode; status != http.StatusOK {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	_ = json.NewDecoder(resp.Body).Decode(&e)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusTooManyRequests || e.Error.Code != "insufficient_quota" {
-		t.Errorf("over the budget set in the UI: %d %q, want 429 insufficient_quota", resp.StatusCode, e.Error.Code)
+	if status != http.StatusTooManyRequests || e.Error.Code != "insufficient_quota" {
+		t.Errorf("over the budget set in the UI: %d %q, want 429 insufficient_quota", status, e.Error.Code)
 	}
 
 	// The token travelled in headers only, never in a URL a log could keep.
