@@ -37,8 +37,17 @@ func main() {
 		minSentOf = flag.Float64("min-sent", 0.95, "a rate is held only when the load generator sent at least this share of it")
 		collapsed = flag.String("collapsed", "", "only check this one CSV file: exit 0 (and say why) when the path broke down "+
 			"there (under 99% success or p99 over 1s), so the script runs no higher rate on it; else exit 3")
+		rounds = flag.Int("rounds", 0, "A/B mode (scripts/bench-ab.sh): read PATH-rK.csv for K = 1..rounds in --dir and "+
+			"compare the paths round by round, each against the first path of the same round")
 	)
 	flag.Parse()
+	if *rounds > 0 {
+		if *dir == "" || len(strings.Fields(*paths)) < 2 {
+			fatalf("--rounds needs --dir and at least two --paths")
+		}
+		abTable(os.Stdout, *dir, strings.Fields(*paths), *rounds)
+		return
+	}
 	if *collapsed != "" {
 		s, err := load(*collapsed)
 		switch {
@@ -236,4 +245,73 @@ func verdict(ok bool) string {
 func fatalf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "overheadtable: "+format+"\n", args...)
 	os.Exit(1)
+}
+
+// abTable prints what each path adds over paths[0] in every round and the
+// medians over the rounds; with three paths or more, also each later path
+// against paths[1], round by round. Rounds run the paths back to back, so a
+// round's difference is measured under the same conditions, and the median
+// of those differences is steadier than a difference of two long runs.
+func abTable(w io.Writer, dir string, paths []string, rounds int) {
+	base := paths[0]
+	added := map[string][][2]time.Duration{} // path → per round {p50, p99} added over base
+	fmt.Fprintf(w, "added over %s per round, p50 / p99 ms (ok share when under 100%%):\n%6s", base, "round")
+	for _, p := range paths[1:] {
+		fmt.Fprintf(w, " | %-17s", p)
+	}
+	fmt.Fprintln(w)
+	for k := 1; k <= rounds; k++ {
+		sums := make([]*summary, len(paths))
+		for i, p := range paths {
+			s, err := load(filepath.Join(dir, fmt.Sprintf("%s-r%d.csv", p, k)))
+			if err != nil {
+				fatalf("%s, round %d: %v", p, k, err)
+			}
+			sums[i] = s
+		}
+		fmt.Fprintf(w, "%6d", k)
+		for i, p := range paths[1:] {
+			s, b := sums[i+1], sums[0]
+			a := [2]time.Duration{s.p50 - b.p50, s.p99 - b.p99}
+			added[p] = append(added[p], a)
+			cell := ms(a[0]) + " / " + ms(a[1])
+			if s.success < 1 {
+				cell += " ok " + pctStr(s.success)
+			}
+			fmt.Fprintf(w, " | %-17s", cell)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "%6s", "median")
+	for _, p := range paths[1:] {
+		fmt.Fprintf(w, " | %-17s", ms(median(added[p], 0))+" / "+ms(median(added[p], 1)))
+	}
+	fmt.Fprintln(w)
+	if len(paths) < 3 {
+		return
+	}
+	ref := paths[1]
+	fmt.Fprintf(w, "\nagainst %s, median of the differences in the same round (negative: faster than %s):\n", ref, ref)
+	for _, p := range paths[2:] {
+		d := make([][2]time.Duration, rounds)
+		for k := range d {
+			for j := range 2 {
+				d[k][j] = added[p][k][j] - added[ref][k][j]
+			}
+		}
+		fmt.Fprintf(w, "  %-12s p50 %s ms, p99 %s ms\n", p, ms(median(d, 0)), ms(median(d, 1)))
+	}
+}
+
+// median returns the median of column j of v.
+func median(v [][2]time.Duration, j int) time.Duration {
+	c := make([]time.Duration, len(v))
+	for i := range v {
+		c[i] = v[i][j]
+	}
+	slices.Sort(c)
+	if len(c)%2 == 1 {
+		return c[len(c)/2]
+	}
+	return (c[len(c)/2-1] + c[len(c)/2]) / 2
 }

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# bench-ab.sh — two or more builds (or settings) of the gateway, side by side
+# in one run: what each adds over calling the engine directly, round by round.
+#
+# Runs of one build minutes apart differ on a shared machine by more than
+# most changes are worth (bench-overhead.sh's added p50 at 1000 req/s moved
+# between 0.30 and 0.45 ms on one machine in one hour). Here every round runs
+# the engine directly and then each gateway for DURATION at RATE, in
+# alternating order, so a round's differences are measured under the same
+# conditions; the medians over the rounds are the result.
+#
+# Usage: scripts/bench-ab.sh NAME=REV[:VAR=VALUE,...] NAME=REV[:VAR=VALUE,...] ...
+#   REV   a git revision (built from a temporary worktree), . for the working tree, or
+#         the path of a tailgate binary built already
+#   VAR   environment of that gateway's process (GOMAXPROCS=1, GOGC=400, ...)
+# e.g.  scripts/bench-ab.sh base=HEAD~1 new=.
+#       scripts/bench-ab.sh two-procs=. one-proc=.:GOMAXPROCS=1
+# Environment (all optional):
+#   RATE=1000 DURATION=4s ROUNDS=10 WARMUP=2s VEGETA_MAX_CONNS=512 KEEP_TMP=1
+# Everything listens on 127.0.0.1; one simulated engine (the working tree's
+# build) answers at once, as in bench-overhead.sh. Needs go, git and curl;
+# vegeta is installed with `go install` when it is not on PATH.
+set -euo pipefail
+
+RATE=${RATE:-1000}
+DURATION=${DURATION:-4s}
+ROUNDS=${ROUNDS:-10}
+WARMUP=${WARMUP:-2s}
+VEGETA_MAX_CONNS=${VEGETA_MAX_CONNS:-512}
+VEGETA_VERSION=v12.13.0
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+log() { echo "bench-ab: $*" >&2; }
+die() {
+	log "$*"
+	exit 1
+}
+usage() {
+	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
+	exit 2
+}
+(($# >= 2)) || usage
+declare -A REVS=() ENVS=()
+NAMES=()
+for arg in "$@"; do
+	[[ "$arg" =~ ^([A-Za-z][A-Za-z0-9_-]*)=([^:]+)(:(.*))?$ ]] || die "bad variant '$arg': want NAME=REV[:VAR=VALUE,...]"
+	name=${BASH_REMATCH[1]}
+	[[ "$name" != direct && -z "${REVS[$name]:-}" ]] || die "variant name '$name' is taken"
+	REVS[$name]=${BASH_REMATCH[2]}
+	ENVS[$name]=${BASH_REMATCH[4]:-}
+	for kv in ${ENVS[$name]//,/ }; do
+		[[ "$kv" =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]] || die "variant '$name': bad environment entry '$kv' (want VAR=VALUE)"
+	done
+	if [[ "${REVS[$name]}" != . && ! ( -f "${REVS[$name]}" && -x "${REVS[$name]}" ) ]]; then
+		git -C "$ROOT" rev-parse --verify --quiet "${REVS[$name]}^{commit}" >/dev/null ||
+			die "variant '$name': '${REVS[$name]}' is neither a git revision here nor a tailgate binary"
+	fi
+	NAMES+=("$name")
+done
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS=$ROUNDS: want a positive number"
+[[ "$RATE" =~ ^[1-9][0-9]*$ ]] || die "RATE=$RATE: want requests per second"
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tailgate-ab.XXXXXX")
+PIDS=()
+WORKTREES=()
+cleanup() {
+	local pid wt
+	for pid in "${PIDS[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${PIDS[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	for wt in "${WORKTREES[@]}"; do
+		git -C "$ROOT" worktree remove --force "$wt" 2>/dev/null || true
+	done
+	if [[ "${KEEP_TMP:-}" == 1 ]]; then
+		echo "kept $TMP" >&2
+	else
+		rm -rf "$TMP"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# wait_for_line FILE PATTERN: waits (10 s at most) for a line matching
+# PATTERN in FILE and prints it.
+wait_for_line() {
+	local i line
+	for ((i = 0; i < 100; i++)); do
+		if line=$(grep -m1 -E "$2" "$1" 2>/dev/null); then
+			echo "$line"
+			return 0
+		fi
+		sleep 0.1
+	done
+	return 1
+}
+
+command -v curl >/dev/null || die "curl is required"
+VEGETA=$(command -v vegeta || true)
+if [[ -z "$VEGETA" ]]; then
+	VEGETA="$(go env GOPATH)/bin/vegeta"
+	if [[ ! -x "$VEGETA" ]]; then
+		log "installing vegeta $VEGETA_VERSION"
+		go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION"
+	fi
+fi
+
+# --- builds ------------------------------------------------------------------
+log "building the working tree (engine, table) into $TMP"
+(cd "$ROOT" && go build -o "$TMP/tailgate" . && go build -o "$TMP/overheadtable" ./bench/overheadtable)
+declare -A BIN=()
+for name in "${NAMES[@]}"; do
+	rev=${REVS[$name]}
+	if [[ "$rev" == . ]]; then
+		BIN[$name]=$TMP/tailgate
+		continue
+	fi
+	if [[ -f "$rev" && -x "$rev" ]]; then
+		BIN[$name]=$(cd "$(dirname "$rev")" && pwd)/$(basename "$rev")
+		continue
+	fi
+	commit=$(git -C "$ROOT" rev-parse --short "$rev^{commit}")
+	if [[ -x "$TMP/tailgate-$commit" ]]; then
+		BIN[$name]=$TMP/tailgate-$commit
+		continue
+	fi
+	log "building $name: $rev ($commit) from a temporary worktree"
+	git -C "$ROOT" worktree add --detach --quiet "$TMP/src-$commit" "$commit"
+	WORKTREES+=("$TMP/src-$commit")
+	(cd "$TMP/src-$commit" && go build -o "$TMP/tailgate-$commit" .) || die "$name: $rev does not build"
+	BIN[$name]=$TMP/tailgate-$commit
+done
+
+# --- engine and gateways -----------------------------------------------------
+"$TMP/tailgate" sim --listen 127.0.0.1:0 --announce --model tailgate-sim --sim-ttft 0 --sim-tpot 0 \
+	--sim-max-seqs 4096 --log-level warn >"$TMP/sim.out" 2>"$TMP/sim.log" &
+PIDS+=($!)
+SIM=$(wait_for_line "$TMP/sim.out" '^TAILGATE_LISTEN ' | awk '{print $2}') || die "the engine did not start: $(cat "$TMP/sim.log")"
+declare -A BASE=([direct]="http://$SIM") KEYS=([direct]=none)
+for name in "${NAMES[@]}"; do
+	mkdir -p "$TMP/$name"
+	# shellcheck disable=SC2086 # the variant's VAR=VALUE entries, one word each
+	env ${ENVS[$name]//,/ } "${BIN[$name]}" gateway --data "$TMP/$name/data" --listen 127.0.0.1:0 \
+		--admin-listen 127.0.0.1:0 --upstream "http://$SIM" --price tailgate-sim=0.2,0.6 \
+		>"$TMP/$name/gateway.out" 2>"$TMP/$name/gateway.log" &
+	PIDS+=($!)
+	gw=$(wait_for_line "$TMP/$name/gateway.out" '^tailgate gateway: API ' | sed -E 's|.*API http://([^/]+)/v1.*|\1|') ||
+		die "$name: the gateway did not start: $(tail -n 20 "$TMP/$name/gateway.log")"
+	# Every limit on and far away, so admission does all of its work.
+	key=$("${BIN[$name]}" keys create --data "$TMP/$name/data" --tenant bench --rpm 1000000000 --tpm 1000000000000 \
+		--max-concurrency 100000 --budget-tokens 1000000000000000 2>/dev/null | tail -n1)
+	[[ -n "$key" ]] || die "$name: keys create printed no key"
+	for ((i = 0; i < 100; i++)); do
+		[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$gw/healthz") == 200 ]] && break
+		sleep 0.1
+	done
+	[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$gw/healthz") == 200 ]] ||
+		die "$name: the gateway never became ready: $(tail -n 20 "$TMP/$name/gateway.log")"
+	BASE[$name]="http://$gw"
+	KEYS[$name]=$key
+	log "$name: ${REVS[$name]}${ENVS[$name]:+ with ${ENVS[$name]}} at $gw"
+done
+
+# --- rounds ------------------------------------------------------------------
+PATHS=(direct "${NAMES[@]}")
+printf '%s' '{"model":"tailgate-sim","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":16,"ignore_eos":true}' >"$TMP/body.json"
+for p in "${PATHS[@]}"; do
+	printf 'POST %s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' \
+		"${BASE[$p]}" "${KEYS[$p]}" "$TMP/body.json" >"$TMP/targets-$p.txt"
+done
+attack() { # PATH RATE DURATION OUT.csv
+	"$VEGETA" attack -targets="$TMP/targets-$1.txt" -rate="$2/1s" -duration="$3" -keepalive=true \
+		-max-connections="$VEGETA_MAX_CONNS" -timeout=10s -max-body=0 >"$TMP/attack.bin"
+	"$VEGETA" encode --to csv "$TMP/attack.bin" >"$4"
+	rm -f "$TMP/attack.bin"
+}
+for p in "${PATHS[@]}"; do
+	attack "$p" 200 "$WARMUP" "$TMP/warmup-$p.csv"
+done
+mkdir -p "$TMP/results"
+log "cpus: $(nproc), load: $(cut -d' ' -f1-3 /proc/loadavg); $ROUNDS rounds of ${PATHS[*]} at $RATE req/s, $DURATION each"
+for ((k = 1; k <= ROUNDS; k++)); do
+	order=("${PATHS[@]}")
+	if ((k % 2 == 0)); then
+		mapfile -t order < <(printf '%s\n' "${PATHS[@]}" | tac)
+	fi
+	for p in "${order[@]}"; do
+		attack "$p" "$RATE" "$DURATION" "$TMP/results/$p-r$k.csv"
+		sleep 1 # let the ledger flush and the connections go idle
+	done
+	log "round $k/$ROUNDS done"
+done
+
+echo "== gateway builds side by side: $RATE req/s, $ROUNDS rounds of $DURATION per path, $(nproc) cpus shared =="
+for name in "${NAMES[@]}"; do
+	rev=${REVS[$name]}
+	if [[ "$rev" == . ]]; then
+		desc="the working tree (on $(git -C "$ROOT" rev-parse --short HEAD))"
+	elif [[ -f "$rev" && -x "$rev" ]]; then
+		desc="$rev (a binary: $("${BIN[$name]}" version 2>/dev/null | head -n1))"
+	else
+		desc="$rev ($(git -C "$ROOT" rev-parse --short "$rev^{commit}"))"
+	fi
+	echo "$name: $desc${ENVS[$name]:+ with ${ENVS[$name]}}"
+done
+"$TMP/overheadtable" --dir "$TMP/results" --paths "${PATHS[*]}" --rounds "$ROUNDS"
