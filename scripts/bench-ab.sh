@@ -27,14 +27,11 @@ DURATION=${DURATION:-4s}
 ROUNDS=${ROUNDS:-10}
 WARMUP=${WARMUP:-2s}
 VEGETA_MAX_CONNS=${VEGETA_MAX_CONNS:-512}
-VEGETA_VERSION=v12.13.0
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-log() { echo "bench-ab: $*" >&2; }
-die() {
-	log "$*"
-	exit 1
-}
+BENCH_NAME=bench-ab
+# shellcheck source=scripts/bench-lib.sh
+source "$ROOT/scripts/bench-lib.sh"
 usage() {
 	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
 	exit 2
@@ -83,29 +80,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# wait_for_line FILE PATTERN: waits (10 s at most) for a line matching
-# PATTERN in FILE and prints it.
-wait_for_line() {
-	local i line
-	for ((i = 0; i < 100; i++)); do
-		if line=$(grep -m1 -E "$2" "$1" 2>/dev/null); then
-			echo "$line"
-			return 0
-		fi
-		sleep 0.1
-	done
-	return 1
-}
-
-command -v curl >/dev/null || die "curl is required"
-VEGETA=$(command -v vegeta || true)
-if [[ -z "$VEGETA" ]]; then
-	VEGETA="$(go env GOPATH)/bin/vegeta"
-	if [[ ! -x "$VEGETA" ]]; then
-		log "installing vegeta $VEGETA_VERSION"
-		go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION"
-	fi
-fi
+need_tools
 
 # --- builds ------------------------------------------------------------------
 log "building the working tree (engine, table) into $TMP"
@@ -170,12 +145,6 @@ for p in "${PATHS[@]}"; do
 	printf 'POST %s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' \
 		"${BASE[$p]}" "${KEYS[$p]}" "$TMP/body.json" >"$TMP/targets-$p.txt"
 done
-attack() { # PATH RATE DURATION OUT.csv
-	"$VEGETA" attack -targets="$TMP/targets-$1.txt" -rate="$2/1s" -duration="$3" -keepalive=true \
-		-max-connections="$VEGETA_MAX_CONNS" -timeout=10s -max-body=0 >"$TMP/attack.bin"
-	"$VEGETA" encode --to csv "$TMP/attack.bin" >"$4"
-	rm -f "$TMP/attack.bin"
-}
 for p in "${PATHS[@]}"; do
 	attack "$p" 200 "$WARMUP" "$TMP/warmup-$p.csv"
 done

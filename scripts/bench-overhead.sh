@@ -41,7 +41,6 @@ JSON_DURATION=${JSON_DURATION:-10s}
 VEGETA_MAX_CONNS=${VEGETA_MAX_CONNS:-512}
 NGINX=${NGINX:-auto}
 GOPROXY=${GOPROXY:-on}
-VEGETA_VERSION=v12.13.0
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tailgate-bench.XXXXXX")
@@ -64,25 +63,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-log() { echo "bench-overhead: $*" >&2; }
-die() {
-	log "$*"
-	exit 1
-}
-
-# wait_for_line FILE PATTERN: waits (10 s at most) for a line matching
-# PATTERN in FILE and prints it.
-wait_for_line() {
-	local i line
-	for ((i = 0; i < 100; i++)); do
-		if line=$(grep -m1 -E "$2" "$1" 2>/dev/null); then
-			echo "$line"
-			return 0
-		fi
-		sleep 0.1
-	done
-	return 1
-}
+BENCH_NAME=bench-overhead
+# shellcheck source=scripts/bench-lib.sh
+source "$ROOT/scripts/bench-lib.sh"
 
 # free_port: a TCP port on 127.0.0.1 nothing listens on right now.
 free_port() {
@@ -98,15 +81,7 @@ free_port() {
 }
 
 # --- tools -------------------------------------------------------------------
-command -v curl >/dev/null || die "curl is required"
-VEGETA=$(command -v vegeta || true)
-if [[ -z "$VEGETA" ]]; then
-	VEGETA="$(go env GOPATH)/bin/vegeta"
-	if [[ ! -x "$VEGETA" ]]; then
-		log "installing vegeta $VEGETA_VERSION"
-		go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION"
-	fi
-fi
+need_tools
 log "building tailgate and the bench helpers into $TMP"
 (cd "$ROOT" && go build -o "$TMP/tailgate" . && go build -o "$TMP/streamgap" ./bench/streamgap &&
 	go build -o "$TMP/overheadtable" ./bench/overheadtable && go build -o "$TMP/goproxy" ./bench/goproxy)
@@ -212,13 +187,6 @@ for p in $PATHS; do
 	printf 'POST %s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' \
 		"${BASE[$p]}" "$KEY" "$BODY" >"$TMP/targets-$p.txt"
 done
-
-attack() { # PATH RATE DURATION OUT.csv
-	"$VEGETA" attack -targets="$TMP/targets-$1.txt" -rate="$2/1s" -duration="$3" -keepalive=true \
-		-max-connections="$VEGETA_MAX_CONNS" -timeout=10s -max-body=0 -name="$1-$2" >"$TMP/$1-$2.bin"
-	"$VEGETA" encode --to csv "$TMP/$1-$2.bin" >"$4"
-	rm -f "$TMP/$1-$2.bin"
-}
 
 log "cpus: $(nproc), load: $(cut -d' ' -f1-3 /proc/loadavg); paths: $PATHS; rates: $RATES; $DURATION each"
 for p in $PATHS; do
