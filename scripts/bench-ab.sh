@@ -32,6 +32,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH_NAME=bench-ab
 # shellcheck source=scripts/bench-lib.sh
 source "$ROOT/scripts/bench-lib.sh"
+
 usage() {
 	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//' >&2
 	exit 2
@@ -60,24 +61,14 @@ done
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tailgate-ab.XXXXXX")
 PIDS=()
 WORKTREES=()
-cleanup() {
-	local pid wt
-	for pid in "${PIDS[@]}"; do
-		kill "$pid" 2>/dev/null || true
-	done
-	for pid in "${PIDS[@]}"; do
-		wait "$pid" 2>/dev/null || true
-	done
+# The worktrees of the revisions built, removed when the run ends.
+stop_more() {
+	local wt
 	for wt in "${WORKTREES[@]}"; do
 		git -C "$ROOT" worktree remove --force "$wt" 2>/dev/null || true
 	done
-	if [[ "${KEEP_TMP:-}" == 1 ]]; then
-		echo "kept $TMP" >&2
-	else
-		rm -rf "$TMP"
-	fi
 }
-trap cleanup EXIT
+trap stop_all EXIT
 trap 'exit 130' INT TERM
 
 need_tools

@@ -1,8 +1,28 @@
 # bench-lib.sh — what the bench scripts share. Source it after setting
-# BENCH_NAME (the log prefix), TMP (the run's temp dir) and VEGETA_MAX_CONNS.
+# BENCH_NAME (the log prefix), TMP (the run's temp dir) and VEGETA_MAX_CONNS;
+# `trap stop_all EXIT` then stops the processes in PIDS and removes TMP
+# (unless KEEP_TMP=1), after calling stop_more if the script defines it.
 # shellcheck shell=bash
 
 VEGETA_VERSION=v12.13.0
+
+stop_all() {
+	local pid
+	for pid in "${PIDS[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${PIDS[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	if declare -F stop_more >/dev/null; then
+		stop_more
+	fi
+	if [[ "${KEEP_TMP:-}" == 1 ]]; then
+		echo "kept $TMP" >&2
+	else
+		rm -rf "$TMP"
+	fi
+}
 
 log() { echo "$BENCH_NAME: $*" >&2; }
 die() {

@@ -45,27 +45,12 @@ GOPROXY=${GOPROXY:-on}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tailgate-bench.XXXXXX")
 PIDS=()
-
-cleanup() {
-	local pid
-	for pid in "${PIDS[@]}"; do
-		kill "$pid" 2>/dev/null || true
-	done
-	for pid in "${PIDS[@]}"; do
-		wait "$pid" 2>/dev/null || true
-	done
-	if [[ "${KEEP_TMP:-}" == 1 ]]; then
-		echo "kept $TMP" >&2
-	else
-		rm -rf "$TMP"
-	fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 BENCH_NAME=bench-overhead
 # shellcheck source=scripts/bench-lib.sh
 source "$ROOT/scripts/bench-lib.sh"
+
+trap stop_all EXIT
+trap 'exit 130' INT TERM
 
 # free_port: a TCP port on 127.0.0.1 nothing listens on right now.
 free_port() {
