@@ -100,10 +100,8 @@ for name in "${NAMES[@]}"; do
 done
 
 # --- engine and gateways -----------------------------------------------------
-"$TMP/tailgate" sim --listen 127.0.0.1:0 --announce --model tailgate-sim --sim-ttft 0 --sim-tpot 0 \
-	--sim-max-seqs 4096 --log-level warn >"$TMP/sim.out" 2>"$TMP/sim.log" &
-PIDS+=($!)
-SIM=$(wait_for_line "$TMP/sim.out" '^TAILGATE_LISTEN ' | awk '{print $2}') || die "the engine did not start: $(cat "$TMP/sim.log")"
+start_sim sim tailgate-sim 0
+SIM=$ADDR
 declare -A BASE=([direct]="http://$SIM") KEYS=([direct]=none)
 for name in "${NAMES[@]}"; do
 	mkdir -p "$TMP/$name"
@@ -114,10 +112,7 @@ for name in "${NAMES[@]}"; do
 	PIDS+=($!)
 	gw=$(wait_for_line "$TMP/$name/gateway.out" '^tailgate gateway: API ' | sed -E 's|.*API http://([^/]+)/v1.*|\1|') ||
 		die "$name: the gateway did not start: $(tail -n 20 "$TMP/$name/gateway.log")"
-	# Every limit on and far away, so admission does all of its work.
-	key=$("${BIN[$name]}" keys create --data "$TMP/$name/data" --tenant bench --rpm 1000000000 --tpm 1000000000000 \
-		--max-concurrency 100000 --budget-tokens 1000000000000000 2>/dev/null | tail -n1)
-	[[ -n "$key" ]] || die "$name: keys create printed no key"
+	key=$(bench_key "${BIN[$name]}" "$TMP/$name/data")
 	for ((i = 0; i < 100; i++)); do
 		[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$gw/healthz") == 200 ]] && break
 		sleep 0.1
@@ -131,10 +126,9 @@ done
 
 # --- rounds ------------------------------------------------------------------
 PATHS=(direct "${NAMES[@]}")
-printf '%s' '{"model":"tailgate-sim","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":16,"ignore_eos":true}' >"$TMP/body.json"
+chat_body "$TMP/body.json"
 for p in "${PATHS[@]}"; do
-	printf 'POST %s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' \
-		"${BASE[$p]}" "${KEYS[$p]}" "$TMP/body.json" >"$TMP/targets-$p.txt"
+	targets "${BASE[$p]}" "${KEYS[$p]}" "$TMP/body.json" "$TMP/targets-$p.txt"
 done
 for p in "${PATHS[@]}"; do
 	attack "$p" 200 "$WARMUP" "$TMP/warmup-$p.csv"

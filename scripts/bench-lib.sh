@@ -1,5 +1,6 @@
 # bench-lib.sh — what the bench scripts share. Source it after setting
-# BENCH_NAME (the log prefix), TMP (the run's temp dir) and VEGETA_MAX_CONNS;
+# BENCH_NAME (the log prefix), TMP (the run's temp dir, with the tailgate
+# binary built into it) and VEGETA_MAX_CONNS;
 # `trap stop_all EXIT` then stops the processes in PIDS and removes TMP
 # (unless KEEP_TMP=1), after calling stop_more if the script defines it.
 # shellcheck shell=bash
@@ -65,4 +66,34 @@ attack() {
 		-max-connections="$VEGETA_MAX_CONNS" -timeout=10s -max-body=0 -name="$1-$2" >"$TMP/$1-$2.bin"
 	"$VEGETA" encode --to csv "$TMP/$1-$2.bin" >"$4"
 	rm -f "$TMP/$1-$2.bin"
+}
+
+# start_sim NAME MODEL TPOT: a simulated engine answering at once (a token
+# every TPOT); sets ADDR.
+start_sim() {
+	"$TMP/tailgate" sim --listen 127.0.0.1:0 --announce --model "$2" --sim-ttft 0 --sim-tpot "$3" \
+		--sim-max-seqs 4096 --log-level warn >"$TMP/$1.out" 2>"$TMP/$1.log" &
+	PIDS+=($!)
+	ADDR=$(wait_for_line "$TMP/$1.out" '^TAILGATE_LISTEN ' | awk '{print $2}') || die "$1 did not start: $(cat "$TMP/$1.log")"
+}
+
+# bench_key BIN DATA: prints a new key of tenant bench in DATA, made by BIN,
+# with every limit on and far away, so admission does all of its work.
+bench_key() {
+	local key
+	key=$("$1" keys create --data "$2" --tenant bench --rpm 1000000000 --tpm 1000000000000 \
+		--max-concurrency 100000 --budget-tokens 1000000000000000 2>/dev/null | tail -n1)
+	[[ -n "$key" ]] || die "keys create ($2) printed no key"
+	echo "$key"
+}
+
+# chat_body FILE: the chat request both benches send to the instant engine.
+chat_body() {
+	printf '%s' '{"model":"tailgate-sim","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":16,"ignore_eos":true}' >"$1"
+}
+
+# targets BASE KEY BODY OUT: a vegeta target file posting BODY to BASE's
+# chat completions with KEY.
+targets() {
+	printf 'POST %s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' "$1" "$2" "$3" >"$4"
 }

@@ -72,12 +72,6 @@ log "building tailgate and the bench helpers into $TMP"
 	go build -o "$TMP/overheadtable" ./bench/overheadtable && go build -o "$TMP/goproxy" ./bench/goproxy)
 
 # --- engines and gateway -----------------------------------------------------
-start_sim() { # NAME MODEL TPOT; sets ADDR
-	"$TMP/tailgate" sim --listen 127.0.0.1:0 --announce --model "$2" --sim-ttft 0 --sim-tpot "$3" \
-		--sim-max-seqs 4096 --log-level warn >"$TMP/$1.out" 2>"$TMP/$1.log" &
-	PIDS+=($!)
-	ADDR=$(wait_for_line "$TMP/$1.out" '^TAILGATE_LISTEN ' | awk '{print $2}') || die "$1 did not start: $(cat "$TMP/$1.log")"
-}
 start_sim sim tailgate-sim 0
 SIM=$ADDR
 start_sim sim-stream tailgate-sim-stream "$STREAM_TPOT"
@@ -91,10 +85,7 @@ DATA="$TMP/data"
 PIDS+=($!)
 GW=$(wait_for_line "$TMP/gateway.out" '^tailgate gateway: API ' | sed -E 's|.*API http://([^/]+)/v1.*|\1|') ||
 	die "gateway did not start: $(cat "$TMP/gateway.log")"
-# Every limit on and far away, so admission does all of its work.
-KEY=$("$TMP/tailgate" keys create --data "$DATA" --tenant bench --rpm 1000000000 --tpm 1000000000000 \
-	--max-concurrency 100000 --budget-tokens 1000000000000000 2>/dev/null | tail -n1)
-[[ -n "$KEY" ]] || die "keys create printed no key"
+KEY=$(bench_key "$TMP/tailgate" "$DATA")
 
 ready=
 for ((i = 0; i < 100; i++)); do
@@ -167,10 +158,9 @@ fi
 
 # --- non-streaming: vegeta at fixed rates ------------------------------------
 BODY="$TMP/body.json"
-printf '%s' '{"model":"tailgate-sim","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":16,"ignore_eos":true}' >"$BODY"
+chat_body "$BODY"
 for p in $PATHS; do
-	printf 'POST %s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' \
-		"${BASE[$p]}" "$KEY" "$BODY" >"$TMP/targets-$p.txt"
+	targets "${BASE[$p]}" "$KEY" "$BODY" "$TMP/targets-$p.txt"
 done
 
 log "cpus: $(nproc), load: $(cut -d' ' -f1-3 /proc/loadavg); paths: $PATHS; rates: $RATES; $DURATION each"
@@ -224,8 +214,8 @@ echo
 echo "== JSON answers, engine token every $STREAM_TPOT (${JSON_TOKENS} tokens, $JSON_RATE req/s, $JSON_DURATION) =="
 JBODY="$TMP/body-slow.json"
 printf '{"model":"tailgate-sim-stream","messages":[{"role":"user","content":"Say hello to the benchmark."}],"max_tokens":%d,"ignore_eos":true}' "$JSON_TOKENS" >"$JBODY"
-printf 'POST http://%s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' "$SIM_STREAM" "$KEY" "$JBODY" >"$TMP/targets-direct.txt"
-printf 'POST http://%s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' "$GW" "$KEY" "$JBODY" >"$TMP/targets-gateway.txt"
+targets "http://$SIM_STREAM" "$KEY" "$JBODY" "$TMP/targets-direct.txt"
+targets "http://$GW" "$KEY" "$JBODY" "$TMP/targets-gateway.txt"
 mkdir -p "$TMP/results-json"
 for p in direct gateway; do
 	log "JSON answers: $p at $JSON_RATE req/s for $JSON_DURATION"
