@@ -136,8 +136,10 @@ type upstream struct {
 	cancel  context.CancelFunc
 	br      *bufio.Reader
 	body    []byte   // JSON answer
+	ctype   string   // its content type
 	pending [][]byte // SSE events read before relaying began (first token last)
-	done    bool     // [DONE] already among pending
+	done    bool     // [DONE] or the final event already among pending (last)
+	final   bool     // that last pending event is the final one, not [DONE]
 	// ended: the answer was read to its [DONE], so Abort keeps the
 	// connection; aborted: Abort ran.
 	ended, aborted bool
@@ -221,7 +223,11 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 	if err != nil {
 		return nil, router.ErrNotSent(err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	ctype := cl.req.ctype
+	if ctype == "" {
+		ctype = "application/json"
+	}
+	req.Header.Set("Content-Type", ctype)
 	req.Header.Set("X-Request-Id", cl.id)
 	markReplayable(req, cl)
 	if !rep.Static && s.cfg.ClusterToken != "" {
@@ -292,7 +298,7 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 		if err != nil {
 			return nil, fail(err)
 		}
-		u.body = body
+		u.body, u.ctype = body, resp.Header.Get("Content-Type")
 		u.stages.UpstreamTTFT = time.Since(u.wroteAt)
 		if v, ok := parseMillis(resp.Header.Get(serving.HeaderEngineTTFT)); ok {
 			u.stages.EngineTTFT = v
@@ -302,13 +308,12 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 		} else if v, ok := parseMillis(resp.Header.Get(serving.HeaderSimQueue)); ok {
 			u.stages.EngineQueue = v
 		}
-		if us := gjson.GetBytes(body, "usage"); us.IsObject() {
-			u.usage = policy.Usage{PromptTokens: us.Get("prompt_tokens").Int(), CompletionTokens: us.Get("completion_tokens").Int()}
-			u.gotUsage = true
-		} else {
-			// An engine that reports no usage: billed its estimated prompt
-			// and the answer's text, as a stream without usage is billed
-			// its pieces — not nothing.
+		u.usage, u.gotUsage = reportedUsage(body, policy.Usage{})
+		if cl.ep.generates && u.usage.CompletionTokens == 0 {
+			// An engine that reports no output usage (no usage at all, or
+			// a transcription's seconds): billed its estimated prompt and
+			// the answer's text, as a stream without usage is billed its
+			// pieces — not nothing.
 			u.tokens = outputEstimate(body)
 		}
 		ok = true
@@ -338,9 +343,10 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 			return nil, fail(fmt.Errorf("error event before the first token: %s", bytes.TrimSpace(ev)))
 		}
 		u.pending = append(u.pending, ev)
-		if kind == evToken || kind == evDone {
-			u.done = kind == evDone
-			u.ended = u.done
+		if kind == evToken || kind == evDone || kind == evFinal {
+			u.done = kind != evToken
+			u.final = kind == evFinal
+			u.ended = kind == evDone
 			u.firstAt = time.Now()
 			u.stages.UpstreamTTFT = u.firstAt.Sub(u.wroteAt)
 			ok = true
@@ -354,12 +360,19 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 // the text of every choice — content, reasoning (once, under either name),
 // refusal, tool calls' names and arguments, a completion's text.
 func outputEstimate(body []byte) int64 {
+	if len(body) == 0 {
+		return 0
+	}
+	if body[firstNonSpace(body)] != '{' { // plain text (a transcript)
+		return (int64(len(body)) + 3) / 4
+	}
 	var n int64
 	str := func(v gjson.Result) {
 		if v.Type == gjson.String {
 			n += int64(len(v.Raw) - 2)
 		}
 	}
+	str(gjson.GetBytes(body, "text")) // a transcription
 	gjson.GetBytes(body, "choices").ForEach(func(_, c gjson.Result) bool {
 		str(c.Get("text"))
 		m := c.Get("message")

@@ -15,9 +15,10 @@ import (
 	"tailgate/serving"
 )
 
-// handleGenerate serves POST /v1/chat/completions and /v1/completions: it
+// handleGenerate serves one public POST endpoint (chat, completions,
+// responses, messages, embeddings, rerank, score, tokenize, audio): it
 // authenticates, reads the body once under a deadline and a size bound, and
-// hands the call to the pipeline with the HTTP response as its sink.
+// hands the call to the one pipeline with the HTTP response as its sink.
 func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
@@ -42,7 +43,12 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 			return nil
 		}
 
-		body, ok := s.readBody(c, cl, out, s.cfg.MaxBodyBytes)
+		limit := s.cfg.MaxBodyBytes
+		if ep.form {
+			limit = s.cfg.MaxAudioBytes
+		}
+		cl.ctype = r.Header.Get("Content-Type")
+		body, ok := s.readBody(c, cl, out, limit)
 		if !ok {
 			return nil
 		}

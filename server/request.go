@@ -14,17 +14,6 @@ import (
 	"tailgate/server/strictjson"
 )
 
-// endpoint is one of the OpenAI generation endpoints the gateway serves.
-type endpoint struct {
-	path string // upstream path, e.g. /v1/chat/completions
-	chat bool
-}
-
-var (
-	chatEndpoint       = endpoint{path: "/v1/chat/completions", chat: true}
-	completionEndpoint = endpoint{path: "/v1/completions"}
-)
-
 // parsedRequest is what the gateway needs to know of a generation request.
 // The body is kept as bytes and forwarded with minimal edits, so fields the
 // gateway does not know reach the engine untouched; the fields it acts on
@@ -32,6 +21,7 @@ var (
 // another way.
 type parsedRequest struct {
 	body   []byte // as sent upstream
+	ctype  string // its content type; "" is application/json
 	model  string
 	stream bool // the client asked for a stream
 	// assemble: the client asked for JSON, the engine is asked for a stream
@@ -100,7 +90,10 @@ type parseLimits struct {
 // canonical form; the default max_tokens is applied when the client set
 // none, and streams always ask upstream for usage (stripped again if the
 // client did not ask).
-func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, error) {
+func parseRequest(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsedRequest, error) {
+	if ep.read != nil {
+		return ep.read(ep, body, ctype, lim)
+	}
 	if len(body) == 0 {
 		return nil, apierr.BadRequest("", "request body is empty; send a JSON object")
 	}
@@ -113,9 +106,9 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	// gjson over a string view of the body: results alias it instead of
 	// copying (a 4 MiB messages array would otherwise be copied whole).
 	fields := gjson.GetMany(unsafe.String(unsafe.SliceData(body), len(body)), "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of",
-		"use_beam_search", "prompt_logprobs", "tool_choice")
+		"use_beam_search", "prompt_logprobs", "tool_choice", "priority")
 	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n, bestOf := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7], fields[8]
-	beam, promptLogprobs, toolChoice := fields[9], fields[10], fields[11]
+	beam, promptLogprobs, toolChoice, priority := fields[9], fields[10], fields[11], fields[12]
 
 	p := &parsedRequest{body: body, sequences: 1}
 	switch {
@@ -299,6 +292,11 @@ func parseRequest(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, er
 	case p.stream:
 		set("stream_options.include_usage", streamOpts.Get("include_usage").Raw, true, "true")
 		set("stream_options.continuous_usage_stats", streamOpts.Get("continuous_usage_stats").Raw, true, "true")
+	}
+	if priority.Exists() && err == nil {
+		// The engine's priority would let a request jump its queue past
+		// the gateway's classes: the order is the admission queue's.
+		p.body, err = sjson.DeleteBytes(p.body, "priority")
 	}
 	if err == nil && len(tail) > 0 {
 		p.body = appendFields(p.body, tail)

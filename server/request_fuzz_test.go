@@ -59,7 +59,7 @@ func FuzzGatewayAndEngineReadBodiesAlike(f *testing.F) {
 		if chat {
 			ep = chatEndpoint
 		}
-		pr, err := parseRequest(ep, body, lim)
+		pr, err := parseRequest(ep, body, "", lim)
 		if err != nil {
 			return // refused: the engine never sees it
 		}
@@ -97,7 +97,7 @@ func TestHostileBodiesAreRefusedOrReadAlike(t *testing.T) {
 		{`{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","role":"system","content":"b"}]}`, "role"},
 		{`{"model":"m","Stream":true,"messages":[{"role":"user","content":"hi"}]}`, ""},
 	} {
-		pr, err := parseRequest(chatEndpoint, []byte(tc.body), lim)
+		pr, err := parseRequest(chatEndpoint, []byte(tc.body), "", lim)
 		if tc.wantParam == "" {
 			if err != nil {
 				t.Errorf("%s: refused: %v", tc.body, err)

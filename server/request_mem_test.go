@@ -58,7 +58,7 @@ func TestHostileBodiesCostMemoryInProportion(t *testing.T) {
 	for name, body := range hostileBodies() {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		_, _ = parseRequest(chatEndpoint, body, lim)
+		_, _ = parseRequest(chatEndpoint, body, "", lim)
 		runtime.ReadMemStats(&after)
 		per := int64(after.TotalAlloc - before.TotalAlloc)
 		t.Logf("%s: %d-byte body, %d bytes allocated (%.1fx)", name, len(body), per, float64(per)/float64(len(body)))

@@ -23,6 +23,7 @@ type call struct {
 	start     time.Time
 	principal *policy.Principal
 	ep        endpoint
+	ctype     string // the body's content type (a form's boundary)
 	noHedge   bool   // the client asked for no hedge (x-tailgate-hedge: off)
 	group     string // the fan-out it belongs to (x-tailgate-group), "" for none
 	source    string // the client's source label for the latency budgets; "" for batch lines
@@ -91,10 +92,16 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		s.reject(cl, out, err)
 		return
 	}
-	pr, err := parseRequest(cl.ep, body, parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen, alternatives: s.reg.Alternatives})
+	pr, err := parseRequest(cl.ep, body, cl.ctype, parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen, alternatives: s.reg.Alternatives})
 	if err != nil {
 		s.reject(cl, out, err)
 		return
+	}
+	// An answer that generates nothing never waits in the admission queue;
+	// one relayed whole has no first token to hedge on.
+	cl.noQueue = !cl.ep.generates
+	if cl.ep.read != nil && !pr.stream {
+		cl.noHedge = true
 	}
 	ticket := s.admit(ctx, cl, pr, out)
 	if ticket == nil {
@@ -444,15 +451,22 @@ func (cl *call) billable() policy.Usage {
 }
 
 // used is what the call used: the engine's count when it reported one,
-// else what reached the client with an estimated prompt.
+// and never less output than the pieces relayed (an engine that reports
+// usage only at the end — Responses, Messages — was cut before it did, or
+// reported less than it sent); the prompt estimated where the engine said
+// nothing of it.
 func (cl *call) used() policy.Usage {
+	u := policy.Usage{}
 	if cl.gotUsage {
-		return cl.usage
+		u = cl.usage
 	}
-	if cl.firstToken && cl.relayedTokens > 0 {
-		return policy.Usage{PromptTokens: cl.req.promptEstimate, CompletionTokens: cl.relayedTokens}
+	if cl.firstToken && cl.relayedTokens > u.CompletionTokens {
+		u.CompletionTokens = cl.relayedTokens
+		if u.PromptTokens == 0 {
+			u.PromptTokens = cl.req.promptEstimate
+		}
 	}
-	return policy.Usage{}
+	return u
 }
 
 // openRow records a stream in progress: a durable row, replaced by the

@@ -313,11 +313,9 @@ func (s *Server) Public() http.Handler {
 	e.GET("/healthz", s.handleGetHealthz)
 	v1 := e.Group("/v1")
 	v1.GET("/models", s.handleGetModels)
-	v1.POST("/chat/completions", s.handleGenerate(chatEndpoint))
-	v1.POST("/completions", s.handleGenerate(completionEndpoint))
 	v1.GET("/models/:id", s.handleGetModel)
-	for _, pe := range proxyEndpoints {
-		e.POST(pe.path, s.handleProxy(pe))
+	for _, ep := range endpoints {
+		e.POST(ep.path, s.handleGenerate(ep))
 	}
 	s.batches.Routes(v1)
 	return e

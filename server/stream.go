@@ -186,6 +186,7 @@ func (w *sseWriter) close() {
 
 var (
 	usageMarker  = []byte(`"usage":{`)
+	tokensMarker = []byte(`_tokens"`)
 	emptyChoices = []byte(`"choices":[]`)
 	timingPrefix = []byte(serving.TimingComment)
 	simQueue     = []byte(": sim-queue-ms=")
@@ -203,6 +204,7 @@ const (
 	evToken                  // carries generated output of any kind, or a finish reason
 	evDone                   // data: [DONE]
 	evError                  // an error event
+	evFinal                  // the answer's last event before its end (response.completed, message_stop)
 	evDrop                   // for the gateway only (timing comments, stripped usage)
 )
 
@@ -211,7 +213,8 @@ const (
 // learns usage and timings from it; it returns the event as the client may
 // see it (usage stripped when the client did not ask for it).
 func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
-	kind := sse.Classify(ev)
+	events := cl.ep.events
+	kind := events.Classify(ev)
 	switch kind {
 	case sse.Comment:
 		switch {
@@ -225,6 +228,25 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 		return evError, ev
 	}
 	payload := sse.Data(ev)
+	if events != sse.Chunks {
+		// Typed events report usage in place (message_start, message_delta,
+		// response.completed): learnt, never stripped.
+		if bytes.Contains(payload, tokensMarker) {
+			var ok bool
+			if u.usage, ok = reportedUsage(payload, u.usage); ok {
+				u.gotUsage = true
+			}
+		}
+		switch kind {
+		case sse.Token:
+			u.lastAt = time.Now()
+			u.tokens += int64(events.Pieces(payload))
+			return evToken, ev
+		case sse.Final:
+			return evFinal, ev
+		}
+		return evOther, ev
+	}
 	if has, usageOnly := u.countUsage(cl, payload); has {
 		switch {
 		case cl.req.assemble:
@@ -326,11 +348,17 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 	}
 	cl.firstToken = true
 	cl.stages.TTFT = time.Since(cl.start)
+	// final: the answer's final event went out (its row committed first);
+	// what may follow is [DONE] (Messages) or the end of the body (Responses).
+	final := false
 	if u.done {
 		if err := done(); err != nil {
 			return err
 		}
-		return w.write(u.pending[len(u.pending)-1])
+		if err := w.write(u.pending[len(u.pending)-1]); err != nil || !u.final {
+			return err
+		}
+		final = true
 	}
 	u.pending = nil
 	s.openRow(cl, u, ticket)
@@ -354,6 +382,12 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 			switch {
 			case ctx.Err() != nil:
 				return ctx.Err() // the client went away
+			case errorEvent != nil && errors.Is(err, io.EOF) && !idleFired.Load():
+				// A typed stream ends at its error event (response.failed).
+				return &midstreamError{class: data.ClassErrorEvent, err: fmt.Errorf("error event: %s", bytes.TrimSpace(errorEvent))}
+			case final && errors.Is(err, io.EOF) && !idleFired.Load():
+				u.ended = true // the answer ended after its final event
+				return nil
 			case idleFired.Load():
 				s.reg.Eject(u.rep, "idle_deadline")
 				return &midstreamError{class: data.ClassIdleDeadline, err: errors.New("no token within the inter-token deadline")}
@@ -372,10 +406,19 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 				unflushed = false
 			}
 			continue
+		case evFinal:
+			if !final {
+				if err := done(); err != nil {
+					return err // not sent: the stream ends with the ledger's error
+				}
+				final = true
+			}
 		case evDone:
 			u.ended = true
-			if err := done(); err != nil {
-				return err // no [DONE]: the stream ends with the ledger's error
+			if !final {
+				if err := done(); err != nil {
+					return err // no [DONE]: the stream ends with the ledger's error
+				}
 			}
 			if err := w.write(ev); err != nil {
 				return err

@@ -80,7 +80,7 @@ func gjsonType(ev string) string {
 // TestVLLMEndpointsAreProxiedAndMetered: every endpoint vLLM serves beside
 // chat and completions is authenticated, routed by model, relayed as the
 // engine answered and billed from the engine's own usage.
-func TestVLLMEndpointsAreProxiedAndMetered(t *testing.T) {
+func TestVLLMEndpointsAreServedAndMetered(t *testing.T) {
 	h := servertest.Start(t, servertest.Options{Replicas: 1})
 	var got []string
 	fakeEngine(t, h, "vllm", vllmLike(t, &got))
@@ -156,7 +156,10 @@ func TestVLLMEndpointsAreProxiedAndMetered(t *testing.T) {
 
 	want := map[string][2]int64{ // prompt, completion billed per request, in order
 		"embeddings": {7, 0}, "responses": {11, 3}, "responses-stream": {11, 5}, "rerank": {21, 0}, "rerank2": {21, 0},
-		"score": {9, 0}, "tokenize": {0, 0}, "messages": {13, 4}, "audio": {0, 0},
+		"score": {9, 0}, "tokenize": {0, 0}, "messages": {13, 4},
+		// 2 s of audio at Whisper's 50 encoder tokens a second; "hello
+		// world" at ~4 bytes a token (the engine reports only seconds).
+		"audio": {100, 3},
 	}
 	order := []string{"embeddings", "responses", "responses-stream", "rerank", "rerank2", "score", "tokenize", "messages", "audio"}
 	var rows []data.LedgerRow

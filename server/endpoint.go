@@ -1,0 +1,373 @@
+package server
+
+import (
+	"bytes"
+	"encoding/binary"
+	"strconv"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"tailgate/policy"
+	"tailgate/server/apierr"
+	"tailgate/serving/sse"
+)
+
+// endpoint is one public POST endpoint as an adapter of the one pipeline
+// ([Server.serve]): how its body is read and checked, what its worst case
+// reserves, which events carry output, where the engine reports usage. The
+// guarantees — fail closed, commit before the final bytes, an open row kept
+// current while a stream runs, settle on every ending, the error table,
+// hedging and retries — are the pipeline's, never an endpoint's own.
+type endpoint struct {
+	path string // public and upstream path, e.g. /v1/chat/completions
+	chat bool
+	// read parses and checks a body (nil: chat and completions, read by
+	// parseRequest itself).
+	read func(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsedRequest, error)
+	// events is the dialect of its streamed answers.
+	events sse.Dialect
+	// stream: the body may ask for an SSE answer.
+	stream bool
+	// capField caps output tokens ("" if it has none); generates: it
+	// generates output, so a completion is reserved.
+	capField  string
+	generates bool
+	form      bool // a multipart/form-data body (audio)
+}
+
+var (
+	chatEndpoint       = endpoint{path: "/v1/chat/completions", chat: true, stream: true, generates: true}
+	completionEndpoint = endpoint{path: "/v1/completions", stream: true, generates: true}
+)
+
+// endpoints are the public POST endpoints, each served by [Server.serve].
+var endpoints = []endpoint{
+	chatEndpoint,
+	completionEndpoint,
+	{path: "/v1/responses", read: readResponses, events: sse.ResponseEvents, stream: true, capField: "max_output_tokens", generates: true},
+	{path: "/v1/messages", read: readMessages, events: sse.MessageEvents, stream: true, capField: "max_tokens", generates: true},
+	{path: "/v1/embeddings", read: readInputs},
+	{path: "/v1/rerank", read: readPairs},
+	{path: "/rerank", read: readPairs},
+	{path: "/v2/rerank", read: readPairs},
+	{path: "/v1/score", read: readPairs},
+	{path: "/score", read: readPairs},
+	{path: "/tokenize", read: readInputs},
+	{path: "/detokenize", read: readInputs},
+	{path: "/v1/audio/transcriptions", read: readAudio, form: true, stream: true, generates: true},
+	{path: "/v1/audio/translations", read: readAudio, form: true, stream: true, generates: true},
+}
+
+// readJSONObject checks a typed endpoint's JSON body (one reading only,
+// bounded nesting, an object) and reads the fields every endpoint shares:
+// model (required: the gateway routes by it) and stream.
+func readJSONObject(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, gjson.Result, error) {
+	if len(body) == 0 {
+		return nil, gjson.Result{}, apierr.BadRequest("", "request body is empty; send a JSON object")
+	}
+	if err := checkJSON(body, lim.maxDepth); err != nil {
+		return nil, gjson.Result{}, err
+	}
+	v := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
+	if !v.IsObject() {
+		return nil, v, apierr.BadRequest("", "request body must be a JSON object")
+	}
+	pr := &parsedRequest{body: body, sequences: 1}
+	switch m := v.Get("model"); {
+	case !m.Exists():
+		return nil, v, apierr.BadRequest("model", "you must provide a model parameter (the gateway routes by it)")
+	case m.Type != gjson.String || m.Str == "":
+		return nil, v, apierr.BadRequest("model", "model must be a non-empty string")
+	default:
+		pr.model = m.Str
+	}
+	if st := v.Get("stream"); st.Exists() && st.Type != gjson.Null {
+		if !isBool(st) {
+			return nil, v, apierr.BadRequest("stream", "stream must be a boolean")
+		}
+		pr.stream = st.Type == gjson.True
+	}
+	if pr.stream && !ep.stream {
+		return nil, v, apierr.BadRequest("stream", "%s does not stream", ep.path)
+	}
+	// The engine's own priority field would let a request jump its queue
+	// past the gateway's classes (vLLM's priority scheduling): the order is
+	// the gateway's admission queue's, by the key's class.
+	if v.Get("priority").Exists() {
+		b, err := sjson.DeleteBytes(pr.body, "priority")
+		if err != nil {
+			return nil, v, apierr.BadRequest("priority", "request body cannot be edited: %v", err)
+		}
+		pr.body = b
+	}
+	pr.promptBound = int64(len(body)) + 16
+	pr.promptEstimate = int64(len(body))/4 + 1
+	return pr, v, nil
+}
+
+// readCap reads ep's output cap and, where the client set none, applies
+// chat's rule: the model's default where it surely fits in the context,
+// sent explicitly; else the rest of the context, reserved whole and left to
+// the engine. media parts add their reservation to the prompt.
+func readCap(ep endpoint, pr *parsedRequest, v gjson.Result, media int64, lim parseLimits) error {
+	pr.promptBound += media * lim.mediaPart
+	pr.promptEstimate += media * lim.mediaPart / 4
+	c := v.Get(ep.capField)
+	if c.Exists() && c.Type != gjson.Null {
+		if c.Type != gjson.Number || c.Num != float64(int64(c.Num)) || c.Num < 1 || c.Num > 1<<31 {
+			return apierr.BadRequest(ep.capField, "%s must be a positive integer", ep.capField)
+		}
+		pr.maxTokens = int64(c.Num)
+		return nil
+	}
+	pr.maxTokens = lim.defaultMax(pr.model)
+	var contextLen int64
+	if lim.contextLen != nil {
+		contextLen = lim.contextLen(pr.model)
+	}
+	if likely := int64(len(pr.body))/2 + 16 + media*lim.mediaPart; contextLen > 0 && likely+pr.maxTokens > contextLen {
+		pr.maxTokens = contextLen
+		return nil
+	}
+	b, err := sjson.SetBytes(pr.body, ep.capField, pr.maxTokens)
+	if err != nil {
+		return apierr.BadRequest(ep.capField, "request body cannot be edited: %v", err)
+	}
+	pr.body = b
+	return nil
+}
+
+// readResponses reads a Responses API request. Its stored-response features
+// would let the engine keep state the gateway neither bills nor binds to a
+// tenant (a background run billed nothing, another tenant's conversation
+// continued by id): they are refused, and store is sent as false.
+func readResponses(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedRequest, error) {
+	pr, v, err := readJSONObject(ep, body, lim)
+	if err != nil {
+		return nil, err
+	}
+	if b := v.Get("background"); b.Type == gjson.True {
+		return nil, apierr.BadRequest("background", "background responses are not served through the gateway (it bills what it relays); send background: false")
+	}
+	if p := v.Get("previous_response_id"); p.Exists() && p.Type != gjson.Null {
+		return nil, apierr.BadRequest("previous_response_id", "previous_response_id is not served through the gateway: send the conversation's items in input")
+	}
+	if c := v.Get("conversation"); c.Exists() && c.Type != gjson.Null {
+		return nil, apierr.BadRequest("conversation", "conversation is not served through the gateway: send the conversation's items in input")
+	}
+	switch s := v.Get("store"); {
+	case s.Type == gjson.True:
+		return nil, apierr.BadRequest("store", "store: true is not served through the gateway (responses are not kept); send store: false")
+	case !s.Exists() || s.Type != gjson.False:
+		if pr.body, err = sjson.SetBytes(pr.body, "store", false); err != nil {
+			return nil, apierr.BadRequest("store", "request body cannot be edited: %v", err)
+		}
+	}
+	var media int64
+	countParts := func(content gjson.Result) {
+		content.ForEach(func(_, part gjson.Result) bool {
+			switch part.Get("type").Str {
+			case "input_text", "output_text", "text", "refusal", "":
+			default: // input_image, input_file, input_audio, …
+				media++
+			}
+			return true
+		})
+	}
+	if in := v.Get("input"); in.IsArray() {
+		in.ForEach(func(_, item gjson.Result) bool {
+			if c := item.Get("content"); c.IsArray() {
+				countParts(c)
+			} else if t := item.Get("type").Str; t == "input_image" || t == "input_file" || t == "input_audio" {
+				media++
+			}
+			return true
+		})
+	}
+	if err := readCap(ep, pr, v, media, lim); err != nil {
+		return nil, err
+	}
+	return pr, nil
+}
+
+// readMessages reads an Anthropic Messages request.
+func readMessages(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedRequest, error) {
+	pr, v, err := readJSONObject(ep, body, lim)
+	if err != nil {
+		return nil, err
+	}
+	var media int64
+	v.Get("messages").ForEach(func(_, m gjson.Result) bool {
+		m.Get("content").ForEach(func(_, part gjson.Result) bool {
+			switch part.Get("type").Str {
+			case "image", "document":
+				media++
+			}
+			return true
+		})
+		return true
+	})
+	if err := readCap(ep, pr, v, media, lim); err != nil {
+		return nil, err
+	}
+	return pr, nil
+}
+
+// readInputs reads an endpoint that only reads its input (embeddings,
+// tokenize, detokenize): every input token is a byte of the body at least,
+// so the body's size bounds them all.
+func readInputs(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedRequest, error) {
+	pr, _, err := readJSONObject(ep, body, lim)
+	return pr, err
+}
+
+// pairOverhead is the tokens an engine's template adds to each query–document
+// pair (special tokens, separators): room, as parseRequest's 16 for a prompt.
+const pairOverhead = 16
+
+// readPairs reads a rerank or score request. vLLM scores each query–document
+// pair as one prompt (the query repeated in each), so the prompt reserved
+// is the query's size times the documents, plus every document's: a long
+// query over many short documents is billed many times its body's size
+// (vllm/entrypoints/openai/serving_score.py, _cross_encoding_score: one
+// tokenized prompt per pair).
+func readPairs(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedRequest, error) {
+	pr, v, err := readJSONObject(ep, body, lim)
+	if err != nil {
+		return nil, err
+	}
+	size := func(r gjson.Result) (n, bytes int64) {
+		switch {
+		case r.IsArray():
+			r.ForEach(func(_, d gjson.Result) bool {
+				n++
+				bytes += int64(len(d.Raw))
+				return true
+			})
+		case r.Exists() && r.Type != gjson.Null:
+			n, bytes = 1, int64(len(r.Raw))
+		}
+		return n, bytes
+	}
+	var queries, qBytes, docs, dBytes int64
+	if q := v.Get("query"); q.Exists() { // rerank
+		queries, qBytes = size(q)
+		docs, dBytes = size(v.Get("documents"))
+	} else { // score: text_1 against text_2 (or queries against documents)
+		a, b := v.Get("text_1"), v.Get("text_2")
+		if !a.Exists() {
+			a, b = v.Get("queries"), v.Get("documents")
+		}
+		queries, qBytes = size(a)
+		docs, dBytes = size(b)
+	}
+	pairs := max(docs, queries, 1)
+	// Each pair holds (at most) the longest query and its document.
+	bound := qBytes*pairs + dBytes + pairs*pairOverhead
+	if queries > 1 { // paired one to one: each query once
+		bound = qBytes + dBytes + pairs*pairOverhead
+	}
+	pr.promptBound = max(pr.promptBound, bound)
+	pr.promptEstimate = max(pr.promptEstimate, bound/4+1)
+	return pr, nil
+}
+
+// readAudio reads a transcription or translation form once, strictly, and
+// forwards a form the gateway wrote itself. A stream always asks the engine
+// for usage on every chunk (stripped back out as the client asked); the
+// prompt reserved is the audio's duration in Whisper's encoder tokens.
+func readAudio(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsedRequest, error) {
+	f, err := readForm(body, ctype)
+	if err != nil {
+		return nil, err
+	}
+	pr := &parsedRequest{sequences: 1}
+	model, _ := f.value("model")
+	if pr.model = model; pr.model == "" {
+		return nil, apierr.BadRequest("model", "you must provide a model parameter (the gateway routes by it)")
+	}
+	formBool := func(name string) (bool, error) {
+		v, ok := f.value(name)
+		if !ok {
+			return false, nil
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return false, apierr.BadRequest(name, "%s must be true or false", name)
+		}
+		return b, nil
+	}
+	if pr.stream, err = formBool("stream"); err != nil {
+		return nil, err
+	}
+	if pr.wantUsage, err = formBool("stream_include_usage"); err != nil {
+		return nil, err
+	}
+	cont, err := formBool("stream_continuous_usage_stats")
+	if err != nil {
+		return nil, err
+	}
+	pr.wantContinuous = pr.wantUsage && cont
+	f.del("priority")
+	if pr.stream {
+		f.set("stream", "true")
+		f.set("stream_include_usage", "true")
+		f.set("stream_continuous_usage_stats", "true")
+	}
+	pr.body, pr.ctype = f.encode()
+	seconds := audioSeconds(f.file())
+	prompt, _ := f.value("prompt")
+	pr.promptBound = audioTokensPerSecond*seconds + int64(len(prompt)) + 16
+	pr.promptEstimate = audioTokensPerSecond*seconds + int64(len(prompt))/4 + 1
+	pr.maxTokens = lim.defaultMax(pr.model)
+	return pr, nil
+}
+
+// audioTokensPerSecond is Whisper's encoder: 1500 positions for 30 s.
+const audioTokensPerSecond = 50
+
+// assumedAudioBytesPerSecond is the rate assumed for audio without a WAV
+// header (compressed formats): 64 kbit/s, low for speech codecs, so the
+// duration reserved is rarely short of the real one.
+const assumedAudioBytesPerSecond = 8000
+
+// audioSeconds is a file's duration, rounded up: from its WAV header (byte
+// rate and data size), else at assumedAudioBytesPerSecond.
+func audioSeconds(f []byte) int64 {
+	if len(f) >= 44 && bytes.Equal(f[0:4], []byte("RIFF")) && bytes.Equal(f[8:12], []byte("WAVE")) {
+		if rate := int64(binary.LittleEndian.Uint32(f[28:32])); rate > 0 {
+			return (int64(len(f)) - 44 + rate - 1) / rate
+		}
+	}
+	return (int64(len(f)) + assumedAudioBytesPerSecond - 1) / assumedAudioBytesPerSecond
+}
+
+// reportedUsage reads the usage an engine reports in an answer or an event,
+// merged into what earlier events said: OpenAI's prompt/completion tokens,
+// the Responses and Anthropic input/output tokens (at the top, under
+// "response" or "message"), only total_tokens (rerank, score) as prompt, or
+// a transcription's duration in seconds (Whisper's encoder tokens).
+func reportedUsage(payload []byte, prev policy.Usage) (policy.Usage, bool) {
+	v := gjson.ParseBytes(payload)
+	u := v.Get("usage")
+	if !u.IsObject() {
+		u = v.Get("response.usage")
+	}
+	if !u.IsObject() {
+		u = v.Get("message.usage")
+	}
+	if !u.IsObject() {
+		return prev, false
+	}
+	in := max(u.Get("prompt_tokens").Int(), u.Get("input_tokens").Int())
+	out := max(u.Get("completion_tokens").Int(), u.Get("output_tokens").Int())
+	if in == 0 && out == 0 {
+		in = u.Get("total_tokens").Int()
+	}
+	if u.Get("type").Str == "duration" {
+		in = audioTokensPerSecond * u.Get("seconds").Int()
+	}
+	return policy.Usage{PromptTokens: max(prev.PromptTokens, in), CompletionTokens: max(prev.CompletionTokens, out)}, true
+}
