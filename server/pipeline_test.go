@@ -65,7 +65,6 @@ func publicEndpoints() []publicEndpoint {
 	}
 }
 
-
 // wav is a mono 16-bit WAV file of the given seconds at 16 kHz.
 func wav(seconds int) []byte {
 	n := seconds * 32000
