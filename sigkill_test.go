@@ -115,6 +115,11 @@ func TestSIGKILLLosesNoAnswer(t *testing.T) {
 	if len(whole) < 20 {
 		t.Fatalf("only %d answers completed: the load did not run", len(whole))
 	}
+	for _, ep := range killEndpoints {
+		if load.wholeOf[ep.path] == 0 {
+			t.Errorf("no answer of %s completed: the load did not test it", ep.path)
+		}
+	}
 	missing := 0
 	for _, id := range whole {
 		if r, ok := byID[id]; !ok || r.Outcome != data.OutcomeOK {
@@ -162,10 +167,11 @@ type killLoad struct {
 	whole    []string
 	cut      map[string]bool
 	how      map[string]string // a whole answer's note
+	wholeOf  map[string]int    // answers whole per endpoint
 }
 
 func newKillLoad() *killLoad {
-	return &killLoad{cut: map[string]bool{}, how: map[string]string{}}
+	return &killLoad{cut: map[string]bool{}, how: map[string]string{}, wholeOf: map[string]int{}}
 }
 
 // kill notes that the gateway is being killed now.
@@ -186,7 +192,8 @@ func (l *killLoad) run(ctx context.Context, api, key string, w int, note string)
 		if stream {
 			n = 100 + (w*37+i*11)%300
 		}
-		id, ok, firstAt := oneRequest(ctx, api, key, stream, n)
+		ep := killEndpoints[(w+i/2)%len(killEndpoints)]
+		id, ok, firstAt := oneRequest(ctx, api, key, stream, n, ep)
 		if id == "" {
 			continue
 		}
@@ -195,6 +202,7 @@ func (l *killLoad) run(ctx context.Context, api, key string, w int, note string)
 		switch {
 		case ok:
 			l.whole = append(l.whole, id)
+			l.wholeOf[ep.path]++
 			l.how[id] = fmt.Sprintf("%s stream %v, answered %v after the kill", note, stream, time.Since(killed))
 		case stream && !firstAt.IsZero() && !killed.IsZero() && killed.Sub(firstAt) > 200*time.Millisecond:
 			l.cut[id] = true
@@ -203,11 +211,27 @@ func (l *killLoad) run(ctx context.Context, api, key string, w int, note string)
 	}
 }
 
-// oneRequest sends one chat request and reports its request id, whether
+// killEndpoint is an endpoint the kill load sends to: its body (stream and
+// output cap to fill in), a line carrying output and the line that ends a
+// whole stream.
+type killEndpoint struct {
+	path, body   string
+	output, last string
+}
+
+// killEndpoints: chat, and the Responses and Messages APIs, whose streams
+// report usage only in their last events.
+var killEndpoints = []killEndpoint{
+	{"/v1/chat/completions", `{"model":"tailgate-sim","stream":%v,"max_tokens":%d,"ignore_eos":true,"messages":[{"role":"user","content":"count"}]}`, `"content":"`, "data: [DONE]"},
+	{"/v1/responses", `{"model":"tailgate-sim","stream":%v,"max_output_tokens":%d,"input":"count"}`, "event: response.output_text.delta", "event: response.completed"},
+	{"/v1/messages", `{"model":"tailgate-sim","stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"count"}]}`, "event: content_block_delta", "event: message_stop"},
+}
+
+// oneRequest sends one request of ep and reports its request id, whether
 // the answer arrived whole, and when a stream's first token arrived.
-func oneRequest(ctx context.Context, api, key string, stream bool, maxTokens int) (id string, whole bool, firstAt time.Time) {
-	body := fmt.Sprintf(`{"model":"tailgate-sim","stream":%v,"max_tokens":%d,"ignore_eos":true,"messages":[{"role":"user","content":"count"}]}`, stream, maxTokens)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, api+"/v1/chat/completions", strings.NewReader(body))
+func oneRequest(ctx context.Context, api, key string, stream bool, maxTokens int, ep killEndpoint) (id string, whole bool, firstAt time.Time) {
+	body := fmt.Sprintf(ep.body, stream, maxTokens)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, api+ep.path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
@@ -230,10 +254,10 @@ func oneRequest(ctx context.Context, api, key string, stream bool, maxTokens int
 	}
 	for sc.Scan() {
 		line := sc.Text()
-		if firstAt.IsZero() && strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`) {
+		if firstAt.IsZero() && strings.Contains(line, ep.output) && !strings.Contains(line, `"content":""`) {
 			firstAt = time.Now()
 		}
-		if line == "data: [DONE]" {
+		if line == ep.last {
 			return id, true, firstAt
 		}
 	}
