@@ -7,9 +7,13 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -319,6 +323,74 @@ func TestNoEndpointDeliversAnAnswerItCannotBill(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestFieldsTheEngineActsOnSayWhatTheGatewayDecided: the engine's priority
+// field never reaches it (a batch-class key would jump its queue), Responses
+// is sent store: false, and the stored-response features the gateway
+// neither bills nor binds to a tenant are refused, naming the field.
+func TestFieldsTheEngineActsOnSayWhatTheGatewayDecided(t *testing.T) {
+	sims := servertest.StartSims(t, 1, sim.Config{TTFT: time.Millisecond, TPOT: time.Millisecond}, nil)
+	target, _ := url.Parse(sims[0].Server.URL)
+	var (
+		mu   sync.Mutex
+		seen []string
+	)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	rec := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, r.URL.Path+" "+string(body))
+		mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(rec.Close)
+	h := servertest.Start(t, servertest.Options{Replicas: -1})
+	h.AddReplica("rec", rec.URL, servertest.SimModel)
+	secret := h.Key(policy.KeyOptions{Tenant: "fields"})
+	m := `"model":"` + servertest.SimModel + `"`
+
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{` + m + `,"priority":-100,"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/responses", `{` + m + `,"priority":-100,"max_output_tokens":3,"input":"hi"}`},
+		{"/v1/embeddings", `{` + m + `,"priority":-100,"input":"hi"}`},
+	} {
+		resp := h.Post(tc.path, secret, tc.body)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", tc.path, resp.StatusCode, raw)
+		}
+	}
+	mu.Lock()
+	for _, s := range seen {
+		if strings.Contains(s, `"priority"`) {
+			t.Errorf("the engine was sent a priority: %s", s)
+		}
+		if strings.HasPrefix(s, "/v1/responses ") && !strings.Contains(s, `"store":false`) {
+			t.Errorf("a Responses request went without store: false: %s", s)
+		}
+	}
+	if len(seen) != 3 {
+		t.Errorf("the engine saw %d requests, want 3", len(seen))
+	}
+	mu.Unlock()
+
+	for _, tc := range []struct{ field, body string }{
+		{"background", `{` + m + `,"input":"hi","background":true}`},
+		{"store", `{` + m + `,"input":"hi","store":true}`},
+		{"previous_response_id", `{` + m + `,"input":"hi","previous_response_id":"resp_123"}`},
+		{"conversation", `{` + m + `,"input":"hi","conversation":"conv_1"}`},
+	} {
+		resp := h.Post("/v1/responses", secret, tc.body)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(raw), `"param":"`+tc.field+`"`) {
+			t.Errorf("%s: %d %s, want 400 naming it", tc.field, resp.StatusCode, raw)
 		}
 	}
 }
