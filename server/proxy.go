@@ -7,10 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
-	"mime/multipart"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
 	"strings"
 	"time"
 	"unsafe"
@@ -96,7 +95,7 @@ func (s *Server) serveProxy(ctx context.Context, cl *call, pe proxyEndpoint, bod
 		s.reject(cl, out, err)
 		return
 	}
-	pr, err := s.parseProxied(pe, body, ctype)
+	pr, ctype, err := s.parseProxied(pe, body, ctype)
 	if err != nil {
 		s.reject(cl, out, err)
 		return
@@ -158,90 +157,89 @@ func (s *Server) serveProxy(ctx context.Context, cl *call, pe proxyEndpoint, bod
 }
 
 // parseProxied reads what the gateway acts on from a proxied body: the model
-// (required, to route), whether it streams, and the output cap.
-func (s *Server) parseProxied(pe proxyEndpoint, body []byte, ctype string) (*parsedRequest, error) {
+// (required, to route), whether it streams, and the output cap. It returns
+// the Content-Type of the body to forward (pr.body): a form is forwarded as
+// the gateway wrote it again.
+func (s *Server) parseProxied(pe proxyEndpoint, body []byte, ctype string) (*parsedRequest, string, error) {
 	pr := &parsedRequest{body: body, sequences: 1}
 	if pe.multipart {
-		if err := readMultipartFields(pr, body, ctype); err != nil {
-			return nil, err
+		var err error
+		if ctype, err = readProxiedForm(pr, body, ctype); err != nil {
+			return nil, "", err
 		}
 	} else {
 		if len(body) == 0 {
-			return nil, apierr.BadRequest("", "request body is empty; send a JSON object")
+			return nil, "", apierr.BadRequest("", "request body is empty; send a JSON object")
 		}
 		if err := checkJSON(body, s.cfg.MaxJSONDepth); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		v := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
 		if !v.IsObject() {
-			return nil, apierr.BadRequest("", "request body must be a JSON object")
+			return nil, "", apierr.BadRequest("", "request body must be a JSON object")
 		}
 		if m := v.Get("model"); m.Type == gjson.String {
 			pr.model = m.Str
 		}
 		if st := v.Get("stream"); st.Exists() && st.Type != gjson.Null {
 			if !isBool(st) {
-				return nil, apierr.BadRequest("stream", "stream must be a boolean")
+				return nil, "", apierr.BadRequest("stream", "stream must be a boolean")
 			}
 			pr.stream = st.Type == gjson.True
 		}
 		if pe.capField != "" {
 			if c := v.Get(pe.capField); c.Exists() && c.Type != gjson.Null {
 				if c.Type != gjson.Number || c.Num != float64(int64(c.Num)) || c.Num < 1 || c.Num > 1<<31 {
-					return nil, apierr.BadRequest(pe.capField, "%s must be a positive integer", pe.capField)
+					return nil, "", apierr.BadRequest(pe.capField, "%s must be a positive integer", pe.capField)
 				}
 				pr.maxTokens = int64(c.Num)
 			}
 		}
 	}
 	if pr.model == "" {
-		return nil, apierr.BadRequest("model", "you must provide a model parameter (the gateway routes by it)")
+		return nil, "", apierr.BadRequest("model", "you must provide a model parameter (the gateway routes by it)")
 	}
 	if pr.stream && !pe.stream {
-		return nil, apierr.BadRequest("stream", "%s does not stream", pe.path)
+		return nil, "", apierr.BadRequest("stream", "%s does not stream", pe.path)
 	}
 	if pe.generates && pr.maxTokens == 0 {
 		pr.maxTokens = s.maxTokensFor(pr.model)
 	}
 	pr.promptBound = int64(len(body)) + 16
 	pr.promptEstimate = int64(len(body))/4 + 1
-	return pr, nil
+	return pr, ctype, nil
 }
 
-// readMultipartFields reads the small form fields of an audio request
-// (model, stream) and skips the file.
-func readMultipartFields(pr *parsedRequest, body []byte, ctype string) error {
-	mt, params, err := mime.ParseMediaType(ctype)
-	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" {
-		return apierr.BadRequest("", "send the audio as multipart/form-data")
+// readProxiedForm reads an audio request's form strictly (readForm) into
+// pr: the model and whether it streams. pr.body becomes a form the gateway
+// wrote, holding the model and stream it decided and the other fields and
+// the file as sent; the returned Content-Type is that form's.
+func readProxiedForm(pr *parsedRequest, body []byte, ctype string) (string, error) {
+	f, err := readForm(body, ctype)
+	if err != nil {
+		return "", err
 	}
-	mr := multipart.NewReader(bytes.NewReader(body), params["boundary"])
-	for {
-		part, err := mr.NextPart()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return apierr.BadRequest("", "malformed multipart body: %v", err)
-		}
-		name := part.FormName()
-		if part.FileName() != "" || (name != "model" && name != "stream") {
-			continue
-		}
-		v, err := io.ReadAll(io.LimitReader(part, 1024))
-		if err != nil {
-			return apierr.BadRequest(name, "malformed multipart field")
-		}
-		switch name {
-		case "model":
-			if pr.model != "" {
-				return apierr.BadRequest("model", "model is given twice")
-			}
-			pr.model = strings.TrimSpace(string(v))
-		case "stream":
-			pr.stream = strings.EqualFold(strings.TrimSpace(string(v)), "true")
-		}
+	if p := f.part("model"); p != nil && p.file {
+		return "", apierr.BadRequest("model", "model must be a text field, not a file")
 	}
+	pr.model, _ = f.value("model")
+	if p := f.part("stream"); p != nil {
+		v, _ := f.value("stream")
+		switch {
+		case p.file:
+			return "", apierr.BadRequest("stream", "stream must be a text field, not a file")
+		case strings.EqualFold(v, "true"):
+			pr.stream = true
+		case !strings.EqualFold(v, "false"):
+			return "", apierr.BadRequest("stream", "stream must be true or false, not %q", v)
+		}
+		f.set("stream", strconv.FormatBool(pr.stream))
+	}
+	if pr.model != "" {
+		f.set("model", pr.model)
+	}
+	pr.body, ctype = f.encode()
+	return ctype, nil
 }
 
 // proxied is one attempt of a proxied request, held at its answer's
