@@ -119,10 +119,10 @@ func ReadForm(body []byte, ctype string) (*Form, error) {
 }
 
 type formParser struct {
-	charset      string
-	items        []FormItem
-	files        int
-	fields       int
+	charset     string
+	items       []FormItem
+	files       int
+	fields      int
 	disposition *string // the part's last Content-Disposition
 	contentType *string // the part's first Content-Type
 	headers     int

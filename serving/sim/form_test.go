@@ -17,8 +17,8 @@ func TestReadFormAsStarletteDoes(t *testing.T) {
 	cd := func(params string) string { return "Content-Disposition: form-data; " + params }
 	for _, tc := range []struct {
 		name, ctype, body string
-		want             []FormItem // nil with wantErr
-		wantErr          string
+		want              []FormItem // nil with wantErr
+		wantErr           string
 	}{
 		{name: "the last copy of a field is kept beside the first",
 			body: part(cd(`name="model"`), "cheap") + part(cd(`name="model"`), "premium") + "--B--\r\n",
