@@ -3,7 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/binary"
-	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -284,20 +284,30 @@ func readAudio(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsed
 		return nil, err
 	}
 	pr := &parsedRequest{sequences: 1}
+	if p := f.part("model"); p != nil && p.file {
+		return nil, apierr.BadRequest("model", "model must be a text field, not a file")
+	}
 	model, _ := f.value("model")
 	if pr.model = model; pr.model == "" {
 		return nil, apierr.BadRequest("model", "you must provide a model parameter (the gateway routes by it)")
 	}
 	formBool := func(name string) (bool, error) {
-		v, ok := f.value(name)
-		if !ok {
+		p := f.part(name)
+		if p == nil {
 			return false, nil
 		}
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return false, apierr.BadRequest(name, "%s must be true or false", name)
+		v, _ := f.value(name)
+		switch {
+		case p.file:
+			return false, apierr.BadRequest(name, "%s must be a text field, not a file", name)
+		case strings.EqualFold(v, "true"):
+			f.set(name, "true")
+			return true, nil
+		case strings.EqualFold(v, "false"):
+			f.set(name, "false")
+			return false, nil
 		}
-		return b, nil
+		return false, apierr.BadRequest(name, "%s must be true or false, not %q", name, v)
 	}
 	if pr.stream, err = formBool("stream"); err != nil {
 		return nil, err

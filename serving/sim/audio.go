@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
-	"mime/multipart"
 	"net/http"
 	"strconv"
 	"strings"
@@ -56,36 +54,32 @@ func (e *Engine) handleAudio(w http.ResponseWriter, r *http.Request, translate b
 
 func (e *Engine) parseAudio(w http.ResponseWriter, r *http.Request, translate bool) (*job, *apiError) {
 	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "BadRequestError", msg: "request body too large"}
+		}
+		return nil, badRequest("", "read multipart body: "+err.Error())
+	}
+	form, err := ReadForm(body, r.Header.Get("Content-Type"))
+	if err != nil {
+		return nil, badRequest("", err.Error())
+	}
+	// The request model's fields, as FastAPI takes them from the form: the
+	// last part of each name, an empty text taken as absent.
 	fields := map[string]string{}
 	var file []byte
 	hasFile := false
-	media, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if media == "multipart/form-data" && params["boundary"] != "" {
-		mr := multipart.NewReader(r.Body, params["boundary"])
-		for {
-			part, err := mr.NextPart()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-					return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "BadRequestError", msg: "request body too large"}
-				}
-				return nil, badRequest("", "read multipart body: "+err.Error())
-			}
-			data, err := io.ReadAll(part)
-			if err != nil {
-				if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-					return nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "BadRequestError", msg: "request body too large"}
-				}
-				return nil, badRequest("", "read multipart body: "+err.Error())
-			}
-			name := part.FormName()
-			if name == "file" && part.FileName() != "" {
-				file, hasFile = data, true
-				continue
-			}
-			fields[name] = string(data)
+	for _, it := range form.Items {
+		v, ok, isFile := form.Value(it.Name)
+		switch {
+		case !ok:
+		case it.Name == "file" && isFile:
+			file, hasFile = []byte(v), true
+		case isFile && audioTextFields[it.Name]:
+			return nil, validationError([]pyErr{{typ: "string_type", loc: "body." + it.Name, msg: "Input should be a valid string", input: "UploadFile"}})
+		case !isFile:
+			fields[it.Name] = v
 		}
 	}
 	// The request model's validator sees the form first
@@ -166,6 +160,11 @@ func (e *Engine) parseAudio(w http.ResponseWriter, r *http.Request, translate bo
 	}
 	return j, nil
 }
+
+// audioTextFields are the request model's fields the engine reads as text;
+// a file in one is a validation error (extra fields are allowed).
+var audioTextFields = map[string]bool{"model": true, "prompt": true, "response_format": true, "language": true,
+	"temperature": true, "stream": true, "stream_include_usage": true, "stream_continuous_usage_stats": true}
 
 // formBool reads a form field as pydantic reads a bool.
 func formBool(v string) bool {
