@@ -83,16 +83,35 @@ func FuzzGatewayAndEngineReadFormsAlike(f *testing.F) {
 		if s, _, _ := fwd.Value("stream"); (s == "true") != pr.stream {
 			t.Fatalf("stream: gateway %v, engine %q\nbody %q", pr.stream, s, body)
 		}
+		if u, _, _ := fwd.Value("stream_include_usage"); pr.stream && u != "true" {
+			t.Fatalf("a stream forwarded without stream_include_usage: %q\nbody %q", u, body)
+		}
+		// The fields the gateway decides: the rest go as they came.
+		decides := func(name string) bool {
+			switch name {
+			case "model", "stream", "stream_include_usage", "stream_continuous_usage_stats", "priority":
+				return true
+			}
+			return false
+		}
+		others := func(f *form) (n int) {
+			for _, p := range f.parts {
+				if !decides(p.name) {
+					n++
+				}
+			}
+			return n
+		}
 		for _, p := range read.parts {
-			if p.name == "model" || p.name == "stream" {
+			if decides(p.name) {
 				continue
 			}
 			if q := decided.part(p.name); q == nil || !bytes.Equal(q.value, p.value) || q.file != p.file || q.filename != p.filename {
 				t.Fatalf("the forwarded form changed %s\nbody %q\nforwarded %q", p.name, body, pr.body)
 			}
 		}
-		if len(decided.parts) != len(read.parts) {
-			t.Fatalf("the forwarded form has %d parts, the sent one %d", len(decided.parts), len(read.parts))
+		if others(decided) != others(read) {
+			t.Fatalf("the forwarded form has %d parts the gateway did not decide, the sent one %d", others(decided), others(read))
 		}
 	})
 }
