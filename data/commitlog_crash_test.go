@@ -312,7 +312,7 @@ func TestCrashAtAnyOffsetBillsEveryRowBeforeItOnce(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	tmpl := filepath.Join(dir, "template.db")
-	st := openAt(t, filepath.Join(dir, "src.db"))
+	st := openAt(t, filepath.Join(t.TempDir(), "src.db"))
 	tn, err := st.EnsureTenant(ctx, "acme")
 	if err != nil {
 		t.Fatal(err)
