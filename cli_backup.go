@@ -7,14 +7,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"tailgate/data"
 )
 
 const backupSynopsis = `backup --data DIR [--force] FILE
 
 Writes a consistent copy of DIR's database to FILE while a gateway may be
-running on it. To restore: stop the gateway, delete DIR/tailgate.db-wal,
-DIR/tailgate.db-shm and DIR/tailgate.db-commits-* if present, copy FILE to
-DIR/tailgate.db, start again`
+running on it. FILE may not be inside DIR (the live database, its -wal, -shm
+and commit-log files are there). Put it back with 'tailgate restore'`
 
 func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("backup", backupSynopsis, stderr)
@@ -34,6 +35,16 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if _, err := existingDatabase(*dir); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
+	st, err := openStore(*dir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	// Before --force is looked at: no flag lets a backup replace the
+	// database it copies.
+	if err := st.CheckBackupTarget(dst); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
 	if !*force {
 		if _, err := os.Lstat(dst); err == nil {
 			return fmt.Errorf("backup: %s exists (--force replaces it)", dst)
@@ -41,11 +52,6 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return fmt.Errorf("backup: %w", err)
 		}
 	}
-	st, err := openStore(*dir)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
 	if err := st.Backup(ctx, dst); err != nil {
 		return err
 	}
@@ -58,5 +64,45 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		abs = dst
 	}
 	fmt.Fprintf(stdout, "%s\t%d bytes\n", abs, fi.Size())
+	return nil
+}
+
+const restoreSynopsis = `restore --data DIR FILE
+
+Puts FILE, a copy made by 'tailgate backup', in place of DIR/tailgate.db.
+Stop the gateway first: restore refuses while one runs on DIR. FILE must be
+a tailgate database this binary knows. The database it replaces is kept as
+DIR/tailgate.db.replaced-TIME (with its -wal and commit-log files)`
+
+func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("restore", restoreSynopsis, stderr)
+	dir := fs.String("data", "tailgate-data", "data directory whose database (tailgate.db) is replaced")
+	pos, err := parseArgs(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || pos[0] == "" {
+		return usageError(fs, stderr, fs.Usage, errors.New("want exactly one FILE"))
+	}
+	url := filepath.Join(*dir, databaseURLFile)
+	if _, err := os.Stat(url); err == nil {
+		return fmt.Errorf("restore: --data %s uses PostgreSQL (%s): restore it with pg_restore", *dir, url)
+	}
+	db := filepath.Join(*dir, "tailgate.db")
+	r, err := data.Restore(ctx, db, pos[0])
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "restored %s to %s (schema version %d)\n", pos[0], db, r.Version)
+	if len(r.Replaced) == 0 {
+		fmt.Fprintf(stdout, "%s held no database: nothing was replaced\n", *dir)
+	}
+	for i, f := range r.Replaced {
+		if i == 0 {
+			fmt.Fprintf(stdout, "the database it replaced is kept as %s\n", f)
+		} else {
+			fmt.Fprintf(stdout, "moved with it: %s\n", f)
+		}
+	}
 	return nil
 }

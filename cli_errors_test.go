@@ -169,7 +169,7 @@ func TestHelpExitsZero(t *testing.T) {
 	for _, args := range [][]string{
 		{"keys", "-h"}, {"keys", "--help"}, {"keys", "help"}, {"keys", "create", "-h"}, {"keys", "revoke", "--help"},
 		{"keys", "edit", "-h"}, {"tenants", "-h"}, {"tenants", "list", "-h"}, {"tenants", "show", "-h"}, {"tenants", "set", "--help"}, {"workers", "-h"},
-		{"usage", "-h"}, {"backup", "-h"}, {"up", "-h"}, {"gateway", "--help"}, {"worker", "-h"}, {"sim", "-h"}, {"bench", "-h"},
+		{"usage", "-h"}, {"backup", "-h"}, {"restore", "-h"}, {"up", "-h"}, {"gateway", "--help"}, {"worker", "-h"}, {"sim", "-h"}, {"bench", "-h"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			code, stderr := runToExit(t, 30*time.Second, args...)

@@ -32,6 +32,7 @@ Usage:
   tailgate workers list|revoke [flags]       list or revoke worker credentials
   tailgate usage    [flags]   usage totals per tenant, key and model
   tailgate backup   [flags] FILE   consistent copy of the database while a gateway runs
+  tailgate restore  [flags] FILE   put a backup in place of the database (gateway stopped)
   tailgate bench    [flags]   matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)
   tailgate version            version, commit, Go and tailscale versions of this binary (also --version)
 
@@ -82,6 +83,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdBench(ctx, rest, stdout, stderr)
 	case "backup":
 		return cmdBackup(ctx, rest, stdout, stderr)
+	case "restore":
+		return cmdRestore(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		return cmdVersion(ctx, rest, stdout, stderr)
 	case "help", "-h", "--help":

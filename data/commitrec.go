@@ -6,8 +6,8 @@ import (
 	"unicode/utf8"
 )
 
-// appendRecord appends r as the commit log's JSON record: the object
-// encoding/json makes of a LedgerRow (readCommitLog decodes it with
+// appendRecord appends r as the payload of its commit-log record: the object
+// encoding/json makes of a LedgerRow (recoverRows decodes it with
 // encoding/json), written by hand because it is on every answer's path —
 // json.Marshal's reflection cost about 10 µs a row.
 func appendRecord(b []byte, r *LedgerRow) []byte {

@@ -20,7 +20,13 @@
 // [LedgerWriter.Healthy] says whether rows are being persisted, so that the
 // gateway can refuse work it could not bill (fail closed).
 //
-// [Store.Backup] takes a consistent copy of the database while it is in use.
+// With a commit log ([LedgerWriter.OpenCommitLog], SQLite only) Commit
+// returns once its row is appended to a file beside the database
+// (package data/commitlog); the next start writes what a dead writer only
+// logged.
+//
+// [Store.Backup] takes a consistent copy of the database while it is in use;
+// [Restore] puts one back while no gateway runs on the database.
 //
 // This package knows nothing of HTTP.
 package data

@@ -82,16 +82,19 @@ func (s *Store) InsertLedger(ctx context.Context, rows []LedgerRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	if err := s.insertLedger(ctx, rows); err != nil {
+	if _, err := s.insertLedger(ctx, rows); err != nil {
 		return fmt.Errorf("insert ledger: %w", err)
 	}
 	return nil
 }
 
-func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
+// insertLedger is InsertLedger, and returns how many rows it inserted or
+// changed (an open row replaced); rows it skipped, final already, are not
+// counted.
+func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) (changed int64, err error) {
 	tx, err := s.write.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer tx.Rollback()
 
@@ -114,18 +117,25 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) error {
 				args = args[:0]
 				for _, r := range run[:n] {
 					if args, err = appendLedgerArgs(args, r, stamp, s.instance); err != nil {
-						return err
+						return 0, err
 					}
 				}
-				if _, err := st.ExecContext(ctx, args...); err != nil {
-					return err
+				res, err := st.ExecContext(ctx, args...)
+				if err != nil {
+					return 0, err
+				}
+				if k, err := res.RowsAffected(); err == nil {
+					changed += k
 				}
 				run = run[n:]
 			}
 		}
 		rows = rest
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return changed, nil
 }
 
 // tenantOrder returns rows ordered by tenant (a copy, when they are not

@@ -3,6 +3,8 @@ package data
 import (
 	"context"
 	"fmt"
+
+	"tailgate/data/commitlog"
 )
 
 // The callers' side of the LedgerWriter: rows enter the queue here, and
@@ -37,12 +39,12 @@ func (w *LedgerWriter) Add(row LedgerRow) {
 // holds Buffer rows, whatever ctx.
 func (w *LedgerWriter) Commit(ctx context.Context, row LedgerRow) error {
 	if w.clog != nil && w.failure.Load() == nil {
-		gen, err := w.clog.append(row)
+		gen, err := w.appendCommit(&row)
 		if err == nil {
 			if !w.put(row, nil, gen) {
 				// Stopped: written here; should that fail, the log keeps it.
 				if w.writeNow(row) == nil {
-					w.clog.written([]logged{{gen: gen, n: 1}})
+					w.clog.Written([]commitlog.Count{{Gen: gen, N: 1}})
 				}
 			}
 			return nil

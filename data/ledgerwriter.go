@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"tailgate/data/commitlog"
 )
 
 // ErrLedgerUnavailable is wrapped by the errors of a [LedgerWriter] that
@@ -136,11 +138,13 @@ type LedgerWriter struct {
 	// doneChans holds the empty channels of Commits that got their answer,
 	// for the next ones: every JSON answer and stream end waits on one.
 	doneChans sync.Pool
+	// recBufs holds buffers for the commit log's records (*[]byte).
+	recBufs sync.Pool
 
 	logMu sync.Mutex
 	flog  failureLog
 
-	clog *commitLog // nil: Commits wait for their transaction (set once, before Run)
+	clog *commitlog.Log // nil: Commits wait for their transaction (set once, before Run)
 }
 
 // NewLedgerWriter returns a writer for s. Start [LedgerWriter.Run] in a
@@ -164,6 +168,7 @@ func (s *Store) NewLedgerWriter(cfg LedgerConfig, log *slog.Logger) *LedgerWrite
 		done:     make(chan struct{}),
 	}
 	w.doneChans.New = func() any { return make(chan error, 1) }
+	w.recBufs.New = func() any { return new([]byte) }
 	return w
 }
 
@@ -241,7 +246,7 @@ func (w *LedgerWriter) stop() {
 // closeLog closes the commit log, if any, once every row is drained.
 func (w *LedgerWriter) closeLog() {
 	if w.clog != nil {
-		w.clog.close()
+		w.clog.Close()
 	}
 }
 
@@ -338,7 +343,7 @@ func (w *LedgerWriter) newBatch() batch {
 // batch is the rows taken for one transaction and the Commits waiting on
 // them.
 type batch struct {
-	logged  []logged // the rows that are in the commit log, per file
+	logged  []commitlog.Count // the rows that are in the commit log, per file
 	rows    []LedgerRow
 	waiters []chan error
 	waitRow []int  // for each waiter, the index of its row in rows
@@ -359,7 +364,7 @@ func (w *LedgerWriter) takeLocked(b *batch) {
 		}
 		b.rows = append(b.rows, e.row)
 		if e.gen != 0 {
-			b.logged = addLogged(b.logged, e.gen)
+			b.logged = commitlog.AddCount(b.logged, e.gen)
 		}
 		if e.done != nil {
 			b.waiters = append(b.waiters, e.done)
@@ -382,7 +387,7 @@ func (w *LedgerWriter) takeLocked(b *batch) {
 func (w *LedgerWriter) commit(ctx context.Context, b *batch) {
 	err := w.write(ctx, b)
 	if err == nil && len(b.logged) > 0 {
-		w.clog.written(b.logged)
+		w.clog.Written(b.logged)
 	}
 	b.logged = b.logged[:0]
 	w.mu.Lock()

@@ -39,3 +39,5 @@ go test -race -count=1 "$@" ./...
 # (golang/go#75804, fixed in Go 1.27).
 go test -run '^$' -fuzz '^FuzzGatewayAndEngineReadBodiesAlike$' -fuzztime 100000x -timeout 5m ./server/
 go test -run '^$' -fuzz '^FuzzCheckAgreesWithEncodingJSON$' -fuzztime 300000x -timeout 5m ./server/strictjson/
+# The commit log's decoder over arbitrary file contents (about 10 s).
+go test -run '^$' -fuzz '^FuzzCommitLogDecode$' -fuzztime 200000x -timeout 5m ./data/commitlog/
