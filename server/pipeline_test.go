@@ -394,3 +394,63 @@ func TestFieldsTheEngineActsOnSayWhatTheGatewayDecided(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamsEndWhenTheirRowCannotBeKeptCurrent: a stream running when the
+// ledger stops writing is ended with an in-band ledger_unavailable error
+// (no [DONE]) instead of running on unrecorded, and once the ledger is back
+// its row says so, billed at least what the client received.
+func TestStreamsEndWhenTheirRowCannotBeKeptCurrent(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TTFT: time.Millisecond, TPOT: 5 * time.Millisecond}})
+	secret := h.Key(policy.KeyOptions{Tenant: "long"})
+	resp := h.Post("/v1/chat/completions", secret, `{"model":"`+servertest.SimModel+`","stream":true,"max_tokens":3000,"ignore_eos":true,"messages":[{"role":"user","content":"go on"}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	defer resp.Body.Close()
+	id := resp.Header.Get("X-Request-Id")
+	sc := bufio.NewScanner(resp.Body)
+	received := 0
+	for received < 5 && sc.Scan() {
+		if chunkOutput.MatchString(sc.Text()) {
+			received++
+		}
+	}
+	if err := h.Store.SetMaxPageCount(1); err != nil {
+		t.Fatal(err)
+	}
+	short := `{"model":"` + servertest.SimModel + `","max_tokens":2,"messages":[{"role":"user","content":"` + strings.Repeat("padding ", 200) + `"}]}`
+	for i := 0; i < 400 && h.Ledger.Healthy() == nil; i++ {
+		r := h.Post("/v1/chat/completions", secret, short)
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+	}
+	if h.Ledger.Healthy() == nil {
+		t.Fatal("the database never filled")
+	}
+	var tail []string
+	for sc.Scan() {
+		line := sc.Text()
+		if chunkOutput.MatchString(line) {
+			received++
+		}
+		if line != "" {
+			tail = append(tail, line)
+		}
+	}
+	if len(tail) == 0 || !strings.Contains(tail[len(tail)-1], "ledger_unavailable") {
+		t.Fatalf("the stream did not end with ledger_unavailable: last lines %q", tail[max(0, len(tail)-3):])
+	}
+	if received >= 3000 {
+		t.Fatal("the stream ran to its end unrecorded")
+	}
+	if err := h.Store.SetMaxPageCount(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); h.Ledger.Healthy() != nil && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	row := finalRow(t, h, id)
+	if row.Error != data.ClassLedgerUnavailable || row.CompletionTokens < int64(received) {
+		t.Fatalf("row %s/%s billed %d, the client received %d", row.Outcome, row.Error, row.CompletionTokens, received)
+	}
+}

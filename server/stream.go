@@ -326,8 +326,11 @@ func (e *midstreamError) Error() string { return fmt.Sprintf("%s: %v", e.class, 
 func (e *midstreamError) Unwrap() error { return e.err }
 
 // openRowEvery is how often a stream's open ledger row is brought up to
-// date with what the client has received.
-const openRowEvery = 500 * time.Millisecond
+// date with what the client has received: a gateway killed mid-stream
+// loses the output of at most this long (plus the ledger's batching, 20 ms)
+// from the bill. Each refresh replaces the row in the writer's queue, so a
+// stream costs the ledger at most one row write per interval.
+const openRowEvery = 100 * time.Millisecond
 
 // relayStream relays the winning attempt: the events it buffered up to its
 // first token, then the rest as they arrive, each flushed at once. An
@@ -437,6 +440,12 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 		}
 		unflushed = !flush
 		if kind == evToken && time.Since(lastOpen) >= openRowEvery {
+			if err := s.ledger.Healthy(); err != nil {
+				// Its row cannot be kept current: the stream ends here with
+				// ledger_unavailable rather than run on unrecorded, billed at
+				// what it delivered once the ledger is back.
+				return &unbilledError{err: err}
+			}
 			s.openRow(cl, u, ticket)
 			lastOpen = time.Now()
 		}
