@@ -17,8 +17,7 @@ const workersUsage = `Usage:
   tailgate workers approve --data DIR ID      (ID: a pending or revoked replica id, or a revoked worker's id)
   tailgate workers revoke  --data DIR WORKER  (WORKER: worker id, or the replica id it registered)
 
-A new worker joins with the cluster token and either a join token (its
---join-token-file) or, once it has asked and is listed pending, an approval.
+A new worker joins with a join token (invite) or, once listed pending, an approval.
 
 Run 'tailgate workers SUBCOMMAND -h' for its flags.
 `
