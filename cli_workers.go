@@ -177,7 +177,7 @@ func cmdWorkersRevoke(ctx context.Context, args []string, stdout, stderr io.Writ
 	case err != nil:
 		return err
 	}
-	fmt.Fprintf(stdout, "revoked %s (replica %s at %s); a running gateway refuses its next heartbeat and drops it from routing when its lease ends (DELETE /admin/v1/workers/%s drops it at once)\n",
-		w.ID, w.ReplicaID, w.Address, w.ID)
+	fmt.Fprintf(stdout, "revoked %s (replica %s at %s); a running gateway refuses its next heartbeat and drops it from routing when its lease ends (DELETE /admin/v1/workers/%s drops it at once); replica id %s stays out until `tailgate workers approve %s` or an invite\n",
+		w.ID, w.ReplicaID, w.Address, w.ID, w.ReplicaID, w.ReplicaID)
 	return nil
 }
