@@ -159,12 +159,12 @@ func (s *Server) admitWorker(c echo.Context, id, addr, peer string) (data.Worker
 		"or start the worker with --join-token from: tailgate workers invite --data DIR --replica-id %s", id, id, id)
 	switch {
 	case err == nil:
-		how := "approved"
+		how := "approval"
 		switch {
 		case adm.JoinToken != "":
 			how = "invite"
 		case adm.Open:
-			how = "open" // or approved before: the store does not say which
+			how = "open registration or approval" // the store does not say which
 		}
 		s.log.Info("worker credential issued", "worker", w.ID, "replica", id, "address", addr, "peer", peer, "admitted_by", how)
 		return w, secret, nil
