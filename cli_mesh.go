@@ -68,7 +68,7 @@ func warnSecretFlags(log *slog.Logger, fs *flag.FlagSet, names ...string) {
 	fs.Visit(func(f *flag.Flag) {
 		for _, n := range names {
 			if f.Name == n && f.Value.String() != "" {
-				alt := map[string]string{"cluster-token": "--cluster-token-file or TAILGATE_CLUSTER_TOKEN in the environment", "mesh-authkey": "TAILGATE_MESH_AUTHKEY (or TS_AUTHKEY) in the environment"}[n]
+				alt := map[string]string{"cluster-token": "--cluster-token-file or TAILGATE_CLUSTER_TOKEN in the environment", "join-token": "--join-token-file or TAILGATE_JOIN_TOKEN in the environment", "mesh-authkey": "TAILGATE_MESH_AUTHKEY (or TS_AUTHKEY) in the environment"}[n]
 				log.Warn("a secret on the command line is visible to every user of this box (ps, /proc); prefer "+alt, "flag", "--"+n)
 			}
 		}

@@ -81,6 +81,13 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	// up starts its workers itself: their ids are approved, so the cluster
+	// token is all they need (one revoked comes back with the next up).
+	for i := 1; i <= *replicas; i++ {
+		if _, _, err := gw.store.ApproveWorker(ctx, fmt.Sprintf("worker-%d", i)); err != nil {
+			return err
+		}
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)

@@ -24,6 +24,8 @@ type workerFlags struct {
 	gateways         stringList
 	clusterToken     string
 	clusterTokenFile string
+	joinToken        string
+	joinTokenFile    string
 	engine           string
 	model            string
 	servedModelName  string
@@ -45,6 +47,8 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.Var(&w.gateways, "gateway", "gateway admin URL to register with, e.g. http://gateway-host:8081 (required; repeatable: the worker registers with each gateway on its own, e.g. several gateways sharing one PostgreSQL, and one that is down does not stop the others)")
 	fs.StringVar(&w.clusterToken, "cluster-token", "", "cluster token (the gateway's DIR/cluster.token; default: $TAILGATE_CLUSTER_TOKEN unless --cluster-token-file is given); prefer --cluster-token-file or the environment")
 	fs.StringVar(&w.clusterTokenFile, "cluster-token-file", "", "file holding the cluster token")
+	fs.StringVar(&w.joinToken, "join-token", "", "one-time join token for this --replica-id, from `tailgate workers invite` on the gateway's box (default: $TAILGATE_JOIN_TOKEN unless --join-token-file is given); without one a new replica id waits until the operator runs `tailgate workers approve`")
+	fs.StringVar(&w.joinTokenFile, "join-token-file", "", "file holding the join token")
 	fs.StringVar(&w.engine, "engine", "vllm", "engine: vllm or sim")
 	fs.StringVar(&w.model, "model", "", "model to serve (vllm: a Hugging Face id or path; sim: the name to serve)")
 	fs.StringVar(&w.servedModelName, "served-model-name", "", "model name clients use (default: --model)")
@@ -79,7 +83,7 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// The engine logs as the worker does, so its lines read as the worker's
 	// (the worker's log forwards them; see childlog).
 	wf.logArgs = []string{"--log-level", lf.level, "--log-format", lf.format}
-	warnSecretFlags(log, fs, "cluster-token", "mesh-authkey")
+	warnSecretFlags(log, fs, "cluster-token", "join-token", "mesh-authkey")
 	cfg, closeListener, err := wf.config(ctx, log)
 	if err != nil {
 		return err
@@ -114,6 +118,13 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 	if err != nil {
 		return cfg, nil, err
 	}
+	join, err := secretFlag("join-token", wf.joinToken, wf.joinTokenFile)
+	if err != nil {
+		return cfg, nil, err
+	}
+	if join != "" && wf.replicaID == "" {
+		return cfg, nil, errors.New("--join-token needs --replica-id: the token admits only the replica id it was made for (tailgate workers invite --replica-id ID)")
+	}
 	switch wf.engine {
 	case "vllm":
 		if wf.model == "" {
@@ -140,7 +151,7 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 		return cfg, nil, fmt.Errorf("--drain-grace %s: want 0 (none) or more", wf.drainGrace)
 	}
 	cfg = worker.Config{
-		Gateways: wf.gateways, ClusterToken: tok, Advertise: wf.advertise, ReplicaID: wf.replicaID, DataDir: wf.dataDir,
+		Gateways: wf.gateways, ClusterToken: tok, JoinToken: join, Advertise: wf.advertise, ReplicaID: wf.replicaID, DataDir: wf.dataDir,
 		Model: wf.model, Engine: wf.engine, StartupTimeout: wf.startupTimeout,
 		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, DrainGrace: wf.drainGrace, NoDrain: wf.drainGrace == 0,
 		Log: log,
@@ -241,20 +252,28 @@ func (wf *workerFlags) engineCommand(model string) (func(port int) ([]string, []
 
 // clusterToken reads the token from the flag or the file.
 func clusterToken(tok, file string) (string, error) {
+	tok, err := secretFlag("cluster-token", tok, file)
+	if err == nil && tok == "" {
+		err = errors.New("a cluster token is required: --cluster-token-file GATEWAY_DATA/cluster.token (copy it from the gateway box) or --cluster-token")
+	}
+	return tok, err
+}
+
+// secretFlag reads the secret of --name or --name-file (the file's text,
+// trimmed); "" if neither is given.
+func secretFlag(name, tok, file string) (string, error) {
 	switch {
 	case tok != "" && file != "":
-		return "", errors.New("give --cluster-token or --cluster-token-file, not both")
-	case tok != "":
-		return tok, nil
+		return "", fmt.Errorf("give --%s or --%s-file, not both", name, name)
 	case file != "":
 		raw, err := os.ReadFile(file)
 		if err != nil {
-			return "", fmt.Errorf("--cluster-token-file: %w", err)
+			return "", fmt.Errorf("--%s-file: %w", name, err)
 		}
 		if t := strings.TrimSpace(string(raw)); t != "" {
 			return t, nil
 		}
-		return "", fmt.Errorf("--cluster-token-file %s is empty", file)
+		return "", fmt.Errorf("--%s-file %s is empty", name, file)
 	}
-	return "", errors.New("a cluster token is required: --cluster-token-file GATEWAY_DATA/cluster.token (copy it from the gateway box) or --cluster-token")
+	return tok, nil
 }

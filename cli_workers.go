@@ -12,8 +12,12 @@ import (
 )
 
 const workersUsage = `Usage:
-  tailgate workers list   --data DIR [--json]
-  tailgate workers revoke --data DIR WORKER   (WORKER: worker id, or the replica id it registered)
+  tailgate workers list    --data DIR [--json]
+  tailgate workers invite  --data DIR --replica-id ID [--expires 1h]   (prints a one-time join token for the worker ID)
+  tailgate workers approve --data DIR ID      (ID: a pending or revoked replica id, or a revoked worker's id)
+  tailgate workers revoke  --data DIR WORKER  (WORKER: worker id, or the replica id it registered)
+
+A new worker joins with a join token (invite) or, once listed pending, an approval.
 
 Run 'tailgate workers SUBCOMMAND -h' for its flags.
 `
@@ -21,6 +25,8 @@ Run 'tailgate workers SUBCOMMAND -h' for its flags.
 func cmdWorkers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return dispatch(ctx, "workers", workersUsage, []subcommand{
 		{"list", cmdWorkersList},
+		{"invite", cmdWorkersInvite},
+		{"approve", cmdWorkersApprove},
 		{"revoke", cmdWorkersRevoke},
 	}, args, stdout, stderr)
 }
@@ -28,12 +34,15 @@ func cmdWorkers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // workerJSON is a worker credential as `workers list --json` prints it:
 // never its hash.
 type workerJSON struct {
-	ID        string     `json:"id"`
+	ID        string     `json:"id,omitempty"` // "" for a pending replica id
 	ReplicaID string     `json:"replica_id"`
 	Address   string     `json:"address"`
 	Peer      string     `json:"peer,omitempty"`
-	CreatedAt time.Time  `json:"created_at"`
+	Status    string     `json:"status"` // active, revoked or pending
+	CreatedAt *time.Time `json:"created_at,omitempty"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	// RequestedAt is when a pending replica id last asked to register.
+	RequestedAt *time.Time `json:"requested_at,omitempty"`
 }
 
 func cmdWorkersList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -51,30 +60,106 @@ func cmdWorkersList(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		out := make([]workerJSON, 0, len(ws))
-		for _, w := range ws {
-			j := workerJSON{ID: w.ID, ReplicaID: w.ReplicaID, Address: w.Address, Peer: w.Peer, CreatedAt: w.CreatedAt}
-			if w.Revoked() {
-				j.RevokedAt = &w.RevokedAt
-			}
-			out = append(out, j)
+	pending, err := st.PendingWorkers(ctx)
+	if err != nil {
+		return err
+	}
+	out := make([]workerJSON, 0, len(ws)+len(pending))
+	for _, w := range ws {
+		j := workerJSON{ID: w.ID, ReplicaID: w.ReplicaID, Address: w.Address, Peer: w.Peer, Status: "active", CreatedAt: &w.CreatedAt}
+		if w.Revoked() {
+			j.Status, j.RevokedAt = "revoked", &w.RevokedAt
 		}
+		out = append(out, j)
+	}
+	for _, a := range pending {
+		out = append(out, workerJSON{ReplicaID: a.ReplicaID, Address: a.Address, Peer: a.Peer, Status: data.AdmissionPending, RequestedAt: &a.RequestedAt})
+	}
+	if *asJSON {
 		return writeJSON(stdout, out)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tREPLICA\tADDRESS\tPEER\tCREATED\tSTATUS")
-	for _, w := range ws {
-		status, peer := "active", w.Peer
-		if w.Revoked() {
-			status = "revoked"
+	for _, j := range out {
+		id, peer, when := j.ID, j.Peer, "-"
+		if id == "" {
+			id = "-"
 		}
 		if peer == "" {
 			peer = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", w.ID, w.ReplicaID, w.Address, peer, w.CreatedAt.Format(time.RFC3339), status)
+		if j.CreatedAt != nil {
+			when = j.CreatedAt.Format(time.RFC3339)
+		}
+		status := j.Status
+		if status == data.AdmissionPending {
+			status = "pending (asked " + j.RequestedAt.Format(time.RFC3339) + "; tailgate workers approve " + j.ReplicaID + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", id, j.ReplicaID, j.Address, peer, when, status)
 	}
 	return tw.Flush()
+}
+
+func cmdWorkersInvite(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("workers invite", "workers invite --data DIR --replica-id ID [--expires 1h]", stderr)
+	var (
+		dir     = fs.String("data", "tailgate-data", "data directory")
+		replica = fs.String("replica-id", "", "the replica id the token admits (the worker's --replica-id); required")
+		expires = fs.Duration("expires", time.Hour, "how long the token may be used (once)")
+	)
+	st, _, err := openCommand(fs, stderr, args, dir, "")
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if *replica == "" {
+		return errors.New("--replica-id is required: the token admits only the worker registering under that id")
+	}
+	if err := data.CheckReplicaID(*replica); err != nil {
+		return fmt.Errorf("--replica-id %q: %w", *replica, err)
+	}
+	if *expires <= 0 {
+		return fmt.Errorf("--expires %s: want a positive duration, e.g. 1h", *expires)
+	}
+	if w, err := st.ActiveWorkerFor(ctx, *replica); err == nil {
+		return fmt.Errorf("replica id %s belongs to worker %s; revoke it first if a new box should take it: tailgate workers revoke --data %s %s", *replica, w.ID, *dir, w.ID)
+	} else if !errors.Is(err, data.ErrNotFound) {
+		return err
+	}
+	inv, token, err := st.CreateInvite(ctx, *replica, *expires)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "invite %s: admits one worker registering as replica %s until %s; start it with --replica-id %s --join-token-file FILE (FILE holding the token below) or TAILGATE_JOIN_TOKEN\n",
+		inv.ID, inv.ReplicaID, inv.ExpiresAt.Format(time.RFC3339), inv.ReplicaID)
+	fmt.Fprintln(stdout, token)
+	return nil
+}
+
+func cmdWorkersApprove(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("workers approve", "workers approve --data DIR ID   (ID: a pending or revoked replica id, or a revoked worker's id)", stderr)
+	dir := fs.String("data", "tailgate-data", "data directory")
+	st, ref, err := openCommand(fs, stderr, args, dir, "replica ID to approve")
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	before, after, err := st.ApproveWorker(ctx, ref)
+	if err != nil {
+		return err
+	}
+	switch before.State {
+	case data.AdmissionPending:
+		fmt.Fprintf(stdout, "approved replica %s (it asked from %s); its worker registers at its next heartbeat\n", after.ReplicaID, before.Address)
+	case data.AdmissionRevoked:
+		fmt.Fprintf(stdout, "approved replica %s again (it was revoked); its worker registers at its next heartbeat\n", after.ReplicaID)
+	case data.AdmissionApproved:
+		fmt.Fprintf(stdout, "replica %s was approved already\n", after.ReplicaID)
+	default:
+		fmt.Fprintf(stdout, "approved replica %s; no worker has asked under that id yet: the first to register as %s is admitted (check the id: `tailgate workers list` shows who is waiting)\n",
+			after.ReplicaID, after.ReplicaID)
+	}
+	return nil
 }
 
 func cmdWorkersRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -92,7 +177,7 @@ func cmdWorkersRevoke(ctx context.Context, args []string, stdout, stderr io.Writ
 	case err != nil:
 		return err
 	}
-	fmt.Fprintf(stdout, "revoked %s (replica %s at %s); a running gateway refuses its next heartbeat and drops it from routing when its lease ends (DELETE /admin/v1/workers/%s drops it at once)\n",
-		w.ID, w.ReplicaID, w.Address, w.ID)
+	fmt.Fprintf(stdout, "revoked %s (replica %s at %s); a running gateway refuses its next heartbeat and drops it from routing when its lease ends (DELETE /admin/v1/workers/%s drops it at once); replica id %s stays out until `tailgate workers approve %s` or an invite\n",
+		w.ID, w.ReplicaID, w.Address, w.ID, w.ReplicaID, w.ReplicaID)
 	return nil
 }

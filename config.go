@@ -96,6 +96,8 @@ type gatewayConfig struct {
 	MeshAllowPeers string    `yaml:"-"` // gateway only: --mesh-allow-peers
 	MeshTLS        bool      `yaml:"-"` // gateway only: --mesh-tls
 
+	OpenRegistration bool `yaml:"-"` // --open-registration
+
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
 
@@ -149,6 +151,7 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.Database, "database", "", "where the gateway stores keys, budgets, the ledger and batches: a postgres://USER:PASSWORD@HOST/DB URL (the database must exist), or empty for SQLite in --data (DIR/tailgate.db)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
 	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
+	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let a worker holding the cluster token alone register a new replica id (off: it needs `tailgate workers invite` or `tailgate workers approve`); a revoked id stays out either way")
 	fs.Var(&c.upstreamFlags, "upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)")
 	fs.StringVar(&c.ConfigFile, "config", "", "YAML config file (upstreams, per-model max_tokens, prices, deadlines, hedging); flags given here win over it, --upstream and --price add to it")
 	fs.Int64Var(&c.DefaultMaxTokens, "default-max-tokens", 1024, "max_tokens applied when a request sets none")
@@ -418,7 +421,7 @@ func (c *gatewayConfig) setup() (*gatewaySetup, error) {
 			DefaultMaxTokens: c.DefaultMaxTokens, MaxBodyBytes: c.MaxBody, KeepAlive: c.KeepAlive,
 			TTFTDeadline: c.TTFTDeadline, IdleDeadline: c.IdleDeadline, JSONDeadline: c.JSONDeadline,
 			ClientWriteTimeout: c.ClientWriteTimeout, MaxJSONDepth: c.MaxJSONDepth, MediaPartTokens: c.MediaPartTokens,
-			RejectedRows:     c.RejectedRows,
+			RejectedRows: c.RejectedRows, OpenRegistration: c.OpenRegistration,
 			MaxTokensByModel: map[string]int64{}, TTFTDeadlineByModel: map[string]time.Duration{},
 			IdleDeadlineByModel: map[string]time.Duration{},
 			SLO:                 c.sloConfig.config(c.Models),
@@ -574,6 +577,7 @@ var secretEnv = []struct {
 	unless    []string
 }{
 	{"cluster-token", "TAILGATE_CLUSTER_TOKEN", []string{"cluster-token-file"}},
+	{"join-token", "TAILGATE_JOIN_TOKEN", []string{"join-token-file"}},
 	{"mesh-authkey", "TAILGATE_MESH_AUTHKEY", nil},
 	{"key", "TAILGATE_API_KEY", []string{"key-file"}},
 	{"key-b", "TAILGATE_API_KEY_B", []string{"key-file-b"}},

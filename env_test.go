@@ -24,9 +24,9 @@ import (
 func TestSecretFlagsComeFromTheEnvironment(t *testing.T) {
 	env := map[string]string{
 		"TAILGATE_CLUSTER_TOKEN": "tgc-env", "TAILGATE_MESH_AUTHKEY": "tskey-env",
-		"TAILGATE_API_KEY": "sk-env", "TAILGATE_API_KEY_B": "sk-env-b",
+		"TAILGATE_API_KEY": "sk-env", "TAILGATE_API_KEY_B": "sk-env-b", "TAILGATE_JOIN_TOKEN": "tgj-env",
 	}
-	type result struct{ clusterToken, meshKey, benchKey, benchKeyB string }
+	type result struct{ clusterToken, meshKey, benchKey, benchKeyB, joinToken string }
 	parse := func(t *testing.T, cmd string, args ...string) (result, string) {
 		t.Helper()
 		fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
@@ -52,8 +52,8 @@ func TestSecretFlagsComeFromTheEnvironment(t *testing.T) {
 			t.Fatal(err)
 		}
 		var logs bytes.Buffer
-		warnSecretFlags(slog.New(slog.NewTextHandler(&logs, nil)), fs, "cluster-token", "mesh-authkey")
-		return result{wf.clusterToken, wf.mesh.authKey + gc.Mesh.authKey, bf.opts.A.Key, bf.opts.B.Key}, logs.String()
+		warnSecretFlags(slog.New(slog.NewTextHandler(&logs, nil)), fs, "cluster-token", "join-token", "mesh-authkey")
+		return result{wf.clusterToken, wf.mesh.authKey + gc.Mesh.authKey, bf.opts.A.Key, bf.opts.B.Key, wf.joinToken}, logs.String()
 	}
 	for _, tc := range []struct {
 		name string
@@ -62,10 +62,10 @@ func TestSecretFlagsComeFromTheEnvironment(t *testing.T) {
 		want result
 		warn bool
 	}{
-		{"worker: both from the environment", "worker", nil, result{clusterToken: "tgc-env", meshKey: "tskey-env"}, false},
-		{"worker: the flag wins", "worker", []string{"--cluster-token", "tgc-flag", "--mesh-authkey", "tskey-flag"},
-			result{clusterToken: "tgc-flag", meshKey: "tskey-flag"}, true},
-		{"worker: the token file wins", "worker", []string{"--cluster-token-file", "/etc/tailgate/cluster.token"},
+		{"worker: all from the environment", "worker", nil, result{clusterToken: "tgc-env", meshKey: "tskey-env", joinToken: "tgj-env"}, false},
+		{"worker: the flag wins", "worker", []string{"--cluster-token", "tgc-flag", "--mesh-authkey", "tskey-flag", "--join-token", "tgj-flag"},
+			result{clusterToken: "tgc-flag", meshKey: "tskey-flag", joinToken: "tgj-flag"}, true},
+		{"worker: the token files win", "worker", []string{"--cluster-token-file", "/etc/tailgate/cluster.token", "--join-token-file", "/etc/tailgate/join.token"},
 			result{meshKey: "tskey-env"}, false},
 		{"gateway: mesh key from the environment", "gateway", nil, result{meshKey: "tskey-env"}, false},
 		{"bench: keys from the environment", "bench", nil, result{benchKey: "sk-env", benchKeyB: "sk-env-b"}, false},

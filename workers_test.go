@@ -74,8 +74,17 @@ func (g *gatewayProcess) startFleet(n int, extra ...string) []*process {
 	return ws
 }
 
-// startWorker starts `tailgate worker --engine sim` registering with g.
+// startWorker approves replica id (`tailgate workers approve`) and starts
+// `tailgate worker --engine sim` registering with g under it.
 func (g *gatewayProcess) startWorker(id string, extra ...string) *process {
+	g.t.Helper()
+	tailgate(g.t, "workers", "approve", "--data", g.dir, id)
+	return g.startUnapprovedWorker(id, extra...)
+}
+
+// startUnapprovedWorker starts a worker as startWorker does, without
+// approving its replica id first.
+func (g *gatewayProcess) startUnapprovedWorker(id string, extra ...string) *process {
 	g.t.Helper()
 	return startProc(g.t, "worker "+id, false, append([]string{"worker", "--gateway", g.admin,
 		"--cluster-token-file", filepath.Join(g.dir, "cluster.token"),

@@ -2,9 +2,7 @@ package data
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -47,22 +45,31 @@ func (s *Store) CreateWorker(ctx context.Context, w Worker) (Worker, error) {
 	if len(w.Hash) == 0 || w.ReplicaID == "" || w.Address == "" {
 		return Worker{}, errors.New("create worker: replica id, address and hash are required")
 	}
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	w, err := newWorker(w)
+	if err != nil {
 		return Worker{}, fmt.Errorf("create worker: %w", err)
 	}
-	w.ID = "wkr_" + hex.EncodeToString(b[:])
-	w.CreatedAt = now()
-	w.RevokedAt = time.Time{}
-	err := s.writeTx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO worker_credentials (id, replica_id, address, peer, hash, created_at)
-			VALUES (?, ?, ?, ?, ?, ?)`, w.ID, w.ReplicaID, w.Address, w.Peer, w.Hash, toMicros(w.CreatedAt))
-		return err
-	})
+	err = s.writeTx(ctx, func(tx *sql.Tx) error { return insertWorker(ctx, tx, w) })
 	if err != nil {
 		return Worker{}, fmt.Errorf("create worker: %w", err)
 	}
 	return w, nil
+}
+
+// newWorker gives w a fresh id and sets CreatedAt.
+func newWorker(w Worker) (Worker, error) {
+	id, err := randomHex(8)
+	if err != nil {
+		return Worker{}, err
+	}
+	w.ID, w.CreatedAt, w.RevokedAt = "wkr_"+id, now(), time.Time{}
+	return w, nil
+}
+
+func insertWorker(ctx context.Context, tx *sql.Tx, w Worker) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO worker_credentials (id, replica_id, address, peer, hash, created_at)
+		VALUES (?, ?, ?, ?, ?, ?)`, w.ID, w.ReplicaID, w.Address, w.Peer, w.Hash, toMicros(w.CreatedAt))
+	return err
 }
 
 // WorkerByHash returns the credential whose secret hashes to hash, or
@@ -101,7 +108,9 @@ func (s *Store) Workers(ctx context.Context) ([]Worker, error) {
 
 // RevokeWorker revokes the credential with id ref, or else the active
 // credential issued for replica id ref, and returns it; revoking a revoked
-// credential returns it unchanged. No match is [ErrNotFound].
+// credential returns it unchanged. The replica id's admission is revoked
+// with it: until an approval or an invite, the id cannot be registered
+// again. No match is [ErrNotFound].
 func (s *Store) RevokeWorker(ctx context.Context, ref string) (Worker, error) {
 	var out Worker
 	err := s.writeTx(ctx, func(tx *sql.Tx) error {
@@ -119,8 +128,11 @@ func (s *Store) RevokeWorker(ctx context.Context, ref string) (Worker, error) {
 		}
 		w.RevokedAt = now()
 		out = w
-		_, err = tx.ExecContext(ctx, `UPDATE worker_credentials SET revoked_at = ? WHERE id = ?`, toMicros(w.RevokedAt), w.ID)
-		return err
+		if _, err = tx.ExecContext(ctx, `UPDATE worker_credentials SET revoked_at = ? WHERE id = ?`, toMicros(w.RevokedAt), w.ID); err != nil {
+			return err
+		}
+		// The id stays out: the cluster token alone cannot register it again.
+		return setAdmission(ctx, tx, w.ReplicaID, AdmissionRevoked, w.RevokedAt)
 	})
 	if err != nil {
 		return Worker{}, fmt.Errorf("revoke worker %s: %w", ref, err)

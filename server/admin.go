@@ -54,6 +54,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	a.GET("/workers", s.handleGetWorkers)
 	a.GET("/slo", s.handleGetSLO)
 	a.DELETE("/workers/:id", s.handleDeleteWorker)
+	a.POST("/workers/:id/approve", s.handlePostApproveWorker)
 
 	if ui != nil {
 		e.GET("/", func(c echo.Context) error { return c.Redirect(http.StatusFound, "/ui/") })

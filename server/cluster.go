@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -61,8 +62,8 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	if err := c.Bind(&hb); err != nil {
 		return apierr.Reply(c, apierr.BadRequest("", "body must be a JSON heartbeat"))
 	}
-	if hb.ReplicaID == "" || len(hb.ReplicaID) > 128 || strings.ContainsAny(hb.ReplicaID, " \t\n\"") {
-		return apierr.Reply(c, apierr.BadRequest("replica_id", "replica_id must be a short name without spaces"))
+	if err := data.CheckReplicaID(hb.ReplicaID); err != nil {
+		return apierr.Reply(c, apierr.BadRequest("replica_id", "replica_id: %v", err))
 	}
 	u, err := url.Parse(hb.Address)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -97,30 +98,25 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	if w.ID == "" {
 		// First registration: exchange the cluster token for a credential
 		// bound to this replica id — unless another credential owns the
-		// id: a replica id is one worker's until that one is revoked.
+		// id (a replica id is one worker's until that one is revoked), or
+		// the id is not admitted (admitWorker).
 		switch owner, err := s.store.ActiveWorkerFor(c.Request().Context(), hb.ReplicaID); {
 		case err == nil:
 			s.warnRefused("registration refused: replica id owned by another worker", "replica", hb.ReplicaID,
 				"owner", owner.ID, "address", addr, "remote", c.Request().RemoteAddr)
 			return apierr.Reply(c, errWorkerRefused("replica_taken", fmt.Sprintf(
 				"registration refused: replica id %q belongs to worker %s (registered %s); a worker keeps its credential in its --data directory — "+
-					"if that was lost, revoke the old credential first: tailgate workers revoke %s",
-				hb.ReplicaID, owner.ID, owner.CreatedAt.UTC().Format(time.RFC3339), owner.ID)))
+					"if that was lost, revoke the old credential and let the new worker in: tailgate workers revoke %s, then tailgate workers approve %s",
+				hb.ReplicaID, owner.ID, owner.CreatedAt.UTC().Format(time.RFC3339), owner.ID, hb.ReplicaID)))
 		case !errors.Is(err, data.ErrNotFound):
 			s.log.Error("worker credential lookup", "err", err)
 			return apierr.Reply(c, errInternal)
 		}
-		secret, err := newWorkerSecret()
-		if err != nil {
-			return apierr.Reply(c, errInternal)
+		var secret string
+		var refused *apierr.Error
+		if w, secret, refused = s.admitWorker(c, hb.ReplicaID, addr, peer); refused != nil {
+			return apierr.Reply(c, refused)
 		}
-		w, err = s.store.CreateWorker(c.Request().Context(), data.Worker{
-			ReplicaID: hb.ReplicaID, Address: addr, Peer: peer, Hash: hashWorkerSecret(secret)})
-		if err != nil {
-			s.log.Error("worker credential not stored", "replica", hb.ReplicaID, "err", err)
-			return apierr.Reply(c, errInternal)
-		}
-		s.log.Info("worker credential issued", "worker", w.ID, "replica", hb.ReplicaID, "address", addr, "peer", peer)
 		reply.Credential = secret
 	} else if w.Address != addr {
 		// A restarted worker's sidecar may listen elsewhere; its
@@ -138,6 +134,77 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 		Load: routerLoad(hb.Load),
 	})
 	return c.JSON(http.StatusOK, reply)
+}
+
+// pendingNoteEvery is how often a refused worker's request is written to
+// its pending admission (it retries every second).
+const pendingNoteEvery = 30 * time.Second
+
+// admitWorker issues the first credential of a worker registering replica
+// id, if the id is admitted: by the join token the beat carries, by an
+// operator's approval, or by the gateway itself (open registration, or a
+// tailnet peer on the allow list). It returns the credential and its
+// secret, or why the worker is refused; an id neither approved nor invited
+// is noted as pending for the operator.
+func (s *Server) admitWorker(c echo.Context, id, addr, peer string) (data.Worker, string, *apierr.Error) {
+	ctx := c.Request().Context()
+	secret, err := newWorkerSecret()
+	if err != nil {
+		return data.Worker{}, "", errInternal
+	}
+	adm := data.Admit{JoinToken: c.Request().Header.Get(serving.HeaderJoinToken),
+		Open: s.cfg.OpenRegistration || s.cfg.PeerCheck != nil}
+	w, err := s.store.AdmitWorker(ctx, data.Worker{ReplicaID: id, Address: addr, Peer: peer, Hash: hashWorkerSecret(secret)}, adm)
+	letIn := fmt.Sprintf("tailgate workers approve --data DIR %s (or POST /admin/v1/workers/%s/approve), "+
+		"or start the worker with --join-token from: tailgate workers invite --data DIR --replica-id %s", id, id, id)
+	switch {
+	case err == nil:
+		how := "approval"
+		switch {
+		case adm.JoinToken != "":
+			how = "invite"
+		case adm.Open:
+			how = "open registration or approval" // the store does not say which
+		}
+		s.log.Info("worker credential issued", "worker", w.ID, "replica", id, "address", addr, "peer", peer, "admitted_by", how)
+		return w, secret, nil
+	case errors.Is(err, data.ErrNotApproved):
+		s.notePending(ctx, id, addr, peer)
+		s.warnRefused("registration refused: new replica id not approved; run: tailgate workers approve --data DIR "+id,
+			"replica", id, "address", addr, "peer", peer, "remote", c.Request().RemoteAddr)
+		return data.Worker{}, "", errWorkerRefused("worker_not_approved", fmt.Sprintf(
+			"replica id %q is not approved: the cluster token alone does not admit a new worker. The operator lets it in on the gateway's box: %s",
+			id, letIn))
+	case errors.Is(err, data.ErrAdmissionRevoked):
+		s.warnRefused("registration refused: replica id was revoked", "replica", id, "address", addr, "remote", c.Request().RemoteAddr)
+		return data.Worker{}, "", errWorkerRefused("worker_revoked", fmt.Sprintf(
+			"replica id %q was revoked and stays out until the operator lets it in again: %s", id, letIn))
+	case errors.Is(err, data.ErrInviteInvalid):
+		why := err.Error()
+		if i := strings.Index(why, data.ErrInviteInvalid.Error()); i >= 0 {
+			why = why[i:]
+		}
+		s.warnRefused("registration refused: join token not valid", "replica", id, "address", addr, "remote", c.Request().RemoteAddr, "why", why)
+		return data.Worker{}, "", errWorkerRefused("invalid_join_token", fmt.Sprintf(
+			"registration refused: %s; a join token works once, for its replica id, before it expires — ask the operator for a new one: "+
+				"tailgate workers invite --data DIR --replica-id %s", why, id))
+	default:
+		s.log.Error("worker credential not stored", "replica", id, "err", err)
+		return data.Worker{}, "", errInternal
+	}
+}
+
+// notePending lists a refused replica id as pending, writing at most every
+// pendingNoteEvery for a worker that keeps asking from the same place.
+func (s *Server) notePending(ctx context.Context, id, addr, peer string) {
+	a, err := s.store.AdmissionOf(ctx, id)
+	if err == nil && (a.State != data.AdmissionPending ||
+		a.Address == addr && a.Peer == peer && time.Since(a.RequestedAt) < pendingNoteEvery) {
+		return
+	}
+	if err := s.store.NotePending(ctx, id, addr, peer); err != nil {
+		s.log.Error("pending worker not noted", "replica", id, "err", err)
+	}
 }
 
 // routerLoad is a heartbeat's load in the router's terms.
@@ -228,15 +295,42 @@ func (s *Server) handleDeleteWorker(c echo.Context) error {
 	return c.JSON(http.StatusOK, workerView(w))
 }
 
+// handlePostApproveWorker admits a replica id (or a revoked worker's, by
+// its worker id): its worker's next heartbeat registers it.
+func (s *Server) handlePostApproveWorker(c echo.Context) error {
+	before, after, err := s.store.ApproveWorker(c.Request().Context(), c.Param("id"))
+	if err != nil {
+		if bad := data.CheckReplicaID(c.Param("id")); bad != nil {
+			return apierr.Reply(c, apierr.BadRequest("id", "want a replica id or a worker id: %v", bad))
+		}
+		s.log.Error("approve worker", "err", err)
+		return apierr.Reply(c, errInternal)
+	}
+	s.log.Info("worker approved", "replica", after.ReplicaID, "was", before.State)
+	v := admissionView(after)
+	v["was"] = before.State
+	return c.JSON(http.StatusOK, v)
+}
+
+// handleGetWorkers lists the worker credentials, then the replica ids
+// waiting for an approval (status "pending", no worker id yet).
 func (s *Server) handleGetWorkers(c echo.Context) error {
 	ws, err := s.store.Workers(c.Request().Context())
 	if err != nil {
 		s.log.Error("list workers", "err", err)
 		return apierr.Reply(c, errInternal)
 	}
+	pending, err := s.store.PendingWorkers(c.Request().Context())
+	if err != nil {
+		s.log.Error("list pending workers", "err", err)
+		return apierr.Reply(c, errInternal)
+	}
 	out := []map[string]any{}
 	for _, w := range ws {
 		out = append(out, workerView(w))
+	}
+	for _, a := range pending {
+		out = append(out, admissionView(a))
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})
 }
@@ -244,9 +338,20 @@ func (s *Server) handleGetWorkers(c echo.Context) error {
 // workerView is a credential as the admin API shows it: never its hash.
 func workerView(w data.Worker) map[string]any {
 	v := map[string]any{"id": w.ID, "replica_id": w.ReplicaID, "address": w.Address, "peer": w.Peer,
-		"created_at": w.CreatedAt, "revoked": w.Revoked()}
+		"created_at": w.CreatedAt, "revoked": w.Revoked(), "status": "active"}
 	if w.Revoked() {
 		v["revoked_at"] = w.RevokedAt
+		v["status"] = "revoked"
+	}
+	return v
+}
+
+// admissionView is a replica id's admission as the admin API shows it.
+func admissionView(a data.Admission) map[string]any {
+	v := map[string]any{"replica_id": a.ReplicaID, "status": a.State, "address": a.Address, "peer": a.Peer,
+		"updated_at": a.UpdatedAt}
+	if !a.RequestedAt.IsZero() {
+		v["requested_at"] = a.RequestedAt
 	}
 	return v
 }

@@ -44,12 +44,25 @@ func heartbeat(h *servertest.Gateway, token string, hb serving.Heartbeat) *http.
 // anything else.
 func beat(h *servertest.Gateway, token, credential string, hb serving.Heartbeat) (*http.Response, serving.HeartbeatReply, string) {
 	h.T.Helper()
+	hdr := http.Header{}
+	if credential != "" {
+		hdr.Set(serving.HeaderWorkerCredential, credential)
+	}
+	resp, reply, _, msg := beatWith(h, token, hdr, hb)
+	return resp, reply, msg
+}
+
+// beatWith sends one heartbeat with the cluster token and the headers
+// given, and returns the answer, the reply of a 200 and the error code and
+// message of anything else.
+func beatWith(h *servertest.Gateway, token string, hdr http.Header, hb serving.Heartbeat) (*http.Response, serving.HeartbeatReply, string, string) {
+	h.T.Helper()
 	body, _ := json.Marshal(hb)
 	req, _ := http.NewRequest(http.MethodPost, h.Admin.URL+serving.HeartbeatPath, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+token)
-	if credential != "" {
-		req.Header.Set(serving.HeaderWorkerCredential, credential)
+	for k, v := range hdr {
+		req.Header[k] = v
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -60,6 +73,7 @@ func beat(h *servertest.Gateway, token, credential string, hb serving.Heartbeat)
 	var e struct {
 		Error struct {
 			Message string `json:"message"`
+			Code    string `json:"code"`
 		} `json:"error"`
 	}
 	if resp.StatusCode == http.StatusOK {
@@ -67,7 +81,7 @@ func beat(h *servertest.Gateway, token, credential string, hb serving.Heartbeat)
 	} else {
 		_ = json.NewDecoder(resp.Body).Decode(&e)
 	}
-	return resp, reply, e.Error.Message
+	return resp, reply, e.Error.Code, e.Error.Message
 }
 
 // tokenCheckingEngine serves a sim engine that insists on the cluster token,
@@ -89,7 +103,7 @@ func tokenCheckingEngine(t *testing.T) *httptest.Server {
 }
 
 func TestHeartbeatRegistersReplicaAndLeaseExpires(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1, Health: 50 * time.Millisecond})
+	h := servertest.Start(t, servertest.Options{Server: openRegistration, Replicas: 1, Health: 50 * time.Millisecond})
 	h.Reg.Remove("sim-a") // only the registered worker serves
 	secret := h.Key(policy.KeyOptions{})
 	engine := tokenCheckingEngine(t)
@@ -148,7 +162,7 @@ func TestHeartbeatRegistersReplicaAndLeaseExpires(t *testing.T) {
 }
 
 func TestEngineTimingFromSidecarReachesLedger(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h := servertest.Start(t, servertest.Options{Server: openRegistration, Replicas: 1})
 	h.Reg.Remove("sim-a")
 	// A stand-in sidecar that reports the engine timings per the wire contract.
 	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -200,7 +214,7 @@ func TestEngineTimingFromSidecarReachesLedger(t *testing.T) {
 // replica's reason and the engine's last error lines its worker sent, cut
 // to the wire contract's bounds.
 func TestReplicasShowWhyAnEngineFailed(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h := servertest.Start(t, servertest.Options{Server: openRegistration, Replicas: 1})
 	var lines []string
 	for i := range 30 {
 		lines = append(lines, fmt.Sprintf("line %d", i))
@@ -254,7 +268,7 @@ func TestReplicasShowWhyAnEngineFailed(t *testing.T) {
 // slot count the router learnt; a sleeping engine's replica shows why it is
 // not ready.
 func TestReplicasShowTheEngineSignals(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h := servertest.Start(t, servertest.Options{Server: openRegistration, Replicas: 1})
 	asleep := "engine asleep (vLLM sleep level 1: weights offloaded to CPU); POST /wake_up to the engine wakes it"
 	for _, hb := range []serving.Heartbeat{
 		{ReplicaID: "w1", Address: "http://127.0.0.1:1", Models: []string{servertest.SimModel}, State: "ready", Engine: "vllm",

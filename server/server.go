@@ -63,8 +63,14 @@ type Config struct {
 	// heartbeat; 0 means 3.5s (about three missed one-second beats).
 	Lease time.Duration
 	// PeerCheck, when set, must accept a worker's heartbeat request besides
-	// its cluster token (the mesh checks the tailnet peer's identity).
+	// its cluster token (the mesh checks the tailnet peer's identity). A
+	// peer it accepts counts as approved: its new replica ids register
+	// without an invite or an approval (a revoked one stays out).
 	PeerCheck func(*http.Request) error
+	// OpenRegistration lets the cluster token alone register a new replica
+	// id, as before invites and approvals (a revoked one stays out). False:
+	// a new id needs a join token or an operator's approval.
+	OpenRegistration bool
 	// PeerIdentity, when set, names the tailnet peer a heartbeat came from
 	// ("" if none); a worker's credential is bound to the peer that
 	// registered it. Nil: credentials are not bound to a peer.

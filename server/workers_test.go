@@ -9,9 +9,15 @@ import (
 	"testing"
 
 	"tailgate/policy"
+	"tailgate/server"
 	"tailgate/server/internal/servertest"
 	"tailgate/serving"
 )
+
+// openRegistration lets the cluster token alone register a new replica
+// id: the tests of what a registered worker may do start there (those of
+// how one is admitted are in admission_test.go).
+var openRegistration = server.Config{OpenRegistration: true}
 
 func admin(t *testing.T, h *servertest.Gateway, method, path string) (int, string) {
 	t.Helper()
@@ -34,7 +40,7 @@ func readyBeat(id, addr string) serving.Heartbeat {
 // or with its own credential, a second worker cannot take the replica id
 // or the address a registered worker holds; the first keeps routing.
 func TestWorkerCannotTakeAnotherWorkersReplica(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h := servertest.Start(t, servertest.Options{Server: openRegistration, Replicas: 1})
 	engine := tokenCheckingEngine(t)
 	other := tokenCheckingEngine(t)
 	resp, first, _ := beat(h, servertest.ClusterToken, "", readyBeat("w1", engine.URL))
@@ -84,9 +90,9 @@ func TestWorkerCannotTakeAnotherWorkersReplica(t *testing.T) {
 // has ended (it is down, or restarting), its replica id is still its own:
 // the cluster token alone cannot take it; the worker itself comes back with
 // its credential, at another address too; once the credential is revoked,
-// the id can be registered anew.
+// the id can be registered anew after an operator approves it.
 func TestReplicaIDBelongsToItsCredentialUntilRevoked(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h := servertest.Start(t, servertest.Options{Server: openRegistration, Replicas: 1})
 	engine := tokenCheckingEngine(t)
 	moved := tokenCheckingEngine(t)
 	_, owner, _ := beat(h, servertest.ClusterToken, "", readyBeat("w1", engine.URL))
@@ -117,16 +123,25 @@ func TestReplicaIDBelongsToItsCredentialUntilRevoked(t *testing.T) {
 	if code, body := admin(t, h, http.MethodDelete, "/admin/v1/workers/"+owner.WorkerID); code != 200 {
 		t.Fatalf("revoke: %d %s", code, body)
 	}
+	// Revoked, the id stays out (open registration or not) until an
+	// operator approves it again.
+	resp, _, msg = beat(h, servertest.ClusterToken, "", readyBeat("w1", moved.URL))
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(msg, "tailgate workers approve --data DIR w1") {
+		t.Fatalf("token-only registration of a revoked id: %d %q; want 403 saying how to approve it", resp.StatusCode, msg)
+	}
+	if code, body := admin(t, h, http.MethodPost, "/admin/v1/workers/w1/approve"); code != 200 {
+		t.Fatalf("approve: %d %s", code, body)
+	}
 	resp, fresh, msg := beat(h, servertest.ClusterToken, "", readyBeat("w1", moved.URL))
 	if resp.StatusCode != 200 || fresh.Credential == "" || fresh.WorkerID == owner.WorkerID {
-		t.Fatalf("registration after the old credential was revoked: %d %+v %q", resp.StatusCode, fresh, msg)
+		t.Fatalf("registration after the old credential was revoked and the id approved: %d %+v %q", resp.StatusCode, fresh, msg)
 	}
 }
 
 // TestHeartbeatCannotTakeAStaticUpstream: a heartbeat naming a configured
 // upstream's id or address is refused and the upstream stays as it was.
 func TestHeartbeatCannotTakeAStaticUpstream(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h := servertest.Start(t, servertest.Options{Server: openRegistration, Replicas: 1})
 	static := h.Reg.Replicas()[0]
 	for _, hb := range []serving.Heartbeat{readyBeat(static.ID, "http://127.0.0.1:1"), readyBeat("w1", static.URL)} {
 		resp, _, msg := beat(h, servertest.ClusterToken, "", hb)
@@ -145,7 +160,7 @@ func TestHeartbeatCannotTakeAStaticUpstream(t *testing.T) {
 // TestRevokedWorkerIsRefusedAndLeavesRouting: DELETE /admin/v1/workers/ID
 // takes the worker out of routing at once and refuses its heartbeats.
 func TestRevokedWorkerIsRefusedAndLeavesRouting(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h := servertest.Start(t, servertest.Options{Server: openRegistration, Replicas: 1})
 	engine := tokenCheckingEngine(t)
 	_, reply, _ := beat(h, servertest.ClusterToken, "", readyBeat("w1", engine.URL))
 	if code, body := admin(t, h, http.MethodDelete, "/admin/v1/workers/"+reply.WorkerID); code != 200 || !strings.Contains(body, `"revoked":true`) {
@@ -182,7 +197,7 @@ func TestRevokedWorkerIsRefusedAndLeavesRouting(t *testing.T) {
 // TestWorkerCredentialIsStoredHashedAndNeverShown: only the credential's
 // hash is stored; the admin API names the worker by id.
 func TestWorkerCredentialIsStoredHashedAndNeverShown(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h := servertest.Start(t, servertest.Options{Server: openRegistration, Replicas: 1})
 	engine := tokenCheckingEngine(t)
 	_, reply, _ := beat(h, servertest.ClusterToken, "", readyBeat("w1", engine.URL))
 	ws, err := h.Store.Workers(context.Background())

@@ -16,7 +16,12 @@
 // later beat in [HeaderWorkerCredential]. The credential binds the worker
 // to its replica id and address: the gateway refuses (403) a beat that
 // claims an id or address held by a configured upstream or by another
-// worker, and every beat with a revoked credential. A replica that misses about three beats (its lease) is
+// worker, and every beat with a revoked credential. The cluster token
+// alone registers no new replica id: the first beat must also carry a
+// one-time join token bound to the id in [HeaderJoinToken], or the id must
+// have been approved by an operator (else 403 with code
+// "worker_not_approved", and the id is listed as pending until approved).
+// A replica that misses about three beats (its lease) is
 // dropped from routing. The worker reports its replica's state itself:
 // "failed" also while the engine process runs but does not answer (frozen),
 // with the reason and the engine's last error lines.
@@ -41,6 +46,11 @@ const HeartbeatPath = "/admin/v1/cluster/heartbeat"
 // HeaderWorkerCredential carries a worker's credential on its heartbeats
 // once the gateway issued one.
 const HeaderWorkerCredential = "X-Tailgate-Worker-Credential"
+
+// HeaderJoinToken carries a worker's one-time join token (from `tailgate
+// workers invite`) on the beats that register it, until it has a
+// credential.
+const HeaderJoinToken = "X-Tailgate-Join-Token"
 
 // Headers and SSE comment prefix of the sidecar's timing report.
 const (

@@ -32,6 +32,11 @@ type HeartbeatConfig struct {
 	// the heartbeater keeps in memory and sends with every later beat
 	// (serving.HeaderWorkerCredential).
 	ClusterToken string
+	// JoinToken is a one-time join token (from `tailgate workers invite`)
+	// sent beside the cluster token while the heartbeater has no
+	// credential: with it the gateway admits a new replica id without an
+	// operator's approval. "" sends none.
+	JoinToken string
 	// Interval is the time between beats; 0 means 1s. The gateway drops a
 	// replica that misses about three.
 	Interval time.Duration
@@ -105,6 +110,11 @@ var (
 	// or address held by another worker or a configured upstream, or a
 	// revoked credential.
 	ErrRefused = errors.New("gateway refused this worker's registration")
+	// ErrNotApproved means the gateway does not admit this new replica id
+	// on the cluster token alone: an operator must approve it, or the
+	// worker must present a join token. The beats go on, so the worker
+	// registers as soon as it is approved.
+	ErrNotApproved = errors.New("gateway has not approved this replica id")
 	// ErrGatewayUnreachable means no connection to the gateway could be made.
 	ErrGatewayUnreachable = errors.New("gateway unreachable")
 )
@@ -276,6 +286,8 @@ func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
 	req.Header.Set("Authorization", "Bearer "+h.cfg.ClusterToken)
 	if h.credential != "" {
 		req.Header.Set(serving.HeaderWorkerCredential, h.credential)
+	} else if h.cfg.JoinToken != "" {
+		req.Header.Set(serving.HeaderJoinToken, h.cfg.JoinToken)
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
@@ -311,6 +323,9 @@ func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
 		// The token was fine; the gateway refuses this worker (e.g. a tailnet
 		// peer outside its allow list) and says why.
 		_ = json.Unmarshal(raw, &e)
+		if e.Error.Code == "worker_not_approved" {
+			return fmt.Errorf("%w: %s", ErrNotApproved, e.Error.Message)
+		}
 		return fmt.Errorf("%w: %s", ErrRefused, e.Error.Message)
 	default:
 		return fmt.Errorf("heartbeat to %s: gateway answered %s", h.cfg.GatewayURL, resp.Status)
@@ -335,6 +350,10 @@ func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
 		msg = "gateway rejected the cluster token"
 	case errors.Is(err, ErrCredentialUnknown):
 		msg = "gateway does not know this worker's credential: registering afresh"
+	case errors.Is(err, ErrNotApproved):
+		msg = fmt.Sprintf("waiting for the operator to admit this worker (retrying every %s): on the gateway's box run "+
+			"`tailgate workers approve --data DIR %s`, or restart this worker with --join-token-file holding the token of "+
+			"`tailgate workers invite --data DIR --replica-id %s`", h.cfg.Interval, hb.ReplicaID, hb.ReplicaID)
 	case errors.Is(err, ErrRefused):
 		msg = "gateway refused this worker's registration"
 	case errors.Is(err, ErrGatewayUnreachable):

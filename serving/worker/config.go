@@ -22,6 +22,11 @@ type Config struct {
 	// ClusterToken authenticates the worker's heartbeats to the gateway and
 	// the gateway's requests to the sidecar. Required.
 	ClusterToken string
+	// JoinToken is a one-time join token bound to ReplicaID (`tailgate
+	// workers invite`), presented until the worker has a credential: it
+	// admits a new replica id without an operator's approval. "" means
+	// none: a new id then waits, retrying, until the operator approves it.
+	JoinToken string
 
 	// Listener is where the sidecar serves the gateway: a TCP listener, or
 	// one on the tailnet in mesh mode. Required; Run closes it.

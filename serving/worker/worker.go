@@ -100,7 +100,7 @@ func New(cfg Config) (*Worker, error) {
 	var legacy string // a one-gateway worker's credential, offered to each of several
 	for _, g := range cfg.Gateways {
 		hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(g, "/"), ClusterToken: cfg.ClusterToken,
-			Build: w.heartbeat, Log: cfg.Log, Borrow: w.credentials, Registering: &w.registering}
+			JoinToken: cfg.JoinToken, Build: w.heartbeat, Log: cfg.Log, Borrow: w.credentials, Registering: &w.registering}
 		if cfg.DataDir != "" {
 			hc.CredentialFile = filepath.Join(cfg.DataDir, "credential-"+url.PathEscape(w.id))
 			if len(cfg.Gateways) > 1 {

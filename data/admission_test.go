@@ -1,0 +1,187 @@
+package data
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestInviteAdmitsOnceItsOwnReplicaBeforeItExpires: a join token admits
+// one registration of the replica id it was made for, before it expires;
+// the store keeps only its hash.
+func TestInviteAdmitsOnceItsOwnReplicaBeforeItExpires(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		inv, token, err := s.CreateInvite(ctx, "gpu-1", time.Hour)
+		if err != nil || !strings.HasPrefix(token, JoinTokenPrefix) || inv.ReplicaID != "gpu-1" || !inv.ExpiresAt.After(inv.CreatedAt) {
+			t.Fatalf("CreateInvite = %+v, %q, %v", inv, token, err)
+		}
+		admit := func(id, hash, tok string) (Worker, error) {
+			return s.AdmitWorker(ctx, Worker{ReplicaID: id, Address: "http://10.0.0.1:9000", Hash: hashOf(hash)}, Admit{JoinToken: tok})
+		}
+		for _, c := range []struct{ name, id, token, want string }{
+			{"another replica id", "gpu-2", token, `is for replica id "gpu-1", not "gpu-2"`},
+			{"an unknown token", "gpu-1", JoinTokenPrefix + "nosuch", "no invite has this join token"},
+		} {
+			if _, err := admit(c.id, c.name, c.token); !errors.Is(err, ErrInviteInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: %v; want ErrInviteInvalid saying %q", c.name, err, c.want)
+			}
+		}
+		w, err := admit("gpu-1", "a", token)
+		if err != nil || !strings.HasPrefix(w.ID, "wkr_") {
+			t.Fatalf("admit with the invite: %+v, %v", w, err)
+		}
+		if got, err := s.ActiveWorkerFor(ctx, "gpu-1"); err != nil || got.ID != w.ID {
+			t.Fatalf("credential after the invite: %+v, %v", got, err)
+		}
+		// Used once: a second worker (after the first was revoked) cannot
+		// use it again.
+		if _, err := s.RevokeWorker(ctx, w.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admit("gpu-1", "b", token); !errors.Is(err, ErrInviteInvalid) || !strings.Contains(err.Error(), "was used") {
+			t.Errorf("the invite used twice: %v", err)
+		}
+		invs, err := s.Invites(ctx)
+		if err != nil || len(invs) != 1 || invs[0].UsedAt.IsZero() || invs[0].WorkerID != w.ID {
+			t.Errorf("Invites = %+v, %v; want the one, used by %s", invs, err, w.ID)
+		}
+		var n int
+		if err := s.read.QueryRowContext(ctx, `SELECT COUNT(*) FROM worker_invites WHERE hash = ?`, []byte(token)).Scan(&n); err != nil || n != 0 {
+			t.Errorf("the token is stored as it is: %d %v", n, err)
+		}
+
+		_, short, err := s.CreateInvite(ctx, "gpu-3", time.Microsecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+		if _, err := admit("gpu-3", "c", short); !errors.Is(err, ErrInviteInvalid) || !strings.Contains(err.Error(), "expired") {
+			t.Errorf("an expired invite: %v", err)
+		}
+		if _, err := s.ActiveWorkerFor(ctx, "gpu-3"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("the expired invite issued a credential: %v", err)
+		}
+		for _, bad := range []string{"", "has space", `q"uote`, strings.Repeat("x", 129)} {
+			if _, _, err := s.CreateInvite(ctx, bad, time.Hour); err == nil {
+				t.Errorf("invite for replica id %q accepted", bad)
+			}
+		}
+	})
+}
+
+// TestNewReplicaIDNeedsApprovalAndRevokedStaysOut: the cluster token alone
+// registers no new id (it is listed pending) unless the gateway runs open;
+// an approval admits it; a revoked id stays out, open or not, until it is
+// approved again.
+func TestNewReplicaIDNeedsApprovalAndRevokedStaysOut(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		admit := func(id, hash string, open bool) (Worker, error) {
+			return s.AdmitWorker(ctx, Worker{ReplicaID: id, Address: "http://10.0.0.1:9000", Hash: hashOf(hash)}, Admit{Open: open})
+		}
+		if _, err := admit("gpu-1", "a", false); !errors.Is(err, ErrNotApproved) {
+			t.Fatalf("a new id with the token alone: %v, want ErrNotApproved", err)
+		}
+		if err := s.NotePending(ctx, "gpu-1", "http://10.0.0.1:9000", "box1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.NotePending(ctx, "gpu-1", "http://10.0.0.1:9001", "box1"); err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.PendingWorkers(ctx)
+		if err != nil || len(p) != 1 || p[0].ReplicaID != "gpu-1" || p[0].Address != "http://10.0.0.1:9001" || p[0].Peer != "box1" || p[0].RequestedAt.IsZero() {
+			t.Fatalf("PendingWorkers = %+v, %v", p, err)
+		}
+		before, after, err := s.ApproveWorker(ctx, "gpu-1")
+		if err != nil || before.State != AdmissionPending || after.State != AdmissionApproved {
+			t.Fatalf("ApproveWorker = %+v, %+v, %v", before, after, err)
+		}
+		if p, _ := s.PendingWorkers(ctx); len(p) != 0 {
+			t.Errorf("still pending after the approval: %+v", p)
+		}
+		w, err := admit("gpu-1", "a", false)
+		if err != nil {
+			t.Fatalf("the approved id: %v", err)
+		}
+
+		if _, err := s.RevokeWorker(ctx, "gpu-1"); err != nil {
+			t.Fatal(err)
+		}
+		if a, err := s.AdmissionOf(ctx, "gpu-1"); err != nil || a.State != AdmissionRevoked {
+			t.Fatalf("admission after the revocation: %+v, %v", a, err)
+		}
+		for _, open := range []bool{false, true} {
+			if _, err := admit("gpu-1", "b", open); !errors.Is(err, ErrAdmissionRevoked) {
+				t.Errorf("the revoked id again (open %v): %v, want ErrAdmissionRevoked", open, err)
+			}
+		}
+		if err := s.NotePending(ctx, "gpu-1", "http://10.0.0.1:9000", ""); err != nil {
+			t.Fatal(err)
+		}
+		if a, _ := s.AdmissionOf(ctx, "gpu-1"); a.State != AdmissionRevoked {
+			t.Errorf("a refused beat turned the revoked id %s", a.State)
+		}
+		// Approved again by the revoked worker's id.
+		if before, after, err := s.ApproveWorker(ctx, w.ID); err != nil || before.State != AdmissionRevoked || after.ReplicaID != "gpu-1" {
+			t.Fatalf("approving by worker id = %+v, %+v, %v", before, after, err)
+		}
+		if _, err := admit("gpu-1", "b", false); err != nil {
+			t.Errorf("the id approved again: %v", err)
+		}
+
+		// Open registration admits an id never seen.
+		if _, err := admit("gpu-2", "c", true); err != nil {
+			t.Errorf("open registration: %v", err)
+		}
+		if a, err := s.AdmissionOf(ctx, "gpu-2"); err != nil || a.State != AdmissionApproved {
+			t.Errorf("admission after open registration: %+v, %v", a, err)
+		}
+		if _, _, err := s.ApproveWorker(ctx, "bad id"); err == nil {
+			t.Error("approved a replica id with a space")
+		}
+	})
+}
+
+// TestAdmissionMigrationKeepsExistingWorkers: workers registered before
+// admissions existed keep their ids (active: approved) and a revoked one
+// stays out.
+func TestAdmissionMigrationKeepsExistingWorkers(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		path := e.newDB(t)
+		ctx := context.Background()
+		s, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range []Worker{{ReplicaID: "gpu-1", Hash: hashOf("a")}, {ReplicaID: "gpu-2", Hash: hashOf("b")}, {ReplicaID: "gpu-2", Hash: hashOf("c")}} {
+			w.Address = "http://10.0.0.1:9000"
+			w, err := s.CreateWorker(ctx, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.ReplicaID == "gpu-2" {
+				if _, err := s.RevokeWorker(ctx, w.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// Back to the schema before 0012, with the credentials in it.
+		for _, q := range []string{`DROP TABLE worker_admissions`, `DROP TABLE worker_invites`, `DELETE FROM schema_migrations WHERE version = 12`} {
+			if _, err := s.write.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.Close()
+		s = openAt(t, path)
+		for id, want := range map[string]string{"gpu-1": AdmissionApproved, "gpu-2": AdmissionRevoked} {
+			if a, err := s.AdmissionOf(ctx, id); err != nil || a.State != want {
+				t.Errorf("%s after the migration: %+v, %v; want %s", id, a, err, want)
+			}
+		}
+	})
+}
