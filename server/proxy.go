@@ -84,6 +84,7 @@ func (s *Server) handleProxy(pe proxyEndpoint) echo.HandlerFunc {
 		if !ok {
 			return nil
 		}
+		defer s.bodies.release(int64(len(body)))
 		s.serveProxy(r.Context(), cl, pe, body, r.Header.Get("Content-Type"), out)
 		return nil
 	}
