@@ -59,6 +59,8 @@ type gatewayConfig struct {
 	DefaultMaxTokens int64                  `yaml:"default_max_tokens"` // --default-max-tokens; 0: 1024
 	Models           map[string]modelConfig `yaml:"models"`             // the catalog; --price adds prices
 
+	MaxBodyInFlight int64 `yaml:"-"` // --max-body-bytes-in-flight; 0: 256 MiB
+
 	MaxBody      int64         `yaml:"-"` // --max-body; 0: 4 MiB
 	KeepAlive    time.Duration `yaml:"-"` // --sse-keepalive; 0: 10s
 	TTFTDeadline time.Duration `yaml:"-"` // --ttft-deadline; 0: 30s
@@ -156,6 +158,7 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.ConfigFile, "config", "", "YAML config file (upstreams, per-model max_tokens, prices, deadlines, hedging); flags given here win over it, --upstream and --price add to it")
 	fs.Int64Var(&c.DefaultMaxTokens, "default-max-tokens", 1024, "max_tokens applied when a request sets none")
 	fs.Int64Var(&c.MaxBody, "max-body", 4<<20, "largest request body in bytes (larger: 413)")
+	fs.Int64Var(&c.MaxBodyInFlight, "max-body-bytes-in-flight", 256<<20, "request-body bytes held at once over all requests; past it a request waits up to 2s, then gets 503 (0: 256 MiB)")
 	fs.DurationVar(&c.KeepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
 	fs.Var(&c.priceFlags, "price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
@@ -421,7 +424,7 @@ func (c *gatewayConfig) setup() (*gatewaySetup, error) {
 			DefaultMaxTokens: c.DefaultMaxTokens, MaxBodyBytes: c.MaxBody, KeepAlive: c.KeepAlive,
 			TTFTDeadline: c.TTFTDeadline, IdleDeadline: c.IdleDeadline, JSONDeadline: c.JSONDeadline,
 			ClientWriteTimeout: c.ClientWriteTimeout, MaxJSONDepth: c.MaxJSONDepth, MediaPartTokens: c.MediaPartTokens,
-			RejectedRows: c.RejectedRows, OpenRegistration: c.OpenRegistration,
+			RejectedRows: c.RejectedRows, OpenRegistration: c.OpenRegistration, MaxBodyBytesInFlight: c.MaxBodyInFlight,
 			MaxTokensByModel: map[string]int64{}, TTFTDeadlineByModel: map[string]time.Duration{},
 			IdleDeadlineByModel: map[string]time.Duration{},
 			SLO:                 c.sloConfig.config(c.Models),

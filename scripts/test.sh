@@ -32,12 +32,14 @@ fi
 go vet ./...
 go test -race -count=1 "$@" ./...
 
-# The differential fuzz tests of the request reader, each for a bounded
-# number of inputs (their seed corpora already ran above as ordinary tests).
+# The differential fuzz tests of the request readers (JSON bodies, multipart
+# forms), each for a bounded number of inputs (their seed corpora already ran
+# above as ordinary tests).
 # Counts, not durations: Go 1.26's fuzz coordinator can fail a duration run
 # at its deadline with "context deadline exceeded" and no crasher
 # (golang/go#75804, fixed in Go 1.27).
 go test -run '^$' -fuzz '^FuzzGatewayAndEngineReadBodiesAlike$' -fuzztime 100000x -timeout 5m ./server/
+go test -run '^$' -fuzz '^FuzzGatewayAndEngineReadFormsAlike$' -fuzztime 50000x -timeout 5m ./server/
 go test -run '^$' -fuzz '^FuzzCheckAgreesWithEncodingJSON$' -fuzztime 300000x -timeout 5m ./server/strictjson/
 # The commit log's decoder over arbitrary file contents (about 10 s).
 go test -run '^$' -fuzz '^FuzzCommitLogDecode$' -fuzztime 200000x -timeout 5m ./data/commitlog/

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"unicode/utf8"
 
@@ -146,9 +147,10 @@ func formBoundary(ctype string) (string, error) {
 const bchars = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ'()+_,-./:=?"
 
 // readPartHeaders reads a part's header lines up to the empty line into p
-// and returns what follows.
+// and returns what follows. A refusal names the part's field when its
+// Content-Disposition names one.
 func readPartHeaders(rest []byte, p *formPart) ([]byte, error) {
-	var disp string
+	var disp, problem string
 	var hasDisp, hasType bool
 	for {
 		i := bytes.Index(rest, []byte("\r\n"))
@@ -160,28 +162,33 @@ func readPartHeaders(rest []byte, p *formPart) ([]byte, error) {
 		if len(line) == 0 {
 			break
 		}
-		if len(line) > maxFormHeaderLen || !utf8.Valid(line) || hasCTL(line) {
-			return nil, apierr.BadRequest("", "a form part has a header with control characters, invalid UTF-8 or over %d bytes", maxFormHeaderLen)
+		if problem != "" {
+			continue
 		}
 		name, value, ok := strings.Cut(string(line), ":")
 		value = strings.TrimLeft(value, " ")
 		switch {
+		case len(line) > maxFormHeaderLen || !utf8.Valid(line) || hasCTL(line):
+			problem = fmt.Sprintf("has a header with control characters, invalid UTF-8 or over %d bytes", maxFormHeaderLen)
 		case !ok:
-			return nil, apierr.BadRequest("", "a form part has a header line without a colon")
+			problem = "has a header line without a colon"
 		case strings.EqualFold(name, "Content-Disposition") && !hasDisp:
 			disp, hasDisp = value, true
 		case strings.EqualFold(name, "Content-Type") && !hasType:
 			p.ctype, hasType = value, true
+			if strings.IndexFunc(value, func(r rune) bool { return r >= 0x7f }) >= 0 {
+				problem = "has a Content-Type that is not ASCII"
+			}
 		case strings.EqualFold(name, "Content-Disposition"), strings.EqualFold(name, "Content-Type"):
-			return nil, apierr.BadRequest("", "a form part has two %s headers; send one", name)
+			problem = "has two " + name + " headers; send one"
 		case strings.EqualFold(name, "Content-Transfer-Encoding"):
-			return nil, apierr.BadRequest("", "a form part has a Content-Transfer-Encoding; send the data as it is, without one")
+			problem = "has a Content-Transfer-Encoding; send the data as it is, without one"
 		default:
-			return nil, apierr.BadRequest("", "a form part has a header %q the gateway does not forward; send only Content-Disposition and Content-Type", name)
+			problem = fmt.Sprintf("has a header %q the gateway does not forward; send only Content-Disposition and Content-Type", name)
 		}
 	}
-	if !hasDisp {
-		return nil, apierr.BadRequest("", "a form part has no Content-Disposition; name it with Content-Disposition: form-data; name=\"...\"")
+	if !hasDisp && problem == "" {
+		problem = `has no Content-Disposition; name it with Content-Disposition: form-data; name="..."`
 	}
 	typ, params, ok := splitParams(disp)
 	var hasName bool
@@ -194,50 +201,59 @@ func readPartHeaders(rest []byte, p *formPart) ([]byte, error) {
 		}
 	}
 	switch {
+	case problem != "":
 	case !ok:
-		return nil, apierr.BadRequest(p.name, "a form part's Content-Disposition %q is malformed (a parameter given twice, an RFC 2231 name*=, or a quoted value with '\"', '\\' or ';')", disp)
+		problem = fmt.Sprintf("has a malformed Content-Disposition %q (a parameter given twice, an RFC 2231 name*=, or a quoted value with '\"', '\\' or ';')", disp)
 	case !strings.EqualFold(typ, "form-data"):
-		return nil, apierr.BadRequest(p.name, "a form part's disposition must be form-data, not %q", typ)
+		problem = fmt.Sprintf("has the disposition %q; it must be form-data", typ)
 	case !hasName || p.name == "":
-		return nil, apierr.BadRequest("", "a form part has no name; name it with Content-Disposition: form-data; name=\"...\"")
+		problem = `has no name; name it with Content-Disposition: form-data; name="..."`
 	case len(params) != 1+btoi(p.file):
-		return nil, apierr.BadRequest(p.name, "a form part's Content-Disposition may carry only name and filename")
+		problem = "has a Content-Disposition parameter other than name and filename"
+	default:
+		return rest, nil
 	}
-	return rest, nil
+	if p.name == "" {
+		return nil, apierr.BadRequest("", "a form part %s", problem)
+	}
+	return nil, apierr.BadRequest(p.name, "the form part %s %s", p.name, problem)
 }
 
 // splitParams splits a header value "type; key=value; key=\"value\"" as a
 // strict reader does: keys are tokens (compared in lower case), each once,
 // none with '*' (RFC 2231); a value is a token or a quoted string without
-// '"', '\', ';' or control characters. ok is false for anything else.
+// '"', '\', ';' or control characters. ok is false for anything else; the
+// parameters read until then are returned all the same (a repeated one with
+// its last value, as Starlette reads it), to name the field in an error.
 func splitParams(v string) (typ string, params [][2]string, ok bool) {
 	pieces := strings.Split(v, ";")
 	typ = strings.TrimSpace(pieces[0])
-	if !isToken(strings.ReplaceAll(typ, "/", "")) {
-		return "", nil, false
-	}
+	ok = isToken(strings.ReplaceAll(typ, "/", ""))
 	for _, piece := range pieces[1:] {
 		key, val, found := strings.Cut(piece, "=")
 		key, val = strings.ToLower(strings.TrimSpace(key)), strings.TrimSpace(val)
 		if !found || !isToken(key) || strings.Contains(key, "*") {
-			return "", nil, false
+			return typ, params, false
 		}
 		if len(val) >= 2 && val[0] == '"' && val[len(val)-1] == '"' {
 			val = val[1 : len(val)-1]
 			if strings.ContainsAny(val, "\"\\") || hasCTL([]byte(val)) {
-				return "", nil, false
+				return typ, params, false
 			}
 		} else if !isToken(val) {
-			return "", nil, false
+			return typ, params, false
 		}
-		for _, kv := range params {
-			if kv[0] == key {
-				return "", nil, false
+		seen := false
+		for i := range params {
+			if params[i][0] == key {
+				params[i][1], seen, ok = val, true, false
 			}
 		}
-		params = append(params, [2]string{key, val})
+		if !seen {
+			params = append(params, [2]string{key, val})
+		}
 	}
-	return typ, params, true
+	return typ, params, ok
 }
 
 // isToken reports whether s is a non-empty RFC 2045 token.

@@ -52,20 +52,41 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		if !ok {
 			return nil
 		}
+		defer s.bodies.release(int64(len(body)))
 		s.serve(r.Context(), cl, body, out)
 		return nil
 	}
 }
 
 // readBody reads the request body once, at most limit bytes, under the body
-// deadline; a body that fails is refused (and recorded) for cl, and false
-// returned. On failure the deadline stays in force, so the server's own
-// drain of the unread body fails fast too and the connection is closed.
+// deadline and within the budget of body bytes in flight; a body that fails
+// is refused (and recorded) for cl, and false returned. On failure the
+// deadline stays in force, so the server's own drain of the unread body
+// fails fast too and the connection is closed. On success the body holds
+// len(body) bytes of the budget: the handler gives them back with
+// s.bodies.release(len(body)) when its request ends.
 func (s *Server) readBody(c echo.Context, cl *call, out sink, limit int64) ([]byte, bool) {
+	r := c.Request()
+	var held int64
+	var grow *budgetedBody
+	if n := r.ContentLength; n > 0 && n <= limit {
+		if err := s.bodies.reserve(r.Context(), n); err != nil {
+			s.reject(cl, out, bodyError(err))
+			return nil, false
+		}
+		held = n
+	} else {
+		grow = &budgetedBody{ReadCloser: r.Body, b: s.bodies, ctx: r.Context()}
+		r.Body = grow
+	}
 	rc := http.NewResponseController(c.Response())
 	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
-	body, err := serving.ReadBody(c.Response(), c.Request(), limit)
+	body, err := serving.ReadBody(c.Response(), r, limit)
+	if grow != nil {
+		held = grow.held
+	}
 	if err != nil {
+		s.bodies.release(held)
 		s.reject(cl, out, bodyError(err))
 		return nil, false
 	}
@@ -76,7 +97,10 @@ func (s *Server) readBody(c echo.Context, cl *call, out sink, limit int64) ([]by
 // bodyError maps a failed body read to the client's error.
 func bodyError(err error) error {
 	var mbe *http.MaxBytesError
+	var ae *apierr.Error
 	switch {
+	case errors.As(err, &ae):
+		return ae
 	case errors.As(err, &mbe):
 		return errBodyTooLarge
 	case isTimeout(err):

@@ -21,6 +21,8 @@ type metrics struct {
 	ttft     *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
 	inflight prometheus.Gauge
+	// bodyBytes is the request-body bytes held now (Config.MaxBodyBytesInFlight).
+	bodyBytes prometheus.Gauge
 	// rowsSkipped counts refused requests whose ledger row was not written
 	// (over Config.RejectedRows).
 	rowsSkipped prometheus.Counter
@@ -55,6 +57,9 @@ func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter, queue *pol
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tailgate_inflight_requests", Help: "Requests being served now.",
 		}),
+		bodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tailgate_request_body_bytes_inflight", Help: "Request-body bytes the gateway holds now, against --max-body-bytes-in-flight.",
+		}),
 		rowsSkipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tailgate_ledger_rows_skipped_total", Help: "Refused requests not written to the ledger (over the rejected-rows rate).",
 		}),
@@ -76,7 +81,7 @@ func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter, queue *pol
 	queueWait := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "tailgate_admission_wait_seconds", Help: "Time admitted generation requests waited in the admission queue, by priority class.", Buckets: latencyBuckets,
 	}, []string{"class"})
-	cs := []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.rowsSkipped, ledgerUp, backlog, queueWait}
+	cs := []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.bodyBytes, m.rowsSkipped, ledgerUp, backlog, queueWait}
 	for _, c := range policy.Classes {
 		m.queueWait[c] = queueWait.WithLabelValues(c.String())
 		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{

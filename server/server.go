@@ -93,6 +93,18 @@ type Config struct {
 	// MaxAudioBytes bounds a multipart audio upload (transcriptions,
 	// translations); larger bodies get 413. 0 means 25 MiB, as OpenAI's.
 	MaxAudioBytes int64
+	// MaxBodyBytesInFlight bounds the request-body bytes held at once over
+	// all requests (a body is held until its request ends); a request past
+	// it waits up to BodyBudgetWait for others to finish, then gets 503 with
+	// Retry-After. 0 means 256 MiB: ten full-size audio uploads or 64
+	// full-size JSON bodies at once, while ordinary requests (kilobytes)
+	// never come near it, and a flood of large uploads stays a fraction of
+	// a small box's memory. It is at least the larger of MaxBodyBytes and
+	// MaxAudioBytes, so any one allowed body fits.
+	MaxBodyBytesInFlight int64
+	// BodyBudgetWait bounds a request's wait for MaxBodyBytesInFlight; 0
+	// means 2s.
+	BodyBudgetWait time.Duration
 	// ClientWriteTimeout bounds how long one write to a client may block: a
 	// client that stops reading its stream (or a large answer) for longer
 	// is cut, and its concurrency slot, budget reservation and replica slot
@@ -167,6 +179,13 @@ func (c *Config) setDefaults() {
 	if c.MaxAudioBytes <= 0 {
 		c.MaxAudioBytes = 25 << 20
 	}
+	if c.MaxBodyBytesInFlight <= 0 {
+		c.MaxBodyBytesInFlight = 256 << 20
+	}
+	c.MaxBodyBytesInFlight = max(c.MaxBodyBytesInFlight, c.MaxBodyBytes, c.MaxAudioBytes)
+	if c.BodyBudgetWait <= 0 {
+		c.BodyBudgetWait = 2 * time.Second
+	}
 	if c.ClientWriteTimeout <= 0 {
 		c.ClientWriteTimeout = 30 * time.Second
 	}
@@ -221,6 +240,7 @@ type Server struct {
 	hist      *history   // the dashboard's last hour
 	live      *liveCalls // requests being served, for the dashboard
 	queue     *policy.AdmissionQueue
+	bodies    *bodyBudget // request-body bytes in flight
 
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -268,6 +288,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.m = m
+	s.bodies = newBodyBudget(s.cfg.MaxBodyBytesInFlight, s.cfg.BodyBudgetWait, m.bodyBytes)
 	if s.slo, err = newSLO(cfg.SLO, d.Registerer); err != nil {
 		return nil, err
 	}
