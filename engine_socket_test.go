@@ -68,10 +68,14 @@ func childOf(t *testing.T, pid int) int {
 	var kids []int
 	waitFor(t, 10*time.Second, fmt.Sprintf("a child of pid %d", pid), func() bool {
 		kids = nil
-		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-		for _, f := range strings.Fields(string(raw)) {
-			if n, err := strconv.Atoi(f); err == nil {
-				kids = append(kids, n)
+		// Each thread lists the children it forked.
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+		for _, task := range tasks {
+			raw, _ := os.ReadFile(task)
+			for _, f := range strings.Fields(string(raw)) {
+				if n, err := strconv.Atoi(f); err == nil {
+					kids = append(kids, n)
+				}
 			}
 		}
 		return len(kids) > 0
