@@ -90,9 +90,10 @@ func (f *simFlags) args() []string {
 const announcePrefix = "TAILGATE_LISTEN "
 
 func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("sim", "sim [--listen ADDR] [--model NAME] [--sim-* knobs]", stderr)
+	fs := newFlagSet("sim", "sim [--listen ADDR | --uds PATH] [--model NAME] [--sim-* knobs]", stderr)
 	var (
 		listen   = fs.String("listen", "127.0.0.1:8000", "address to serve the vLLM-compatible API on (port 0: any free port)")
+		uds      = fs.String("uds", "", "serve on a new Unix socket at PATH (mode 0600) instead of a TCP port, as vLLM's --uds; the worker starts its simulated engine so")
 		model    = fs.String("model", "tailgate-sim", "model name to serve")
 		announce = fs.Bool("announce", false, "print '"+announcePrefix+"ADDR' on stdout once listening (for programs that start it on port 0)")
 		apiKey   = fs.String("api-key", "", "bearer token required on /v1 paths, as vLLM's --api-key (default $"+launcher.EngineKeyEnv+"; empty: none)")
@@ -119,15 +120,15 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, addr, err := simListener(fs, *listen, *uds)
 	if err != nil {
-		return fmt.Errorf("sim: listen: %w", err)
+		return err
 	}
 	srv := eng.NewServer(nil)
 	if *announce {
 		fmt.Fprintf(stdout, "%s%s\n", announcePrefix, ln.Addr())
 	}
-	log.Info("simulated engine serving (output is filler text, not a model)", "addr", "http://"+ln.Addr().String(),
+	log.Info("simulated engine serving (output is filler text, not a model)", "addr", addr,
 		"model", *model, "ttft", sf.ttft, "tpot", sf.tpot, "stall_prob", sf.stallProb, "max_seqs", sf.maxSeqs,
 		"reasoning_tokens", sf.reasoningTokens, "error_rate", sf.errorRate, "429_rate", sf.rateLimitRate, "hang_rate", sf.hangRate, "api_key_required", cfg.APIKey != "",
 		"keep_alive", srv.IdleTimeout)
@@ -144,4 +145,24 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("sim: shutdown: %w", err)
 	}
 	return nil
+}
+
+// simListener opens what `sim` serves on: the Unix socket --uds names, or
+// the TCP address of --listen; addr says which, for the log.
+func simListener(fs *flag.FlagSet, listen, uds string) (ln net.Listener, addr string, err error) {
+	if uds == "" {
+		if ln, err = net.Listen("tcp", listen); err != nil {
+			return nil, "", fmt.Errorf("sim: listen: %w", err)
+		}
+		return ln, "http://" + ln.Addr().String(), nil
+	}
+	listenGiven := false
+	fs.Visit(func(f *flag.Flag) { listenGiven = listenGiven || f.Name == "listen" })
+	if listenGiven {
+		return nil, "", errors.New("sim: give --listen or --uds, not both")
+	}
+	if ln, err = sim.ListenUnix(uds); err != nil {
+		return nil, "", fmt.Errorf("sim: --uds: %w", err)
+	}
+	return ln, "unix:" + uds, nil
 }

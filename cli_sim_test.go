@@ -7,7 +7,9 @@ import (
 	"flag"
 	"io"
 	"net"
+	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -132,5 +134,48 @@ func TestSimClosesIdleConnectionsLikeUvicorn(t *testing.T) {
 		if err != nil {
 			t.Fatalf("idle connection: %v, want EOF once the 1s keep-alive passed", err)
 		}
+	}
+}
+
+// TestSimServesOnAUnixSocket: `tailgate sim --uds PATH` serves on a socket
+// of mode 0600 (as the worker starts it) and removes it when it stops;
+// --uds with --listen is one clear error.
+func TestSimServesOnAUnixSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "engine.sock")
+	if err := cmdSim(t.Context(), []string{"--listen", "127.0.0.1:0", "--uds", sock}, io.Discard, io.Discard); err == nil ||
+		err.Error() != "sim: give --listen or --uds, not both" {
+		t.Errorf("--listen with --uds: %v", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- cmdSim(ctx, []string{"--uds", sock, "--model", "m"}, io.Discard, io.Discard) }()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	var resp *http.Response
+	var err error
+	for range 500 { // until it listens; bounded at about 10s
+		if resp, err = client.Get("http://engine/health"); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("GET /health over the socket: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /health over the socket: %s", resp.Status)
+	}
+	if fi, err := os.Lstat(sock); err != nil || fi.Mode() != os.ModeSocket|0o600 {
+		t.Errorf("socket: %v, %v; want a socket of mode 0600", fi, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("sim: %v", err)
+	}
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left after sim stopped: %v", err)
 	}
 }

@@ -56,7 +56,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// A missing vLLM or a refused --vllm-arg would end every worker at
 		// once, and up would restart them forever: say it once, before
 		// starting anything.
-		argv, _, err := launcher.VLLMCommand(launcher.VLLMOptions{Binary: *vllmBin, Model: *model, ExtraArgs: vllmArgs}, 1)
+		argv, _, err := launcher.VLLMCommand(launcher.VLLMOptions{Binary: *vllmBin, Model: *model, ExtraArgs: vllmArgs}, "engine.sock")
 		if err != nil {
 			return err
 		}

@@ -226,16 +226,16 @@ func (wf *workerFlags) openListener(ctx context.Context, log *slog.Logger, cfg *
 	}, nil
 }
 
-// engineCommand returns how the launcher starts the engine serving model:
-// vllm serve, or this binary's simulated engine.
-func (wf *workerFlags) engineCommand(model string) (func(port int) ([]string, []string, error), error) {
+// engineCommand returns how the launcher starts the engine serving model
+// on a Unix socket: vllm serve, or this binary's simulated engine.
+func (wf *workerFlags) engineCommand(model string) (func(socket string) ([]string, []string, error), error) {
 	if wf.engine == "sim" {
 		self, err := os.Executable()
 		if err != nil {
 			return nil, fmt.Errorf("find own executable: %w", err)
 		}
-		return func(port int) ([]string, []string, error) {
-			argv := append([]string{self, "sim", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--model", model,
+		return func(socket string) ([]string, []string, error) {
+			argv := append([]string{self, "sim", "--uds", socket, "--model", model,
 				"--sim-seed", strconv.FormatInt(wf.sim.seed, 10)}, wf.sim.args()...)
 			argv = append(argv, wf.logArgs...)
 			// The launcher adds the engine's API key to the environment
@@ -243,10 +243,10 @@ func (wf *workerFlags) engineCommand(model string) (func(port int) ([]string, []
 			return argv, nil, nil
 		}, nil
 	}
-	return func(port int) ([]string, []string, error) {
+	return func(socket string) ([]string, []string, error) {
 		o := wf.vllm
 		o.Model, o.ServedModelName, o.ExtraArgs = wf.model, wf.servedModelName, wf.vllmArgs
-		return launcher.VLLMCommand(o, port)
+		return launcher.VLLMCommand(o, socket)
 	}, nil
 }
 

@@ -16,7 +16,7 @@ import (
 )
 
 // enginePID finds the simulated engine a worker launched: its child running
-// `tailgate sim`.
+// `tailgate sim --uds`.
 func enginePID(t *testing.T, worker int) int {
 	t.Helper()
 	// A Go process forks from any of its threads: look at every thread's children.
@@ -26,7 +26,7 @@ func enginePID(t *testing.T, worker int) int {
 		for _, f := range strings.Fields(string(raw)) {
 			pid, _ := strconv.Atoi(f)
 			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if strings.Contains(string(cmdline), "\x00sim\x00--listen\x00") {
+			if strings.Contains(string(cmdline), "\x00sim\x00--uds\x00") {
 				return pid
 			}
 		}

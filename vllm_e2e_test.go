@@ -42,13 +42,14 @@ func TestUpWithVLLMEngine(t *testing.T) {
 		t.Fatalf("request through vLLM workers: %d %v %s", code, err, raw)
 	}
 
-	// Each worker started vllm serve with its GPU, on loopback, with the extra argument.
+	// Each worker started vllm serve with its GPU, on a Unix socket of its own
+	// (no TCP port), with the extra argument.
 	f, err := os.Open(record)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	gpus, keys := map[string]bool{}, map[string]bool{}
+	gpus, keys, socks := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var ev struct {
@@ -60,8 +61,11 @@ func TestUpWithVLLMEngine(t *testing.T) {
 			continue
 		}
 		args := strings.Join(ev.Argv[1:], " ")
-		if !strings.HasPrefix(args, "serve org/fake-model --host 127.0.0.1 --port ") || !strings.HasSuffix(args, " --enable-prefix-caching") {
-			t.Errorf("vllm argv: %q", args)
+		if len(ev.Argv) != 6 || ev.Argv[3] != "--uds" || socks[ev.Argv[4]] ||
+			strings.Join([]string{ev.Argv[1], ev.Argv[2], ev.Argv[5]}, " ") != "serve org/fake-model --enable-prefix-caching" {
+			t.Errorf("vllm argv: %q, want serve org/fake-model --uds <a socket of its own> --enable-prefix-caching", args)
+		} else {
+			socks[ev.Argv[4]] = true
 		}
 		// Each engine got its own API key, in its environment, not its argv.
 		key := ev.Env["VLLM_API_KEY"]

@@ -62,7 +62,7 @@ func TestEngineThatRejectsItsArgumentsIsNotRestarted(t *testing.T) {
 func TestExitStatus2WithoutArgparseErrorIsRestarted(t *testing.T) {
 	t.Parallel()
 	l, err := New(testConfig(Config{
-		Command: func(int) ([]string, []string, error) {
+		Command: func(string) ([]string, []string, error) {
 			return []string{"sh", "-c", "echo 'RuntimeError: CUDA error: out of memory' >&2; exit 2"}, nil, nil
 		},
 	}))

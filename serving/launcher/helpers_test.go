@@ -7,11 +7,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -102,8 +105,8 @@ func start(t *testing.T, opts VLLMOptions, knobs []string, cfg Config) *harness 
 	}
 	h := &harness{t: t, record: filepath.Join(t.TempDir(), "record.jsonl"), logs: &syncBuffer{}, done: make(chan error, 1)}
 	cfg = testConfig(cfg)
-	cfg.Command = func(port int) ([]string, []string, error) {
-		argv, env, err := VLLMCommand(opts, port)
+	cfg.Command = func(sock string) ([]string, []string, error) {
+		argv, env, err := VLLMCommand(opts, sock)
 		return argv, append(append(env, "FAKE_VLLM_RECORD="+h.record), knobs...), err
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(h.logs, nil))
@@ -263,4 +266,32 @@ func (b *syncBuffer) logLines(parts ...string) []string {
 		}
 	}
 	return out
+}
+
+// socketClient returns a client whose every connection goes to the Unix
+// socket at sock.
+func socketClient(sock string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+}
+
+// checkPrivateSocket fails t unless sock is a socket of mode 0600 in a
+// directory of mode 0700, both owned by this process's user.
+func checkPrivateSocket(t *testing.T, sock string) {
+	t.Helper()
+	for _, c := range []struct {
+		path string
+		mode os.FileMode
+	}{{sock, os.ModeSocket | 0o600}, {filepath.Dir(sock), os.ModeDir | 0o700}} {
+		fi, err := os.Lstat(c.path)
+		if err != nil {
+			t.Errorf("engine socket: %v", err)
+			continue
+		}
+		if fi.Mode() != c.mode || int(fi.Sys().(*syscall.Stat_t).Uid) != os.Getuid() {
+			t.Errorf("%s: mode %v, owner %d; want %v owned by %d", c.path, fi.Mode(), fi.Sys().(*syscall.Stat_t).Uid, c.mode, os.Getuid())
+		}
+	}
 }

@@ -3,12 +3,20 @@
 //
 // # Overview
 //
-// A [Launcher] picks a free loopback port, starts the engine in a process
-// group of its own, forwards its output to the log line by line, waits until
+// A [Launcher] makes a directory only the worker's user can open (mode
+// 0700) for the engine's Unix socket, starts the engine in a process group
+// of its own listening on that socket and on no TCP port (vLLM's --uds; see
+// [VLLMCommand]), forwards its output to the log line by line, waits until
 // GET /health answers 200 and the model is listed on GET /v1/models, runs a
 // few short warm-up generations (chat completions, or plain completions for
 // a model without a chat template), and only then reports
-// [serving.StateReady].
+// [serving.StateReady]. The socket is made mode 0600 before that, whatever
+// mode the engine bound it with. Probes, warm-up and the sidecar all reach
+// the engine through the socket ([Launcher.EngineSocket]).
+//
+// The socket, not the key, is what keeps the rest of the box out: vLLM's
+// key guards only its /v1 paths, and /invocations (chat), /tokenize,
+// /rerank, /score, /pooling and /classify answer whoever connects.
 // Each start gets a fresh random API key in the engine's environment
 // (VLLM_API_KEY, which vLLM and the simulated engine read like --api-key),
 // so the engine refuses /v1 requests from anyone on the box but the
@@ -39,16 +47,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"tailgate/serving"
+	"tailgate/serving/hop"
 )
 
 // State is a replica state: one of the serving.State* names. The launcher
@@ -60,10 +71,11 @@ type State = string
 type Config struct {
 	// Command builds the engine's argv (argv[0] the executable) and the
 	// environment added to the worker's own, for an engine listening on
-	// 127.0.0.1:port. It is called before every start with a fresh port.
-	// The launcher adds VLLM_API_KEY (see [EngineKeyEnv]) after that
+	// the Unix socket at socket and on no TCP port. It is called before
+	// every start, always with the same path, where no file is then. The
+	// launcher adds VLLM_API_KEY (see [EngineKeyEnv]) after that
 	// environment. Required; see [VLLMCommand].
-	Command func(port int) (argv []string, env []string, err error)
+	Command func(socket string) (argv []string, env []string, err error)
 	// Model is the served model name readiness waits for on /v1/models and
 	// that the warm-up requests name. Required.
 	Model string
@@ -196,6 +208,7 @@ type Launcher struct {
 	mu       sync.Mutex
 	state    State
 	reason   string
+	socket   string // the engine's Unix socket; "" until Run made its directory
 	url      string
 	key      string // the API key of the engine at url
 	pid      int
@@ -208,15 +221,17 @@ func New(cfg Config) (*Launcher, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Launcher{
-		cfg: cfg,
-		log: cfg.Log,
-		// No keep-alives: probes are rare, and each engine process is a new
-		// server on a new port.
-		client: &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}},
+	l := &Launcher{
+		cfg:    cfg,
+		log:    cfg.Log,
 		state:  serving.StateStarting,
 		reason: "not started",
-	}, nil
+	}
+	// No keep-alives: probes are rare, and each engine process is a new
+	// server behind the same socket path.
+	l.client = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true,
+		DialContext: hop.DialUnix(l.EngineSocket, probeTimeout)}}
+	return l, nil
 }
 
 // State returns the replica state and why it is not ready, if it is not.
@@ -226,12 +241,21 @@ func (l *Launcher) State() (state State, reason string) {
 	return l.state, l.reason
 }
 
-// EngineURL returns the base URL of the current engine process,
-// "http://127.0.0.1:PORT", or "" before the first start.
+// EngineURL returns the base URL requests to the current engine process
+// carry, "http://localhost", or "" before the first start. Its host is a
+// name only: connections go to [Launcher.EngineSocket].
 func (l *Launcher) EngineURL() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.url
+}
+
+// EngineSocket returns the path of the Unix socket the engine listens on,
+// the same for every start, or "" before Run made its directory.
+func (l *Launcher) EngineSocket() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.socket
 }
 
 // EngineKey returns the API key of the current engine process, which every
@@ -297,6 +321,15 @@ func (l *Launcher) Run(ctx context.Context) error {
 	if !l.ran.CompareAndSwap(false, true) {
 		return errors.New("launcher: Run called twice")
 	}
+	dir, err := socketDir()
+	if err != nil {
+		l.setState(serving.StateFailed, err.Error())
+		return fmt.Errorf("launcher: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	l.mu.Lock()
+	l.socket = filepath.Join(dir, socketName)
+	l.mu.Unlock()
 	backoff := l.cfg.BackoffMin
 	failedStarts := 0
 	for attempt := 0; ctx.Err() == nil; attempt++ {
@@ -394,11 +427,13 @@ func (l *Launcher) starting(detail string) (State, string) {
 // all. A restart is counted once its process runs. The process has been
 // stopped and its output read by the time runOnce returns.
 func (l *Launcher) runOnce(ctx context.Context, restart bool) (run outcome, err error) {
-	port, err := freePort()
-	if err != nil {
-		return run, err
+	socket := l.EngineSocket()
+	// A socket an engine left (one killed, or vLLM, which never removes
+	// it) would make the next bind fail.
+	if err := os.Remove(socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return run, fmt.Errorf("remove the old engine socket: %w", err)
 	}
-	argv, env, err := l.cfg.Command(port)
+	argv, env, err := l.cfg.Command(socket)
 	if err != nil {
 		return run, err
 	}
@@ -419,14 +454,14 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (run outcome, err 
 	if err != nil {
 		return run, err
 	}
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	url := "http://localhost"
 	l.mu.Lock()
 	l.pid, l.url, l.key = p.PID(), url, key
 	if restart {
 		l.restarts++
 	}
 	l.mu.Unlock()
-	l.log.Info("engine started", "pid", p.PID(), "url", url, "argv", redact(argv))
+	l.log.Info("engine started", "pid", p.PID(), "socket", socket, "argv", redact(argv))
 
 	// pctx ends when ctx does or when the process exits, whichever is first.
 	pctx, cancel := context.WithCancelCause(ctx)
@@ -463,6 +498,12 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (run outcome, err 
 		run.reason = gone("while starting", err)
 		return run, nil
 	}
+	// vLLM binds with the umask's mode; the directory keeps others out
+	// meanwhile.
+	if err := os.Chmod(socket, 0o600); err != nil {
+		run.reason = fmt.Sprintf("engine socket: %v", err)
+		return run, nil
+	}
 	if l.cfg.Warmup > 0 {
 		l.setState(serving.StateWarming, fmt.Sprintf("running %d warm-up requests", l.cfg.Warmup))
 		if err := l.warmUp(pctx, url); err != nil {
@@ -478,7 +519,7 @@ func (l *Launcher) runOnce(ctx context.Context, restart bool) (run outcome, err 
 	l.cannotStart = ""
 	l.errs.reset()
 	l.setState(serving.StateReady, "")
-	l.log.Info("engine ready", "pid", p.PID(), "url", url)
+	l.log.Info("engine ready", "pid", p.PID(), "socket", socket)
 	<-pctx.Done()
 	run.readyFor = time.Since(readySince)
 	if ctx.Err() == nil {

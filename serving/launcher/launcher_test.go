@@ -4,7 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -14,7 +15,7 @@ import (
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
-	cmd := func(int) ([]string, []string, error) { return []string{"true"}, nil, nil }
+	cmd := func(string) ([]string, []string, error) { return []string{"true"}, nil, nil }
 	tests := []struct {
 		name string
 		cfg  Config
@@ -40,24 +41,24 @@ func TestRunFailsAtOnceWhenEngineCannotStart(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name    string
-		command func(port int) ([]string, []string, error)
+		command func(sock string) ([]string, []string, error)
 		want    string
 	}{
 		{
 			name: "explicit vllm binary missing",
-			command: func(port int) ([]string, []string, error) {
-				return VLLMCommand(VLLMOptions{Binary: "/nonexistent/bin/vllm", Model: "m"}, port)
+			command: func(sock string) ([]string, []string, error) {
+				return VLLMCommand(VLLMOptions{Binary: "/nonexistent/bin/vllm", Model: "m"}, sock)
 			},
 			want: "/nonexistent/bin/vllm",
 		},
 		{
 			name:    "executable vanished after lookup",
-			command: func(int) ([]string, []string, error) { return []string{"/nonexistent/engine", "serve"}, nil, nil },
+			command: func(string) ([]string, []string, error) { return []string{"/nonexistent/engine", "serve"}, nil, nil },
 			want:    "start engine: fork/exec /nonexistent/engine: no such file or directory",
 		},
 		{
 			name:    "command error",
-			command: func(int) ([]string, []string, error) { return nil, nil, errors.New("bad flags") },
+			command: func(string) ([]string, []string, error) { return nil, nil, errors.New("bad flags") },
 			want:    "bad flags",
 		},
 	}
@@ -124,14 +125,15 @@ func TestReadyOnlyAfterHealthModelAndWarmup(t *testing.T) {
 			if len(starts) != 1 {
 				t.Fatalf("%d engine starts, want 1", len(starts))
 			}
-			u, err := url.Parse(h.l.EngineURL())
-			if err != nil || u.Hostname() != "127.0.0.1" {
-				t.Fatalf("EngineURL = %q", h.l.EngineURL())
-			}
-			wantArgs := []string{fakeVLLM, "serve", "m", "--host", "127.0.0.1", "--port", u.Port(), "--served-model-name", "served"}
-			if !slices.Equal(starts[0].Argv, wantArgs) {
+			// It listens on a Unix socket, never on a TCP port: no --host,
+			// no --port. The socket is the worker's alone: mode 0600 in a
+			// directory of mode 0700 owned by the worker's user.
+			sock := h.l.EngineSocket()
+			wantArgs := []string{fakeVLLM, "serve", "m", "--uds", sock, "--served-model-name", "served"}
+			if sock == "" || !slices.Equal(starts[0].Argv, wantArgs) {
 				t.Errorf("engine argv = %q, want %q", starts[0].Argv, wantArgs)
 			}
+			checkPrivateSocket(t, sock)
 			// The engine keeps idle connections for serving.EngineKeepAlive,
 			// which the sidecar's idle timeout stays below.
 			if env := starts[0].Env; env["VLLM_NO_USAGE_STATS"] != "1" || env["CUDA_VISIBLE_DEVICES"] != "1" ||
@@ -162,7 +164,7 @@ func TestReadyOnlyAfterHealthModelAndWarmup(t *testing.T) {
 				if tt.auth != "" {
 					req.Header.Set("Authorization", tt.auth)
 				}
-				resp, err := http.DefaultClient.Do(req)
+				resp, err := socketClient(sock).Do(req)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -174,7 +176,7 @@ func TestReadyOnlyAfterHealthModelAndWarmup(t *testing.T) {
 
 			// Waiting was reported, and the engine's output reached the log,
 			// one record per line, tagged with the engine.
-			if lines := h.logs.logLines("engine starting: waited", "of 5s; last /health: connection refused"); len(lines) == 0 {
+			if lines := h.logs.logLines("engine starting: waited", "of 5s; last /health: no socket yet"); len(lines) == 0 {
 				t.Errorf("no progress line while the engine loaded; log:\n%s", h.logs)
 			}
 			for _, want := range []string{"fakevllm: loading model m", "fakevllm: progress 1/2", "fakevllm: progress 2/2"} {
@@ -207,7 +209,7 @@ func TestEngineThatNeverBecomesReadyIsKilledAndRestarted(t *testing.T) {
 		{
 			name:       "never listens",
 			knobs:      []string{"FAKE_VLLM_STARTUP_DELAY=1h"},
-			wantReason: "model never became ready within 1s (last /health: connection refused); last engine output: fakevllm: progress 2/2; restarting in 50ms",
+			wantReason: "model never became ready within 1s (last /health: no socket yet); last engine output: fakevllm: progress 2/2; restarting in 50ms",
 		},
 	}
 	for _, tt := range tests {
@@ -341,6 +343,21 @@ func TestCrashedEngineIsRestarted(t *testing.T) {
 			}
 			if h.l.Restarts() != 2 {
 				t.Errorf("Restarts = %d, want 2", h.l.Restarts())
+			}
+			// Each killed engine left its socket behind; each new one bound
+			// the same path again, and the directory goes with the launcher.
+			sock := h.l.EngineSocket()
+			for _, ev := range h.events("start") {
+				if !slices.Equal(ev.Argv[3:5], []string{"--uds", sock}) {
+					t.Errorf("engine argv %q, want --uds %s", ev.Argv, sock)
+				}
+			}
+			checkPrivateSocket(t, sock)
+			if err := h.stop(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Lstat(filepath.Dir(sock)); !os.IsNotExist(err) {
+				t.Errorf("the socket's directory is still there after Run returned: %v", err)
 			}
 		})
 	}

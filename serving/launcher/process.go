@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,20 +12,27 @@ import (
 	"tailgate/serving/proc"
 )
 
-// freePort returns a loopback port that was free a moment ago. Another
-// process may take it before the engine binds it; the engine then fails to
-// start, exits, and is restarted on a new port, so the race costs a backoff,
-// never a wrong answer.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// socketName is the engine socket's name in its directory.
+const socketName = "engine.sock"
+
+// maxSocketPath is the longest path a Unix socket may have on Linux
+// (sun_path holds 108 bytes with the terminating NUL).
+const maxSocketPath = 107
+
+// socketDir makes a new directory for the engine's socket that only this
+// user can open (mode 0700, as os.MkdirTemp makes it): connecting to a
+// socket needs search permission on its directory, so no one else on the
+// box reaches the engine, whatever mode it binds the socket with.
+func socketDir() (string, error) {
+	dir, err := os.MkdirTemp("", "tailgate-engine-")
 	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
+		return "", fmt.Errorf("make the engine socket's directory: %w", err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if err := ln.Close(); err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
+	if p := filepath.Join(dir, socketName); len(p) > maxSocketPath {
+		_ = os.Remove(dir)
+		return "", fmt.Errorf("engine socket path %s is longer than a Unix socket path may be (%d bytes): set TMPDIR to a shorter directory", p, maxSocketPath)
 	}
-	return port, nil
+	return dir, nil
 }
 
 // startEngine starts argv with env added to the worker's environment, as

@@ -126,6 +126,8 @@ func describe(err error) string {
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
+	case errors.Is(err, syscall.ENOENT):
+		return "no socket yet" // the engine has not bound it
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timed out"
 	}

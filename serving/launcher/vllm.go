@@ -3,7 +3,6 @@ package launcher
 import (
 	"errors"
 	"fmt"
-	"math"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -63,13 +62,16 @@ func (o VLLMOptions) Validate() error {
 // the launcher would wait for the wrong name or probe the wrong address.
 var launcherFlags = map[string]string{
 	"--served-model-name": "use tailgate worker's --served-model-name instead (readiness waits for that name; tailgate up serves --model as named)",
-	"--host":              "the launcher binds the engine to 127.0.0.1 on a port it picks; the gateway reaches the worker at --listen / --advertise",
-	"--port":              "the launcher binds the engine to 127.0.0.1 on a port it picks; the gateway reaches the worker at --listen / --advertise",
-	"--uds":               "the launcher binds the engine to 127.0.0.1 on a port it picks; the gateway reaches the worker at --listen / --advertise",
+	"--host":              listensOnSocket,
+	"--port":              listensOnSocket,
+	"--uds":               listensOnSocket,
 	// The flag would win over the key the launcher gives the engine in its
 	// environment, and the launcher and sidecar would be refused.
 	"--api-key": "the API key is the launcher's: each engine start gets a random one that only the sidecar sends; clients use tailgate API keys at the gateway",
 }
+
+// listensOnSocket is why --host, --port and --uds are the launcher's.
+const listensOnSocket = "the launcher binds the engine to a Unix socket only the worker can open; the gateway reaches the worker at --listen / --advertise"
 
 // flagName returns the flag an argument names as vLLM reads it: the part
 // before "=" (or a blank), with underscores as dashes ("--served_model_name=x"
@@ -90,21 +92,31 @@ func flagName(arg string) string {
 var ErrVLLMNotFound = errors.New("vllm not found on PATH: install vLLM or pass --vllm-binary")
 
 // VLLMCommand returns the argv (argv[0] the resolved binary) and the extra
-// environment that start vLLM's OpenAI server for o on 127.0.0.1:port:
+// environment that start vLLM's OpenAI server for o on the Unix socket at
+// socket:
 //
-//	vllm serve MODEL --host 127.0.0.1 --port PORT [--served-model-name N]
+//	vllm serve MODEL --uds SOCKET [--served-model-name N]
 //	  [--tensor-parallel-size N] [--max-num-seqs N] [--max-num-batched-tokens N]
 //	  [--gpu-memory-utilization F] [extra...]
 //
+// vLLM's --uds (vllm/entrypoints/openai/cli_args.py, FrontendArgs.uds: "If
+// set, host and port arguments are ignored") makes its API server bind that
+// path instead of a TCP port (api_server.py, setup_server and
+// create_server_unix_socket: a plain bind, so a path that exists fails and
+// the socket gets the umask's mode). No TCP port means no one on the box
+// reaches the engine's paths its API key does not guard (/invocations,
+// /tokenize, /rerank, /score, /pooling, …): the launcher makes the socket
+// in a directory only the worker can open.
+//
 // The environment turns vLLM's usage reporting off, sets how long it keeps
 // an idle connection ([serving.EngineKeepAlive]) and, when o.GPUs is set,
-// pins the GPUs. The engine binds loopback only: the sidecar is its one client.
-func VLLMCommand(o VLLMOptions, port int) (argv []string, env []string, err error) {
+// pins the GPUs.
+func VLLMCommand(o VLLMOptions, socket string) (argv []string, env []string, err error) {
 	if err := o.Validate(); err != nil {
 		return nil, nil, err
 	}
-	if port <= 0 || port > math.MaxUint16 {
-		return nil, nil, fmt.Errorf("vllm: bad port %d", port)
+	if socket == "" {
+		return nil, nil, errors.New("vllm: no socket path")
 	}
 	bin := o.Binary
 	if bin == "" {
@@ -115,7 +127,7 @@ func VLLMCommand(o VLLMOptions, port int) (argv []string, env []string, err erro
 		return nil, nil, fmt.Errorf("vllm binary: %w", err)
 	}
 
-	argv = []string{bin, "serve", o.Model, "--host", "127.0.0.1", "--port", strconv.Itoa(port)}
+	argv = []string{bin, "serve", o.Model, "--uds", socket}
 	if o.ServedModelName != "" {
 		argv = append(argv, "--served-model-name", o.ServedModelName)
 	}

@@ -58,10 +58,17 @@ import (
 // Config describes a sidecar.
 type Config struct {
 	// EngineURL returns the engine's current base URL, e.g.
-	// http://127.0.0.1:8000; it is asked on every request and scrape, from
-	// many goroutines at once, since the launcher may restart the engine
+	// http://127.0.0.1:8000, or http://localhost for an engine on
+	// EngineSocket; it is asked on every request and scrape, from many
+	// goroutines at once, since the launcher may restart the engine
 	// elsewhere. Required.
 	EngineURL func() string
+	// EngineSocket, when set, returns the Unix socket the engine listens
+	// on: every connection to the engine (requests, health probes, metrics
+	// scrapes) is dialed there, whatever host EngineURL names. It is asked
+	// at each dial. Nil means EngineURL's host is dialed over TCP. Ignored
+	// when Transport is set.
+	EngineSocket func() string
 	// EngineKey, when set, returns the current engine's API key, sent as
 	// "Authorization: Bearer KEY" on every request to the engine (proxied,
 	// probes and scrapes); it is asked as often as EngineURL. Nil or "" means
@@ -164,7 +171,7 @@ func New(cfg Config) (*Sidecar, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.transport == nil {
-		s.transport = newTransport(cfg.EngineKeepAlive * 4 / 5)
+		s.transport = newTransport(cfg.EngineKeepAlive*4/5, cfg.EngineSocket)
 	}
 	s.handler = s.routes()
 	return s, nil
@@ -173,11 +180,16 @@ func New(cfg Config) (*Sidecar, error) {
 // newTransport returns a transport for a local engine: many warm keep-alive
 // connections (every concurrent stream holds one), each closed after idle
 // (before the engine closes it: see [Config.EngineKeepAlive]), no gzip (SSE
-// must arrive as the engine flushed it), and a bounded dial. Requests are
-// written and answers read on the handler's goroutine ([hop.Transport]); an
-// https engine URL goes through net/http's Transport.
-func newTransport(idle time.Duration) http.RoundTripper {
-	dial := (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+// must arrive as the engine flushed it), and a bounded dial, to socket()
+// when socket is set. Requests are written and answers read on the handler's
+// goroutine ([hop.Transport]); an https engine URL goes through net/http's
+// Transport.
+func newTransport(idle time.Duration, socket func() string) http.RoundTripper {
+	const dialTimeout = 5 * time.Second
+	dial := (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	if socket != nil {
+		dial = hop.DialUnix(socket, dialTimeout)
+	}
 	t := &hop.Transport{Dial: dial, IdleTimeout: idle, MaxIdlePerHost: 1024, BufferSize: 16 << 10}
 	t.Fallback = t.NetHTTP(1024)
 	return t

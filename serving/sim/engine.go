@@ -43,9 +43,10 @@
 // README's sim section, so tests and the gateway's metering can predict them
 // exactly. Random draws (latency, faults) come from [Config.Seed].
 //
-// The package owns no goroutines and no listener: callers run
+// The package owns no goroutines and runs no listener: callers run
 // [Engine.NewServer] (or mount [Engine.Handler] on a server of their own,
-// which then keeps its own idle-connection rules).
+// which then keeps its own idle-connection rules) on a TCP listener or on
+// a private Unix socket from [ListenUnix].
 package sim
 
 import (

@@ -57,9 +57,11 @@ type Config struct {
 	// Engine is the engine's kind as the gateway shows it; "" means "vllm".
 	// With "sim" the worker says in its log that answers are simulated.
 	Engine string
-	// Command builds the engine's command line for a loopback port; see
-	// launcher.Config.Command and launcher.VLLMCommand. Required.
-	Command func(port int) (argv, env []string, err error)
+	// Command builds the engine's command line for an engine listening on
+	// the Unix socket at socket, in a directory only the worker's user can
+	// open, and on no TCP port; see launcher.Config.Command and
+	// launcher.VLLMCommand. Required.
+	Command func(socket string) (argv, env []string, err error)
 	// StartupTimeout bounds the engine's start up to readiness; 0 means
 	// launcher.DefaultStartupTimeout (20m).
 	StartupTimeout time.Duration

@@ -16,6 +16,10 @@
 // stopped. An engine that cannot be started at all, or a sidecar listener
 // that fails, ends Run with the same drain.
 //
+// The engine listens on a Unix socket only the worker's user can open, and
+// the sidecar reaches it there (see the launcher): nothing on the box
+// reaches the engine over TCP, around the sidecar and the gateway's metering.
+//
 // The package owns no listener set-up and no tailnet: the caller passes the
 // sidecar's [net.Listener] and, in mesh mode, a dial function for the
 // gateway, so it never imports the mesh.
@@ -87,7 +91,8 @@ func New(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, EngineKey: w.launch.EngineKey, ClusterToken: cfg.ClusterToken, Log: cfg.Log,
+	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, EngineSocket: w.launch.EngineSocket,
+		EngineKey: w.launch.EngineKey, ClusterToken: cfg.ClusterToken, Log: cfg.Log,
 		OnStateChange: func(string, string) { w.kick() }})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)

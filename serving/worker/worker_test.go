@@ -12,10 +12,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -25,27 +25,28 @@ import (
 )
 
 // engineEnv, when set, makes the test binary the engine: the simulated
-// engine on the address it names. The launcher starts it like vLLM.
-const engineEnv = "WORKER_TEST_ENGINE_ADDR"
+// engine on the Unix socket it names, as `tailgate sim --uds` serves. The
+// launcher starts it like vLLM.
+const engineEnv = "WORKER_TEST_ENGINE_SOCKET"
 
 func TestMain(m *testing.M) {
-	if addr := os.Getenv(engineEnv); addr != "" {
-		runEngine(addr)
+	if sock := os.Getenv(engineEnv); sock != "" {
+		runEngine(sock)
 		return
 	}
 	os.Exit(m.Run())
 }
 
-// runEngine serves model "m" with 20ms per output token until SIGTERM,
-// requiring the API key in $VLLM_API_KEY as vLLM does.
-func runEngine(addr string) {
+// runEngine serves model "m" with 20ms per output token on the socket
+// until SIGTERM, requiring the API key in $VLLM_API_KEY as vLLM does.
+func runEngine(sock string) {
 	eng, err := sim.New(sim.Config{Model: "m", TTFT: time.Millisecond, TPOT: 20 * time.Millisecond,
 		APIKey: os.Getenv("VLLM_API_KEY")}, nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := sim.ListenUnix(sock)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -59,8 +60,8 @@ func runEngine(addr string) {
 }
 
 // engineCommand starts the test binary as the engine.
-func engineCommand(port int) ([]string, []string, error) {
-	return []string{os.Args[0]}, []string{fmt.Sprintf("%s=127.0.0.1:%d", engineEnv, port)}, nil
+func engineCommand(sock string) ([]string, []string, error) {
+	return []string{os.Args[0]}, []string{engineEnv + "=" + sock}, nil
 }
 
 // gateway is a fake gateway admin listener that records heartbeats.
@@ -261,17 +262,17 @@ func TestRunDrainsBeforeStoppingTheEngine(t *testing.T) {
 	}
 }
 
-// The engine answers the worker's sidecar, which knows its API key, and
-// refuses anyone else on the box who calls it directly: nobody bypasses the
-// gateway's metering.
+// TestEngineAnswersOnlyTheSidecar: the worker serves requests end to end
+// while its engine process listens on no TCP port at all, only on a Unix
+// socket of mode 0600 in a directory of mode 0700 (vLLM's API key guards
+// only /v1, so a port would let anyone on the box call the rest unmetered);
+// and even on the socket the engine wants the key only the sidecar sends.
 func TestEngineAnswersOnlyTheSidecar(t *testing.T) {
 	t.Parallel()
 	g := startGateway(t)
 	ln := listen(t, "127.0.0.1:0")
-	var port atomic.Int64
 	w, err := New(Config{Gateways: []string{g.URL}, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m",
-		Engine: "sim", Warmup: 1, NoDrain: true,
-		Command: func(p int) ([]string, []string, error) { port.Store(int64(p)); return engineCommand(p) }})
+		Engine: "sim", Warmup: 1, NoDrain: true, Command: engineCommand})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,13 +282,14 @@ func TestEngineAnswersOnlyTheSidecar(t *testing.T) {
 	defer func() { cancel(); <-runErr }()
 	waitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
 
+	sock := w.launch.EngineSocket()
 	chat := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
-	call := func(base, auth string) (int, string) {
+	call := func(client *http.Client, base, auth string) (int, string) {
 		req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat))
 		if auth != "" {
 			req.Header.Set("Authorization", auth)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -295,15 +297,79 @@ func TestEngineAnswersOnlyTheSidecar(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if status, body := call(w.Address(), "Bearer tok"); status != http.StatusOK {
-		t.Errorf("through the worker: %d %s, want 200", status, body)
+	for range 3 {
+		if status, body := call(http.DefaultClient, w.Address(), "Bearer tok"); status != http.StatusOK {
+			t.Errorf("through the worker: %d %s, want 200", status, body)
+		}
 	}
-	engine := fmt.Sprintf("http://127.0.0.1:%d", port.Load())
+
+	// The engine process listens on its socket and on no TCP port. The
+	// same check finds this test's own TCP listener, so it can fail.
+	pid := w.launch.PID()
+	if tcp, unix := listening(t, pid); len(tcp) != 0 || !slices.Equal(unix, []string{sock}) {
+		t.Errorf("engine (pid %d) listens on TCP sockets %q and Unix %q; want only its socket %s", pid, tcp, unix, sock)
+	}
+	if tcp, _ := listening(t, os.Getpid()); len(tcp) == 0 {
+		t.Fatal("the check finds no TCP listener in this process, which has the sidecar's")
+	}
+	for _, c := range []struct {
+		path string
+		mode os.FileMode
+	}{{sock, os.ModeSocket | 0o600}, {filepath.Dir(sock), os.ModeDir | 0o700}} {
+		fi, err := os.Lstat(c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode() != c.mode || int(fi.Sys().(*syscall.Stat_t).Uid) != os.Getuid() {
+			t.Errorf("%s: mode %v owner %d, want %v owned by the worker's user %d", c.path, fi.Mode(),
+				fi.Sys().(*syscall.Stat_t).Uid, c.mode, os.Getuid())
+		}
+	}
+
+	// This test runs as the worker's user, so it may open the socket: the
+	// engine still refuses it without the launcher's key.
+	direct := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	defer direct.CloseIdleConnections()
 	for _, auth := range []string{"", "Bearer tok"} {
-		if status, body := call(engine, auth); status != http.StatusUnauthorized || body != `{"error":"Unauthorized"}` {
+		if status, body := call(direct, "http://localhost", auth); status != http.StatusUnauthorized || body != `{"error":"Unauthorized"}` {
 			t.Errorf("straight to the engine with Authorization %q: %d %s, want 401 Unauthorized", auth, status, body)
 		}
 	}
+}
+
+// listening returns the listening TCP (v4 and v6) sockets among pid's open
+// files, by inode, and the paths of its listening Unix sockets.
+func listening(t *testing.T, pid int) (tcp, unix []string) {
+	t.Helper()
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := map[string]bool{}
+	for _, fd := range fds {
+		link, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if inode, ok := strings.CutPrefix(link, "socket:["); ok {
+			mine[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	for _, table := range []string{"tcp", "tcp6", "unix"} {
+		raw, err := os.ReadFile("/proc/net/" + table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(raw), "\n")[1:] {
+			f := strings.Fields(line)
+			switch {
+			case table == "unix" && len(f) >= 8 && f[3] == "00010000" && mine[f[6]]: // __SO_ACCEPTCON
+				unix = append(unix, f[7])
+			case table != "unix" && len(f) >= 10 && f[3] == "0A" && mine[f[9]]: // TCP_LISTEN
+				tcp = append(tcp, f[9])
+			}
+		}
+	}
+	return tcp, unix
 }
 
 func TestRunFailsWhenTheEngineCannotStart(t *testing.T) {
@@ -311,7 +377,7 @@ func TestRunFailsWhenTheEngineCannotStart(t *testing.T) {
 	g := startGateway(t)
 	ln := listen(t, "127.0.0.1:0")
 	w, err := New(Config{Gateways: []string{g.URL}, ClusterToken: "tok", Listener: ln, Model: "m",
-		Command: func(int) ([]string, []string, error) { return []string{"/nonexistent/vllm"}, nil, nil }})
+		Command: func(string) ([]string, []string, error) { return []string{"/nonexistent/vllm"}, nil, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +453,7 @@ func TestFailingEngineSendsItsErrorLines(t *testing.T) {
 	g := startGateway(t)
 	ln := listen(t, "127.0.0.1:0")
 	w, err := New(Config{Gateways: []string{g.URL}, ClusterToken: "tok", Listener: ln, ReplicaID: "r1", Model: "m", NoDrain: true,
-		Command: func(int) ([]string, []string, error) {
+		Command: func(string) ([]string, []string, error) {
 			return []string{"sh", "-c", "echo loading; echo 'Traceback (most recent call last):' >&2; echo 'OSError: no such model: m' >&2; exit 1"}, nil, nil
 		}})
 	if err != nil {

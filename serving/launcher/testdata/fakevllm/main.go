@@ -2,7 +2,10 @@
 // tests: it parses `serve MODEL [flags]` as vLLM's argument parser does
 // (underscores as dashes, --flag=value or --flag value; an unknown flag or a
 // missing value prints the usage and "vllm: error: ..." on stderr and exits
-// with status 2) and serves the simulated engine on --host and --port. Like
+// with status 2) and serves the simulated engine on the Unix socket --uds
+// names (then ignoring --host and --port, as vLLM does), else on --host and
+// --port. Like vLLM it binds the socket plainly: a path that exists fails,
+// the socket gets the umask's mode and is left behind when it exits. Like
 // vLLM it requires the key of --api-key or $VLLM_API_KEY on /v1 paths (401
 // {"error":"Unauthorized"}), keeps idle connections for
 // $VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds (default 5), and with
@@ -185,13 +188,13 @@ func main() {
 		}
 		return ""
 	}
-	host, port, served := first("--host"), first("--port"), first("--served-model-name")
+	host, port, uds, served := first("--host"), first("--port"), first("--uds"), first("--served-model-name")
 	apiKey := os.Getenv("VLLM_API_KEY") // --api-key wins, as in vLLM
 	if k := first("--api-key"); k != "" {
 		apiKey = k
 	}
-	if host == "" || port == "" {
-		fatal("--host and --port are required")
+	if uds == "" && (host == "" || port == "") {
+		fatal("--uds, or --host and --port, are required")
 	}
 	if served == "" {
 		served = model
@@ -300,11 +303,23 @@ func main() {
 		}
 		keepAlive = time.Duration(n) * time.Second
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
-	if err != nil {
-		fatal(err)
+	var ln net.Listener
+	if uds != "" {
+		// vllm/entrypoints/openai/api_server.py, create_server_unix_socket:
+		// socket.bind(path), nothing more.
+		ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: uds, Net: "unix"})
+		if err != nil {
+			fatal(err)
+		}
+		ul.SetUnlinkOnClose(false)
+		ln = ul
+		fmt.Printf("fakevllm: serving %s on unix:%s\n", served, uds)
+	} else {
+		if ln, err = net.Listen("tcp", net.JoinHostPort(host, port)); err != nil {
+			fatal(err)
+		}
+		fmt.Printf("fakevllm: serving %s on http://%s\n", served, ln.Addr())
 	}
-	fmt.Printf("fakevllm: serving %s on http://%s\n", served, ln.Addr())
 	srv := &http.Server{Handler: mux, IdleTimeout: keepAlive}
 	fatal(srv.Serve(ln))
 }
