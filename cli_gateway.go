@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 
 	"tailgate/data"
@@ -28,6 +28,7 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
+	"tailgate/server/connlimit"
 	"tailgate/web"
 )
 
@@ -197,32 +198,35 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 	if gw.publicLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
-	// A cap on open client connections: past it new ones wait in the
-	// kernel's accept queue instead of costing a goroutine and buffers each.
-	// Connections that send no request are closed after the header timeout.
-	maxConns := cfg.MaxConnections
-	if maxConns == 0 {
-		maxConns = 4096
+	// Caps on open client connections, in total and per address; idle
+	// keep-alive ones make room first (connlimit). Connections that send no
+	// request are closed after the header timeout.
+	conns := connlimit.NewMetrics(promReg)
+	limit := func(name string, most, perIP int) *connlimit.Limiter {
+		l, _ := connlimit.New(connlimit.Config{Listener: name, Max: most, PerAddress: perIP}, conns, log) // validated with the flags
+		return l
 	}
-	gw.publicLn = netutil.LimitListener(gw.publicLn, maxConns)
+	pubLimit, adminLimit := limit("public", cfg.MaxConnections, cfg.MaxConnsPerIP), limit("admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
+	gw.publicLn = pubLimit.Listen(gw.publicLn)
 	if gw.tls != nil {
 		gw.publicLn = tls.NewListener(gw.publicLn, gw.tls.config)
 	}
 	if gw.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
 	}
+	gw.adminLn = adminLimit.Listen(gw.adminLn)
 	gw.publicAddr, gw.adminAddr = gw.publicLn.Addr().String(), gw.adminLn.Addr().String()
 	gw.publicURL = gw.tls.url(gw.publicAddr)
 	// No ReadTimeout/WriteTimeout: they would cut long streams. Headers have
 	// a deadline here; bodies get one per request in the handler.
-	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	pubLimit.Apply(gw.public)
 	if gw.tls != nil {
 		gw.public.TLSConfig = gw.tls.config
 	}
 	adminHandler := srv.Admin(web.Handler())
-	gw.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	gw.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	adminLimit.Apply(gw.admin)
 	if gw.node != nil {
 		// The same admin routes on the tailnet, at the same port number, so
 		// workers register at http://<gateway tailnet name>:<admin port>.

@@ -7,9 +7,9 @@
 // flood (see [ErrorLog]). It knows nothing of requests or credentials: the
 // deadlines and the closing of refused requests belong to the handlers.
 //
-// Use: wrap the listener with [Limiter.Listen] and set the server's
-// ConnState to [Limiter.ConnState], which tells idle connections from busy
-// ones.
+// Use: wrap the listener with [Limiter.Listen] and let [Limiter.Apply] set
+// the server's ConnState (which tells idle connections from busy ones) and
+// ErrorLog.
 package connlimit
 
 import (
@@ -65,6 +65,7 @@ func (c *Config) setDefaults() {
 type Limiter struct {
 	cfg  Config
 	m    *Metrics
+	log  *slog.Logger
 	logs *rateLog
 
 	mu     sync.Mutex
@@ -88,7 +89,7 @@ func New(cfg Config, m *Metrics, log *slog.Logger) (*Limiter, error) {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	return &Limiter{cfg: cfg, m: m, logs: newRateLog(log, time.Minute), byAddr: make(map[string]int),
+	return &Limiter{cfg: cfg, m: m, log: log, logs: newRateLog(log, time.Minute), byAddr: make(map[string]int),
 		freed: make(chan struct{}, 1)}, nil
 }
 
@@ -99,6 +100,14 @@ func (l *Limiter) Limits() Config { return l.cfg }
 // admits, each counted until it is closed.
 func (l *Limiter) Listen(ln net.Listener) net.Listener {
 	return &listener{Listener: ln, l: l, done: make(chan struct{})}
+}
+
+// Apply makes srv, which serves a listener from [Limiter.Listen], report
+// its connections' states to l and write its error log through
+// [Limiter.ErrorLog].
+func (l *Limiter) Apply(srv *http.Server) {
+	srv.ConnState = l.ConnState
+	srv.ErrorLog = l.ErrorLog()
 }
 
 // ConnState is for http.Server.ConnState: it tracks which connections are

@@ -30,7 +30,8 @@ func serve(t *testing.T, cfg Config) (string, *Metrics) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
-		ConnState: l.ConnState, IdleTimeout: time.Minute, ReadHeaderTimeout: time.Minute}
+		IdleTimeout: time.Minute, ReadHeaderTimeout: time.Minute}
+	l.Apply(srv)
 	go srv.Serve(l.Listen(ln))
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String(), m
@@ -173,7 +174,11 @@ func TestFullCapWaitsUntilAConnectionTurnsIdle(t *testing.T) {
 func TestHandshakeErrorsAreCountedAndLoggedOnceAMinute(t *testing.T) {
 	var buf bytes.Buffer
 	m := NewMetrics(prometheus.NewRegistry())
-	el := ErrorLog("public", m, slog.New(slog.NewTextHandler(&buf, nil)))
+	l, err := New(Config{Listener: "public"}, m, slog.New(slog.NewTextHandler(&buf, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	el := l.ErrorLog()
 	for range 5 {
 		el.Printf("http: TLS handshake error from 127.0.0.1:5555: EOF")
 	}

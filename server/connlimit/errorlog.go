@@ -8,15 +8,12 @@ import (
 	"time"
 )
 
-// ErrorLog returns a logger for http.Server.ErrorLog that writes to log at
-// WARN, except failed TLS handshakes, which anyone can cause at will: they
-// are counted (tailgate_tls_handshake_errors_total) and logged at most once
-// a minute, with how many there were since the last line.
-func ErrorLog(listener string, m *Metrics, logger *slog.Logger) *log.Logger {
-	if m == nil {
-		m = NewMetrics(nil)
-	}
-	return log.New(&errorWriter{listener: listener, m: m, log: logger, logs: newRateLog(logger, time.Minute)}, "", 0)
+// ErrorLog returns a logger for http.Server.ErrorLog that writes to l's
+// log at WARN, except failed TLS handshakes, which anyone can cause at
+// will: they are counted (tailgate_tls_handshake_errors_total) and logged
+// at most once a minute, with how many there were since the last line.
+func (l *Limiter) ErrorLog() *log.Logger {
+	return log.New(&errorWriter{listener: l.cfg.Listener, m: l.m, log: l.log, logs: l.logs}, "", 0)
 }
 
 type errorWriter struct {
