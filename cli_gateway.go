@@ -494,23 +494,38 @@ func ensureTokens(dir string) (admin, cluster string, err error) {
 	return admin, cluster, nil
 }
 
+// checkPrivate refuses a secret file that users other than its owner may
+// read; risk says what they could do with it.
+func checkPrivate(path, risk string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("%s is readable by other users (mode %04o): %s; run: chmod 600 %s", path, fi.Mode().Perm(), risk, path)
+	}
+	return nil
+}
+
 func ensureSecretFile(path, prefix string) (string, error) {
 	raw, err := os.ReadFile(path)
 	if err == nil {
-		if fi, serr := os.Stat(path); serr == nil && fi.Mode().Perm()&0o077 != 0 {
-			return "", fmt.Errorf("%s is readable by other users (mode %04o): anyone on this box could take over the gateway; run: chmod 600 %s",
-				path, fi.Mode().Perm(), path)
+		if err := checkPrivate(path, "anyone on this box could take over the gateway"); err != nil {
+			return "", err
 		}
 		tok := strings.TrimSpace(string(raw))
 		if tok == "" {
 			return "", fmt.Errorf("%s is empty; delete it to have a new token made", path)
+		}
+		if err := policy.CheckToken(tok, path); err != nil {
+			return "", fmt.Errorf("%w, or delete the file to have one made", err)
 		}
 		return tok, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
-	b := make([]byte, 24)
+	b := make([]byte, policy.MinTokenBytes)
 	if _, err := rand.Read(b); err != nil {
 		return "", err
 	}

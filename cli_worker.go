@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"tailgate/policy"
 	"tailgate/serving/launcher"
 	"tailgate/serving/worker"
 )
@@ -239,20 +240,21 @@ func (wf *workerFlags) engineCommand(model string) (func(port int) ([]string, []
 	}, nil
 }
 
-// clusterToken reads the token from the flag or the file.
+// clusterToken reads the token from the flag (or the environment) or the
+// file; a token too short to be safe is refused.
 func clusterToken(tok, file string) (string, error) {
 	switch {
 	case tok != "" && file != "":
 		return "", errors.New("give --cluster-token or --cluster-token-file, not both")
 	case tok != "":
-		return tok, nil
+		return tok, policy.CheckToken(tok, "the cluster token (--cluster-token or TAILGATE_CLUSTER_TOKEN)")
 	case file != "":
 		raw, err := os.ReadFile(file)
 		if err != nil {
 			return "", fmt.Errorf("--cluster-token-file: %w", err)
 		}
 		if t := strings.TrimSpace(string(raw)); t != "" {
-			return t, nil
+			return t, policy.CheckToken(t, "--cluster-token-file "+file)
 		}
 		return "", fmt.Errorf("--cluster-token-file %s is empty", file)
 	}
