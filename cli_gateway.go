@@ -234,9 +234,11 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		if gw.meshLn, err = gw.node.Listen("tcp", ":"+port); err != nil {
 			return nil, fmt.Errorf("mesh listen :%s: %w", port, err)
 		}
+		meshLimit := limit("mesh_admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
+		gw.meshLn = meshLimit.Listen(gw.meshLn)
 		gw.meshAdmin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-			ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 			ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, viaMesh{}, true) }}
+		meshLimit.Apply(gw.meshAdmin)
 		log.Info("admin routes on the tailnet", "url", fmt.Sprintf("http://%s:%s", gw.node.Hostname(), port))
 	}
 	if cfg.MeshTLS {
