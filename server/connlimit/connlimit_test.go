@@ -88,14 +88,28 @@ func value(m prometheus.Metric) float64 {
 	return d.Gauge.GetValue()
 }
 
+// waitIdle waits (bounded) until the server has marked n connections idle:
+// a client reads its answer a moment before the server's ConnState does.
+func waitIdle(t *testing.T, m *Metrics, listener string, n float64) {
+	t.Helper()
+	g := m.conns.WithLabelValues(listener, "idle")
+	for i := 0; i < 500 && value(g) != n; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if value(g) != n {
+		t.Fatalf("%v connections idle, want %v", value(g), n)
+	}
+}
+
 func TestIdleConnectionMakesRoomForANewOne(t *testing.T) {
 	addr, m := serve(t, Config{Listener: "public", Max: 2, PerAddress: 2})
 	var idle []net.Conn
-	for _, from := range []string{"127.0.0.2", "127.0.0.3"} {
+	for i, from := range []string{"127.0.0.2", "127.0.0.3"} {
 		c := dialFrom(t, from, addr)
 		if !get(t, c, bufio.NewReader(c)) {
 			t.Fatalf("request from %s not served", from)
 		}
+		waitIdle(t, m, "public", float64(i+1))
 		idle = append(idle, c)
 	}
 	// The cap is full of idle connections: a third client is still served.
@@ -131,11 +145,12 @@ func TestOneAddressHoldsOnlyItsShare(t *testing.T) {
 }
 
 func TestAddressAtItsShareClosesItsOwnIdleConnection(t *testing.T) {
-	addr, _ := serve(t, Config{Max: 8, PerAddress: 1})
+	addr, m := serve(t, Config{Max: 8, PerAddress: 1})
 	first := dialFrom(t, "127.0.0.2", addr)
 	if !get(t, first, bufio.NewReader(first)) {
 		t.Fatal("first request not served")
 	}
+	waitIdle(t, m, "", 1)
 	second := dialFrom(t, "127.0.0.2", addr)
 	if !get(t, second, bufio.NewReader(second)) {
 		t.Fatal("a new connection was refused while its address had an idle one to close")
