@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 
 	"tailgate/data"
@@ -28,6 +28,7 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
+	"tailgate/server/connlimit"
 	"tailgate/web"
 )
 
@@ -197,32 +198,35 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 	if gw.publicLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
-	// A cap on open client connections: past it new ones wait in the
-	// kernel's accept queue instead of costing a goroutine and buffers each.
-	// Connections that send no request are closed after the header timeout.
-	maxConns := cfg.MaxConnections
-	if maxConns == 0 {
-		maxConns = 4096
+	// Caps on open client connections, in total and per address; idle
+	// keep-alive ones make room first (connlimit). Connections that send no
+	// request are closed after the header timeout.
+	conns := connlimit.NewMetrics(promReg)
+	limit := func(name string, most, perIP int) *connlimit.Limiter {
+		l, _ := connlimit.New(connlimit.Config{Listener: name, Max: most, PerAddress: perIP}, conns, log) // validated with the flags
+		return l
 	}
-	gw.publicLn = netutil.LimitListener(gw.publicLn, maxConns)
+	pubLimit, adminLimit := limit("public", cfg.MaxConnections, cfg.MaxConnsPerIP), limit("admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
+	gw.publicLn = pubLimit.Listen(gw.publicLn)
 	if gw.tls != nil {
 		gw.publicLn = tls.NewListener(gw.publicLn, gw.tls.config)
 	}
 	if gw.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
 		return nil, fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
 	}
+	gw.adminLn = adminLimit.Listen(gw.adminLn)
 	gw.publicAddr, gw.adminAddr = gw.publicLn.Addr().String(), gw.adminLn.Addr().String()
 	gw.publicURL = gw.tls.url(gw.publicAddr)
 	// No ReadTimeout/WriteTimeout: they would cut long streams. Headers have
 	// a deadline here; bodies get one per request in the handler.
-	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	pubLimit.Apply(gw.public)
 	if gw.tls != nil {
 		gw.public.TLSConfig = gw.tls.config
 	}
 	adminHandler := srv.Admin(web.Handler())
-	gw.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	gw.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	adminLimit.Apply(gw.admin)
 	if gw.node != nil {
 		// The same admin routes on the tailnet, at the same port number, so
 		// workers register at http://<gateway tailnet name>:<admin port>.
@@ -230,9 +234,11 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 		if gw.meshLn, err = gw.node.Listen("tcp", ":"+port); err != nil {
 			return nil, fmt.Errorf("mesh listen :%s: %w", port, err)
 		}
+		meshLimit := limit("mesh_admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
+		gw.meshLn = meshLimit.Listen(gw.meshLn)
 		gw.meshAdmin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-			ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 			ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, viaMesh{}, true) }}
+		meshLimit.Apply(gw.meshAdmin)
 		log.Info("admin routes on the tailnet", "url", fmt.Sprintf("http://%s:%s", gw.node.Hostname(), port))
 	}
 	if cfg.MeshTLS {
@@ -490,23 +496,38 @@ func ensureTokens(dir string) (admin, cluster string, err error) {
 	return admin, cluster, nil
 }
 
+// checkPrivate refuses a secret file that users other than its owner may
+// read; risk says what they could do with it.
+func checkPrivate(path, risk string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("%s is readable by other users (mode %04o): %s; run: chmod 600 %s", path, fi.Mode().Perm(), risk, path)
+	}
+	return nil
+}
+
 func ensureSecretFile(path, prefix string) (string, error) {
 	raw, err := os.ReadFile(path)
 	if err == nil {
-		if fi, serr := os.Stat(path); serr == nil && fi.Mode().Perm()&0o077 != 0 {
-			return "", fmt.Errorf("%s is readable by other users (mode %04o): anyone on this box could take over the gateway; run: chmod 600 %s",
-				path, fi.Mode().Perm(), path)
+		if err := checkPrivate(path, "anyone on this box could take over the gateway"); err != nil {
+			return "", err
 		}
 		tok := strings.TrimSpace(string(raw))
 		if tok == "" {
 			return "", fmt.Errorf("%s is empty; delete it to have a new token made", path)
+		}
+		if err := policy.CheckToken(tok, path); err != nil {
+			return "", fmt.Errorf("%w, or delete the file to have one made", err)
 		}
 		return tok, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
-	b := make([]byte, 24)
+	b := make([]byte, policy.MinTokenBytes)
 	if _, err := rand.Read(b); err != nil {
 		return "", err
 	}

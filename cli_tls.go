@@ -238,6 +238,9 @@ func (c *certFiles) load() (*tls.Certificate, fileStamps, error) {
 	if err != nil {
 		return nil, stamps, fmt.Errorf("--tls-key: %w", err)
 	}
+	if err := checkPrivate(c.keyPath, "anyone on this box could pose as this gateway"); err != nil {
+		return nil, stamps, fmt.Errorf("--tls-key %w", err)
+	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, stamps, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", c.certPath, c.keyPath, err)

@@ -336,3 +336,42 @@ func TestACMECertificateFromPebble(t *testing.T) {
 		t.Errorf("certificate cache %s/acme/*/%s: %v %v; want the certificate kept there", dir, domain, cached, err)
 	}
 }
+
+// TestTLSHandshakeErrorsAreCountedNotLogged: failed TLS handshakes, which
+// anyone can cause, are counted in tailgate_tls_handshake_errors_total and
+// logged once a minute, not once each.
+func TestTLSHandshakeErrorsAreCountedNotLogged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
+	dir, data := t.TempDir(), t.TempDir()
+	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	newTestCert(t, "tailgate-cert-a").write(t, certPath, keyPath)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := ln.Addr().String()
+	ln.Close()
+	p, api := startTLSGateway(t, "--tls-cert", certPath, "--tls-key", keyPath, "--data", data, "--admin-listen", admin)
+	waitLogLine(t, p, 10*time.Second, "gateway serving")
+	const failed = 5
+	for range failed {
+		// A client that does not trust the certificate gives up the handshake.
+		c, err := tls.Dial("tcp", strings.TrimPrefix(api, "https://"), &tls.Config{ServerName: "localhost"})
+		if err == nil {
+			c.Close()
+			t.Fatal("handshake with an untrusted certificate succeeded")
+		}
+	}
+	g := &gatewayProcess{process: p, t: t, admin: "http://" + admin, token: readToken(t, filepath.Join(data, "admin.token"))}
+	waitFor(t, 10*time.Second, "the failed handshakes are counted", func() bool {
+		return g.metric("tailgate_tls_handshake_errors_total", `listener="public"`) == failed
+	})
+	if n := strings.Count(p.stderr.String(), "TLS handshake failed"); n != 1 {
+		t.Errorf("%d log lines for %d failed handshakes, want 1:\n%s", n, failed, p.stderr.String())
+	}
+	if strings.Contains(p.stderr.String(), `msg="http: TLS handshake error`) {
+		t.Error("a handshake error was logged as is, beside the counted line")
+	}
+}

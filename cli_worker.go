@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"tailgate/policy"
 	"tailgate/serving/launcher"
 	"tailgate/serving/worker"
 )
@@ -250,13 +251,19 @@ func (wf *workerFlags) engineCommand(model string) (func(socket string) ([]strin
 	}, nil
 }
 
-// clusterToken reads the token from the flag or the file.
+// clusterToken reads the token from the flag (or the environment) or the
+// file; a token too short to be safe is refused.
 func clusterToken(tok, file string) (string, error) {
-	tok, err := secretFlag("cluster-token", tok, file)
-	if err == nil && tok == "" {
-		err = errors.New("a cluster token is required: --cluster-token-file GATEWAY_DATA/cluster.token (copy it from the gateway box) or --cluster-token")
+	got, err := secretFlag("cluster-token", tok, file)
+	switch {
+	case err != nil:
+		return "", err
+	case got == "":
+		return "", errors.New("a cluster token is required: --cluster-token-file GATEWAY_DATA/cluster.token (copy it from the gateway box) or --cluster-token")
+	case file != "":
+		return got, policy.CheckToken(got, "--cluster-token-file "+file)
 	}
-	return tok, err
+	return got, policy.CheckToken(got, "the cluster token (--cluster-token or TAILGATE_CLUSTER_TOKEN)")
 }
 
 // secretFlag reads the secret of --name or --name-file (the file's text,

@@ -77,6 +77,8 @@ type gatewayConfig struct {
 	AdmitQueue     int           `yaml:"-"` // --admit-queue; 0: 256
 	AdmitWait      time.Duration `yaml:"-"` // --admit-wait; 0: 30s
 	MaxConnections int           `yaml:"-"` // --max-connections; 0: 4096
+	MaxConnsPerIP  int           `yaml:"-"` // --max-connections-per-address; 0: 1/8 of --max-connections
+	AdminMaxConns  int           `yaml:"-"` // --admin-max-connections; 0: 256
 
 	// The Batch API's limits (batch.Config); zero means its default.
 	Batch batch.Config `yaml:"-"`
@@ -176,7 +178,9 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	fs.Int64Var(&c.AdmitHeadroom, "admit-headroom", 0, "how far past --admit-capacity interactive requests are still admitted at once, and how far below it batch requests stop (0: an eighth of the capacity, -1: none)")
 	fs.IntVar(&c.AdmitQueue, "admit-queue", policy.DefaultMaxQueue, "requests that may wait per priority class and model; more get 429 queue_full")
 	fs.DurationVar(&c.AdmitWait, "admit-wait", policy.DefaultMaxWait, "longest wait in the admission queue; past it a request gets 408 queue_timeout")
-	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections the public listener holds open at once; more wait to be accepted")
+	fs.IntVar(&c.MaxConnections, "max-connections", 4096, "most client connections the public listener holds open at once; at the cap the longest idle one is closed, and with none idle new ones wait to be accepted")
+	fs.IntVar(&c.MaxConnsPerIP, "max-connections-per-address", 0, "most connections one client IP address (loopback too) holds open on a listener; one more is closed at once (0: 1/8 of the listener's cap)")
+	fs.IntVar(&c.AdminMaxConns, "admin-max-connections", 256, "most connections the admin listener holds open at once, as --max-connections (its per-address share: 1/8 of it)")
 	fs.StringVar(&c.BatchFilesDir, "batch-files-dir", "", "where Batch API file bodies are kept (default: DIR/files); gateways sharing one PostgreSQL database must share this directory too (e.g. NFS), since any of them may run a batch uploaded through another")
 	fs.Int64Var(&c.Batch.MaxFileBytes, "batch-max-file-bytes", 100<<20, "largest batch input file upload (larger: 413)")
 	fs.IntVar(&c.Batch.MaxFileLines, "batch-max-file-lines", 50000, "most requests (non-blank lines) in a batch input file")
@@ -283,6 +287,10 @@ func (c *gatewayConfig) Validate() error {
 		return fmt.Errorf("--media-part-tokens %d: want a positive number of tokens (0: 16384)", c.MediaPartTokens)
 	case c.MaxConnections < 0:
 		return fmt.Errorf("--max-connections %d: want a positive count (0: 4096)", c.MaxConnections)
+	case c.MaxConnsPerIP < 0:
+		return fmt.Errorf("--max-connections-per-address %d: want a positive count (0: 1/8 of --max-connections)", c.MaxConnsPerIP)
+	case c.AdminMaxConns < 0:
+		return fmt.Errorf("--admin-max-connections %d: want a positive count (0: 256)", c.AdminMaxConns)
 	case c.RejectedRows < 0:
 		return fmt.Errorf("--rejected-rows %v: want a positive rate per second (0: 20)", c.RejectedRows)
 	case c.MaxBody < 0:

@@ -93,8 +93,10 @@ func TestWorkerSendsTheClusterTokenFromTheEnvironment(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the tailgate binary")
 	}
+	// Tokens long enough to be accepted (policy.CheckToken).
+	fromEnv, fromFile := "tgc-from-env-"+strings.Repeat("e", 43), "tgc-from-file-"+strings.Repeat("f", 43)
 	file := filepath.Join(t.TempDir(), "cluster.token")
-	if err := os.WriteFile(file, []byte("tgc-from-file\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(fromFile+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -102,8 +104,8 @@ func TestWorkerSendsTheClusterTokenFromTheEnvironment(t *testing.T) {
 		extra []string
 		want  string
 	}{
-		{"environment", nil, "Bearer tgc-from-env"},
-		{"file wins", []string{"--cluster-token-file", file}, "Bearer tgc-from-file"},
+		{"environment", nil, "Bearer " + fromEnv},
+		{"file wins", []string{"--cluster-token-file", file}, "Bearer " + fromFile},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			auth := make(chan string, 16)
@@ -118,7 +120,7 @@ func TestWorkerSendsTheClusterTokenFromTheEnvironment(t *testing.T) {
 			args := append([]string{"worker", "--data", t.TempDir(), "--gateway", gw.URL, "--engine", "sim",
 				"--listen", "127.0.0.1:0", "--warmup", "0"}, tc.extra...)
 			cmd := exec.Command(binPath, args...)
-			cmd.Env = append(os.Environ(), "TAILGATE_CLUSTER_TOKEN=tgc-from-env")
+			cmd.Env = append(os.Environ(), "TAILGATE_CLUSTER_TOKEN="+fromEnv)
 			var stderr syncBuffer
 			cmd.Stderr = &stderr
 			if err := cmd.Start(); err != nil {

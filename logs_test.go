@@ -138,7 +138,7 @@ exit 1
 		t.Fatal(err)
 	}
 	token := filepath.Join(dir, "cluster.token")
-	if err := os.WriteFile(token, []byte("tgc-test\n"), 0o600); err != nil {
+	if err := os.WriteFile(token, []byte(testClusterToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	p := startProc(t, "worker", false, "worker", "--data", filepath.Join(dir, "w"), "--engine", "vllm", "--model", "no-such-model",

@@ -29,7 +29,16 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokenFile := filepath.Join(t.TempDir(), "cluster.token")
-	if err := os.WriteFile(tokenFile, []byte("tgc-test\n"), 0o600); err != nil {
+	if err := os.WriteFile(tokenFile, []byte(testClusterToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	shortToken := filepath.Join(t.TempDir(), "short.token")
+	if err := os.WriteFile(shortToken, []byte("tgc-test\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A data directory whose admin token is short.
+	weak := t.TempDir()
+	if err := os.WriteFile(filepath.Join(weak, "admin.token"), []byte("tga-12345\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	control := meshtest.StartControl(t, meshtest.RequireAuthKey("tskey-auth-good"))
@@ -45,6 +54,10 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 	certB, keyB := filepath.Join(certDir, "b.pem"), filepath.Join(certDir, "b.key")
 	newTestCert(t, "a").write(t, certA, keyA)
 	newTestCert(t, "b").write(t, certB, keyB)
+	keyOpen := filepath.Join(certDir, "open.key") // key A, readable by everyone
+	if raw, err := os.ReadFile(keyA); err != nil || os.WriteFile(keyOpen, raw, 0o644) != nil || os.Chmod(keyOpen, 0o644) != nil {
+		t.Fatal("write open.key")
+	}
 
 	gateway := func(extra ...string) []string {
 		return append([]string{"gateway", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)
@@ -76,6 +89,14 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 			[]string{"--data", regular, "not a directory"}},
 		{"admin token readable by other users", nil, []string{"gateway", "--data", leaky, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
 			[]string{"admin.token is readable by other users", "chmod 600"}},
+		{"admin token too short", nil, []string{"gateway", "--data", weak, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
+			[]string{"admin.token is too short", "openssl rand -hex 32", "delete the file"}},
+		{"worker cluster token file too short", nil, worker("--cluster-token-file", shortToken),
+			[]string{"--cluster-token-file " + shortToken + " is too short", "openssl rand -hex 32"}},
+		{"worker cluster token flag too short", nil, worker("--cluster-token-file", "", "--cluster-token", "hunter2"),
+			[]string{"cluster token (--cluster-token or TAILGATE_CLUSTER_TOKEN) is too short", "head -c 32 /dev/urandom | base64"}},
+		{"--tls-key readable by others", nil, gateway("--tls-cert", certA, "--tls-key", keyOpen),
+			[]string{"--tls-key " + keyOpen + " is readable by other users (mode 0644)", "chmod 600 " + keyOpen}},
 		{"worker without --gateway", nil, []string{"worker", "--engine", "sim", "--cluster-token", "x"},
 			[]string{"--gateway is required"}},
 		{"worker on every interface without --advertise", nil, worker("--listen", "0.0.0.0:0"),
@@ -282,3 +303,7 @@ func holdPort(t *testing.T) string {
 	t.Cleanup(func() { ln.Close() })
 	return ln.Addr().String()
 }
+
+// testClusterToken is a cluster token long enough to be accepted
+// (policy.CheckToken) for tests that need one in a file.
+const testClusterToken = "tgc-6f1c0a7d9e2b4c3a8f5d1e0b7a6c9d2e4f3b8a1c5d7e9f0a2b4c6d8e1f3a5b7c"

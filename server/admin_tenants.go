@@ -17,6 +17,8 @@ import (
 // period resets them). Spent is what settled requests used; Reserved is
 // what requests admitted and still running hold, which only a running
 // gateway knows — null where it is not known (the CLI reading the database).
+// Where gateways share a PostgreSQL database both are the database's, not
+// the answering gateway's share (policy.Gate.TenantTotals).
 type TenantView struct {
 	Name           string    `json:"name"`
 	CreatedAt      time.Time `json:"created_at"`
@@ -41,10 +43,11 @@ func ViewTenant(t data.Tenant, spent data.Spend, reserved *data.Spend) TenantVie
 	return v
 }
 
-// viewTenant is t's view with this gateway's spent and reserved.
-func (s *Server) viewTenant(t data.Tenant) TenantView {
-	spent, reserved := s.gate.TenantState(t.ID)
-	return ViewTenant(t, spent, &reserved)
+// viewTenant is t's view with its totals (see policy.Gate.TenantTotals:
+// the database's where gateways share one).
+func viewTenant(t data.Tenant, totals map[int64]policy.TenantTotal) TenantView {
+	tt := totals[t.ID]
+	return ViewTenant(t, tt.Spent, &tt.Reserved)
 }
 
 var errTenantNotFound = &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "tenant_not_found",
@@ -55,9 +58,13 @@ func (s *Server) handleGetTenants(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	totals, err := s.gate.TenantTotals(c.Request().Context())
+	if err != nil {
+		return err
+	}
 	out := make([]TenantView, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, s.viewTenant(t))
+		out = append(out, viewTenant(t, totals))
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})
 }
@@ -69,7 +76,16 @@ func (s *Server) handleGetTenant(c echo.Context) error {
 	} else if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, s.viewTenant(t))
+	return s.replyTenant(c, t)
+}
+
+// replyTenant answers with t's view.
+func (s *Server) replyTenant(c echo.Context, t data.Tenant) error {
+	totals, err := s.gate.TenantTotals(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, viewTenant(t, totals))
 }
 
 func (s *Server) handlePatchTenant(c echo.Context) error {
@@ -107,7 +123,7 @@ func (s *Server) handlePatchTenant(c echo.Context) error {
 		return err
 	}
 	s.log.Info("tenant budget set", "tenant", t.Name, "budget_tokens", t.BudgetTokens, "budget_micros", t.BudgetMicros)
-	return c.JSON(http.StatusOK, s.viewTenant(t))
+	return s.replyTenant(c, t)
 }
 
 func (s *Server) handlePatchKey(c echo.Context) error {

@@ -138,12 +138,12 @@ func (s *Server) sampleHistory(now time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if ts, err := s.store.Tenants(ctx); err == nil {
+		totals, err := s.gate.TenantTotals(ctx)
 		for i, t := range ts {
-			if i == historyTenants {
+			if i == historyTenants || err != nil {
 				break
 			}
-			spent, _ := s.gate.TenantState(t.ID)
-			p.TenantSpentUSD[t.Name] = float64(spent.Micros) / 1e6
+			p.TenantSpentUSD[t.Name] = float64(totals[t.ID].Spent.Micros) / 1e6
 		}
 	}
 	s.hist.add(p, c)

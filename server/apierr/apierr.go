@@ -54,7 +54,7 @@ func (e *Error) Body() []byte {
 }
 
 // Write sends e in OpenAI's shape, with Retry-After (and retry-after-ms)
-// when e has one.
+// when e has one. A 401 also ends the connection (see refuse).
 func Write(w http.ResponseWriter, e *Error) {
 	h := w.Header()
 	if e.RetryAfter > 0 {
@@ -63,11 +63,28 @@ func Write(w http.ResponseWriter, e *Error) {
 		// OpenAI's SDKs prefer the millisecond form when it is there.
 		h.Set("Retry-After-Ms", strconv.FormatInt(e.RetryAfter.Milliseconds(), 10))
 	}
+	if e.Status == http.StatusUnauthorized {
+		refuse(w)
+	}
 	body := e.Body()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(body)
+}
+
+// RefusedDrain is how long the server still reads the unread body of a
+// request refused for its credentials before it closes the connection: a
+// body already sent is read (so the client sees the answer, not a reset),
+// one trickled in never holds the connection.
+const RefusedDrain = time.Second
+
+// refuse ends the connection of a request without valid credentials after
+// its answer: such a client gets no keep-alive connection to hold and no
+// wait for the rest of its body.
+func refuse(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(RefusedDrain))
 }
 
 // Reply sends e as the answer of an echo handler unless the response is
