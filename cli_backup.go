@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"tailgate/server/gateway"
 )
 
 const backupSynopsis = `backup --data DIR [--force] FILE
@@ -31,7 +33,7 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageError(fs, stderr, fs.Usage, errors.New("want exactly one FILE"))
 	}
 	dst := pos[0]
-	if _, err := existingDatabase(*dir); err != nil {
+	if _, err := gateway.ExistingDatabase(*dir); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	if !*force {

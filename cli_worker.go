@@ -14,7 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"tailgate/mesh"
 	"tailgate/serving/launcher"
+	"tailgate/serving/sim"
 	"tailgate/serving/worker"
 )
 
@@ -35,8 +37,8 @@ type workerFlags struct {
 	startupTimeout   time.Duration
 	warmup           int
 	drainGrace       time.Duration
-	sim              simFlags
-	mesh             meshFlags
+	sim              sim.Flags
+	mesh             mesh.Flags
 	logArgs          []string // --log-level and --log-format, for the simulated engine
 }
 
@@ -61,8 +63,8 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&w.startupTimeout, "startup-timeout", 20*time.Minute, "how long the engine may take to become ready (model download and load)")
 	fs.IntVar(&w.warmup, "warmup", 3, "short generations run before the replica is announced ready (0: none)")
 	fs.DurationVar(&w.drainGrace, "drain-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
-	w.sim.register(fs)
-	w.mesh.register(fs, "")
+	w.sim.Register(fs)
+	w.mesh.Register(fs, "")
 }
 
 func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -163,7 +165,7 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 // address and the gateway dialer with it. The func it returns closes what
 // it opened.
 func (wf *workerFlags) openListener(ctx context.Context, log *slog.Logger, cfg *worker.Config) (func(), error) {
-	if !wf.mesh.enabled {
+	if !wf.mesh.Enabled {
 		ln, err := net.Listen("tcp", wf.listen)
 		if err != nil {
 			return nil, fmt.Errorf("sidecar listen %s: %w", wf.listen, err)
@@ -182,14 +184,14 @@ func (wf *workerFlags) openListener(ctx context.Context, log *slog.Logger, cfg *
 	if port == "0" {
 		port = "9000"
 	}
-	if wf.mesh.hostname == "" {
+	if wf.mesh.Hostname == "" {
 		host, _ := os.Hostname()
-		wf.mesh.hostname = "tg-worker-" + host
+		wf.mesh.Hostname = "tg-worker-" + host
 		if wf.replicaID != "" {
-			wf.mesh.hostname = "tg-" + wf.replicaID
+			wf.mesh.Hostname = "tg-" + wf.replicaID
 		}
 	}
-	node, err := wf.mesh.up(ctx, wf.dataDir, log)
+	node, err := wf.mesh.Up(ctx, wf.dataDir, log)
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +227,7 @@ func (wf *workerFlags) engineCommand(model string) (func(port int) ([]string, []
 		}
 		return func(port int) ([]string, []string, error) {
 			argv := append([]string{self, "sim", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--model", model,
-				"--sim-seed", strconv.FormatInt(wf.sim.seed, 10)}, wf.sim.args()...)
+				"--sim-seed", strconv.FormatInt(wf.sim.Seed(), 10)}, wf.sim.Args()...)
 			argv = append(argv, wf.logArgs...)
 			// The launcher adds the engine's API key to the environment
 			// (VLLM_API_KEY), which `sim` reads as vLLM does.
