@@ -41,8 +41,8 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		rpm          = fs.Int64("rpm", 0, "requests per minute for this key (0: unlimited)")
 		tpm          = fs.Int64("tpm", 0, "tokens per minute for this key (0: unlimited)")
 		maxConc      = fs.Int64("max-concurrency", 0, "concurrent requests for this key (0: unlimited)")
-		budgetTokens = fs.Int64("budget-tokens", -1, "set the tenant's total token budget (0: unlimited; default: unchanged)")
-		budgetMoney  = fs.Float64("budget", -1, "set the tenant's money budget in currency units (0: unlimited; default: unchanged)")
+		tokenBudget  = fs.Int64("budget-tokens", -1, "set the tenant's total token budget (0: unlimited; default: unchanged)")
+		moneyBudget  = fs.Float64("budget", -1, "set the tenant's money budget in currency units (0: unlimited; default: unchanged)")
 		models       = fs.String("models", "", "comma-separated models the key may use (default: all)")
 		expires      = fs.String("expires", "", "when the key stops working: a duration from now (30d, 720h) or a time in RFC 3339 (default: never)")
 		class        = fs.String("class", "standard", "priority class, the highest the key's requests run as: interactive, standard or batch (under load, lower classes wait)")
@@ -70,11 +70,11 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		opts.ExpiresAt = exp
 	}
-	if *budgetTokens >= 0 {
-		opts.BudgetTokens = budgetTokens
+	if *tokenBudget >= 0 {
+		opts.BudgetTokens = tokenBudget
 	}
-	if *budgetMoney >= 0 {
-		micros := policy.Micros(*budgetMoney)
+	if *moneyBudget >= 0 {
+		micros := policy.Micros(*moneyBudget)
 		opts.BudgetMicros = &micros
 	}
 	st, err := openStore(*dir)
@@ -86,7 +86,7 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
-	if *budgetMoney > 0 {
+	if *moneyBudget > 0 {
 		// This process does not know the gateway's prices.
 		fmt.Fprintf(stderr, "note: tenant %q has a money budget; it counts only models the gateway prices (--price MODEL=IN,OUT, or models.MODEL.price in --config): "+
 			"a gateway refuses to start while no model the tenant may use has a price, and a running one warns\n", k.Tenant.Name)
