@@ -36,16 +36,16 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("keys create", "keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget N] [--models a,b] [--expires 30d|720h|RFC3339] [--class interactive|standard|batch]", stderr)
 	var (
-		dir          = fs.String("data", "tailgate-data", "data directory")
-		tenant       = fs.String("tenant", "", "tenant that owns the key (created if new)")
-		rpm          = fs.Int64("rpm", 0, "requests per minute for this key (0: unlimited)")
-		tpm          = fs.Int64("tpm", 0, "tokens per minute for this key (0: unlimited)")
-		maxConc      = fs.Int64("max-concurrency", 0, "concurrent requests for this key (0: unlimited)")
-		tokenBudget  = fs.Int64("budget-tokens", -1, "set the tenant's total token budget (0: unlimited; default: unchanged)")
-		moneyBudget  = fs.Float64("budget", -1, "set the tenant's money budget in currency units (0: unlimited; default: unchanged)")
-		models       = fs.String("models", "", "comma-separated models the key may use (default: all)")
-		expires      = fs.String("expires", "", "when the key stops working: a duration from now (30d, 720h) or a time in RFC 3339 (default: never)")
-		class        = fs.String("class", "standard", "priority class, the highest the key's requests run as: interactive, standard or batch (under load, lower classes wait)")
+		dir         = fs.String("data", "tailgate-data", "data directory")
+		tenant      = fs.String("tenant", "", "tenant that owns the key (created if new)")
+		rpm         = fs.Int64("rpm", 0, "requests per minute for this key (0: unlimited)")
+		tpm         = fs.Int64("tpm", 0, "tokens per minute for this key (0: unlimited)")
+		maxConc     = fs.Int64("max-concurrency", 0, "concurrent requests for this key (0: unlimited)")
+		tokenBudget = fs.Int64("budget-tokens", -1, "set the tenant's total token budget (0: unlimited; default: unchanged)")
+		moneyBudget = fs.Float64("budget", -1, "set the tenant's money budget in currency units (0: unlimited; default: unchanged)")
+		models      = fs.String("models", "", "comma-separated models the key may use (default: all)")
+		expires     = fs.String("expires", "", "when the key stops working: a duration from now (30d, 720h) or a time in RFC 3339 (default: never)")
+		class       = fs.String("class", "standard", "priority class, the highest the key's requests run as: interactive, standard or batch (under load, lower classes wait)")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
