@@ -92,7 +92,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"--cluster-token-file", filepath.Join(cfg.DataDir, "cluster.token"),
 			"--data", filepath.Join(cfg.DataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
 			"--engine", *engine, "--model", *model, "--log-level", lf.level, "--log-format", lf.format,
-			"--warmup", fmt.Sprint(*warmup)}
+			"--warmup", fmt.Sprint(*warmup), "--upstream-client", cfg.UpstreamClient}
 		switch *engine {
 		case "sim":
 			childArgs = append(childArgs, "--sim-seed", fmt.Sprint(sf.Seed()+int64(i)-1))

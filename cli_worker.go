@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"tailgate/mesh"
+	"tailgate/serving/hop"
 	"tailgate/serving/launcher"
 	"tailgate/serving/sim"
 	"tailgate/serving/worker"
@@ -37,6 +38,7 @@ type workerFlags struct {
 	startupTimeout   time.Duration
 	warmup           int
 	drainGrace       time.Duration
+	upstreamClient   string
 	sim              sim.Flags
 	mesh             mesh.Flags
 	logArgs          []string // --log-level and --log-format, for the simulated engine
@@ -63,6 +65,7 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&w.startupTimeout, "startup-timeout", 20*time.Minute, "how long the engine may take to become ready (model download and load)")
 	fs.IntVar(&w.warmup, "warmup", 3, "short generations run before the replica is announced ready (0: none)")
 	fs.DurationVar(&w.drainGrace, "drain-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
+	fs.StringVar(&w.upstreamClient, "upstream-client", string(hop.Hop), "HTTP client of the sidecar to the engine: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	w.sim.Register(fs)
 	w.mesh.Register(fs, "")
 }
@@ -135,6 +138,10 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 	default:
 		return cfg, nil, fmt.Errorf("--engine %q: want vllm or sim", wf.engine)
 	}
+	client, err := hop.ParseClient(wf.upstreamClient)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("--upstream-client: %w", err)
+	}
 	if wf.warmup < 0 {
 		return cfg, nil, fmt.Errorf("--warmup %d: want 0 (none) or more", wf.warmup)
 	}
@@ -145,7 +152,7 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 		Gateways: wf.gateways, ClusterToken: tok, Advertise: wf.advertise, ReplicaID: wf.replicaID, DataDir: wf.dataDir,
 		Model: wf.model, Engine: wf.engine, StartupTimeout: wf.startupTimeout,
 		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, DrainGrace: wf.drainGrace, NoDrain: wf.drainGrace == 0,
-		Log: log,
+		Log: log, UpstreamClient: client,
 	}
 	if wf.servedModelName != "" {
 		cfg.Model = wf.servedModelName

@@ -24,6 +24,7 @@ import (
 	"tailgate/server"
 	"tailgate/server/batch"
 	"tailgate/server/slo"
+	"tailgate/serving/hop"
 )
 
 // Config is the gateway's configuration (`gateway` and `up`) in one
@@ -79,6 +80,7 @@ type Config struct {
 	// The Batch API's limits (batch.Config); zero means its default.
 	Batch batch.Config `yaml:"-"`
 
+	UpstreamClient  string        `yaml:"-"` // --upstream-client; "": hop
 	Policy          string        `yaml:"-"` // --policy; "": p2c
 	Affinity        bool          `yaml:"-"` // --affinity
 	SlowStart       time.Duration `yaml:"-"` // --slow-start; 0: off
@@ -161,6 +163,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.KeepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
 	fs.Func("price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)", appendTo(&c.priceFlags))
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
+	fs.StringVar(&c.UpstreamClient, "upstream-client", string(hop.Hop), "HTTP client to replicas: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.StringVar(&c.Policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
 	fs.BoolVar(&c.Affinity, "affinity", false, "prefer the same replica for the same prompt prefix when load is comparable (reuses the engine's prefix cache)")
 	fs.DurationVar(&c.SlowStart, "slow-start", router.DefaultSlowStart, "how long a freshly ready replica ramps up to a full share; its load counts double at first (0: off)")
@@ -313,6 +316,9 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			return fmt.Errorf("%s %q: want HOST:PORT, e.g. 127.0.0.1:8080", a.flag, a.addr)
 		}
+	}
+	if _, err := hop.ParseClient(c.UpstreamClient); err != nil {
+		return fmt.Errorf("--upstream-client: %w", err)
 	}
 	if _, err := router.ParsePolicy(c.Policy); err != nil {
 		return fmt.Errorf("--policy: %w", err)

@@ -7,13 +7,17 @@
 //
 // # Overview
 //
-// A Config comes from flags (RegisterFlags, then Load once they are parsed)
-// or is filled in by a program; Open checks it, makes the data directory's
-// secrets (admin.token, cluster.token), opens the database and binds the
-// listeners, so a bad address or a locked database is a start-up error;
-// Run serves until its context is done and then shuts down in order (stop
-// accepting, let in-flight requests finish within the grace, drain the
-// ledger); Close releases what Open took and is safe twice.
+// A [Config] comes from flags ([Config.RegisterFlags], then [Config.Load]
+// once they are parsed, which reads the --config file under them and checks
+// the whole) or is filled in by a program. [Open] checks it, makes the data
+// directory's secrets (admin.token, cluster.token), opens the database
+// (SQLite in the data directory, or PostgreSQL) and its ledger, joins the
+// tailnet with --mesh, and binds the listeners, so a bad address or a locked
+// database is a start-up error. The [Gateway] it returns serves nothing yet:
+// [Gateway.Run] serves until its context is done and then shuts down in
+// order (stop accepting, let in-flight requests finish within the grace,
+// drain the ledger); [Gateway.Close] releases what Open took and is safe
+// twice.
 package gateway
 
 import (
@@ -40,6 +44,7 @@ import (
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
+	"tailgate/serving/hop"
 	"tailgate/web"
 )
 
@@ -161,7 +166,8 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		setup.srvCfg.PeerCheck = peerCheck(gw.node, mesh.SplitList(cfg.MeshAllowPeers))
 		setup.srvCfg.PeerIdentity = peerIdentity(gw.node)
 	}
-	transport := server.NewTransport(2*time.Second, dial)
+	client, _ := hop.ParseClient(cfg.UpstreamClient) // checked by Validate
+	transport := server.NewTransport(2*time.Second, dial, client)
 	for _, u := range setup.upstreams {
 		rep := router.NewReplica(u.id, u.url)
 		rep.Static = true

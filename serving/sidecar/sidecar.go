@@ -95,6 +95,9 @@ type Config struct {
 	// EngineKeepAlive is how long the engine keeps an idle connection open
 	// (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE); 0 means serving.EngineKeepAlive.
 	EngineKeepAlive time.Duration
+	// UpstreamClient carries requests to the engine: "" or hop.Hop, or
+	// hop.NetHTTP (net/http's Transport, the way back).
+	UpstreamClient hop.Client
 }
 
 const (
@@ -164,7 +167,7 @@ func New(cfg Config) (*Sidecar, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.transport == nil {
-		s.transport = newTransport(cfg.EngineKeepAlive * 4 / 5)
+		s.transport = newTransport(cfg.EngineKeepAlive*4/5, cfg.UpstreamClient)
 	}
 	s.handler = s.routes()
 	return s, nil
@@ -176,11 +179,10 @@ func New(cfg Config) (*Sidecar, error) {
 // must arrive as the engine flushed it), and a bounded dial. Requests are
 // written and answers read on the handler's goroutine ([hop.Transport]); an
 // https engine URL goes through net/http's Transport.
-func newTransport(idle time.Duration) http.RoundTripper {
+func newTransport(idle time.Duration, client hop.Client) http.RoundTripper {
 	dial := (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	t := &hop.Transport{Dial: dial, IdleTimeout: idle, MaxIdlePerHost: 1024, BufferSize: 16 << 10}
-	t.Fallback = t.NetHTTP(1024)
-	return t
+	return t.RoundTripper(client, 1024)
 }
 
 // Handler returns the sidecar's HTTP API.
