@@ -2,20 +2,17 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"tailgate/data"
 	"tailgate/policy"
-	"tailgate/server"
+	"tailgate/server/gateway"
 )
 
 const keysUsage = `Usage:
@@ -26,79 +23,6 @@ const keysUsage = `Usage:
 
 Run 'tailgate keys SUBCOMMAND -h' for its flags.
 `
-
-// openStore opens the database of an existing deployment in dir.
-// openCommand finishes the prelude of a command on an existing deployment:
-// it parses args with fs (which defines --data into dir), takes the one
-// positional argument named want (none when want is ""), and opens the
-// deployment's store, which the caller closes.
-func openCommand(fs *flag.FlagSet, stderr io.Writer, args []string, dir *string, want string) (*data.Store, string, error) {
-	var arg string
-	if want == "" {
-		if err := parseFlags(fs, args); err != nil {
-			return nil, "", err
-		}
-	} else {
-		pos, err := parseArgs(fs, args, 1)
-		if err != nil {
-			return nil, "", err
-		}
-		if len(pos) != 1 || pos[0] == "" {
-			return nil, "", usageError(fs, stderr, fs.Usage, errors.New("want the "+want))
-		}
-		arg = pos[0]
-	}
-	st, err := openStore(*dir)
-	return st, arg, err
-}
-
-func openStore(dir string) (*data.Store, error) {
-	db, err := existingDatabase(dir)
-	if err != nil {
-		return nil, err
-	}
-	return data.Open(db)
-}
-
-// databaseURLFile is where a gateway started with --database postgres://…
-// writes that URL (mode 0600: it may hold a password), so that the admin
-// commands given the same --data DIR reach the same database.
-const databaseURLFile = "database.url"
-
-// gatewayDatabase returns the database a gateway on dir uses: url (recorded
-// in dir for the admin commands), or else SQLite's dir/tailgate.db. A dir
-// that recorded a PostgreSQL URL is refused without one, so that a gateway
-// cannot start on an empty SQLite file while keys and the ledger are in
-// PostgreSQL.
-func gatewayDatabase(dir, url string) (string, error) {
-	path := filepath.Join(dir, databaseURLFile)
-	if url == "" {
-		if _, err := os.Stat(path); err == nil {
-			return "", fmt.Errorf("--data %s was used with --database (%s names a PostgreSQL database): give --database again, or delete that file to use SQLite in %s", dir, path, dir)
-		}
-		return filepath.Join(dir, "tailgate.db"), nil
-	}
-	if err := os.WriteFile(path, []byte(url+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("--database: record it for the admin commands: %w", err)
-	}
-	return url, nil
-}
-
-// existingDatabase returns dir's database: the PostgreSQL URL its gateway
-// recorded, or the path of its SQLite file; or an error if there is none:
-// a command that reads a deployment must not create a fresh one where
-// --data is mistyped, or keys made there would be unknown to every gateway
-// and usage would be empty, silently.
-func existingDatabase(dir string) (string, error) {
-	if raw, err := os.ReadFile(filepath.Join(dir, databaseURLFile)); err == nil {
-		return strings.TrimSpace(string(raw)), nil
-	}
-	db := filepath.Join(dir, "tailgate.db")
-	if fi, err := os.Stat(db); err != nil || !fi.Mode().IsRegular() {
-		return "", fmt.Errorf("--data %s holds no database (%s does not exist): give the data directory of the gateway or of `tailgate up`, which creates it on first start", dir, db)
-	}
-	return db, nil
-}
 
 func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return dispatch(ctx, "keys", keysUsage, []subcommand{
@@ -112,16 +36,16 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("keys create", "keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget N] [--models a,b] [--expires 30d|720h|RFC3339] [--class interactive|standard|batch]", stderr)
 	var (
-		dir          = fs.String("data", "tailgate-data", "data directory")
-		tenant       = fs.String("tenant", "", "tenant that owns the key (created if new)")
-		rpm          = fs.Int64("rpm", 0, "requests per minute for this key (0: unlimited)")
-		tpm          = fs.Int64("tpm", 0, "tokens per minute for this key (0: unlimited)")
-		maxConc      = fs.Int64("max-concurrency", 0, "concurrent requests for this key (0: unlimited)")
-		budgetTokens = fs.Int64("budget-tokens", -1, "set the tenant's total token budget (0: unlimited; default: unchanged)")
-		budgetMoney  = fs.Float64("budget", -1, "set the tenant's money budget in currency units (0: unlimited; default: unchanged)")
-		models       = fs.String("models", "", "comma-separated models the key may use (default: all)")
-		expires      = fs.String("expires", "", "when the key stops working: a duration from now (30d, 720h) or a time in RFC 3339 (default: never)")
-		class        = fs.String("class", "standard", "priority class, the highest the key's requests run as: interactive, standard or batch (under load, lower classes wait)")
+		dir         = fs.String("data", "tailgate-data", "data directory")
+		tenant      = fs.String("tenant", "", "tenant that owns the key (created if new)")
+		rpm         = fs.Int64("rpm", 0, "requests per minute for this key (0: unlimited)")
+		tpm         = fs.Int64("tpm", 0, "tokens per minute for this key (0: unlimited)")
+		maxConc     = fs.Int64("max-concurrency", 0, "concurrent requests for this key (0: unlimited)")
+		tokenBudget = fs.Int64("budget-tokens", -1, "set the tenant's total token budget (0: unlimited; default: unchanged)")
+		moneyBudget = fs.Float64("budget", -1, "set the tenant's money budget in currency units (0: unlimited; default: unchanged)")
+		models      = fs.String("models", "", "comma-separated models the key may use (default: all)")
+		expires     = fs.String("expires", "", "when the key stops working: a duration from now (30d, 720h) or a time in RFC 3339 (default: never)")
+		class       = fs.String("class", "standard", "priority class, the highest the key's requests run as: interactive, standard or batch (under load, lower classes wait)")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -146,11 +70,11 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		opts.ExpiresAt = exp
 	}
-	if *budgetTokens >= 0 {
-		opts.BudgetTokens = budgetTokens
+	if *tokenBudget >= 0 {
+		opts.BudgetTokens = tokenBudget
 	}
-	if *budgetMoney >= 0 {
-		micros := toMicros(*budgetMoney)
+	if *moneyBudget >= 0 {
+		micros := policy.Micros(*moneyBudget)
 		opts.BudgetMicros = &micros
 	}
 	st, err := openStore(*dir)
@@ -162,7 +86,7 @@ func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
-	if *budgetMoney > 0 {
+	if *moneyBudget > 0 {
 		// This process does not know the gateway's prices.
 		fmt.Fprintf(stderr, "note: tenant %q has a money budget; it counts only models the gateway prices (--price MODEL=IN,OUT, or models.MODEL.price in --config): "+
 			"a gateway refuses to start while no model the tenant may use has a price, and a running one warns\n", k.Tenant.Name)
@@ -193,9 +117,9 @@ func cmdKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	now := time.Now()
 	if *asJSON {
-		out := make([]server.KeyView, 0, len(keys))
+		out := make([]gateway.KeyView, 0, len(keys))
 		for _, k := range keys {
-			out = append(out, server.ViewKey(k, now))
+			out = append(out, gateway.ViewKey(k, now))
 		}
 		return writeJSON(stdout, out)
 	}
@@ -220,16 +144,6 @@ func keyExpiry(k data.Key) string {
 		return "never"
 	}
 	return k.ExpiresAt.Format(time.RFC3339)
-}
-
-func keyStatus(k data.Key, now time.Time) string {
-	switch {
-	case k.Revoked():
-		return "revoked"
-	case k.ExpiredAt(now):
-		return "expired"
-	}
-	return "active"
 }
 
 // splitModels reads a --models list; blanks between commas are dropped.
@@ -385,7 +299,7 @@ func cmdUsage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	view := server.UsageJSON(rows)
+	view := gateway.UsageJSON(rows)
 	if *asJSON {
 		return writeJSON(stdout, view)
 	}
@@ -395,10 +309,4 @@ func cmdUsage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%.6f\t%d\n", r.Tenant, r.KeyPrefix, r.Model, r.Requests, r.PromptTokens, r.CompletionTokens, r.Cost, r.Rejected)
 	}
 	return tw.Flush()
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"tailgate/data"
+	"tailgate/server/gateway"
 )
 
 const backupSynopsis = `backup --data DIR [--force] FILE
@@ -32,7 +33,7 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageError(fs, stderr, fs.Usage, errors.New("want exactly one FILE"))
 	}
 	dst := pos[0]
-	if _, err := existingDatabase(*dir); err != nil {
+	if _, err := gateway.ExistingDatabase(*dir); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	st, err := openStore(*dir)
@@ -84,7 +85,7 @@ func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(pos) != 1 || pos[0] == "" {
 		return usageError(fs, stderr, fs.Usage, errors.New("want exactly one FILE"))
 	}
-	url := filepath.Join(*dir, databaseURLFile)
+	url := filepath.Join(*dir, gateway.DatabaseURLFile)
 	if _, err := os.Stat(url); err == nil {
 		return fmt.Errorf("restore: --data %s uses PostgreSQL (%s): restore it with pg_restore", *dir, url)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"tailgate/bench/load"
+	"tailgate/server/gateway"
 	"tailgate/server/slo"
 )
 
@@ -169,14 +170,10 @@ func readBenchSLO(path string) (*load.SLO, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--slo: %w", err)
 	}
-	var c gatewayConfig
-	if err := decodeYAML(raw, &c); err != nil {
+	cfg, err := gateway.LoadSLO(raw)
+	if err != nil {
 		return nil, fmt.Errorf("--slo %s: %w", path, err)
 	}
-	if err := c.sloConfig.validate(c.Models); err != nil {
-		return nil, fmt.Errorf("--slo %s: %w", path, err)
-	}
-	cfg := c.sloConfig.config(c.Models)
 	objs := func(model string) []load.Objective {
 		var out []load.Objective
 		for _, d := range slo.Docs(cfg.Objectives(model)) {
@@ -189,15 +186,4 @@ func readBenchSLO(path string) (*load.SLO, error) {
 		s.Models[name] = objs(name)
 	}
 	return s, nil
-}
-
-// isTerminal tells whether w is a terminal, where progress is rewritten in
-// place.
-func isTerminal(w io.Writer) bool {
-	fl, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := fl.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

@@ -14,77 +14,6 @@ import (
 	"tailgate/serving/sim"
 )
 
-// simFlags are the simulated engine's knobs, shared by `sim` and `up`.
-type simFlags struct {
-	ttft        time.Duration
-	ttftSigma   float64
-	tpot        time.Duration
-	stallProb   float64
-	stallFactor float64
-	maxSeqs     int
-	seed        int64
-	seededLat   bool
-	maxTokens   int
-
-	reasoningTokens int
-	reasoningField  string
-	embeddingDim    int
-	errorRate       float64
-	rateLimitRate   float64
-	retryAfter      time.Duration
-	hangRate        float64
-	keepAlive       time.Duration
-	streamInterval  int
-	kvCacheTokens   int
-}
-
-func (f *simFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&f.ttft, "sim-ttft", 150*time.Millisecond, "simulated engine: median time to first token")
-	fs.Float64Var(&f.ttftSigma, "sim-ttft-sigma", 0.25, "simulated engine: lognormal spread of the time to first token (negative: none)")
-	fs.DurationVar(&f.tpot, "sim-tpot", 15*time.Millisecond, "simulated engine: time per output token")
-	fs.Float64Var(&f.stallProb, "sim-stall-prob", 0, "simulated engine: probability that a request stalls")
-	fs.Float64Var(&f.stallFactor, "sim-stall-factor", 10, "simulated engine: latency multiplier of a stalled request")
-	fs.IntVar(&f.maxSeqs, "sim-max-seqs", 256, "simulated engine: concurrent sequences; more requests queue (FIFO)")
-	fs.Int64Var(&f.seed, "sim-seed", 1, "simulated engine: seed of the latency draws")
-	fs.BoolVar(&f.seededLat, "sim-seeded-latency", false, "simulated engine: fix each chat/completions request's latency (jitter and stall) by its content (prompt text and seed field) and --sim-seed instead of arrival order, so A/B runs see the same latencies request for request on each replica while replicas draw independently")
-	fs.IntVar(&f.maxTokens, "sim-default-max-tokens", 256, "simulated engine: completion cap when a request sets none")
-	fs.IntVar(&f.reasoningTokens, "sim-reasoning-tokens", 0, "simulated engine: reasoning tokens before every chat, Responses and Messages answer (0: no reasoning phase); they last N×TPOT and count as completion tokens")
-	fs.StringVar(&f.reasoningField, "sim-reasoning-field", sim.ReasoningFieldReasoning, "simulated engine: name of the reasoning text in chat deltas: reasoning (vLLM ≥ 0.12), reasoning_content (≤ 0.10) or both (0.11 to 0.1x)")
-	fs.IntVar(&f.embeddingDim, "sim-embedding-dim", 64, "simulated engine: length of /v1/embeddings vectors")
-	fs.Float64Var(&f.errorRate, "sim-error-rate", 0, "simulated engine: share of requests answered 500 (seeded)")
-	fs.Float64Var(&f.rateLimitRate, "sim-429-rate", 0, "simulated engine: share of requests answered 429 with Retry-After (seeded)")
-	fs.DurationVar(&f.retryAfter, "sim-retry-after", time.Second, "simulated engine: the wait a 429 asks for (Retry-After, whole seconds rounded up)")
-	fs.Float64Var(&f.hangRate, "sim-hang-rate", 0, "simulated engine: share of requests that hang before their first token until the client goes away (seeded)")
-	fs.IntVar(&f.kvCacheTokens, "sim-kv-cache-tokens", 0, "simulated engine: KV cache size in tokens (at least the max model len; 0: none): a request waits, with slots free, until its prompt and output fit, as on a vLLM short of KV blocks")
-	fs.IntVar(&f.streamInterval, "sim-stream-interval", 1, "simulated engine: tokens merged into one chat or completions stream chunk, as vLLM's --stream-interval (a request's stream_interval may raise it)")
-	fs.DurationVar(&f.keepAlive, "sim-keep-alive", 0, "simulated engine: idle keep-alive connections are closed after this long, as vLLM's uvicorn does (0: $"+sim.KeepAliveEnv+" seconds, else 5s)")
-}
-
-func (f *simFlags) config(model string) sim.Config {
-	return sim.Config{
-		Model: model, TTFT: f.ttft, TTFTSigma: f.ttftSigma, TPOT: f.tpot, StallProb: f.stallProb,
-		StallFactor: f.stallFactor, MaxSeqs: f.maxSeqs, Seed: f.seed, LatencyFromContent: f.seededLat, DefaultMaxTokens: f.maxTokens,
-		ReasoningTokens: f.reasoningTokens, ReasoningField: f.reasoningField, EmbeddingDim: f.embeddingDim,
-		ErrorRate: f.errorRate, RateLimitRate: f.rateLimitRate, RetryAfter: f.retryAfter, HangRate: f.hangRate,
-		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval, KVCacheTokens: f.kvCacheTokens,
-	}
-}
-
-// args renders the knobs back as flags, for child processes.
-func (f *simFlags) args() []string {
-	return []string{
-		"--sim-ttft", f.ttft.String(), "--sim-ttft-sigma", fmt.Sprint(f.ttftSigma), "--sim-tpot", f.tpot.String(),
-		"--sim-stall-prob", fmt.Sprint(f.stallProb), "--sim-stall-factor", fmt.Sprint(f.stallFactor),
-		"--sim-max-seqs", fmt.Sprint(f.maxSeqs), "--sim-default-max-tokens", fmt.Sprint(f.maxTokens),
-		"--sim-reasoning-tokens", fmt.Sprint(f.reasoningTokens), "--sim-reasoning-field", f.reasoningField,
-		"--sim-embedding-dim", fmt.Sprint(f.embeddingDim), "--sim-error-rate", fmt.Sprint(f.errorRate),
-		"--sim-429-rate", fmt.Sprint(f.rateLimitRate), "--sim-retry-after", f.retryAfter.String(),
-		"--sim-hang-rate", fmt.Sprint(f.hangRate), "--sim-keep-alive", f.keepAlive.String(),
-		"--sim-stream-interval", fmt.Sprint(f.streamInterval), "--sim-kv-cache-tokens", fmt.Sprint(f.kvCacheTokens),
-		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat),
-	}
-}
-
 // announcePrefix starts the line a child `sim --announce` prints on stdout
 // once it listens, so its parent learns the address.
 const announcePrefix = "TAILGATE_LISTEN "
@@ -97,15 +26,15 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		model    = fs.String("model", "tailgate-sim", "model name to serve")
 		announce = fs.Bool("announce", false, "print '"+announcePrefix+"ADDR' on stdout once listening (for programs that start it on port 0)")
 		apiKey   = fs.String("api-key", "", "bearer token required on /v1 paths, as vLLM's --api-key (default $"+launcher.EngineKeyEnv+"; empty: none)")
-		sf       simFlags
+		sf       sim.Flags
 		lf       logFlags
 	)
-	sf.register(fs)
+	sf.Register(fs)
 	log, err := lf.parse(fs, args, stderr)
 	if err != nil {
 		return err
 	}
-	cfg := sf.config(*model)
+	cfg := sf.Config(*model)
 	// As in vLLM, the flag wins over the environment; a worker passes the
 	// environment, which ps does not show.
 	if cfg.APIKey = *apiKey; cfg.APIKey == "" {
@@ -129,8 +58,8 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "%s%s\n", announcePrefix, ln.Addr())
 	}
 	log.Info("simulated engine serving (output is filler text, not a model)", "addr", addr,
-		"model", *model, "ttft", sf.ttft, "tpot", sf.tpot, "stall_prob", sf.stallProb, "max_seqs", sf.maxSeqs,
-		"reasoning_tokens", sf.reasoningTokens, "error_rate", sf.errorRate, "429_rate", sf.rateLimitRate, "hang_rate", sf.hangRate, "api_key_required", cfg.APIKey != "",
+		"model", *model, "ttft", cfg.TTFT, "tpot", cfg.TPOT, "stall_prob", cfg.StallProb, "max_seqs", cfg.MaxSeqs,
+		"reasoning_tokens", cfg.ReasoningTokens, "error_rate", cfg.ErrorRate, "429_rate", cfg.RateLimitRate, "hang_rate", cfg.HangRate, "api_key_required", cfg.APIKey != "",
 		"keep_alive", srv.IdleTimeout)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -19,12 +19,12 @@ import (
 )
 
 // TestSimFlagsReachChildEngines: every sim knob `up` and `worker --engine
-// sim` pass on (simFlags.args) parses back into the same engine config.
+// sim` pass on (sim.Flags.args) parses back into the same engine config.
 func TestSimFlagsReachChildEngines(t *testing.T) {
-	var parent simFlags
+	var parent sim.Flags
 	fs := flag.NewFlagSet("parent", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	parent.register(fs)
+	parent.Register(fs)
 	err := fs.Parse([]string{
 		"--sim-ttft", "80ms", "--sim-ttft-sigma", "-1", "--sim-tpot", "3ms", "--sim-stall-prob", "0.01",
 		"--sim-stall-factor", "4", "--sim-max-seqs", "9", "--sim-default-max-tokens", "77",
@@ -36,14 +36,14 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var child simFlags
+	var child sim.Flags
 	cfs := flag.NewFlagSet("child", flag.ContinueOnError)
 	cfs.SetOutput(io.Discard)
-	child.register(cfs)
-	if err := cfs.Parse(parent.args()); err != nil {
-		t.Fatalf("child flags %q: %v", parent.args(), err)
+	child.Register(cfs)
+	if err := cfs.Parse(parent.Args()); err != nil {
+		t.Fatalf("child flags %q: %v", parent.Args(), err)
 	}
-	want, got := parent.config("m"), child.config("m")
+	want, got := parent.Config("m"), child.Config("m")
 	if got != want {
 		t.Errorf("child config %+v\nwant %+v", got, want)
 	}
@@ -69,9 +69,9 @@ func TestREADMEDocumentsEverySimKnob(t *testing.T) {
 		t.Fatal("README has no `tailgate sim` section")
 	}
 	section := readme[start : start+1+end]
-	var sf simFlags
+	var sf sim.Flags
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	sf.register(fs)
+	sf.Register(fs)
 	named := map[string]bool{}
 	for _, m := range regexp.MustCompile("`--(sim-[a-z0-9-]+)").FindAllStringSubmatch(section, -1) {
 		named[m[1]] = true

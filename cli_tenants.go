@@ -12,7 +12,7 @@ import (
 
 	"tailgate/data"
 	"tailgate/policy"
-	"tailgate/server"
+	"tailgate/server/gateway"
 )
 
 const tenantsUsage = `Usage:
@@ -37,7 +37,7 @@ func cmdTenants(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 // tenantViews reads the tenants (all, or the one named) with what the
 // ledger says they spent; reserved is unknown here.
-func tenantViews(ctx context.Context, st *data.Store, name string) ([]server.TenantView, error) {
+func tenantViews(ctx context.Context, st *data.Store, name string) ([]gateway.TenantView, error) {
 	var ts []data.Tenant
 	if name == "" {
 		var err error
@@ -57,9 +57,9 @@ func tenantViews(ctx context.Context, st *data.Store, name string) ([]server.Ten
 	if err != nil {
 		return nil, err
 	}
-	out := make([]server.TenantView, 0, len(ts))
+	out := make([]gateway.TenantView, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, server.ViewTenant(t, spend[t.ID], nil))
+		out = append(out, gateway.ViewTenant(t, spend[t.ID], nil))
 	}
 	return out, nil
 }
@@ -158,7 +158,7 @@ func cmdTenantsSet(ctx context.Context, args []string, stdout, stderr io.Writer)
 		case "budget-tokens":
 			tokens = tokensFlag
 		case "budget":
-			m := toMicros(*moneyFlag)
+			m := policy.Micros(*moneyFlag)
 			micros = &m
 		}
 	})

@@ -8,21 +8,20 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/router"
+	"tailgate/server/gateway"
 	"tailgate/serving/launcher"
 	"tailgate/serving/proc"
+	"tailgate/serving/sim"
 )
 
 func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("up", "up [--data DIR] [--listen ADDR] [--admin-listen ADDR] [--replicas N] [--model NAME] [--sim-* knobs]", stderr)
 	var (
-		cfg      gatewayConfig
-		sf       simFlags
+		cfg      gateway.Config
+		sf       sim.Flags
 		lf       logFlags
 		replicas = fs.Int("replicas", 2, "number of local replicas to start")
 		engine   = fs.String("engine", "sim", "engine of the local replicas: sim, or vllm (one GPU per replica: replica i gets GPU i-1)")
@@ -32,8 +31,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		vllmArgs stringList
 	)
 	fs.Var(&vllmArgs, "vllm-arg", "extra argument for every vllm serve (repeatable)")
-	cfg.register(fs)
-	sf.register(fs)
+	cfg.RegisterFlags(fs)
+	sf.Register(fs)
 	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -66,27 +65,29 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	setup, err := cfg.resolve(fs)
+	if err := cfg.Load(fs); err != nil {
+		return err
+	}
+	cfg.BuildInfo = readBuildInfo().collector()
+	gw, err := gateway.Open(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	gw, err := openGateway(ctx, &cfg, setup, log)
-	if err != nil {
-		return err
-	}
-	defer gw.close()
+	defer gw.Close()
 
 	keyPath := filepath.Join(cfg.DataDir, "demo.key")
-	if err := ensureDemoKey(ctx, gw, keyPath); err != nil {
+	if err := gw.EnsureDemoKey(ctx, keyPath); err != nil {
 		return err
 	}
 
 	// up starts its workers itself: their ids are approved, so the cluster
 	// token is all they need (one revoked comes back with the next up).
-	for i := 1; i <= *replicas; i++ {
-		if _, _, err := gw.store.ApproveWorker(ctx, fmt.Sprintf("worker-%d", i)); err != nil {
-			return err
-		}
+	ids := make([]string, *replicas)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("worker-%d", i+1)
+	}
+	if err := gw.ApproveWorkers(ctx, ids...); err != nil {
+		return err
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -96,15 +97,15 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var wg sync.WaitGroup
 	for i := 1; i <= *replicas; i++ {
 		id := fmt.Sprintf("worker-%d", i)
-		childArgs := []string{"worker", "--gateway", "http://" + gw.adminAddr,
+		childArgs := []string{"worker", "--gateway", "http://" + gw.AdminAddr(),
 			"--cluster-token-file", filepath.Join(cfg.DataDir, "cluster.token"),
 			"--data", filepath.Join(cfg.DataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
 			"--engine", *engine, "--model", *model, "--log-level", lf.level, "--log-format", lf.format,
-			"--warmup", fmt.Sprint(*warmup)}
+			"--warmup", fmt.Sprint(*warmup), "--upstream-client", cfg.UpstreamClient}
 		switch *engine {
 		case "sim":
-			childArgs = append(childArgs, "--sim-seed", fmt.Sprint(sf.seed+int64(i)-1))
-			childArgs = append(childArgs, sf.args()...)
+			childArgs = append(childArgs, "--sim-seed", fmt.Sprint(sf.Seed()+int64(i)-1))
+			childArgs = append(childArgs, sf.Args()...)
 		case "vllm":
 			childArgs = append(childArgs, "--gpus", fmt.Sprint(i-1), "--vllm-binary", *vllmBin)
 			for _, a := range vllmArgs {
@@ -117,9 +118,10 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// On a clean stop the workers go once no request is left for them and
 	// before the admin listener closes, so their last heartbeat (draining)
 	// still reaches the gateway instead of reporting it unreachable.
-	gw.stopWorkers = func() { stopChildren(); wg.Wait() }
-	defer gw.stopWorkers()
-	wg.Go(func() { reportReadiness(cctx, gw, *replicas) })
+	stopWorkers := func() { stopChildren(); wg.Wait() }
+	gw.StopWorkersWith(stopWorkers)
+	defer stopWorkers()
+	wg.Go(func() { reportReadiness(cctx, gw, log, *replicas) })
 
 	admin := filepath.Join(cfg.DataDir, "admin.token")
 	what := "SIMULATED replica(s)"
@@ -134,30 +136,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
     curl -N %s/chat/completions -H "Authorization: Bearer $(cat %s)" \
       -H 'Content-Type: application/json' \
       -d '{"model":"%s","stream":true,"messages":[{"role":"user","content":"Say hello"}]}'
-`, *replicas, what, *model, simNote(*engine), gw.publicURL, keyPath, gw.dashboardLink(stdout), admin, admin, gw.adminAddr, gw.publicURL, keyPath, *model)
-	return gw.run(ctx)
-}
-
-// ensureDemoKey makes sure path holds a working API key of tenant "demo".
-func ensureDemoKey(ctx context.Context, gw *gateway, path string) error {
-	if raw, err := os.ReadFile(path); err == nil {
-		if _, err := gw.gate.Authenticate(ctx, strings.TrimSpace(string(raw))); err == nil {
-			return nil
-		}
-		gw.log.Warn("demo key no longer valid; making a new one", "path", path)
-	}
-	secret, k, err := policy.CreateKey(ctx, gw.store, policy.KeyOptions{Tenant: "demo"})
-	if err != nil {
-		return fmt.Errorf("demo key: %w", err)
-	}
-	if err := os.WriteFile(path+".tmp", []byte(secret+"\n"), 0o600); err != nil {
-		return fmt.Errorf("demo key: %w", err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		return fmt.Errorf("demo key: %w", err)
-	}
-	gw.log.Info("demo key created", "path", path, "prefix", k.Prefix)
-	return nil
+`, *replicas, what, *model, simNote(*engine), gw.PublicURL(), keyPath, gw.DashboardLink(isTerminal(stdout)), admin, admin, gw.AdminAddr(), gw.PublicURL(), keyPath, *model)
+	return gw.Run(ctx)
 }
 
 // child runs one child process of this binary and restarts it with backoff
@@ -217,7 +197,7 @@ func simNote(engine string) string {
 
 // reportReadiness logs how many replicas are ready whenever that changes, and
 // a reminder every 15s while some are still starting.
-func reportReadiness(ctx context.Context, gw *gateway, want int) {
+func reportReadiness(ctx context.Context, gw *gateway.Gateway, log *slog.Logger, want int) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	last, lastLog := -1, time.Now()
@@ -227,14 +207,9 @@ func reportReadiness(ctx context.Context, gw *gateway, want int) {
 			return
 		case <-t.C:
 		}
-		ready := 0
-		for _, r := range gw.reg.Replicas() {
-			if r.State() == router.StateReady {
-				ready++
-			}
-		}
+		ready := gw.ReadyReplicas()
 		if ready != last || (ready < want && time.Since(lastLog) > 15*time.Second) {
-			gw.log.Info("replicas ready", "ready", ready, "of", want)
+			log.Info("replicas ready", "ready", ready, "of", want)
 			last, lastLog = ready, time.Now()
 		}
 	}

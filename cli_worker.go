@@ -14,8 +14,11 @@ import (
 	"strings"
 	"time"
 
+	"tailgate/mesh"
 	"tailgate/policy"
+	"tailgate/serving/hop"
 	"tailgate/serving/launcher"
+	"tailgate/serving/sim"
 	"tailgate/serving/worker"
 )
 
@@ -38,8 +41,9 @@ type workerFlags struct {
 	startupTimeout   time.Duration
 	warmup           int
 	drainGrace       time.Duration
-	sim              simFlags
-	mesh             meshFlags
+	upstreamClient   string
+	sim              sim.Flags
+	mesh             mesh.Flags
 	logArgs          []string // --log-level and --log-format, for the simulated engine
 }
 
@@ -66,8 +70,9 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&w.startupTimeout, "startup-timeout", 20*time.Minute, "how long the engine may take to become ready (model download and load)")
 	fs.IntVar(&w.warmup, "warmup", 3, "short generations run before the replica is announced ready (0: none)")
 	fs.DurationVar(&w.drainGrace, "drain-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
-	w.sim.register(fs)
-	w.mesh.register(fs, "")
+	fs.StringVar(&w.upstreamClient, "upstream-client", string(hop.Hop), "HTTP client of the sidecar to the engine: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
+	w.sim.Register(fs)
+	w.mesh.Register(fs, "")
 }
 
 func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -145,6 +150,10 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 	default:
 		return cfg, nil, fmt.Errorf("--engine %q: want vllm or sim", wf.engine)
 	}
+	client, err := hop.ParseClient(wf.upstreamClient)
+	if err != nil {
+		return cfg, nil, fmt.Errorf("--upstream-client: %w", err)
+	}
 	if wf.warmup < 0 {
 		return cfg, nil, fmt.Errorf("--warmup %d: want 0 (none) or more", wf.warmup)
 	}
@@ -155,7 +164,7 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 		Gateways: wf.gateways, ClusterToken: tok, JoinToken: join, Advertise: wf.advertise, ReplicaID: wf.replicaID, DataDir: wf.dataDir,
 		Model: wf.model, Engine: wf.engine, StartupTimeout: wf.startupTimeout,
 		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, DrainGrace: wf.drainGrace, NoDrain: wf.drainGrace == 0,
-		Log: log,
+		Log: log, UpstreamClient: client,
 	}
 	if wf.servedModelName != "" {
 		cfg.Model = wf.servedModelName
@@ -175,7 +184,7 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 // address and the gateway dialer with it. The func it returns closes what
 // it opened.
 func (wf *workerFlags) openListener(ctx context.Context, log *slog.Logger, cfg *worker.Config) (func(), error) {
-	if !wf.mesh.enabled {
+	if !wf.mesh.Enabled {
 		ln, err := net.Listen("tcp", wf.listen)
 		if err != nil {
 			return nil, fmt.Errorf("sidecar listen %s: %w", wf.listen, err)
@@ -194,14 +203,14 @@ func (wf *workerFlags) openListener(ctx context.Context, log *slog.Logger, cfg *
 	if port == "0" {
 		port = "9000"
 	}
-	if wf.mesh.hostname == "" {
+	if wf.mesh.Hostname == "" {
 		host, _ := os.Hostname()
-		wf.mesh.hostname = "tg-worker-" + host
+		wf.mesh.Hostname = "tg-worker-" + host
 		if wf.replicaID != "" {
-			wf.mesh.hostname = "tg-" + wf.replicaID
+			wf.mesh.Hostname = "tg-" + wf.replicaID
 		}
 	}
-	node, err := wf.mesh.up(ctx, wf.dataDir, log)
+	node, err := wf.mesh.Up(ctx, wf.dataDir, log)
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +246,7 @@ func (wf *workerFlags) engineCommand(model string) (func(socket string) ([]strin
 		}
 		return func(socket string) ([]string, []string, error) {
 			argv := append([]string{self, "sim", "--uds", socket, "--model", model,
-				"--sim-seed", strconv.FormatInt(wf.sim.seed, 10)}, wf.sim.args()...)
+				"--sim-seed", strconv.FormatInt(wf.sim.Seed(), 10)}, wf.sim.Args()...)
 			argv = append(argv, wf.logArgs...)
 			// The launcher adds the engine's API key to the environment
 			// (VLLM_API_KEY), which `sim` reads as vLLM does.

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"tailgate/server/gateway"
 )
 
 // The files in deploy/ are product: each test here parses one and checks it
@@ -60,8 +62,8 @@ func defaultOf(t *testing.T, cmd, name string) time.Duration {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	switch cmd {
 	case "gateway":
-		var c gatewayConfig
-		c.register(fs)
+		var c gateway.Config
+		c.RegisterFlags(fs)
 	case "worker":
 		var w workerFlags
 		w.register(fs)

@@ -104,9 +104,16 @@ func TestDeps(t *testing.T) {
 	}
 
 	for _, p := range pkgs {
-		// server's own sub-packages may (its internal test gateway does).
-		if slices.Contains(p.Imports, "tailgate/server") && p.ImportPath != "tailgate" && !under(p.ImportPath, "tailgate/server") {
-			t.Errorf("%s imports tailgate/server; nothing but main may", p.ImportPath)
+		// Only the role that assembles the server imports it (and the
+		// server's internal test gateway); main reaches it through the role.
+		if slices.Contains(p.Imports, "tailgate/server") && p.ImportPath != "tailgate/server/gateway" && p.ImportPath != "tailgate/server/internal/servertest" {
+			t.Errorf("%s imports tailgate/server; only the gateway role (tailgate/server/gateway) may", p.ImportPath)
+		}
+		// A role is assembled by main alone: no package builds on another's.
+		for _, role := range []string{"tailgate/server/gateway", "tailgate/serving/worker"} {
+			if slices.Contains(p.Imports, role) && p.ImportPath != "tailgate" {
+				t.Errorf("%s imports the role %s; only main runs a role", p.ImportPath, role)
+			}
 		}
 		if under(p.ImportPath, "tailgate/router") || under(p.ImportPath, "tailgate/data") {
 			for _, d := range p.Deps {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tailgate/server/gateway"
 )
 
 // TestSecretFlagsComeFromTheEnvironment: each secret-bearing flag takes its
@@ -33,15 +35,15 @@ func TestSecretFlagsComeFromTheEnvironment(t *testing.T) {
 		fs.SetOutput(io.Discard)
 		var (
 			wf workerFlags
-			gc gatewayConfig
+			gc gateway.Config
 			bf benchFlags
 		)
 		switch cmd {
 		case "worker":
 			wf.register(fs)
 		case "gateway":
-			gc.register(fs)
-			gc.registerMesh(fs)
+			gc.RegisterFlags(fs)
+			gc.RegisterMeshFlags(fs)
 		case "bench":
 			bf.register(fs)
 		}
@@ -53,7 +55,7 @@ func TestSecretFlagsComeFromTheEnvironment(t *testing.T) {
 		}
 		var logs bytes.Buffer
 		warnSecretFlags(slog.New(slog.NewTextHandler(&logs, nil)), fs, "cluster-token", "join-token", "mesh-authkey")
-		return result{wf.clusterToken, wf.mesh.authKey + gc.Mesh.authKey, bf.opts.A.Key, bf.opts.B.Key, wf.joinToken}, logs.String()
+		return result{wf.clusterToken, wf.mesh.AuthKey + gc.Mesh.AuthKey, bf.opts.A.Key, bf.opts.B.Key, wf.joinToken}, logs.String()
 	}
 	for _, tc := range []struct {
 		name string

@@ -10,14 +10,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"math"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-
-	"tailgate/serving/childlog"
 )
 
 const usageText = `tailgate — an OpenAI-compatible LLM gateway with a tail-latency budget
@@ -53,8 +48,6 @@ func main() {
 		os.Exit(1)
 	}
 }
-
-var errUsage = errors.New("usage")
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -94,135 +87,3 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "tailgate: unknown command %q\n\n%s", cmd, usageText)
 	return errUsage
 }
-
-// newFlagSet returns the flag set of `tailgate SYNOPSIS`: -h prints the
-// synopsis and every flag on stderr. Parse it with parseFlags or parseArgs.
-func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: tailgate %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// parseFlags parses args of a command that takes flags only: any other
-// argument is an error (with the flag package alone, a stray word would end
-// the flags silently and drop every flag after it).
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	_, err := parseArgs(fs, args, 0)
-	return err
-}
-
-// parseArgs parses flags that may come before, between and after at most maxArgs
-// positional arguments (`backup FILE --force`), and returns the positional
-// ones; after "--" every argument is positional. -h prints the usage and
-// returns flag.ErrHelp. A bad flag or an argument too many prints a short
-// usage, then the error as the last line, and returns errUsage.
-func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
-	out, usage := fs.Output(), fs.Usage
-	// The flag package would print its error first and the whole flag list
-	// after it, burying the error; it is reported below instead.
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	defer func() { fs.SetOutput(out); fs.Usage = usage }()
-	var pos []string
-	for {
-		err := fs.Parse(args)
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(out)
-			usage()
-			return nil, err
-		}
-		if err != nil {
-			return nil, usageError(fs, out, usage, err)
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
-			pos = append(pos, rest...)
-			break
-		}
-		pos, args = append(pos, rest[0]), rest[1:]
-	}
-	if err := secretsFromEnv(fs, os.Getenv); err != nil {
-		return nil, usageError(fs, out, usage, err)
-	}
-	if len(pos) > maxArgs {
-		err := fmt.Errorf("unexpected argument %q", pos[maxArgs])
-		if maxArgs == 0 {
-			err = fmt.Errorf("unexpected argument %q: %s takes flags only", pos[maxArgs], fs.Name())
-		}
-		if v := pos[maxArgs]; v == "true" || v == "false" {
-			err = fmt.Errorf("%w (a switch takes its value after '=', e.g. --json=%s)", err, v)
-		}
-		return nil, usageError(fs, out, usage, err)
-	}
-	return pos, nil
-}
-
-// usageError prints the synopsis of fs's usage (not its flag list), a hint
-// to -h, and err as the last line, on w; it returns errUsage.
-func usageError(fs *flag.FlagSet, w io.Writer, usage func(), err error) error {
-	var b strings.Builder
-	prev := fs.Output()
-	fs.SetOutput(&b)
-	usage()
-	fs.SetOutput(prev)
-	synopsis, _, _ := strings.Cut(b.String(), "\n\nFlags:\n")
-	fmt.Fprintf(w, "%s\nRun 'tailgate %s -h' for its flags.\n\ntailgate %s: %v\n", synopsis, fs.Name(), fs.Name(), err)
-	return errUsage
-}
-
-// logFlags are the logging flags every long-running command has. Its
-// logger flattens the log lines of child processes that a command forwards
-// (see childlog).
-type logFlags struct {
-	level  string
-	format string
-}
-
-func (l *logFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
-	fs.StringVar(&l.format, "log-format", "text", "log format: text or json")
-}
-
-// parse registers the log flags on fs (after the command's own), parses
-// args and returns the logger they ask for: every long-running command's
-// prelude.
-func (l *logFlags) parse(fs *flag.FlagSet, args []string, stderr io.Writer) (*slog.Logger, error) {
-	l.register(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return nil, err
-	}
-	return l.logger(stderr)
-}
-
-func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(l.level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	// childlog filters by level: a child's line forwarded at INFO may be an
-	// error (see childlog.NewHandler).
-	opts := &slog.HandlerOptions{Level: slog.Level(math.MinInt32)}
-	var h slog.Handler
-	switch strings.ToLower(l.format) {
-	case "text":
-		h = slog.NewTextHandler(w, opts)
-	case "json":
-		h = slog.NewJSONHandler(w, opts)
-	default:
-		return nil, fmt.Errorf("--log-format must be text or json, not %q", l.format)
-	}
-	return slog.New(childlog.NewHandler(h, level)), nil
-}
-
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }

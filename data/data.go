@@ -1,12 +1,17 @@
-// Package data owns tailgate's SQLite database: schema, embedded numbered
-// migrations, queries, and the batched ledger writer. It is the only package
-// that imports the SQLite driver (modernc.org/sqlite, pure Go, no cgo).
+// Package data owns tailgate's database, SQLite or PostgreSQL: schema,
+// embedded numbered migrations, queries, and the batched ledger writer. It
+// is the only package that imports the database drivers (modernc.org/sqlite,
+// pure Go, no cgo; and pgx).
 //
 // # Overview
 //
-// [Open] opens (or creates) the database file in WAL mode with a busy timeout,
-// so the gateway and the `tailgate keys`/`tailgate usage` commands can use the
-// same file at once. Keys are stored only as a SHA-256 hash plus a short
+// [Open] opens (or creates) the database — a SQLite file in WAL mode with a
+// busy timeout, so the gateway and the `tailgate keys`/`tailgate usage`
+// commands can use the same file at once, or a postgres:// URL
+// ([IsPostgres]) that several gateways share — and returns the [Store],
+// through which every query goes: keys ([Store.Keys]), tenants and their
+// spend, workers' credentials, batches and their files, usage
+// ([Store.Usage]). Keys are stored only as a SHA-256 hash plus a short
 // display prefix; generating and hashing secrets is policy's job.
 //
 // The ledger holds one row per request. Rows are written by one

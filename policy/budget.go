@@ -45,6 +45,10 @@ type Price struct {
 	InputMicrosPerM, OutputMicrosPerM int64
 }
 
+// Micros converts an amount in currency units (a price, a budget) to the
+// micro-units prices and budgets are kept in, rounded.
+func Micros(units float64) int64 { return int64(math.Round(units * 1e6)) }
+
 func (p Price) valid() bool { return p.InputMicrosPerM >= 0 && p.OutputMicrosPerM >= 0 }
 
 // price returns the price of a model.

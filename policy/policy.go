@@ -7,7 +7,8 @@
 // Secrets are minted by [NewSecret] and stored only as a SHA-256 hash (see
 // [CreateKey], [RevokeKey]); a secret never appears in an error or a log line.
 //
-// A [Gate] serves the request path. [Gate.Authenticate] resolves a secret to a
+// A [Gate], made by [New] from a [Config] (the models' prices) over the
+// data store, serves the request path. [Gate.Authenticate] resolves a secret to a
 // [Principal] through an in-memory cache in front of SQLite; unknown and
 // revoked keys are cached too, so a flood of bad keys never reaches the
 // database. [Gate.Run] polls the database's key version and drops the cache

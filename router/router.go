@@ -5,7 +5,7 @@
 //
 // # Overview
 //
-// A [Registry] holds [Replica] values. Replicas come from static upstreams or
+// [New] makes a [Registry] from a [Config]; it holds [Replica] values. Replicas come from static upstreams or
 // from worker heartbeats ([Registry.Heartbeat], with leases); a
 // [HealthChecker] probes them through a [Prober] and expires leases. A
 // replica's state changes in one place, a transition checked against the

@@ -1,16 +1,37 @@
 // Package server is tailgate's HTTP face: the OpenAI-compatible public API
 // and the admin API, built on echo. It turns a client request into an
 // admitted, routed, relayed and metered call, and maps every failure to
-// OpenAI's error shape.
+// OpenAI's error shape. It owns the routes, the handlers and middleware, the
+// one request pipeline every endpoint goes through, the SSE relay, the
+// assembly of a JSON answer from a stream, workers' registration and the
+// admin API; it owns no listener, no database and no replica state.
 //
 // # Overview
 //
-// [New] wires the parts a gateway needs (policy's Gate, router's Registry,
-// data's Store and ledger writer, a Prometheus registry). [Server.Public] and
-// [Server.Admin] return the two HTTP handlers; the caller owns the listeners.
-// The Batch API (package server/batch) is mounted on the public API and runs
-// its lines through [Server.Generate]; [Server.RunBatches] runs its
-// executor. Nothing imports this package.
+// [New] wires the parts a gateway needs from a [Config] and its [Deps]:
+// policy's Gate, router's Registry, data's Store and ledger writer, an
+// outbound [http.RoundTripper] (made by [NewTransport]) and a Prometheus
+// registry. [Server.Public] and [Server.Admin] return the two HTTP handlers;
+// the caller owns the listeners. [Server.RunBatches] and [Server.RunHistory]
+// are its background loops. Only the gateway role (package server/gateway)
+// imports this package; it assembles all of the above.
+//
+// A request flows through one pipeline, whatever its endpoint:
+//
+//	handler (generate.go, proxy.go)   authenticate, read the body once (request.go)
+//	  → admission (admission.go)      the key's limits, the tenant's budget, the priority queue
+//	  → serve (serve.go)              route through router's Registry: attempts, retries, hedges
+//	  → attempt (attempt.go, tries.go) one upstream call per replica tried, through the transport
+//	  → relay (stream.go, assemble.go) SSE to the client as it comes, or one JSON answer
+//	  → settle                        real usage to the Ticket, one ledger row (fail closed)
+//
+// An endpoint is an adapter onto that pipeline (read, reserve, meter,
+// relay), never a second path: the Batch API (package server/batch) runs its
+// lines through [Server.Generate]. Errors reach the client through one table
+// (errors.go, package server/apierr). The admin API (admin*.go, cluster.go)
+// serves keys, tenants, usage, replicas and recent requests ([KeyView],
+// [TenantView], [UsageView] are its JSON shapes), workers' heartbeats behind
+// the cluster token, and health probes of replicas ([Prober]).
 package server
 
 import (
@@ -270,7 +291,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	if d.Transport == nil {
-		d.Transport = NewTransport(cfg.ConnectTimeout, nil)
+		d.Transport = NewTransport(cfg.ConnectTimeout, nil, hop.Hop)
 	}
 	s := &Server{
 		cfg: cfg, gate: d.Gate, reg: d.Registry, store: d.Store, ledger: d.Ledger,
@@ -318,8 +339,9 @@ func (s *Server) RunBatches(ctx context.Context) error { return s.batches.Run(ct
 // answer read on the attempt's own goroutine, keep-alive connections reused
 // aggressively), anything else (an https upstream) through net/http's
 // Transport; no compression (streams must flush per event), a bounded dial.
-// dial, when non-nil, replaces the TCP dialer (the mesh uses it).
-func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error)) http.RoundTripper {
+// dial, when non-nil, replaces the TCP dialer (the mesh uses it); client
+// [hop.NetHTTP] sends everything through net/http's Transport instead.
+func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error), client hop.Client) http.RoundTripper {
 	if dial == nil {
 		d := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
 		dial = d.DialContext
@@ -330,8 +352,7 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 	// No response-header timeout on either path: engines may hold headers
 	// until the answer; deadlines live per attempt.
 	t := &hop.Transport{Dial: dial, IdleTimeout: serving.EngineKeepAlive * 4 / 5, MaxIdlePerHost: 1024, BufferSize: 32 << 10}
-	t.Fallback = t.NetHTTP(4096)
-	return t
+	return t.RoundTripper(client, 4096)
 }
 
 // Public returns the handler of the OpenAI-compatible API.

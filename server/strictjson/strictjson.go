@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // DefaultMaxDepth is the nesting bound callers use unless they have a
@@ -233,7 +234,10 @@ func (c *checker) member(i int) (int, error) {
 		return 0, err
 	}
 	key := c.b[start+1 : end-1]
-	if escaped {
+	// Readers compare keys as text: escapes decoded and each invalid UTF-8
+	// byte read as U+FFFD (encoding/json, jsontext), so "\xff" and "\xfe"
+	// are one key to them and must be one key here.
+	if escaped || !utf8.Valid(key) {
 		var s string
 		if err := json.Unmarshal(c.b[start:end], &s); err != nil {
 			return 0, c.syntax(start, "invalid key")

@@ -102,6 +102,9 @@ type Config struct {
 	// EngineKeepAlive is how long the engine keeps an idle connection open
 	// (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE); 0 means serving.EngineKeepAlive.
 	EngineKeepAlive time.Duration
+	// UpstreamClient carries requests to the engine: "" or hop.Hop, or
+	// hop.NetHTTP (net/http's Transport, the way back).
+	UpstreamClient hop.Client
 }
 
 const (
@@ -171,7 +174,7 @@ func New(cfg Config) (*Sidecar, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.transport == nil {
-		s.transport = newTransport(cfg.EngineKeepAlive*4/5, cfg.EngineSocket)
+		s.transport = newTransport(cfg.EngineKeepAlive*4/5, cfg.EngineSocket, cfg.UpstreamClient)
 	}
 	s.handler = s.routes()
 	return s, nil
@@ -182,17 +185,16 @@ func New(cfg Config) (*Sidecar, error) {
 // (before the engine closes it: see [Config.EngineKeepAlive]), no gzip (SSE
 // must arrive as the engine flushed it), and a bounded dial, to socket()
 // when socket is set. Requests are written and answers read on the handler's
-// goroutine ([hop.Transport]); an https engine URL goes through net/http's
-// Transport.
-func newTransport(idle time.Duration, socket func() string) http.RoundTripper {
+// goroutine ([hop.Transport], or net/http's with client nethttp); an https
+// engine URL goes through net/http's Transport.
+func newTransport(idle time.Duration, socket func() string, client hop.Client) http.RoundTripper {
 	const dialTimeout = 5 * time.Second
 	dial := (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
 	if socket != nil {
 		dial = hop.DialUnix(socket, dialTimeout)
 	}
 	t := &hop.Transport{Dial: dial, IdleTimeout: idle, MaxIdlePerHost: 1024, BufferSize: 16 << 10}
-	t.Fallback = t.NetHTTP(1024)
-	return t
+	return t.RoundTripper(client, 1024)
 }
 
 // Handler returns the sidecar's HTTP API.

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/url"
 	"time"
+
+	"tailgate/serving/hop"
 )
 
 // Config configures a [Worker]. Zero values mean the documented default; a
@@ -50,6 +52,9 @@ type Config struct {
 	// DialGateway dials the gateway for heartbeats; nil means a plain TCP
 	// dial. A mesh node's Dial goes here so heartbeats use the tailnet.
 	DialGateway func(ctx context.Context, network, address string) (net.Conn, error)
+	// UpstreamClient carries the sidecar's requests to the engine: "" or
+	// hop.Hop, or hop.NetHTTP (net/http's Transport, the way back).
+	UpstreamClient hop.Client
 
 	// Model is the model name clients use; the engine must serve it under
 	// this name. Required.

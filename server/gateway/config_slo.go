@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"flag"
@@ -10,7 +10,7 @@ import (
 	"tailgate/server/slo"
 )
 
-// sloConfig is the latency-budget part of gatewayConfig: the file's slo and
+// sloConfig is the latency-budget part of Config: the file's slo and
 // sources keys, a model's slo key, and the --slo and --source-* flags.
 //
 //	slo:                     # over slo.DefaultBudgets, stage by stage
@@ -29,14 +29,14 @@ type sloConfig struct {
 	SLO     slo.Budgets      `yaml:"slo"`     // the default budgets, over slo.DefaultBudgets; --slo wins
 	Sources slo.SourceConfig `yaml:"sources"` // --source-labels and --source-cidr add
 
-	sloFlags, sourceCIDRFlags stringList
+	sloFlags, sourceCIDRFlags []string
 	sourceLabels              string
 }
 
 func (c *sloConfig) register(fs *flag.FlagSet) {
-	fs.Var(&c.sloFlags, "slo", "latency budget of a stage, KIND.STAGE=pNN:DURATION[,pNN:DURATION] with KIND stream or json, e.g. stream.ttft=p95:400ms,p99:600ms or stream.network=off (repeatable; over the defaults and the config file's slo key)")
+	fs.Func("slo", "latency budget of a stage, KIND.STAGE=pNN:DURATION[,pNN:DURATION] with KIND stream or json, e.g. stream.ttft=p95:400ms,p99:600ms or stream.network=off (repeatable; over the defaults and the config file's slo key)", appendTo(&c.sloFlags))
 	fs.StringVar(&c.sourceLabels, "source-labels", "", "request sources the x-tailgate-source header may name, comma-separated (others fold into \"other\"; at most 16 labels)")
-	fs.Var(&c.sourceCIDRFlags, "source-cidr", "label requests from a client network, CIDR=LABEL, e.g. 10.1.0.0/16=eu (repeatable)")
+	fs.Func("source-cidr", "label requests from a client network, CIDR=LABEL, e.g. 10.1.0.0/16=eu (repeatable)", appendTo(&c.sourceCIDRFlags))
 }
 
 // load puts the flags over the file's keys.
@@ -69,7 +69,7 @@ func (c *sloConfig) load() error {
 
 // config is the evaluator's configuration: the defaults overlaid with the
 // file's and the flags' budgets, and each model's own.
-func (c *sloConfig) config(models map[string]modelConfig) slo.Config {
+func (c *sloConfig) config(models map[string]ModelConfig) slo.Config {
 	def := slo.DefaultBudgets()
 	for _, k := range slo.Kinds {
 		src := c.SLO.Stream
@@ -90,7 +90,7 @@ func (c *sloConfig) config(models map[string]modelConfig) slo.Config {
 }
 
 // validate names the key or flag at fault.
-func (c *sloConfig) validate(models map[string]modelConfig) error {
+func (c *sloConfig) validate(models map[string]ModelConfig) error {
 	if err := c.SLO.Validate(); err != nil {
 		return fmt.Errorf("slo (or --slo): %w", err)
 	}
@@ -105,4 +105,18 @@ func (c *sloConfig) validate(models map[string]modelConfig) error {
 		}
 	}
 	return nil
+}
+
+// LoadSLO reads the latency budgets of a gateway config file (its slo,
+// sources and models.NAME.slo keys over the defaults) as the gateway reads
+// them; the bench command holds its results against them.
+func LoadSLO(raw []byte) (slo.Config, error) {
+	var c Config
+	if err := decodeYAML(raw, &c); err != nil {
+		return slo.Config{}, err
+	}
+	if err := c.sloConfig.validate(c.Models); err != nil {
+		return slo.Config{}, err
+	}
+	return c.sloConfig.config(c.Models), nil
 }

@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"context"
@@ -25,10 +25,10 @@ import (
 	"golang.org/x/crypto/acme/autocert"
 )
 
-// tlsFlags are the public listener's TLS settings (`gateway` and `up`):
+// TLSConfig is the public listener's TLS settings (`gateway` and `up`):
 // a certificate from files, or certificates from an ACME CA. Neither: plain
 // HTTP, as before.
-type tlsFlags struct {
+type TLSConfig struct {
 	CertFile      string        // --tls-cert
 	KeyFile       string        // --tls-key
 	CheckInterval time.Duration // --tls-check-interval; 0: 5s
@@ -40,7 +40,7 @@ type tlsFlags struct {
 
 const defaultCertCheck = 5 * time.Second
 
-func (f *tlsFlags) register(fs *flag.FlagSet) {
+func (f *TLSConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.CertFile, "tls-cert", "", "serve the public API over HTTPS with this PEM certificate (and chain); needs --tls-key; reloaded on SIGHUP and when the files change")
 	fs.StringVar(&f.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
 	fs.DurationVar(&f.CheckInterval, "tls-check-interval", defaultCertCheck, "how often --tls-cert and --tls-key are checked for a change")
@@ -52,7 +52,7 @@ func (f *tlsFlags) register(fs *flag.FlagSet) {
 
 // Validate reports the first TLS setting that cannot work; the files are
 // read later, by openPublicTLS.
-func (f *tlsFlags) Validate() error {
+func (f *TLSConfig) Validate() error {
 	acmeOn := f.ACMEDomains != ""
 	switch {
 	case f.CertFile != "" && f.KeyFile == "":
@@ -85,7 +85,7 @@ func (f *tlsFlags) Validate() error {
 }
 
 // domains returns --acme-domain's names, lower case.
-func (f *tlsFlags) domains() ([]string, error) {
+func (f *TLSConfig) domains() ([]string, error) {
 	var out []string
 	for _, d := range strings.Split(f.ACMEDomains, ",") {
 		d = strings.ToLower(strings.TrimSpace(d))
@@ -128,7 +128,7 @@ type publicTLS struct {
 
 // openPublicTLS reads what f names (files, the ACME CA's root) and returns
 // the listener's TLS, or nil when f asks for none. Errors name the flag.
-func openPublicTLS(f tlsFlags, dataDir, listen string, log *slog.Logger) (*publicTLS, error) {
+func openPublicTLS(f TLSConfig, dataDir, listen string, log *slog.Logger) (*publicTLS, error) {
 	switch {
 	case f.CertFile != "":
 		c, err := openCertFiles(f, log)
@@ -198,7 +198,7 @@ type fileStamps [2]struct {
 	size int64
 }
 
-func openCertFiles(f tlsFlags, log *slog.Logger) (*certFiles, error) {
+func openCertFiles(f TLSConfig, log *slog.Logger) (*certFiles, error) {
 	c := &certFiles{certPath: f.CertFile, keyPath: f.KeyFile, interval: f.CheckInterval, log: log,
 		hup: make(chan os.Signal, 1)}
 	if c.interval == 0 {
@@ -311,7 +311,7 @@ type acmeCerts struct {
 	lastErr map[string]string // domain → the failure last logged
 }
 
-func openACME(f tlsFlags, dataDir, listen string, log *slog.Logger) (*acmeCerts, []string, error) {
+func openACME(f TLSConfig, dataDir, listen string, log *slog.Logger) (*acmeCerts, []string, error) {
 	domains, err := f.domains()
 	if err != nil {
 		return nil, nil, err

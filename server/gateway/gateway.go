@@ -1,22 +1,38 @@
-package main
+// Package gateway is the gateway role, the process clients talk to: it
+// assembles the store, the policy gate, the router, the server's handlers,
+// the listeners (public, admin, and on the tailnet with --mesh), TLS, the
+// ledger and the batch runner from one Config, and runs and stops them in
+// order. `tailgate gateway` and `tailgate up` use it; it is the only
+// importer of package server.
+//
+// # Overview
+//
+// A [Config] comes from flags ([Config.RegisterFlags], then [Config.Load]
+// once they are parsed, which reads the --config file under them and checks
+// the whole) or is filled in by a program. [Open] checks it, makes the data
+// directory's secrets (admin.token, cluster.token), opens the database
+// (SQLite in the data directory, or PostgreSQL) and its ledger, joins the
+// tailnet with --mesh, and binds the listeners, so a bad address or a locked
+// database is a start-up error. The [Gateway] it returns serves nothing yet:
+// [Gateway.Run] serves until its context is done and then shuts down in
+// order (stop accepting, let in-flight requests finish within the grace,
+// drain the ledger); [Gateway.Close] releases what Open took and is safe
+// twice.
+package gateway
 
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
-	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,46 +45,14 @@ import (
 	"tailgate/router"
 	"tailgate/server"
 	"tailgate/server/connlimit"
+	"tailgate/serving/hop"
 	"tailgate/web"
 )
 
-func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("gateway", "gateway --data DIR --listen ADDR --admin-listen ADDR [--upstream URL]...", stderr)
-	var (
-		cfg gatewayConfig
-		lf  logFlags
-	)
-	cfg.register(fs)
-	cfg.registerMesh(fs)
-	log, err := lf.parse(fs, args, stderr)
-	if err != nil {
-		return err
-	}
-	warnSecretFlags(log, fs, "mesh-authkey")
-	setup, err := cfg.resolve(fs)
-	if err != nil {
-		return err
-	}
-	if len(setup.upstreams) == 0 {
-		log.Warn("no upstream configured: add --upstream URL (or upstreams in --config); /healthz stays 503 until one is ready")
-	}
-	gw, err := openGateway(ctx, &cfg, setup, log)
-	if err != nil {
-		return err
-	}
-	defer gw.close()
-	fmt.Fprintf(stdout, "tailgate gateway: API %s  admin %s  (admin token: %s)\n",
-		gw.publicURL, gw.dashboardLink(stdout), filepath.Join(cfg.DataDir, "admin.token"))
-	if u := gw.meshURL(); u != "" {
-		fmt.Fprintf(stdout, "tailgate gateway: API on the tailnet %s\n", u)
-	}
-	return gw.run(ctx)
-}
-
-// gateway is a running gateway role: the listeners are bound, nothing is
-// served until run.
-type gateway struct {
-	cfg        *gatewayConfig
+// Gateway is an open gateway role: the listeners are bound, nothing is
+// served until Run.
+type Gateway struct {
+	cfg        Config
 	log        *slog.Logger
 	store      *data.Store
 	ledger     *data.LedgerWriter
@@ -93,18 +77,28 @@ type gateway struct {
 	adminToken string // for the dashboard link printed at start
 
 	// stopWorkers, when set, stops the workers this process started (up);
-	// run calls it once nothing is left for them to serve and before the
+	// Run calls it once nothing is left for them to serve and before the
 	// admin listener, which takes their heartbeats, closes.
 	stopWorkers func()
+	closeOnce   sync.Once
 }
 
-func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, log *slog.Logger) (_ *gateway, err error) {
+// Open checks cfg, opens the gateway's database and binds its listeners;
+// nothing is served until Run. Its errors name the flag or file at fault.
+func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	setup, err := cfg.setup()
+	if err != nil {
+		return nil, err
+	}
 	// gw is not the result: an error returns nil, and this still closes
 	// what was opened before it.
-	gw := &gateway{cfg: cfg, log: log}
+	gw := &Gateway{cfg: cfg, log: log}
 	defer func() {
 		if err != nil {
-			gw.close()
+			gw.Close()
 		}
 	}()
 	if gw.tls, err = openPublicTLS(cfg.TLS, cfg.DataDir, cfg.Listen, log); err != nil {
@@ -153,7 +147,10 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 	}
 	promReg := prometheus.NewRegistry()
 	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		readBuildInfo().collector(), gw.gate.Collector())
+		gw.gate.Collector())
+	if cfg.BuildInfo != nil {
+		promReg.MustRegister(cfg.BuildInfo)
+	}
 
 	rcfg := setup.routerCfg
 	rcfg.Registerer = promReg
@@ -162,15 +159,16 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 	}
 	promReg.MustRegister(kvCacheCollector{gw.reg})
 	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	if cfg.Mesh.enabled {
-		if gw.node, err = cfg.Mesh.up(ctx, cfg.DataDir, log); err != nil {
+	if cfg.Mesh.Enabled {
+		if gw.node, err = cfg.Mesh.Up(ctx, cfg.DataDir, log); err != nil {
 			return nil, err
 		}
 		dial = gw.node.Dial // tailnet names over WireGuard, anything else from the host
-		setup.srvCfg.PeerCheck = peerCheck(gw.node, splitList(cfg.MeshAllowPeers))
+		setup.srvCfg.PeerCheck = peerCheck(gw.node, mesh.SplitList(cfg.MeshAllowPeers))
 		setup.srvCfg.PeerIdentity = peerIdentity(gw.node)
 	}
-	transport := server.NewTransport(2*time.Second, dial)
+	client, _ := hop.ParseClient(cfg.UpstreamClient) // checked by Validate
+	transport := server.NewTransport(2*time.Second, dial, client)
 	for _, u := range setup.upstreams {
 		rep := router.NewReplica(u.id, u.url)
 		rep.Static = true
@@ -253,7 +251,7 @@ func openGateway(ctx context.Context, cfg *gatewayConfig, setup *gatewaySetup, l
 // with the node's certificate (--mesh-tls). A tailnet that issues no
 // certificates is a start-up error; a certificate not obtained yet is
 // retried in run, and handshakes fail until it is there.
-func (gw *gateway) listenMeshTLS(public http.Handler) error {
+func (gw *Gateway) listenMeshTLS(public http.Handler) error {
 	certs, err := gw.node.Certs(gw.log)
 	if err != nil {
 		return fmt.Errorf("--mesh-tls: %w; or leave --mesh-tls off and give the public listener its own certificate (--tls-cert or --acme-domain)", err)
@@ -265,12 +263,19 @@ func (gw *gateway) listenMeshTLS(public http.Handler) error {
 	gw.meshPublic = &http.Server{Handler: public, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(gw.log.Handler(), slog.LevelWarn)}
 	gw.log.Info("public API on the tailnet over HTTPS; its certificate is obtained in the background (the first can take a minute)",
-		"url", gw.meshURL())
+		"url", gw.MeshURL())
 	return nil
 }
 
-// meshURL is the public API's base URL on the tailnet (--mesh-tls), "" without.
-func (gw *gateway) meshURL() string {
+// PublicURL is the API's base URL, http(s)://HOST:PORT/v1, with the port
+// the public listener was bound to.
+func (gw *Gateway) PublicURL() string { return gw.publicURL }
+
+// AdminAddr is the address the admin listener was bound to.
+func (gw *Gateway) AdminAddr() string { return gw.adminAddr }
+
+// MeshURL is the public API's base URL on the tailnet (--mesh-tls), "" without.
+func (gw *Gateway) MeshURL() string {
 	if gw.meshCerts == nil {
 		return ""
 	}
@@ -300,52 +305,9 @@ func checkBudgets(ctx context.Context, gate *policy.Gate, log *slog.Logger) erro
 	return nil
 }
 
-// viaMesh marks requests that arrived on the tailnet listener.
-type viaMesh struct{}
-
-// peerCheck returns the gateway's registration check in mesh mode: with an
-// allow list, a worker must register over the tailnet from a peer whose
-// host name or one of whose tags is listed.
-func peerCheck(node *mesh.Node, allow []string) func(*http.Request) error {
-	if len(allow) == 0 {
-		return nil
-	}
-	return func(r *http.Request) error {
-		if r.Context().Value(viaMesh{}) == nil {
-			return errors.New("registration must come over the tailnet (--mesh-allow-peers is set)")
-		}
-		peer, err := node.WhoIs(r.Context(), r.RemoteAddr)
-		if err != nil {
-			return fmt.Errorf("unknown tailnet peer: %w", err)
-		}
-		for _, a := range allow {
-			if a == peer.Hostname || slices.Contains(peer.Tags, a) {
-				return nil
-			}
-		}
-		return fmt.Errorf("tailnet peer %s (tags %v) is not in --mesh-allow-peers", peer.Hostname, peer.Tags)
-	}
-}
-
-// peerIdentity names the tailnet node a heartbeat came over (its MagicDNS
-// name), so a worker's credential works only from the node that
-// registered it; "" for a heartbeat from the host's network.
-func peerIdentity(node *mesh.Node) func(*http.Request) string {
-	return func(r *http.Request) string {
-		if r.Context().Value(viaMesh{}) == nil {
-			return ""
-		}
-		peer, err := node.WhoIs(r.Context(), r.RemoteAddr)
-		if err != nil {
-			return ""
-		}
-		return peer.Hostname
-	}
-}
-
-// run serves until ctx is done, then shuts down in order: stop accepting,
+// Run serves until ctx is done, then shuts down in order: stop accepting,
 // let in-flight requests finish (up to the grace), drain the ledger.
-func (gw *gateway) run(ctx context.Context) error {
+func (gw *Gateway) Run(ctx context.Context) error {
 	gctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	g, gctx := errgroup.WithContext(gctx)
@@ -410,7 +372,11 @@ func (gw *gateway) run(ctx context.Context) error {
 	return runErr
 }
 
-func (gw *gateway) close() {
+// Close releases what Open took (listeners, the database, the tailnet
+// node); it is safe to call twice and after Run.
+func (gw *Gateway) Close() { gw.closeOnce.Do(gw.close) }
+
+func (gw *Gateway) close() {
 	gw.tls.close()
 	if gw.publicLn != nil {
 		_ = gw.publicLn.Close()
@@ -438,110 +404,24 @@ func (gw *gateway) close() {
 // dashboardURL is the dashboard's address with the admin token in its
 // fragment, which a browser never sends to a server: the page moves it to
 // the tab's storage and out of the address bar, so it reaches no access log.
-func (gw *gateway) dashboardURL() string {
+func (gw *Gateway) dashboardURL() string {
 	return "http://" + gw.adminAddr + "/ui/#token=" + url.QueryEscape(gw.adminToken)
 }
 
-// dashboardLink is the dashboard link to print on stdout. Only a terminal
-// gets the token in it: stdout under systemd (the journal), a container
-// runtime or a pipe ends up in logs that others read and keep. Otherwise
-// the link is printed bare and the one with the token is written to
-// DIR/dashboard.url (mode 0600), which the printed line and a log line name.
-func (gw *gateway) dashboardLink(stdout io.Writer) string {
+// DashboardLink is the dashboard link to print on stdout, terminal telling
+// whether stdout is a terminal. Only a terminal gets the token in it: stdout
+// under systemd (the journal), a container runtime or a pipe ends up in logs
+// that others read and keep. Otherwise the link is printed bare and the one
+// with the token is written to DIR/dashboard.url (mode 0600), which the
+// printed line and a log line name.
+func (gw *Gateway) DashboardLink(terminal bool) string {
 	path := filepath.Join(gw.cfg.DataDir, "dashboard.url")
 	if err := writeSecretFile(path, gw.dashboardURL()+"\n"); err != nil {
 		gw.log.Warn("dashboard link not written", "path", path, "err", err)
 	}
-	if isTerminal(stdout) {
+	if terminal {
 		return gw.dashboardURL()
 	}
 	gw.log.Info("dashboard link with the admin token written (stdout is not a terminal, so it is not printed)", "path", path)
 	return "http://" + gw.adminAddr + "/ui/ (sign-in link with the admin token: " + path + ")"
-}
-
-// writeSecretFile replaces path with content, mode 0600 whatever the old
-// file's mode was: written beside it and renamed over it.
-func writeSecretFile(path, content string) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // after a successful rename, there is nothing to remove
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.WriteString(content); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
-}
-
-// ensureTokens creates DIR/admin.token and DIR/cluster.token (mode 0600) on
-// first start and returns their contents.
-func ensureTokens(dir string) (admin, cluster string, err error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", "", fmt.Errorf("--data: %w", err)
-	}
-	if admin, err = ensureSecretFile(filepath.Join(dir, "admin.token"), "tga-"); err != nil {
-		return "", "", err
-	}
-	if cluster, err = ensureSecretFile(filepath.Join(dir, "cluster.token"), "tgc-"); err != nil {
-		return "", "", err
-	}
-	return admin, cluster, nil
-}
-
-// checkPrivate refuses a secret file that users other than its owner may
-// read; risk says what they could do with it.
-func checkPrivate(path, risk string) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return err
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return fmt.Errorf("%s is readable by other users (mode %04o): %s; run: chmod 600 %s", path, fi.Mode().Perm(), risk, path)
-	}
-	return nil
-}
-
-func ensureSecretFile(path, prefix string) (string, error) {
-	raw, err := os.ReadFile(path)
-	if err == nil {
-		if err := checkPrivate(path, "anyone on this box could take over the gateway"); err != nil {
-			return "", err
-		}
-		tok := strings.TrimSpace(string(raw))
-		if tok == "" {
-			return "", fmt.Errorf("%s is empty; delete it to have a new token made", path)
-		}
-		if err := policy.CheckToken(tok, path); err != nil {
-			return "", fmt.Errorf("%w, or delete the file to have one made", err)
-		}
-		return tok, nil
-	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return "", err
-	}
-	b := make([]byte, policy.MinTokenBytes)
-	if _, err := rand.Read(b); err != nil {
-		return "", err
-	}
-	tok := prefix + hex.EncodeToString(b)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		if errors.Is(err, os.ErrExist) { // another process made it first
-			return ensureSecretFile(path, prefix)
-		}
-		return "", err
-	}
-	if _, err := f.WriteString(tok + "\n"); err != nil {
-		f.Close()
-		return "", err
-	}
-	return tok, f.Close()
 }

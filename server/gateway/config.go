@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bytes"
@@ -6,29 +6,30 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/url"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 
 	"tailgate/data"
+	"tailgate/mesh"
 	"tailgate/policy"
 	"tailgate/router"
 	"tailgate/server"
 	"tailgate/server/batch"
 	"tailgate/server/slo"
+	"tailgate/serving/hop"
 )
 
-// gatewayConfig is the gateway's configuration (`gateway` and `up`) in one
+// Config is the gateway's configuration (`gateway` and `up`) in one
 // typed value: the flags, then the YAML file named by --config, checked by
-// Validate and turned into each package's Config by setup. Only main uses it.
+// Validate and turned into each package's Config when the gateway opens.
 //
 // The file holds the fields with a yaml tag: database, upstreams,
 // default_max_tokens and the per-model catalog. A flag given on the command line wins over the
@@ -42,7 +43,7 @@ import (
 // ramp-up off and --shutdown-grace 0 stops without waiting for in-flight
 // requests. In a model's entry every zero field inherits the gateway-wide
 // setting, and a model without a price is free.
-type gatewayConfig struct {
+type Config struct {
 	DataDir       string        `yaml:"-"`        // --data
 	Database      string        `yaml:"database"` // --database; "": SQLite in DataDir
 	Listen        string        `yaml:"-"`        // --listen
@@ -55,9 +56,9 @@ type gatewayConfig struct {
 	// run a batch uploaded through another.
 	BatchFilesDir string `yaml:"-"`
 
-	Upstreams        []upstreamConfig       `yaml:"upstreams"`          // the file's, then --upstream
+	Upstreams        []UpstreamConfig       `yaml:"upstreams"`          // the file's, then --upstream
 	DefaultMaxTokens int64                  `yaml:"default_max_tokens"` // --default-max-tokens; 0: 1024
-	Models           map[string]modelConfig `yaml:"models"`             // the catalog; --price adds prices
+	Models           map[string]ModelConfig `yaml:"models"`             // the catalog; --price adds prices
 
 	MaxBodyInFlight int64 `yaml:"-"` // --max-body-bytes-in-flight; 0: 256 MiB
 
@@ -83,6 +84,7 @@ type gatewayConfig struct {
 	// The Batch API's limits (batch.Config); zero means its default.
 	Batch batch.Config `yaml:"-"`
 
+	UpstreamClient  string        `yaml:"-"` // --upstream-client; "": hop
 	Policy          string        `yaml:"-"` // --policy; "": p2c
 	Affinity        bool          `yaml:"-"` // --affinity
 	SlowStart       time.Duration `yaml:"-"` // --slow-start; 0: off
@@ -94,52 +96,56 @@ type gatewayConfig struct {
 	HedgeMin        time.Duration `yaml:"-"` // --hedge-min; 0: 20ms
 	HedgeMax        time.Duration `yaml:"-"` // --hedge-max; 0: 30s
 
-	TLS tlsFlags `yaml:"-"` // the public listener's: --tls-* and --acme-*
+	TLS TLSConfig `yaml:"-"` // the public listener's: --tls-* and --acme-*
 
-	Mesh           meshFlags `yaml:"-"` // gateway only: --mesh and --mesh-*
-	MeshAllowPeers string    `yaml:"-"` // gateway only: --mesh-allow-peers
-	MeshTLS        bool      `yaml:"-"` // gateway only: --mesh-tls
+	Mesh           mesh.Flags `yaml:"-"` // gateway only: --mesh and --mesh-*
+	MeshAllowPeers string     `yaml:"-"` // gateway only: --mesh-allow-peers
+	MeshTLS        bool       `yaml:"-"` // gateway only: --mesh-tls
 
 	OpenRegistration bool `yaml:"-"` // --open-registration
 
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
 
-	upstreamFlags stringList // --upstream, added to Upstreams by load
-	priceFlags    stringList // --price, put in the catalog by load
+	// BuildInfo is the tailgate_build_info gauge of the binary, registered
+	// beside the gateway's metrics; nil: none.
+	BuildInfo prometheus.Collector `yaml:"-"`
+
+	upstreamFlags []string // --upstream, added to Upstreams by Load
+	priceFlags    []string // --price, put in the catalog by Load
 }
 
-// upstreamConfig is a static upstream (upstreams[i] in the file).
-type upstreamConfig struct {
+// UpstreamConfig is a static upstream (upstreams[i] in the file).
+type UpstreamConfig struct {
 	ID  string `yaml:"id"` // "": the URL's host:port
 	URL string `yaml:"url"`
 
 	fromFlag bool // from --upstream, not the file (for error messages)
 }
 
-// modelConfig is one model's entry in the catalog, models.NAME in the file.
+// ModelConfig is one model's entry in the catalog, models.NAME in the file.
 // A zero field inherits the gateway-wide setting.
-type modelConfig struct {
+type ModelConfig struct {
 	MaxTokens    int64         `yaml:"max_tokens"`    // 0: default_max_tokens
 	TTFTDeadline time.Duration `yaml:"ttft_deadline"` // 0: --ttft-deadline
 	IdleDeadline time.Duration `yaml:"idle_deadline"` // 0: --idle-deadline
-	Price        *priceConfig  `yaml:"price"`         // nil: free; --price MODEL=IN,OUT replaces it
-	Hedge        *modelHedge   `yaml:"hedge"`         // nil: the --hedge* flags
+	Price        *PriceConfig  `yaml:"price"`         // nil: free; --price MODEL=IN,OUT replaces it
+	Hedge        *ModelHedge   `yaml:"hedge"`         // nil: the --hedge* flags
 	SLO          *slo.Budgets  `yaml:"slo"`           // nil: the default budgets; a stage given replaces the default's
 	// AdmitCapacity is how many of the model's requests run at once before
 	// lower priority classes wait; 0: --admit-capacity.
 	AdmitCapacity int64 `yaml:"admit_capacity"`
 }
 
-// priceConfig is a model's price in currency units per million tokens.
-type priceConfig struct {
+// PriceConfig is a model's price in currency units per million tokens.
+type PriceConfig struct {
 	Input  float64 `yaml:"input_per_million"`
 	Output float64 `yaml:"output_per_million"`
 }
 
-// modelHedge overrides hedging for one model; zero fields inherit the
+// ModelHedge overrides hedging for one model; zero fields inherit the
 // --hedge-* flags.
-type modelHedge struct {
+type ModelHedge struct {
 	Enabled    *bool         `yaml:"enabled"` // nil: --hedge
 	Percentile float64       `yaml:"percentile"`
 	Min        time.Duration `yaml:"min"`
@@ -148,22 +154,24 @@ type modelHedge struct {
 	Burst      float64       `yaml:"burst"`  // 0: --hedge-burst
 }
 
-// register defines the gateway's flags (those `up` shares) with their
-// defaults.
-func (c *gatewayConfig) register(fs *flag.FlagSet) {
+// RegisterFlags defines the gateway's flags (those `up` shares) with their
+// defaults on fs; Load completes c once fs is parsed. The flags and the
+// config file are the two faces of Config, so they are defined beside it.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data", "tailgate-data", "data directory: SQLite database, tokens, keys")
 	fs.StringVar(&c.Database, "database", "", "where the gateway stores keys, budgets, the ledger and batches: a postgres://USER:PASSWORD@HOST/DB URL (the database must exist), or empty for SQLite in --data (DIR/tailgate.db)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
 	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
 	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let a worker holding the cluster token alone register a new replica id (off: it needs `tailgate workers invite` or `tailgate workers approve`); a revoked id stays out either way")
-	fs.Var(&c.upstreamFlags, "upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)")
+	fs.Func("upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)", appendTo(&c.upstreamFlags))
 	fs.StringVar(&c.ConfigFile, "config", "", "YAML config file (upstreams, per-model max_tokens, prices, deadlines, hedging); flags given here win over it, --upstream and --price add to it")
 	fs.Int64Var(&c.DefaultMaxTokens, "default-max-tokens", 1024, "max_tokens applied when a request sets none")
 	fs.Int64Var(&c.MaxBody, "max-body", 4<<20, "largest request body in bytes (larger: 413)")
 	fs.Int64Var(&c.MaxBodyInFlight, "max-body-bytes-in-flight", 256<<20, "request-body bytes held at once over all requests; past it a request waits up to 2s, then gets 503 (0: 256 MiB)")
 	fs.DurationVar(&c.KeepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
-	fs.Var(&c.priceFlags, "price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)")
+	fs.Func("price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)", appendTo(&c.priceFlags))
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
+	fs.StringVar(&c.UpstreamClient, "upstream-client", string(hop.Hop), "HTTP client to replicas: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.StringVar(&c.Policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
 	fs.BoolVar(&c.Affinity, "affinity", false, "prefer the same replica for the same prompt prefix when load is comparable (reuses the engine's prefix cache)")
 	fs.DurationVar(&c.SlowStart, "slow-start", router.DefaultSlowStart, "how long a freshly ready replica ramps up to a full share; its load counts double at first (0: off)")
@@ -203,28 +211,30 @@ func (c *gatewayConfig) register(fs *flag.FlagSet) {
 	c.sloConfig.register(fs)
 }
 
-// registerMesh defines the mesh flags, which `gateway` has and `up` has not.
-func (c *gatewayConfig) registerMesh(fs *flag.FlagSet) {
-	c.Mesh.register(fs, "tg-gateway")
+// RegisterMeshFlags defines the mesh flags, which `gateway` has and `up`
+// has not.
+func (c *Config) RegisterMeshFlags(fs *flag.FlagSet) {
+	c.Mesh.Register(fs, "tg-gateway")
 	fs.StringVar(&c.MeshAllowPeers, "mesh-allow-peers", "", "with --mesh: only tailnet peers with one of these tags or host names may register as workers (comma-separated), besides the cluster token")
 	fs.BoolVar(&c.MeshTLS, "mesh-tls", false, "with --mesh: also serve the public API on the tailnet over HTTPS at port 443, with the node's Tailscale certificate (https://NODE.TAILNET.ts.net/v1); the tailnet must have HTTPS certificates enabled")
 }
 
-// resolve completes c once fs is parsed (load), checks it (Validate) and
-// turns it into each package's Config (setup).
-func (c *gatewayConfig) resolve(fs *flag.FlagSet) (*gatewaySetup, error) {
-	if err := c.load(fs); err != nil {
-		return nil, err
-	}
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	return c.setup()
+// appendTo is a repeatable flag's setter.
+func appendTo(list *[]string) func(string) error {
+	return func(v string) error { *list = append(*list, v); return nil }
 }
 
-// load reads the --config file into c under the flags given on fs's command
-// line, then adds --upstream and --price.
-func (c *gatewayConfig) load(fs *flag.FlagSet) error {
+// Load completes c once fs (with c's flags) is parsed and checks it: the
+// --config file is read under the flags given on fs's command line, then
+// --upstream and --price are added.
+func (c *Config) Load(fs *flag.FlagSet) error {
+	if err := c.load(fs); err != nil {
+		return err
+	}
+	return c.Validate()
+}
+
+func (c *Config) load(fs *flag.FlagSet) error {
 	if c.ConfigFile != "" {
 		raw, err := os.ReadFile(c.ConfigFile)
 		if err != nil {
@@ -242,7 +252,7 @@ func (c *gatewayConfig) load(fs *flag.FlagSet) error {
 		}
 	}
 	for _, u := range c.upstreamFlags {
-		c.Upstreams = append(c.Upstreams, upstreamConfig{URL: u, fromFlag: true})
+		c.Upstreams = append(c.Upstreams, UpstreamConfig{URL: u, fromFlag: true})
 	}
 	c.upstreamFlags = nil
 	for _, p := range c.priceFlags {
@@ -254,10 +264,10 @@ func (c *gatewayConfig) load(fs *flag.FlagSet) error {
 			return fmt.Errorf("--price %q: want MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6", p)
 		}
 		if c.Models == nil {
-			c.Models = map[string]modelConfig{}
+			c.Models = map[string]ModelConfig{}
 		}
 		m := c.Models[model]
-		m.Price = &priceConfig{Input: fin, Output: fout}
+		m.Price = &PriceConfig{Input: fin, Output: fout}
 		c.Models[model] = m
 	}
 	c.priceFlags = nil
@@ -273,7 +283,7 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 
 // Validate reports the first setting that cannot work, naming its flag or
 // its key in the file.
-func (c *gatewayConfig) Validate() error {
+func (c *Config) Validate() error {
 	switch {
 	case c.DataDir == "":
 		return errors.New("--data: a data directory is required")
@@ -299,9 +309,9 @@ func (c *gatewayConfig) Validate() error {
 		return fmt.Errorf("--admit-capacity %d: want a number of requests (0: learnt from the engines)", c.AdmitCapacity)
 	case c.AdmitQueue < 0:
 		return fmt.Errorf("--admit-queue %d: want a number of requests (0: %d)", c.AdmitQueue, policy.DefaultMaxQueue)
-	case c.MeshAllowPeers != "" && !c.Mesh.enabled:
+	case c.MeshAllowPeers != "" && !c.Mesh.Enabled:
 		return errors.New("--mesh-allow-peers needs --mesh")
-	case c.MeshTLS && !c.Mesh.enabled:
+	case c.MeshTLS && !c.Mesh.Enabled:
 		return errors.New("--mesh-tls needs --mesh (it serves the API on the tailnet with the node's certificate)")
 	}
 	for _, d := range []struct {
@@ -320,6 +330,9 @@ func (c *gatewayConfig) Validate() error {
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			return fmt.Errorf("%s %q: want HOST:PORT, e.g. 127.0.0.1:8080", a.flag, a.addr)
 		}
+	}
+	if _, err := hop.ParseClient(c.UpstreamClient); err != nil {
+		return fmt.Errorf("--upstream-client: %w", err)
 	}
 	if _, err := router.ParsePolicy(c.Policy); err != nil {
 		return fmt.Errorf("--policy: %w", err)
@@ -345,7 +358,7 @@ func (c *gatewayConfig) Validate() error {
 		}
 	}
 	for i, u := range c.Upstreams {
-		if _, _, err := parseUpstream(u.URL); err != nil {
+		if _, _, err := ParseUpstream(u.URL); err != nil {
 			where := fmt.Sprintf("upstreams[%d].url", i)
 			if u.fromFlag {
 				where = "--upstream"
@@ -366,7 +379,7 @@ func (c *gatewayConfig) Validate() error {
 
 // Validate reports the first setting of the entry that cannot work; the
 // error starts with its key (e.g. "max_tokens: ...").
-func (m modelConfig) Validate() error {
+func (m ModelConfig) Validate() error {
 	switch {
 	case m.MaxTokens < 0:
 		return fmt.Errorf("max_tokens: %d is negative (0 or absent: default_max_tokens)", m.MaxTokens)
@@ -398,10 +411,10 @@ func (m modelConfig) Validate() error {
 // without a trailing /v1.
 type upstream struct{ id, url string }
 
-// parseUpstream returns the base URL and the host of an upstream URL. The
+// ParseUpstream returns the base URL and the host of an upstream URL. The
 // server's root (http://host:8000) and the base URL OpenAI clients take
 // (http://host:8000/v1) name the same upstream; an endpoint does not.
-func parseUpstream(raw string) (base, host string, err error) {
+func ParseUpstream(raw string) (base, host string, err error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return "", "", errors.New("want a base URL like http://host:8000 or http://host:8000/v1")
@@ -417,8 +430,8 @@ func parseUpstream(raw string) (base, host string, err error) {
 	return u.String(), u.Host, nil
 }
 
-// gatewaySetup is a valid gatewayConfig as each package's Config.
-type gatewaySetup struct {
+// parts is a valid Config as each package's Config.
+type parts struct {
 	upstreams []upstream
 	srvCfg    server.Config
 	prices    map[string]policy.Price
@@ -426,8 +439,8 @@ type gatewaySetup struct {
 }
 
 // setup turns a valid c into each package's Config.
-func (c *gatewayConfig) setup() (*gatewaySetup, error) {
-	st := &gatewaySetup{
+func (c *Config) setup() (*parts, error) {
+	st := &parts{
 		srvCfg: server.Config{
 			DefaultMaxTokens: c.DefaultMaxTokens, MaxBodyBytes: c.MaxBody, KeepAlive: c.KeepAlive,
 			TTFTDeadline: c.TTFTDeadline, IdleDeadline: c.IdleDeadline, JSONDeadline: c.JSONDeadline,
@@ -442,7 +455,7 @@ func (c *gatewayConfig) setup() (*gatewaySetup, error) {
 		prices: map[string]policy.Price{},
 	}
 	for _, u := range c.Upstreams {
-		base, host, err := parseUpstream(u.URL)
+		base, host, err := ParseUpstream(u.URL)
 		if err != nil {
 			return nil, err
 		}
@@ -466,7 +479,7 @@ func (c *gatewayConfig) setup() (*gatewaySetup, error) {
 			st.srvCfg.IdleDeadlineByModel[name] = m.IdleDeadline
 		}
 		if p := m.Price; p != nil {
-			st.prices[name] = policy.Price{InputMicrosPerM: toMicros(p.Input), OutputMicrosPerM: toMicros(p.Output)}
+			st.prices[name] = policy.Price{InputMicrosPerM: policy.Micros(p.Input), OutputMicrosPerM: policy.Micros(p.Output)}
 		}
 	}
 	var err error
@@ -478,7 +491,7 @@ func (c *gatewayConfig) setup() (*gatewaySetup, error) {
 
 // routerConfig is the router's part of c, the one place that knows how the
 // flags map onto router.Config.
-func (c *gatewayConfig) routerConfig() (router.Config, error) {
+func (c *Config) routerConfig() (router.Config, error) {
 	sel, err := router.ParsePolicy(c.Policy)
 	if err != nil {
 		return router.Config{}, fmt.Errorf("--policy: %w", err)
@@ -500,8 +513,6 @@ func (c *gatewayConfig) routerConfig() (router.Config, error) {
 	}
 	return rc, nil
 }
-
-func toMicros(v float64) int64 { return int64(math.Round(v * 1e6)) }
 
 // decodeYAML decodes a config file into v, refusing unknown keys. Its errors
 // name the key at fault (models.NAME.max_tokens), not only the line.
@@ -575,40 +586,4 @@ func yamlKeyAt(n *yaml.Node, line int, path string) string {
 		}
 	}
 	return ""
-}
-
-// secretEnv lists the flags that carry a secret and the environment
-// variable that supplies each when the command line does not: a flag is
-// visible to every user of the box (ps, /proc/PID/cmdline) and stays in
-// shell history; the environment is not (systemd's EnvironmentFile=,
-// Kubernetes' secretKeyRef). The flag wins, and so does any flag of
-// unless (a file that holds the same secret).
-var secretEnv = []struct {
-	flag, env string
-	unless    []string
-}{
-	{"cluster-token", "TAILGATE_CLUSTER_TOKEN", []string{"cluster-token-file"}},
-	{"join-token", "TAILGATE_JOIN_TOKEN", []string{"join-token-file"}},
-	{"mesh-authkey", "TAILGATE_MESH_AUTHKEY", nil},
-	{"key", "TAILGATE_API_KEY", []string{"key-file"}},
-	{"key-b", "TAILGATE_API_KEY_B", []string{"key-file-b"}},
-}
-
-// secretsFromEnv sets each secret flag of fs that its command line left out
-// from its environment variable (looked up by getenv). It sets the value,
-// not the flag: flagGiven and warnSecretFlags still see only the command
-// line.
-func secretsFromEnv(fs *flag.FlagSet, getenv func(string) string) error {
-	for _, s := range secretEnv {
-		f := fs.Lookup(s.flag)
-		if f == nil || flagGiven(fs, s.flag) || slices.ContainsFunc(s.unless, func(n string) bool { return flagGiven(fs, n) }) {
-			continue
-		}
-		if v := strings.TrimSpace(getenv(s.env)); v != "" {
-			if err := f.Value.Set(v); err != nil {
-				return fmt.Errorf("$%s (for --%s): %w", s.env, s.flag, err)
-			}
-		}
-	}
-	return nil
 }

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"tailgate/data"
+	"tailgate/server/gateway"
+	"tailgate/serving/childlog"
+)
+
+// The helpers more than one command uses: flag sets and their parsing, the
+// log flags, secrets from the environment, opening a deployment's database,
+// printing.
+
+// errUsage ends a command given wrong arguments (exit status 2); what was
+// wrong is already printed.
+var errUsage = errors.New("usage")
+
+// newFlagSet returns the flag set of `tailgate SYNOPSIS`: -h prints the
+// synopsis and every flag on stderr. Parse it with parseFlags or parseArgs.
+func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: tailgate %s\n\nFlags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args of a command that takes flags only: any other
+// argument is an error (with the flag package alone, a stray word would end
+// the flags silently and drop every flag after it).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	_, err := parseArgs(fs, args, 0)
+	return err
+}
+
+// parseArgs parses flags that may come before, between and after at most maxArgs
+// positional arguments (`backup FILE --force`), and returns the positional
+// ones; after "--" every argument is positional. -h prints the usage and
+// returns flag.ErrHelp. A bad flag or an argument too many prints a short
+// usage, then the error as the last line, and returns errUsage.
+func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
+	out, usage := fs.Output(), fs.Usage
+	// The flag package would print its error first and the whole flag list
+	// after it, burying the error; it is reported below instead.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	defer func() { fs.SetOutput(out); fs.Usage = usage }()
+	var pos []string
+	for {
+		err := fs.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(out)
+			usage()
+			return nil, err
+		}
+		if err != nil {
+			return nil, usageError(fs, out, usage, err)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+	if err := secretsFromEnv(fs, os.Getenv); err != nil {
+		return nil, usageError(fs, out, usage, err)
+	}
+	if len(pos) > maxArgs {
+		err := fmt.Errorf("unexpected argument %q", pos[maxArgs])
+		if maxArgs == 0 {
+			err = fmt.Errorf("unexpected argument %q: %s takes flags only", pos[maxArgs], fs.Name())
+		}
+		if v := pos[maxArgs]; v == "true" || v == "false" {
+			err = fmt.Errorf("%w (a switch takes its value after '=', e.g. --json=%s)", err, v)
+		}
+		return nil, usageError(fs, out, usage, err)
+	}
+	return pos, nil
+}
+
+// usageError prints the synopsis of fs's usage (not its flag list), a hint
+// to -h, and err as the last line, on w; it returns errUsage.
+func usageError(fs *flag.FlagSet, w io.Writer, usage func(), err error) error {
+	var b strings.Builder
+	prev := fs.Output()
+	fs.SetOutput(&b)
+	usage()
+	fs.SetOutput(prev)
+	synopsis, _, _ := strings.Cut(b.String(), "\n\nFlags:\n")
+	fmt.Fprintf(w, "%s\nRun 'tailgate %s -h' for its flags.\n\ntailgate %s: %v\n", synopsis, fs.Name(), fs.Name(), err)
+	return errUsage
+}
+
+// logFlags are the logging flags every long-running command has. Its
+// logger flattens the log lines of child processes that a command forwards
+// (see childlog).
+type logFlags struct {
+	level  string
+	format string
+}
+
+func (l *logFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&l.format, "log-format", "text", "log format: text or json")
+}
+
+// parse registers the log flags on fs (after the command's own), parses
+// args and returns the logger they ask for: every long-running command's
+// prelude.
+func (l *logFlags) parse(fs *flag.FlagSet, args []string, stderr io.Writer) (*slog.Logger, error) {
+	l.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	return l.logger(stderr)
+}
+
+func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	// childlog filters by level: a child's line forwarded at INFO may be an
+	// error (see childlog.NewHandler).
+	opts := &slog.HandlerOptions{Level: slog.Level(math.MinInt32)}
+	var h slog.Handler
+	switch strings.ToLower(l.format) {
+	case "text":
+		h = slog.NewTextHandler(w, opts)
+	case "json":
+		h = slog.NewJSONHandler(w, opts)
+	default:
+		return nil, fmt.Errorf("--log-format must be text or json, not %q", l.format)
+	}
+	return slog.New(childlog.NewHandler(h, level)), nil
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// secretEnv lists the flags that carry a secret and the environment
+// variable that supplies each when the command line does not: a flag is
+// visible to every user of the box (ps, /proc/PID/cmdline) and stays in
+// shell history; the environment is not (systemd's EnvironmentFile=,
+// Kubernetes' secretKeyRef). The flag wins, and so does any flag of
+// unless (a file that holds the same secret).
+var secretEnv = []struct {
+	flag, env string
+	unless    []string
+}{
+	{"cluster-token", "TAILGATE_CLUSTER_TOKEN", []string{"cluster-token-file"}},
+	{"join-token", "TAILGATE_JOIN_TOKEN", []string{"join-token-file"}},
+	{"mesh-authkey", "TAILGATE_MESH_AUTHKEY", nil},
+	{"key", "TAILGATE_API_KEY", []string{"key-file"}},
+	{"key-b", "TAILGATE_API_KEY_B", []string{"key-file-b"}},
+}
+
+// secretsFromEnv sets each secret flag of fs that its command line left out
+// from its environment variable (looked up by getenv). It sets the value,
+// not the flag: flagGiven and warnSecretFlags still see only the command
+// line.
+func secretsFromEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	for _, s := range secretEnv {
+		f := fs.Lookup(s.flag)
+		if f == nil || flagGiven(fs, s.flag) || slices.ContainsFunc(s.unless, func(n string) bool { return flagGiven(fs, n) }) {
+			continue
+		}
+		if v := strings.TrimSpace(getenv(s.env)); v != "" {
+			if err := f.Value.Set(v); err != nil {
+				return fmt.Errorf("$%s (for --%s): %w", s.env, s.flag, err)
+			}
+		}
+	}
+	return nil
+}
+
+// flagGiven reports whether the flag name was set on fs's command line.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
+// warnSecretFlags warns about secrets given as command-line flags: any
+// user of the box can read them in ps and /proc, and shells keep them in
+// their history. Files and environment variables do not leak that way.
+func warnSecretFlags(log *slog.Logger, fs *flag.FlagSet, names ...string) {
+	fs.Visit(func(f *flag.Flag) {
+		for _, n := range names {
+			if f.Name == n && f.Value.String() != "" {
+				alt := map[string]string{"cluster-token": "--cluster-token-file or TAILGATE_CLUSTER_TOKEN in the environment", "join-token": "--join-token-file or TAILGATE_JOIN_TOKEN in the environment", "mesh-authkey": "TAILGATE_MESH_AUTHKEY (or TS_AUTHKEY) in the environment"}[n]
+				log.Warn("a secret on the command line is visible to every user of this box (ps, /proc); prefer "+alt, "flag", "--"+n)
+			}
+		}
+	})
+}
+
+// openCommand finishes the prelude of a command on an existing deployment:
+// it parses args with fs (which defines --data into dir), takes the one
+// positional argument named want (none when want is ""), and opens the
+// deployment's store, which the caller closes.
+func openCommand(fs *flag.FlagSet, stderr io.Writer, args []string, dir *string, want string) (*data.Store, string, error) {
+	var arg string
+	if want == "" {
+		if err := parseFlags(fs, args); err != nil {
+			return nil, "", err
+		}
+	} else {
+		pos, err := parseArgs(fs, args, 1)
+		if err != nil {
+			return nil, "", err
+		}
+		if len(pos) != 1 || pos[0] == "" {
+			return nil, "", usageError(fs, stderr, fs.Usage, errors.New("want the "+want))
+		}
+		arg = pos[0]
+	}
+	st, err := openStore(*dir)
+	return st, arg, err
+}
+
+// openStore opens the database of an existing deployment in dir.
+func openStore(dir string) (*data.Store, error) {
+	db, err := gateway.ExistingDatabase(dir)
+	if err != nil {
+		return nil, err
+	}
+	return data.Open(db)
+}
+
+func keyStatus(k data.Key, now time.Time) string {
+	switch {
+	case k.Revoked():
+		return "revoked"
+	case k.ExpiredAt(now):
+		return "expired"
+	}
+	return "active"
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// isTerminal tells whether w is a terminal, where progress is rewritten in
+// place and a secret link may be shown.
+func isTerminal(w io.Writer) bool {
+	fl, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := fl.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

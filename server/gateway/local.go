@@ -1,0 +1,63 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"tailgate/policy"
+	"tailgate/router"
+)
+
+// What `tailgate up` needs of the gateway it runs its workers beside.
+
+// EnsureDemoKey makes sure path holds a working API key of tenant "demo".
+func (gw *Gateway) EnsureDemoKey(ctx context.Context, path string) error {
+	if raw, err := os.ReadFile(path); err == nil {
+		if _, err := gw.gate.Authenticate(ctx, strings.TrimSpace(string(raw))); err == nil {
+			return nil
+		}
+		gw.log.Warn("demo key no longer valid; making a new one", "path", path)
+	}
+	secret, k, err := policy.CreateKey(ctx, gw.store, policy.KeyOptions{Tenant: "demo"})
+	if err != nil {
+		return fmt.Errorf("demo key: %w", err)
+	}
+	if err := os.WriteFile(path+".tmp", []byte(secret+"\n"), 0o600); err != nil {
+		return fmt.Errorf("demo key: %w", err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return fmt.Errorf("demo key: %w", err)
+	}
+	gw.log.Info("demo key created", "path", path, "prefix", k.Prefix)
+	return nil
+}
+
+// ReadyReplicas counts the replicas ready for traffic.
+func (gw *Gateway) ReadyReplicas() int {
+	ready := 0
+	for _, r := range gw.reg.Replicas() {
+		if r.State() == router.StateReady {
+			ready++
+		}
+	}
+	return ready
+}
+
+// StopWorkersWith sets how the workers this process started are stopped:
+// Run calls stop once no request is left for them and before the admin
+// listener closes, so their last heartbeat (draining) still reaches the
+// gateway instead of reporting it unreachable. Call it before Run.
+func (gw *Gateway) StopWorkersWith(stop func()) { gw.stopWorkers = stop }
+
+// ApproveWorkers admits the replica ids of workers `up` starts itself: the
+// cluster token is all they need (one revoked comes back with the next up).
+func (gw *Gateway) ApproveWorkers(ctx context.Context, ids ...string) error {
+	for _, id := range ids {
+		if _, _, err := gw.store.ApproveWorker(ctx, id); err != nil {
+			return fmt.Errorf("approve %s: %w", id, err)
+		}
+	}
+	return nil
+}
