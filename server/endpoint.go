@@ -360,7 +360,9 @@ func audioSeconds(f []byte) int64 {
 // "response" or "message"), only total_tokens (rerank, score) as prompt, or
 // a transcription's duration in seconds (Whisper's encoder tokens).
 func reportedUsage(payload []byte, prev policy.Usage) (policy.Usage, bool) {
-	v := gjson.ParseBytes(payload)
+	// A string view of the payload: only numbers are read from it, so
+	// nothing aliases it afterwards (ParseBytes would copy a whole answer).
+	v := gjson.Parse(unsafe.String(unsafe.SliceData(payload), len(payload)))
 	u := v.Get("usage")
 	if !u.IsObject() {
 		u = v.Get("response.usage")

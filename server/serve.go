@@ -92,7 +92,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		s.reject(cl, out, err)
 		return
 	}
-	pr, err := parseRequest(cl.ep, body, cl.ctype, parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen, alternatives: s.reg.Alternatives})
+	pr, err := parseRequest(cl.ep, body, cl.ctype, s.lim)
 	if err != nil {
 		s.reject(cl, out, err)
 		return

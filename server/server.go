@@ -247,9 +247,12 @@ type Deps struct {
 
 // Server serves the public and the admin API.
 type Server struct {
-	cfg       Config
-	gate      *policy.Gate
-	reg       *router.Registry
+	cfg  Config
+	gate *policy.Gate
+	reg  *router.Registry
+	// lim are the request-reading settings, made once: built per request,
+	// its method values would escape through an endpoint's reader.
+	lim       parseLimits
 	store     *data.Store
 	ledger    *data.LedgerWriter
 	gatherer  prometheus.Gatherer
@@ -327,6 +330,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	s.lim = parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen, alternatives: s.reg.Alternatives}
 	return s, nil
 }
 
