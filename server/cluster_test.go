@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"tailgate/policy"
+	"tailgate/router"
 	"tailgate/server/internal/servertest"
 	"tailgate/serving"
 	"tailgate/serving/sim"
@@ -132,18 +133,64 @@ func TestHeartbeatRegistersReplicaAndLeaseExpires(t *testing.T) {
 	if len(list.Data) != 1 || list.Data[0]["state"] != "ready" || list.Data[0]["engine_waiting"] != 2.0 || list.Data[0]["kv_cache_usage"] != 0.5 {
 		t.Fatalf("replicas: %+v", list.Data)
 	}
-	// Lease: with no more heartbeats the replica is dropped (lease 3.5s by default).
+	// Lease: with no more heartbeats the replica is lost (lease 3.5s by
+	// default): still listed, never routed to.
 	deadline := time.Now().Add(10 * time.Second)
-	for h.Reg.Get("w1") != nil {
+	for h.Reg.Get("w1").State() != router.StateLost {
 		if time.Now().After(deadline) {
-			t.Fatal("replica still registered 10s after its last heartbeat")
+			t.Fatal("replica not lost 10s after its last heartbeat")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	resp = h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
-	if resp.StatusCode == 200 {
-		t.Fatal("request served after the only replica's lease expired")
+	if resp.StatusCode != 503 {
+		t.Fatalf("request after the only replica's lease expired: %d, want 503 (no ready replica)", resp.StatusCode)
+	}
+	// The admin API still lists it, lost, with why; an operator forgets it.
+	list.Data = nil
+	adminGet(t, h, "/admin/v1/replicas", &list)
+	if len(list.Data) != 1 || list.Data[0]["state"] != "lost" || list.Data[0]["ready"] != false ||
+		!strings.Contains(fmt.Sprint(list.Data[0]["reason"]), "no heartbeat") || list.Data[0]["lost_for_seconds"] == nil {
+		t.Fatalf("replicas after the lease ended: %+v", list.Data)
+	}
+	for _, want := range []int{http.StatusNoContent, http.StatusNotFound} {
+		req, _ := http.NewRequest(http.MethodDelete, h.Admin.URL+"/admin/v1/replicas/w1", nil)
+		req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
+		dresp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dresp.Body.Close()
+		if dresp.StatusCode != want {
+			t.Fatalf("DELETE /admin/v1/replicas/w1: %d, want %d", dresp.StatusCode, want)
+		}
+	}
+	if h.Reg.Get("w1") != nil {
+		t.Fatal("forgotten replica still listed")
+	}
+}
+
+// TestDeleteReplicaRefusesALiveOne: forgetting is for lost replicas; a
+// live one is refused with what to do instead.
+func TestDeleteReplicaRefusesALiveOne(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	req, _ := http.NewRequest(http.MethodDelete, h.Admin.URL+"/admin/v1/replicas/sim-a", nil)
+	req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || body.Error.Code != "replica_not_lost" || !strings.Contains(body.Error.Message, "/admin/v1/workers/") {
+		t.Fatalf("DELETE of a ready replica: %d %+v", resp.StatusCode, body.Error)
+	}
+	if h.Reg.Get("sim-a") == nil {
+		t.Fatal("a ready replica was forgotten")
 	}
 }
 
