@@ -33,6 +33,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 		}
 	}
 	e.POST(serving.HeartbeatPath, s.handlePostHeartbeat) // cluster token, not admin token
+	e.GET("/readyz", s.handleGetReadyz)                  // no token: probes and health checks
 
 	metrics := promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{})
 	e.GET("/metrics", echo.WrapHandler(metrics), guard)
@@ -433,4 +434,17 @@ func (s *Server) handleDeleteReplica(c echo.Context) error {
 	}
 	s.log.Info("lost replica forgotten", "replica", id)
 	return c.NoContent(http.StatusNoContent)
+}
+
+// handleGetReadyz says whether this gateway can take registrations and
+// traffic: 200 once its listeners answer and its ledger can write, else
+// 503. Unlike /healthz it does not wait for a ready replica — workers
+// register through the gateway, so a probe that waited for one would keep
+// them out (a Kubernetes Service does not route to a pod that is not ready).
+// It says nothing a client could misuse, so it needs no token.
+func (s *Server) handleGetReadyz(c echo.Context) error {
+	if err := s.ledger.Healthy(); err != nil {
+		return c.JSON(http.StatusServiceUnavailable, map[string]any{"status": "ledger unavailable", "ledger": err.Error()})
+	}
+	return c.JSON(http.StatusOK, map[string]any{"status": "ok", "ledger": "ok"})
 }

@@ -356,3 +356,40 @@ func TestReplicasShowTheEngineSignals(t *testing.T) {
 		t.Errorf("w2 shows waiting by reason its engine did not report: %v", w2["engine_waiting_by_reason"])
 	}
 }
+
+// readyz returns the status of the admin listener's GET /readyz, asked
+// without a token as a probe asks.
+func readyz(t *testing.T, h *servertest.Gateway) int {
+	t.Helper()
+	resp, err := http.Get(h.Admin.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestReadyzDoesNotWaitForAReplica: a gateway no replica serves yet is not
+// healthy (/healthz 503) but is ready to take registrations (/readyz 200,
+// no token) — a probe on /healthz would keep the workers, who register
+// through the gateway, out for ever.
+func TestReadyzDoesNotWaitForAReplica(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h.Reg.Remove("sim-a")
+	resp, err := http.Get(h.Public.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/healthz with no replica: %d, want 503", resp.StatusCode)
+	}
+	if code := readyz(t, h); code != http.StatusOK {
+		t.Fatalf("/readyz with no replica: %d, want 200", code)
+	}
+	// And a worker can register through it at once.
+	engine := tokenCheckingEngine(t)
+	if resp := heartbeat(h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{servertest.SimModel}, State: "ready", Engine: "sim"}); resp.StatusCode != 200 {
+		t.Fatalf("heartbeat: %d", resp.StatusCode)
+	}
+}
