@@ -106,7 +106,8 @@ func (m *metrics) routed(attempts int) {
 }
 
 // ejected counts a replica taken out of routing: reason is a short, bounded
-// label ("connect", "probe", "ttft_deadline", "idle_deadline", "midstream"), delay the
+// label ("connect", "probe", "ttft_deadline", "idle_deadline", "midstream";
+// the lease sweep counts "lost" and a failed engine "engine" directly), delay the
 // time since the first failure of the streak.
 func (m *metrics) ejected(replica, reason string, delay time.Duration) {
 	m.ejections.WithLabelValues(replica, reason).Inc()
