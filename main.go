@@ -30,6 +30,7 @@ Usage:
   tailgate restore  [flags] FILE   put a backup in place of the database (gateway stopped)
   tailgate bench    [flags]   matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)
   tailgate version            version, commit, Go and tailscale versions of this binary (also --version)
+  tailgate healthcheck [flags]  exit 0/1: a gateway's or worker's health endpoint (container health checks)
 
 Run 'tailgate COMMAND -h' for the flags of a command.
 `
@@ -80,6 +81,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdRestore(ctx, rest, stdout, stderr)
 	case "version", "--version", "-version":
 		return cmdVersion(ctx, rest, stdout, stderr)
+	case "healthcheck":
+		return cmdHealthcheck(ctx, rest, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usageText)
 		return nil

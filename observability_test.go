@@ -181,6 +181,9 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 	}
 
 	series := seriesOf(fams)
+	// up is the series Prometheus itself makes per scrape target, with the
+	// job the alerts' header asks for.
+	series["up"] = map[string]map[string]bool{"job": {"tailgate": true}, "instance": {}}
 	var queries []string
 	raw, err := os.ReadFile("deploy/grafana/tailgate-dashboard.json")
 	if err != nil {
@@ -224,7 +227,8 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 			alerts[r.Alert] = true
 		}
 	}
-	for _, a := range []string{"TailgateTTFTBudgetBurn", "TailgateReplicaEjected", "TailgateLedgerUnavailable", "TailgateBudgetNearlyUsed"} {
+	for _, a := range []string{"TailgateTTFTBudgetBurn", "TailgateReplicaOut", "TailgateReplicaLost", "TailgateModelNoReadyReplica",
+		"TailgateGatewayDown", "TailgateServerErrors", "TailgateLedgerUnavailable", "TailgateBudgetNearlyUsed"} {
 		if !alerts[a] {
 			t.Errorf("no alert %s", a)
 		}

@@ -31,7 +31,7 @@ func TestRestartedWorkerKeepsItsReplicaID(t *testing.T) {
 	if err := w.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "killed worker's lease ended", func() bool { return g.state("w1") == "gone" })
+	waitFor(t, 15*time.Second, "killed worker's lease ended", func() bool { return g.state("w1") == "lost" })
 
 	// Not the owner: the same replica id, its own --data.
 	impostor := startProc(t, "impostor", false, "worker", "--gateway", g.admin,
@@ -40,7 +40,7 @@ func TestRestartedWorkerKeepsItsReplicaID(t *testing.T) {
 	waitFor(t, 20*time.Second, "the impostor is told the id is taken", func() bool {
 		return strings.Contains(impostor.stderr.String(), "belongs to worker "+before.Worker)
 	})
-	if st := g.state("w1"); st != "gone" {
+	if st := g.state("w1"); st != "lost" {
 		t.Fatalf("the impostor registered w1: %s", st)
 	}
 	_ = impostor.Stop(0)

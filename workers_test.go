@@ -237,9 +237,11 @@ func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
 	}
 	took := waitFor(t, 10*time.Second, "killed worker dropped from routing", func() bool {
 		st := g.state("w1")
-		return st == "gone" || st == "ejected"
+		return st == "lost" || st == "ejected"
 	})
-	waitFor(t, 10*time.Second, "killed worker's lease expired", func() bool { return g.state("w1") == "gone" })
+	// Listed as lost (not dropped), so the admin API, the dashboard and
+	// alerts still see it.
+	waitFor(t, 10*time.Second, "killed worker's lease expired", func() bool { return g.state("w1") == "lost" })
 	t.Logf("killed worker out of routing after %v", took)
 	for range 10 {
 		code, h, _, err := g.chat(context.Background(), false, 3)

@@ -28,6 +28,11 @@ USER 10001:10001
 ENV HOME=/data HF_HOME=/data/huggingface
 VOLUME /data
 EXPOSE 9000
+# Healthy once the sidecar says the engine is ready (its /health, with the cluster token
+# from $TAILGATE_CLUSTER_TOKEN); the start period covers a first model download. With
+# --cluster-token-file, or another --listen port, override it (compose.yaml does).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30m --retries=3 \
+  CMD ["/usr/local/bin/tailgate", "healthcheck", "--url", "http://127.0.0.1:9000/health"]
 # The image's own ENTRYPOINT is ["vllm", "serve"]: replaced, tailgate starts vLLM itself.
 ENTRYPOINT ["/usr/local/bin/tailgate", "worker", "--data", "/data", "--engine", "vllm", "--log-format", "json"]
 CMD ["--mesh", "--mesh-hostname", "tg-gpu", "--gateway", "http://tg-gateway:8081", "--listen", ":9000", "--model", "Qwen/Qwen2.5-0.5B-Instruct"]

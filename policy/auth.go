@@ -16,6 +16,19 @@ import (
 // revoked. It deliberately does not say which.
 var ErrInvalidKey = errors.New("invalid api key")
 
+// ErrRevokedKey is returned for a key that exists but was revoked. It
+// matches [ErrInvalidKey] under errors.Is, and clients are told only that
+// (as for an unknown key); it exists so that the gateway can count and log
+// revocations apart.
+var ErrRevokedKey error = revokedKeyError{}
+
+type revokedKeyError struct{}
+
+func (revokedKeyError) Error() string { return "api key revoked" }
+
+// Is makes a revoked key an invalid key to callers that do not care why.
+func (revokedKeyError) Is(target error) bool { return target == ErrInvalidKey }
+
 // ExpiredKeyError is returned for a key that exists and was not revoked but
 // has expired. Unlike an unknown key it may say so: only the holder of the
 // secret learns it. It matches [ErrInvalidKey] under errors.Is.
@@ -58,15 +71,25 @@ func (p *Principal) Allows(model string) bool {
 }
 
 // entry is a cached authentication result; p is nil for a key that does not
-// exist or is revoked.
+// exist or is revoked (revoked says which).
 type entry struct {
-	sum [sha256.Size]byte
-	gen uint64
-	p   *Principal
+	sum     [sha256.Size]byte
+	gen     uint64
+	p       *Principal
+	revoked bool
+}
+
+// refused is the error of an entry without a principal.
+func (e *entry) refused() error {
+	if e.revoked {
+		return ErrRevokedKey
+	}
+	return ErrInvalidKey
 }
 
 // Authenticate resolves a secret to its principal. It returns ErrInvalidKey
-// for a malformed, unknown or revoked secret, an [*ExpiredKeyError] for an
+// for a malformed or unknown secret, [ErrRevokedKey] (which is an
+// ErrInvalidKey too) for a revoked one, an [*ExpiredKeyError] for an
 // expired one, and another error only when the store could not be asked. Results, good and bad, are cached until the
 // store's key version changes, so a cache hit touches neither SQLite nor the
 // heap.
@@ -83,7 +106,7 @@ func (g *Gate) Authenticate(ctx context.Context, secret string) (*Principal, err
 	gen := g.gen.Load()
 	if e, ok := g.cache.Get(ck); ok && e.gen == gen && e.sum == sum {
 		if e.p == nil {
-			return nil, ErrInvalidKey
+			return nil, e.refused()
 		}
 		return g.unexpired(e.p)
 	}
@@ -110,8 +133,8 @@ func (g *Gate) lookup(ctx context.Context, ck uint64, sum [sha256.Size]byte, gen
 	case err != nil:
 		return nil, fmt.Errorf("policy: look up key: %w", err)
 	}
-	e := &entry{sum: sum, gen: gen}
-	if err == nil && !k.Revoked() {
+	e := &entry{sum: sum, gen: gen, revoked: err == nil && k.Revoked()}
+	if err == nil && !e.revoked {
 		e.p = g.principal(k)
 	}
 	// Set is applied asynchronously; wait so that the next request with
@@ -120,7 +143,7 @@ func (g *Gate) lookup(ctx context.Context, ck uint64, sum [sha256.Size]byte, gen
 		g.cache.Wait()
 	}
 	if e.p == nil {
-		return nil, ErrInvalidKey
+		return nil, e.refused()
 	}
 	return g.unexpired(e.p)
 }

@@ -51,6 +51,16 @@ func HashSecret(secret string) []byte {
 // logged, such as in a URL path.
 func IsSecret(s string) bool { return wellFormed(s) }
 
+// DisplayPrefix returns the display prefix of a string with the shape of a
+// secret (what a key's prefix would be, safe to log), or "" for anything
+// else, which is then logged not at all.
+func DisplayPrefix(s string) string {
+	if !wellFormed(s) {
+		return ""
+	}
+	return s[:displayLen]
+}
+
 // wellFormed reports whether s has the shape of a secret minted by
 // NewSecret, so garbage never reaches the cache or the database.
 func wellFormed(s string) bool {

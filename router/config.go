@@ -43,6 +43,11 @@ type Config struct {
 	// After returns a channel that receives once d has passed: the hedge
 	// timer. nil means a real timer; tests inject one driven by Now.
 	After func(d time.Duration) <-chan time.Time
+	// ForgetLost is how long a registered replica whose lease ended stays
+	// listed as lost (never routed to; ready 0 in metrics, so alerts see it
+	// gone) before the registry forgets it; 0 means [DefaultForgetLost]. An
+	// operator forgets one sooner with [Registry.Forget].
+	ForgetLost time.Duration
 	// Registerer receives the router's metrics (attempts, retries, hedges,
 	// ejections, per-replica load and the budget; see metrics.go); nil
 	// means they are kept but not exported.
@@ -51,6 +56,10 @@ type Config struct {
 
 // DefaultSlowStart is the slow start the gateway uses unless told otherwise.
 const DefaultSlowStart = 3 * time.Second
+
+// DefaultForgetLost is how long a lost replica stays listed unless
+// Config.ForgetLost says otherwise: a day, so an alert on it outlives a night.
+const DefaultForgetLost = 24 * time.Hour
 
 // withDefaults returns c with every zero field that has a default filled in.
 func (c Config) withDefaults() Config {
@@ -62,6 +71,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.ForgetLost == 0 {
+		c.ForgetLost = DefaultForgetLost
 	}
 	c.Budget = c.Budget.withDefaults()
 	c.Hedge = c.Hedge.withDefaults()
@@ -76,6 +88,9 @@ func (c Config) Validate() error {
 	}
 	if c.SlowStart < 0 {
 		return fmt.Errorf("router: slow start %v: must not be negative (0 turns it off)", c.SlowStart)
+	}
+	if c.ForgetLost < 0 {
+		return fmt.Errorf("router: forget lost %v: must not be negative (0 means %v)", c.ForgetLost, DefaultForgetLost)
 	}
 	if err := c.Budget.validate(); err != nil {
 		return err

@@ -32,8 +32,8 @@ var ErrTaken = errors.New("taken")
 
 // Claim reports whether the worker with credential id worker may register
 // replica id at url: neither may belong to a static upstream, nor to a
-// registered replica of another worker. A replica whose lease ended is gone
-// from the registry, so its id and address are free here again; the
+// registered replica of another worker. A replica whose lease ended (lost,
+// or not yet swept) holds nothing, so its id and address are free here again; the
 // gateway keeps the id for the worker credential it was issued to until
 // that is revoked (server's registration checks the store).
 // The error wraps [ErrTaken] and says who holds what.
@@ -123,22 +123,61 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 	return rep
 }
 
-// ExpireLeases drops registered replicas whose lease ended before now and
-// returns their IDs.
+// ExpireLeases marks registered replicas whose lease ended before now as
+// lost and forgets those lost for longer than Config.ForgetLost; it returns
+// the IDs it forgot. A lost replica stays listed (state lost, why, ready 0
+// in metrics) so that the admin API, the dashboard and alerts still see a
+// worker that died, and is never routed to; attempts still waiting for a
+// first token there go elsewhere at once. Its id and address are free for
+// [Registry.Claim], and its worker's next heartbeat brings it back.
 func (r *Registry) ExpireLeases(now time.Time) []string {
-	var gone []string
+	var forgot []string
 	for _, rep := range r.Replicas() {
-		if rep.Static {
+		exp := rep.lease.Load()
+		if rep.Static || exp == 0 || now.UnixNano() <= exp {
 			continue
 		}
-		if exp := rep.lease.Load(); exp != 0 && now.UnixNano() > exp {
-			r.Remove(rep.ID)
-			r.log.Warn("replica lease expired: dropped from routing", "replica", rep.ID,
-				"last_heartbeat_ago", now.Sub(rep.LastOK()).Round(time.Millisecond))
-			gone = append(gone, rep.ID)
+		cur := rep.State()
+		if cur == StateLost {
+			if now.Sub(time.Unix(0, exp)) > r.cfg.ForgetLost {
+				r.Remove(rep.ID)
+				r.log.Info("lost replica forgotten", "replica", rep.ID, "lost_for", now.Sub(time.Unix(0, exp)).Round(time.Second))
+				forgot = append(forgot, rep.ID)
+			}
+			continue
 		}
+		ago := now.Sub(rep.LastOK()).Round(time.Millisecond)
+		if !rep.transition(cur, StateLost, "no heartbeat for "+ago.String()+" (lease ended; was "+cur.String()+")", now) {
+			continue // a heartbeat or an ejection came first: judged at the next sweep
+		}
+		rep.signalEjected()
+		if cur == StateReady {
+			r.m.ejections.WithLabelValues(rep.ID, "lost").Inc()
+		}
+		r.log.Warn("replica lost: its lease ended, it takes no traffic until its worker is heard again", "replica", rep.ID,
+			"last_heartbeat_ago", ago, "forgotten_in", r.cfg.ForgetLost)
 	}
-	return gone
+	return forgot
+}
+
+// ErrNotLost is returned by [Registry.Forget] for a replica that is not
+// lost: one whose worker still beats is taken out by revoking the worker.
+var ErrNotLost = errors.New("replica is not lost")
+
+// Forget drops a lost replica at once (an operator knows its worker is gone
+// for good). It reports whether there was such a replica; the error wraps
+// [ErrNotLost] when the replica is there but not lost.
+func (r *Registry) Forget(id string) (bool, error) {
+	rep := r.Get(id)
+	if rep == nil {
+		return false, nil
+	}
+	if st := rep.State(); st != StateLost {
+		return true, fmt.Errorf("replica %q is %s: %w", id, st, ErrNotLost)
+	}
+	r.Remove(id)
+	r.log.Info("lost replica forgotten by an operator", "replica", id)
+	return true, nil
 }
 
 // RemoveWorker drops the replicas registered with the worker credential

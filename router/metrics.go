@@ -106,7 +106,8 @@ func (m *metrics) routed(attempts int) {
 }
 
 // ejected counts a replica taken out of routing: reason is a short, bounded
-// label ("connect", "probe", "ttft_deadline", "idle_deadline", "midstream"), delay the
+// label ("connect", "probe", "ttft_deadline", "idle_deadline", "midstream";
+// the lease sweep counts "lost" and a failed engine "engine" directly), delay the
 // time since the first failure of the streak.
 func (m *metrics) ejected(replica, reason string, delay time.Duration) {
 	m.ejections.WithLabelValues(replica, reason).Inc()
@@ -119,6 +120,7 @@ type replicaCollector struct {
 	reg                                           *Registry
 	inflight, ready, waiting, ttft, score, budget *prometheus.Desc
 	inflightClass, hedgeDelay, hedgeBudget        *prometheus.Desc
+	lost, modelReady                              *prometheus.Desc
 }
 
 func newReplicaCollector(r *Registry) *replicaCollector {
@@ -131,7 +133,11 @@ func newReplicaCollector(r *Registry) *replicaCollector {
 		inflightClass: prometheus.NewDesc("tailgate_replica_inflight_class",
 			"Requests the gateway has in flight on each replica by priority class (a hedge does not go where a higher class runs).",
 			[]string{"replica", "class"}, nil),
-		ready:   per("tailgate_replica_ready", "1 if the replica may take traffic, else 0."),
+		ready: per("tailgate_replica_ready", "1 if the replica may take traffic, else 0 (also while it is lost, until it is forgotten)."),
+		lost:  per("tailgate_replica_lost", "1 if the replica's lease ended (its worker stopped sending heartbeats): listed, never routed to, until its worker is heard again, an operator forgets it or the forget time passes; else 0."),
+		modelReady: prometheus.NewDesc("tailgate_model_ready_replicas",
+			"Ready replicas per model any listed replica serves (lost ones included): 0 means every request for the model is refused with 503 no_replica.",
+			[]string{"model"}, nil),
 		waiting: per("tailgate_replica_engine_waiting", "Requests waiting in the replica's engine, from its last heartbeat."),
 		ttft:    per("tailgate_replica_ttft_estimate_seconds", "The replica's recent time to first token as the gateway sees it (selection input)."),
 		score:   per("tailgate_replica_score", "The replica's load score (expected wait; lower is picked first)."),
@@ -146,7 +152,7 @@ func newReplicaCollector(r *Registry) *replicaCollector {
 
 // Describe implements prometheus.Collector.
 func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.inflight, c.ready, c.waiting, c.ttft, c.score, c.budget, c.inflightClass, c.hedgeDelay, c.hedgeBudget} {
+	for _, d := range []*prometheus.Desc{c.inflight, c.ready, c.waiting, c.ttft, c.score, c.budget, c.inflightClass, c.hedgeDelay, c.hedgeBudget, c.lost, c.modelReady} {
 		ch <- d
 	}
 }
@@ -167,7 +173,16 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 	for model, level := range c.reg.hedges.levels() {
 		gauge(c.hedgeBudget, level, model)
 	}
+	readyPer := map[string]int{}
 	for _, r := range c.reg.Replicas() {
+		isReady := r.State() == StateReady
+		for _, m := range r.Models() {
+			n := readyPer[m]
+			if isReady {
+				n++
+			}
+			readyPer[m] = n // listed with 0 when none is ready
+		}
 		_, waiting, ttft, _, score := c.reg.ScoreInputs(r)
 		gauge(c.waiting, waiting, r.ID)
 		gauge(c.ttft, ttft, r.ID)
@@ -181,5 +196,13 @@ func (c *replicaCollector) Collect(ch chan<- prometheus.Metric) {
 			ready = 1
 		}
 		gauge(c.ready, ready, r.ID)
+		lost := 0.0
+		if r.State() == StateLost {
+			lost = 1
+		}
+		gauge(c.lost, lost, r.ID)
+	}
+	for m, n := range readyPer {
+		gauge(c.modelReady, float64(n), m)
 	}
 }

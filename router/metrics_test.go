@@ -81,6 +81,8 @@ func TestMetricsKeepTheirNamesAndLabels(t *testing.T) {
 		"tailgate_replica_inflight":              {"replica"},
 		"tailgate_replica_inflight_class":        {"class", "replica"},
 		"tailgate_replica_ready":                 {"replica"},
+		"tailgate_replica_lost":                  {"replica"},
+		"tailgate_model_ready_replicas":          {"model"},
 		"tailgate_replica_engine_waiting":        {"replica"},
 		"tailgate_replica_ttft_estimate_seconds": {"replica"},
 		"tailgate_replica_score":                 {"replica"},

@@ -19,25 +19,28 @@ const (
 	StateDraining              // finishing in-flight work, takes no new requests
 	StateEjected               // taken out by the gateway after failures; probed back
 	StateFailed                // the worker reports its engine failed
+	StateLost                  // its lease ended: kept for operators to see, never routed to
 )
 
-var stateNames = [...]string{"starting", "warming", "ready", "draining", "ejected", "failed"}
+var stateNames = [...]string{"starting", "warming", "ready", "draining", "ejected", "failed", "lost"}
 
 // moves is the replica state machine: moves[from][to] says whether a replica
 // may go from one state to another. A worker reports its own lifecycle by
 // heartbeat, so every state it can report (starting, warming, ready,
 // draining, failed) is reachable from every other; only the gateway ejects,
-// and only a replica that is taking traffic. Which writer may make which
+// and only a replica that is taking traffic; only the lease sweep loses a
+// replica, from any state, and the next heartbeat brings it back. Which writer may make which
 // move beyond this (a heartbeat does not lift an ejection; a probe does) is
 // the writer's rule, kept with it. Staying in a state is always allowed: it
 // refreshes the reason.
 var moves = [len(stateNames)][len(stateNames)]bool{
-	StateStarting: {StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true},
-	StateWarming:  {StateStarting: true, StateReady: true, StateDraining: true, StateFailed: true},
-	StateReady:    {StateStarting: true, StateWarming: true, StateDraining: true, StateEjected: true, StateFailed: true},
-	StateDraining: {StateStarting: true, StateWarming: true, StateReady: true, StateFailed: true},
-	StateEjected:  {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true},
-	StateFailed:   {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true},
+	StateStarting: {StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true},
+	StateWarming:  {StateStarting: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true},
+	StateReady:    {StateStarting: true, StateWarming: true, StateDraining: true, StateEjected: true, StateFailed: true, StateLost: true},
+	StateDraining: {StateStarting: true, StateWarming: true, StateReady: true, StateFailed: true, StateLost: true},
+	StateEjected:  {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true},
+	StateFailed:   {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateLost: true},
+	StateLost:     {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true},
 }
 
 // canMove reports whether moves allows from → to.
@@ -345,11 +348,12 @@ func (r *Replica) SetModels(models []string) {
 // SetState moves the replica to lifecycle state s from whatever state it is
 // in, recording why (reason is "" for ready), and reports whether it did.
 // It does not eject: that is [Registry.Eject]'s, which also wakes the
-// attempts waiting there and counts it. A move to ready starts slow start,
+// attempts waiting there and counts it; nor lose: that is the lease sweep's
+// ([Registry.ExpireLeases]). A move to ready starts slow start,
 // timed by the registry's clock (the wall clock before the replica is added
 // to a registry).
 func (r *Replica) SetState(s State, reason string) bool {
-	if s == StateEjected {
+	if s == StateEjected || s == StateLost {
 		return false
 	}
 	now := r.now()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need that Go does not bring
 # (Debian's chromium, for the dashboard's browser test; systemd, whose
-# systemd-analyze checks the units in deploy/systemd; and postgresql, whose
-# binaries the PostgreSQL tests run: data/pgtest starts a throwaway server
+# systemd-analyze checks the units in deploy/systemd; prometheus, whose
+# promtool checks and unit-tests the alert rules in deploy/prometheus; and
+# postgresql, whose binaries the PostgreSQL tests run: data/pgtest starts a throwaway server
 # with initdb in a temporary directory, on 127.0.0.1 only, and stops it at
 # the end), then vets and runs every test with the race detector. Without
 # PostgreSQL those tests fail; TAILGATE_TEST_POSTGRES=skip skips them (for
@@ -27,6 +28,9 @@ fi
 
 if ! command -v systemd-analyze >/dev/null 2>&1; then
 	install systemd "systemd-analyze verify of deploy/systemd"
+fi
+if ! command -v promtool >/dev/null 2>&1; then
+	install prometheus "promtool check/test rules of deploy/prometheus"
 fi
 
 go vet ./...

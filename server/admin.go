@@ -33,6 +33,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 		}
 	}
 	e.POST(serving.HeartbeatPath, s.handlePostHeartbeat) // cluster token, not admin token
+	e.GET("/readyz", s.handleGetReadyz)                  // no token: probes and health checks
 
 	metrics := promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{})
 	e.GET("/metrics", echo.WrapHandler(metrics), guard)
@@ -55,6 +56,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	a.GET("/slo", s.handleGetSLO)
 	a.DELETE("/workers/:id", s.handleDeleteWorker)
 	a.POST("/workers/:id/approve", s.handlePostApproveWorker)
+	a.DELETE("/replicas/:id", s.handleDeleteReplica)
 
 	if ui != nil {
 		e.GET("/", func(c echo.Context) error { return c.Redirect(http.StatusFound, "/ui/") })
@@ -408,6 +410,9 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 		row["ttft_estimate_ms"] = ttft * 1000
 		row["slow_start"] = slow
 		row["score"] = score
+		if r.State() == router.StateLost {
+			row["lost_for_seconds"] = now.Sub(r.LeaseExpiry()).Seconds()
+		}
 		if !r.Static {
 			row["last_heartbeat_age_seconds"] = age
 			row["lease_expires_in_seconds"] = r.LeaseExpiry().Sub(now).Seconds()
@@ -434,4 +439,35 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 		out = append(out, row)
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})
+}
+
+// handleDeleteReplica forgets a lost replica (its worker is gone for good)
+// before the registry would; a replica that is not lost is refused with
+// what to do instead.
+func (s *Server) handleDeleteReplica(c echo.Context) error {
+	id := c.Param("id")
+	found, err := s.reg.Forget(id)
+	switch {
+	case !found:
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error",
+			Code: "replica_not_found", Message: "no replica " + strconv.Quote(id)})
+	case errors.Is(err, router.ErrNotLost):
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusConflict, Type: "invalid_request_error", Code: "replica_not_lost",
+			Message: err.Error() + "; only a lost replica is forgotten here — to take a live worker out, revoke it: DELETE /admin/v1/workers/" + id})
+	}
+	s.log.Info("lost replica forgotten", "replica", id)
+	return c.NoContent(http.StatusNoContent)
+}
+
+// handleGetReadyz says whether this gateway can take registrations and
+// traffic: 200 once its listeners answer and its ledger can write, else
+// 503. Unlike /healthz it does not wait for a ready replica — workers
+// register through the gateway, so a probe that waited for one would keep
+// them out (a Kubernetes Service does not route to a pod that is not ready).
+// It says nothing a client could misuse, so it needs no token.
+func (s *Server) handleGetReadyz(c echo.Context) error {
+	if err := s.ledger.Healthy(); err != nil {
+		return c.JSON(http.StatusServiceUnavailable, map[string]any{"status": "ledger unavailable", "ledger": err.Error()})
+	}
+	return c.JSON(http.StatusOK, map[string]any{"status": "ok", "ledger": "ok"})
 }

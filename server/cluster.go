@@ -70,7 +70,7 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 		return apierr.Reply(c, apierr.BadRequest("address", "address must be the sidecar's base URL, e.g. http://10.0.0.5:9000"))
 	}
 	state, ok := router.ParseState(hb.State)
-	if !ok || state == router.StateEjected {
+	if !ok || state == router.StateEjected || state == router.StateLost {
 		return apierr.Reply(c, apierr.BadRequest("state", "state must be one of starting, warming, ready, draining, failed"))
 	}
 	addr := strings.TrimSuffix(hb.Address, "/")

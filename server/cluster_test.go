@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"tailgate/policy"
+	"tailgate/router"
 	"tailgate/server/internal/servertest"
 	"tailgate/serving"
 	"tailgate/serving/sim"
@@ -146,18 +147,64 @@ func TestHeartbeatRegistersReplicaAndLeaseExpires(t *testing.T) {
 	if len(list.Data) != 1 || list.Data[0]["state"] != "ready" || list.Data[0]["engine_waiting"] != 2.0 || list.Data[0]["kv_cache_usage"] != 0.5 {
 		t.Fatalf("replicas: %+v", list.Data)
 	}
-	// Lease: with no more heartbeats the replica is dropped (lease 3.5s by default).
+	// Lease: with no more heartbeats the replica is lost (lease 3.5s by
+	// default): still listed, never routed to.
 	deadline := time.Now().Add(10 * time.Second)
-	for h.Reg.Get("w1") != nil {
+	for h.Reg.Get("w1").State() != router.StateLost {
 		if time.Now().After(deadline) {
-			t.Fatal("replica still registered 10s after its last heartbeat")
+			t.Fatal("replica not lost 10s after its last heartbeat")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	resp = h.Post("/v1/chat/completions", secret, hiBody)
 	resp.Body.Close()
-	if resp.StatusCode == 200 {
-		t.Fatal("request served after the only replica's lease expired")
+	if resp.StatusCode != 503 {
+		t.Fatalf("request after the only replica's lease expired: %d, want 503 (no ready replica)", resp.StatusCode)
+	}
+	// The admin API still lists it, lost, with why; an operator forgets it.
+	list.Data = nil
+	adminGet(t, h, "/admin/v1/replicas", &list)
+	if len(list.Data) != 1 || list.Data[0]["state"] != "lost" || list.Data[0]["ready"] != false ||
+		!strings.Contains(fmt.Sprint(list.Data[0]["reason"]), "no heartbeat") || list.Data[0]["lost_for_seconds"] == nil {
+		t.Fatalf("replicas after the lease ended: %+v", list.Data)
+	}
+	for _, want := range []int{http.StatusNoContent, http.StatusNotFound} {
+		req, _ := http.NewRequest(http.MethodDelete, h.Admin.URL+"/admin/v1/replicas/w1", nil)
+		req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
+		dresp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dresp.Body.Close()
+		if dresp.StatusCode != want {
+			t.Fatalf("DELETE /admin/v1/replicas/w1: %d, want %d", dresp.StatusCode, want)
+		}
+	}
+	if h.Reg.Get("w1") != nil {
+		t.Fatal("forgotten replica still listed")
+	}
+}
+
+// TestDeleteReplicaRefusesALiveOne: forgetting is for lost replicas; a
+// live one is refused with what to do instead.
+func TestDeleteReplicaRefusesALiveOne(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	req, _ := http.NewRequest(http.MethodDelete, h.Admin.URL+"/admin/v1/replicas/sim-a", nil)
+	req.Header.Set("Authorization", "Bearer "+servertest.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || body.Error.Code != "replica_not_lost" || !strings.Contains(body.Error.Message, "/admin/v1/workers/") {
+		t.Fatalf("DELETE of a ready replica: %d %+v", resp.StatusCode, body.Error)
+	}
+	if h.Reg.Get("sim-a") == nil {
+		t.Fatal("a ready replica was forgotten")
 	}
 }
 
@@ -321,5 +368,42 @@ func TestReplicasShowTheEngineSignals(t *testing.T) {
 	}
 	if _, ok := w2["engine_waiting_by_reason"]; ok {
 		t.Errorf("w2 shows waiting by reason its engine did not report: %v", w2["engine_waiting_by_reason"])
+	}
+}
+
+// readyz returns the status of the admin listener's GET /readyz, asked
+// without a token as a probe asks.
+func readyz(t *testing.T, h *servertest.Gateway) int {
+	t.Helper()
+	resp, err := http.Get(h.Admin.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestReadyzDoesNotWaitForAReplica: a gateway no replica serves yet is not
+// healthy (/healthz 503) but is ready to take registrations (/readyz 200,
+// no token) — a probe on /healthz would keep the workers, who register
+// through the gateway, out for ever.
+func TestReadyzDoesNotWaitForAReplica(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	h.Reg.Remove("sim-a")
+	resp, err := http.Get(h.Public.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/healthz with no replica: %d, want 503", resp.StatusCode)
+	}
+	if code := readyz(t, h); code != http.StatusOK {
+		t.Fatalf("/readyz with no replica: %d, want 200", code)
+	}
+	// And a worker can register through it at once.
+	engine := tokenCheckingEngine(t)
+	if resp := heartbeat(h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{servertest.SimModel}, State: "ready", Engine: "sim"}); resp.StatusCode != 200 {
+		t.Fatalf("heartbeat: %d", resp.StatusCode)
 	}
 }

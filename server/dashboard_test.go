@@ -15,6 +15,7 @@ import (
 	"tailgate/policy"
 	"tailgate/server"
 	"tailgate/server/internal/servertest"
+	"tailgate/serving"
 	"tailgate/serving/sim"
 	"tailgate/web"
 )
@@ -275,4 +276,73 @@ func TestDashboardPanelsLiveAndDrivesKeysAndBudgets(t *testing.T) {
 			t.Errorf("the admin token was sent in a URL: %s", u)
 		}
 	}
+}
+
+// TestDashboardShowsAnOutageOnItsFirstScreen: when no ready replica serves
+// a model, a red banner says so above everything else, naming each of its
+// replicas' state and why; a worker that died stays in the replica table,
+// marked lost, with why; the failed requests turn the budgets red.
+func TestDashboardShowsAnOutageOnItsFirstScreen(t *testing.T) {
+	d := startDashboard(t, sim.Config{Model: servertest.SimModel, TTFT: 5 * time.Millisecond, TTFTSigma: -1})
+	secret := d.h.Key(policy.KeyOptions{Tenant: "outage"})
+	for range 2 {
+		if code := d.status(t, secret, hiBody); code != http.StatusOK {
+			t.Fatalf("before the outage: %d", code)
+		}
+	}
+	// The only replicas: a registered worker, which then dies (its lease
+	// ends), and a static one that is ejected.
+	engine := tokenCheckingEngine(t)
+	if resp := heartbeat(d.h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL,
+		Models: []string{servertest.SimModel}, State: "ready", Engine: "sim"}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("heartbeat: %d", resp.StatusCode)
+	}
+	d.h.Reg.Remove("sim-a")
+	d.h.Reg.Eject(d.h.Reg.Get("sim-b"), "connect")
+	d.h.Reg.ExpireLeases(time.Now().Add(time.Minute))
+	for range 3 {
+		if code := d.status(t, secret, hiBody); code != http.StatusServiceUnavailable {
+			t.Fatalf("during the outage: %d, want 503", code)
+		}
+	}
+
+	b := startBrowser(t, 1280, 800)
+	b.navigate(d.ui.URL + "/ui/#token=" + servertest.AdminToken)
+	b.waitFor("the outage banner", `!document.querySelector("#outage").hidden`)
+	b.waitFor("the budgets", `document.querySelectorAll("#budget tbody tr").length > 0`)
+	var got struct {
+		Text, Background string
+		Top, Height      float64
+		Lost, Over       bool
+		LostRow          string
+	}
+	b.eval(`(() => {
+		const o = document.querySelector("#outage"), r = o.getBoundingClientRect();
+		const row = [...document.querySelectorAll("#replicas tbody tr")].find(tr => tr.cells[0].textContent === "w1");
+		return {text: o.textContent, background: getComputedStyle(o).backgroundColor, top: r.top, height: window.innerHeight,
+			lost: !!row && row.cells[1].classList.contains("state-lost"), lostRow: row ? row.textContent : "",
+			over: document.querySelector("#budget-panel").classList.contains("over")};
+	})()`, &got)
+	b.screenshot("dashboard-outage.png")
+	if got.Top < 0 || got.Top > got.Height/3 {
+		t.Errorf("the outage banner is at %v px of a %v px screen: not on the first screen's top", got.Top, got.Height)
+	}
+	if got.Background != "rgb(192, 54, 44)" {
+		t.Errorf("the outage banner's background is %s, want the dashboard's red", got.Background)
+	}
+	for _, want := range []string{"no ready replica for " + servertest.SimModel, "w1: lost", "no heartbeat", "sim-b: ejected"} {
+		if !strings.Contains(got.Text, want) {
+			t.Errorf("the outage banner %q does not say %q", got.Text, want)
+		}
+	}
+	if !got.Lost || !strings.Contains(got.LostRow, "no heartbeat") {
+		t.Errorf("the replica table's w1 row %q: want it marked lost, with why", got.LostRow)
+	}
+	if !got.Over {
+		t.Error("the budget panel is not red with every request failing")
+	}
+
+	// A replica ready again: the banner goes.
+	d.h.AddReplica("sim-a", d.h.Upstreams[0].URL, "")
+	b.waitFor("the banner to go", `document.querySelector("#outage").hidden`)
 }

@@ -69,8 +69,8 @@ func TestFullDiskFailsClosedAndRecovers(t *testing.T) {
 	if refused == 0 {
 		t.Fatalf("the database never filled (%d answers after the fill)", afterFill)
 	}
-	if healthz() != 503 || gauge(t, h, "tailgate_ledger_up") != 0 {
-		t.Fatal("/healthz and tailgate_ledger_up must say the ledger is down")
+	if healthz() != 503 || gauge(t, h, "tailgate_ledger_up") != 0 || readyz(t, h) != 503 {
+		t.Fatal("/healthz, /readyz and tailgate_ledger_up must say the ledger is down")
 	}
 	t.Logf("%d answers between the fill and the first refusal (the writes that found the disk full)", afterFill)
 

@@ -282,6 +282,7 @@ func (s *Server) admit(ctx context.Context, cl *call, pr *parsedRequest, out sin
 	cl.req = pr
 	switch {
 	case !cl.principal.Allows(pr.model):
+		s.refuseModel(cl, pr.model)
 		s.reject(cl, out, errModelNotAllowed(pr.model))
 		return nil
 	case !s.reg.Known(pr.model):

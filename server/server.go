@@ -259,6 +259,7 @@ type Server struct {
 	log       *slog.Logger
 	transport http.RoundTripper
 	m         *metrics
+	auth      *authFailures
 	slo       *slo.Evaluator
 	batches   *batch.Batches
 	hist      *history   // the dashboard's last hour
@@ -313,6 +314,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s.m = m
 	s.bodies = newBodyBudget(s.cfg.MaxBodyBytesInFlight, s.cfg.BodyBudgetWait, m.bodyBytes)
+	if s.auth, err = newAuthFailures(d.Registerer, d.Log); err != nil {
+		return nil, err
+	}
 	if s.slo, err = newSLO(cfg.SLO, d.Registerer); err != nil {
 		return nil, err
 	}
@@ -408,14 +412,18 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
+// authenticate resolves the request's bearer key; a refused one is counted
+// and logged (see authFailures).
 func (s *Server) authenticate(c echo.Context) (*policy.Principal, error) {
 	secret := bearer(c.Request())
 	if secret == "" {
+		s.auth.refused(authMissing, "", "remote", c.Request().RemoteAddr, "path", c.Path())
 		return nil, errMissingKey
 	}
 	p, err := s.gate.Authenticate(c.Request().Context(), secret)
 	if err != nil {
 		if errors.Is(err, policy.ErrInvalidKey) {
+			s.auth.refused(authReason(err), policy.DisplayPrefix(secret), "remote", c.Request().RemoteAddr, "path", c.Path())
 			return nil, toAPIError(err, "")
 		}
 		return nil, fmt.Errorf("authenticate: %w", err)

@@ -34,14 +34,20 @@ func (s *Server) sourceOf(r *http.Request) string {
 // observeSLO feeds a finished call to the latency budgets: generation
 // requests a client sent (not batch lines: they have no source) that were
 // routed to a replica and did not end by the client's choice or as a
-// client error.
+// client error. A routed request that failed before its answer began — no
+// ready replica (503), 502, 504, or an engine out of room (its 429) —
+// counts over budget (see slo.Request.Answered).
 func (s *Server) observeSLO(cl *call) {
 	if cl.source == "" || !cl.routed || cl.req == nil || cl.mm == nil {
 		return
 	}
 	switch cl.outcome {
-	case data.OutcomeClientCancelled, data.OutcomeUpstreamRejected, data.OutcomeRejected, data.OutcomeOpen:
+	case data.OutcomeClientCancelled, data.OutcomeRejected, data.OutcomeOpen:
 		return
+	case data.OutcomeUpstreamRejected:
+		if cl.status != http.StatusTooManyRequests {
+			return // the engine refused the request itself: the client's error
+		}
 	}
 	kind := slo.JSON
 	if cl.req.stream {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -157,4 +158,74 @@ func TestSLOEvaluatesRequestsPerModelKindAndSource(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "by=source") {
 		t.Errorf("by=tenant: %d %s, want a 400 naming by=source", resp.StatusCode, raw)
 	}
+}
+
+// TestSLOCountsFailuresBeforeTheAnswerOverBudget: with every replica down
+// the budgets turn red — a 503 no_replica, a 502 and an engine's 429 are
+// over budget however fast the error came, for JSON answers and streams,
+// and the stage's percentiles stay those of the answers.
+func TestSLOCountsFailuresBeforeTheAnswerOverBudget(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TTFT: 5 * time.Millisecond, TTFTSigma: -1}})
+	secret := h.Key(policy.KeyOptions{Tenant: "outage"})
+	send := func(stream bool) int {
+		body := `{"model":"tailgate-sim","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `}`
+		resp := h.Post("/v1/chat/completions", secret, body)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, stream := range []bool{false, true} {
+		if code := send(stream); code != http.StatusOK {
+			t.Fatalf("before the outage: %d", code)
+		}
+	}
+	// An engine out of room: its 429 is relayed, and over budget.
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "30")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = io.WriteString(w, `{"error":{"message":"engine full","type":"rate_limit_error","code":429}}`)
+	}))
+	t.Cleanup(busy.Close)
+	h.Reg.Remove("sim-a")
+	h.AddReplica("busy", busy.URL, "")
+	if code := send(false); code != http.StatusTooManyRequests {
+		t.Fatalf("engine 429: relayed as %d", code)
+	}
+	// Every replica down: the dead one fails (502), then none is ready (503).
+	h.Reg.Remove("busy")
+	h.Upstreams[0].Close()
+	h.AddReplica("sim-a", h.Upstreams[0].URL, "")
+	codes := map[int]int{}
+	for range 3 {
+		for _, stream := range []bool{false, true} {
+			codes[send(stream)]++
+		}
+	}
+	if codes[http.StatusOK] != 0 || codes[http.StatusServiceUnavailable] == 0 {
+		t.Fatalf("during the outage: %v, want failures and 503s", codes)
+	}
+
+	snap := getSLO(t, h, "")
+	js, st := sloRow(snap.Data, servertest.SimModel, "", slo.JSON, "total", "p95"), sloRow(snap.Data, servertest.SimModel, "", slo.Stream, "ttft", "p95")
+	if js == nil || st == nil {
+		t.Fatalf("no rows: %+v", snap.Data)
+	}
+	// JSON: 1 answer, 1 engine 429, 3 failures; streams: 1 answer, 3 failures.
+	if js.Requests != 5 || js.WithinRatio == nil || *js.WithinRatio != 0.2 || js.OK {
+		t.Errorf("JSON total during the outage: %+v within %v, want 5 requests, 1 within budget, not ok", js, deref(js.WithinRatio))
+	}
+	if st.Requests != 4 || st.WithinRatio == nil || *st.WithinRatio != 0.25 || st.OK {
+		t.Errorf("stream ttft during the outage: %+v within %v, want 4 requests, 1 within budget, not ok", st, deref(st.WithinRatio))
+	}
+	if js.P50MS == nil || *js.P50MS < 1 {
+		t.Errorf("JSON total p50 %v ms: the failures' fast errors pulled the answers' times down", deref(js.P50MS))
+	}
+}
+
+func deref(p *float64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
 }

@@ -51,7 +51,8 @@ type Request struct {
 	Kind   Kind
 	// Answered: output reached the client. A request that failed before
 	// counts as over budget on its end-to-end stage (ttft for a stream,
-	// total for JSON); its other stages count where they were measured.
+	// total for JSON), whatever time that stage took to fail; its other
+	// stages count where they were measured.
 	Answered bool
 	Stages   data.Stages
 }
@@ -133,15 +134,18 @@ func (e *Evaluator) Observe(r Request) {
 		if s == nil {
 			return
 		}
-		if d < 0 {
-			if r.Answered || name != end {
-				return // not measured: says nothing of the budget
-			}
+		if !r.Answered && name == end {
+			// Failed before its answer began (no replica, 502, 504, an
+			// engine's 429): over budget however fast the error came, and
+			// kept out of the stage's times, which are answers'.
 			for _, o := range s.objs {
 				o.sec.add(sec, false)
 				o.min.add(sec, false)
 			}
 			return
+		}
+		if d < 0 {
+			return // not measured: says nothing of the budget
 		}
 		s.hist.add(sec, d.Microseconds())
 		for _, o := range s.objs {

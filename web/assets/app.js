@@ -206,6 +206,27 @@ function renderReplicas(replicas) {
     ];
   });
   renderReplicaDetail(replicas);
+  renderOutage(replicas);
+}
+
+// renderOutage shows, above everything, each model that replicas serve but
+// none is ready to: every request for it is answered 503. A lost replica
+// (its worker stopped sending heartbeats) stays listed, saying why.
+function renderOutage(replicas) {
+  const models = [...new Set(replicas.flatMap((r) => r.models || []))].sort();
+  const down = models.filter((m) => !replicas.some((r) => r.ready && (r.models || []).includes(m)));
+  const box = $("#outage");
+  box.hidden = down.length === 0;
+  box.replaceChildren();
+  if (!down.length) return;
+  box.append(`Outage: no ready replica for ${down.join(", ")} — requests for ${down.length > 1 ? "them" : "it"} are answered 503.`);
+  const ul = document.createElement("ul");
+  for (const r of replicas.filter((x) => (x.models || []).some((m) => down.includes(m)))) {
+    const li = document.createElement("li");
+    li.textContent = `${r.id}: ${r.state}${r.reason ? " — " + r.reason : ""}`;
+    ul.append(li);
+  }
+  box.append(ul);
 }
 
 function renderReplicaDetail(replicas) {

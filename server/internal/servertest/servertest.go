@@ -72,6 +72,9 @@ type Options struct {
 	Server server.Config
 	// Prices are the policy's prices per model.
 	Prices map[string]policy.Price
+	// Log, when set, receives the gateway's log (else it is discarded, or
+	// written to the test's log with -v).
+	Log *slog.Logger
 	// Production keeps the ledger batching and key polling of `tailgate
 	// gateway` (benchmarks); tests flush faster.
 	Production bool
@@ -115,6 +118,9 @@ func Start(t testing.TB, o Options) *Gateway {
 	log := slog.New(slog.DiscardHandler)
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if o.Log != nil {
+		log = o.Log
 	}
 	var err error
 	if g.Store, err = data.Open(filepath.Join(o.Dir, "tailgate.db")); err != nil {
