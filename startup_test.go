@@ -112,7 +112,7 @@ func TestStartupErrorsExitWithOneLine(t *testing.T) {
 		{"worker vllm without --model", nil, worker("--engine", "vllm"),
 			[]string{"--model is required with --engine vllm"}},
 		{"worker --vllm-arg naming the engine's port", nil, worker("--engine", "vllm", "--model", "m", "--vllm-arg=--port=9"),
-			[]string{"--vllm-arg --port: the launcher binds the engine to 127.0.0.1", "--listen"}},
+			[]string{"--vllm-arg --port: the launcher binds the engine to a Unix socket", "--listen"}},
 		{"worker --vllm-arg naming the served model", nil, worker("--engine", "vllm", "--model", "m",
 			"--vllm-arg", "--served-model-name", "--vllm-arg", "x"),
 			[]string{"--vllm-arg --served-model-name: use tailgate worker's --served-model-name instead"}},

@@ -161,8 +161,10 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 			l.sims = append(l.sims, "http://"+m[1]+"/v1")
 		}
 	}
+	// --open-registration: the bench starts its workers itself on loopback,
+	// as `up` does, so the cluster token is all they need.
 	gwArgs := []string{"gateway", "--data", filepath.Join(l.dir, "gateway"), "--listen", "127.0.0.1:0",
-		"--admin-listen", "127.0.0.1:0", "--shutdown-grace", "2s"}
+		"--admin-listen", "127.0.0.1:0", "--shutdown-grace", "2s", "--open-registration"}
 	for _, u := range upstreams {
 		gwArgs = append(gwArgs, "--upstream", u)
 	}
@@ -382,7 +384,7 @@ func (l *Local) startMoreGateways(ctx context.Context) error {
 			return fmt.Errorf("local fleet: %w", err)
 		}
 		args := append([]string{"gateway", "--data", dir, "--listen", "127.0.0.1:0",
-			"--admin-listen", "127.0.0.1:0", "--shutdown-grace", "2s"}, l.cfg.GatewayArgs...)
+			"--admin-listen", "127.0.0.1:0", "--shutdown-grace", "2s", "--open-registration"}, l.cfg.GatewayArgs...)
 		p, err := l.spawn(name, args)
 		if err != nil {
 			return err
