@@ -401,7 +401,10 @@ func TestReadyzDoesNotWaitForAReplica(t *testing.T) {
 	if code := readyz(t, h); code != http.StatusOK {
 		t.Fatalf("/readyz with no replica: %d, want 200", code)
 	}
-	// And a worker can register through it at once.
+	// And a worker (approved) can register through it at once.
+	if _, _, err := h.Store.ApproveWorker(t.Context(), "w1"); err != nil {
+		t.Fatal(err)
+	}
 	engine := tokenCheckingEngine(t)
 	if resp := heartbeat(h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL, Models: []string{servertest.SimModel}, State: "ready", Engine: "sim"}); resp.StatusCode != 200 {
 		t.Fatalf("heartbeat: %d", resp.StatusCode)

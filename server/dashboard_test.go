@@ -292,6 +292,9 @@ func TestDashboardShowsAnOutageOnItsFirstScreen(t *testing.T) {
 	}
 	// The only replicas: a registered worker, which then dies (its lease
 	// ends), and a static one that is ejected.
+	if _, _, err := d.h.Store.ApproveWorker(t.Context(), "w1"); err != nil {
+		t.Fatal(err)
+	}
 	engine := tokenCheckingEngine(t)
 	if resp := heartbeat(d.h, servertest.ClusterToken, serving.Heartbeat{ReplicaID: "w1", Address: engine.URL,
 		Models: []string{servertest.SimModel}, State: "ready", Engine: "sim"}); resp.StatusCode != http.StatusOK {
