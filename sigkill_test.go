@@ -173,7 +173,7 @@ type killLoad struct {
 	mu       sync.Mutex
 	killedAt time.Time
 	whole    []string
-	cut      map[string]int // a cut stream's output events received
+	cut      map[string]int    // a cut stream's output events received
 	how      map[string]string // a whole answer's note
 	wholeOf  map[string]int    // answers whole per endpoint
 }
