@@ -26,9 +26,10 @@ type bodyBudget struct {
 	wait  time.Duration
 	gauge prometheus.Gauge
 
-	mu    sync.Mutex
-	used  int64
-	freed chan struct{} // closed (and replaced) when bytes are given back
+	mu      sync.Mutex
+	used    int64
+	freed   chan struct{} // closed (and replaced) when bytes are given back while someone waits
+	waiting bool          // a request waits on freed
 }
 
 func newBodyBudget(max int64, wait time.Duration, gauge prometheus.Gauge) *bodyBudget {
@@ -61,6 +62,7 @@ func (b *bodyBudget) reserve(ctx context.Context, n int64) error {
 			return nil
 		}
 		freed := b.freed
+		b.waiting = true
 		b.mu.Unlock()
 		if n > b.max {
 			return errBodyBudget(b.max) // would never fit
@@ -87,8 +89,10 @@ func (b *bodyBudget) release(n int64) {
 	b.mu.Lock()
 	b.used -= n
 	b.gauge.Set(float64(b.used))
-	close(b.freed)
-	b.freed = make(chan struct{})
+	if b.waiting { // a new channel only when someone waits: none per request otherwise
+		close(b.freed)
+		b.freed, b.waiting = make(chan struct{}), false
+	}
 	b.mu.Unlock()
 }
 
