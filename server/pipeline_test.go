@@ -454,3 +454,23 @@ func TestStreamsEndWhenTheirRowCannotBeKeptCurrent(t *testing.T) {
 		t.Fatalf("row %s/%s billed %d, the client received %d", row.Outcome, row.Error, row.CompletionTokens, received)
 	}
 }
+
+// TestKeyStoreDownIsA503NotA500: a key the gateway must look up while its
+// database cannot be asked is answered 503 ledger_unavailable (try again),
+// as a request it could not bill — not a 500.
+func TestKeyStoreDownIsA503NotA500(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	secret := h.Key(policy.KeyOptions{Tenant: "down"})
+	// A well-formed secret the gateway has not seen: it must be looked up.
+	last := secret[len(secret)-1]
+	unseen := secret[:len(secret)-1] + map[bool]string{true: "a", false: "b"}[last != 'a']
+	if err := h.Store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	resp := h.Post("/v1/chat/completions", unseen, `{"model":"`+servertest.SimModel+`","messages":[{"role":"user","content":"hi"}]}`)
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(raw), "ledger_unavailable") {
+		t.Fatalf("key store down: %d %s, want 503 ledger_unavailable", resp.StatusCode, raw)
+	}
+}

@@ -426,7 +426,10 @@ func (s *Server) authenticate(c echo.Context) (*policy.Principal, error) {
 			s.auth.refused(authReason(err), policy.DisplayPrefix(secret), "remote", c.Request().RemoteAddr, "path", c.Path())
 			return nil, toAPIError(err, "")
 		}
-		return nil, fmt.Errorf("authenticate: %w", err)
+		// The key store could not be asked (the database is down): the
+		// same database as the ledger, so the same 503 and Retry-After as
+		// a request it could not bill, never a 500.
+		return nil, fmt.Errorf("authenticate: %w: %w", data.ErrLedgerUnavailable, err)
 	}
 	return p, nil
 }
