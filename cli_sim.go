@@ -58,6 +58,7 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "%s%s\n", announcePrefix, ln.Addr())
 	}
 	log.Info("simulated engine serving (output is filler text, not a model)", "addr", addr,
+		"structured_outputs", "filler values that satisfy the request's JSON schema, regex or choice",
 		"model", *model, "ttft", cfg.TTFT, "tpot", cfg.TPOT, "stall_prob", cfg.StallProb, "max_seqs", cfg.MaxSeqs,
 		"reasoning_tokens", cfg.ReasoningTokens, "error_rate", cfg.ErrorRate, "429_rate", cfg.RateLimitRate, "hang_rate", cfg.HangRate, "api_key_required", cfg.APIKey != "",
 		"keep_alive", srv.IdleTimeout)

@@ -190,7 +190,7 @@ func (c *child) runOnce(ctx context.Context) error {
 
 func simNote(engine string) string {
 	if engine == "sim" {
-		return " — answers are filler text, not a real model"
+		return " — answers are filler text, not a real model (structured outputs are filler that fits the schema)"
 	}
 	return ""
 }

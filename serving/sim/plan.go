@@ -24,8 +24,9 @@ const (
 type choice struct {
 	index     int
 	hash      uint32
-	reasoning int // reasoning tokens
-	content   int // content tokens
+	reasoning int      // reasoning tokens
+	content   int      // content tokens
+	out       []string // structured text, one token each (see structured.go)
 	call      *toolCall
 	callToks  int    // tokens of the call: name, argument pieces, EOS when complete
 	eos       bool   // the last content token is the end-of-sequence token
@@ -70,6 +71,8 @@ func (e *Engine) plan(j *job) []*choice {
 			default:
 				c.finish = "tool_calls"
 			}
+		} else if j.format != nil {
+			e.planStructured(j, c, budget)
 		} else {
 			c.content = completionTokens(h, budget, max(0, j.minTokens-c.reasoning), j.ignoreEOS, !e.cfg.NoEOSToken)
 			c.finish = "stop"
@@ -109,6 +112,9 @@ func (c *choice) text(k int) string {
 	case kReasoning:
 		return word(c.hash^reasoningSalt, k)
 	case kContent:
+		if c.out != nil {
+			return c.structuredToken(k - c.reasoning)
+		}
 		return word(c.hash, k-c.reasoning)
 	case kToolArgs:
 		return c.call.pieces[k-c.reasoning-1]

@@ -41,9 +41,10 @@ type job struct {
 
 	tools     []toolDef
 	toolMode  toolMode
-	toolName  string // toolNamed: the function asked for
-	afterTool bool   // the conversation ends with a tool result
-	reasons   bool   // the endpoint shows a reasoning phase (chat, responses, messages)
+	toolName  string        // toolNamed: the function asked for
+	afterTool bool          // the conversation ends with a tool result
+	format    *outputFormat // structured outputs (response_format, …), nil if none
+	reasons   bool          // the endpoint shows a reasoning phase (chat, responses, messages)
 
 	// Endpoint details the encoders echo.
 	resp  *responsesRequest
@@ -187,6 +188,9 @@ func (e *Engine) parseChat(body []byte) (*job, *apiError) {
 		limit, param = v, "max_completion_tokens"
 	}
 	if aerr := e.fill(j, r, so, limit, param); aerr != nil {
+		return nil, aerr
+	}
+	if j.format, aerr = readOutputFormat(r); aerr != nil {
 		return nil, aerr
 	}
 	j.tools = tools
@@ -339,6 +343,9 @@ func (e *Engine) parseCompletion(body []byte) (*job, *apiError) {
 		blocks:       bh.blocks,
 	}
 	if aerr := e.fill(j, r, so, optInt(r, "max_tokens"), "max_tokens"); aerr != nil {
+		return nil, aerr
+	}
+	if j.format, aerr = readOutputFormat(r); aerr != nil {
 		return nil, aerr
 	}
 	return j, nil

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"strconv"
-	"unicode/utf8"
 )
 
 // Tool calls follow one documented rule, so tests can predict them:
@@ -20,9 +19,10 @@ import (
 //     answer terminates.
 //
 // hash is the prompt's hash for choice 0 (and a mix of it for the others).
-// The arguments are a JSON object with one value per property of the
-// tool's parameters schema (at most four, in schema order): words for
-// strings, numbers for integers and numbers, true or false for booleans.
+// The arguments are a value of the tool's parameters schema, written by
+// the schema filler (schema.go): every required property and optional
+// ones up to four, in schema order; words for strings, numbers for
+// integers and numbers, true or false for booleans.
 
 type toolMode uint8
 
@@ -225,83 +225,22 @@ func (j *job) pickTool(h uint32) *toolDef {
 // newToolCall makes the call of tool t for a choice with hash h.
 func newToolCall(t *toolDef, h uint32) *toolCall {
 	args := toolArguments(t.params, h)
-	c := &toolCall{id: "chatcmpl-tool-" + randomHex(), name: t.name, args: args}
-	for len(args) > 0 {
-		n := 0
-		for n < len(args) {
-			_, size := utf8.DecodeRuneInString(args[n:])
-			if n > 0 && n+size > 4 {
-				break
-			}
-			n += size
-		}
-		c.pieces = append(c.pieces, args[:n])
-		args = args[n:]
-	}
-	return c
+	return &toolCall{id: "chatcmpl-tool-" + randomHex(), name: t.name, args: args, pieces: splitTokens(args)}
 }
 
-// toolArguments renders the arguments of a call as a model writes them
-// (json.dumps' separators): one value per schema property, at most four.
+// toolArguments renders the arguments of a call: a value of the tool's
+// parameters schema (see schema.go), as vLLM's guided decoding constrains
+// them for tool_choice "required" and named calls; "{}" without a schema
+// or with one the filler cannot satisfy.
 func toolArguments(schema json.RawMessage, h uint32) string {
-	props := schemaProperties(schema)
-	b := []byte{'{'}
-	for i, p := range props {
-		if i == 4 {
-			break
-		}
-		if i > 0 {
-			b = append(b, ", "...)
-		}
-		b = appendJSONString(b, p.name)
-		b = append(b, ": "...)
-		x := h + uint32(i)*0x9e3779b1
-		switch p.typ {
-		case "integer":
-			b = strconv.AppendInt(b, int64(x%100), 10)
-		case "number":
-			b = appendPyFloat(b, float64(x%1000)/10)
-		case "boolean":
-			b = strconv.AppendBool(b, x&1 == 1)
-		default:
-			b = appendJSONString(b, word(x, 0)+word(x, 1)[:len(word(x, 1))-1])
-		}
+	if len(schema) == 0 || isNull(schema) {
+		return "{}"
 	}
-	return string(append(b, '}'))
-}
-
-type schemaProp struct{ name, typ string }
-
-// schemaProperties returns the properties of a JSON schema in the order
-// they are written.
-func schemaProperties(schema json.RawMessage) []schemaProp {
-	var s struct {
-		Properties json.RawMessage `json:"properties"`
+	args, err := fillSchema(schema, h)
+	if err != nil {
+		return "{}"
 	}
-	if json.Unmarshal(schema, &s) != nil || !isObject(s.Properties) {
-		return nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(s.Properties))
-	if _, err := dec.Token(); err != nil { // '{'
-		return nil
-	}
-	var out []schemaProp
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return out
-		}
-		name, _ := tok.(string)
-		var p struct {
-			Type any `json:"type"`
-		}
-		if dec.Decode(&p) != nil {
-			return out
-		}
-		typ, _ := p.Type.(string)
-		out = append(out, schemaProp{name: name, typ: typ})
-	}
-	return out
+	return args
 }
 
 // randomHex returns 32 random hex digits, the length of vLLM's random_uuid.
