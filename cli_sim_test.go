@@ -31,6 +31,7 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 		"--sim-reasoning-tokens", "12", "--sim-reasoning-field", "both", "--sim-embedding-dim", "32",
 		"--sim-error-rate", "0.05", "--sim-429-rate", "0.1", "--sim-retry-after", "2500ms", "--sim-hang-rate", "0.02",
 		"--sim-keep-alive", "3s", "--sim-stream-interval", "4", "--sim-kv-cache-tokens", "40000",
+		"--sim-prefill-per-token", "25us", "--sim-prefix-cache-blocks", "128",
 		"--sim-seeded-latency",
 	})
 	if err != nil {
@@ -47,7 +48,8 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 	if got != want {
 		t.Errorf("child config %+v\nwant %+v", got, want)
 	}
-	if got.ReasoningTokens != 12 || got.ReasoningField != "both" || got.RetryAfter != 2500*time.Millisecond || got.HangRate != 0.02 || got.KeepAlive != 3*time.Second || got.StreamInterval != 4 || got.KVCacheTokens != 40000 || !got.LatencyFromContent {
+	if got.ReasoningTokens != 12 || got.ReasoningField != "both" || got.RetryAfter != 2500*time.Millisecond || got.HangRate != 0.02 || got.KeepAlive != 3*time.Second || got.StreamInterval != 4 || got.KVCacheTokens != 40000 || !got.LatencyFromContent ||
+		got.PrefillPerToken != 25*time.Microsecond || got.PrefixCacheBlocks != 128 {
 		t.Errorf("knobs lost on the way: %+v", got)
 	}
 	if err := got.Validate(); err != nil {

@@ -19,7 +19,8 @@
 //
 // Latency follows a small model: a request waits for one of [Config.MaxSeqs]
 // slots in FIFO order, emits its first token after a lognormal draw around
-// [Config.TTFT], then one token every [Config.TPOT] (one per choice when
+// [Config.TTFT] plus the prefill of the prompt tokens the prefix cache did
+// not hold ([Config.PrefillPerToken] each), then one token every [Config.TPOT] (one per choice when
 // n > 1). With probability [Config.StallProb] a request stalls: both delays
 // are multiplied by [Config.StallFactor]. The draws follow arrival order, or
 // with [Config.LatencyFromContent] each request's content. Pooling requests (embeddings,
@@ -96,6 +97,16 @@ type Config struct {
 	// refuses to start when one max_model_len sequence does not fit its
 	// cache, it must be at least MaxModelLen.
 	KVCacheTokens int
+	// PrefillPerToken is the time to prefill one prompt token the prefix
+	// cache did not hold; it is added to the drawn TTFT, so the first token
+	// comes the queue time, the TTFT draw and the uncached tokens' prefill
+	// after arrival (see prefix.go). 0 means prefill is free.
+	PrefillPerToken time.Duration
+	// PrefixCacheBlocks bounds the automatic prefix cache, in blocks of 16
+	// tokens; the least recently used are forgotten first. 0 means
+	// KVCacheTokens/16 when a KV cache is simulated, else 65536; a negative
+	// value turns prefix caching off, as vLLM's --no-enable-prefix-caching.
+	PrefixCacheBlocks int
 	// Seed seeds the latency draws: engines with the same seed draw the same
 	// sequence of latencies.
 	Seed int64
@@ -196,6 +207,8 @@ func (c Config) Validate() error {
 		return errors.New("sim: stall factor must be a non-negative finite number")
 	case c.MaxSeqs < 0:
 		return errors.New("sim: max seqs must not be negative")
+	case c.PrefillPerToken < 0:
+		return errors.New("sim: prefill per token must not be negative")
 	case c.KVCacheTokens < 0:
 		return errors.New("sim: kv cache tokens must not be negative")
 	case c.DefaultMaxTokens < 0:
@@ -269,6 +282,14 @@ func (c Config) withDefaults() Config {
 	if c.KeepAlive == 0 {
 		c.KeepAlive = defaultKeepAlive
 	}
+	switch {
+	case c.PrefixCacheBlocks == 0 && c.KVCacheTokens > 0:
+		c.PrefixCacheBlocks = c.KVCacheTokens / blockTokens
+	case c.PrefixCacheBlocks == 0:
+		c.PrefixCacheBlocks = defaultPrefixBlocks
+	case c.PrefixCacheBlocks < 0:
+		c.PrefixCacheBlocks = 0
+	}
 	return c
 }
 
@@ -332,7 +353,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 		models:      modelList(cfg, time.Now()),
 		lat:         newLatencyModel(cfg),
 		faults:      newFaultModel(cfg),
-		prefix:      newPrefixCache(),
+		prefix:      newPrefixCache(cfg.PrefixCacheBlocks),
 		metrics:     m,
 	}
 	e.sched = newScheduler(cfg.MaxSeqs, cfg.KVCacheTokens, m.setLoad)

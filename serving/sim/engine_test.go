@@ -55,6 +55,7 @@ var vllmMetrics = []string{
 	"vllm:time_to_first_token_seconds",
 	"vllm:e2e_request_latency_seconds",
 	"vllm:request_queue_time_seconds",
+	"vllm:request_prefill_time_seconds",
 	"vllm:inter_token_latency_seconds",
 	"vllm:request_time_per_output_token_seconds",
 	"vllm:num_requests_waiting_by_reason",

@@ -30,6 +30,8 @@ type Flags struct {
 	keepAlive       time.Duration
 	streamInterval  int
 	kvCacheTokens   int
+	prefillPerToken time.Duration
+	prefixBlocks    int
 }
 
 // Register defines the --sim-* flags on fs.
@@ -51,6 +53,11 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.retryAfter, "sim-retry-after", time.Second, "simulated engine: the wait a 429 asks for (Retry-After, whole seconds rounded up)")
 	fs.Float64Var(&f.hangRate, "sim-hang-rate", 0, "simulated engine: share of requests that hang before their first token until the client goes away (seeded)")
 	fs.IntVar(&f.kvCacheTokens, "sim-kv-cache-tokens", 0, "simulated engine: KV cache size in tokens (at least the max model len; 0: none): a request waits, with slots free, until its prompt and output fit, as on a vLLM short of KV blocks")
+	// 40µs a token is Llama-3.1-8B's prefill on one H100: about 2×8e9
+	// FLOP a token at roughly 40 % of the GPU's 989 TFLOP/s bf16 peak,
+	// some 25,000 prompt tokens a second.
+	fs.DurationVar(&f.prefillPerToken, "sim-prefill-per-token", 40*time.Microsecond, "simulated engine: prefill time per prompt token the prefix cache does not hold, added to the time to first token (0: prefill is free)")
+	fs.IntVar(&f.prefixBlocks, "sim-prefix-cache-blocks", 0, "simulated engine: automatic prefix cache size in blocks of 16 tokens, least recently used evicted first (0: the KV cache's blocks with --sim-kv-cache-tokens, else 65536; -1: no prefix caching)")
 	fs.IntVar(&f.streamInterval, "sim-stream-interval", 1, "simulated engine: tokens merged into one chat or completions stream chunk, as vLLM's --stream-interval (a request's stream_interval may raise it)")
 	fs.DurationVar(&f.keepAlive, "sim-keep-alive", 0, "simulated engine: idle keep-alive connections are closed after this long, as vLLM's uvicorn does (0: $"+KeepAliveEnv+" seconds, else 5s)")
 }
@@ -63,6 +70,7 @@ func (f *Flags) Config(model string) Config {
 		ReasoningTokens: f.reasoningTokens, ReasoningField: f.reasoningField, EmbeddingDim: f.embeddingDim,
 		ErrorRate: f.errorRate, RateLimitRate: f.rateLimitRate, RetryAfter: f.retryAfter, HangRate: f.hangRate,
 		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval, KVCacheTokens: f.kvCacheTokens,
+		PrefillPerToken: f.prefillPerToken, PrefixCacheBlocks: f.prefixBlocks,
 	}
 }
 
@@ -81,6 +89,7 @@ func (f *Flags) Args() []string {
 		"--sim-429-rate", fmt.Sprint(f.rateLimitRate), "--sim-retry-after", f.retryAfter.String(),
 		"--sim-hang-rate", fmt.Sprint(f.hangRate), "--sim-keep-alive", f.keepAlive.String(),
 		"--sim-stream-interval", fmt.Sprint(f.streamInterval), "--sim-kv-cache-tokens", fmt.Sprint(f.kvCacheTokens),
+		"--sim-prefill-per-token", f.prefillPerToken.String(), "--sim-prefix-cache-blocks", fmt.Sprint(f.prefixBlocks),
 		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat),
 	}
 }

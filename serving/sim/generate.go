@@ -71,16 +71,17 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 	}()
 	queued := time.Since(arrived)
 	e.metrics.queue.Observe(queued.Seconds())
-	e.metrics.scheduled(j.promptTokens, e.prefix.query(j.blocks, j.promptTokens))
+	prefill := e.prefill(j)
 
 	var p pacer
 	defer p.stop()
-	if p.sleep(ctx, lat.ttft) != nil {
+	if p.sleep(ctx, lat.ttft+prefill) != nil {
 		e.abort(0)
 		return
 	}
 	first := time.Now()
 	e.metrics.prefilled(j.promptTokens, arrived, first)
+	e.metrics.prefillTime.Observe(first.Sub(arrived.Add(queued)).Seconds())
 
 	if !j.stream {
 		if steps > 1 && p.sleep(ctx, scale(lat.tpot, steps-1)) != nil {

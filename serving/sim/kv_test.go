@@ -61,9 +61,9 @@ func TestKVCacheMustHoldOneSequence(t *testing.T) {
 	}
 }
 
-// TestPrefixCacheCountsRepeatedPrompts: a prompt whose leading 64-byte
-// blocks (16 simulated tokens each) were seen recently counts them as
-// prefix-cache hits, in vLLM's series.
+// TestPrefixCacheCountsRepeatedPrompts: a prompt whose leading blocks of
+// 16 templated tokens were seen recently counts them as prefix-cache hits,
+// in vLLM's series.
 func TestPrefixCacheCountsRepeatedPrompts(t *testing.T) {
 	_, srv := start(t, Config{Model: "m"})
 	system := strings.Repeat("You are a careful assistant. ", 10) // 290 bytes: 4 whole blocks
@@ -80,7 +80,9 @@ func TestPrefixCacheCountsRepeatedPrompts(t *testing.T) {
 	queries := float64(ChatPromptTokens(system, "What is the weather in Paris?") + ChatPromptTokens(system, "And in Rome?"))
 	for name, want := range map[string]float64{
 		`vllm:prefix_cache_queries_total{engine="0",model_name="m"}`: queries,
-		`vllm:prefix_cache_hits_total{engine="0",model_name="m"}`:    4 * 16,
+		// The system message (3 + 73 + 1 tokens) and the user turn's
+		// opening (3) are 80 shared tokens: 5 whole blocks.
+		`vllm:prefix_cache_hits_total{engine="0",model_name="m"}`: 5 * 16,
 	} {
 		if got := metricValue(t, metrics, name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)

@@ -24,6 +24,7 @@ type metrics struct {
 	running, waiting, kvUsage                prometheus.Gauge
 	waitingCapacity, waitingDeferred         prometheus.Gauge
 	ttft, e2e, queue, itl, requestTPOT       prometheus.Histogram
+	prefillTime                              prometheus.Histogram
 	promptTokens, genTokens                  prometheus.Counter
 	preemptions, prefixQueries, prefixHits   prometheus.Counter
 	sleepState                               *prometheus.GaugeVec
@@ -62,6 +63,7 @@ func newMetrics(model string, maxSeqs, kvCap int) *metrics {
 		ttft:            hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
 		e2e:             hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", requestBuckets),
 		queue:           hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", requestBuckets),
+		prefillTime:     hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", requestBuckets),
 		itl:             hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", tpotBuckets),
 		requestTPOT:     hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", tpotBuckets),
 		promptTokens:    counter("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
@@ -92,7 +94,7 @@ func newMetrics(model string, maxSeqs, kvCap int) *metrics {
 	m.successAbort = m.success.WithLabelValues("abort")
 	m.collected = []prometheus.Collector{
 		m.running, m.waiting, byReason, m.kvUsage, m.sleepState,
-		m.ttft, m.e2e, m.queue, m.itl, m.requestTPOT,
+		m.ttft, m.e2e, m.queue, m.prefillTime, m.itl, m.requestTPOT,
 		m.promptTokens, m.genTokens, m.preemptions, m.prefixQueries, m.prefixHits,
 		m.success, m.aborted,
 	}

@@ -26,7 +26,7 @@ type job struct {
 	ep           endpoint
 	promptTokens int
 	hash         uint32   // fnv32a of the prompt text; picks lengths and words
-	blocks       []uint32 // the prompt's block hashes, for prefix-cache hits
+	blocks       []uint64 // the prompt's block hashes, for prefix-cache hits (prefix.go)
 	limit        int      // completion cap per choice
 	minTokens    int
 	ignoreEOS    bool
@@ -174,13 +174,19 @@ func (e *Engine) parseChat(body []byte) (*job, *apiError) {
 	j := &job{ep: epChat, promptTokens: 3, reasons: true}
 	h := uint32(fnvOffset)
 	var bh blockHasher
+	if aerr := saltBlocks(r, &bh); aerr != nil {
+		return nil, aerr
+	}
 	for i, m := range msgs {
+		bh.beginMessage(m.role)
 		n, aerr := messageContent(m.content, i, &h, &bh)
 		if aerr != nil {
 			return nil, aerr
 		}
+		bh.endMessage()
 		j.promptTokens += messageTokens(n)
 	}
+	bh.generationPrompt()
 	j.hash, j.blocks = h, bh.blocks
 	j.afterTool = msgs[len(msgs)-1].role == "tool"
 	limit, param := optInt(r, "max_tokens"), "max_tokens"
@@ -335,7 +341,12 @@ func (e *Engine) parseCompletion(body []byte) (*job, *apiError) {
 		return nil, aerr
 	}
 	var bh blockHasher
+	if aerr := saltBlocks(r, &bh); aerr != nil {
+		return nil, aerr
+	}
+	bh.id(tokBOS)
 	bh.write(prompt)
+	bh.endText()
 	j := &job{
 		ep:           epCompletion,
 		promptTokens: TextPromptTokens(prompt),
@@ -377,6 +388,21 @@ func (e *Engine) checkModel(model string) *apiError {
 			msg:    fmt.Sprintf("The model `%s` does not exist.", model),
 		}
 	}
+	return nil
+}
+
+// saltBlocks applies the request's cache_salt, which vLLM requires to be
+// a non-empty string when set (check_cache_salt_support).
+func saltBlocks(r *reader, bh *blockHasher) *apiError {
+	raw, ok := r.raw["cache_salt"]
+	if !ok || isNull(raw) {
+		return nil
+	}
+	s, isStr := asString(raw)
+	if !isStr || s == "" {
+		return valueError(r, "Parameter 'cache_salt' must be a non-empty string if provided.", "")
+	}
+	bh.salt(s)
 	return nil
 }
 
