@@ -15,7 +15,9 @@
 // /metrics (vLLM's metric names). Bodies are validated as vLLM's pydantic
 // models validate them, with the same 400s. Its answers are filler words,
 // never a model's output; callers must say so wherever a person could
-// mistake them for real answers.
+// mistake them for real answers. A request that constrains its output
+// (response_format, structured_outputs, guided_*, a forced tool call) gets
+// filler that satisfies the constraint (structured.go, schema.go).
 //
 // Latency follows a small model: a request waits for one of [Config.MaxSeqs]
 // slots in FIFO order, emits its first token after a lognormal draw around
