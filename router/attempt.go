@@ -99,6 +99,7 @@ type attempt struct {
 	ctx     context.Context // ends when the attempt is cancelled
 	cancel  context.CancelFunc
 	release func()
+	out     chan<- *attempt // where it goes once open returned: its pass's outcomes
 	started time.Time
 
 	// Set by run once open returned.

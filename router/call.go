@@ -233,6 +233,7 @@ func (c *Call) launch(ctx context.Context, rep *Replica, reason AttemptReason) {
 	p.started++
 	a := &attempt{n: p.started, rep: rep, reason: reason, release: rep.acquire(c.req.Class), started: r.cfg.Now()}
 	a.ctx, a.cancel = context.WithCancel(ctx)
+	a.out = p.outcomes
 	p.all = append(p.all, a)
 	p.live++
 	r.m.attempt(c.req.Model, reason)
@@ -252,8 +253,9 @@ func (c *Call) launch(ctx context.Context, rep *Replica, reason AttemptReason) {
 // run opens a and hands it to the pass's decision.
 func (c *Call) run(a *attempt) {
 	a.run(c.open, c.reg.cfg.Now)
-	// Never blocks: the channel holds one outcome per possible attempt.
-	c.p.outcomes <- a
+	// Never blocks: the channel holds one outcome per possible attempt of
+	// the attempt's pass (a later pass has its own).
+	a.out <- a
 }
 
 // decide waits for the attempts' outcomes — and, on hedgeC, for the hedge

@@ -125,12 +125,11 @@ func (c *Call) blameBroken(a *attempt) {
 // On failure it returns the original's failure (or, when no other replica
 // could take the retry, what broke).
 func (c *Call) Whole(ctx context.Context, read AssembleFunc) error {
-	a := c.won
 	err := c.race(ctx, read, c.won)
 	if err == nil || ctx.Err() != nil || !IsBroke(err) || !c.reg.budget.TakeRetry() {
 		return err
 	}
-	a = c.won
+	a := c.won
 	c.blameBroken(a)
 	a.att.Abort()
 	c.lose(a.lost())
