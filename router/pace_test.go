@@ -197,10 +197,11 @@ func TestWholeAnswerThatFallsBehindIsHedgedElsewhere(t *testing.T) {
 func TestWholeAnswerOnPaceIsNotHedged(t *testing.T) {
 	f := newFleet(t, Config{Hedge: HedgeConfig{MinSamples: 10}})
 	f.learnPace(10, 10*time.Millisecond)
-	tokens := make(chan int64)
+	tokens, told := make(chan int64), make(chan struct{})
 	res, opened := f.decided(hint("m"), func(ctx context.Context, progress func(int64, time.Time)) error {
 		for k := range tokens {
 			progress(k, time.Time{})
+			told <- struct{}{}
 		}
 		return nil
 	})
@@ -211,6 +212,7 @@ func TestWholeAnswerOnPaceIsNotHedged(t *testing.T) {
 	go func() { done <- res.Whole(context.Background(), readWhole) }()
 	d, fire := f.armed(rearmed)
 	tokens <- 10 // ten tokens by 100ms: due at 140ms
+	<-told
 	rearmed = f.rearmed()
 	f.c.set(first.Add(d))
 	fire <- f.c.Now()
