@@ -20,7 +20,7 @@ import (
 // Batch API line) may also be hedged on its decode pace: an attempt that,
 // after its first token, falls behind the same percentile of recent time per
 // output token gets a hedge on another replica, and the first whole answer
-// wins (see [Result.PaceHedge]). Every switch and budget here applies to
+// wins (see [Call.Whole]). Every switch and budget here applies to
 // both kinds of hedge.
 //
 // A part of a fan-out (requests with the same group, see [Request.Group])

@@ -82,7 +82,7 @@ func (f *fleet) skips() float64 {
 // the result once every attempt has ended. An original whose first token
 // comes first while its hedge runs may be held for a grace: the hedge wins
 // if its first token comes within it.
-func (f *fleet) serve(req Request, t1, t2 time.Duration) *Result {
+func (f *fleet) serve(req Request, t1, t2 time.Duration) *Call {
 	f.t.Helper()
 	c := f.c
 	c.mu.Lock()

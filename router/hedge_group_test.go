@@ -86,7 +86,7 @@ func TestGroupOfOneWaitsForTheLoneDelay(t *testing.T) {
 	part := hint("m")
 	part.Group = "alone"
 	answer := make(chan struct{})
-	done := make(chan *Result, 1)
+	done := make(chan *Call, 1)
 	go func() {
 		res, err := reg.Do(context.Background(), part, func(ctx context.Context, _ *Replica, n int, _ AttemptReason) (Attempt, error) {
 			if n > 1 {
@@ -147,7 +147,7 @@ func TestGroupPartIsHeldToAFasterPace(t *testing.T) {
 	}{{"", 20 * time.Millisecond}, {"doc-1", 10 * time.Millisecond}} {
 		req := hint("m")
 		req.Group = tc.group
-		res := &Result{reg: reg, req: req, Attempt: &fakeAttempt{}}
+		res := &Call{reg: reg, req: req, won: &attempt{}}
 		if p, ok := res.Pace(); !ok || p.Per != tc.want {
 			t.Errorf("group %q: pace %v a token (%v), want %v", tc.group, p.Per, ok, tc.want)
 		}

@@ -8,7 +8,7 @@ import (
 )
 
 // metrics holds the router's Prometheus collectors: what happened to
-// attempts (counted where Do decides it) and, read at scrape time, each
+// attempts (counted where a [Call] decides it) and, read at scrape time, each
 // replica's load and score and the budget's level.
 type metrics struct {
 	attempts    *prometheus.CounterVec // tailgate_upstream_attempts_total{model,reason}

@@ -247,8 +247,3 @@ func (r *Registry) ScoreInputs(rep *Replica) (inflight, waiting, ttftSeconds, sl
 	in := scorer{now: r.cfg.Now, slowStart: r.cfg.SlowStart}.inputs(rep, fallbackTTFT(r.Replicas()))
 	return in.Inflight, in.Waiting, in.TTFT, in.SlowStart, in.Score
 }
-
-// TakeRetry spends one token of the retry budget on a retry the caller
-// makes itself (an answer that broke after its attempt had won, before
-// anything reached the client), and reports whether there was one.
-func (r *Registry) TakeRetry() bool { return r.budget.TakeRetry() }

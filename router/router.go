@@ -16,13 +16,44 @@
 // and latency aware, with slow start and prefix affinity; the default) and
 // [RoundRobin]; [ParsePolicy] maps a policy name to one.
 //
-// [Registry.Do] runs one request: it opens an attempt on a chosen replica
-// through the caller's [OpenFunc], retries elsewhere by failure class
-// ([ErrNotSent], [ErrDeclined] at once; [ErrNoToken] within a [Budget]),
-// and, when hedging is on, opens a second attempt after an adaptive delay
-// and keeps whichever produces a first token. A request's [Class] keeps its
-// hedge off replicas where attempts of a higher class are in flight. In-flight counts are taken and
-// given back by Do itself, so they cannot leak or go negative.
+// # One request's attempts
+//
+// A [Call] ([Registry.NewCall]) owns one request's attempts from the first
+// to the end of its answer, and decides everything about them: which
+// replica each goes to, retries, hedges, which attempt wins, which replica
+// is blamed or ejected. Each attempt has its own state (replica, in-flight
+// slot, context, first output, progress); the caller opens attempts through
+// its [OpenFunc], reads answers, and reports what it saw — progress
+// ([Call.Progress]), how a relayed answer ended ([Call.End], an [ErrBroke]
+// error for one that broke or went quiet) — and never ejects a replica
+// itself. [Registry.Do] is NewCall and Start in one.
+//
+//	       Start
+//	         │ pick a replica (Exclude and those tried are out)
+//	         ▼
+//	┌──▶ opening ──not sent / declined──────────▶ retry at once ──┐
+//	│        │  └──no output, retry budget──────▶ retry ──────────┤
+//	│        │  └──hedge delay passed, budget───▶ hedge beside it │
+//	│        │  └──final error (a 400)──────────▶ failed          │
+//	└────────┼────────────────────────────────────────────────────┘
+//	         │ first output: the first attempt to have it wins,
+//	         ▼ the others are cancelled and lost (a late original
+//	      relaying  waits a grace for its hedge)
+//	stream:  │ Progress … End(nil | ErrBroke)   → idle: ejected
+//	whole:   │ Whole: behind its decode pace? ──▶ pace hedge; first whole answer wins
+//	         │        broke (ErrBroke)?   ──────▶ retry pass elsewhere (retry budget),
+//	         ▼                                    the broken replica ejected
+//	      Finish: the winner's slot given back, the request leaves its group
+//
+// [Call.Start] retries by failure class ([ErrNotSent], [ErrDeclined] at
+// once; [ErrNoToken] within a [Budget]) and, when hedging is on, opens a
+// second attempt after an adaptive delay and keeps whichever produces a
+// first output. [Call.Whole] reads an answer the client sees only whole
+// through the caller's [AssembleFunc]: it hedges it on decode pace and
+// retries it once elsewhere when it breaks. A request's [Class] keeps its
+// hedges off replicas where attempts of a higher class are in flight.
+// In-flight counts are taken and given back by the call itself, so they
+// cannot leak or go negative.
 //
 // The router counts what it decides (attempts, retries, hedges, ejections)
 // and exports each replica's load and score as Prometheus metrics, through

@@ -549,9 +549,9 @@ func appendQuotedRaw(b, escaped []byte) []byte {
 // answer. Nothing reaches the client meanwhile: a failure here is still a
 // plain HTTP error for it. The inter-token idle deadline and the whole-answer
 // deadline (Config.JSONDeadline, from the attempt's start) both apply. A
-// non-nil pace is told of every event, to say when the attempt falls behind
-// its model's decode pace (see assembleRace).
-func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, pace *paceWatch) ([]byte, error) {
+// non-nil progress is told of every token after the first, which holds the
+// attempt to its model's decode pace (see assembleAttempt).
+func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, progress func(int64, time.Time)) ([]byte, error) {
 	a := newAssembler(cl.ep, cl.req.forcedTool)
 	add := func(kind eventKind, ev []byte) error {
 		switch kind {
@@ -585,7 +585,6 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, pace *
 		u.cancel()
 	})
 	defer timer.Stop()
-	pace.progress(u)
 	var buf []byte
 	for {
 		raw, err := sse.ReadEvent(u.br, buf)
@@ -595,8 +594,7 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, pace *
 				return nil, ctx.Err() // the client went away
 			case tooLong.Load():
 				return nil, errJSONDeadline
-			case idleFired.Load():
-				s.reg.Eject(u.rep, "idle_deadline")
+			case idleFired.Load(): // the router ejects the replica
 				return nil, &midstreamError{class: data.ClassIdleDeadline, err: errors.New("no token within the inter-token deadline")}
 			case errors.Is(err, io.EOF):
 				err = errors.New("upstream stream ended before [DONE]")
@@ -627,7 +625,9 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, pace *
 			u.lastAt = time.Now()
 			cu := a.add(d)
 			u.takeUsage(cl, cu.usage, cu.usageOnly, cu.index)
-			pace.progress(u)
+			if progress != nil {
+				progress(u.tokens-1, u.lastAt)
+			}
 		}
 	}
 }

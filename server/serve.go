@@ -127,24 +127,27 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	// Stream: every answer the engine streams, JSON assembled here included,
 	// is hedged on its time to first token.
 	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group, Class: routerClass(cl.priority)}
-	res, err := s.reg.Do(ctx, rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+	c := s.reg.NewCall(rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 		return s.open(ctx, cl, rep, n, reason)
 	})
-	cl.attempts, cl.hedged = res.Attempts, res.Hedged
-	if res.Replica != nil {
-		cl.replica = res.Replica.ID
+	err = c.Start(ctx)
+	cl.attempts, cl.hedged = c.Attempts, c.Hedged
+	if c.Replica != nil {
+		cl.replica = c.Replica.ID
 	}
 	if err == nil {
-		cl.replica, cl.winner = res.Replica.ID, res.Reason.String()
+		cl.replica, cl.winner = c.Replica.ID, c.Reason.String()
 	}
 	if w != nil {
 		w.routed()
 	}
-	defer res.Finish() // the winner's in-flight slot, even if the relay panics
+	defer c.Finish() // the winner's in-flight slot, even if the relay panics
 	if err == nil {
-		u := res.Attempt.(*upstream)
+		u := c.Attempt.(*upstream)
 		cl.tries.win(u)
-		defer u.Abort() // done with it: close the connection's body, free buffers
+		// Done with the winner, whichever it is by then: close the
+		// connection's body, free buffers. The router aborts the others.
+		defer func() { u.Abort() }()
 		// An answer's ledger row is committed before its final bytes leave:
 		// a gateway killed after that has the row, one killed before has an
 		// open row (streams) or served nothing whole. A row the ledger cannot
@@ -152,7 +155,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		done := func() error {
 			cl.adopt(u)
 			over := cl.overhead
-			s.hedgeOverhead(cl, res)
+			s.hedgeOverhead(cl, c)
 			cl.outcome = data.OutcomeOK
 			if err := s.settle(ctx, cl, ticket, true); err != nil {
 				cl.overhead = over // counted again on the way out
@@ -164,62 +167,29 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		case pr.stream:
 			err = s.relayStream(ctx, w, cl, u, ticket, done)
 			cl.adopt(u) // usage and timings learned while relaying
-			if err == nil {
-				// Never hedged on pace (the client has its bytes), but
-				// its pace is the model's.
-				res.ObservePace(u.firstAt, u.lastAt, u.tokens-1)
-			}
+			// Never hedged on pace (the client has its bytes), but its
+			// pace is the model's; a replica that went quiet is ejected.
+			c.Progress(u.tokens-1, u.lastAt)
+			c.End(routerEnd(err))
 		case pr.assemble:
-			// Nothing reaches the client before the whole answer: a replica
-			// that breaks on the way is retried once elsewhere (within the
-			// retry budget; what it generated is overhead, not billed), and
-			// any other failure is a plain HTTP error, nothing billed.
-			// An answer that falls behind its model's decode pace may be
-			// hedged meanwhile: the first whole answer is delivered.
-			var (
-				body []byte
-				won  *upstream
-			)
-			won, body, err = s.assembleRace(ctx, cl, res, u)
-			cl.attempts, cl.hedged = res.Attempts, res.Hedged
-			if won != u {
+			// Nothing reaches the client before the whole answer: the
+			// router races a pace hedge against an answer that falls behind
+			// its model's decode pace, and starts one that breaks once more
+			// elsewhere (within the retry budget; what it generated is
+			// overhead, not billed). Any other failure is a plain HTTP
+			// error, nothing billed.
+			err = c.Whole(ctx, func(ctx context.Context, att router.Attempt, progress func(int64, time.Time)) error {
+				return s.assembleAttempt(ctx, cl, att.(*upstream), progress)
+			})
+			cl.attempts, cl.hedged = c.Attempts, c.Hedged
+			s.markBroken(cl, c)
+			if won, ok := c.Attempt.(*upstream); ok && won != u {
 				u = won
 				cl.tries.win(u)
-				defer u.Abort()
-				cl.replica, cl.winner = res.Replica.ID, res.Reason.String()
-			}
-			if err != nil && s.retryAssembled(ctx, err) {
-				s.hedgeOverhead(cl, res)
-				cl.overhead += u.burnt(cl)
-				// Blamed as a broken pace race is (an idle deadline has
-				// already ejected the replica for its own reason). The
-				// retry itself is kept off it by Exclude, whatever its
-				// state by then.
-				s.blameBroken(cl, u, err)
-				u.Abort()
-				res.Finish()
-				first, broke := res, err
-				again := rreq
-				again.Exclude = []*router.Replica{u.rep}
-				res, err = s.reg.Do(ctx, again, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
-					return s.open(ctx, cl, rep, n, reason)
-				})
-				if err != nil && res.Attempts == 0 {
-					err = broke // no other replica to try: the client hears what broke
-				}
-				res.Attempts += first.Attempts
-				cl.attempts, cl.hedged = res.Attempts, first.Hedged || res.Hedged
-				defer res.Finish()
-				if err == nil {
-					u = res.Attempt.(*upstream)
-					cl.tries.win(u)
-					defer u.Abort()
-					cl.replica, cl.winner = res.Replica.ID, "retry"
-					body, err = s.assembleJSON(ctx, cl, u, nil)
-				}
+				cl.replica, cl.winner = c.Replica.ID, c.Reason.String()
 			}
 			if err == nil {
-				err = s.deliverJSON(cl, out, body, done)
+				err = s.deliverJSON(cl, out, u.body, done)
 			}
 		default:
 			err = s.deliverJSON(cl, out, u.body, done)
@@ -228,7 +198,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	if cl.recorded {
 		return // committed before the final bytes; what happened after is the client's
 	}
-	s.hedgeOverhead(cl, res)
+	s.hedgeOverhead(cl, c)
 	if ae := s.conclude(ctx, cl, err); ae != nil {
 		if w != nil {
 			w.fail(ae)
@@ -237,22 +207,6 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		}
 	}
 	s.settle(ctx, cl, ticket, false)
-}
-
-// retryAssembled reports whether an assembled JSON answer that failed with
-// err starts again on another replica: the replica broke or went quiet
-// after its first token (nothing reached the client yet), the client is
-// still there, and the retry budget has a token.
-func (s *Server) retryAssembled(ctx context.Context, err error) bool {
-	var me *midstreamError
-	if ctx.Err() != nil || !errors.As(err, &me) {
-		return false
-	}
-	switch me.class {
-	case data.ClassMidstream, data.ClassIdleDeadline:
-		return s.reg.TakeRetry()
-	}
-	return false
 }
 
 // deliverJSON sends a whole JSON answer once done has committed its ledger
@@ -505,24 +459,32 @@ func (cl *call) adopt(u *upstream) {
 	cl.usage, cl.gotUsage, cl.relayedTokens = u.usage, u.gotUsage, u.tokens
 }
 
-// hedgeOverhead counts what losing attempts of a hedged request burned, as
-// their engines count it: an attempt that had its first token, its prompt
-// and the tokens it was seen to produce (continuous usage) before it was
-// cancelled. One cancelled before its first token costs nothing counted:
-// vLLM counts a prompt when its first token comes
-// (vllm/v1/metrics/stats.py IterationStats.update_from_output) and output
-// per step, so a loser still queued or in prefill adds to neither
-// vllm:prompt_tokens_total nor vllm:generation_tokens_total. What remains
-// unseen is a close race: tokens the engine made after the last chunk
-// read — a first token in flight when the loser was cancelled, a prompt
-// and a token or two. The tenant is not billed for any of it.
-func (s *Server) hedgeOverhead(cl *call, res *router.Result) {
-	if !res.Hedged {
-		return
-	}
-	for _, l := range res.Losers() {
+// hedgeOverhead counts what the call's losing attempts burned, as their
+// engines count it: one that lost a race (a hedge, the original it beat)
+// or broke before its answer was whole, its prompt and the tokens it was
+// seen to produce (continuous usage) before it ended. One cancelled before
+// its first token costs nothing counted: vLLM counts a prompt when its
+// first token comes (vllm/v1/metrics/stats.py
+// IterationStats.update_from_output) and output per step, so a loser still
+// queued or in prefill adds to neither vllm:prompt_tokens_total nor
+// vllm:generation_tokens_total. What remains unseen is a close race:
+// tokens the engine made after the last chunk read — a first token in
+// flight when the loser was cancelled, a prompt and a token or two. The
+// tenant is not billed for any of it.
+func (s *Server) hedgeOverhead(cl *call, c *router.Call) {
+	for _, l := range c.Losers() {
 		if l.Attempt != nil {
 			cl.overhead += l.Attempt.(*upstream).burnt(cl)
+		}
+	}
+}
+
+// markBroken records in the call's attempt log the attempts the router
+// blamed for breaking before their answer was whole.
+func (s *Server) markBroken(cl *call, c *router.Call) {
+	for _, l := range c.Losers() {
+		if l.Attempt != nil && l.Err != nil {
+			cl.tries.broke(l.Attempt, l.Err)
 		}
 	}
 }

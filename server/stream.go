@@ -391,8 +391,7 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 			case final && errors.Is(err, io.EOF) && !idleFired.Load():
 				u.ended = true // the answer ended after its final event
 				return nil
-			case idleFired.Load():
-				s.reg.Eject(u.rep, "idle_deadline")
+			case idleFired.Load(): // the router ejects the replica
 				return &midstreamError{class: data.ClassIdleDeadline, err: errors.New("no token within the inter-token deadline")}
 			case errors.Is(err, io.EOF):
 				err = errors.New("upstream stream ended before [DONE]")
