@@ -8,6 +8,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"tailgate/data"
+	"tailgate/policy"
 	"tailgate/server/apierr"
 )
 
@@ -47,14 +48,56 @@ func (s *Server) handleGetInflight(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]any{"data": out})
 }
 
+// kpiWindow is what the dashboard's first line sums: the last minute.
+const kpiWindow = time.Minute
+
+// handleGetHistory answers the last hour's points and replica transitions,
+// and what the dashboard's first line shows: the last minute summed
+// ("window"), the spend since 00:00 UTC ("spend_today", null when no model
+// has a price) and which models have a price ("priced", for the models the
+// replicas serve and today's usage names), so money is shown only where
+// there is a price.
 func (s *Server) handleGetHistory(c echo.Context) error {
 	pts, trans := s.hist.snapshot()
 	if pts == nil {
 		pts = []HistoryPoint{}
 	}
+	now := time.Now().UTC()
+	today, err := s.store.Usage(c.Request().Context(), data.UsageFilter{Since: now.Truncate(24 * time.Hour)})
+	if err != nil {
+		return err
+	}
+	priced := map[string]bool{}
+	anyPriced := s.priced("") // a model without a price of its own costs the default price
+	var micros int64
+	for _, u := range today {
+		micros += u.CostMicros
+		priced[u.Model] = s.priced(u.Model)
+	}
+	for _, r := range s.reg.Replicas() {
+		for _, m := range r.Models() {
+			priced[m] = s.priced(m)
+		}
+	}
+	for _, p := range priced {
+		anyPriced = anyPriced || p
+	}
+	var spend *float64
+	if anyPriced || micros != 0 {
+		v := float64(micros) / 1e6
+		spend = &v
+	}
 	return c.JSON(http.StatusOK, map[string]any{
 		"interval_seconds": s.cfg.HistoryInterval.Seconds(),
 		"data":             pts,
 		"transitions":      trans,
+		"window":           s.hist.window(kpiWindow),
+		"spend_today":      spend,
+		"priced":           priced,
 	})
+}
+
+// priced reports whether requests for model cost anything.
+func (s *Server) priced(model string) bool {
+	return s.gate.Cost(model, policy.Usage{PromptTokens: 1_000_000, CompletionTokens: 1_000_000}) > 0
 }

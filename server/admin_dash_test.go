@@ -185,3 +185,83 @@ func TestRequestLogFiltersAndInflight(t *testing.T) {
 		t.Errorf("a request the client abandoned is still in flight: %+v", live.Data)
 	}
 }
+
+type historyWithWindow struct {
+	historyAnswer
+	Window     server.Window   `json:"window"`
+	SpendToday *float64        `json:"spend_today"`
+	Priced     map[string]bool `json:"priced"`
+}
+
+// A restarted gateway's last hour is rebuilt from the ledger: its
+// requests, errors, TTFT and tokens are there at once, marked as coming
+// from the ledger, and the first line's last minute counts them; money is
+// shown for a priced model.
+func TestHistoryIsKeptAcrossARestart(t *testing.T) {
+	dir := t.TempDir()
+	prices := map[string]policy.Price{servertest.SimModel: {InputMicrosPerM: 1_000_000, OutputMicrosPerM: 2_000_000}}
+	opts := servertest.Options{Dir: dir, Replicas: 1, Prices: prices, Server: server.Config{HistoryInterval: 100 * time.Millisecond}}
+	first := servertest.Start(t, opts)
+	secret := first.Key(policy.KeyOptions{Tenant: "restart"})
+	for range 4 {
+		resp := first.Post("/v1/chat/completions", secret, hiStreamBody)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	resp := first.Post("/v1/chat/completions", secret, `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`) // 404
+	resp.Body.Close()
+	first.Close()
+
+	h := servertest.Start(t, opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = h.Srv.RunHistory(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	var got historyWithWindow
+	var requests, notFound, streams, output float64
+	for range 100 {
+		if adminGet(t, h, "/admin/v1/history", &got) != http.StatusOK {
+			t.Fatal("GET /admin/v1/history failed")
+		}
+		requests, notFound, streams, output = 0, 0, 0, 0
+		for _, p := range got.Data {
+			if p.FromLedger {
+				requests += p.Requests
+				notFound += p.Errors["4xx"]
+				streams += p.TTFT["stream"].N
+				output += p.CompletionTokens
+			}
+		}
+		if requests > 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if requests != 5 || notFound != 1 || streams != 4 || output < 4 {
+		t.Errorf("after the restart the last hour has %v requests, %v 4xx, %v streams' TTFT, %v output tokens from the ledger; want 5, 1, 4, at least 4",
+			requests, notFound, streams, output)
+	}
+	w := got.Window
+	if w.Requests != 5 || w.RequestsPerS <= 0 || w.ErrorRatio == nil || *w.ErrorRatio != 0.2 || w.TTFTP95 == nil || w.OutputTokensPerS <= 0 {
+		t.Errorf("the last minute: %+v, want 5 requests, 20 %% errors, a TTFT p95 and output tokens/s", w)
+	}
+	if got.SpendToday == nil || *got.SpendToday <= 0 || !got.Priced[servertest.SimModel] {
+		t.Errorf("spend today %v, priced %v: want money for the priced model", got.SpendToday, got.Priced)
+	}
+}
+
+// Without a price, the first line has no money figure.
+func TestHistoryHasNoSpendWithoutPrices(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	secret := h.Key(policy.KeyOptions{Tenant: "free"})
+	resp := h.Post("/v1/chat/completions", secret, hiBody)
+	resp.Body.Close()
+	var got historyWithWindow
+	if adminGet(t, h, "/admin/v1/history", &got) != http.StatusOK {
+		t.Fatal("GET /admin/v1/history failed")
+	}
+	if got.SpendToday != nil || got.Priced[servertest.SimModel] {
+		t.Errorf("no price configured, yet spend today %v, priced %v", got.SpendToday, got.Priced)
+	}
+}

@@ -213,17 +213,30 @@ func (b *browser) waitFor(what, cond string) {
 	b.t.Fatalf("the dashboard never showed %s (status line: %q)", what, status)
 }
 
-// screenshot saves the whole page as name under the test's temp dir and,
-// when TAILGATE_ARTIFACTS is set, there too.
+// screenshot saves the whole page as name and returns its path; see shot.
 func (b *browser) screenshot(name string) string {
 	b.t.Helper()
+	return b.shot(name, true)
+}
+
+// shot saves a PNG of the page (whole, or what the viewport shows) as name
+// in $TAILGATE_SCREENSHOTS when set, else in the test's temp dir, and logs
+// its path. TAILGATE_ARTIFACTS, when set, gets a copy too.
+func (b *browser) shot(name string, whole bool) string {
+	b.t.Helper()
 	var r struct{ Data string }
-	b.call(b.session, "Page.captureScreenshot", map[string]any{"format": "png", "captureBeyondViewport": true}, &r)
+	b.call(b.session, "Page.captureScreenshot", map[string]any{"format": "png", "captureBeyondViewport": whole}, &r)
 	png, err := base64.StdEncoding.DecodeString(r.Data)
 	if err != nil || len(png) == 0 {
 		b.t.Fatalf("screenshot: %v (%d bytes)", err, len(png))
 	}
-	path := filepath.Join(b.t.TempDir(), name)
+	dir := os.Getenv("TAILGATE_SCREENSHOTS")
+	if dir == "" {
+		dir = b.t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.t.Fatalf("TAILGATE_SCREENSHOTS: %v", err)
+	}
+	path := filepath.Join(dir, name)
 	if err := os.WriteFile(path, png, 0o644); err != nil {
 		b.t.Fatal(err)
 	}

@@ -313,20 +313,32 @@ func TestDashboardShowsAnOutageOnItsFirstScreen(t *testing.T) {
 	b.navigate(d.ui.URL + "/ui/#token=" + servertest.AdminToken)
 	b.waitFor("the outage banner", `!document.querySelector("#outage").hidden`)
 	b.waitFor("the budgets", `document.querySelectorAll("#budget tbody tr").length > 0`)
+	b.waitFor("the first line red", `document.querySelector("#kpis").classList.contains("red")`)
 	var got struct {
 		Text, Background string
 		Top, Height      float64
 		Lost, Over       bool
 		LostRow          string
+		KPIBackground    string
+		KPITop           float64
+		SLO, Replicas    string
 	}
 	b.eval(`(() => {
-		const o = document.querySelector("#outage"), r = o.getBoundingClientRect();
+		const o = document.querySelector("#outage"), r = o.getBoundingClientRect(), k = document.querySelector("#kpis");
+		const kpi = (id) => document.querySelector(id + " .value").textContent;
 		const row = [...document.querySelectorAll("#replicas tbody tr")].find(tr => tr.cells[0].textContent === "w1");
 		return {text: o.textContent, background: getComputedStyle(o).backgroundColor, top: r.top, height: window.innerHeight,
 			lost: !!row && row.cells[1].classList.contains("state-lost"), lostRow: row ? row.textContent : "",
-			over: document.querySelector("#budget-panel").classList.contains("over")};
+			over: document.querySelector("#budget-panel").classList.contains("over"),
+			kpiBackground: getComputedStyle(k).backgroundColor, kpiTop: k.getBoundingClientRect().top,
+			slo: kpi("#kpi-slo"), replicas: kpi("#kpi-replicas")};
 	})()`, &got)
 	b.screenshot("dashboard-outage.png")
+	b.shot("dashboard-outage-first-screen.png", false)
+	if got.KPIBackground != "rgb(192, 54, 44)" || got.KPITop < 0 || got.KPITop > got.Height/2 || got.SLO != "outage" || got.Replicas != "0/2" {
+		t.Errorf("in the outage the first line is %s at %v px, SLO %q, replicas %q; want red on the first screen, outage, 0/2",
+			got.KPIBackground, got.KPITop, got.SLO, got.Replicas)
+	}
 	if got.Top < 0 || got.Top > got.Height/3 {
 		t.Errorf("the outage banner is at %v px of a %v px screen: not on the first screen's top", got.Top, got.Height)
 	}
@@ -348,4 +360,129 @@ func TestDashboardShowsAnOutageOnItsFirstScreen(t *testing.T) {
 	// A replica ready again: the banner goes.
 	d.h.AddReplica("sim-a", d.h.Upstreams[0].URL, "")
 	b.waitFor("the banner to go", `document.querySelector("#outage").hidden`)
+	b.waitFor("the first line no longer red", `!document.querySelector("#kpis").classList.contains("red") && document.querySelector("#kpi-slo .value").textContent !== "outage"`)
+}
+
+// TestDashboardFirstScreenKPIsSidePanelAndTooltips: after some requests the
+// first line shows live values of the last minute; a request's detail opens
+// in a side panel beside the list, in view, even for a row far down the
+// page; a chart shows values under the pointer; unpriced money shows "—".
+func TestDashboardFirstScreenKPIsSidePanelAndTooltips(t *testing.T) {
+	d := startDashboard(t, sim.Config{Model: servertest.SimModel, TTFT: 20 * time.Millisecond, TTFTSigma: -1})
+	secret := d.h.Key(policy.KeyOptions{Tenant: "kpi"})
+	for i := range 12 {
+		body := hiBody
+		if i%2 == 0 {
+			body = hiStreamBody
+		}
+		if code := d.status(t, secret, body); code != http.StatusOK {
+			t.Fatalf("request: %d", code)
+		}
+	}
+	if code := d.status(t, secret, `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`); code != http.StatusNotFound {
+		t.Fatalf("unknown model: %d", code)
+	}
+
+	b := startBrowser(t, 1400, 900)
+	b.navigate(d.ui.URL + "/ui/#token=" + servertest.AdminToken)
+	b.waitFor("the first line's live values", `parseFloat(document.querySelector("#kpi-rps .value").textContent) > 0 &&
+		document.querySelector("#kpi-ttft .value").textContent.endsWith("ms") &&
+		parseFloat(document.querySelector("#kpi-tokens .value").textContent) > 0 &&
+		document.querySelector("#kpi-slo .value").textContent !== "–"`)
+	var kpi map[string]string
+	b.eval(`Object.fromEntries([...document.querySelectorAll("#kpis .kpi")].map(k => [k.id, k.querySelector(".value").textContent]))`, &kpi)
+	var top float64
+	b.eval(`document.querySelector("#kpis").getBoundingClientRect().top`, &top)
+	b.shot("dashboard-kpis.png", false)
+	if top < 0 || top > 300 {
+		t.Errorf("the first line is at %v px: not on the first screen", top)
+	}
+	if kpi["kpi-replicas"] != "2/2" || kpi["kpi-spend"] != "—" || !strings.HasSuffix(kpi["kpi-errors"], "%") || kpi["kpi-errors"] == "0.0 %" {
+		t.Errorf("first line %v: want 2/2 replicas, no money without a price, the 404 among the errors", kpi)
+	}
+	var unpriced struct {
+		Zero bool
+		Cost string
+	}
+	b.eval(`({zero: document.body.innerText.includes("0.000000"),
+		cost: [...document.querySelectorAll("#usage tbody tr")].find(r => r.textContent.includes("tailgate-sim")).cells[6].textContent})`, &unpriced)
+	if unpriced.Zero || unpriced.Cost != "—" {
+		t.Errorf("an unpriced model's cost shows %q (0.000000 on the page: %v), want —", unpriced.Cost, unpriced.Zero)
+	}
+
+	// The oldest request's row, scrolled to as a user would, opens its
+	// detail beside the list and in view.
+	b.eval(`(() => { const rows = document.querySelectorAll("#requests tbody tr.clickable"); const r = rows[rows.length - 1];
+		r.scrollIntoView({block: "center"}); r.click(); })()`, nil)
+	b.waitFor("the side panel", `!document.querySelector("#request-detail").hidden`)
+	var panel struct {
+		Top, Bottom, Left, ListRight, TableRight, RowTop, Height, Scroll float64
+		Text                                                             string
+	}
+	b.eval(`(() => { const p = document.querySelector("#request-detail").getBoundingClientRect();
+		const l = document.querySelector("#requests-panel .split .list").getBoundingClientRect();
+		const row = document.querySelector("#requests tbody tr.open").getBoundingClientRect();
+		const table = document.querySelector("#requests").getBoundingClientRect();
+		return {top: p.top, bottom: p.bottom, left: p.left, listRight: l.right, tableRight: table.right, rowTop: row.top, height: window.innerHeight,
+			scroll: window.scrollY, text: document.querySelector("#request-detail").innerText}; })()`, &panel)
+	b.shot("dashboard-side-panel.png", false)
+	if panel.Top < 0 || panel.Top >= panel.Height || panel.Bottom <= 0 {
+		t.Errorf("the side panel spans %v–%v px of a %v px viewport (page scrolled %v px): not in view", panel.Top, panel.Bottom, panel.Height, panel.Scroll)
+	}
+	if panel.Left < panel.ListRight || panel.TableRight > panel.ListRight+1 {
+		t.Errorf("the side panel starts at x=%v; the list ends at %v, its table at %v: want the panel beside the whole list", panel.Left, panel.ListRight, panel.TableRight)
+	}
+	if panel.Scroll < 200 || panel.RowTop < 0 || panel.RowTop > panel.Height {
+		t.Errorf("the clicked row is at %v px (page scrolled %v px): the test did not open a row far down", panel.RowTop, panel.Scroll)
+	}
+	for _, w := range []string{"attempts: 1", "engine_ttft", "total"} {
+		if !strings.Contains(panel.Text, w) {
+			t.Errorf("the side panel lacks %q:\n%s", w, panel.Text)
+		}
+	}
+
+	// Hovering a chart reads its values out.
+	b.eval(`document.querySelector("#charts").scrollIntoView()`, nil)
+	b.waitFor("a chart with points", `document.querySelectorAll("#charts svg path").length > 0`)
+	var tip string
+	b.eval(`(() => { const o = document.querySelector("#charts figure rect.hover"), r = o.getBoundingClientRect();
+		o.dispatchEvent(new MouseEvent("mousemove", {clientX: r.right - 8, clientY: r.top + 20, bubbles: true}));
+		const t = document.querySelector("#charts figure .tooltip"); return t.hidden ? "" : t.innerText; })()`, &tip)
+	if !strings.Contains(tip, "requests") || !strings.Contains(tip, "/s") {
+		t.Errorf("hovering the request-rate chart shows %q, want the requests per second at that time", tip)
+	}
+	b.shot("dashboard-tooltip.png", false)
+}
+
+// TestDashboardSignInScreen: without a token the dashboard shows a sign-in
+// screen, not empty tables; the pasted token opens it; a wrong one brings
+// the sign-in back saying so.
+func TestDashboardSignInScreen(t *testing.T) {
+	d := startDashboard(t, sim.Config{Model: servertest.SimModel})
+	b := startBrowser(t, 1280, 800)
+	b.navigate(d.ui.URL + "/ui/")
+	b.waitFor("the sign-in screen", `!document.querySelector("#signin").hidden`)
+	var first struct {
+		App     bool
+		Text    string
+		Loading bool
+	}
+	b.eval(`({app: !document.querySelector("#app").hidden, text: document.body.innerText, loading: document.body.innerText.includes("loading")})`, &first)
+	b.shot("dashboard-signin.png", false)
+	if first.App || first.Loading || !strings.Contains(first.Text, "admin.token") {
+		t.Errorf("without a token: dashboard shown %v, %q", first.App, first.Text)
+	}
+
+	b.eval(`(() => { document.querySelector("#token").value = "wrong"; document.querySelector("#login button").click(); })()`, nil)
+	b.waitFor("the token refused", `document.querySelector("#signin-why").textContent.includes("admin token rejected") && !document.querySelector("#signin").hidden`)
+
+	b.eval(`(() => { document.querySelector("#token").value = "`+servertest.AdminToken+`"; document.querySelector("#login button").click(); })()`, nil)
+	b.waitFor("the dashboard after signing in", `document.querySelector("#signin").hidden && document.querySelector("#status").textContent.includes("2/2 replicas ready")`)
+	var stored string
+	b.eval(`sessionStorage.getItem("tailgate.adminToken")`, &stored)
+	if stored != servertest.AdminToken {
+		t.Errorf("the tab stores %q after signing in", stored)
+	}
+	b.eval(`document.querySelector("#signout").click()`, nil)
+	b.waitFor("the sign-in screen after signing out", `!document.querySelector("#signin").hidden && sessionStorage.getItem("tailgate.adminToken") === null`)
 }

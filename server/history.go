@@ -15,11 +15,13 @@ import (
 
 // The dashboard's last hour, kept in memory: every HistoryInterval the
 // recorder samples the Prometheus registry the gateway already fills
-// (requests, TTFT, hedges, ejections) and the replica registry (state,
-// queue, KV use), and keeps the differences as one point in a ring. It adds
-// nothing to the request path. Replica state is sampled more often than
-// points are kept, so a state's changes are seen within a second; a flap
-// shorter than that still shows in the ejection counts.
+// (requests, TTFT, tokens, hedges, ejections) and the replica registry
+// (state, queue, KV use), and keeps the differences as one point in a ring.
+// It adds nothing to the request path. Replica state is sampled more often
+// than points are kept, so a state's changes are seen within a second; a
+// flap shorter than that still shows in the ejection counts. At start the
+// ring is seeded from the ledger (history_seed.go), so a restart keeps the
+// hour's requests, errors, TTFT, tokens and spend.
 
 const (
 	historyPoints      = 360 // one hour of 10 s points
@@ -40,14 +42,25 @@ type HistoryPoint struct {
 	// TTFT holds client-visible TTFT percentiles (ms) of the interval from
 	// tailgate_ttft_seconds, keyed by its answer label: "stream", and "json"
 	// (a whole answer's time, never mixed into the streams'). A percentile
-	// is the upper bound of the bucket it falls in.
-	TTFT           map[string]Percentiles `json:"ttft_ms"`
+	// is interpolated inside the bucket it falls in, as Prometheus'
+	// histogram_quantile does.
+	TTFT             map[string]Percentiles `json:"ttft_ms"`
+	PromptTokens     float64                `json:"prompt_tokens"`
+	CompletionTokens float64                `json:"completion_tokens"`
+	// FromLedger marks a point rebuilt from the ledger at start: it has
+	// no replica load, ejections or hedge outcomes.
+	FromLedger     bool                   `json:"from_ledger,omitempty"`
 	HedgesWon      float64                `json:"hedges_won"`
 	HedgesLost     float64                `json:"hedges_lost"`
 	HedgeOverhead  float64                `json:"hedge_overhead_tokens"`
 	Ejections      map[string]float64     `json:"ejections"` // by reason
 	Replicas       map[string]ReplicaLoad `json:"replicas"`
 	TenantSpentUSD map[string]float64     `json:"tenant_spent"` // cumulative spend, by tenant
+
+	// ttft holds the interval's TTFT buckets by answer (cumulative over
+	// the buckets, counted over the interval), so a window of several
+	// points has percentiles of its own.
+	ttft map[string][]bucket
 }
 
 // Percentiles are p50, p95 and p99 in milliseconds; nil when no request
@@ -95,6 +108,8 @@ func newHistory() *history {
 // counters are the cumulative values a point is the difference of.
 type counters struct {
 	requests  float64
+	prompt    float64
+	output    float64
 	errors    map[string]float64
 	hedges    map[string]float64
 	overhead  float64
@@ -105,9 +120,14 @@ type counters struct {
 type bucket struct{ le, count float64 }
 
 // RunHistory records the dashboard's time series until ctx is done:
-// a point every Config.HistoryInterval, replica state changes every second.
+// first the ledger's rows of the last hour, then a point every
+// Config.HistoryInterval, replica state changes every second.
 func (s *Server) RunHistory(ctx context.Context) error {
-	s.sampleHistory(time.Now())
+	now := time.Now()
+	if err := s.seedHistory(ctx, now); err != nil {
+		s.log.Warn("dashboard: the last hour could not be read from the ledger; it starts empty", "err", err)
+	}
+	s.sampleHistory(now)
 	points := time.NewTicker(s.cfg.HistoryInterval)
 	defer points.Stop()
 	states := time.NewTicker(min(stateSampleEvery, s.cfg.HistoryInterval))
@@ -165,10 +185,17 @@ func (h *history) add(p HistoryPoint, c counters) {
 	p.HedgesWon = math.Max(0, c.hedges["won"]-prev.hedges["won"])
 	p.HedgesLost = math.Max(0, c.hedges["lost"]-prev.hedges["lost"])
 	p.HedgeOverhead = math.Max(0, c.overhead-prev.overhead)
-	p.TTFT = map[string]Percentiles{}
+	p.PromptTokens = math.Max(0, c.prompt-prev.prompt)
+	p.CompletionTokens = math.Max(0, c.output-prev.output)
+	p.TTFT, p.ttft = map[string]Percentiles{}, map[string][]bucket{}
 	for answer, bs := range c.ttft {
-		p.TTFT[answer] = percentiles(bs, prev.ttft[answer])
+		d := delta(bs, prev.ttft[answer])
+		p.ttft[answer], p.TTFT[answer] = d, percentiles(d)
 	}
+	h.pushLocked(p)
+}
+
+func (h *history) pushLocked(p HistoryPoint) {
 	h.points[h.next] = p
 	h.next = (h.next + 1) % len(h.points)
 	h.full = h.full || h.next == 0
@@ -210,6 +237,61 @@ func (h *history) sampleStates(reps []*router.Replica, now time.Time) {
 	}
 }
 
+// Window sums the points of the last d (up to the newest point): the
+// dashboard's first line.
+type Window struct {
+	Seconds      float64 `json:"window_seconds"`
+	Requests     float64 `json:"requests"`
+	RequestsPerS float64 `json:"requests_per_s"`
+	// ErrorRatio is the share of answers that were errors (4xx, 429 and
+	// 5xx); nil without requests. Errors counts them by class.
+	ErrorRatio *float64           `json:"error_ratio"`
+	Errors     map[string]float64 `json:"errors"`
+	// TTFTP95 is the streams' client-visible TTFT p95 (ms), interpolated
+	// in the window's summed buckets; nil without streams.
+	TTFTP95          *float64 `json:"ttft_p95_ms"`
+	OutputTokensPerS float64  `json:"output_tokens_per_s"`
+	TokensPerS       float64  `json:"tokens_per_s"`
+}
+
+// window sums the points whose interval ended within d of the newest.
+func (h *history) window(d time.Duration) Window {
+	pts, _ := h.snapshot()
+	w := Window{Errors: map[string]float64{}}
+	if len(pts) == 0 {
+		return w
+	}
+	from := pts[len(pts)-1].Time.Add(-d)
+	var stream []bucket
+	var tokens, output float64
+	for _, p := range pts {
+		if !p.Time.After(from) {
+			continue
+		}
+		w.Seconds += p.Seconds
+		w.Requests += p.Requests
+		for k, v := range p.Errors {
+			w.Errors[k] += v
+		}
+		tokens += p.PromptTokens + p.CompletionTokens
+		output += p.CompletionTokens
+		stream = sumBuckets(stream, p.ttft["stream"])
+	}
+	if w.Seconds > 0 {
+		w.RequestsPerS, w.TokensPerS, w.OutputTokensPerS = w.Requests/w.Seconds, tokens/w.Seconds, output/w.Seconds
+	}
+	if w.Requests > 0 {
+		var bad float64
+		for _, v := range w.Errors {
+			bad += v
+		}
+		r := math.Min(1, bad/w.Requests)
+		w.ErrorRatio = &r
+	}
+	w.TTFTP95 = percentiles(stream).P95
+	return w
+}
+
 // snapshot returns the points oldest first and each replica's transitions.
 func (h *history) snapshot() ([]HistoryPoint, map[string][]Transition) {
 	h.mu.Lock()
@@ -246,8 +328,13 @@ func (s *Server) gatherCounters() counters {
 			case "tailgate_hedges_total":
 				c.hedges[label(m, "outcome")] += m.GetCounter().GetValue()
 			case "tailgate_tokens_total":
-				if label(m, "kind") == "hedge_overhead" {
+				switch label(m, "kind") {
+				case "hedge_overhead":
 					c.overhead += m.GetCounter().GetValue()
+				case "prompt":
+					c.prompt += m.GetCounter().GetValue()
+				case "completion":
+					c.output += m.GetCounter().GetValue()
 				}
 			case "tailgate_ejections_total":
 				c.ejections[label(m, "reason")] += m.GetCounter().GetValue()
@@ -304,40 +391,82 @@ func addBuckets(acc []bucket, h *dto.Histogram) []bucket {
 	return acc
 }
 
-// percentiles computes p50/p95/p99 of the observations between prev and
-// cur (cumulative buckets), as bucket upper bounds in milliseconds.
-func percentiles(cur, prev []bucket) Percentiles {
+// delta returns the observations between prev and cur (cumulative
+// buckets of the same layout; prev nil or of another layout counts as
+// none).
+func delta(cur, prev []bucket) []bucket {
 	d := make([]bucket, len(cur))
 	for i := range cur {
 		d[i] = cur[i]
 		if len(prev) == len(cur) {
-			d[i].count -= prev[i].count
+			d[i].count = math.Max(0, d[i].count-prev[i].count)
 		}
 	}
+	return d
+}
+
+// sumBuckets adds b's counts to acc (the same layout, or acc empty).
+func sumBuckets(acc, b []bucket) []bucket {
+	if acc == nil {
+		return append([]bucket(nil), b...)
+	}
+	if len(acc) != len(b) {
+		return acc
+	}
+	for i := range b {
+		acc[i].count += b[i].count
+	}
+	return acc
+}
+
+// percentiles computes p50/p95/p99 in milliseconds of cumulative buckets.
+func percentiles(d []bucket) Percentiles {
 	var p Percentiles
-	if len(d) == 0 {
+	if len(d) == 0 || d[len(d)-1].count <= 0 {
 		return p
 	}
 	p.N = d[len(d)-1].count
-	if p.N <= 0 {
-		p.N = 0
-		return p
-	}
 	at := func(q float64) *float64 {
-		rank := q * p.N
-		i := sort.Search(len(d), func(i int) bool { return d[i].count >= rank })
-		if i == len(d) {
-			i = len(d) - 1
+		v := bucketQuantile(q, d) * 1000
+		if math.IsNaN(v) {
+			return nil
 		}
-		le := d[i].le
-		if math.IsInf(le, 1) && i > 0 {
-			le = d[i-1].le // past the last bound: say at least that
-		}
-		v := le * 1000
 		return &v
 	}
 	p.P50, p.P95, p.P99 = at(.5), at(.95), at(.99)
 	return p
+}
+
+// bucketQuantile returns the q-quantile (0 < q < 1) of cumulative buckets
+// whose last is +Inf, as Prometheus' histogram_quantile computes it: the
+// bucket the rank falls in is found and the value interpolated linearly
+// between its lower and upper bound (the first bucket's lower bound is 0
+// when its upper bound is positive). A rank in the +Inf bucket answers the
+// highest finite bound: "at least that". NaN without observations.
+func bucketQuantile(q float64, bs []bucket) float64 {
+	if len(bs) == 0 || bs[len(bs)-1].count <= 0 {
+		return math.NaN()
+	}
+	rank := q * bs[len(bs)-1].count
+	i := sort.Search(len(bs), func(i int) bool { return bs[i].count >= rank })
+	switch {
+	case i == len(bs)-1 && math.IsInf(bs[i].le, 1):
+		if i == 0 {
+			return math.NaN()
+		}
+		return bs[i-1].le
+	case i == 0 && bs[0].le <= 0:
+		return bs[0].le
+	}
+	lower, below := 0.0, 0.0
+	if i > 0 {
+		lower, below = bs[i-1].le, bs[i-1].count
+	}
+	upper, in := bs[i].le, bs[i].count-below
+	if in <= 0 {
+		return upper
+	}
+	return lower + (upper-lower)*(rank-below)/in
 }
 
 // diff returns cur minus prev per key, leaving out zeros.

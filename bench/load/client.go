@@ -60,7 +60,7 @@ func (s *sender) send(ctx context.Context, req Request, intended time.Time, rec 
 	rec.Index, rec.Stream, rec.Source = req.Index, req.Stream, req.Source
 	rec.PromptTokens, rec.MaxTokens = req.PromptTokens, req.MaxTokens
 	rec.Intended = intended.Sub(s.start)
-	rec.TTFT, rec.Total = -1, -1
+	rec.TTFT, rec.Total, rec.LastToken = -1, -1, -1
 	since := func() time.Duration { return time.Since(intended) }
 
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -199,6 +199,7 @@ func (s *sender) readStream(ctx context.Context, body io.Reader, intended time.T
 				rec.Gaps = append(rec.Gaps, now.Sub(last))
 			}
 			last = now
+			rec.LastToken = now.Sub(intended)
 			rec.Chunks++
 		}
 		if bytes.Contains(payload, usageKey) {

@@ -94,8 +94,13 @@ func (c *Comparison) WriteText(w io.Writer) error {
 		for _, q := range []string{"p50", "p95", "p99"} {
 			row("", "total "+q, pa.Total.Get(q), pb.Total.Get(q), true)
 		}
-		if pa.Gap.N > 0 && pb.Gap.N > 0 {
-			row("", "chunk gap p99", pa.Gap.Get("p99"), pb.Gap.Get("p99"), true)
+		fmt.Fprintf(tw, "\toutput tok/s\t%.1f\t%.1f\t%s\t\n", pa.OutputTokensPerS, pb.OutputTokensPerS, ratio(pa.OutputTokensPerS, pb.OutputTokensPerS))
+		if pa.TPOT.N > 0 && pb.TPOT.N > 0 {
+			row("", "tpot p50", pa.TPOT.Get("p50"), pb.TPOT.Get("p50"), true)
+			row("", "tpot p95", pa.TPOT.Get("p95"), pb.TPOT.Get("p95"), true)
+		}
+		if pa.ITL.N > 0 && pb.ITL.N > 0 {
+			row("", "itl p99", pa.ITL.Get("p99"), pb.ITL.Get("p99"), true)
 		}
 		// The gateway's ttft and total repeat the client's; connect is
 		// about nothing but keep-alive.

@@ -2,10 +2,12 @@ package load
 
 import (
 	"context"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -119,5 +121,107 @@ func TestHTMLComparisonOverlaysBothRuns(t *testing.T) {
 	}
 	if !strings.Contains(dom, "== compare: A = scripted, B = B ==") {
 		t.Error("the page lacks the side-by-side comparison")
+	}
+}
+
+// decodeResult is a run of one phase whose streams' TTFTs and totals
+// include values that fall on the CDF's axis ticks (20, 50, 100, 200 ms):
+// where the axis says 50, the curve's 50 ms point must be.
+func decodeResult(t *testing.T, label string) *Result {
+	plan := mustPlan(t, "steady:10s")
+	ttfts := []float64{12, 20, 31, 44, 50, 72, 100, 150, 200, 350}
+	var recs []Record
+	for i, v := range ttfts {
+		r := rec(float64(i)*0.5, "a", v, 2*v)
+		r.Index, r.Stream, r.Completion, r.LastToken = i, true, 11, msd(v+100)
+		recs = append(recs, r)
+	}
+	return &Result{Label: label, BaseURL: "http://gw/v1", Rate: 1, Seed: 1, Plan: plan, Elapsed: 10 * time.Second, Records: recs}
+}
+
+var (
+	xtickRE = regexp.MustCompile(`<text [^>]*class="xtick"[^>]*>([^<]*)</text>`)
+	attrXRE = regexp.MustCompile(` x="([-0-9.]+)"`)
+	cdfRE   = regexp.MustCompile(`<path [^>]*class="cdf"[^>]*>`)
+	pathDRE = regexp.MustCompile(` d="([^"]+)"`)
+	vertRE  = regexp.MustCompile(`[ML]([-0-9.]+) ([-0-9.]+)`)
+)
+
+// cdfSVG returns the rendered CDF svg of metric (its whole element).
+func cdfSVG(t *testing.T, dom, metric string) string {
+	t.Helper()
+	tag := svgTag(t, dom, "cdf", `data-metric="`+metric+`"`)
+	i := strings.Index(dom, tag)
+	end := strings.Index(dom[i:], "</svg>")
+	return dom[i : i+end]
+}
+
+// tickValue reads an axis label as fmt wrote it: "50", "1s", "1.5s".
+func tickValue(t *testing.T, label string) float64 {
+	t.Helper()
+	scale := 1.0
+	if s, ok := strings.CutSuffix(label, "s"); ok {
+		label, scale = s, 1000
+	}
+	v, err := strconv.ParseFloat(label, 64)
+	if err != nil {
+		t.Fatalf("tick label %q: %v", label, err)
+	}
+	return v * scale
+}
+
+// TestCDFTicksSitWhereTheCurveHasTheirValue reads the report's SVG as a
+// reader does: for each x-axis tick label v at x, the curve's point for the
+// request whose latency is v is at the same x — on a single report and on a
+// comparison (--compare), for TTFT and total.
+func TestCDFTicksSitWhereTheCurveHasTheirValue(t *testing.T) {
+	for _, reports := range [][]*Report{
+		{Analyze(decodeResult(t, "A"), 5*time.Second)},
+		{Analyze(decodeResult(t, "A"), 5*time.Second), Analyze(decodeResult(t, "B"), 5*time.Second)},
+	} {
+		dom := renderDOM(t, writeHTML(t, reports...))
+		if !strings.Contains(dom, `data-status="rendered"`) {
+			t.Fatalf("the page's script did not finish:\n%s", dom)
+		}
+		for _, metric := range []string{"ttft", "total"} {
+			svg := cdfSVG(t, dom, metric)
+			// The curve's vertices, one per request in latency order (the
+			// last repeats the largest at fraction 1).
+			vals := []float64{12, 20, 31, 44, 50, 72, 100, 150, 200, 350}
+			if metric == "total" {
+				for i := range vals {
+					vals[i] *= 2
+				}
+			}
+			paths := cdfRE.FindAllString(svg, -1)
+			if len(paths) != len(reports) {
+				t.Fatalf("%s: %d curves, want %d", metric, len(paths), len(reports))
+			}
+			for _, p := range paths {
+				verts := vertRE.FindAllStringSubmatch(pathDRE.FindStringSubmatch(p)[1], -1)
+				if len(verts) != len(vals)+1 {
+					t.Fatalf("%s curve has %d vertices, want %d: %s", metric, len(verts), len(vals)+1, p)
+				}
+				matched := 0
+				for _, tk := range xtickRE.FindAllStringSubmatch(svg, -1) {
+					v := tickValue(t, tk[1])
+					tx, _ := strconv.ParseFloat(attrXRE.FindStringSubmatch(tk[0])[1], 64)
+					for i, dv := range vals {
+						if dv != v {
+							continue
+						}
+						matched++
+						cx, _ := strconv.ParseFloat(verts[i][1], 64)
+						if math.Abs(cx-tx) > 0.6 {
+							t.Errorf("%s (%d reports): the tick %q is at x=%.1f but the curve's %g ms point is at x=%.1f",
+								metric, len(reports), tk[1], tx, dv, cx)
+						}
+					}
+				}
+				if matched < 2 {
+					t.Errorf("%s: only %d ticks fall on data values; the test checks nothing:\n%s", metric, matched, svg)
+				}
+			}
+		}
 	}
 }

@@ -45,6 +45,10 @@ type Record struct {
 	TTFT  time.Duration // to the first token (non-streams: to the response); <0 unknown
 	Total time.Duration // to the end of the answer or the error; <0 unknown
 	Gaps  []time.Duration
+	// LastToken is when the last content chunk of a stream arrived, from
+	// the intended send time; <0 unknown (a non-streaming answer arrives
+	// whole, so it has no decode time of its own).
+	LastToken time.Duration
 	// Chunks is the number of content chunks received.
 	Chunks int
 
@@ -73,6 +77,17 @@ func (r *Record) FirstToken() (time.Duration, bool) {
 		return 0, false
 	}
 	return r.Intended + r.TTFT, true
+}
+
+// TPOT is the request's time per output token after the first: the
+// decode time (first to last content chunk) over the completion tokens
+// after the first, as vLLM's benchmark counts it; ok is false for a
+// non-stream, an answer of one token or an unknown count.
+func (r *Record) TPOT() (time.Duration, bool) {
+	if !r.Stream || r.Completion < 2 || r.TTFT < 0 || r.LastToken < r.TTFT {
+		return 0, false
+	}
+	return (r.LastToken - r.TTFT) / time.Duration(r.Completion-1), true
 }
 
 // MaxGap is the longest gap between content chunks.
@@ -109,6 +124,7 @@ type recordJSON struct {
 	ErrorStage   string             `json:"error_stage,omitempty"`
 	TTFTMS       *float64           `json:"ttft_ms"`
 	TotalMS      *float64           `json:"total_ms"`
+	LastTokenMS  *float64           `json:"last_token_ms,omitempty"`
 	Chunks       int                `json:"chunks,omitempty"`
 	MaxGapMS     float64            `json:"max_gap_ms,omitempty"`
 	RequestID    string             `json:"request_id,omitempty"`
@@ -122,7 +138,7 @@ func (r Record) MarshalJSON() ([]byte, error) {
 	return json.Marshal(recordJSON{
 		Index: r.Index, Phase: r.Span + 1, IntendedMS: ms(r.Intended), SentMS: ms(r.Sent), Stream: r.Stream,
 		PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, Completion: r.Completion, Status: r.Status,
-		Error: r.ErrClass, ErrorCode: r.ErrCode, ErrorStage: r.ErrStage, TTFTMS: optMS(r.TTFT), TotalMS: optMS(r.Total),
+		Error: r.ErrClass, ErrorCode: r.ErrCode, ErrorStage: r.ErrStage, TTFTMS: optMS(r.TTFT), TotalMS: optMS(r.Total), LastTokenMS: optMS(r.LastToken),
 		Chunks: r.Chunks, MaxGapMS: ms(r.MaxGap()), RequestID: r.RequestID, Replica: r.Replica, Attempts: r.Attempts,
 		StagesMS: r.StageMS,
 	})
@@ -144,7 +160,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 	}
 	*r = Record{Index: j.Index, Span: j.Phase - 1, Intended: d(j.IntendedMS), Sent: d(j.SentMS), Stream: j.Stream,
 		PromptTokens: j.PromptTokens, MaxTokens: j.MaxTokens, Completion: j.Completion, Status: j.Status,
-		ErrClass: j.Error, ErrCode: j.ErrorCode, ErrStage: j.ErrorStage, TTFT: opt(j.TTFTMS), Total: opt(j.TotalMS),
+		ErrClass: j.Error, ErrCode: j.ErrorCode, ErrStage: j.ErrorStage, TTFT: opt(j.TTFTMS), Total: opt(j.TotalMS), LastToken: opt(j.LastTokenMS),
 		Chunks: j.Chunks, RequestID: j.RequestID, Replica: j.Replica, Attempts: j.Attempts, StageMS: maps.Clone(j.StagesMS)}
 	if j.MaxGapMS > 0 {
 		r.Gaps = []time.Duration{d(j.MaxGapMS)}

@@ -72,11 +72,21 @@ type PhaseReport struct {
 	Midstream        int            `json:"errors_midstream"`
 	// Throughput is successful requests per second of the phase.
 	Throughput float64 `json:"throughput"`
+	// OutputTokens are the completion tokens of the successful requests
+	// (as their usage reported them) and OutputTokensPerS their rate over
+	// the phase: the figure a team sizing GPUs compares.
+	OutputTokens     int64   `json:"output_tokens"`
+	OutputTokensPerS float64 `json:"output_tokens_per_s"`
 
 	TTFT  Summary `json:"ttft_ms"`
 	Total Summary `json:"total_ms"`
-	// Gap summarizes the gaps between content chunks of streams.
-	Gap Summary `json:"gap_ms"`
+	// TPOT is the time per output token after the first, one value per
+	// successful stream of at least two tokens (see [Record.TPOT]).
+	TPOT Summary `json:"tpot_ms"`
+	// ITL, the inter-token latency, summarizes the gaps between content
+	// chunks of streams (an engine sends one token per chunk unless it
+	// batches them).
+	ITL Summary `json:"itl_ms"`
 	// SendLag is how late the client sent requests against the schedule;
 	// it is part of every latency above.
 	SendLag Summary `json:"send_lag_ms"`
@@ -257,7 +267,7 @@ func (a *analysis) countsTTFT(r *Record) bool { return r.Stream || !a.streamsOnl
 func (a *analysis) phaseReport(name string, start, end time.Duration, recs []*Record) PhaseReport {
 	pr := PhaseReport{Name: name, StartS: secs(start), EndS: secs(end), Requests: len(recs),
 		ErrorsByClass: map[string]int{}, Stages: map[string]Summary{}}
-	var ttft, total, gaps, lag []float64
+	var ttft, total, gaps, lag, tpot []float64
 	stages := map[string][]float64{}
 	for _, r := range recs {
 		if r.Stream {
@@ -284,6 +294,10 @@ func (a *analysis) phaseReport(name string, start, end time.Duration, recs []*Re
 		for _, g := range r.Gaps {
 			gaps = append(gaps, ms(g))
 		}
+		pr.OutputTokens += int64(r.Completion)
+		if d, ok := r.TPOT(); ok {
+			tpot = append(tpot, ms(d))
+		}
 		for k, v := range r.StageMS {
 			if a.countsTTFT(r) || !slices.Contains(TTFTStages, k) {
 				stages[k] = append(stages[k], v)
@@ -295,8 +309,10 @@ func (a *analysis) phaseReport(name string, start, end time.Duration, recs []*Re
 	}
 	if d := end - start; d > 0 {
 		pr.Throughput = float64(pr.OK) / d.Seconds()
+		pr.OutputTokensPerS = float64(pr.OutputTokens) / d.Seconds()
 	}
-	pr.TTFT, pr.Total, pr.Gap, pr.SendLag = Summarize(ttft), Summarize(total), Summarize(gaps), Summarize(lag)
+	pr.TTFT, pr.Total, pr.ITL, pr.SendLag = Summarize(ttft), Summarize(total), Summarize(gaps), Summarize(lag)
+	pr.TPOT = Summarize(tpot)
 	for k, v := range stages {
 		pr.Stages[k] = Summarize(v)
 	}

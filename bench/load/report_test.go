@@ -3,6 +3,8 @@ package load
 import (
 	"encoding/json"
 	"reflect"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 )
@@ -226,4 +228,52 @@ func TestNotes(t *testing.T) {
 func show(v any) string {
 	b, _ := json.MarshalIndent(v, "", " ")
 	return string(b)
+}
+
+// TestOutputTokensAndTPOTPerPhase: ten streams of 11 tokens each, their
+// last token 100 ms after the first, in a 10 s phase: 110 output tokens,
+// 11 tokens/s, a TPOT of 10 ms each — in the report, its JSON and its text.
+func TestOutputTokensAndTPOTPerPhase(t *testing.T) {
+	rep := Analyze(decodeResult(t, "decode"), 5*time.Second)
+	p := rep.Phases[0]
+	if p.OutputTokens != 110 || p.OutputTokensPerS != 11 {
+		t.Errorf("output tokens %d, %v/s; want 110, 11/s", p.OutputTokens, p.OutputTokensPerS)
+	}
+	if p.TPOT.N != 10 || p.TPOT.P50 != 10 || p.TPOT.Max != 10 {
+		t.Errorf("tpot %+v, want 10 values of 10 ms", p.TPOT)
+	}
+	raw, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Phases []struct {
+			TPS  float64  `json:"output_tokens_per_s"`
+			TPOT Summary  `json:"tpot_ms"`
+			ITL  *Summary `json:"itl_ms"`
+		} `json:"phases"`
+		Requests []Record `json:"requests"`
+	}
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if ph := back.Phases[0]; ph.TPS != 11 || ph.TPOT.P95 != 10 || ph.ITL == nil {
+		t.Errorf("JSON phase: %+v", ph)
+	}
+	// A saved report's requests keep what TPOT is computed from.
+	if d, ok := back.Requests[3].TPOT(); !ok || d != 10*time.Millisecond {
+		t.Errorf("request read back from JSON: TPOT %v %v", d, ok)
+	}
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"11.0 output tok/s", "out tok/s", "tpot p50"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
+		}
+	}
+	if !regexp.MustCompile(`(?m)^\s*tpot\s+10\s+10\.0`).MatchString(text.String()) {
+		t.Errorf("text report has no tpot row of 10 ms:\n%s", text.String())
+	}
 }

@@ -238,7 +238,7 @@ func (r *runner) openLoop(ctx context.Context) []Record {
 		select {
 		case sem <- struct{}{}:
 		default:
-			*rec = Record{Index: a.Index, Span: a.Span, Intended: a.At, Sent: a.At, Stream: req.Stream, Source: req.Source, TTFT: -1, Total: -1,
+			*rec = Record{Index: a.Index, Span: a.Span, Intended: a.At, Sent: a.At, Stream: req.Stream, Source: req.Source, TTFT: -1, Total: -1, LastToken: -1,
 				PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, ErrClass: ErrOverload, ErrStage: BeforeFirstToken}
 			r.prog.sent()
 			r.prog.done(rec)

@@ -145,7 +145,7 @@ func TestScriptedFailoverFigures(t *testing.T) {
 			t.Fatalf("request %d: replica %q id %q attempts %d", r.Index, r.Replica, r.RequestID, r.Attempts)
 		}
 	}
-	if streams == 0 || rep.All.Stages["gateway"].N == 0 || rep.All.Gap.N == 0 {
+	if streams == 0 || rep.All.Stages["gateway"].N == 0 || rep.All.ITL.N == 0 || rep.All.TPOT.N == 0 || rep.All.OutputTokensPerS <= 0 {
 		t.Fatalf("%d streams; gateway stage summary %+v", streams, rep.All.Stages["gateway"])
 	}
 

@@ -107,13 +107,14 @@ func (r *Report) writeText(w io.Writer, detail bool) error {
 
 	b.WriteString("\n== summary ==\n")
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "phase\ttime\tload\treqs\terrors\terr%\tttft p50\tp95\tp99\tmax\ttotal p50\tp95\tp99\tmax\t")
+	fmt.Fprintln(tw, "phase\ttime\tload\treqs\terrors\terr%\tttft p50\tp95\tp99\tmax\ttotal p50\tp95\tp99\tmax\tout tok/s\ttpot p50\tp95\titl p99\t")
 	rows := append(slices.Clone(r.Phases), r.All)
 	for _, p := range rows {
-		fmt.Fprintf(tw, "%s\t%s–%ss\t%s\t%d\t%d\t%.2f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s–%ss\t%s\t%d\t%d\t%.2f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%s\t%s\t%s\t\n",
 			p.Name, trimFloat(p.StartS), trimFloat(p.EndS), p.loadCol(), p.Requests, p.Errors, 100*p.ErrorRate,
 			p.TTFT.Show("p50"), p.TTFT.Show("p95"), p.TTFT.Show("p99"), p.TTFT.Show("max"),
-			p.Total.Show("p50"), p.Total.Show("p95"), p.Total.Show("p99"), p.Total.Show("max"))
+			p.Total.Show("p50"), p.Total.Show("p95"), p.Total.Show("p99"), p.Total.Show("max"),
+			p.OutputTokensPerS, p.TPOT.Show("p50"), p.TPOT.Show("p95"), p.ITL.Show("p99"))
 	}
 	tw.Flush()
 	for _, ev := range r.Events {
@@ -156,8 +157,11 @@ func eventWho(ev Event) string {
 // stageRows are the rows of a phase block: label and summary.
 func (p *PhaseReport) stageRows() [][2]any {
 	rows := [][2]any{{"ttft", p.TTFT}, {"total", p.Total}}
-	if p.Gap.N > 0 {
-		rows = append(rows, [2]any{"chunk gap", p.Gap})
+	if p.TPOT.N > 0 {
+		rows = append(rows, [2]any{"tpot", p.TPOT})
+	}
+	if p.ITL.N > 0 {
+		rows = append(rows, [2]any{"itl (chunk gap)", p.ITL})
 	}
 	if s, ok := p.Stages[ClientConnect]; ok {
 		rows = append(rows, [2]any{"client connect", s})
@@ -173,8 +177,8 @@ func (p *PhaseReport) stageRows() [][2]any {
 }
 
 func (r *Report) writePhase(b *strings.Builder, p *PhaseReport) {
-	fmt.Fprintf(b, "== phase %s  %s–%ss  %s  %d requests (%d streams), %d ok, %d errors (%.2f%%), %.1f ok/s ==\n",
-		p.Name, trimFloat(p.StartS), trimFloat(p.EndS), p.loadCol(), p.Requests, p.Streams, p.OK, p.Errors, 100*p.ErrorRate, p.Throughput)
+	fmt.Fprintf(b, "== phase %s  %s–%ss  %s  %d requests (%d streams), %d ok, %d errors (%.2f%%), %.1f ok/s, %.1f output tok/s ==\n",
+		p.Name, trimFloat(p.StartS), trimFloat(p.EndS), p.loadCol(), p.Requests, p.Streams, p.OK, p.Errors, 100*p.ErrorRate, p.Throughput, p.OutputTokensPerS)
 	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "  ms\tn\tp50\tp90\tp95\tp99\tmax\t")
 	for _, row := range p.stageRows() {

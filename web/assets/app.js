@@ -18,9 +18,34 @@ if (frag.get("token")) {
 $("#login").addEventListener("submit", (ev) => {
   ev.preventDefault();
   token = $("#token").value.trim();
+  $("#token").value = "";
   sessionStorage.setItem(TOKEN, token);
+  showApp();
   refresh();
 });
+
+$("#signout").addEventListener("click", () => signIn(""));
+
+// signIn shows the sign-in screen instead of the dashboard, saying why
+// (a rejected token), and forgets the token.
+function signIn(why) {
+  token = "";
+  sessionStorage.removeItem(TOKEN);
+  $("#app").hidden = true;
+  $("#outage").hidden = true;
+  $("#signout").hidden = true;
+  $("#signin").hidden = false;
+  $("#signin-why").textContent = why;
+  $("#status").textContent = "not signed in";
+  $("#status").className = "muted";
+  $("#token").focus();
+}
+
+function showApp() {
+  $("#signin").hidden = true;
+  $("#app").hidden = false;
+  $("#signout").hidden = false;
+}
 
 class APIError extends Error {
   constructor(status, message) {
@@ -113,7 +138,7 @@ async function renderBudgets(requests) {
       $("#budget-status").className = "muted";
       $("#budget-panel").classList.remove("over");
       fill("#budget", [], () => []);
-      return;
+      return null;
     }
     throw err;
   }
@@ -134,11 +159,43 @@ async function renderBudgets(requests) {
       cell(r.ok === false ? "OVER" : "ok", r.ok === false ? "err" : "state-ready"),
     ];
   });
+  return slo;
 }
 
 // ---- last hour ----
 
 let lastHistory = null;
+
+// renderKPIs fills the first line: the last minute from the history, the
+// replicas and the SLO state. An outage (a served model with no ready
+// replica) turns the line red.
+function renderKPIs(h, replicas, slo) {
+  const w = h.window || {};
+  const set = (id, text, state, title) => {
+    const k = $(id);
+    k.querySelector(".value").textContent = text;
+    k.className = "kpi" + (state ? " " + state : "");
+    k.title = title || "";
+  };
+  const rate = (v) => (v === null || v === undefined ? "–" : v < 10 ? v.toFixed(2) : v.toFixed(1));
+  const errs = w.errors || {};
+  set("#kpi-rps", rate(w.requests_per_s), "", `${w.requests || 0} requests in the last ${Math.round(w.window_seconds || 0)} s`);
+  set("#kpi-errors", pct(w.error_ratio), w.error_ratio > 0.05 ? "bad" : w.error_ratio > 0 ? "warn" : "",
+    Object.keys(errs).length ? Object.entries(errs).map(([k, v]) => `${k}: ${v}`).join(", ") : "no errors");
+  set("#kpi-ttft", ms(w.ttft_p95_ms), "", "interpolated in the TTFT histogram's buckets");
+  set("#kpi-tokens", rate(w.output_tokens_per_s), "", `${rate(w.tokens_per_s)} tokens/s prompt and output`);
+  set("#kpi-spend", h.spend_today === null || h.spend_today === undefined ? "—" : "$" + h.spend_today.toFixed(2), "",
+    h.spend_today === null ? "no model has a price" : "since 00:00 UTC, from the ledger");
+  const ready = replicas.filter((r) => r.ready).length;
+  set("#kpi-replicas", `${ready}/${replicas.length}`, ready === 0 ? "bad" : ready < replicas.length ? "warn" : "ok");
+  const down = outageModels(replicas);
+  const over = (slo || []).filter((r) => r.ok === false);
+  if (down.length) set("#kpi-slo", "outage", "bad", "no ready replica for " + down.join(", "));
+  else if (over.length) set("#kpi-slo", "over budget", "bad", over.map((r) => `${r.model} ${r.stage} (${r.kind})`).join(", "));
+  else if (slo && slo.length) set("#kpi-slo", "ok", "ok", `all ${slo.length} stage budgets met`);
+  else set("#kpi-slo", slo ? "no data yet" : "no budgets", "");
+  $("#kpis").classList.toggle("red", down.length > 0);
+}
 
 function renderHistory(h) {
   lastHistory = h;
@@ -149,7 +206,10 @@ function renderHistory(h) {
     charts.replaceChildren();
     return;
   }
-  $("#series-status").textContent = `${pts.length} points, one every ${h.interval_seconds} s, kept in the gateway's memory`;
+  const rebuilt = pts.filter((p) => p.from_ledger);
+  $("#series-status").textContent = `${pts.length} points, one every ${h.interval_seconds} s` + (rebuilt.length
+    ? `; until ${new Date(rebuilt[rebuilt.length - 1].time).toLocaleTimeString()} rebuilt from the ledger at the gateway's start (no replica load)`
+    : "");
   const times = pts.map((p) => new Date(p.time));
   const per = (p, v) => (p.seconds > 0 ? v / p.seconds : 0);
   const classes = [...new Set(pts.flatMap((p) => Object.keys(p.errors || {})))].sort();
@@ -212,9 +272,13 @@ function renderReplicas(replicas) {
 // renderOutage shows, above everything, each model that replicas serve but
 // none is ready to: every request for it is answered 503. A lost replica
 // (its worker stopped sending heartbeats) stays listed, saying why.
-function renderOutage(replicas) {
+function outageModels(replicas) {
   const models = [...new Set(replicas.flatMap((r) => r.models || []))].sort();
-  const down = models.filter((m) => !replicas.some((r) => r.ready && (r.models || []).includes(m)));
+  return models.filter((m) => !replicas.some((r) => r.ready && (r.models || []).includes(m)));
+}
+
+function renderOutage(replicas) {
+  const down = outageModels(replicas);
   const box = $("#outage");
   box.hidden = down.length === 0;
   box.replaceChildren();
@@ -279,7 +343,8 @@ function renderRequests(requests, inflight) {
     cell(r.id), cell(r.tenant), cell(r.key_prefix), cell(r.endpoint), cell(ms(r.age_ms)),
   ], "nothing in flight");
   fill("#requests", requests, (r, tr) => {
-    tr.className = "clickable";
+    tr.className = "clickable" + (r.id === openRequest ? " open" : "");
+    tr.dataset.id = r.id;
     tr.addEventListener("click", () => { openRequest = openRequest === r.id ? "" : r.id; renderRequestDetail(requests); });
     return [
       cell(new Date(r.time).toLocaleTimeString()), cell(r.id), cell(r.tenant), cell(r.model), cell(r.stream ? "stream" : "JSON"),
@@ -292,14 +357,23 @@ function renderRequests(requests, inflight) {
 
 const STAGES = ["gateway", "connect", "upstream_ttft", "engine_queue", "engine_ttft", "network", "ttft", "total"];
 
+// renderRequestDetail shows the open request in the side panel beside the
+// list (it stays in view while the list scrolls).
 function renderRequestDetail(requests) {
   const box = $("#request-detail");
+  for (const tr of document.querySelectorAll("#requests tbody tr")) tr.classList.toggle("open", tr.dataset.id === openRequest);
   const r = requests.find((x) => x.id === openRequest);
+  box.parentElement.classList.toggle("open", !!r);
   if (!r) {
     box.hidden = true;
     return;
   }
   box.hidden = false;
+  const close = document.createElement("button");
+  close.type = "button";
+  close.className = "close";
+  close.textContent = "Close";
+  close.addEventListener("click", () => { openRequest = ""; renderRequestDetail(requests); });
   const h = document.createElement("h3");
   h.textContent = `request ${r.id}`;
   const facts = document.createElement("p");
@@ -329,7 +403,7 @@ function renderRequestDetail(requests) {
     tr.append(cell(s === "ttft" && !r.stream ? "ttft (whole answer)" : s), cell(ms(r.stages_ms[s])));
     return tr;
   }));
-  box.replaceChildren(h, facts, att, at, st);
+  box.replaceChildren(close, h, facts, att, at, st);
 }
 
 // ---- tenants and keys ----
@@ -342,7 +416,7 @@ function renderTenants(tenants) {
   };
   fill("#tenants", tenants, (t) => [
     cell(t.name), cell(t.budget_tokens || "unlimited"), cell(t.spent_tokens), cell(t.budget_micros ? t.budget.toFixed(6) : "unlimited"),
-    cell(t.spent.toFixed(6)), cell(t.reserved_tokens), cell(spendHour(t.name)),
+    cell(t.spent || anyPriced() ? t.spent.toFixed(6) : "—"), cell(t.reserved_tokens), cell(anyPriced() ? spendHour(t.name) : "—"),
     button("set budget", () => {
       const f = $("#budget-form");
       f.tenant.value = t.name;
@@ -470,10 +544,22 @@ $("#budget-form").addEventListener("submit", async (ev) => {
   refresh();
 });
 
+// money renders an amount for a model: "—" when the model has no price
+// (its requests cost nothing by configuration, not $0.000000 of use).
+function money(amount, model) {
+  const priced = (lastHistory && lastHistory.priced) || {};
+  return amount || priced[model] ? amount.toFixed(6) : "—";
+}
+
+function anyPriced() {
+  const h = lastHistory || {};
+  return h.spend_today !== null && h.spend_today !== undefined;
+}
+
 function renderUsage(usage) {
   fill("#usage", usage, (u) => [
     cell(u.tenant), cell(u.key_prefix), cell(u.model), cell(u.requests), cell(u.prompt_tokens),
-    cell(u.completion_tokens), cell(u.cost.toFixed(6)), cell(u.rejected),
+    cell(u.completion_tokens), cell(money(u.cost, u.model)), cell(u.rejected),
   ], "no usage yet");
 }
 
@@ -483,7 +569,7 @@ let busy = false;
 
 async function refresh() {
   if (!token) {
-    $("#status").textContent = "paste the admin token to connect";
+    if ($("#signin").hidden) signIn("");
     return;
   }
   if (busy) return;
@@ -499,9 +585,14 @@ async function refresh() {
     renderTenants(tenants.data);
     renderKeys(keys.data);
     renderUsage(usage.data);
-    await renderBudgets(requests.data);
+    const slo = await renderBudgets(requests.data);
+    renderKPIs(hist, replicas.data, slo);
     document.body.dataset.loaded = String(Date.now());
   } catch (err) {
+    if (err.status === 401) {
+      signIn("admin token rejected: paste the current one (DIR/admin.token).");
+      return;
+    }
     $("#status").textContent = err.message;
     $("#status").className = "err";
   } finally {
@@ -509,5 +600,6 @@ async function refresh() {
   }
 }
 
+if (token) showApp();
 refresh();
 setInterval(refresh, 2000);

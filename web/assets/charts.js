@@ -1,5 +1,6 @@
 // Small hand-drawn SVG line charts: the dashboard's time series need lines,
-// an axis maximum and a legend, which is less code than vendoring a library.
+// an axis maximum, a legend and a hover read-out, which is less code than
+// vendoring a library.
 
 const NS = "http://www.w3.org/2000/svg";
 const COLORS = ["#2f6fde", "#c0362c", "#1a7f37", "#a36a00", "#7b3fb0", "#0f8a8a", "#6b7585", "#d4569b"];
@@ -46,6 +47,7 @@ export function lineChart(title, times, series, unit) {
     if (d) svg.append(el("path", { d, fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 1.5, "data-series": s.name }));
   });
   fig.append(svg);
+  hover(fig, svg, times, series, unit, x, W, T, H - B);
   const legend = document.createElement("div");
   legend.className = "legend";
   series.forEach((s, i) => {
@@ -57,6 +59,51 @@ export function lineChart(title, times, series, unit) {
   });
   fig.append(legend);
   return fig;
+}
+
+// hover shows, under the pointer, a cursor line and each series' value at
+// the nearest point in time.
+function hover(fig, svg, times, series, unit, x, W, top, bottom) {
+  if (!times.length) return;
+  const cursor = el("line", { y1: top, y2: bottom, class: "cursor", visibility: "hidden" });
+  const overlay = el("rect", { x: 0, y: 0, width: W, height: bottom, fill: "transparent", class: "hover" });
+  svg.append(cursor, overlay);
+  const tip = document.createElement("div");
+  tip.className = "tooltip";
+  tip.hidden = true;
+  fig.append(tip);
+  overlay.addEventListener("mousemove", (ev) => {
+    const box = svg.getBoundingClientRect();
+    const px = ((ev.clientX - box.left) * W) / box.width;
+    let j = 0;
+    for (let i = 1; i < times.length; i++) if (Math.abs(x(times[i]) - px) < Math.abs(x(times[j]) - px)) j = i;
+    const cx = x(times[j]).toFixed(1);
+    cursor.setAttribute("x1", cx);
+    cursor.setAttribute("x2", cx);
+    cursor.setAttribute("visibility", "visible");
+    const head = document.createElement("strong");
+    head.textContent = times[j].toLocaleTimeString();
+    const rows = series.map((s, i) => {
+      const row = document.createElement("div");
+      const name = document.createElement("span");
+      name.textContent = s.name;
+      name.style.color = COLORS[i % COLORS.length];
+      const v = s.values[j];
+      const val = document.createElement("span");
+      val.textContent = v === null || v === undefined ? "–" : fmt(v) + (unit || "");
+      row.append(name, val);
+      return row;
+    });
+    tip.replaceChildren(head, ...rows);
+    tip.hidden = false;
+    const fx = ev.clientX - fig.getBoundingClientRect().left;
+    tip.style.left = (fx + 12 + tip.offsetWidth > fig.clientWidth ? fx - 12 - tip.offsetWidth : fx + 12) + "px";
+    tip.style.top = (ev.clientY - fig.getBoundingClientRect().top + 12) + "px";
+  });
+  overlay.addEventListener("mouseleave", () => {
+    tip.hidden = true;
+    cursor.setAttribute("visibility", "hidden");
+  });
 }
 
 function fmt(v) {
