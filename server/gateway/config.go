@@ -25,6 +25,7 @@ import (
 	"tailgate/server/batch"
 	"tailgate/server/slo"
 	"tailgate/serving/hop"
+	"tailgate/serving/tracing"
 )
 
 // Config is the gateway's configuration (`gateway` and `up`) in one
@@ -103,6 +104,8 @@ type Config struct {
 	MeshTLS        bool       `yaml:"-"` // gateway only: --mesh-tls
 
 	OpenRegistration bool `yaml:"-"` // --open-registration
+
+	Tracing tracing.Config `yaml:"-"` // --otlp-endpoint, --otlp-sample-ratio
 
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
@@ -209,6 +212,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.RetryBudget, "retry-budget", 0.05, "retries after a request reached a replica, as a fraction of requests, between 0 and 1 (0: the default); hedges have --hedge-budget")
 	c.TLS.register(fs)
 	c.sloConfig.register(fs)
+	c.Tracing.RegisterFlags(fs)
 }
 
 // RegisterMeshFlags defines the mesh flags, which `gateway` has and `up`
@@ -338,6 +342,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--policy: %w", err)
 	}
 	if err := c.TLS.Validate(); err != nil {
+		return err
+	}
+	if err := c.Tracing.Validate(); err != nil {
 		return err
 	}
 	// The router's rules, checked one setting at a time to name its flag.

@@ -11,9 +11,11 @@ package tracing
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -36,6 +38,22 @@ type Config struct {
 	// Service is the service.name of the spans ("tailgate-gateway",
 	// "tailgate-worker"); OTEL_SERVICE_NAME, when set, wins.
 	Service string
+}
+
+// RegisterFlags defines --otlp-endpoint and --otlp-sample-ratio on fs, the
+// same on every role that makes spans.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Endpoint, "otlp-endpoint", "", "send OpenTelemetry traces to this collector's OTLP/HTTP URL, e.g. http://127.0.0.1:4318 (/v1/traces is added to a URL without a path); empty: no traces")
+	fs.Float64Var(&c.SampleRatio, "otlp-sample-ratio", 1, "share of requests traced, between 0 and 1, when the client sent no traceparent (one that did is traced as it says)")
+}
+
+// Args returns the flags that give another tailgate process (a worker
+// that `up` starts) the same settings; none when tracing is off.
+func (c Config) Args() []string {
+	if c.Endpoint == "" {
+		return nil
+	}
+	return []string{"--otlp-endpoint", c.Endpoint, "--otlp-sample-ratio", strconv.FormatFloat(c.SampleRatio, 'g', -1, 64)}
 }
 
 // Validate reports whether c is usable, naming the flag at fault.
@@ -63,6 +81,15 @@ func TracesURL(endpoint string) (string, error) {
 		u.Path = "/v1/traces"
 	}
 	return u.String(), nil
+}
+
+// Redacted is an endpoint as a log line may show it: without a password.
+func Redacted(endpoint string) string {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return ""
+	}
+	return u.Redacted()
 }
 
 // New returns a tracer provider exporting to c.Endpoint in batches, or nil
