@@ -107,6 +107,8 @@ type Config struct {
 
 	Tracing tracing.Config `yaml:"-"` // --otlp-endpoint, --otlp-sample-ratio
 
+	ForgetLost time.Duration `yaml:"-"` // --forget-lost; 0: 24h
+
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
 
@@ -213,6 +215,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.TLS.register(fs)
 	c.sloConfig.register(fs)
 	c.Tracing.RegisterFlags(fs)
+	fs.DurationVar(&c.ForgetLost, "forget-lost", router.DefaultForgetLost, "how long a registered worker's replica whose heartbeats stopped stays listed as lost (never routed to, tailgate_replica_ready 0, so alerts see it) before the gateway forgets it; an operator forgets one sooner with DELETE /admin/v1/replicas/ID (0: 24h)")
 }
 
 // RegisterMeshFlags defines the mesh flags, which `gateway` has and `up`
@@ -325,6 +328,7 @@ func (c *Config) Validate() error {
 		{"--shutdown-grace", c.ShutdownGrace}, {"--sse-keepalive", c.KeepAlive},
 		{"--ttft-deadline", c.TTFTDeadline}, {"--idle-deadline", c.IdleDeadline}, {"--json-deadline", c.JSONDeadline},
 		{"--client-write-timeout", c.ClientWriteTimeout}, {"--admit-wait", c.AdmitWait},
+		{"--forget-lost", c.ForgetLost},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s %v: want a positive duration", d.flag, d.v)
@@ -504,7 +508,7 @@ func (c *Config) routerConfig() (router.Config, error) {
 		return router.Config{}, fmt.Errorf("--policy: %w", err)
 	}
 	rc := router.Config{
-		Selector: sel, Affinity: c.Affinity, SlowStart: c.SlowStart,
+		Selector: sel, Affinity: c.Affinity, SlowStart: c.SlowStart, ForgetLost: c.ForgetLost,
 		Budget: router.BudgetConfig{Ratio: c.RetryBudget},
 		Hedge: router.HedgeConfig{Enabled: c.Hedge, Percentile: c.HedgePercentile, Min: c.HedgeMin, Max: c.HedgeMax,
 			Budget: c.HedgeBudget, Burst: c.HedgeBurst, Models: map[string]router.HedgeModel{}},
