@@ -102,6 +102,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"--data", filepath.Join(cfg.DataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
 			"--engine", *engine, "--model", *model, "--log-level", lf.level, "--log-format", lf.format,
 			"--warmup", fmt.Sprint(*warmup), "--upstream-client", cfg.UpstreamClient}
+		childArgs = append(childArgs, cfg.Tracing.Args()...)
 		switch *engine {
 		case "sim":
 			childArgs = append(childArgs, "--sim-seed", fmt.Sprint(sf.Seed()+int64(i)-1))

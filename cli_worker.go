@@ -19,6 +19,7 @@ import (
 	"tailgate/serving/hop"
 	"tailgate/serving/launcher"
 	"tailgate/serving/sim"
+	"tailgate/serving/tracing"
 	"tailgate/serving/worker"
 )
 
@@ -44,6 +45,7 @@ type workerFlags struct {
 	upstreamClient   string
 	sim              sim.Flags
 	mesh             mesh.Flags
+	tracing          tracing.Config
 	logArgs          []string // --log-level and --log-format, for the simulated engine
 }
 
@@ -73,6 +75,7 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&w.upstreamClient, "upstream-client", string(hop.Hop), "HTTP client of the sidecar to the engine: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	w.sim.Register(fs)
 	w.mesh.Register(fs, "")
+	w.tracing.RegisterFlags(fs)
 }
 
 func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -95,6 +98,11 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer closeListener()
+	shutdownTracing, err := wf.openTracing(log, &cfg)
+	if err != nil {
+		return err
+	}
+	defer shutdownTracing()
 	w, err := worker.New(cfg)
 	if err != nil {
 		return err
@@ -253,9 +261,17 @@ func (wf *workerFlags) engineCommand(model string) (func(socket string) ([]strin
 			return argv, nil, nil
 		}, nil
 	}
+	traces := ""
+	if wf.tracing.Endpoint != "" {
+		var err error
+		if traces, err = tracing.TracesURL(wf.tracing.Endpoint); err != nil {
+			return nil, err
+		}
+	}
 	return func(socket string) ([]string, []string, error) {
 		o := wf.vllm
 		o.Model, o.ServedModelName, o.ExtraArgs = wf.model, wf.servedModelName, wf.vllmArgs
+		o.OTLPTracesEndpoint = traces // vLLM continues the sidecar's spans
 		return launcher.VLLMCommand(o, socket)
 	}, nil
 }
@@ -292,4 +308,25 @@ func secretFlag(name, tok, file string) (string, error) {
 		return "", fmt.Errorf("--%s-file %s is empty", name, file)
 	}
 	return tok, nil
+}
+
+// openTracing starts the OTLP exporter of --otlp-endpoint for the sidecar's
+// spans; the func it returns sends what is still queued (at most 5 s).
+// With no endpoint it does nothing.
+func (wf *workerFlags) openTracing(log *slog.Logger, cfg *worker.Config) (func(), error) {
+	c := wf.tracing
+	c.Service = "tailgate-worker"
+	tp, err := tracing.New(c)
+	if err != nil || tp == nil {
+		return func() {}, err
+	}
+	cfg.Tracer = tp
+	log.Info("tracing: OpenTelemetry spans to the collector", "endpoint", tracing.Redacted(c.Endpoint), "sample_ratio", c.SampleRatio)
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(ctx); err != nil {
+			log.Warn("tracing: spans not sent to the collector at shutdown", "err", err)
+		}
+	}, nil
 }

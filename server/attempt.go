@@ -199,6 +199,7 @@ func (u *upstream) release() {
 // two at once and keep one.
 func (s *Server) open(ctx context.Context, cl *call, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 	i := cl.tries.begin(rep, reason)
+	ctx = cl.trace.attempt(ctx, i, rep, reason)
 	att, err := s.openAttempt(ctx, cl, rep, n, reason)
 	cl.tries.opened(i, att, err, ctx.Err() != nil)
 	if u, ok := att.(*upstream); ok {
@@ -236,6 +237,7 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 	if cl.req.upstreamStream() {
 		req.Header.Set("Accept", "text/event-stream")
 	}
+	cl.trace.inject(ctx, req.Header)
 
 	// The first-token deadline, and ejection of the replica meanwhile (a
 	// probe found it hung), both end the wait; the router retries elsewhere.

@@ -31,6 +31,8 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 			return apierr.Reply(c, toAPIError(err, ""))
 		}
 		cl := s.newCall(ep, p)
+		cl.trace = s.traceCall(r, cl)
+		defer cl.trace.end(cl)
 		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
 		cl.group = boundString(r.Header.Get("X-Tailgate-Group"))
 		cl.source = s.sourceOf(r)

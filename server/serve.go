@@ -57,6 +57,9 @@ type call struct {
 	outcome  data.Outcome
 	class    data.ErrorClass
 	status   int
+
+	// Its spans (trace.go); nil when tracing is off.
+	trace *callTrace
 }
 
 func (s *Server) newCall(ep endpoint, p *policy.Principal) *call {
@@ -103,7 +106,9 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	if cl.ep.read != nil && !pr.stream {
 		cl.noHedge = true
 	}
+	adm := cl.trace.admission(cl, pr)
 	ticket := s.admit(ctx, cl, pr, out)
+	adm.admitted(cl, ticket != nil)
 	if ticket == nil {
 		return
 	}
@@ -377,7 +382,10 @@ func (s *Server) settle(ctx context.Context, cl *call, ticket *policy.Ticket, co
 	// write gives it back; one that is only slow keeps it queued.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := s.ledger.Commit(cctx, s.finalRow(cl, ticket.Cost(cl.usage))); err != nil {
+	lc := cl.trace.commit()
+	err := s.ledger.Commit(cctx, s.finalRow(cl, ticket.Cost(cl.usage)))
+	lc.committed(err)
+	if err != nil {
 		if errors.Is(err, data.ErrLedgerUnavailable) {
 			s.log.Warn("answer stopped before its final bytes: its ledger row could not be committed", "request_id", cl.id, "err", err)
 			return &unbilledError{err: err}

@@ -51,6 +51,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"tailgate/data"
@@ -243,6 +244,8 @@ type Deps struct {
 	// Transport carries requests to replicas; nil means a tuned
 	// http.Transport on plain TCP.
 	Transport http.RoundTripper
+	// Tracer makes the requests' spans (trace.go); nil turns tracing off.
+	Tracer trace.TracerProvider
 }
 
 // Server serves the public and the admin API.
@@ -278,6 +281,8 @@ type Server struct {
 	// revokedWorkers holds the credentials revoked while a heartbeat that
 	// looked them up may have been waiting for hbMu. Guarded by hbMu.
 	revokedWorkers map[string]bool
+
+	tracer trace.Tracer // the requests' spans (trace.go); nil: tracing off
 }
 
 // New returns a Server.
@@ -304,6 +309,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 
 		rejectedRows: rate.NewLimiter(rate.Limit(cfg.RejectedRows), int(max(5*cfg.RejectedRows, 1))),
 		refusedLog:   rate.NewLimiter(rate.Every(10*time.Second), 3),
+	}
+	if d.Tracer != nil {
+		s.tracer = d.Tracer.Tracer(instrumentation)
 	}
 	qcfg := cfg.Admission
 	qcfg.Capacity = s.capacity

@@ -25,6 +25,7 @@ import (
 	"tailgate/server/batch"
 	"tailgate/server/slo"
 	"tailgate/serving/hop"
+	"tailgate/serving/tracing"
 )
 
 // Config is the gateway's configuration (`gateway` and `up`) in one
@@ -103,6 +104,10 @@ type Config struct {
 	MeshTLS        bool       `yaml:"-"` // gateway only: --mesh-tls
 
 	OpenRegistration bool `yaml:"-"` // --open-registration
+
+	Tracing tracing.Config `yaml:"-"` // --otlp-endpoint, --otlp-sample-ratio
+
+	ForgetLost time.Duration `yaml:"-"` // --forget-lost; 0: 24h
 
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
@@ -209,6 +214,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.RetryBudget, "retry-budget", 0.05, "retries after a request reached a replica, as a fraction of requests, between 0 and 1 (0: the default); hedges have --hedge-budget")
 	c.TLS.register(fs)
 	c.sloConfig.register(fs)
+	c.Tracing.RegisterFlags(fs)
+	fs.DurationVar(&c.ForgetLost, "forget-lost", router.DefaultForgetLost, "how long a registered worker's replica whose heartbeats stopped stays listed as lost (never routed to, tailgate_replica_ready 0, so alerts see it) before the gateway forgets it; an operator forgets one sooner with DELETE /admin/v1/replicas/ID (0: 24h)")
 }
 
 // RegisterMeshFlags defines the mesh flags, which `gateway` has and `up`
@@ -321,6 +328,7 @@ func (c *Config) Validate() error {
 		{"--shutdown-grace", c.ShutdownGrace}, {"--sse-keepalive", c.KeepAlive},
 		{"--ttft-deadline", c.TTFTDeadline}, {"--idle-deadline", c.IdleDeadline}, {"--json-deadline", c.JSONDeadline},
 		{"--client-write-timeout", c.ClientWriteTimeout}, {"--admit-wait", c.AdmitWait},
+		{"--forget-lost", c.ForgetLost},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s %v: want a positive duration", d.flag, d.v)
@@ -338,6 +346,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--policy: %w", err)
 	}
 	if err := c.TLS.Validate(); err != nil {
+		return err
+	}
+	if err := c.Tracing.Validate(); err != nil {
 		return err
 	}
 	// The router's rules, checked one setting at a time to name its flag.
@@ -497,7 +508,7 @@ func (c *Config) routerConfig() (router.Config, error) {
 		return router.Config{}, fmt.Errorf("--policy: %w", err)
 	}
 	rc := router.Config{
-		Selector: sel, Affinity: c.Affinity, SlowStart: c.SlowStart,
+		Selector: sel, Affinity: c.Affinity, SlowStart: c.SlowStart, ForgetLost: c.ForgetLost,
 		Budget: router.BudgetConfig{Ratio: c.RetryBudget},
 		Hedge: router.HedgeConfig{Enabled: c.Hedge, Percentile: c.HedgePercentile, Min: c.HedgeMin, Max: c.HedgeMax,
 			Budget: c.HedgeBudget, Burst: c.HedgeBurst, Models: map[string]router.HedgeModel{}},

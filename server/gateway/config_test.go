@@ -53,6 +53,9 @@ func TestGatewayConfigErrorsNameTheFlagOrKey(t *testing.T) {
 		{"negative max tokens", "", []string{"--default-max-tokens", "-5"}, "--default-max-tokens"},
 		{"negative duration", "", []string{"--idle-deadline", "-1s"}, "--idle-deadline -1s"},
 		{"negative grace", "", []string{"--shutdown-grace", "-1s"}, "--shutdown-grace"},
+		{"negative forget-lost", "", []string{"--forget-lost", "-1h"}, "--forget-lost -1h0m0s: want a positive duration"},
+		{"otlp endpoint without scheme", "", []string{"--otlp-endpoint", "collector:4318"}, `--otlp-endpoint "collector:4318": want the collector's OTLP/HTTP URL`},
+		{"otlp sample ratio in percent", "", []string{"--otlp-endpoint", "http://127.0.0.1:4318", "--otlp-sample-ratio", "10"}, "--otlp-sample-ratio 10: want a share between 0 and 1"},
 		{"negative slow start", "", []string{"--slow-start", "-1s"}, "--slow-start -1s: router:"},
 		{"retry budget above 1", "", []string{"--retry-budget", "5"}, "--retry-budget 5: router:"},
 		{"hedge percentile given in percent", "", []string{"--hedge-percentile", "95"}, "--hedge-percentile 95"},
@@ -111,13 +114,23 @@ func TestGatewayConfigDefaultsReachEachPackage(t *testing.T) {
 		t.Errorf("server.Config = %+v", s)
 	}
 	r := st.routerCfg
-	if r.Selector != nil || r.Affinity || r.SlowStart != router.DefaultSlowStart || r.Budget.Ratio != 0.05 ||
+	if r.Selector != nil || r.Affinity || r.SlowStart != router.DefaultSlowStart || r.ForgetLost != router.DefaultForgetLost || r.Budget.Ratio != 0.05 ||
 		!r.Hedge.Enabled || r.Hedge.Percentile != 0.95 || r.Hedge.Min != 20*time.Millisecond || r.Hedge.Max != 30*time.Second ||
 		r.Hedge.Budget != 0.10 || r.Hedge.Burst != 20 {
 		t.Errorf("router.Config = %+v", r)
 	}
 	if len(st.upstreams) != 0 || len(st.prices) != 0 {
 		t.Errorf("upstreams %v, prices %v; want none", st.upstreams, st.prices)
+	}
+}
+
+func TestGatewayForgetLostReachesTheRouter(t *testing.T) {
+	st, err := resolveGateway(t, "", "--forget-lost", "90m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.routerCfg.ForgetLost != 90*time.Minute {
+		t.Errorf("--forget-lost 90m gave router ForgetLost %v", st.routerCfg.ForgetLost)
 	}
 }
 

@@ -37,6 +37,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/sync/errgroup"
 
 	"tailgate/data"
@@ -81,6 +82,8 @@ type Gateway struct {
 	// admin listener, which takes their heartbeats, closes.
 	stopWorkers func()
 	closeOnce   sync.Once
+
+	tracer *sdktrace.TracerProvider // nil: tracing off
 }
 
 // Open checks cfg, opens the gateway's database and binds its listeners;
@@ -184,10 +187,14 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	}
 	setup.srvCfg.Batch = bcfg
 	setup.srvCfg.ClusterToken = clusterToken
-	srv, err := server.New(setup.srvCfg, server.Deps{
+	deps := server.Deps{
 		Gate: gw.gate, Registry: gw.reg, Store: gw.store, Ledger: gw.ledger,
 		Registerer: promReg, Gatherer: promReg, Log: log, Transport: transport,
-	})
+	}
+	if err := gw.openTracing(&deps); err != nil {
+		return nil, err
+	}
+	srv, err := server.New(setup.srvCfg, deps)
 	if err != nil {
 		return nil, err
 	}
@@ -368,6 +375,7 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	if err := gw.ledger.Close(); err != nil && runErr == nil {
 		runErr = fmt.Errorf("ledger: %w", err)
 	}
+	gw.closeTracing()
 	gw.log.Info("gateway stopped; ledger drained")
 	return runErr
 }
@@ -378,6 +386,7 @@ func (gw *Gateway) Close() { gw.closeOnce.Do(gw.close) }
 
 func (gw *Gateway) close() {
 	gw.tls.close()
+	gw.closeTracing()
 	if gw.publicLn != nil {
 		_ = gw.publicLn.Close()
 	}

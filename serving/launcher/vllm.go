@@ -3,6 +3,7 @@ package launcher
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -28,6 +29,12 @@ type VLLMOptions struct {
 	MaxNumSeqs           int
 	MaxNumBatchedTokens  int
 	GPUMemoryUtilization float64 // in (0, 1]
+	// OTLPTracesEndpoint, when set, is the collector's OTLP/HTTP traces URL
+	// (path included, e.g. http://collector:4318/v1/traces) that vLLM sends
+	// its own spans to, continuing the sidecar's traceparent: vllm serve
+	// --otlp-traces-endpoint, over http/protobuf (vLLM's default is gRPC).
+	// vLLM needs its OpenTelemetry packages installed for it.
+	OTLPTracesEndpoint string
 	// ExtraArgs are appended verbatim after the flags above (--vllm-arg).
 	// Validate refuses the flags the launcher sets itself (--host, --port,
 	// --uds, --served-model-name, --api-key), in any spelling vLLM accepts.
@@ -97,7 +104,7 @@ var ErrVLLMNotFound = errors.New("vllm not found on PATH: install vLLM or pass -
 //
 //	vllm serve MODEL --uds SOCKET [--served-model-name N]
 //	  [--tensor-parallel-size N] [--max-num-seqs N] [--max-num-batched-tokens N]
-//	  [--gpu-memory-utilization F] [extra...]
+//	  [--gpu-memory-utilization F] [--otlp-traces-endpoint URL] [extra...]
 //
 // vLLM's --uds (vllm/entrypoints/openai/cli_args.py, FrontendArgs.uds: "If
 // set, host and port arguments are ignored") makes its API server bind that
@@ -109,8 +116,9 @@ var ErrVLLMNotFound = errors.New("vllm not found on PATH: install vLLM or pass -
 // in a directory only the worker can open.
 //
 // The environment turns vLLM's usage reporting off, sets how long it keeps
-// an idle connection ([serving.EngineKeepAlive]) and, when o.GPUs is set,
-// pins the GPUs.
+// an idle connection ([serving.EngineKeepAlive]), when o.GPUs is set,
+// pins the GPUs, and with a traces endpoint, makes vLLM export over
+// OTLP/HTTP as service "vllm" (unless OTEL_SERVICE_NAME says otherwise).
 func VLLMCommand(o VLLMOptions, socket string) (argv []string, env []string, err error) {
 	if err := o.Validate(); err != nil {
 		return nil, nil, err
@@ -143,6 +151,9 @@ func VLLMCommand(o VLLMOptions, socket string) (argv []string, env []string, err
 	if o.GPUMemoryUtilization > 0 {
 		argv = append(argv, "--gpu-memory-utilization", strconv.FormatFloat(o.GPUMemoryUtilization, 'g', -1, 64))
 	}
+	if o.OTLPTracesEndpoint != "" {
+		argv = append(argv, "--otlp-traces-endpoint", o.OTLPTracesEndpoint)
+	}
 	argv = append(argv, o.ExtraArgs...)
 
 	// The keep-alive is set, not inherited: the sidecar's idle timeout is
@@ -151,6 +162,12 @@ func VLLMCommand(o VLLMOptions, socket string) (argv []string, env []string, err
 		"VLLM_HTTP_TIMEOUT_KEEP_ALIVE=" + strconv.Itoa(int(serving.EngineKeepAlive/time.Second))}
 	if o.GPUs != "" {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+o.GPUs)
+	}
+	if o.OTLPTracesEndpoint != "" {
+		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf")
+		if os.Getenv("OTEL_SERVICE_NAME") == "" {
+			env = append(env, "OTEL_SERVICE_NAME=vllm")
+		}
 	}
 	return argv, env, nil
 }

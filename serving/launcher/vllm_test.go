@@ -48,6 +48,13 @@ func TestVLLMCommandBuildsServeLine(t *testing.T) {
 			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5"},
 		},
 		{
+			name:     "traces to a collector",
+			opts:     VLLMOptions{Model: "m", OTLPTracesEndpoint: "http://collector:4318/v1/traces", ExtraArgs: []string{"--dtype=half"}},
+			wantArgs: []string{"serve", "m", "--uds", "/run/e/engine.sock", "--otlp-traces-endpoint", "http://collector:4318/v1/traces", "--dtype=half"},
+			wantEnv: []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5",
+				"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf", "OTEL_SERVICE_NAME=vllm"},
+		},
+		{
 			name:     "explicit binary",
 			opts:     VLLMOptions{Binary: fakeVLLM, Model: "m", MaxNumSeqs: 1},
 			wantArgs: []string{"serve", "m", "--uds", "/run/e/engine.sock", "--max-num-seqs", "1"},

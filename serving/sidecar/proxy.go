@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"tailgate/serving"
+	"tailgate/serving/tracing"
 )
 
 const (
@@ -51,7 +52,10 @@ func (s *Sidecar) handlePostGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errMethod)
 		return
 	}
+	r, span := s.traced(r)
+	defer endSpan(span)
 	if aerr := s.admit(); aerr != nil {
+		refused(span, aerr)
 		writeError(w, aerr)
 		return
 	}
@@ -59,10 +63,12 @@ func (s *Sidecar) handlePostGenerate(w http.ResponseWriter, r *http.Request) {
 
 	body, aerr := readBody(w, r)
 	if aerr != nil {
+		refused(span, aerr)
 		writeError(w, aerr)
 		return
 	}
 	resp, wroteAt, err := s.post(r, body)
+	answered(span, resp, err)
 	if err != nil {
 		s.engineFailed(w, r, err)
 		return
@@ -95,6 +101,9 @@ func (s *Sidecar) post(r *http.Request, body []byte) (*http.Response, time.Time,
 		return nil, time.Time{}, err
 	}
 	copyRequestHeader(req.Header, r.Header)
+	if s.tracer != nil {
+		tracing.Inject(r.Context(), req.Header) // the engine continues the sidecar's span
+	}
 	if req.Header.Get(idempotencyKey) == "" {
 		req.Header.Set(idempotencyKey, "sidecar-"+strconv.FormatUint(requestSeq.Add(1), 36))
 	}
@@ -229,12 +238,14 @@ func (s *Sidecar) relayJSON(w http.ResponseWriter, r *http.Request, resp *http.R
 	}
 	ttft := time.Since(wroteAt)
 	s.ttft.add(ttft)
+	q, haveQ := simQueue(resp.Header)
+	traceTTFT(r, ttft, q, haveQ)
 
 	h := w.Header()
 	copyResponseHeader(h, resp.Header)
 	h.Set("Content-Length", strconv.Itoa(buf.Len()))
 	h.Set(serving.HeaderEngineTTFT, string(appendMillis(nil, ttft)))
-	if q, ok := simQueue(resp.Header); ok {
+	if haveQ {
 		h.Set(serving.HeaderEngineQueue, string(appendMillis(nil, q)))
 	}
 	w.WriteHeader(http.StatusOK)

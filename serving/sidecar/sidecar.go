@@ -51,6 +51,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"tailgate/serving"
 	"tailgate/serving/hop"
 )
@@ -105,6 +107,10 @@ type Config struct {
 	// UpstreamClient carries requests to the engine: "" or hop.Hop, or
 	// hop.NetHTTP (net/http's Transport, the way back).
 	UpstreamClient hop.Client
+	// Tracer, when set, makes a span of each generation request, a child
+	// of the gateway's traceparent, and passes it on to the engine
+	// (trace.go); nil: no spans, the gateway's traceparent passes as is.
+	Tracer trace.TracerProvider
 }
 
 const (
@@ -144,6 +150,8 @@ type Sidecar struct {
 
 	scraped atomic.Pointer[engineLoad] // nil until the first good scrape
 	ttft    ttftRing
+
+	tracer trace.Tracer // nil: tracing off
 }
 
 // New returns a sidecar for cfg, in state "starting".
@@ -172,6 +180,9 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Tracer != nil {
+		s.tracer = cfg.Tracer.Tracer("tailgate/serving/sidecar")
 	}
 	if s.transport == nil {
 		s.transport = newTransport(cfg.EngineKeepAlive*4/5, cfg.EngineSocket, cfg.UpstreamClient)

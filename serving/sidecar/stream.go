@@ -79,6 +79,7 @@ func (s *Sidecar) relayStream(w http.ResponseWriter, r *http.Request, resp *http
 				timed = true
 				ttft := time.Since(wroteAt)
 				s.ttft.add(ttft)
+				traceTTFT(r, ttft, queue, haveQueue)
 				out = appendTiming(out, ttft, queue, haveQueue)
 			}
 			out = append(out, ev...)

@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"tailgate/serving/hop"
 )
 
@@ -88,6 +90,9 @@ type Config struct {
 	// Log receives the worker's, the sidecar's and the engine's lines; nil
 	// discards them.
 	Log *slog.Logger
+	// Tracer, when set, makes the sidecar's spans (see sidecar.Config.Tracer);
+	// nil: none.
+	Tracer trace.TracerProvider
 }
 
 // DefaultDrainGrace is the default of [Config.DrainGrace].

@@ -93,8 +93,8 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, EngineSocket: w.launch.EngineSocket,
 		EngineKey: w.launch.EngineKey, ClusterToken: cfg.ClusterToken, Log: cfg.Log,
-		UpstreamClient: cfg.UpstreamClient,
-		OnStateChange:  func(string, string) { w.kick() }})
+		UpstreamClient: cfg.UpstreamClient, Tracer: cfg.Tracer,
+		OnStateChange: func(string, string) { w.kick() }})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}

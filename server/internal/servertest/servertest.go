@@ -24,6 +24,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"tailgate/data"
 	"tailgate/policy"
@@ -78,6 +79,8 @@ type Options struct {
 	// Production keeps the ledger batching and key polling of `tailgate
 	// gateway` (benchmarks); tests flush faster.
 	Production bool
+	// Tracer, when set, receives the requests' spans (server.Deps.Tracer).
+	Tracer trace.TracerProvider
 }
 
 // Gateway is a running gateway. Its parts are exported for tests to
@@ -167,7 +170,7 @@ func Start(t testing.TB, o Options) *Gateway {
 	}
 	g.Srv, err = server.New(o.Server, server.Deps{
 		Gate: g.Gate, Registry: g.Reg, Store: g.Store, Ledger: g.Ledger,
-		Registerer: g.Metrics, Gatherer: g.Metrics, Log: log,
+		Registerer: g.Metrics, Gatherer: g.Metrics, Log: log, Tracer: o.Tracer,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,251 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"tailgate/data"
+	"tailgate/router"
+	"tailgate/serving/tracing"
+)
+
+// Traces: one span per request of the public API, named and attributed
+// after OpenTelemetry's GenAI conventions ("chat MODEL", gen_ai.*), with a
+// child span for admission, one for each upstream attempt (first, hedge,
+// retry) and one for the ledger commit; the attempt's span is the parent the
+// sidecar (and through it vLLM) continues, through traceparent. No prompt,
+// key or secret goes into any attribute: what is recorded is what the
+// ledger row and the metrics already say.
+//
+// With tracing off (no Deps.Tracer) a call's trace is nil and every hook
+// below returns at its first line: no span, no context, no allocation.
+
+// instrumentation is the tracer's scope name.
+const instrumentation = "tailgate/server"
+
+// genAIProvider is gen_ai.provider.name: the engines tailgate fronts speak
+// vLLM's API (the simulated one too).
+const genAIProvider = "vllm"
+
+// callTrace is one request's spans. Attempts start on the router's
+// goroutines, so tries is locked.
+type callTrace struct {
+	tr   trace.Tracer
+	ctx  context.Context // holds the request's span
+	span trace.Span
+
+	mu    sync.Mutex
+	tries []trace.Span // by the call's attempt index (tryLog's)
+}
+
+// traceCall starts the span of a public request whose call is cl, as a child
+// of the client's traceparent when it sent one; nil when tracing is off.
+func (s *Server) traceCall(r *http.Request, cl *call) *callTrace {
+	if s.tracer == nil {
+		return nil
+	}
+	op := operationName(cl.ep.path)
+	ctx, span := s.tracer.Start(tracing.Extract(context.Background(), r.Header), op,
+		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(cl.start),
+		trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", op),
+			attribute.String("gen_ai.provider.name", genAIProvider),
+			attribute.String("http.request.method", r.Method),
+			attribute.String("url.path", cl.ep.path),
+			attribute.String("tailgate.request_id", cl.id),
+			attribute.Int64("tailgate.tenant_id", cl.principal.TenantID),
+		))
+	return &callTrace{tr: s.tracer, ctx: ctx, span: span}
+}
+
+// operationName is gen_ai.operation.name for an endpoint: the conventions'
+// chat, text_completion and embeddings, else the endpoint's own word.
+func operationName(path string) string {
+	switch path {
+	case "/v1/chat/completions", "/v1/responses", "/v1/messages":
+		return "chat"
+	case "/v1/completions":
+		return "text_completion"
+	case "/v1/embeddings":
+		return "embeddings"
+	}
+	return strings.TrimPrefix(path[strings.LastIndexByte(path, '/'):], "/")
+}
+
+// stageSpan is a child span that ends when its step does; the zero value
+// (tracing off) does nothing.
+type stageSpan struct{ span trace.Span }
+
+// admission starts the admission span, once the request's model is known
+// (and names the request's span after it).
+func (t *callTrace) admission(cl *call, pr *parsedRequest) stageSpan {
+	if t == nil {
+		return stageSpan{}
+	}
+	op := operationName(cl.ep.path)
+	t.span.SetName(op + " " + pr.model)
+	t.span.SetAttributes(attribute.String("gen_ai.request.model", pr.model), attribute.Bool("tailgate.stream", pr.stream))
+	_, span := t.tr.Start(t.ctx, "admission")
+	return stageSpan{span}
+}
+
+// admitted ends the admission span: admitted, or refused with the status
+// the client got.
+func (a stageSpan) admitted(cl *call, ok bool) {
+	if a.span == nil {
+		return
+	}
+	result := "admitted"
+	if !ok {
+		result = "refused"
+		a.span.SetStatus(codes.Error, string(cl.class))
+	}
+	a.span.SetAttributes(attribute.String("tailgate.admission", result), attribute.String("tailgate.priority", cl.priority.String()))
+	if cl.queueWait >= 0 {
+		a.span.SetAttributes(attribute.Float64("tailgate.queue_wait_ms", millis(cl.queueWait)))
+	}
+	a.span.End()
+}
+
+// commit starts the ledger commit's span.
+func (t *callTrace) commit() stageSpan {
+	if t == nil {
+		return stageSpan{}
+	}
+	_, span := t.tr.Start(t.ctx, "ledger commit")
+	return stageSpan{span}
+}
+
+// committed ends the ledger commit's span.
+func (a stageSpan) committed(err error) {
+	if a.span == nil {
+		return
+	}
+	if err != nil {
+		a.span.SetStatus(codes.Error, "ledger row not committed")
+	}
+	a.span.End()
+}
+
+// attempt starts the span of the call's attempt i on rep and returns ctx
+// carrying it, for the traceparent the replica gets. It ends with the
+// request, when its outcome is known.
+func (t *callTrace) attempt(ctx context.Context, i int, rep *router.Replica, reason router.AttemptReason) context.Context {
+	if t == nil {
+		return ctx
+	}
+	_, span := t.tr.Start(t.ctx, "attempt "+reason.String(), trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(
+			attribute.String("tailgate.attempt.role", reason.String()),
+			attribute.Int("tailgate.attempt.n", i+1),
+			attribute.String("tailgate.replica", rep.ID),
+		))
+	t.mu.Lock()
+	for len(t.tries) <= i {
+		t.tries = append(t.tries, nil)
+	}
+	t.tries[i] = span
+	t.mu.Unlock()
+	return trace.ContextWithSpan(ctx, span)
+}
+
+// inject sets an upstream request's traceparent to its attempt's span.
+func (t *callTrace) inject(ctx context.Context, h http.Header) {
+	if t == nil {
+		return
+	}
+	tracing.Inject(ctx, h)
+}
+
+// end ends the request's span and its attempts', with what the ledger row
+// says of them: stages, usage, outcome.
+func (t *callTrace) end(cl *call) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	tries := t.tries
+	t.tries = nil
+	t.mu.Unlock()
+	if len(tries) > 0 {
+		log := cl.attemptLog()
+		won := slices.ContainsFunc(log, func(a data.Attempt) bool { return a.Outcome == data.AttemptWon })
+		for i, a := range log {
+			if i < len(tries) && tries[i] != nil {
+				endAttempt(tries[i], cl.start, a, won)
+			}
+		}
+	}
+
+	sp := t.span
+	attrs := make([]attribute.KeyValue, 0, 24)
+	attrs = append(attrs,
+		attribute.Int("http.response.status_code", cl.status),
+		attribute.String("tailgate.outcome", string(cl.outcome)),
+		attribute.Int("tailgate.attempts", cl.attempts),
+		attribute.Bool("tailgate.hedged", cl.hedged),
+		attribute.Int64("gen_ai.usage.input_tokens", cl.usage.PromptTokens),
+		attribute.Int64("gen_ai.usage.output_tokens", cl.usage.CompletionTokens),
+	)
+	if cl.overhead > 0 {
+		attrs = append(attrs, attribute.Int64("tailgate.hedge_overhead_tokens", cl.overhead))
+	}
+	if cl.replica != "" {
+		attrs = append(attrs, attribute.String("tailgate.replica", cl.replica))
+	}
+	if cl.winner != "" {
+		attrs = append(attrs, attribute.String("tailgate.winner", cl.winner))
+	}
+	if cl.req != nil && cl.outcome == data.OutcomeOK {
+		// The replica answered for the model it was routed by.
+		attrs = append(attrs, attribute.String("gen_ai.response.model", cl.req.model))
+	}
+	cl.stages.Each(func(_ int, name string, d time.Duration) {
+		if d >= 0 {
+			attrs = append(attrs, attribute.Float64("tailgate.stage."+name+"_ms", millis(d)))
+		}
+	})
+	sp.SetAttributes(attrs...)
+	if cl.class != "" {
+		sp.SetAttributes(attribute.String("error.type", string(cl.class)))
+	}
+	if cl.status >= 500 || cl.outcome == data.OutcomeMidstream {
+		sp.SetStatus(codes.Error, string(cl.class))
+	}
+	sp.End()
+}
+
+// endAttempt ends an attempt's span at the time it ended, with its outcome:
+// won, lost (cancelled: another attempt won), cancelled (the request ended first) or
+// failed. Its reason is not recorded: an engine's error text may quote the
+// prompt.
+func endAttempt(span trace.Span, start time.Time, a data.Attempt, won bool) {
+	outcome := a.Outcome
+	if outcome == data.AttemptCancelled && won {
+		outcome = "lost"
+	}
+	span.SetAttributes(attribute.String("tailgate.attempt.outcome", outcome),
+		attribute.Int64("tailgate.attempt.prompt_tokens", a.PromptTokens),
+		attribute.Int64("tailgate.attempt.completion_tokens", a.CompletionTokens))
+	if a.TTFT >= 0 {
+		span.SetAttributes(attribute.Float64("tailgate.attempt.ttft_ms", millis(a.TTFT)))
+	}
+	if outcome == data.AttemptFailed {
+		span.SetStatus(codes.Error, "attempt failed")
+	}
+	end := time.Now()
+	if a.End >= 0 {
+		end = start.Add(a.End)
+	}
+	span.End(trace.WithTimestamp(end))
+}
+
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
