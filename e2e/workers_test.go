@@ -2,183 +2,18 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"tailgate/e2e/testkit"
 )
-
-// gatewayProcess is a running `tailgate gateway` with its workers.
-type gatewayProcess struct {
-	*process
-	t     *testing.T
-	dir   string
-	api   string // http://host:port/v1
-	admin string // http://host:port
-	key   string
-	token string // admin token
-	// uiToken is the #token= of the dashboard link printed.
-	uiToken string
-}
-
-var gatewayLine = regexp.MustCompile(`API (http://\S+/v1)\s+admin (http://\S+)/ui/(?:#token=(\S+))?`)
-
-func startGateway(t *testing.T, extra ...string) *gatewayProcess {
-	t.Helper()
-	return startGatewayIn(t, t.TempDir(), extra...)
-}
-
-// startGatewayIn starts a gateway on data directory dir, which may hold
-// tokens already (a second gateway of a deployment shares the first's
-// cluster token).
-func startGatewayIn(t *testing.T, dir string, extra ...string) *gatewayProcess {
-	t.Helper()
-	g := &gatewayProcess{t: t, dir: dir, process: startProc(t, "gateway", true,
-		append([]string{"gateway", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)...)}
-	g.scanUntil(func(line string) bool {
-		if m := gatewayLine.FindStringSubmatch(line); m != nil {
-			g.api, g.admin, g.uiToken = m[1], m[2], m[3]
-		}
-		return g.api != ""
-	})
-	if g.api == "" {
-		t.Fatalf("gateway printed no addresses; stderr:\n%s", g.stderr.String())
-	}
-	g.token = readToken(t, filepath.Join(g.dir, "admin.token"))
-	g.key = testkit.LastLine(tailgate(t, "keys", "create", "--data", g.dir, "--tenant", "test"))
-	return g
-}
-
-// startFleet starts workers w1..wn with the same extra flags and waits
-// until all are ready.
-func (g *gatewayProcess) startFleet(n int, extra ...string) []*process {
-	g.t.Helper()
-	var ws []*process
-	var ids []string
-	for i := 1; i <= n; i++ {
-		id := fmt.Sprintf("w%d", i)
-		ws = append(ws, g.startWorker(id, extra...))
-		ids = append(ids, id)
-	}
-	g.waitReady(ids...)
-	return ws
-}
-
-// startWorker approves replica id (`tailgate workers approve`) and starts
-// `tailgate worker --engine sim` registering with g under it.
-func (g *gatewayProcess) startWorker(id string, extra ...string) *process {
-	g.t.Helper()
-	tailgate(g.t, "workers", "approve", "--data", g.dir, id)
-	return g.startUnapprovedWorker(id, extra...)
-}
-
-// startUnapprovedWorker starts a worker as startWorker does, without
-// approving its replica id first.
-func (g *gatewayProcess) startUnapprovedWorker(id string, extra ...string) *process {
-	g.t.Helper()
-	return startProc(g.t, "worker "+id, false, append([]string{"worker", "--gateway", g.admin,
-		"--cluster-token-file", filepath.Join(g.dir, "cluster.token"),
-		"--engine", "sim", "--listen", "127.0.0.1:0", "--replica-id", id, "--data", filepath.Join(g.dir, id),
-		"--sim-ttft", "5ms", "--sim-tpot", "1ms", "--warmup", "1"}, extra...)...)
-}
-
-type replicaView struct {
-	ID      string   `json:"id"`
-	State   string   `json:"state"`
-	Reason  string   `json:"reason"`
-	Engine  string   `json:"engine"`
-	Models  []string `json:"models"`
-	Address string   `json:"address"`
-	Worker  string   `json:"worker"` // the registering worker's credential id
-	// EngineLog is the engine's last error lines, sent while not ready.
-	EngineLog []string `json:"engine_log"`
-}
-
-func (g *gatewayProcess) replicas() []replicaView {
-	g.t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, g.admin+"/admin/v1/replicas", nil)
-	req.Header.Set("Authorization", "Bearer "+g.token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Data []replicaView `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		g.t.Fatal(err)
-	}
-	return out.Data
-}
-
-func (g *gatewayProcess) state(id string) string {
-	for _, r := range g.replicas() {
-		if r.ID == id {
-			return r.State
-		}
-	}
-	return "gone"
-}
-
-func (g *gatewayProcess) waitReady(ids ...string) {
-	g.t.Helper()
-	testkit.WaitWithin(g.t, 30*time.Second, fmt.Sprintf("replicas %v ready", ids), func() bool {
-		for _, id := range ids {
-			if g.state(id) != "ready" {
-				return false
-			}
-		}
-		return true
-	})
-}
-
-// chat sends one chat request for the sim model and returns status,
-// headers and body.
-func (g *gatewayProcess) chat(ctx context.Context, stream bool, maxTokens int) (int, http.Header, string, error) {
-	return g.chatBody(ctx, fmt.Sprintf(`{"model":"tailgate-sim","stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"hello there"}]}`, stream, maxTokens))
-}
-
-// chatBody posts body to /v1/chat/completions with the test's key.
-func (g *gatewayProcess) chatBody(ctx context.Context, body string) (int, http.Header, string, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.api+"/chat/completions", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+g.key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, nil, "", err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, string(raw), err
-}
-
-// serverTimingMillis parses a Server-Timing header.
-func serverTimingMillis(h string) map[string]float64 {
-	out := map[string]float64{}
-	for _, part := range strings.Split(h, ",") {
-		name, dur, ok := strings.Cut(strings.TrimSpace(part), ";dur=")
-		if !ok {
-			continue
-		}
-		if v, err := strconv.ParseFloat(dur, 64); err == nil {
-			out[name] = v
-		}
-	}
-	return out
-}
 
 func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
 	if testing.Short() {
@@ -240,57 +75,6 @@ func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
 	}
 }
 
-// clientLoad is n clients sending mixed requests until stopped; it counts
-// outcomes.
-type clientLoad struct {
-	stopped atomic.Bool
-	wg      sync.WaitGroup
-
-	ok, failedBeforeToken, failedMidStream, other atomic.Int64
-	byReplica                                     sync.Map // replica → *atomic.Int64
-	errs                                          sync.Map
-}
-
-// startLoad starts clients sending to g.
-func startLoad(g *gatewayProcess, clients int) *clientLoad {
-	l := &clientLoad{}
-	for c := range clients {
-		l.wg.Go(func() {
-			for i := 0; !l.stopped.Load() && i < 10000; i++ {
-				stream := (c+i)%2 == 0
-				code, h, body, err := g.chat(context.Background(), stream, 20)
-				switch {
-				case err == nil && code == 200 && (!stream || strings.HasSuffix(body, "data: [DONE]\n\n")):
-					l.ok.Add(1)
-					v, _ := l.byReplica.LoadOrStore(h.Get("X-Tailgate-Replica"), new(atomic.Int64))
-					v.(*atomic.Int64).Add(1)
-				case err == nil && code == 200 && strings.Contains(body, `"content":"`):
-					l.failedMidStream.Add(1)
-				case err == nil && code != 200, err == nil && code == 200 && stream:
-					l.failedBeforeToken.Add(1)
-					l.errs.Store(fmt.Sprintf("%d %s", code, strings.TrimSpace(body)), true)
-				default:
-					l.other.Add(1)
-					l.errs.Store(fmt.Sprint(err), true)
-				}
-			}
-		})
-	}
-	return l
-}
-
-// stop stops the clients and waits for them.
-func (l *clientLoad) stop() {
-	l.stopped.Store(true)
-	l.wg.Wait()
-}
-
-func (l *clientLoad) errors() string {
-	var out []string
-	l.errs.Range(func(k, _ any) bool { out = append(out, k.(string)); return len(out) < 5 })
-	return strings.Join(out, "\n")
-}
-
 func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the tailgate binary")
@@ -329,37 +113,6 @@ func TestWorkerDrainsOnSIGTERMWithoutFailingRequests(t *testing.T) {
 		t.Errorf("worker did not log its drain:\n%s", w1.stderr.String())
 	}
 	t.Logf("%d requests, none failed", l.ok.Load())
-}
-
-// metric returns the sum of a Prometheus counter's series whose labels
-// contain every filter (e.g. `class="not_sent"`).
-func (g *gatewayProcess) metric(name string, filters ...string) float64 {
-	g.t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, g.admin+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer "+g.token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var sum float64
-	for _, line := range strings.Split(string(raw), "\n") {
-		if !strings.HasPrefix(line, name) || strings.HasPrefix(line, "#") {
-			continue
-		}
-		match := true
-		for _, f := range filters {
-			if !strings.Contains(line, f) {
-				match = false
-			}
-		}
-		if fields := strings.Fields(line); match && len(fields) == 2 {
-			v, _ := strconv.ParseFloat(fields[1], 64)
-			sum += v
-		}
-	}
-	return sum
 }
 
 func TestFailoverOnSIGKILLHasNoClientErrorsBeforeTheFirstToken(t *testing.T) {
