@@ -301,6 +301,7 @@ func TestDockerfileBuildsAStaticNonRootImage(t *testing.T) {
 	sh := strings.ReplaceAll(buildCmd, "-o "+binOut, "-o "+filepath.Join(out, "tailgate"))
 	sh = os.Expand(sh, func(k string) string { return args[k] })
 	cmd := exec.Command("sh", "-c", sh)
+	cmd.Dir = ".." // the build context: the repository's root
 	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", sh, err, msg)
