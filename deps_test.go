@@ -81,6 +81,7 @@ var packageMap = []room{
 	{"tailgate/data", nil, "SQLite and PostgreSQL below everything"},
 	{"tailgate/bench", []string{"tailgate/serving/proc"},
 		"the benchmark measures what a client sees, so it uses nothing of the product (but the process-group helper)"},
+	{"tailgate/e2e", nil, "the end-to-end tests run the built binary; their shared helpers (testkit) use nothing of the product"},
 }
 
 // TestDeps pins DESIGN's import directions on the production code.
@@ -135,6 +136,9 @@ func TestDeps(t *testing.T) {
 		}
 		if slices.Contains(p.Imports, "tailgate/mesh/meshtest") {
 			t.Errorf("%s imports tailgate/mesh/meshtest outside its tests; meshtest is test support", p.ImportPath)
+		}
+		if slices.Contains(p.Imports, "tailgate/e2e/testkit") {
+			t.Errorf("%s imports tailgate/e2e/testkit outside its tests; testkit is test support", p.ImportPath)
 		}
 		if slices.Contains(p.Imports, "tailgate/data/pgtest") {
 			t.Errorf("%s imports tailgate/data/pgtest outside its tests; pgtest is test support", p.ImportPath)

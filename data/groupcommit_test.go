@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
 
 func TestCommitSharesOneTransactionAmongConcurrentCallers(t *testing.T) {
@@ -46,7 +48,7 @@ func TestCommitSharesOneTransactionAmongConcurrentCallers(t *testing.T) {
 	// queues behind it meanwhile.
 	wg.Add(1)
 	go commit(0)
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, "the first commit holding the lock", func() bool {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return w.held == 1 && len(w.queue) == 0
@@ -55,7 +57,7 @@ func TestCommitSharesOneTransactionAmongConcurrentCallers(t *testing.T) {
 		wg.Add(1)
 		go commit(i)
 	}
-	waitFor(t, func() bool { return w.Backlog() == callers })
+	testkit.WaitFor(t, "every caller queued", func() bool { return w.Backlog() == callers })
 	if err := lock.Rollback(); err != nil {
 		t.Fatal(err)
 	}
@@ -68,15 +70,6 @@ func TestCommitSharesOneTransactionAmongConcurrentCallers(t *testing.T) {
 	}
 	if err := <-ran; err != nil {
 		t.Fatal(err)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10s")
-		}
 	}
 }
 

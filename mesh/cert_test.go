@@ -10,6 +10,8 @@ import (
 
 	"tailscale.com/tstest"
 	"tailscale.com/tstest/integration/testcontrol"
+
+	"tailgate/e2e/testkit"
 )
 
 // TestCertsNeedTailnetHTTPS: a tailnet that sends no certificate name
@@ -49,7 +51,7 @@ func TestCertsRetryAndSayWhy(t *testing.T) {
 	t.Setenv("TS_DEBUG_ACME_DIRECTORY_URL", dead)
 	control := startControl(t, nil)
 	n := startNode(t, t.Context(), control.HTTPTestServer.URL, "gw", nil)
-	logs := &logBuffer{}
+	logs := &testkit.Buffer{}
 	c, err := n.Certs(slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package mesh
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,9 +13,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 
 	"tailscale.com/tstest"
 	"tailscale.com/tstest/integration/testcontrol"
@@ -31,7 +31,7 @@ func TestDialListenWhoIs(t *testing.T) {
 	defer cancel()
 	url := startControl(t, nil).HTTPTestServer.URL
 
-	var progress syncBuffer
+	var progress testkit.Buffer
 	sidecar := startNode(t, ctx, url, "sidecar", func(c *Config) {
 		c.Tags = []string{tagWorker}
 		c.Log = slog.New(slog.NewTextHandler(&progress, nil))
@@ -283,24 +283,6 @@ func TestCloseIsSafeTwice(t *testing.T) {
 	if _, err := n.Dial(ctx, "tcp", "worker:9000"); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Dial after Close = %v; want net.ErrClosed", err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer a logger and a test may share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func get(t *testing.T, ctx context.Context, hc *http.Client, url string) *http.Response {

@@ -1,38 +1,20 @@
 package mesh
 
 import (
-	"bytes"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"tailscale.com/tailcfg"
 	"tailscale.com/tstest"
 	"tailscale.com/tstest/integration/testcontrol"
+
+	"tailgate/e2e/testkit"
 )
-
-// logBuffer collects a node's log lines for a test to read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestNoRelayWarnsWhatToChange: behind an http:// control server whose
 // only relay speaks plain HTTP (an http:// Headscale with its embedded DERP
@@ -52,7 +34,7 @@ func TestNoRelayWarnsWhatToChange(t *testing.T) {
 			}},
 		}}}
 	})
-	logs := &logBuffer{}
+	logs := &testkit.Buffer{}
 	n := startNode(t, t.Context(), control.HTTPTestServer.URL, "worker", func(cfg *Config) {
 		cfg.Log = slog.New(slog.NewTextHandler(logs, nil))
 		cfg.UpTimeout = 40 * time.Second

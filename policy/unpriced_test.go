@@ -5,28 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
-
-// logBuffer collects log lines for assertions.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func TestUnpricedBudgets(t *testing.T) {
 	prices := map[string]Price{"llama": {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}, "free": {}}
@@ -91,7 +74,7 @@ func TestUnpricedBudgets(t *testing.T) {
 // once per tenant and model.
 func TestRunningGateWarnsOfUnpricedBudgets(t *testing.T) {
 	st, path := openStore(t)
-	var logs logBuffer
+	var logs testkit.Buffer
 	g, err := New(context.Background(), Config{PollInterval: 10 * time.Millisecond,
 		Prices: map[string]Price{"llama": {InputMicrosPerM: 1, OutputMicrosPerM: 1}}}, st, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {

@@ -34,8 +34,8 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 
 go vet ./...
-# The root package starts the real binary in ~80 tests (several minutes
-# under -race on 2 cores): more than go test's default 10 min per package.
+# e2e/ starts the real binary in ~80 tests (several minutes under -race on
+# 2 cores): more than go test's default 10 min per package.
 go test -race -count=1 -timeout 30m "$@" ./...
 
 # The differential fuzz tests of the request readers (JSON bodies, multipart

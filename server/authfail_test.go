@@ -1,42 +1,23 @@
 package server_test
 
 import (
-	"bytes"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/policy"
 	"tailgate/server/internal/servertest"
 )
-
-// syncBuffer is a log sink safe for the gateway's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestAuthFailuresAreCountedByReasonAndLoggedWithoutTheSecret: every 401
 // and 403 for a key shows in tailgate_auth_failures_total under its reason
 // (missing, invalid, revoked, expired, model_not_allowed); the log names
 // the key by its display prefix and never holds a secret.
 func TestAuthFailuresAreCountedByReasonAndLoggedWithoutTheSecret(t *testing.T) {
-	var logs syncBuffer
+	var logs testkit.Buffer
 	h := servertest.Start(t, servertest.Options{Replicas: 1, Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	count := func(reason string) float64 {
 		return counterSum(t, h, "tailgate_auth_failures_total", "reason", reason)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
 
 // TestEngineThatRejectsItsArgumentsIsNotRestarted: a vLLM whose argument
@@ -73,7 +75,7 @@ func TestExitStatus2WithoutArgparseErrorIsRestarted(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, "a restart", func() bool { return l.Restarts() >= 1 })
+	testkit.WaitFor(t, "a restart", func() bool { return l.Restarts() >= 1 })
 }
 
 // TestCannotStartUntilTheEngineIsReady: once the engine cannot start, a new

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
 
 // fakeVLLM is the path of the fake `vllm` executable that TestMain builds
@@ -191,7 +193,7 @@ func (h *harness) count(kind string) int { return len(h.events(kind)) }
 func (h *harness) waitState(state string, n int) []stateChange {
 	h.t.Helper()
 	var got []stateChange
-	waitFor(h.t, fmt.Sprintf("state %s reported %d times", state, n), func() bool {
+	testkit.WaitFor(h.t, fmt.Sprintf("state %s reported %d times", state, n), func() bool {
 		got = h.changes()
 		seen := 0
 		for _, c := range got {
@@ -202,18 +204,6 @@ func (h *harness) waitState(state string, n int) []stateChange {
 		return seen >= n
 	})
 	return got
-}
-
-// waitFor polls cond for up to 20s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // processGone reports whether pid no longer runs: no such process, or a
@@ -233,25 +223,11 @@ func waitGone(t *testing.T, what string, pid int) {
 	if pid == 0 {
 		t.Fatalf("%s: no pid", what)
 	}
-	waitFor(t, what+" to be gone", func() bool { return processGone(pid) })
+	testkit.WaitFor(t, what+" to be gone", func() bool { return processGone(pid) })
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer is the launcher's log output, read while it is written.
+type syncBuffer struct{ testkit.Buffer }
 
 // logLines returns the log lines that contain every one of parts.
 func (b *syncBuffer) logLines(parts ...string) []string {

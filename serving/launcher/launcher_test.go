@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
 
 func TestNewRejectsBadConfig(t *testing.T) {
@@ -368,7 +370,7 @@ func TestBackoffDoublesWhileEngineKeepsCrashing(t *testing.T) {
 	h := start(t, VLLMOptions{}, []string{"FAKE_VLLM_EXIT_AFTER=0s"}, Config{BackoffMin: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 		StartFailures: 100})
 	backoffs := []time.Duration{50, 100, 200, 200, 200}
-	waitFor(t, "six engine starts", func() bool { return h.count("start") >= len(backoffs)+1 })
+	testkit.WaitFor(t, "six engine starts", func() bool { return h.count("start") >= len(backoffs)+1 })
 	if err := h.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +427,7 @@ func TestStopEndsTheWholeProcessGroup(t *testing.T) {
 			t.Parallel()
 			h := start(t, VLLMOptions{}, tt.knobs, Config{StopGrace: tt.stopGrace})
 			h.waitState(tt.untilFrom, 1)
-			waitFor(t, "the engine to record its start", func() bool { return h.count("start") == 1 })
+			testkit.WaitFor(t, "the engine to record its start", func() bool { return h.count("start") == 1 })
 			eng := h.events("start")[0]
 
 			began := time.Now()

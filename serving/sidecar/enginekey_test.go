@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/serving/sim"
 )
 
@@ -56,7 +57,7 @@ func TestEngineKeyReachesTheEngine(t *testing.T) {
 	if status, _, body := send(t, ctx, http.MethodGet, sc.URL+"/v1/models", ""); status != http.StatusOK {
 		t.Errorf("models through the sidecar: %d %s", status, body)
 	}
-	waitFor(t, "a health probe and a scrape", func() bool {
+	testkit.WaitFor(t, "a health probe and a scrape", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		_, health := sent["/health"]

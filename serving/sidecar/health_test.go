@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/serving"
 	"tailgate/serving/sim"
 )
@@ -130,7 +131,7 @@ func TestAnEngineThatStopsAnsweringTakesTheReplicaOut(t *testing.T) {
 			}
 
 			tt.sick(e, &url)
-			waitFor(t, "the replica out of service", func() bool { st, _ := s.State(); return st == serving.StateFailed })
+			testkit.WaitFor(t, "the replica out of service", func() bool { st, _ := s.State(); return st == serving.StateFailed })
 			_, reason := s.State()
 			if !strings.HasPrefix(reason, "engine not answering /health for ") || !strings.Contains(reason, tt.cause) {
 				t.Errorf("reason %q, want engine not answering /health for … %s", reason, tt.cause)
@@ -145,7 +146,7 @@ func TestAnEngineThatStopsAnsweringTakesTheReplicaOut(t *testing.T) {
 			}
 
 			tt.heal(e, &url)
-			waitFor(t, "the replica back in service", func() bool { st, _ := s.State(); return st == serving.StateReady })
+			testkit.WaitFor(t, "the replica back in service", func() bool { st, _ := s.State(); return st == serving.StateReady })
 			if status, msg := chat(); status != http.StatusOK {
 				t.Errorf("after recovery: %d %s", status, msg)
 			}
@@ -181,7 +182,7 @@ func TestEngineHealthIsTheLaunchersUntilReady(t *testing.T) {
 	}
 
 	s.SetState(serving.StateReady, "")
-	waitFor(t, "the sick engine judged", func() bool { st, _ := s.State(); return st == serving.StateFailed })
+	testkit.WaitFor(t, "the sick engine judged", func() bool { st, _ := s.State(); return st == serving.StateFailed })
 	e.mode.Store("")
 	s.SetState(serving.StateReady, "") // the launcher restarted it
 	if st, reason := s.State(); st != serving.StateReady || reason != "" {

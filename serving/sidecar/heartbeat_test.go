@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/serving"
 )
 
@@ -211,7 +212,7 @@ func TestHeartbeatWithAWrongToken(t *testing.T) {
 		t.Errorf("Beat = %v, want ErrTokenRejected", err)
 	}
 	stop := runHeartbeater(t, h)
-	waitFor(t, "more rejected beats", func() bool { return g.rejected.Load() >= 5 })
+	testkit.WaitFor(t, "more rejected beats", func() bool { return g.rejected.Load() >= 5 })
 	stop()
 	if n := logs.count("gateway rejected the cluster token"); n != 1 {
 		t.Errorf("rejection logged %d times, want once:\n%s", n, logs.String())

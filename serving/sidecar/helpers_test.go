@@ -12,8 +12,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/serving"
 	"tailgate/serving/sim"
 )
@@ -218,36 +218,8 @@ func timing(t testing.TB, ev string) (vals map[string]float64, ok bool) {
 	return vals, true
 }
 
-// waitFor polls cond until it holds; the deadline only guards against a hung
-// test, it is not a timing claim.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // logBuffer collects slog output for assertions.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type logBuffer struct{ testkit.Buffer }
 
 func (b *logBuffer) count(msg string) int {
 	return strings.Count(b.String(), "msg=\""+msg+"\"")

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
 
 // What a raw engine does with the n-th request (from 0) on a connection.
@@ -179,7 +181,7 @@ func TestIdleEngineConnectionsCloseBeforeTheEngineKeepAlive(t *testing.T) {
 	if status, _, body := send(t, context.Background(), http.MethodPost, sc.URL+"/v1/chat/completions", chatBody); status != http.StatusOK {
 		t.Fatalf("%d %s", status, body)
 	}
-	waitFor(t, "the sidecar to close its idle engine connection", func() bool {
+	testkit.WaitFor(t, "the sidecar to close its idle engine connection", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return closed == 1

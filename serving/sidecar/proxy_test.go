@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/serving"
 	"tailgate/serving/sim"
 )
@@ -200,7 +201,7 @@ func TestQueueTimeFlowsThrough(t *testing.T) {
 		_, jsonHeader, _ = send(t, context.Background(), http.MethodPost, chat,
 			`{"messages":[{"role":"user","content":"c"}],"max_tokens":1}`)
 	})
-	waitFor(t, "two requests to queue", func() bool { return eng.Stats().Waiting == 2 })
+	testkit.WaitFor(t, "two requests to queue", func() bool { return eng.Stats().Waiting == 2 })
 	if n := s.Inflight(); n != 3 {
 		t.Errorf("Inflight() = %d, want 3", n)
 	}
@@ -246,11 +247,11 @@ func TestClientDisconnectAbortsTheEngineRequest(t *testing.T) {
 					}
 				}
 			}()
-			waitFor(t, "the engine to run the request", func() bool { return eng.Stats().Running == 1 })
+			testkit.WaitFor(t, "the engine to run the request", func() bool { return eng.Stats().Running == 1 })
 			disconnect()
 			<-done
-			waitFor(t, "the engine to abort", func() bool { return eng.Stats().Aborted == 1 && eng.Stats().Running == 0 })
-			waitFor(t, "the sidecar to let go", func() bool { return s.Inflight() == 0 })
+			testkit.WaitFor(t, "the engine to abort", func() bool { return eng.Stats().Aborted == 1 && eng.Stats().Running == 0 })
+			testkit.WaitFor(t, "the sidecar to let go", func() bool { return s.Inflight() == 0 })
 			if c := eng.Stats().Completed; c != 0 {
 				t.Errorf("engine completed %d requests", c)
 			}
@@ -329,7 +330,7 @@ func TestDrainLetsInflightFinish(t *testing.T) {
 
 	drained := make(chan error, 1)
 	go func() { drained <- s.Drain(context.Background()) }()
-	waitFor(t, "the sidecar to drain", func() bool {
+	testkit.WaitFor(t, "the sidecar to drain", func() bool {
 		status, _, _ := send(t, context.Background(), http.MethodGet, sc.URL+"/health", "")
 		return status == http.StatusServiceUnavailable
 	})
@@ -381,7 +382,7 @@ func TestDrainGivesUpWithItsContext(t *testing.T) {
 		t.FailNow()
 	}
 	defer resp.Body.Close()
-	waitFor(t, "the request to run", func() bool { return eng.Stats().Running == 1 })
+	testkit.WaitFor(t, "the request to run", func() bool { return eng.Stats().Running == 1 })
 
 	dctx, cancel := context.WithCancel(context.Background())
 	drained := make(chan error, 1)

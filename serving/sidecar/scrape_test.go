@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/serving"
 	"tailgate/serving/sim"
 )
@@ -69,22 +70,22 @@ func TestLoadFollowsTheEngineQueue(t *testing.T) {
 		})
 	}
 	var l serving.Load
-	waitFor(t, "the scrape to see the queue", func() bool {
+	testkit.WaitFor(t, "the scrape to see the queue", func() bool {
 		l = s.Load()
 		return l.Waiting >= 1 && l.Running == 1
 	})
-	waitFor(t, "the scrape to see the whole queue", func() bool { l = s.Load(); return l.Waiting == 2 })
+	testkit.WaitFor(t, "the scrape to see the whole queue", func() bool { l = s.Load(); return l.Waiting == 2 })
 	if l.Inflight != 3 || l.KVCacheUsage != 1 {
 		t.Errorf("load under a queue = %+v, want 3 in flight and a full cache", l)
 	}
-	waitFor(t, "the first token", func() bool { return tokens.Load() == 1 })
+	testkit.WaitFor(t, "the first token", func() bool { return tokens.Load() == 1 })
 	if p50 := s.Load().TTFTMillisP50; p50 <= 0 {
 		t.Errorf("TTFT p50 = %v after a token", p50)
 	}
 
 	disconnect()
 	wg.Wait()
-	waitFor(t, "the scrape to see the engine idle", func() bool {
+	testkit.WaitFor(t, "the scrape to see the engine idle", func() bool {
 		l = s.Load()
 		return l.Waiting == 0 && l.Running == 0 && l.Inflight == 0 && l.KVCacheUsage == 0
 	})
@@ -280,7 +281,7 @@ func TestScrapeOfAnOldVLLM(t *testing.T) {
 	s, _ := startSidecar(t, f.srv.URL, func(c *Config) { c.ScrapeInterval = 5 * time.Millisecond })
 	runSidecar(t, s)
 	want := serving.Load{Waiting: 12, Running: 7, KVCacheUsage: 0.875}
-	waitFor(t, "a scrape", func() bool { return s.Load() == want })
+	testkit.WaitFor(t, "a scrape", func() bool { return s.Load() == want })
 }
 
 func TestScrapeFailuresKeepTheLastLoadAndLogOnce(t *testing.T) {
@@ -295,17 +296,17 @@ func TestScrapeFailuresKeepTheLastLoadAndLogOnce(t *testing.T) {
 	})
 	runSidecar(t, s)
 	want := serving.Load{Waiting: 12, Running: 7, KVCacheUsage: 0.875}
-	waitFor(t, "a scrape", func() bool { return s.Load() == want })
+	testkit.WaitFor(t, "a scrape", func() bool { return s.Load() == want })
 
 	f.set("", true)
 	from := scrapes.Load()
-	waitFor(t, "failed scrapes", func() bool { return scrapes.Load() > from+3 })
+	testkit.WaitFor(t, "failed scrapes", func() bool { return scrapes.Load() > from+3 })
 	if got := s.Load(); got != want {
 		t.Errorf("load after failed scrapes = %+v, want the last good one", got)
 	}
 	f.set(metricsCurrent, false)
 	// The loop logs the recovery just after it stores the load.
-	waitFor(t, "a good scrape", func() bool {
+	testkit.WaitFor(t, "a good scrape", func() bool {
 		return s.Load().Waiting == 5 && logs.count("engine metrics scraped again") > 0
 	})
 	if n := logs.count("scrape engine metrics"); n != 1 {
@@ -340,7 +341,7 @@ func TestSleepingEngineIsNotReady(t *testing.T) {
 		c.OnStateChange = func(state, reason string) { changes <- [2]string{state, reason} }
 	})
 	runSidecar(t, s)
-	waitFor(t, "a scrape", func() bool { return s.Load().SleepState == serving.SleepAwake })
+	testkit.WaitFor(t, "a scrape", func() bool { return s.Load().SleepState == serving.SleepAwake })
 	if state, reason := s.State(); state != serving.StateReady {
 		t.Fatalf("awake engine: state %q (%s)", state, reason)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/serving/sim"
 )
 
@@ -92,7 +93,7 @@ func TestEngineOnAUnixSocket(t *testing.T) {
 	if status, body := chat(true); status != http.StatusOK || !strings.HasSuffix(body, "data: [DONE]\n\n") {
 		t.Errorf("streamed chat over the socket: %d %s", status, body)
 	}
-	waitFor(t, "health probes and metrics scrapes on the socket", func() bool {
+	testkit.WaitFor(t, "health probes and metrics scrapes on the socket", func() bool {
 		return first.count("GET /health") > 0 && first.count("GET /metrics") > 0 && s.scraped.Load() != nil
 	})
 	if st, reason := s.State(); st != "ready" {

@@ -184,18 +184,7 @@ func (c *chatEncoder) appendChunkUsage(b []byte, completion, reasoning int) []by
 func (c *chatEncoder) end(b []byte) []byte {
 	if c.j.includeUsage {
 		n, r := totals(c.choices)
-		b = append(b, "data: "...)
-		b = append(b, c.head...)
-		b = append(b, `"choices":[],"usage":`...)
-		b = appendUsageCounts(b, c.j.promptTokens, n)
-		if c.reasoningParser() {
-			b = append(b, `,"completion_tokens_details":{"reasoning_tokens":`...)
-			b = strconv.AppendInt(b, int64(r), 10)
-			b = append(b, '}')
-		}
-		b = append(b, `},"system_fingerprint":`...)
-		b = append(b, c.e.fingerprint...)
-		b = append(b, "}\n\n"...)
+		b = c.e.appendUsageChunk(b, c.head, c.j.promptTokens, n, r, c.reasoningParser())
 	}
 	return append(b, "data: [DONE]\n\n"...)
 }
@@ -325,13 +314,7 @@ func (c *completionEncoder) chunk(b []byte, ch *choice, from, to int) []byte {
 func (c *completionEncoder) end(b []byte) []byte {
 	if c.j.includeUsage {
 		n, _ := totals(c.choices)
-		b = append(b, "data: "...)
-		b = append(b, c.head...)
-		b = append(b, `"choices":[],"usage":`...)
-		b = appendUsageCounts(b, c.j.promptTokens, n)
-		b = append(b, `},"system_fingerprint":`...)
-		b = append(b, c.e.fingerprint...)
-		b = append(b, "}\n\n"...)
+		b = c.e.appendUsageChunk(b, c.head, c.j.promptTokens, n, 0, false)
 	}
 	return append(b, "data: [DONE]\n\n"...)
 }
@@ -366,6 +349,24 @@ func totals(choices []*choice) (n, reasoning int) {
 		reasoning += c.reasoning
 	}
 	return n, reasoning
+}
+
+// appendUsageChunk appends the last event of a stream that asked for usage
+// (stream_options.include_usage): no choices, the token counts (with the
+// reasoning tokens when withReasoning), the system fingerprint.
+func (e *Engine) appendUsageChunk(b, head []byte, prompt, completion, reasoning int, withReasoning bool) []byte {
+	b = append(b, "data: "...)
+	b = append(b, head...)
+	b = append(b, `"choices":[],"usage":`...)
+	b = appendUsageCounts(b, prompt, completion)
+	if withReasoning {
+		b = append(b, `,"completion_tokens_details":{"reasoning_tokens":`...)
+		b = strconv.AppendInt(b, int64(reasoning), 10)
+		b = append(b, '}')
+	}
+	b = append(b, `},"system_fingerprint":`...)
+	b = append(b, e.fingerprint...)
+	return append(b, "}\n\n"...)
 }
 
 // appendUsageCounts appends an open UsageInfo object with its three counts,

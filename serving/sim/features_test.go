@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/serving/sse"
 )
 
@@ -291,14 +292,14 @@ func TestFaultsAreSeededAndShaped(t *testing.T) {
 			line, _ := r.ReadString('\n')
 			got <- line
 		}()
-		waitFor(t, "the hang", func() bool { return e.Stats().Faulted == 1 })
+		testkit.WaitFor(t, "the hang", func() bool { return e.Stats().Faulted == 1 })
 		select {
 		case line := <-got:
 			t.Fatalf("a hung stream sent %q", line)
 		case <-time.After(20 * time.Millisecond):
 		}
 		cancel()
-		waitFor(t, "the hang to end with its client", func() bool { return e.Stats().Aborted == 1 })
+		testkit.WaitFor(t, "the hang to end with its client", func() bool { return e.Stats().Aborted == 1 })
 	})
 	t.Run("seeded mix", func(t *testing.T) {
 		cfg := Config{Seed: 7, ErrorRate: 0.25, RateLimitRate: 0.25}
@@ -474,10 +475,10 @@ func TestHungJSONRequestWaitsForItsClient(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitFor(t, "the hang", func() bool { return e.Stats().Faulted == 1 })
+	testkit.WaitFor(t, "the hang", func() bool { return e.Stats().Faulted == 1 })
 	cancel()
 	if err := <-done; err == nil {
 		t.Errorf("a hung request was answered")
 	}
-	waitFor(t, "the hang to end with its client", func() bool { return e.Stats().Aborted == 1 })
+	testkit.WaitFor(t, "the hang to end with its client", func() bool { return e.Stats().Aborted == 1 })
 }

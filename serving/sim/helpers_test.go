@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // start runs an engine for cfg behind a loopback HTTP server.
@@ -64,19 +63,6 @@ func get(t testing.TB, url string) (int, []byte) {
 		t.Fatalf("read answer: %v", err)
 	}
 	return resp.StatusCode, b
-}
-
-// waitFor polls cond until it holds; the deadline only guards against a hung
-// test, it is not a timing claim.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // events splits an SSE body into its data payloads, failing on anything that

@@ -151,6 +151,16 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	return body, nil
 }
 
+// readJSONFields reads a JSON request's body (readJSONRequest) and parses
+// it for field checks (readJSONBody).
+func readJSONFields(w http.ResponseWriter, r *http.Request) (*reader, *apiError) {
+	body, aerr := readJSONRequest(w, r)
+	if aerr != nil {
+		return nil, aerr
+	}
+	return readJSONBody(body)
+}
+
 // readJSONRequest reads the body of a JSON endpoint. Like vLLM's
 // validate_json_request dependency (vllm/entrypoints/serve/utils/api_utils.py@95add872),
 // it refuses a Content-Type other than application/json. Unlike it, it

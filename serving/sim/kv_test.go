@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
 
 // TestKVCacheKeepsRequestsWaitingWithSlotsFree: with a KV cache of limited
@@ -21,7 +23,7 @@ func TestKVCacheKeepsRequestsWaitingWithSlotsFree(t *testing.T) {
 	blockCtx, unblock := context.WithCancel(context.Background())
 	defer unblock()
 	openStream(t, blockCtx, chat, `{"messages":[{"role":"user","content":"block"}],"max_tokens":700,"ignore_eos":true,"stream":true}`)
-	waitFor(t, "the blocker to run", func() bool { return e.Stats().Running == 1 })
+	testkit.WaitFor(t, "the blocker to run", func() bool { return e.Stats().Running == 1 })
 
 	// A prompt of 407 tokens and 1 more do not fit beside it; 9 + 2 would,
 	// but wait behind the head (first come, first served).
@@ -35,7 +37,7 @@ func TestKVCacheKeepsRequestsWaitingWithSlotsFree(t *testing.T) {
 				t.Errorf("request %d: status %d: %s", i, status, b)
 			}
 		})
-		waitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == i+1 })
+		testkit.WaitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == i+1 })
 	}
 	_, metrics := get(t, srv.URL+"/metrics")
 	for name, want := range map[string]float64{
@@ -51,7 +53,7 @@ func TestKVCacheKeepsRequestsWaitingWithSlotsFree(t *testing.T) {
 	}
 	unblock()
 	wg.Wait()
-	waitFor(t, "the engine to drain", func() bool { s := e.Stats(); return s.Running == 0 && s.Waiting == 0 })
+	testkit.WaitFor(t, "the engine to drain", func() bool { s := e.Stats(); return s.Running == 0 && s.Waiting == 0 })
 }
 
 func TestKVCacheMustHoldOneSequence(t *testing.T) {

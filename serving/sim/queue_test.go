@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
 
 // openStream starts a streaming chat request and returns its reader once the
@@ -39,7 +41,7 @@ func TestQueueServesInFIFOOrder(t *testing.T) {
 	blockCtx, unblock := context.WithCancel(context.Background())
 	defer unblock()
 	openStream(t, blockCtx, chat, `{"messages":[{"role":"user","content":"block"}],"max_tokens":1000,"ignore_eos":true,"stream":true}`)
-	waitFor(t, "the blocker to run", func() bool { return e.Stats().Running == 1 })
+	testkit.WaitFor(t, "the blocker to run", func() bool { return e.Stats().Running == 1 })
 
 	// Three requests queue behind it, in a known order.
 	const queued = 3
@@ -53,7 +55,7 @@ func TestQueueServesInFIFOOrder(t *testing.T) {
 				t.Errorf("request %d: status %d: %s", i, status, body)
 			}
 		})
-		waitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == i+1 })
+		testkit.WaitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == i+1 })
 	}
 
 	_, metrics := get(t, srv.URL+"/metrics")
@@ -76,7 +78,7 @@ func TestQueueServesInFIFOOrder(t *testing.T) {
 			t.Errorf("request %d answered when only %d requests had completed: served out of order", i, c)
 		}
 	}
-	waitFor(t, "the engine to drain", func() bool { s := e.Stats(); return s.Running == 0 && s.Waiting == 0 })
+	testkit.WaitFor(t, "the engine to drain", func() bool { s := e.Stats(); return s.Running == 0 && s.Waiting == 0 })
 	if s := e.Stats(); s.Completed != queued || s.Aborted != 1 {
 		t.Errorf("stats = %+v, want %d completed and the blocker aborted", s, queued)
 	}
@@ -112,13 +114,13 @@ func TestDisconnectAbortsAndFreesTheSlot(t *testing.T) {
 			t.Errorf("queued request answered %d despite its client leaving", resp.StatusCode)
 		}
 	}()
-	waitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == 1 })
+	testkit.WaitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == 1 })
 	giveUp()
 	<-done
-	waitFor(t, "the queued request to abort", func() bool { s := e.Stats(); return s.Aborted == 1 && s.Waiting == 0 })
+	testkit.WaitFor(t, "the queued request to abort", func() bool { s := e.Stats(); return s.Aborted == 1 && s.Waiting == 0 })
 
 	disconnect()
-	waitFor(t, "the stream to abort", func() bool { s := e.Stats(); return s.Aborted == 2 && s.Running == 0 })
+	testkit.WaitFor(t, "the stream to abort", func() bool { s := e.Stats(); return s.Aborted == 2 && s.Running == 0 })
 
 	// The slot is free again: a short request is served at once.
 	status, _, body := post(t, chat, `{"messages":[{"role":"user","content":"after"}],"max_tokens":1}`)
@@ -179,7 +181,7 @@ func TestQueueTimeIsReported(t *testing.T) {
 			t.Errorf("queued request: status %d", status)
 		}
 	}()
-	waitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == 1 })
+	testkit.WaitFor(t, "the request to queue", func() bool { return e.Stats().Waiting == 1 })
 	unblock()
 	<-done
 	if hdr == nil {

@@ -81,12 +81,7 @@ func (r *reader) readTexts(name string) []string {
 
 func (e *Engine) handlePostRerank(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
-	body, aerr := readJSONRequest(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	rd, aerr := readJSONBody(body)
+	rd, aerr := readJSONFields(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -101,19 +96,7 @@ func (e *Engine) handlePostRerank(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	docs := rd.readTexts("documents")
-	if len(rd.errs) > 0 {
-		writeError(w, validationError(rd.errs))
-		return
-	}
-	model, _ := rd.str("model")
-	if aerr := e.checkModel(model); aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	ps, aerr := pairs(query, docs)
-	if aerr == nil {
-		aerr = e.checkPairs(ps)
-	}
+	ps, aerr := e.readPairs(rd, query, docs)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -166,12 +149,7 @@ var scoreForms = []struct{ class, a, b string }{
 
 func (e *Engine) handlePostScore(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
-	body, aerr := readJSONRequest(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	rd, aerr := readJSONBody(body)
+	rd, aerr := readJSONFields(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -198,19 +176,7 @@ func (e *Engine) handlePostScore(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if len(rd.errs) > 0 {
-		writeError(w, validationError(rd.errs))
-		return
-	}
-	model, _ := rd.str("model")
-	if aerr := e.checkModel(model); aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	ps, aerr := pairs(queries, docs)
-	if aerr == nil {
-		aerr = e.checkPairs(ps)
-	}
+	ps, aerr := e.readPairs(rd, queries, docs)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -239,6 +205,27 @@ func (e *Engine) handlePostScore(w http.ResponseWriter, r *http.Request) {
 		b = appendUsageCounts(b, prompt, 0)
 		return append(b, `,"prompt_tokens_details":null,"completion_tokens_details":null}}`...)
 	})
+}
+
+// readPairs ends the reading of a /rerank or /score body whose texts rd has
+// read: the field errors found so far, then the model, then the pairs the
+// queries and documents make, as vLLM checks them, in that order.
+func (e *Engine) readPairs(rd *reader, queries, docs []string) ([]scorePair, *apiError) {
+	if len(rd.errs) > 0 {
+		return nil, validationError(rd.errs)
+	}
+	model, _ := rd.str("model")
+	if aerr := e.checkModel(model); aerr != nil {
+		return nil, aerr
+	}
+	ps, aerr := pairs(queries, docs)
+	if aerr == nil {
+		aerr = e.checkPairs(ps)
+	}
+	if aerr != nil {
+		return nil, aerr
+	}
+	return ps, nil
 }
 
 func (e *Engine) checkPairs(ps []scorePair) *apiError {

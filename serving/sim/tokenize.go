@@ -136,11 +136,7 @@ func (e *Engine) handlePostTokenize(w http.ResponseWriter, r *http.Request) {
 // a prompt, else TokenizeChatRequest) and returns its token ids and whether
 // the token strings were asked for.
 func (e *Engine) tokenize(w http.ResponseWriter, r *http.Request) ([]int64, bool, *apiError) {
-	body, aerr := readJSONRequest(w, r)
-	if aerr != nil {
-		return nil, false, aerr
-	}
-	rd, aerr := readJSONBody(body)
+	rd, aerr := readJSONFields(w, r)
 	if aerr != nil {
 		return nil, false, aerr
 	}
@@ -222,12 +218,7 @@ var detokenizeSpecs = []fspec{
 }
 
 func (e *Engine) handlePostDetokenize(w http.ResponseWriter, r *http.Request) {
-	body, aerr := readJSONRequest(w, r)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	rd, aerr := readJSONBody(body)
+	rd, aerr := readJSONFields(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
 		return

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/serving"
 	"tailgate/serving/sim"
 )
@@ -124,17 +125,6 @@ func listen(t *testing.T, addr string) net.Listener {
 	return ln
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	ln := listen(t, "127.0.0.1:0")
@@ -216,7 +206,7 @@ func TestRunDrainsBeforeStoppingTheEngine(t *testing.T) {
 			defer cancel()
 			runErr := make(chan error, 1)
 			go func() { runErr <- w.Run(ctx) }()
-			waitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
+			testkit.WaitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
 			if hb := g.last(); hb.ReplicaID != "r1" || hb.Address != "http://"+ln.Addr().String() ||
 				!slices.Equal(hb.Models, []string{"m"}) || hb.Engine != "sim" {
 				t.Fatalf("heartbeat %+v", hb)
@@ -280,7 +270,7 @@ func TestEngineAnswersOnlyTheSidecar(t *testing.T) {
 	runErr := make(chan error, 1)
 	go func() { runErr <- w.Run(ctx) }()
 	defer func() { cancel(); <-runErr }()
-	waitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
+	testkit.WaitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
 
 	sock := w.launch.EngineSocket()
 	chat := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
@@ -306,10 +296,10 @@ func TestEngineAnswersOnlyTheSidecar(t *testing.T) {
 	// The engine process listens on its socket and on no TCP port. The
 	// same check finds this test's own TCP listener, so it can fail.
 	pid := w.launch.PID()
-	if tcp, unix := listening(t, pid); len(tcp) != 0 || !slices.Equal(unix, []string{sock}) {
+	if tcp, unix := testkit.Listening(t, pid); len(tcp) != 0 || !slices.Equal(unix, []string{sock}) {
 		t.Errorf("engine (pid %d) listens on TCP sockets %q and Unix %q; want only its socket %s", pid, tcp, unix, sock)
 	}
-	if tcp, _ := listening(t, os.Getpid()); len(tcp) == 0 {
+	if tcp, _ := testkit.Listening(t, os.Getpid()); len(tcp) == 0 {
 		t.Fatal("the check finds no TCP listener in this process, which has the sidecar's")
 	}
 	for _, c := range []struct {
@@ -337,39 +327,6 @@ func TestEngineAnswersOnlyTheSidecar(t *testing.T) {
 			t.Errorf("straight to the engine with Authorization %q: %d %s, want 401 Unauthorized", auth, status, body)
 		}
 	}
-}
-
-// listening returns the listening TCP (v4 and v6) sockets among pid's open
-// files, by inode, and the paths of its listening Unix sockets.
-func listening(t *testing.T, pid int) (tcp, unix []string) {
-	t.Helper()
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mine := map[string]bool{}
-	for _, fd := range fds {
-		link, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
-		if inode, ok := strings.CutPrefix(link, "socket:["); ok {
-			mine[strings.TrimSuffix(inode, "]")] = true
-		}
-	}
-	for _, table := range []string{"tcp", "tcp6", "unix"} {
-		raw, err := os.ReadFile("/proc/net/" + table)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(string(raw), "\n")[1:] {
-			f := strings.Fields(line)
-			switch {
-			case table == "unix" && len(f) >= 8 && f[3] == "00010000" && mine[f[6]]: // __SO_ACCEPTCON
-				unix = append(unix, f[7])
-			case table != "unix" && len(f) >= 10 && f[3] == "0A" && mine[f[9]]: // TCP_LISTEN
-				tcp = append(tcp, f[9])
-			}
-		}
-	}
-	return tcp, unix
 }
 
 func TestRunFailsWhenTheEngineCannotStart(t *testing.T) {
@@ -423,21 +380,21 @@ func TestFrozenEngineIsReportedAndRecovers(t *testing.T) {
 		cancel()
 		<-runErr
 	}()
-	waitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
+	testkit.WaitFor(t, "replica ready at the gateway", func() bool { return g.last().State == serving.StateReady })
 
 	pid := w.launch.PID()
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	defer syscall.Kill(pid, syscall.SIGCONT)
-	waitFor(t, "the frozen engine reported", func() bool { return g.last().State == serving.StateFailed })
+	testkit.WaitFor(t, "the frozen engine reported", func() bool { return g.last().State == serving.StateFailed })
 	if hb := g.last(); !strings.HasPrefix(hb.Reason, "engine not answering /health for ") {
 		t.Errorf("reason %q", hb.Reason)
 	}
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the engine back", func() bool { return g.last().State == serving.StateReady })
+	testkit.WaitFor(t, "the engine back", func() bool { return g.last().State == serving.StateReady })
 	if hb := g.last(); hb.Reason != "" || hb.EngineLog != nil {
 		t.Errorf("ready heartbeat carries %q / %q", hb.Reason, hb.EngineLog)
 	}
@@ -466,7 +423,7 @@ func TestFailingEngineSendsItsErrorLines(t *testing.T) {
 		cancel()
 		<-runErr
 	}()
-	waitFor(t, "the failure reported", func() bool { return g.last().State == serving.StateFailed })
+	testkit.WaitFor(t, "the failure reported", func() bool { return g.last().State == serving.StateFailed })
 	hb := g.last()
 	if want := []string{"Traceback (most recent call last):", "OSError: no such model: m"}; !slices.Equal(hb.EngineLog, want) {
 		t.Errorf("engine_log %q, want %q", hb.EngineLog, want)

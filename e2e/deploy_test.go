@@ -1,8 +1,7 @@
-package main
+package e2e
 
 import (
 	"bytes"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -18,7 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"tailgate/server/gateway"
+	"tailgate/e2e/testkit"
 )
 
 // The files in deploy/ are product: each test here parses one and checks it
@@ -39,7 +38,7 @@ func checkArgs(t *testing.T, where string, args []string) {
 	}
 	out, err := exec.Command(binPath, append(slices.Clone(args), "-h")...).CombinedOutput()
 	if err != nil {
-		t.Errorf("%s: tailgate %s refuses its flags: %v\n%s", where, strings.Join(args, " "), err, lastLine(string(out)))
+		t.Errorf("%s: tailgate %s refuses its flags: %v\n%s", where, strings.Join(args, " "), err, testkit.LastLine(string(out)))
 	}
 }
 
@@ -56,23 +55,31 @@ func flagValue(args []string, name string) string {
 	return ""
 }
 
-// defaultOf is the default of a flag of the gateway or the worker.
+// defaultOf is the default of a duration flag of the gateway or the worker,
+// as the binary's `CMD -h` prints it (flag.PrintDefaults leaves out a zero
+// default).
 func defaultOf(t *testing.T, cmd, name string) time.Duration {
 	t.Helper()
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	switch cmd {
-	case "gateway":
-		var c gateway.Config
-		c.RegisterFlags(fs)
-	case "worker":
-		var w workerFlags
-		w.register(fs)
-	}
-	d, err := time.ParseDuration(fs.Lookup(name).DefValue)
+	out, err := exec.Command(binPath, cmd, "-h").CombinedOutput()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("tailgate %s -h: %v\n%s", cmd, err, out)
 	}
-	return d
+	for block := range strings.SplitSeq(string(out), "\n  -") {
+		if rest, ok := strings.CutPrefix(block, name); !ok || (rest != "" && rest[0] != ' ' && rest[0] != '\n') {
+			continue
+		}
+		m := regexp.MustCompile(`\(default ([^)]+)\)\s*$`).FindStringSubmatch(block)
+		if m == nil {
+			return 0
+		}
+		d, err := time.ParseDuration(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	t.Fatalf("tailgate %s -h lists no --%s", cmd, name)
+	return 0
 }
 
 // unitFile is a systemd unit: section → key → values, in order.
@@ -127,7 +134,7 @@ func TestSystemdUnitsVerifyAndAreHardened(t *testing.T) {
 		{"tailgate-worker.service", "worker", "drain-grace"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
-			raw, err := os.ReadFile(filepath.Join("deploy", "systemd", tc.file))
+			raw, err := os.ReadFile(filepath.Join("../deploy", "systemd", tc.file))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -237,7 +244,7 @@ func TestDockerfileBuildsAStaticNonRootImage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	raw, err := os.ReadFile("deploy/Dockerfile")
+	raw, err := os.ReadFile("../deploy/Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,6 +301,7 @@ func TestDockerfileBuildsAStaticNonRootImage(t *testing.T) {
 	sh := strings.ReplaceAll(buildCmd, "-o "+binOut, "-o "+filepath.Join(out, "tailgate"))
 	sh = os.Expand(sh, func(k string) string { return args[k] })
 	cmd := exec.Command("sh", "-c", sh)
+	cmd.Dir = ".." // the build context: the repository's root
 	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", sh, err, msg)
@@ -330,7 +338,7 @@ var (
 
 func readWorkerImage(t *testing.T) workerImage {
 	t.Helper()
-	raw, err := os.ReadFile("deploy/worker.Dockerfile")
+	raw, err := os.ReadFile("../deploy/worker.Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,14 +384,14 @@ func TestWorkerImageRunsTheWorkerOnVLLM(t *testing.T) {
 		t.Skip("needs the built binary")
 	}
 	w := readWorkerImage(t)
-	raw, err := os.ReadFile("deploy/Dockerfile")
+	raw, err := os.ReadFile("../deploy/Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if gw := parseDockerfile(string(raw)); !slices.Equal(gw[0].instr, w.build.instr) || gw[0].from != w.build.from {
 		t.Errorf("the worker image's build stage differs from deploy/Dockerfile's:\n%v\n%v", w.build, gw[0])
 	}
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +452,7 @@ func TestComposeFileIsConsistent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the built binary")
 	}
-	raw, err := os.ReadFile("deploy/compose.yaml")
+	raw, err := os.ReadFile("../deploy/compose.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -466,7 +474,7 @@ func TestComposeFileIsConsistent(t *testing.T) {
 	if b := c.Services["gateway"].Build; b == nil || b["dockerfile"] != "deploy/Dockerfile" {
 		t.Errorf("the gateway service does not build deploy/Dockerfile: %v", b)
 	}
-	if _, err := os.Stat(filepath.Join("deploy", fmt.Sprint(c.Services["gateway"].Build["context"]), "go.mod")); err != nil {
+	if _, err := os.Stat(filepath.Join("../deploy", fmt.Sprint(c.Services["gateway"].Build["context"]), "go.mod")); err != nil {
 		t.Errorf("build context is not the repository root: %v", err)
 	}
 	portOf := func(addr string) string {
@@ -560,7 +568,7 @@ func TestKubernetesManifestsAreConsistent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the built binary")
 	}
-	raw, err := os.ReadFile("deploy/kubernetes/tailgate.yaml")
+	raw, err := os.ReadFile("../deploy/kubernetes/tailgate.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
 
 // testCert is a self-signed certificate for 127.0.0.1 and localhost.
@@ -365,7 +367,7 @@ func TestTLSHandshakeErrorsAreCountedNotLogged(t *testing.T) {
 		}
 	}
 	g := &gatewayProcess{process: p, t: t, admin: "http://" + admin, token: readToken(t, filepath.Join(data, "admin.token"))}
-	waitFor(t, 10*time.Second, "the failed handshakes are counted", func() bool {
+	testkit.WaitWithin(t, 10*time.Second, "the failed handshakes are counted", func() bool {
 		return g.metric("tailgate_tls_handshake_errors_total", `listener="public"`) == failed
 	})
 	if n := strings.Count(p.stderr.String(), "TLS handshake failed"); n != 1 {

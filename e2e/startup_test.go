@@ -1,11 +1,7 @@
-package main
+package e2e
 
 import (
-	"context"
-	"errors"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -197,40 +193,6 @@ func joinOnce(args []string) func(t *testing.T) {
 	}
 }
 
-// runToExit runs the binary with args until it exits, at most within, and
-// returns its exit status and stderr.
-func runToExit(t *testing.T, within time.Duration, args ...string) (int, string) {
-	t.Helper()
-	code, stderr, ran := runUntil(t, within, args...)
-	if !ran {
-		t.Fatalf("still running after %v; stderr:\n%s", within, stderr)
-	}
-	return code, stderr
-}
-
-// runUntil is runToExit that reports a run still going after within
-// (false) instead of failing.
-func runUntil(t *testing.T, within time.Duration, args ...string) (int, string, bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), within)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binPath, args...)
-	cmd.WaitDelay = 5 * time.Second
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		return 0, stderr.String(), false
-	}
-	if ee, ok := errors.AsType[*exec.ExitError](err); ok {
-		return ee.ExitCode(), stderr.String(), true
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return 0, stderr.String(), true
-}
-
 // TestRefusedTagsStopTheGateway: a gateway that asks the control server for
 // tags it may not have fails at once with one line naming the tags. The test
 // control server refuses a registered node that asks for new tags by
@@ -290,18 +252,6 @@ func errorLine(t *testing.T, stderr string) string {
 		t.Errorf("want exactly one error line, \"tailgate: ...\", last on stderr; got %d", n)
 	}
 	return last
-}
-
-// holdPort listens on a loopback port for the test's duration and returns
-// its address.
-func holdPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	return ln.Addr().String()
 }
 
 // testClusterToken is a cluster token long enough to be accepted

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"maps"
@@ -12,12 +12,19 @@ import (
 )
 
 const (
-	alertRules     = "deploy/prometheus/tailgate-alerts.yaml"
-	alertRuleTests = "deploy/prometheus/tailgate-alerts.test.yaml"
+	alertRules     = "../deploy/prometheus/tailgate-alerts.yaml"
+	alertRuleTests = "../deploy/prometheus/tailgate-alerts.test.yaml"
 )
 
-// ruleAlerts returns the alert names of a Prometheus rule file.
-func ruleAlerts(t *testing.T, path string) map[string]string {
+// promRule is a rule of a Prometheus rule file: an alert, or a recording
+// rule (Alert "").
+type promRule struct {
+	Alert string `yaml:"alert"`
+	Expr  string `yaml:"expr"`
+}
+
+// promRules returns every rule of a Prometheus rule file, in order.
+func promRules(t *testing.T, path string) []promRule {
 	t.Helper()
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -25,21 +32,27 @@ func ruleAlerts(t *testing.T, path string) map[string]string {
 	}
 	var rules struct {
 		Groups []struct {
-			Rules []struct {
-				Alert string `yaml:"alert"`
-				Expr  string `yaml:"expr"`
-			} `yaml:"rules"`
+			Rules []promRule `yaml:"rules"`
 		} `yaml:"groups"`
 	}
 	if err := yaml.Unmarshal(raw, &rules); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]string{}
+	var out []promRule
 	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			if r.Alert != "" {
-				out[r.Alert] = r.Expr
-			}
+		out = append(out, g.Rules...)
+	}
+	return out
+}
+
+// ruleAlerts returns the alert names of a Prometheus rule file, with their
+// expressions.
+func ruleAlerts(t *testing.T, path string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, r := range promRules(t, path) {
+		if r.Alert != "" {
+			out[r.Alert] = r.Expr
 		}
 	}
 	return out

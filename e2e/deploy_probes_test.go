@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -16,6 +16,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"tailgate/e2e/testkit"
 )
 
 // k8sProbe is a container probe of the manifest.
@@ -82,7 +84,7 @@ type k8sObject struct {
 
 func readK8s(t *testing.T) []k8sObject {
 	t.Helper()
-	raw, err := os.ReadFile("deploy/kubernetes/tailgate.yaml")
+	raw, err := os.ReadFile("../deploy/kubernetes/tailgate.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +302,7 @@ func TestContainerImagesCheckTheirHealth(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the built binary")
 	}
-	for _, file := range []string{"deploy/Dockerfile", "deploy/worker.Dockerfile"} {
+	for _, file := range []string{"../deploy/Dockerfile", "../deploy/worker.Dockerfile"} {
 		raw, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
@@ -325,7 +327,7 @@ func TestContainerImagesCheckTheirHealth(t *testing.T) {
 		}
 	}
 
-	raw, err := os.ReadFile("deploy/compose.yaml")
+	raw, err := os.ReadFile("../deploy/compose.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +361,7 @@ func TestContainerImagesCheckTheirHealth(t *testing.T) {
 		}
 	}
 
-	ignore, err := os.ReadFile(".dockerignore")
+	ignore, err := os.ReadFile("../.dockerignore")
 	if err != nil {
 		t.Fatal(".dockerignore: ", err)
 	}
@@ -457,6 +459,6 @@ func checkHealthcheckArgs(t *testing.T, where string, args []string) {
 	}
 	out, err := exec.Command(binPath, append(slices.Clone(args), "-h")...).CombinedOutput()
 	if err != nil {
-		t.Errorf("%s: tailgate %s refuses its flags: %v\n%s", where, strings.Join(args, " "), err, lastLine(string(out)))
+		t.Errorf("%s: tailgate %s refuses its flags: %v\n%s", where, strings.Join(args, " "), err, testkit.LastLine(string(out)))
 	}
 }

@@ -1,9 +1,13 @@
-package main
+package e2e
 
 import (
 	"errors"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -180,5 +184,105 @@ func TestHelpExitsZero(t *testing.T) {
 				t.Errorf("no usage printed:\n%s", stderr)
 			}
 		})
+	}
+}
+
+// TestDashboardTokenNotPrintedWhenStdoutIsNotATerminal: `up` and `gateway`
+// whose stdout is a pipe (as under systemd, where it lands in the journal,
+// or a container runtime) print the dashboard link without the admin token
+// and name DIR/dashboard.url, a 0600 file holding the link with the token
+// (in the URL fragment, which a browser never sends); no log line carries
+// the token either.
+func TestDashboardTokenNotPrintedWhenStdoutIsNotATerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
+	up := startUp(t, "--replicas", "1", "--sim-ttft", "1ms", "--sim-tpot", "0s")
+	gw := startGateway(t)
+	for _, c := range []struct {
+		name, printed, admin, dir, logs string
+	}{
+		{"up", up.uiToken, up.admin, up.dir, up.stderr.String()},
+		{"gateway", gw.uiToken, gw.admin, gw.dir, gw.stderr.String()},
+	} {
+		token := readToken(t, filepath.Join(c.dir, "admin.token"))
+		if c.printed != "" {
+			t.Errorf("%s prints the admin token on a stdout that is not a terminal: #token=%s", c.name, c.printed)
+		}
+		path := filepath.Join(c.dir, "dashboard.url")
+		if !strings.Contains(c.logs, "path="+path) {
+			t.Errorf("%s does not say where the link with the token is (%s):\n%s", c.name, path, c.logs)
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %s has mode %04o, want 0600", c.name, path, fi.Mode().Perm())
+		}
+		link := readToken(t, path)
+		if want := c.admin + "/ui/#token=" + url.QueryEscape(token); link != want {
+			t.Errorf("%s: %s holds %q, want %q", c.name, path, link, want)
+		}
+		if strings.Contains(c.logs, token) {
+			t.Errorf("%s logs its admin token:\n%s", c.name, c.logs)
+		}
+	}
+}
+
+// TestVersionCommand: `tailgate version` and `tailgate --version` print the
+// release, the commit (or "unknown" when the build recorded none), the Go
+// toolchain and the tailscale.com module in go.mod; -X main.version sets
+// the release.
+func TestVersionCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the built binary")
+	}
+	gomod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := regexp.MustCompile(`(?m)^\s*tailscale\.com (v\S+)`).FindSubmatch(gomod)
+	if ts == nil {
+		t.Fatal("no tailscale.com in go.mod")
+	}
+	stamped := filepath.Join(t.TempDir(), "tailgate")
+	if out, err := exec.Command("go", "build", "-ldflags", "-X main.version=v9.8.7-test", "-o", stamped, "..").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		bin, arg, version string
+	}{
+		{binPath, "version", ""}, {binPath, "--version", ""}, {stamped, "version", "v9.8.7-test"},
+	} {
+		out, err := exec.Command(tc.bin, tc.arg).Output()
+		if err != nil {
+			t.Fatalf("tailgate %s: %v", tc.arg, err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		field := map[string]string{}
+		for _, l := range lines[1:] {
+			f := strings.Fields(l)
+			field[f[0]] = strings.Join(f[1:], " ")
+		}
+		ver := strings.TrimPrefix(lines[0], "tailgate ")
+		switch {
+		case tc.version != "" && ver != tc.version:
+			t.Errorf("%s: version %q, want %q", tc.arg, ver, tc.version)
+		case tc.version == "" && ver == "":
+			t.Errorf("%s: no version on the first line %q", tc.arg, lines[0])
+		}
+		if field["go"] != runtime.Version() {
+			t.Errorf("%s: go %q, want %q", tc.arg, field["go"], runtime.Version())
+		}
+		if field["tailscale"] != string(ts[1]) {
+			t.Errorf("%s: tailscale %q, want %s (go.mod)", tc.arg, field["tailscale"], ts[1])
+		}
+		if rev := strings.TrimSuffix(field["revision"], "+dirty"); rev != "unknown" {
+			head, _ := exec.Command("git", "rev-parse", "HEAD").Output()
+			if rev != strings.TrimSpace(string(head)) {
+				t.Errorf("%s: revision %q, want unknown or HEAD %s", tc.arg, rev, head)
+			}
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
+
+	"tailgate/e2e/testkit"
 )
 
 // The ACME test CA the TLS tests run (TestACMECertificateFromPebble,
@@ -132,7 +134,7 @@ func (p *pebbleCA) start(t *testing.T, tlsPort int, env ...string) {
 	}
 	pebble := exec.Command(p.bin, "-config", cfgPath, "-dnsserver", p.dnsAddr)
 	pebble.Env = append(append(os.Environ(), "PEBBLE_VA_NOSLEEP=1", "PEBBLE_WFE_NONCEREJECT=0"), env...)
-	var out syncBuffer
+	var out testkit.Buffer
 	pebble.Stdout, pebble.Stderr = &out, &out
 	if err := pebble.Start(); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -19,65 +17,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"gopkg.in/yaml.v3"
-)
 
-// TestVersionCommand: `tailgate version` and `tailgate --version` print the
-// release, the commit (or "unknown" when the build recorded none), the Go
-// toolchain and the tailscale.com module in go.mod; -X main.version sets
-// the release.
-func TestVersionCommand(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the built binary")
-	}
-	gomod, err := os.ReadFile("go.mod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := regexp.MustCompile(`(?m)^\s*tailscale\.com (v\S+)`).FindSubmatch(gomod)
-	if ts == nil {
-		t.Fatal("no tailscale.com in go.mod")
-	}
-	stamped := filepath.Join(t.TempDir(), "tailgate")
-	if out, err := exec.Command("go", "build", "-ldflags", "-X main.version=v9.8.7-test", "-o", stamped, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	for _, tc := range []struct {
-		bin, arg, version string
-	}{
-		{binPath, "version", ""}, {binPath, "--version", ""}, {stamped, "version", "v9.8.7-test"},
-	} {
-		out, err := exec.Command(tc.bin, tc.arg).Output()
-		if err != nil {
-			t.Fatalf("tailgate %s: %v", tc.arg, err)
-		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		field := map[string]string{}
-		for _, l := range lines[1:] {
-			f := strings.Fields(l)
-			field[f[0]] = strings.Join(f[1:], " ")
-		}
-		ver := strings.TrimPrefix(lines[0], "tailgate ")
-		switch {
-		case tc.version != "" && ver != tc.version:
-			t.Errorf("%s: version %q, want %q", tc.arg, ver, tc.version)
-		case tc.version == "" && ver == "":
-			t.Errorf("%s: no version on the first line %q", tc.arg, lines[0])
-		}
-		if field["go"] != runtime.Version() {
-			t.Errorf("%s: go %q, want %q", tc.arg, field["go"], runtime.Version())
-		}
-		if field["tailscale"] != string(ts[1]) {
-			t.Errorf("%s: tailscale %q, want %s (go.mod)", tc.arg, field["tailscale"], ts[1])
-		}
-		if rev := strings.TrimSuffix(field["revision"], "+dirty"); rev != "unknown" {
-			head, _ := exec.Command("git", "rev-parse", "HEAD").Output()
-			if rev != strings.TrimSpace(string(head)) {
-				t.Errorf("%s: revision %q, want unknown or HEAD %s", tc.arg, rev, head)
-			}
-		}
-	}
-}
+	"tailgate/e2e/testkit"
+)
 
 // TestDashboardAndAlertsNameRealMetrics: a gateway that served requests
 // (streams, errors, hedges, a replica ejected, a tenant with a budget)
@@ -94,7 +36,7 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 	const replicas = 3
 	p := startUp(t, "--replicas", fmt.Sprint(replicas), "--sim-ttft", "20ms", "--sim-tpot", "1ms", "--hedge", "--hedge-min", "1ms",
 		"--hedge-max", "2ms", "--retry-budget", "1", "--ttft-deadline", "300ms", "--sim-hang-rate", "0.05", "--price", "tailgate-sim=1,2")
-	key := lastLine(tailgate(t, "keys", "create", "--data", p.dir, "--tenant", "team-a", "--budget", "100", "--budget-tokens", "1000000"))
+	key := testkit.LastLine(tailgate(t, "keys", "create", "--data", p.dir, "--tenant", "team-a", "--budget", "100", "--budget-tokens", "1000000"))
 	adminToken := readToken(t, filepath.Join(p.dir, "admin.token"))
 
 	scrape := func() map[string]*dto.MetricFamily {
@@ -185,7 +127,7 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 	// job the alerts' header asks for.
 	series["up"] = map[string]map[string]bool{"job": {"tailgate": true}, "instance": {}}
 	var queries []string
-	raw, err := os.ReadFile("deploy/grafana/tailgate-dashboard.json")
+	raw, err := os.ReadFile("../deploy/grafana/tailgate-dashboard.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,27 +147,10 @@ func TestDashboardAndAlertsNameRealMetrics(t *testing.T) {
 			queries = append(queries, tg.Expr)
 		}
 	}
-	raw, err = os.ReadFile("deploy/prometheus/tailgate-alerts.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rules struct {
-		Groups []struct {
-			Rules []struct {
-				Alert string `yaml:"alert"`
-				Expr  string `yaml:"expr"`
-			} `yaml:"rules"`
-		} `yaml:"groups"`
-	}
-	if err := yaml.Unmarshal(raw, &rules); err != nil {
-		t.Fatal(err)
-	}
 	alerts := map[string]bool{}
-	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			queries = append(queries, r.Expr)
-			alerts[r.Alert] = true
-		}
+	for _, r := range promRules(t, alertRules) {
+		queries = append(queries, r.Expr)
+		alerts[r.Alert] = true
 	}
 	for _, a := range []string{"TailgateTTFTBudgetBurn", "TailgateReplicaOut", "TailgateReplicaLost", "TailgateModelNoReadyReplica",
 		"TailgateGatewayDown", "TailgateServerErrors", "TailgateLedgerUnavailable", "TailgateBudgetNearlyUsed"} {

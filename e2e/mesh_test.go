@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"tailgate/e2e/testkit"
 	"tailgate/mesh"
 	"tailgate/mesh/meshtest"
 )
@@ -102,7 +103,7 @@ func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
 	if err := w1.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "stopped mesh worker out of routing", func() bool { return g.state("w1") != "ready" })
+	testkit.WaitWithin(t, 10*time.Second, "stopped mesh worker out of routing", func() bool { return g.state("w1") != "ready" })
 	for i := range 6 {
 		code, h, _, err := g.chat(context.Background(), i%2 == 0, 4)
 		if err != nil || code != 200 || h.Get("X-Tailgate-Replica") != "w2" {
@@ -120,7 +121,7 @@ func TestMeshRefusesPeersNotAllowed(t *testing.T) {
 	g := startGateway(t, append(meshArgs, "--mesh-hostname", "tg-gateway", "--mesh-allow-peers", "tg-trusted")...)
 	u, _ := url.Parse(g.admin)
 	w := g.startWorker("intruder", append(meshArgs, "--gateway", "http://tg-gateway:"+u.Port(), "--listen", "127.0.0.1:9412")...)
-	waitFor(t, 20*time.Second, "worker told it is refused", func() bool {
+	testkit.WaitWithin(t, 20*time.Second, "worker told it is refused", func() bool {
 		return strings.Contains(w.stderr.String(), "403") || strings.Contains(w.stderr.String(), "not in --mesh-allow-peers")
 	})
 	if st := g.state("intruder"); st != "gone" {
