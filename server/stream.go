@@ -190,7 +190,11 @@ var (
 	emptyChoices = []byte(`"choices":[]`)
 	timingPrefix = []byte(serving.TimingComment)
 	simQueue     = []byte(": sim-queue-ms=")
-	readerPool   = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+	// readerPool: the readers of the engines' answers, one per open stream.
+	// 4 KiB holds many events (a few hundred bytes each); a longer one is
+	// read whole all the same (sse.ReadEvent). 16 KiB cost 12 KiB more per
+	// open stream (TestOpenStreamMemoryIsBounded).
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
 
 	keepAliveComment = []byte(": keep-alive\n\n")
 	errStreamClosed  = errors.New("stream already ended")
