@@ -17,6 +17,11 @@
 #       scripts/bench-ab.sh two-procs=. one-proc=.:GOMAXPROCS=1
 # Environment (all optional):
 #   RATE=1000 DURATION=4s ROUNDS=10 WARMUP=2s VEGETA_MAX_CONNS=512 KEEP_TMP=1
+#   GOPROXY=off|on   also a bare Go httputil.ReverseProxy hop (bench/goproxy), row goproxy
+#   WORKLOAD=json|streams   json: vegeta at RATE as above; streams: the workload of
+#     scripts/bench-streams.sh (STREAMS=500 CHUNKS=100 PACE=50ms, then BURST=200
+#     BURST_CHUNKS=20; ROUNDS rounds each), CPU and memory per stream of each build
+#     from /proc, the ratios against the bare Go proxy (GOPROXY is on) at the end
 # Everything listens on 127.0.0.1; one simulated engine (the working tree's
 # build) answers at once, as in bench-overhead.sh. Needs go, git and curl;
 # vegeta is installed with `go install` when it is not on PATH.
@@ -27,6 +32,13 @@ DURATION=${DURATION:-4s}
 ROUNDS=${ROUNDS:-10}
 WARMUP=${WARMUP:-2s}
 VEGETA_MAX_CONNS=${VEGETA_MAX_CONNS:-512}
+GOPROXY=${GOPROXY:-off}
+WORKLOAD=${WORKLOAD:-json}
+STREAMS=${STREAMS:-500}
+CHUNKS=${CHUNKS:-100}
+PACE=${PACE:-50ms}
+BURST=${BURST:-200}
+BURST_CHUNKS=${BURST_CHUNKS:-20}
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH_NAME=bench-ab
@@ -57,6 +69,8 @@ for arg in "$@"; do
 done
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "ROUNDS=$ROUNDS: want a positive number"
 [[ "$RATE" =~ ^[1-9][0-9]*$ ]] || die "RATE=$RATE: want requests per second"
+[[ "$WORKLOAD" == json || "$WORKLOAD" == streams ]] || die "WORKLOAD=$WORKLOAD: want json or streams"
+if [[ "$WORKLOAD" == streams ]]; then GOPROXY=on; fi
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tailgate-ab.XXXXXX")
 PIDS=()
@@ -75,7 +89,8 @@ need_tools
 
 # --- builds ------------------------------------------------------------------
 log "building the working tree (engine, table) into $TMP"
-(cd "$ROOT" && go build -o "$TMP/tailgate" . && go build -o "$TMP/overheadtable" ./bench/overheadtable)
+(cd "$ROOT" && go build -o "$TMP/tailgate" . && go build -o "$TMP/overheadtable" ./bench/overheadtable &&
+	go build -o "$TMP/goproxy" ./bench/goproxy && go build -o "$TMP/streamgap" ./bench/streamgap)
 declare -A BIN=()
 for name in "${NAMES[@]}"; do
 	rev=${REVS[$name]}
@@ -100,32 +115,69 @@ for name in "${NAMES[@]}"; do
 done
 
 # --- engine and gateways -----------------------------------------------------
-start_sim sim tailgate-sim 0
+if [[ "$WORKLOAD" == streams ]]; then
+	start_sim sim tailgate-sim "$PACE"
+else
+	start_sim sim tailgate-sim 0
+fi
 SIM=$ADDR
-declare -A BASE=([direct]="http://$SIM") KEYS=([direct]=none)
+declare -A BASE=([direct]="http://$SIM") KEYS=([direct]=none) PID=()
 for name in "${NAMES[@]}"; do
-	mkdir -p "$TMP/$name"
-	# shellcheck disable=SC2086 # the variant's VAR=VALUE entries, one word each
-	env ${ENVS[$name]//,/ } "${BIN[$name]}" gateway --data "$TMP/$name/data" --listen 127.0.0.1:0 \
-		--admin-listen 127.0.0.1:0 --upstream "http://$SIM" --price tailgate-sim=0.2,0.6 \
-		>"$TMP/$name/gateway.out" 2>"$TMP/$name/gateway.log" &
-	PIDS+=($!)
-	gw=$(wait_for_line "$TMP/$name/gateway.out" '^tailgate gateway: API ' | sed -E 's|.*API http://([^/]+)/v1.*|\1|') ||
-		die "$name: the gateway did not start: $(tail -n 20 "$TMP/$name/gateway.log")"
-	key=$(bench_key "${BIN[$name]}" "$TMP/$name/data")
-	for ((i = 0; i < 100; i++)); do
-		[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$gw/healthz") == 200 ]] && break
-		sleep 0.1
-	done
-	[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$gw/healthz") == 200 ]] ||
-		die "$name: the gateway never became ready: $(tail -n 20 "$TMP/$name/gateway.log")"
-	BASE[$name]="http://$gw"
-	KEYS[$name]=$key
-	log "$name: ${REVS[$name]}${ENVS[$name]:+ with ${ENVS[$name]}} at $gw"
+	flags=()
+	# shellcheck disable=SC2207 # flags, one word each
+	if [[ "$WORKLOAD" == streams ]]; then flags=($(many_conns "${BIN[$name]}")); fi
+	start_gateway "$name" "${BIN[$name]}" "${ENVS[$name]}" "http://$SIM" tailgate-sim "${flags[@]}"
+	BASE[$name]="http://$GW"
+	KEYS[$name]=$GW_KEY
+	PID[$name]=$GW_PID
+	log "$name: ${REVS[$name]}${ENVS[$name]:+ with ${ENVS[$name]}} at $GW"
 done
+EXTRA=()
+if [[ "$GOPROXY" == on ]]; then
+	start_goproxy "http://$SIM"
+	BASE[goproxy]="http://$GOPROXY_ADDR"
+	KEYS[goproxy]=none
+	PID[goproxy]=$GOPROXY_PID
+	EXTRA=(goproxy)
+	log "goproxy: a bare Go hop at $GOPROXY_ADDR"
+fi
+
+describe() {
+	local name rev desc
+	for name in "${NAMES[@]}"; do
+		rev=${REVS[$name]}
+		if [[ "$rev" == . ]]; then
+			desc="the working tree (on $(git -C "$ROOT" rev-parse --short HEAD))"
+		elif [[ -f "$rev" && -x "$rev" ]]; then
+			desc="$rev (a binary: $("${BIN[$name]}" version 2>/dev/null | head -n1))"
+		else
+			desc="$rev ($(git -C "$ROOT" rev-parse --short "$rev^{commit}"))"
+		fi
+		echo "$name: $desc${ENVS[$name]:+ with ${ENVS[$name]}}"
+	done
+}
+
+if [[ "$WORKLOAD" == streams ]]; then
+	ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
+	targets=(--target "direct=http://$SIM")
+	for name in "${NAMES[@]}" goproxy; do
+		targets+=(--target "$name=${BASE[$name]}@${PID[$name]}" --target-key "$name=${KEYS[$name]}")
+	done
+	echo "== gateway builds side by side on streams: $STREAMS at once, $CHUNKS chunks $PACE apart, $ROUNDS round(s), $(nproc) cpus shared =="
+	describe
+	"$TMP/streamgap" "${targets[@]}" --model tailgate-sim --streams "$STREAMS" \
+		--tokens "$CHUNKS" --rounds "$ROUNDS"
+	if ((BURST > 0)); then
+		echo
+		echo "== burst: $BURST streams opening at once, $BURST_CHUNKS chunks $PACE apart, $ROUNDS round(s) =="
+		"$TMP/streamgap" "${targets[@]}" --model tailgate-sim --streams "$BURST" \
+			--tokens "$BURST_CHUNKS" --rounds "$ROUNDS"
+	fi
+	exit 0
+fi
 
 # --- rounds ------------------------------------------------------------------
-PATHS=(direct "${NAMES[@]}")
+PATHS=(direct "${NAMES[@]}" "${EXTRA[@]}")
 chat_body "$TMP/body.json"
 for p in "${PATHS[@]}"; do
 	targets "${BASE[$p]}" "${KEYS[$p]}" "$TMP/body.json" "$TMP/targets-$p.txt"
@@ -148,15 +200,5 @@ for ((k = 1; k <= ROUNDS; k++)); do
 done
 
 echo "== gateway builds side by side: $RATE req/s, $ROUNDS rounds of $DURATION per path, $(nproc) cpus shared =="
-for name in "${NAMES[@]}"; do
-	rev=${REVS[$name]}
-	if [[ "$rev" == . ]]; then
-		desc="the working tree (on $(git -C "$ROOT" rev-parse --short HEAD))"
-	elif [[ -f "$rev" && -x "$rev" ]]; then
-		desc="$rev (a binary: $("${BIN[$name]}" version 2>/dev/null | head -n1))"
-	else
-		desc="$rev ($(git -C "$ROOT" rev-parse --short "$rev^{commit}"))"
-	fi
-	echo "$name: $desc${ENVS[$name]:+ with ${ENVS[$name]}}"
-done
+describe
 "$TMP/overheadtable" --dir "$TMP/results" --paths "${PATHS[*]}" --rounds "$ROUNDS"

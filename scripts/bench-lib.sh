@@ -97,3 +97,107 @@ chat_body() {
 targets() {
 	printf 'POST %s/v1/chat/completions\nContent-Type: application/json\nAuthorization: Bearer %s\n@%s\n' "$1" "$2" "$3" >"$4"
 }
+
+# free_port: a TCP port on 127.0.0.1 nothing listens on right now.
+free_port() {
+	local p i
+	for ((i = 0; i < 50; i++)); do
+		p=$((20000 + RANDOM % 30000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# start_gateway NAME BIN ENV UPSTREAM MODEL [FLAG...]: `BIN gateway` with
+# its data in $TMP/NAME/data in front of UPSTREAM (a price for MODEL), its
+# process environment ENV (VAR=VALUE,... or empty), with a bench key; waits
+# for /healthz 200. Sets GW (host:port), GW_PID and GW_KEY.
+start_gateway() {
+	local name=$1 bin=$2 envs=$3 upstream=$4 model=$5 i
+	shift 5
+	mkdir -p "$TMP/$name"
+	# shellcheck disable=SC2086 # the VAR=VALUE entries, one word each
+	env ${envs//,/ } "$bin" gateway --data "$TMP/$name/data" --listen 127.0.0.1:0 \
+		--admin-listen 127.0.0.1:0 --upstream "$upstream" --price "$model=0.2,0.6" "$@" \
+		>"$TMP/$name/gateway.out" 2>"$TMP/$name/gateway.log" &
+	GW_PID=$!
+	PIDS+=("$GW_PID")
+	GW=$(wait_for_line "$TMP/$name/gateway.out" '^tailgate gateway: API ' | sed -E 's|.*API http://([^/]+)/v1.*|\1|') ||
+		die "$name: the gateway did not start: $(tail -n 20 "$TMP/$name/gateway.log")"
+	GW_KEY=$(bench_key "$bin" "$TMP/$name/data")
+	for ((i = 0; i < 100; i++)); do
+		[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$GW/healthz") == 200 ]] && return 0
+		sleep 0.1
+	done
+	die "$name: the gateway never became ready: $(tail -n 20 "$TMP/$name/gateway.log")"
+}
+
+# many_conns BIN: the flags that let BIN's gateway hold a stream benchmark's
+# connections from one loopback address (none for a build without the cap).
+many_conns() {
+	if "$1" gateway --help 2>&1 | grep -q -- '--max-connections-per-address'; then
+		echo --max-connections 16384 --max-connections-per-address 16384
+	fi
+}
+
+# start_goproxy UPSTREAM: the bare Go hop (bench/goproxy, built into
+# $TMP/goproxy) in front of UPSTREAM. Sets GOPROXY_ADDR and GOPROXY_PID.
+start_goproxy() {
+	"$TMP/goproxy" --upstream "$1" >"$TMP/goproxy.out" 2>"$TMP/goproxy.log" &
+	GOPROXY_PID=$!
+	PIDS+=("$GOPROXY_PID")
+	GOPROXY_ADDR=$(wait_for_line "$TMP/goproxy.out" '^GOPROXY_LISTEN ' | awk '{print $2}') ||
+		die "goproxy did not start: $(cat "$TMP/goproxy.log")"
+}
+
+# start_nginx UPSTREAM: a bare nginx proxy_pass hop (buffering off, upstream
+# keep-alive) in front of UPSTREAM (host:port), when nginx is installed.
+# Sets NGINX_ADDR and NGINX_PIDS (master+workers, for /proc); returns 1, with
+# the reason logged, when there is no nginx or it did not start.
+start_nginx() {
+	local port i
+	command -v nginx >/dev/null 2>&1 || { log "no nginx installed: no nginx row"; return 1; }
+	port=$(free_port) || { log "no free port for nginx"; return 1; }
+	mkdir -p "$TMP/nginx/logs" "$TMP/nginx/tmp"
+	cat >"$TMP/nginx/nginx.conf" <<NGINX
+worker_processes auto;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/logs/error.log warn;
+events { worker_connections 16384; }
+http {
+	access_log off;
+	client_body_temp_path $TMP/nginx/tmp/body;
+	proxy_temp_path $TMP/nginx/tmp/proxy;
+	fastcgi_temp_path $TMP/nginx/tmp/fastcgi;
+	uwsgi_temp_path $TMP/nginx/tmp/uwsgi;
+	scgi_temp_path $TMP/nginx/tmp/scgi;
+	upstream engine { server $1; keepalive 256; }
+	server {
+		listen 127.0.0.1:$port;
+		location / {
+			proxy_pass http://engine;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+			proxy_buffering off;
+		}
+	}
+}
+NGINX
+	nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
+	local master=$!
+	PIDS+=("$master")
+	for ((i = 0; i < 50; i++)); do
+		curl -sf -o /dev/null "http://127.0.0.1:$port/health" && break
+		sleep 0.1
+	done
+	if ! curl -sf -o /dev/null "http://127.0.0.1:$port/health"; then
+		log "nginx did not start, no nginx row: $(cat "$TMP/nginx/stderr" "$TMP/nginx/logs/error.log" 2>/dev/null)"
+		return 1
+	fi
+	NGINX_ADDR=127.0.0.1:$port
+	NGINX_PIDS=$master
+	for i in $(pgrep -P "$master"); do NGINX_PIDS+="+$i"; done
+}

@@ -52,19 +52,6 @@ source "$ROOT/scripts/bench-lib.sh"
 trap stop_all EXIT
 trap 'exit 130' INT TERM
 
-# free_port: a TCP port on 127.0.0.1 nothing listens on right now.
-free_port() {
-	local p i
-	for ((i = 0; i < 50; i++)); do
-		p=$((20000 + RANDOM % 30000))
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			echo "$p"
-			return 0
-		fi
-	done
-	return 1
-}
-
 # --- tools -------------------------------------------------------------------
 need_tools
 log "building tailgate and the bench helpers into $TMP"
@@ -102,55 +89,16 @@ log "gateway: $GW (healthz 200, both models ready)"
 
 PATHS="direct gateway"
 declare -A BASE=([direct]="http://$SIM" [gateway]="http://$GW")
-if [[ "$NGINX" != off ]] && command -v nginx >/dev/null 2>&1; then
-	NGINX_PORT=$(free_port) || die "no free port for nginx"
-	mkdir -p "$TMP/nginx/logs" "$TMP/nginx/tmp"
-	cat >"$TMP/nginx/nginx.conf" <<EOF
-worker_processes auto;
-pid $TMP/nginx/nginx.pid;
-error_log $TMP/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-	access_log off;
-	client_body_temp_path $TMP/nginx/tmp/body;
-	proxy_temp_path $TMP/nginx/tmp/proxy;
-	fastcgi_temp_path $TMP/nginx/tmp/fastcgi;
-	uwsgi_temp_path $TMP/nginx/tmp/uwsgi;
-	scgi_temp_path $TMP/nginx/tmp/scgi;
-	upstream engine { server $SIM; keepalive 256; }
-	server {
-		listen 127.0.0.1:$NGINX_PORT;
-		location / {
-			proxy_pass http://engine;
-			proxy_http_version 1.1;
-			proxy_set_header Connection "";
-			proxy_buffering off;
-		}
-	}
-}
-EOF
-	nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>"$TMP/nginx/stderr" &
-	PIDS+=($!)
-	for ((i = 0; i < 50; i++)); do
-		curl -sf -o /dev/null "http://127.0.0.1:$NGINX_PORT/health" && break
-		sleep 0.1
-	done
-	if curl -sf -o /dev/null "http://127.0.0.1:$NGINX_PORT/health"; then
-		PATHS="direct gateway nginx"
-		BASE[nginx]="http://127.0.0.1:$NGINX_PORT"
-		log "nginx baseline: 127.0.0.1:$NGINX_PORT"
-	else
-		log "nginx did not start, no baseline row: $(cat "$TMP/nginx/stderr" "$TMP/nginx/logs/error.log" 2>/dev/null)"
-	fi
+if [[ "$NGINX" != off ]] && start_nginx "$SIM"; then
+	PATHS="$PATHS nginx"
+	BASE[nginx]="http://$NGINX_ADDR"
+	log "nginx baseline: $NGINX_ADDR"
 fi
 
 # A bare Go hop (net/http + httputil.ReverseProxy, no work at all): what Go's
 # HTTP stack alone adds, so the gateway's own share can be told apart.
 if [[ "$GOPROXY" != off ]]; then
-	"$TMP/goproxy" --upstream "http://$SIM" >"$TMP/goproxy.out" 2>"$TMP/goproxy.log" &
-	PIDS+=($!)
-	GOPROXY_ADDR=$(wait_for_line "$TMP/goproxy.out" '^GOPROXY_LISTEN ' | awk '{print $2}') ||
-		die "goproxy did not start: $(cat "$TMP/goproxy.log")"
+	start_goproxy "http://$SIM"
 	PATHS="$PATHS goproxy"
 	BASE[goproxy]="http://$GOPROXY_ADDR"
 	log "bare Go proxy baseline: $GOPROXY_ADDR"

@@ -3,6 +3,10 @@
 // gateway URL, alternating between them, and compares the time to the first
 // content chunk and the gaps between content chunks as the client sees them.
 //
+// With --target (repeated) it runs the at-once mode of
+// scripts/bench-streams.sh instead: C streams opened in the same instant on
+// each target, with the CPU and memory of each hop's processes (atonce.go).
+//
 // It is part of scripts/bench-overhead.sh; run against the simulated engine
 // with a fixed --sim-tpot, so every gap the engine intends is the same and
 // what the gateway adds stands out. Every stream and every round is bounded
@@ -36,22 +40,42 @@ func main() {
 		duration = flag.Duration("duration", 10*time.Second, "how long each round starts new streams")
 		ramp     = flag.Duration("ramp", 2*time.Second, "starts of the first streams are spread over this long (about one stream's length)")
 		rounds   = flag.Int("rounds", 1, "rounds per target; targets alternate")
-		timeout  = flag.Duration("stream-timeout", time.Minute, "deadline of one stream")
+		timeout  = flag.Duration("stream-timeout", 2*time.Minute, "deadline of one stream")
 		goalTTFT = flag.Duration("goal-ttft", 3*time.Millisecond, "goal: most added p50 time to first chunk")
 		goalGap  = flag.Duration("goal-gap", 5*time.Millisecond, "goal: most extra inter-chunk gap")
+		stall    = flag.Duration("stall", time.Second, "at-once mode: a gap between chunks over this is a stall")
+		baseline = flag.String("baseline", "goproxy", "at-once mode: the target the others are compared with")
+		targets  targetFlags
+		keys     = keyFlags{}
 	)
+	flag.Var(keys, "target-key", "at-once mode, repeated: NAME=KEY, the key sent to that target instead of --key")
+	flag.Var(&targets, "target", "at-once mode, repeated: NAME=URL[@PID[+PID...]] (a target named direct is the engine; PIDs are the hop's processes)")
 	flag.Parse()
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"Stream to the benchmark."}],`+
+		`"max_tokens":%d,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}`, *model, *tokens)
+	if len(targets) > 0 {
+		if *streams < 1 || *tokens < 2 || *rounds < 1 {
+			fmt.Fprintln(os.Stderr, "usage: streamgap --target NAME=URL[@PID] ... [--key KEY] [--streams C] [--tokens N] [--rounds R]")
+			os.Exit(2)
+		}
+		for i, t := range targets {
+			targets[i].key = *key
+			if k, ok := keys[t.name]; ok {
+				targets[i].key = k
+			}
+		}
+		runAtOnce(targets, body, *streams, *tokens, *rounds, *stall, *timeout, *baseline)
+		return
+	}
 	if *direct == "" || *gateway == "" || *streams < 1 || *tokens < 2 || *rounds < 1 {
 		fmt.Fprintln(os.Stderr, "usage: streamgap --direct URL --gateway URL [--key KEY] [--streams K] [--tokens N] [--duration D] [--rounds R]")
 		os.Exit(2)
 	}
-	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"Stream to the benchmark."}],`+
-		`"max_tokens":%d,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}`, *model, *tokens)
 	cfg := runConfig{key: *key, body: body, streams: *streams, duration: *duration, ramp: *ramp, timeout: *timeout}
 
-	targets := []*target{{name: "direct", url: strings.TrimSuffix(*direct, "/")}, {name: "gateway", url: strings.TrimSuffix(*gateway, "/")}}
+	pair := []*target{{name: "direct", url: strings.TrimSuffix(*direct, "/")}, {name: "gateway", url: strings.TrimSuffix(*gateway, "/")}}
 	for r := range *rounds {
-		for _, t := range targets {
+		for _, t := range pair {
 			t.client = newClient(*streams)
 			start := time.Now()
 			res := cfg.run(t)
@@ -61,10 +85,10 @@ func main() {
 				r+1, t.name, len(res.ttft), res.failed, time.Since(start).Round(time.Millisecond))
 		}
 	}
-	d, g := targets[0], targets[1]
+	d, g := pair[0], pair[1]
 	if len(d.ttft) == 0 || len(g.ttft) == 0 {
 		fmt.Fprintln(os.Stderr, "streamgap: no stream completed on one of the targets")
-		for _, t := range targets {
+		for _, t := range pair {
 			for _, e := range t.errs {
 				fmt.Fprintf(os.Stderr, "  %s: %s\n", t.name, e)
 			}
@@ -90,7 +114,7 @@ func main() {
 	fmt.Printf("%-22s %12d %12d\n", "streams measured", len(d.ttft), len(g.ttft))
 	fmt.Printf("%-22s %12d %12d\n", "gaps measured", len(d.gaps), len(g.gaps))
 	fmt.Printf("%-22s %12d %12d\n", "streams failed", d.failed, g.failed)
-	for _, t := range targets {
+	for _, t := range pair {
 		for _, e := range t.errs {
 			fmt.Printf("  %s error: %s\n", t.name, e)
 		}

@@ -41,8 +41,9 @@ type Transport struct {
 	IdleTimeout time.Duration
 	// MaxIdlePerHost bounds the idle connections kept per host; 0 means 256.
 	MaxIdlePerHost int
-	// BufferSize sizes each connection's read and write buffers; 0 means
-	// 32 KiB.
+	// BufferSize sizes the read and write buffers of a request; 0 means
+	// 32 KiB. A connection holds no buffer while idle, and its write buffer
+	// only while it writes a request: an open stream holds one read buffer.
 	BufferSize int
 	// Fallback carries the requests this transport does not (not plain
 	// http); nil means they fail.
@@ -50,6 +51,12 @@ type Transport struct {
 
 	mu   sync.Mutex
 	idle map[string][]*conn // per host, most recently used last
+
+	// The buffers of the requests in flight, for the next ones: a pooled
+	// connection holding its own (32 KiB each way) cost an open stream 64
+	// KiB and each idle connection as much (TestOpenStreamMemoryIsBounded,
+	// server package).
+	readers, writers sync.Pool
 }
 
 // conn is one connection to a replica.
@@ -57,9 +64,8 @@ type conn struct {
 	t    *Transport
 	key  string
 	nc   net.Conn
-	br   *bufio.Reader
-	bw   *bufio.Writer
-	used bool // has carried a request before this one
+	br   *bufio.Reader // while a request is in flight; nil while idle
+	used bool          // has carried a request before this one
 
 	idleTimer *time.Timer // closes it when idle too long; nil while in use
 }
@@ -241,8 +247,7 @@ func (t *Transport) get(ctx context.Context, key string, trace *httptrace.Client
 	if err != nil {
 		return nil, err
 	}
-	size := t.bufferSize()
-	c := &conn{t: t, key: key, nc: nc, br: bufio.NewReaderSize(nc, size), bw: bufio.NewWriterSize(nc, size)}
+	c := &conn{t: t, key: key, nc: nc}
 	if trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: nc})
 	}
@@ -288,6 +293,44 @@ func (c *conn) expire() {
 	t.mu.Unlock() // taken meanwhile
 }
 
+// reader returns a read buffer on nc from the pool.
+func (t *Transport) reader(nc net.Conn) *bufio.Reader {
+	if br, ok := t.readers.Get().(*bufio.Reader); ok {
+		br.Reset(nc)
+		return br
+	}
+	return bufio.NewReaderSize(nc, t.bufferSize())
+}
+
+// writeRequest writes req on c through a pooled write buffer.
+func (c *conn) writeRequest(req *http.Request) error {
+	t := c.t
+	bw, ok := t.writers.Get().(*bufio.Writer)
+	if ok {
+		bw.Reset(c.nc)
+	} else {
+		bw = bufio.NewWriterSize(c.nc, t.bufferSize())
+	}
+	err := req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	bw.Reset(nil)
+	t.writers.Put(bw)
+	return err
+}
+
+// dropReader gives c's read buffer back to the pool; only the goroutine
+// that reads c may call it.
+func (c *conn) dropReader() {
+	if c.br == nil {
+		return
+	}
+	c.br.Reset(nil)
+	c.t.readers.Put(c.br)
+	c.br = nil
+}
+
 // aLongTimeAgo is a deadline that makes the connection's pending and future
 // reads and writes fail at once.
 var aLongTimeAgo = time.Unix(1, 0)
@@ -303,6 +346,7 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 	fail := func(err error, stale bool) (*http.Response, error) {
 		stop()
 		c.nc.Close()
+		c.dropReader()
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, cerr
 		}
@@ -311,15 +355,12 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 		}
 		return nil, err
 	}
-	werr := req.Write(c.bw)
-	if werr == nil {
-		werr = c.bw.Flush()
-	}
+	c.br = c.t.reader(c.nc)
+	werr := c.writeRequest(req)
 	if trace != nil && trace.WroteRequest != nil {
 		trace.WroteRequest(httptrace.WroteRequestInfo{Err: werr})
 	}
 	if werr != nil {
-		c.bw.Reset(c.nc)
 		return fail(werr, c.used && (errors.Is(werr, syscall.EPIPE) || errors.Is(werr, syscall.ECONNRESET)))
 	}
 	// The first byte apart: a reused connection that ends before it was
@@ -355,11 +396,16 @@ func noAnswer(err error) bool {
 }
 
 // release ends c's use by one request: back to the pool when its answer was
-// read whole and both sides keep the connection, else closed.
+// read whole and both sides keep the connection, else closed. Only the
+// goroutine reading the answer calls it.
 func (c *conn) release(stop func() bool, keep bool) {
 	if !stop() {
 		keep = false // the request was cancelled: its deadline is set on c
 	}
+	if c.br.Buffered() > 0 {
+		keep = false // bytes past the answer: not a connection to trust
+	}
+	c.dropReader()
 	if keep {
 		c.t.put(c)
 		return

@@ -1,0 +1,168 @@
+package server_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"tailgate/serving/sim"
+)
+
+// streamMemBound is the most memory one open stream may hold in the
+// gateway: its heap and goroutine stacks, measured after a GC with every
+// stream between two chunks. docs/_incoming/streams.md states it; the
+// gateway also holds the connection to the client and the one to the
+// engine, both counted here.
+const streamMemBound = 48 << 10
+
+// TestOpenStreamMemoryIsBounded: 200 streams held open through the gateway
+// (an engine sending a chunk every 100 ms) cost the process at most
+// streamMemBound each beyond what the same 200 streams cost straight to the
+// engine, measured in one process, so the engine's and the client's share
+// cancel out.
+func TestOpenStreamMemoryIsBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens 400 streams")
+	}
+	if raceEnabled {
+		// Its bookkeeping makes every goroutine and allocation larger, and
+		// 200 streams at once under it miss their first-token deadline on a
+		// small machine.
+		t.Skip("measures memory: run without -race")
+	}
+	const streams = 200
+	s := newBenchStack(t, sim.Config{Model: benchModel, TTFTSigma: -1, TPOT: 100 * time.Millisecond, MaxSeqs: 4096})
+	body := `{"model":"` + benchModel + `","messages":[{"role":"user","content":"Hold the stream open."}],` +
+		`"max_tokens":300,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}`
+
+	direct := openStreamsCost(t, s.direct.URL, "", body, streams)
+	gateway := openStreamsCost(t, s.Public.URL, s.secret, body, streams)
+	per := (gateway.bytes - direct.bytes) / streams
+	t.Logf("per open stream: direct %s (heap %s, stacks %s, %.1f goroutines), through the gateway %s (heap %s, stacks %s, %.1f goroutines): the gateway's share %s (bound %s)",
+		kb(direct.bytes/streams), kb(direct.heap/streams), kb(direct.stack/streams), direct.goroutines,
+		kb(gateway.bytes/streams), kb(gateway.heap/streams), kb(gateway.stack/streams), gateway.goroutines, kb(per), kb(streamMemBound))
+	if per > streamMemBound {
+		t.Errorf("an open stream holds %s in the gateway, more than the stated %s", kb(per), kb(streamMemBound))
+	}
+}
+
+// raceEnabled: the memory test is skipped under the race detector.
+const raceEnabled = raceAllocs > 0
+
+type streamsCost struct {
+	bytes, heap, stack int64
+	goroutines         float64
+}
+
+func kb(b int64) string { return fmt.Sprintf("%.1f KB", float64(b)/1024) }
+
+// openStreamsCost opens n streams to base, waits until each has had its
+// first content chunk, and returns the growth of the heap in use and the
+// goroutine stacks (after a GC) while they are open, then ends them.
+func openStreamsCost(t *testing.T, base, secret, body string, n int) streamsCost {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	before := memNow()
+	g0 := runtime.NumGoroutine()
+	var (
+		first sync.WaitGroup
+		all   sync.WaitGroup
+		errs  = make(chan error, n)
+	)
+	first.Add(n)
+	for range n {
+		all.Go(func() {
+			started := false
+			defer func() {
+				if !started {
+					first.Done()
+				}
+			}()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			if secret != "" {
+				req.Header.Set("Authorization", "Bearer "+secret)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+				errs <- fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+				return
+			}
+			br := bufio.NewReader(resp.Body)
+			for {
+				line, err := br.ReadSlice('\n')
+				if err != nil {
+					if !started {
+						errs <- fmt.Errorf("stream ended before its first chunk: %v", err)
+					}
+					return
+				}
+				if !started && bytes.Contains(line, []byte(`"content":"`)) && !bytes.Contains(line, []byte(`"content":""`)) {
+					started = true
+					first.Done()
+				}
+			}
+		})
+	}
+	first.Wait()
+	select {
+	case err := <-errs:
+		t.Fatalf("a stream to %s failed: %v", base, err)
+	default:
+	}
+	// Every stream is open and between two chunks (100 ms apart).
+	after := memNow()
+	// STREAM_PROFILE=PREFIX writes the heap and goroutine profiles taken
+	// here, through the gateway: where an open stream's memory is.
+	if prefix := os.Getenv("STREAM_PROFILE"); prefix != "" && secret != "" {
+		for _, p := range []struct {
+			name  string
+			debug int
+		}{{"heap", 0}, {"goroutine", 1}} {
+			if out, err := os.Create(prefix + "." + p.name); err == nil {
+				_ = pprof.Lookup(p.name).WriteTo(out, p.debug)
+				out.Close()
+			}
+		}
+	}
+	c := streamsCost{
+		bytes:      after.bytes - before.bytes,
+		heap:       after.heap - before.heap,
+		stack:      after.stack - before.stack,
+		goroutines: float64(runtime.NumGoroutine()-g0) / float64(n),
+	}
+	cancel()
+	all.Wait()
+	// Let both sides see the streams end before the next measurement.
+	for deadline := time.Now().Add(10 * time.Second); runtime.NumGoroutine() > g0+8 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return c
+}
+
+func memNow() streamsCost {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return streamsCost{heap: int64(m.HeapInuse), stack: int64(m.StackInuse), bytes: int64(m.HeapInuse + m.StackInuse)}
+}
