@@ -299,14 +299,20 @@ func AddCount(cs []Count, gen uint64) []Count {
 // Written notes that the records cs are in the database: a file that is no
 // longer appended to and holds no record that is not is removed.
 func (l *Log) Written(cs []Count) {
+	var done []string
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, c := range cs {
 		l.pending[c.Gen] -= c.N
 		if l.pending[c.Gen] <= 0 && c.Gen != l.gen {
 			delete(l.pending, c.Gen)
-			os.Remove(l.name(c.Gen))
+			done = append(done, l.name(c.Gen))
 		}
+	}
+	l.mu.Unlock()
+	// The unlink is a file-system call every answer's Append would wait
+	// for if it ran under l.mu; the file is no longer appended to.
+	for _, name := range done {
+		os.Remove(name)
 	}
 }
 
