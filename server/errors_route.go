@@ -112,8 +112,14 @@ func (s *Server) errNoRoute(on side, c echo.Context) *apierr.Error {
 func errMethodNotAllowed(c echo.Context) *apierr.Error {
 	r := c.Request()
 	msg := fmt.Sprintf("%s %s: method not allowed", r.Method, boundString(r.URL.Path))
-	if allow := c.Response().Header().Get(echo.HeaderAllow); allow != "" {
-		msg += "; this path takes " + allow
+	var takes []string
+	for _, m := range strings.Split(c.Response().Header().Get(echo.HeaderAllow), ",") {
+		if m = strings.TrimSpace(m); m != "" && m != http.MethodOptions {
+			takes = append(takes, m)
+		}
+	}
+	if len(takes) > 0 {
+		msg += "; use " + strings.Join(takes, " or ")
 	}
 	return &apierr.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed", Message: msg}
 }
