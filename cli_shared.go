@@ -133,23 +133,30 @@ func (l *logFlags) parse(fs *flag.FlagSet, args []string, stderr io.Writer) (*sl
 }
 
 func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(l.level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	// childlog filters by level: a child's line forwarded at INFO may be an
-	// error (see childlog.NewHandler).
-	opts := &slog.HandlerOptions{Level: slog.Level(math.MinInt32)}
-	var h slog.Handler
-	switch strings.ToLower(l.format) {
-	case "text":
-		h = slog.NewTextHandler(w, opts)
-	case "json":
-		h = slog.NewJSONHandler(w, opts)
-	default:
-		return nil, fmt.Errorf("--log-format must be text or json, not %q", l.format)
+	h, level, err := l.handler(w)
+	if err != nil {
+		return nil, err
 	}
 	return slog.New(childlog.NewHandler(h, level)), nil
+}
+
+// handler returns the handler that writes records on w in --log-format,
+// at every level, and the --log-level to filter with: childlog filters
+// (a child's line forwarded at INFO may be an error; see
+// childlog.NewHandler).
+func (l *logFlags) handler(w io.Writer) (slog.Handler, slog.Level, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, 0, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: slog.Level(math.MinInt32)}
+	switch strings.ToLower(l.format) {
+	case "text":
+		return slog.NewTextHandler(w, opts), level, nil
+	case "json":
+		return slog.NewJSONHandler(w, opts), level, nil
+	}
+	return nil, 0, fmt.Errorf("--log-format must be text or json, not %q", l.format)
 }
 
 // stringList is a repeatable string flag.
