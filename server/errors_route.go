@@ -145,7 +145,7 @@ func (s *Server) usableModels(p *policy.Principal) []string {
 // errUnknownModel answers a model no replica serves; usable lists the
 // models the caller's key may use instead (nil: not known here).
 func errUnknownModel(model string, usable []string) *apierr.Error {
-	msg := fmt.Sprintf("the model %q does not exist or is not served here", model)
+	msg := fmt.Sprintf("the model %q does not exist or is not served here", boundString(model))
 	switch {
 	case usable == nil:
 		msg += "; GET /v1/models lists the models this key may use"
