@@ -4,7 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -31,14 +31,7 @@ func prefixed(ps ...string) func(string) bool {
 }
 
 func named(ns ...string) func(string) bool {
-	return func(name string) bool {
-		for _, n := range ns {
-			if name == n {
-				return true
-			}
-		}
-		return false
-	}
+	return func(name string) bool { return slices.Contains(ns, name) }
 }
 
 // flagGroups are the headings, in the order shown; a flag goes under the
@@ -64,18 +57,14 @@ var flagGroups = []flagGroup{
 // and shortened; fewer are listed whole, as the flag package does.
 const groupedFlags = 16
 
-// printFlags writes fs's flags on w: all of them when all or when they are
-// few, else the first of each group and a pointer to --help-all.
+// printFlags writes fs's flags on w: the first of each group and a pointer
+// to --help-all, or all of them in their groups when all. A command with
+// few flags, or with flags mostly in no group (bench), gets them all in
+// one list, as the flag package prints them.
 func printFlags(fs *flag.FlagSet, w io.Writer, all bool) {
 	var flags []*flag.Flag
 	fs.VisitAll(func(f *flag.Flag) { flags = append(flags, f) })
-	if len(flags) < groupedFlags {
-		fmt.Fprintln(w, "Flags:")
-		printSome(w, flags)
-		return
-	}
 	groups := make([][]*flag.Flag, len(flagGroups)+1) // the last: Other
-	shown := 0
 	for i, g := range flagGroups {
 		for _, name := range g.first {
 			if f := fs.Lookup(name); f != nil {
@@ -83,21 +72,31 @@ func printFlags(fs *flag.FlagSet, w io.Writer, all bool) {
 			}
 		}
 	}
-	if all {
-	next:
-		for _, f := range flags {
-			for i, g := range flagGroups {
-				if isIn(g.first, f.Name) {
-					continue next
-				}
-				if g.owns(f.Name) {
-					groups[i] = append(groups[i], f)
-					continue next
-				}
+	rest := make([][]*flag.Flag, len(flagGroups)+1) // the flags -h leaves out
+next:
+	for _, f := range flags {
+		for i, g := range flagGroups {
+			if slices.Contains(g.first, f.Name) {
+				continue next
 			}
-			groups[len(flagGroups)] = append(groups[len(flagGroups)], f)
+			if g.owns(f.Name) {
+				rest[i] = append(rest[i], f)
+				continue next
+			}
+		}
+		rest[len(flagGroups)] = append(rest[len(flagGroups)], f)
+	}
+	if len(flags) < groupedFlags || 2*len(rest[len(flagGroups)]) > len(flags) {
+		fmt.Fprintln(w, "Flags:")
+		printSome(w, flags)
+		return
+	}
+	if all {
+		for i := range groups {
+			groups[i] = append(groups[i], rest[i]...)
 		}
 	}
+	shown := 0
 	if all {
 		fmt.Fprintf(w, "Flags (all %d):\n", len(flags))
 	} else {
@@ -116,17 +115,8 @@ func printFlags(fs *flag.FlagSet, w io.Writer, all bool) {
 		shown += len(fl)
 	}
 	if !all && shown < len(flags) {
-		fmt.Fprintf(w, "\n%d more flags (limits, hedging, TLS, engine knobs, …): tailgate %s --help-all\n", len(flags)-shown, fs.Name())
+		fmt.Fprintf(w, "\n%d more flags: tailgate %s --help-all\n", len(flags)-shown, fs.Name())
 	}
-}
-
-func isIn(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // printSome writes flags as the flag package's PrintDefaults does, in the
@@ -170,8 +160,7 @@ func didYouMean(fs *flag.FlagSet, name string) string {
 // near enough to be the one meant (at most a third of s's length apart, and
 // at least one edit allowed), or one that s is a prefix of; "" otherwise.
 func nearest(s string, candidates []string) string {
-	sorted := append([]string(nil), candidates...)
-	sort.Strings(sorted)
+	sorted := slices.Sorted(slices.Values(candidates))
 	best, bestD := "", max(1, len(s)/3)+1
 	for _, c := range sorted {
 		if d := editDistance(s, c); d < bestD {
