@@ -215,6 +215,9 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Result,
 	start := func(reason AttemptReason) error {
 		// An interactive request goes to the best-scored replica of all.
 		rep, err := r.pick(req.Hint, tried, ClassInteractive, req.Class == ClassInteractive)
+		if err == ErrNoReplica {
+			return r.noReplica(req.Hint.Model, tried) // why, for the client
+		}
 		if err != nil {
 			return err
 		}

@@ -29,9 +29,10 @@ func (e *NoReplicaError) Error() string {
 // Is makes errors.Is(err, ErrNoReplica) hold.
 func (e *NoReplicaError) Is(target error) bool { return target == ErrNoReplica }
 
-// noReplica says why no replica of model could be picked, given the
-// replicas the request had already tried (exclude): it runs only when the
-// pick failed, so it costs nothing on the way to a replica.
+// noReplica says why no replica of model could be picked for a request,
+// given the replicas it had already tried (exclude). Only [Registry.Do]
+// calls it, once the request has nowhere to go: a hedge that finds no
+// replica is skipped without it, so it costs nothing on a request's way.
 func (r *Registry) noReplica(model string, exclude []*Replica) error {
 	e := &NoReplicaError{Model: model}
 	now := r.cfg.Now()

@@ -233,7 +233,7 @@ func (r *Registry) pick(hint Hint, exclude []*Replica, c Class, best bool) (*Rep
 	case len(cands) == 0 && outranked:
 		return nil, errOutranked
 	case len(cands) == 0:
-		return nil, r.noReplica(hint.Model, exclude)
+		return nil, ErrNoReplica
 	}
 	if p, ok := r.sel.(*P2C); ok && best {
 		return p.best(cands, hint), nil

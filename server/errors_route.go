@@ -41,7 +41,7 @@ type routeKey struct{ method, path string }
 // API (its :param and * segments match any value).
 func (s *Server) isPublicRoute(method, path string) bool {
 	for _, r := range s.publicRoutes {
-		if (r.method == method || method == "") && matchRoute(r.path, path) {
+		if r.method == method && matchRoute(r.path, path) {
 			return true
 		}
 	}
