@@ -27,13 +27,14 @@ import (
 var errUsage = errors.New("usage")
 
 // newFlagSet returns the flag set of `tailgate SYNOPSIS`: -h prints the
-// synopsis and every flag on stderr. Parse it with parseFlags or parseArgs.
+// synopsis and the flags to know first on stderr, --help-all every flag
+// (see printFlags). Parse it with parseFlags or parseArgs.
 func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: tailgate %s\n\nFlags:\n", synopsis)
-		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "Usage: tailgate %s\n\n", synopsis)
+		printFlags(fs, fs.Output(), false)
 	}
 	return fs
 }
@@ -58,6 +59,11 @@ func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	defer func() { fs.SetOutput(out); fs.Usage = usage }()
+	if wantsHelpAll(args) {
+		fmt.Fprintf(out, "%s\n\n", synopsisOf(fs, usage))
+		printFlags(fs, out, true)
+		return nil, flag.ErrHelp
+	}
 	var pos []string
 	for {
 		err := fs.Parse(args)
@@ -67,6 +73,9 @@ func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
 			return nil, err
 		}
 		if err != nil {
+			if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+				err = fmt.Errorf("%w%s", err, didYouMean(fs, name))
+			}
 			return nil, usageError(fs, out, usage, err)
 		}
 		rest := fs.Args()
@@ -98,14 +107,19 @@ func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
 // usageError prints the synopsis of fs's usage (not its flag list), a hint
 // to -h, and err as the last line, on w; it returns errUsage.
 func usageError(fs *flag.FlagSet, w io.Writer, usage func(), err error) error {
+	fmt.Fprintf(w, "%s\nRun 'tailgate %s -h' for its flags.\n\ntailgate %s: %v\n", synopsisOf(fs, usage), fs.Name(), fs.Name(), err)
+	return errUsage
+}
+
+// synopsisOf returns the "Usage: ..." part of fs's usage, without its flags.
+func synopsisOf(fs *flag.FlagSet, usage func()) string {
 	var b strings.Builder
 	prev := fs.Output()
 	fs.SetOutput(&b)
 	usage()
 	fs.SetOutput(prev)
-	synopsis, _, _ := strings.Cut(b.String(), "\n\nFlags:\n")
-	fmt.Fprintf(w, "%s\nRun 'tailgate %s -h' for its flags.\n\ntailgate %s: %v\n", synopsis, fs.Name(), fs.Name(), err)
-	return errUsage
+	synopsis, _, _ := strings.Cut(b.String(), "\n\nFlags")
+	return synopsis
 }
 
 // logFlags are the logging flags every long-running command has. Its
@@ -133,23 +147,30 @@ func (l *logFlags) parse(fs *flag.FlagSet, args []string, stderr io.Writer) (*sl
 }
 
 func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(l.level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	// childlog filters by level: a child's line forwarded at INFO may be an
-	// error (see childlog.NewHandler).
-	opts := &slog.HandlerOptions{Level: slog.Level(math.MinInt32)}
-	var h slog.Handler
-	switch strings.ToLower(l.format) {
-	case "text":
-		h = slog.NewTextHandler(w, opts)
-	case "json":
-		h = slog.NewJSONHandler(w, opts)
-	default:
-		return nil, fmt.Errorf("--log-format must be text or json, not %q", l.format)
+	h, level, err := l.handler(w)
+	if err != nil {
+		return nil, err
 	}
 	return slog.New(childlog.NewHandler(h, level)), nil
+}
+
+// handler returns the handler that writes records on w in --log-format,
+// at every level, and the --log-level to filter with: childlog filters
+// (a child's line forwarded at INFO may be an error; see
+// childlog.NewHandler).
+func (l *logFlags) handler(w io.Writer) (slog.Handler, slog.Level, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, 0, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: slog.Level(math.MinInt32)}
+	switch strings.ToLower(l.format) {
+	case "text":
+		return slog.NewTextHandler(w, opts), level, nil
+	case "json":
+		return slog.NewJSONHandler(w, opts), level, nil
+	}
+	return nil, 0, fmt.Errorf("--log-format must be text or json, not %q", l.format)
 }
 
 // stringList is a repeatable string flag.

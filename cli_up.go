@@ -29,6 +29,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		warmup   = fs.Int("warmup", 3, "short generations each replica runs before it takes traffic (0: none)")
 		vllmBin  = fs.String("vllm-binary", "", "vllm executable of the local replicas (default: vllm on PATH)")
 		vllmArgs stringList
+		verbose  = fs.Bool("verbose", false, "on a terminal, show the whole log (workers and engines too) instead of warnings and one progress line; it is in DIR/up.log either way")
 	)
 	fs.Var(&vllmArgs, "vllm-arg", "extra argument for every vllm serve (repeatable)")
 	cfg.RegisterFlags(fs)
@@ -61,13 +62,15 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		*vllmBin = argv[0]
 	}
-	log, err := lf.logger(stderr)
-	if err != nil {
-		return err
-	}
 	if err := cfg.Load(fs); err != nil {
 		return err
 	}
+	screen, err := newUpScreen(lf, stderr, cfg.DataDir, *verbose)
+	if err != nil {
+		return err
+	}
+	defer screen.close()
+	log := screen.log
 	cfg.BuildInfo = readBuildInfo().collector()
 	gw, err := gateway.Open(ctx, cfg, log)
 	if err != nil {
@@ -113,7 +116,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				childArgs = append(childArgs, "--vllm-arg", a)
 			}
 		}
-		c := &child{name: id, argv: append([]string{self}, childArgs...), log: log.With("replica", id)}
+		c := &child{name: id, argv: append([]string{self}, childArgs...), log: screen.children.With("replica", id)}
 		wg.Go(func() { c.supervise(cctx) })
 	}
 	// On a clean stop the workers go once no request is left for them and
@@ -122,9 +125,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	stopWorkers := func() { stopChildren(); wg.Wait() }
 	gw.StopWorkersWith(stopWorkers)
 	defer stopWorkers()
-	wg.Go(func() { reportReadiness(cctx, gw, log, *replicas) })
-
 	admin := filepath.Join(cfg.DataDir, "admin.token")
+	dash := gw.DashboardLink(isTerminal(stdout))
 	what := "SIMULATED replica(s)"
 	if *engine == "vllm" {
 		what = "vLLM replica(s)"
@@ -137,7 +139,14 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
     curl -N %s/chat/completions -H "Authorization: Bearer $(cat %s)" \
       -H 'Content-Type: application/json' \
       -d '{"model":"%s","stream":true,"messages":[{"role":"user","content":"Say hello"}]}'
-`, *replicas, what, *model, simNote(*engine), gw.PublicURL(), keyPath, gw.DashboardLink(isTerminal(stdout)), admin, admin, gw.AdminAddr(), gw.PublicURL(), keyPath, *model)
+`, *replicas, what, *model, simNote(*engine), gw.PublicURL(), keyPath, dash, admin, admin, gw.AdminAddr(), gw.PublicURL(), keyPath, *model)
+	if screen.con != nil {
+		fmt.Fprintf(stdout, "  log        %s (all of it; --verbose shows it here)\n", screen.logPath)
+		context.AfterFunc(ctx, func() { screen.con.println("stopping: finishing in-flight requests, then the replicas…") })
+	}
+	p := &readiness{gw: gw, log: log, want: *replicas, con: screen.con, stdout: stdout,
+		what: fmt.Sprintf("API %s — dashboard http://%s/ui/ — key: %s", gw.PublicURL(), gw.AdminAddr(), keyPath)}
+	wg.Go(func() { p.run(cctx) })
 	return gw.Run(ctx)
 }
 
@@ -194,24 +203,4 @@ func simNote(engine string) string {
 		return " — answers are filler text, not a real model (structured outputs are filler that fits the schema)"
 	}
 	return ""
-}
-
-// reportReadiness logs how many replicas are ready whenever that changes, and
-// a reminder every 15s while some are still starting.
-func reportReadiness(ctx context.Context, gw *gateway.Gateway, log *slog.Logger, want int) {
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
-	last, lastLog := -1, time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		ready := gw.ReadyReplicas()
-		if ready != last || (ready < want && time.Since(lastLog) > 15*time.Second) {
-			log.Info("replicas ready", "ready", ready, "of", want)
-			last, lastLog = ready, time.Now()
-		}
-	}
 }

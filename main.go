@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -87,6 +88,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stdout, usageText)
 		return nil
 	}
-	fmt.Fprintf(stderr, "tailgate: unknown command %q\n\n%s", cmd, usageText)
+	fmt.Fprintf(stderr, "%s\ntailgate: unknown command %q%s\n", usageText, cmd, suggestCommand(cmd))
 	return errUsage
+}
+
+// suggestCommand returns " (did you mean X?)" for the command of usageText
+// nearest to cmd, or "" when none is near.
+func suggestCommand(cmd string) string {
+	var names []string
+	for _, line := range strings.Split(usageText, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "tailgate" && !strings.HasPrefix(f[1], "-") && !strings.HasPrefix(f[1], "COMMAND") {
+			names = append(names, f[1])
+		}
+	}
+	if best := nearest(strings.TrimLeft(cmd, "-"), names); best != "" {
+		return " (did you mean " + best + "?)"
+	}
+	return ""
 }

@@ -108,7 +108,7 @@ func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
 		{"keys revoke without a key", []string{"keys", "revoke", "--data", dir},
 			`tailgate keys revoke: want the KEY to revoke`},
 		{"up with an unknown flag", []string{"up", "--replica", "1"},
-			`tailgate up: flag provided but not defined: -replica`},
+			`tailgate up: flag provided but not defined: -replica (did you mean --replicas?)`},
 		{"gateway with a flag missing its value", []string{"gateway", "--data"},
 			`tailgate gateway: flag needs an argument: -data`},
 		{"keys with an unknown subcommand", []string{"keys", "delete"},
@@ -135,6 +135,8 @@ func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
 			`tailgate tenants set: nothing to change: give --budget-tokens or --budget`},
 		{"tenants set with an unknown flag", []string{"tenants", "set", "--data", dir, "acme", "--period", "day"},
 			`tailgate tenants set: flag provided but not defined: -period`},
+		{"worker with a typo in a flag", []string{"worker", "--gatway", "http://127.0.0.1:1"},
+			`tailgate worker: flag provided but not defined: -gatway (did you mean --gateway?)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, stderr := runToExit(t, 30*time.Second, tc.args...)
@@ -284,5 +286,54 @@ func TestVersionCommand(t *testing.T) {
 				t.Errorf("%s: revision %q, want unknown or HEAD %s", tc.arg, rev, head)
 			}
 		}
+	}
+}
+
+// TestHelpShowsTheFlagsToKnowFirst: `up -h` fits a screen with the flags
+// a newcomer needs, under group headings, and points to --help-all, which
+// lists every flag; a mistyped command gets the nearest one suggested.
+func TestHelpShowsTheFlagsToKnowFirst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the tailgate binary")
+	}
+	code, short := runToExit(t, 30*time.Second, "up", "-h")
+	if code != 0 {
+		t.Errorf("up -h: exit status %d, want 0", code)
+	}
+	if n := strings.Count(short, "\n"); n > 70 {
+		t.Errorf("up -h is %d lines, want a screen's worth", n)
+	}
+	at := func(s, w string) int {
+		i := strings.Index(s, w)
+		if i < 0 {
+			t.Errorf("missing %q", w)
+		}
+		return i
+	}
+	if at(short, "Common:") > at(short, "  -replicas int") || at(short, "  -replicas int") > at(short, "Listeners:") ||
+		at(short, "Listeners:") > at(short, "Limits:") || at(short, "Hedging and routing:") > at(short, "TLS:") || at(short, "TLS:") > at(short, "Engine:") {
+		t.Error("up -h is not grouped common, listeners, limits, hedging, TLS, engine with --replicas under common")
+	}
+	for _, w := range []string{"  -engine string", "  -model string", "  -data string", "up --help-all"} {
+		at(short, w)
+	}
+	if strings.Contains(short, "-acme-email") || strings.Contains(short, "-sim-429-rate") {
+		t.Error("up -h lists the rarely needed flags")
+	}
+	code, all := runToExit(t, 30*time.Second, "up", "--help-all")
+	if code != 0 {
+		t.Errorf("up --help-all: exit status %d, want 0", code)
+	}
+	for _, w := range []string{"  -acme-email string", "  -sim-429-rate float", "  -batch-concurrency int", "  -replicas int", "Other:"} {
+		at(all, w)
+	}
+	if n, m := strings.Count(all, "\n  -"), strings.Count(short, "\n  -"); n < 80 || n <= m {
+		t.Errorf("up --help-all lists %d flags (-h: %d)", n, m)
+	}
+
+	code, stderr := runToExit(t, 30*time.Second, "gatway", "--data", t.TempDir())
+	lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
+	if want := `tailgate: unknown command "gatway" (did you mean gateway?)`; code != 2 || lines[len(lines)-1] != want {
+		t.Errorf("exit status %d, last line %q; want 2, %q", code, lines[len(lines)-1], want)
 	}
 }

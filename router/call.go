@@ -217,6 +217,9 @@ func (c *Call) after(d time.Duration) <-chan time.Time {
 func (c *Call) pick(ctx context.Context, reason AttemptReason) error {
 	// An interactive request goes to the best-scored replica of all.
 	rep, err := c.reg.pick(c.req.Hint, c.tried, ClassInteractive, c.req.Class == ClassInteractive)
+	if err == ErrNoReplica {
+		return c.reg.noReplica(c.req.Hint.Model, c.tried) // why, for the client
+	}
 	if err != nil {
 		return err
 	}

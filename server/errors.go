@@ -54,11 +54,6 @@ var (
 // that went away before its answer (nginx's 499); no client ever sees it.
 const statusClientClosed = 499
 
-func errUnknownModel(model string) *apierr.Error {
-	return &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
-		Message: fmt.Sprintf("the model %q does not exist or is not served here", model)}
-}
-
 // errExpiredKey answers a key that exists but has expired: its holder is
 // told when, and that an administrator can extend it.
 func errExpiredKey(e *policy.ExpiredKeyError) *apierr.Error {
@@ -114,7 +109,7 @@ func toAPIError(err error, model string) *apierr.Error {
 	case errors.Is(err, data.ErrLedgerUnavailable):
 		return errLedgerUnavailable
 	case errors.Is(err, router.ErrUnknownModel):
-		return errUnknownModel(model)
+		return errUnknownModel(model, nil)
 	case errors.As(err, &mbe):
 		return errBodyTooLarge
 	case errors.As(err, &he):
@@ -144,6 +139,8 @@ func toAPIError(err error, model string) *apierr.Error {
 			RetryAfter: max(us.retryAfter, time.Second)}
 	case errors.Is(err, router.ErrNoReplica), router.IsDeclined(err):
 		e := *errNoReplica
+		nre, _ := errors.AsType[*router.NoReplicaError](err)
+		e.Message = noReplicaMessage(model, nre)
 		if errors.As(err, &us) && us.retryAfter > 0 {
 			e.RetryAfter = us.retryAfter
 		}
@@ -176,10 +173,19 @@ func quotaMessage(q *policy.QuotaError) string {
 		amount(q.Requested), unit, amount(q.Left()), unit, what, amount(q.Limit), amount(q.Spent), amount(q.Reserved))
 }
 
-// errorHandler is echo's HTTPErrorHandler: every error leaves in OpenAI's shape,
-// never with a stack trace.
-func (s *Server) errorHandler(err error, c echo.Context) {
-	ae := toAPIError(err, "")
+// errorHandler is echo's HTTPErrorHandler of the listener on: every error
+// leaves in OpenAI's shape, never with a stack trace; a request no route
+// takes is told what was meant.
+func (s *Server) errorHandler(on side, err error, c echo.Context) {
+	var ae *apierr.Error
+	switch err {
+	case echo.ErrNotFound: // echo's own answer when no route matched
+		ae = s.errNoRoute(on, c)
+	case echo.ErrMethodNotAllowed:
+		ae = errMethodNotAllowed(c)
+	default:
+		ae = toAPIError(err, "")
+	}
 	if ae == errInternal {
 		s.log.Error("request failed", "path", c.Path(), "err", err)
 	}

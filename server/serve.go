@@ -245,7 +245,7 @@ func (s *Server) admit(ctx context.Context, cl *call, pr *parsedRequest, out sin
 		s.reject(cl, out, errModelNotAllowed(pr.model))
 		return nil
 	case !s.reg.Known(pr.model):
-		s.reject(cl, out, errUnknownModel(pr.model))
+		s.reject(cl, out, errUnknownModel(pr.model, s.usableModels(cl.principal)))
 		return nil
 	}
 	cl.mm = s.m.model(pr.model)

@@ -277,6 +277,11 @@ type Server struct {
 	refusedLog   *rate.Limiter // warnings of refused worker registrations
 	refusedQuiet atomic.Int64  // refusals not logged since the last warning
 
+	// publicRoutes are the public API's routes, to tell a path meant for
+	// it; publicURL and adminURL where the listeners are (SetAddresses).
+	publicRoutes        []routeKey
+	publicURL, adminURL string
+
 	hbMu sync.Mutex // one worker registration or revocation at a time
 	// revokedWorkers holds the credentials revoked while a heartbeat that
 	// looked them up may have been waiting for hbMu. Guarded by hbMu.
@@ -342,6 +347,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	for _, r := range s.Public().(*echo.Echo).Routes() {
+		s.publicRoutes = append(s.publicRoutes, routeKey{r.Method, r.Path})
+	}
 	s.lim = parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen, alternatives: s.reg.Alternatives}
 	return s, nil
 }
@@ -376,7 +384,7 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 
 // Public returns the handler of the OpenAI-compatible API.
 func (s *Server) Public() http.Handler {
-	e := s.newEcho()
+	e := s.newEcho(publicSide)
 	e.GET("/healthz", s.handleGetHealthz)
 	v1 := e.Group("/v1")
 	v1.GET("/models", s.handleGetModels)
@@ -391,15 +399,15 @@ func (s *Server) Public() http.Handler {
 // Admin returns the handler of the admin API (metrics, keys, usage,
 // replicas, recent requests, dashboard), guarded by the admin token.
 func (s *Server) Admin(ui http.Handler) http.Handler {
-	e := s.newEcho()
+	e := s.newEcho(adminSide)
 	s.adminRoutes(e, ui)
 	return e
 }
 
-func (s *Server) newEcho() *echo.Echo {
+func (s *Server) newEcho(on side) *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	e.HTTPErrorHandler = s.errorHandler
+	e.HTTPErrorHandler = func(err error, c echo.Context) { s.errorHandler(on, err, c) }
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{
 		DisablePrintStack: true,
 		LogErrorFunc: func(c echo.Context, err error, _ []byte) error {
@@ -507,5 +515,5 @@ func (s *Server) handleGetModel(c echo.Context) error {
 			}
 		}
 	}
-	return apierr.Reply(c, errUnknownModel(boundString(id)))
+	return apierr.Reply(c, errUnknownModel(boundString(id), s.usableModels(p)))
 }

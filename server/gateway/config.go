@@ -167,7 +167,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Database, "database", "", "where the gateway stores keys, budgets, the ledger and batches: a postgres://USER:PASSWORD@HOST/DB URL (the database must exist), or empty for SQLite in --data (DIR/tailgate.db)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
 	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
-	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let a worker holding the cluster token alone register a new replica id (off: it needs `tailgate workers invite` or `tailgate workers approve`); a revoked id stays out either way")
+	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let a worker holding the cluster token alone register a new replica id (off: it needs tailgate workers invite or tailgate workers approve); a revoked id stays out either way")
 	fs.Func("upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)", appendTo(&c.upstreamFlags))
 	fs.StringVar(&c.ConfigFile, "config", "", "YAML config file (upstreams, per-model max_tokens, prices, deadlines, hedging); flags given here win over it, --upstream and --price add to it")
 	fs.Int64Var(&c.DefaultMaxTokens, "default-max-tokens", 1024, "max_tokens applied when a request sets none")

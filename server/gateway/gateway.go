@@ -222,6 +222,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	gw.adminLn = adminLimit.Listen(gw.adminLn)
 	gw.publicAddr, gw.adminAddr = gw.publicLn.Addr().String(), gw.adminLn.Addr().String()
 	gw.publicURL = gw.tls.url(gw.publicAddr)
+	srv.SetAddresses(gw.publicURL, "http://"+gw.adminAddr) // for the hints of a request on the wrong listener
 	// No ReadTimeout/WriteTimeout: they would cut long streams. Headers have
 	// a deadline here; bodies get one per request in the handler.
 	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"tailgate/serving"
 )
@@ -104,4 +105,52 @@ func (l *syncLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestAPublicListenerStopsTheHeartbeater: a gateway URL that answers 404
+// to the registration (the gateway's public listener) ends Run at once
+// with ErrNotAdminListener, saying to point --gateway at the admin
+// listener and what the gateway said; once registered, a 404 is only a
+// failed beat (a proxy in between may come back).
+func TestAPublicListenerStopsTheHeartbeater(t *testing.T) {
+	var registered atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if registered.Load() {
+			_ = json.NewEncoder(w).Encode(serving.HeartbeatReply{LeaseSeconds: 3, Credential: "tgw_x", WorkerID: "wkr_1"})
+			return
+		}
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":{"code":"not_found","message":"this is the gateway's public API listener"}}`))
+	}))
+	defer srv.Close()
+	build := func() serving.Heartbeat { return serving.Heartbeat{ReplicaID: "gpu-1", State: serving.StateReady} }
+	h, err := NewHeartbeater(HeartbeatConfig{GatewayURL: srv.URL, ClusterToken: testToken, Build: build})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = h.Run(ctx)
+	if !errors.Is(err, ErrNotAdminListener) || ctx.Err() != nil {
+		t.Fatalf("Run = %v, want ErrNotAdminListener at once", err)
+	}
+	for _, w := range []string{srv.URL, "404", "point --gateway at the gateway's admin listener", "public API listener"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("the error does not say %q: %v", w, err)
+		}
+	}
+
+	registered.Store(true)
+	if err := h.Beat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	registered.Store(false)
+	if err := h.Beat(ctx); !errors.Is(err, ErrNotAdminListener) {
+		t.Fatalf("beat: %v", err)
+	}
+	short, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer stop()
+	if err := h.Run(short); err != nil {
+		t.Fatalf("Run after a registration = %v, want it to go on until its context ends", err)
+	}
 }

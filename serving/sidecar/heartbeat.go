@@ -117,6 +117,11 @@ var (
 	ErrNotApproved = errors.New("gateway has not approved this replica id")
 	// ErrGatewayUnreachable means no connection to the gateway could be made.
 	ErrGatewayUnreachable = errors.New("gateway unreachable")
+	// ErrNotAdminListener means the gateway URL answered 404 to the
+	// registration: it is not a gateway's admin listener (most often its
+	// public API listener). Run stops with it unless the gateway had
+	// accepted a beat before: retrying cannot help.
+	ErrNotAdminListener = errors.New("not a gateway's admin listener")
 )
 
 // Heartbeater registers a replica with a gateway and keeps it registered.
@@ -132,6 +137,7 @@ type Heartbeater struct {
 	// overtaken by one built before it. It also guards the fields below.
 	sem        chan struct{}
 	registered bool   // the last beat succeeded
+	ever       bool   // a beat succeeded once
 	credential string // issued by the gateway on the first good beat; "" before
 	failing    string // message of the failure streak being logged; "" if none
 	// failingSince is when the streak began, failedAt when it was last logged.
@@ -192,14 +198,18 @@ func NewHeartbeater(cfg HeartbeatConfig) (*Heartbeater, error) {
 }
 
 // Run beats at once, then every Interval until ctx ends; it then returns
-// nil. Failures do not stop it: the first of a streak is logged (again if
+// nil. Failures do not stop it — the first of a streak is logged (again if
 // the kind of failure changes), and "registered with gateway" is logged on
-// the first success and on every recovery.
+// the first success and on every recovery — except [ErrNotAdminListener]
+// before any beat succeeded, which Run returns: the worker was pointed at
+// the wrong URL.
 func (h *Heartbeater) Run(ctx context.Context) error {
 	t := time.NewTicker(h.cfg.Interval)
 	defer t.Stop()
 	for {
-		_ = h.Beat(ctx)
+		if err := h.Beat(ctx); errors.Is(err, ErrNotAdminListener) && !h.everRegistered() {
+			return err
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -224,8 +234,18 @@ func (h *Heartbeater) Beat(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return err // shutting down: not a failure worth a log line
 	}
+	if errors.Is(err, ErrNotAdminListener) && !h.ever {
+		return err // Run returns it: the worker stops and says why, once
+	}
 	h.record(&hb, err)
 	return err
+}
+
+// everRegistered reports whether a beat ever succeeded.
+func (h *Heartbeater) everRegistered() bool {
+	h.sem <- struct{}{}
+	defer func() { <-h.sem }()
+	return h.ever
 }
 
 // Credential returns the credential this gateway issued to the worker (or
@@ -327,6 +347,14 @@ func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
 			return fmt.Errorf("%w: %s", ErrNotApproved, e.Error.Message)
 		}
 		return fmt.Errorf("%w: %s", ErrRefused, e.Error.Message)
+	case resp.StatusCode == http.StatusNotFound:
+		err := fmt.Errorf("%w: %s answered 404 to POST %s; point --gateway at the gateway's admin listener "+
+			"(its --admin-listen, port 8081 by default; in mesh mode http://<gateway tailnet name>:<admin port>), not at its public API",
+			ErrNotAdminListener, h.cfg.GatewayURL, serving.HeartbeatPath)
+		if _ = json.Unmarshal(raw, &e); e.Error.Message != "" {
+			err = fmt.Errorf("%w (the gateway said: %s)", err, e.Error.Message)
+		}
+		return err
 	default:
 		return fmt.Errorf("heartbeat to %s: gateway answered %s", h.cfg.GatewayURL, resp.Status)
 	}
@@ -340,7 +368,7 @@ func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
 			h.log.Info("registered with gateway", "gateway", h.cfg.GatewayURL,
 				"replica", hb.ReplicaID, "state", hb.State)
 		}
-		h.registered, h.failing = true, ""
+		h.registered, h.ever, h.failing = true, true, ""
 		return
 	}
 	h.registered = false
@@ -358,6 +386,8 @@ func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
 		msg = "gateway refused this worker's registration"
 	case errors.Is(err, ErrGatewayUnreachable):
 		msg = "gateway unreachable at " + h.cfg.GatewayURL
+	case errors.Is(err, ErrNotAdminListener):
+		msg = "not a gateway's admin listener: " + h.cfg.GatewayURL
 	default:
 		msg = "heartbeat to gateway failed"
 	}

@@ -209,8 +209,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	engineDone := make(chan error, 1)
 	go func() { engineDone <- w.launch.Run(engineCtx) }()
 	g.Go(func() error { return w.side.Run(bgCtx) })
+	// A heartbeater stops only when its gateway URL cannot be one (a 404):
+	// the worker stops too, saying so, rather than serve unregistered.
+	beatErr := make(chan error, len(w.beats))
 	for _, b := range w.beats {
-		g.Go(func() error { return b.Run(bgCtx) })
+		g.Go(func() error {
+			if err := b.Run(bgCtx); err != nil {
+				beatErr <- err
+			}
+			return nil
+		})
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(w.cfg.Listener) }()
@@ -228,6 +236,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	case err := <-serveErr:
 		serveErr <- err
 		runErr = fmt.Errorf("sidecar: %w", err)
+		why = "worker stopping: " + runErr.Error()
+	case err := <-beatErr:
+		runErr = fmt.Errorf("register: %w", err)
 		why = "worker stopping: " + runErr.Error()
 	}
 
