@@ -32,3 +32,10 @@ func dbCode(err error) string {
 	}
 	return pgCode(err)
 }
+
+// isUniqueViolation reports whether err is a unique constraint refusing a
+// row, on either engine.
+func isUniqueViolation(err error) bool {
+	c := dbCode(err)
+	return c == "SQLITE_CONSTRAINT_UNIQUE" || c == "SQLSTATE 23505"
+}
