@@ -146,3 +146,30 @@ func ParseUsageTime(s string, now time.Time) (time.Time, error) {
 	}
 	return time.Time{}, fmt.Errorf("time %q: want a date (2026-11-01), a time in RFC 3339 (2026-11-01T00:00:00Z) or a duration ago (7d, 24h)", s)
 }
+
+// ClaimBudgetAlert records that the tenant's budget crossed threshold (a
+// percent) in the period that starts at periodStart (zero: a lifetime
+// budget), and reports whether this call recorded it — false when it had
+// been already, by this gateway or another sharing the database — so that
+// an alert goes out once.
+func (s *Store) ClaimBudgetAlert(ctx context.Context, tenantID int64, periodStart time.Time, threshold int64) (bool, error) {
+	var start int64
+	if !periodStart.IsZero() {
+		start = toMicros(periodStart)
+	}
+	var claimed bool
+	err := s.writeTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO budget_alerts (tenant_id, period_start, threshold, sent_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT (tenant_id, period_start, threshold) DO NOTHING`, tenantID, start, threshold, toMicros(now()))
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		claimed = n == 1
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("claim budget alert: %w", err)
+	}
+	return claimed, nil
+}

@@ -19,6 +19,16 @@ CREATE UNIQUE INDEX api_keys_prev_hash ON api_keys (prev_hash) WHERE prev_hash I
 -- Monday) or 'monthly'. budget_alert_percent is the soft threshold.
 ALTER TABLE tenants ADD COLUMN budget_period TEXT NOT NULL DEFAULT '';
 ALTER TABLE tenants ADD COLUMN budget_alert_percent INTEGER NOT NULL DEFAULT 80;
+-- budget_alerts records each threshold crossed, once per tenant, period
+-- (its start, microseconds; 0 for a lifetime budget) and threshold, so that
+-- gateways sharing the database send one alert between them.
+CREATE TABLE budget_alerts (
+	tenant_id    BIGINT NOT NULL,
+	period_start BIGINT NOT NULL,
+	threshold    BIGINT NOT NULL,
+	sent_at      BIGINT NOT NULL,
+	PRIMARY KEY (tenant_id, period_start, threshold)
+);
 
 -- tenant_daily_spend is tenant_spend per UTC day (day = ts / 86400000000,
 -- the row's own time): a period's spend is the sum of at most 31 rows,

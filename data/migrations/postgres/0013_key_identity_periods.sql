@@ -14,6 +14,16 @@ CREATE UNIQUE INDEX api_keys_prev_hash ON api_keys (prev_hash) WHERE prev_hash I
 
 ALTER TABLE tenants ADD COLUMN budget_period TEXT NOT NULL DEFAULT '';
 ALTER TABLE tenants ADD COLUMN budget_alert_percent BIGINT NOT NULL DEFAULT 80;
+-- budget_alerts records each threshold crossed, once per tenant, period
+-- (its start, microseconds; 0 for a lifetime budget) and threshold, so that
+-- gateways sharing the database send one alert between them.
+CREATE TABLE budget_alerts (
+	tenant_id    BIGINT NOT NULL,
+	period_start BIGINT NOT NULL,
+	threshold    BIGINT NOT NULL,
+	sent_at      BIGINT NOT NULL,
+	PRIMARY KEY (tenant_id, period_start, threshold)
+);
 
 CREATE TABLE tenant_daily_spend (
 	tenant_id BIGINT NOT NULL,
