@@ -36,6 +36,9 @@ func dbCode(err error) string {
 // isUniqueViolation reports whether err is a unique constraint refusing a
 // row, on either engine.
 func isUniqueViolation(err error) bool {
-	c := dbCode(err)
-	return c == "SQLITE_CONSTRAINT_UNIQUE" || c == "SQLSTATE 23505"
+	const sqliteConstraintUnique = 2067 // SQLITE_CONSTRAINT_UNIQUE, missing from ErrorCodeString
+	if se, ok := errors.AsType[*sqlite.Error](err); ok {
+		return se.Code() == sqliteConstraintUnique
+	}
+	return pgCode(err) == "SQLSTATE 23505"
 }
