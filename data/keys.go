@@ -392,9 +392,10 @@ func keysByName(ctx context.Context, tx *sql.Tx, ref string) ([]Key, error) {
 
 // RotateKey gives the key that ref or hash names (as [Store.RevokeKey]
 // finds it) a new secret — hash and display prefix — keeping its id, name,
-// tenant and limits. The secret it had stays valid until graceUntil (a zero
-// or past time: not at all); a secret older than that, kept from an earlier
-// rotation, stops now. It bumps the keys version, so running gateways
+// tenant and limits. The secret it had stays known as the key's previous
+// one ([Key.Rotated] from KeyByHash) with graceUntil as its end, which the
+// caller enforces by its clock (a zero graceUntil: it stops now); a secret
+// older than that, kept from an earlier rotation, stops now. It bumps the keys version, so running gateways
 // accept the new secret at once and drop the old one at graceUntil. A
 // revoked key cannot be rotated ([ErrRevoked]).
 func (s *Store) RotateKey(ctx context.Context, ref string, hash []byte, newHash []byte, newPrefix string, graceUntil time.Time) (Key, error) {
@@ -412,7 +413,7 @@ func (s *Store) RotateKey(ctx context.Context, ref string, hash []byte, newHash 
 		}
 		var prevHash []byte
 		var prevUntil sql.NullInt64
-		if graceUntil.After(now()) {
+		if !graceUntil.IsZero() {
 			prevHash, prevUntil = k.Hash, sql.NullInt64{Int64: toMicros(graceUntil), Valid: true}
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET hash = ?, prefix = ?, prev_hash = ?, prev_until = ? WHERE id = ?`,
