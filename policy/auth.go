@@ -145,6 +145,11 @@ func (g *Gate) lookup(ctx context.Context, ck uint64, sum [sha256.Size]byte, gen
 	e := &entry{sum: sum, gen: gen, revoked: err == nil && k.Revoked()}
 	if err == nil && !e.revoked {
 		e.p = g.principal(k)
+		// A tenant whose budget period changed since the last poll (a key
+		// made a moment ago with a new period) is counted by it at once.
+		if err := g.syncPeriod(ctx, e.p.tenant, k.Tenant.ID, k.Tenant.BudgetPeriod, g.now()); err != nil {
+			return nil, fmt.Errorf("policy: look up key: %w", err)
+		}
 	}
 	// Set is applied asynchronously; wait so that the next request with
 	// this secret hits.

@@ -359,26 +359,37 @@ func (g *Gate) loadBudgets(ctx context.Context) error {
 		s.name = t.Name
 		s.budgetTokens, s.budgetMicros = t.BudgetTokens, t.BudgetMicros
 		s.alertPercent = t.BudgetAlertPercent
-		changed := s.period != t.BudgetPeriod
 		s.mu.Unlock()
-		if !changed {
-			continue
+		if err := g.syncPeriod(ctx, s, t.ID, t.BudgetPeriod, now); err != nil {
+			return err
 		}
-		// A new period (or a budget that has one now): what the ledger
-		// says the tenant spent in the period so far. Requests settled
-		// while this is read and not yet written may be missed once.
-		start := data.PeriodStart(t.BudgetPeriod, now)
-		var sp data.Spend
-		if t.BudgetPeriod != "" {
-			if sp, err = g.st.TenantPeriodSpend(ctx, t.ID, start); err != nil {
-				return err
-			}
-		}
-		s.mu.Lock()
-		s.period, s.start, s.end = t.BudgetPeriod, start, data.PeriodEnd(t.BudgetPeriod, now)
-		s.periodSpent = sp
-		s.mu.Unlock()
 	}
+	return nil
+}
+
+// syncPeriod gives ts the budget period its tenant has in the database, if
+// it has another: the period's spend so far is read from the ledger's daily
+// totals (requests settled while it is read and not yet written may be
+// missed, once).
+func (g *Gate) syncPeriod(ctx context.Context, ts *tenantState, id int64, period string, now time.Time) error {
+	ts.mu.Lock()
+	same := ts.period == period
+	ts.mu.Unlock()
+	if same {
+		return nil
+	}
+	start := data.PeriodStart(period, now)
+	var sp data.Spend
+	if period != "" {
+		var err error
+		if sp, err = g.st.TenantPeriodSpend(ctx, id, start); err != nil {
+			return err
+		}
+	}
+	ts.mu.Lock()
+	ts.period, ts.start, ts.end = period, start, data.PeriodEnd(period, now)
+	ts.periodSpent = sp
+	ts.mu.Unlock()
 	return nil
 }
 
