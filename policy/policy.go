@@ -23,6 +23,12 @@
 // admission reserves the worst case under the tenant's lock, concurrent
 // requests can never together bill a tenant past its budget.
 //
+// A budget is a lifetime total, or resets at the start of each calendar
+// day, week or month in UTC (a tenant's budget period): a request counts in
+// the period it was admitted in, as its ledger row's time does.
+// [Gate.WatchBudgets] measures each budget's use and reports thresholds
+// crossed (Config.OnBudgetAlert).
+//
 // Limiter state lives in this process's memory. Budget reservations do too
 // on SQLite (one gateway per database; spend is seeded from the ledger when
 // the Gate is created); on PostgreSQL, which several gateways may share,
