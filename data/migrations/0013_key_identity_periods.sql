@@ -93,4 +93,7 @@ INSERT INTO key_spend (key_id, tokens, micros, requests)
 	SELECT key_id, SUM(prompt_tokens + completion_tokens), SUM(cost_micros),
 		SUM(CASE WHEN outcome IN ('rejected', 'upstream_rejected') THEN 0 ELSE 1 END)
 	FROM ledger WHERE outcome <> 'open' AND key_id <> '' GROUP BY key_id;
-UPDATE api_keys SET last_used_at = (SELECT MAX(ts) FROM ledger WHERE key_id = api_keys.id);
+-- One pass over the ledger (it has no index on key_id).
+UPDATE api_keys SET last_used_at = m.ts
+	FROM (SELECT key_id, MAX(ts) AS ts FROM ledger WHERE key_id <> '' GROUP BY key_id) AS m
+	WHERE m.key_id = api_keys.id;

@@ -69,6 +69,7 @@ CREATE TRIGGER ledger_period_spend_settle AFTER UPDATE OF outcome ON ledger
 	FOR EACH ROW WHEN (OLD.outcome = 'open' AND NEW.outcome <> 'open')
 	EXECUTE FUNCTION ledger_period_spend();
 
+-- What the ledger holds already.
 INSERT INTO tenant_daily_spend (tenant_id, day, tokens, micros, requests)
 	SELECT tenant_id, ts / 86400000000, SUM(prompt_tokens + completion_tokens)::BIGINT, SUM(cost_micros)::BIGINT,
 		SUM(CASE WHEN outcome IN ('rejected', 'upstream_rejected') THEN 0 ELSE 1 END)::BIGINT
@@ -77,4 +78,7 @@ INSERT INTO key_spend (key_id, tokens, micros, requests)
 	SELECT key_id, SUM(prompt_tokens + completion_tokens)::BIGINT, SUM(cost_micros)::BIGINT,
 		SUM(CASE WHEN outcome IN ('rejected', 'upstream_rejected') THEN 0 ELSE 1 END)::BIGINT
 	FROM ledger WHERE outcome <> 'open' AND key_id <> '' GROUP BY key_id;
-UPDATE api_keys SET last_used_at = (SELECT MAX(ts) FROM ledger WHERE key_id = api_keys.id);
+-- One pass over the ledger (it has no index on key_id).
+UPDATE api_keys SET last_used_at = m.ts
+	FROM (SELECT key_id, MAX(ts) AS ts FROM ledger WHERE key_id <> '' GROUP BY key_id) AS m
+	WHERE m.key_id = api_keys.id;
