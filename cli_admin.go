@@ -39,7 +39,8 @@ func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("keys create", "keys create --data DIR --tenant NAME [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget N] [--models a,b] [--expires 30d|720h|RFC3339] [--class interactive|standard|batch]", stderr)
+	fs := newFlagSet("keys create", "keys create --data DIR --tenant NAME [--name N] [--owner O] [--note TEXT] [--rpm N] [--tpm N] [--max-concurrency N] [--budget-tokens N] [--budget N]\n"+
+		"  [--budget-period daily|weekly|monthly|none] [--budget-alert-percent P] [--models a,b] [--expires 30d|720h|RFC3339] [--class interactive|standard|batch]", stderr)
 	var (
 		dir         = fs.String("data", "tailgate-data", "data directory")
 		tenant      = fs.String("tenant", "", "tenant that owns the key (created if new)")
@@ -264,8 +265,8 @@ func splitModels(s string) []string {
 }
 
 func cmdKeysEdit(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("keys edit", "keys edit --data DIR KEY [--rpm N] [--tpm N] [--max-concurrency N] [--models a,b | --all-models] [--expires 30d|720h|RFC3339|never] [--class interactive|standard|batch]\n"+
-		"  (KEY: key id, display prefix, or the secret; only the flags given change)", stderr)
+	fs := newFlagSet("keys edit", "keys edit --data DIR KEY [--name N] [--owner O] [--note TEXT] [--rpm N] [--tpm N] [--max-concurrency N] [--models a,b | --all-models] [--expires 30d|720h|RFC3339|never] [--class interactive|standard|batch]\n"+
+		"  (KEY: key id, display prefix, tenant/name, or the secret; only the flags given change)", stderr)
 	var (
 		dir       = fs.String("data", "tailgate-data", "data directory")
 		rpm       = fs.Int64("rpm", 0, "requests per minute (0: unlimited)")
