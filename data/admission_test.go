@@ -170,10 +170,22 @@ func TestAdmissionMigrationKeepsExistingWorkers(t *testing.T) {
 				}
 			}
 		}
-		// Back to the schema before 0012, with the credentials in it.
+		// Back to the schema before 0012, with the credentials in it, and
+		// 0012 applied again (later migrations stay as they are).
 		for _, q := range []string{`DROP TABLE worker_admissions`, `DROP TABLE worker_invites`, `DELETE FROM schema_migrations WHERE version = 12`} {
 			if _, err := s.write.ExecContext(ctx, q); err != nil {
 				t.Fatal(err)
+			}
+		}
+		ms, err := loadMigrations(s.engine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.version == 12 {
+				if err := applyMigration(ctx, s.write, m); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 		s.Close()

@@ -61,7 +61,14 @@ type Tenant struct {
 	// BudgetMicros is the total cost (micro-units of currency) the tenant may
 	// spend; 0 means unlimited.
 	BudgetMicros int64
-	CreatedAt    time.Time
+	// BudgetPeriod is when the budget resets: "" never (a lifetime total),
+	// or at the start of each calendar "daily", "weekly" (Monday) or
+	// "monthly" period in UTC (see [PeriodStart]).
+	BudgetPeriod string
+	// BudgetAlertPercent is the soft threshold: the share of the budget
+	// (1–100) past which the gateway warns (a metric, a webhook).
+	BudgetAlertPercent int64
+	CreatedAt          time.Time
 }
 
 // Key is an API key as stored: never the secret itself.
@@ -85,6 +92,18 @@ type Key struct {
 	// as: "interactive", "standard" or "batch" (package policy reads it;
 	// "" is stored as standard).
 	Class string
+	// Name (unique among the tenant's active keys; "" for none), Owner and
+	// Note say whose key it is and what for.
+	Name, Owner, Note string
+	// LastUsedAt is the time of the key's newest request in the ledger, to
+	// within a minute (zero: never used).
+	LastUsedAt time.Time
+	// PrevUntil is when the secret the key had before its last rotation
+	// stops working (zero: no rotation, or none since it stopped).
+	PrevUntil time.Time
+	// Rotated is set on a key found by its previous secret
+	// ([Store.KeyByHash]): that secret works only until PrevUntil.
+	Rotated bool
 }
 
 // Revoked reports whether the key has been revoked.
@@ -149,17 +168,26 @@ type LedgerRow struct {
 // UsageFilter selects ledger rows for [Store.Usage]. Zero fields do not filter.
 type UsageFilter struct {
 	Tenant string
-	Since  time.Time
-	Until  time.Time
+	Since  time.Time // inclusive
+	Until  time.Time // exclusive
+	// By groups the totals: "" by (tenant, key, model); UsageByDay,
+	// UsageByWeek or UsageByMonth by calendar period in UTC; UsageByTenant,
+	// UsageByKey or UsageByModel by that alone.
+	By string
 }
 
-// UsageRow is a usage total for one (tenant, key, model). Requests, the
-// token counts and the cost count only requests that were not refused;
-// Rejected counts the refused ones apart (see [Outcome.Rejected]).
+// UsageRow is a usage total for one group of [UsageFilter.By]: the fields
+// that do not group it are empty. Requests, the token counts and the cost
+// count only requests that were not refused; Rejected counts the refused
+// ones apart (see [Outcome.Rejected]).
 type UsageRow struct {
+	// Period is the start of the day, week (Monday) or month in UTC when
+	// grouped by one; zero otherwise.
+	Period           time.Time
 	Tenant           string
 	KeyID            string
 	KeyPrefix        string
+	KeyName          string
 	Model            string
 	Requests         int64
 	PromptTokens     int64

@@ -135,6 +135,10 @@ func (s *Store) ReapGateways(ctx context.Context) (gateways, rows int, err error
 type BudgetCheck struct {
 	OK                  bool
 	Budget, Spent, Held Spend
+	// Period is the tenant's budget period (see [PeriodStart]) and Resets
+	// when the period Spent counts ends (zero: never).
+	Period string
+	Resets time.Time
 }
 
 // ReserveBudget adds tokens and micros to this gateway's hold of the
@@ -144,6 +148,17 @@ type BudgetCheck struct {
 // gateways cannot both take the last of a budget. Only for PostgreSQL (see
 // [Store.SharedBudgets]); an error means nothing was reserved.
 func (s *Store) ReserveBudget(ctx context.Context, tenantID, tokens, micros int64) (BudgetCheck, error) {
+	return s.ReserveBudgetAt(ctx, tenantID, tokens, micros, now())
+}
+
+// ReserveBudgetAt is [Store.ReserveBudget] for a request made at: a
+// periodic budget counts the spend of the period at falls in (final ledger
+// rows whose time is in it). Holds have no period: what gateways hold
+// counts against the current period, however old the requests it is for —
+// a request admitted before a boundary and settled after it holds budget of
+// the new period until its row, which counts in the old one, is written.
+// So the spend of rows in a period plus the holds never exceed the budget.
+func (s *Store) ReserveBudgetAt(ctx context.Context, tenantID, tokens, micros int64, at time.Time) (BudgetCheck, error) {
 	if s.engine != enginePostgres {
 		return BudgetCheck{}, errors.New("reserve budget: budgets are reserved in the database only on PostgreSQL")
 	}
@@ -159,8 +174,8 @@ func (s *Store) ReserveBudget(ctx context.Context, tenantID, tokens, micros int6
 			return err
 		}
 		defer tx.Rollback()
-		err = tx.QueryRowContext(ctx, `SELECT budget_tokens, budget_micros FROM tenants WHERE id = ? FOR UPDATE`, tenantID).
-			Scan(&c.Budget.Tokens, &c.Budget.Micros)
+		err = tx.QueryRowContext(ctx, `SELECT budget_tokens, budget_micros, budget_period FROM tenants WHERE id = ? FOR UPDATE`, tenantID).
+			Scan(&c.Budget.Tokens, &c.Budget.Micros, &c.Period)
 		if errors.Is(err, sql.ErrNoRows) {
 			return ErrNotFound
 		}
@@ -169,12 +184,19 @@ func (s *Store) ReserveBudget(ctx context.Context, tenantID, tokens, micros int6
 		}
 		// One statement, one snapshot: a ledger row moving cost from a hold
 		// into spend is seen entirely or not at all.
-		err = tx.QueryRowContext(ctx, `SELECT
-			COALESCE((SELECT tokens FROM tenant_spend WHERE tenant_id = ?), 0),
-			COALESCE((SELECT micros FROM tenant_spend WHERE tenant_id = ?), 0),
+		spent := `COALESCE((SELECT tokens FROM tenant_spend WHERE tenant_id = ?), 0),
+			COALESCE((SELECT micros FROM tenant_spend WHERE tenant_id = ?), 0)`
+		args := []any{tenantID, tenantID}
+		if start := PeriodStart(c.Period, at); !start.IsZero() {
+			c.Resets = PeriodEnd(c.Period, at)
+			spent = `COALESCE((SELECT SUM(tokens) FROM tenant_daily_spend WHERE tenant_id = ? AND day >= ?), 0)::BIGINT,
+			COALESCE((SELECT SUM(micros) FROM tenant_daily_spend WHERE tenant_id = ? AND day >= ?), 0)::BIGINT`
+			args = []any{tenantID, dayOf(start), tenantID, dayOf(start)}
+		}
+		err = tx.QueryRowContext(ctx, `SELECT `+spent+`,
 			COALESCE((SELECT SUM(tokens) FROM budget_holds WHERE tenant_id = ?), 0)::BIGINT,
 			COALESCE((SELECT SUM(micros) FROM budget_holds WHERE tenant_id = ?), 0)::BIGINT`,
-			tenantID, tenantID, tenantID, tenantID).
+			append(args, tenantID, tenantID)...).
 			Scan(&c.Spent.Tokens, &c.Spent.Micros, &c.Held.Tokens, &c.Held.Micros)
 		if err != nil {
 			return err

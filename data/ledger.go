@@ -153,7 +153,12 @@ func tenantOrder(rows []LedgerRow) []LedgerRow {
 	return rows
 }
 
-func byTenant(a, b LedgerRow) int { return cmp.Compare(a.TenantID, b.TenantID) }
+// byTenant orders rows by tenant, then key: the spend triggers lock the
+// tenant's rows and then the key's, so two gateways' batches take their
+// locks in the same order and cannot deadlock.
+func byTenant(a, b LedgerRow) int {
+	return cmp.Or(cmp.Compare(a.TenantID, b.TenantID), cmp.Compare(a.KeyID, b.KeyID))
+}
 
 // distinctRun returns the longest head of rows in which no ID repeats. A
 // batch may hold a stream's open row and then its final one; SQLite applies

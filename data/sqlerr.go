@@ -32,3 +32,13 @@ func dbCode(err error) string {
 	}
 	return pgCode(err)
 }
+
+// isUniqueViolation reports whether err is a unique constraint refusing a
+// row, on either engine.
+func isUniqueViolation(err error) bool {
+	const sqliteConstraintUnique = 2067 // SQLITE_CONSTRAINT_UNIQUE, missing from ErrorCodeString
+	if se, ok := errors.AsType[*sqlite.Error](err); ok {
+		return se.Code() == sqliteConstraintUnique
+	}
+	return pgCode(err) == "SQLSTATE 23505"
+}

@@ -7,14 +7,14 @@ import (
 	"fmt"
 )
 
-const tenantCols = `id, name, budget_tokens, budget_micros, created_at`
+const tenantCols = `id, name, budget_tokens, budget_micros, budget_period, budget_alert_percent, created_at`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
 func scanTenant(r rowScanner) (Tenant, error) {
 	var t Tenant
 	var created int64
-	if err := r.Scan(&t.ID, &t.Name, &t.BudgetTokens, &t.BudgetMicros, &created); err != nil {
+	if err := r.Scan(&t.ID, &t.Name, &t.BudgetTokens, &t.BudgetMicros, &t.BudgetPeriod, &t.BudgetAlertPercent, &created); err != nil {
 		return Tenant{}, err
 	}
 	t.CreatedAt = fromMicros(created)

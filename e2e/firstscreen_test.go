@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"io"
@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+
+	"tailgate/e2e/testkit"
 )
 
 // readyLine is the line up prints once every replica is ready.
@@ -34,7 +36,7 @@ func TestUpFirstScreenOnATerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out testkit.Buffer
 	copied := make(chan struct{})
 	go func() { _, _ = io.Copy(&out, term); close(copied) }()
 	t.Cleanup(func() {
@@ -46,7 +48,7 @@ func TestUpFirstScreenOnATerminal(t *testing.T) {
 			t.Logf("the terminal got:\n%q", out.String())
 		}
 	})
-	waitFor(t, 90*time.Second, "the ready line", func() bool { return readyLine.MatchString(out.String()) })
+	testkit.WaitWithin(t, 90*time.Second, "the ready line", func() bool { return readyLine.MatchString(out.String()) })
 	raw := out.String()
 	m := readyLine.FindStringSubmatch(raw)
 	raw = raw[:strings.Index(raw, m[0])+len(m[0])] // the first screen: up to the ready line

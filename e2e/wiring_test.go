@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tailgate/e2e/testkit"
 )
 
 // TestWiringMistakesGetAHint: the commonest ways to wire a client or a
@@ -123,7 +125,7 @@ func TestWiringMistakesGetAHint(t *testing.T) {
 		if err := w1.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 30*time.Second, "w1 out", func() bool { s := g.state("w1"); return s == "draining" || s == "lost" })
+		testkit.WaitWithin(t, 30*time.Second, "w1 out", func() bool { s := g.state("w1"); return s == "draining" || s == "lost" })
 		ask(t, mistake{method: "POST", url: g.api + "/chat/completions", auth: g.key, body: chat,
 			status: 503, code: "no_replica", want: []string{`"tailgate-sim"`, "1 replica", "w1 "}})
 	})

@@ -41,7 +41,9 @@ type Ticket struct {
 	// the database (see book).
 	tenantID int64
 	held     bool
-	price    Price
+	// start is the start of the budget period the request counts in.
+	start time.Time
+	price Price
 	// tpm is the key's TPM limit at admission (0: not charged) and
 	// estimate what was charged against it.
 	tpm, estimate int64
@@ -77,10 +79,7 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	bound := clampLimit(r.PromptBound) + maxTokens
 	price := g.price(r.Model)
 	micros := cost(price, clampLimit(r.PromptBound), maxTokens)
-	var now time.Time
-	if rpm > 0 || tpm > 0 {
-		now = g.now()
-	}
+	now := g.now()
 
 	// Everything is checked before anything is taken, under the key's lock
 	// and then the tenant's (always in that order), so a rejection leaves no
@@ -114,12 +113,17 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 			return nil, rs, &LimitError{Limit: "tokens", RetryAfter: wait}
 		}
 	}
-	held, err := g.book.reserve(ts, p.TenantID, bound, micros)
+	held, start, err := g.book.reserve(ts, p.TenantID, bound, micros, now)
 	ts.mu.Lock()
 	name, budgetMicros := ts.name, ts.budgetMicros
+	var resets time.Time
+	if ts.budgetTokens > 0 || ts.budgetMicros > 0 {
+		resets = ts.resets()
+	}
 	ts.mu.Unlock()
 	if err != nil {
 		rs := ks.state(rpm, tpm)
+		rs.BudgetResets = resets
 		ks.mu.Unlock()
 		var qe *QuotaError
 		if errors.As(err, &qe) {
@@ -131,12 +135,13 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	if rpm > 0 {
 		ks.requests.take(1)
 	}
-	t := &Ticket{g: g, key: ks, tenant: ts, tenantID: p.TenantID, held: held, price: price, reserved: [2]int64{bound, micros}}
+	t := &Ticket{g: g, key: ks, tenant: ts, tenantID: p.TenantID, held: held, start: start, price: price, reserved: [2]int64{bound, micros}}
 	if tpm > 0 {
 		ks.tokens.take(estimate)
 		t.tpm, t.estimate = tpm, estimate
 	}
 	rs := ks.state(rpm, tpm)
+	rs.BudgetResets = resets
 	ks.mu.Unlock()
 	if budgetMicros > 0 && price == (Price{}) {
 		g.noteUnpriced(cmp.Or(name, p.Tenant), r.Model, budgetMicros)
@@ -216,6 +221,6 @@ func (t *Ticket) settle(u Usage) int64 {
 	}
 	ks.mu.Unlock()
 
-	t.g.book.settle(t.tenant, t.tenantID, t.held, t.reserved, prompt+completion, c)
+	t.g.book.settle(t.tenant, t.tenantID, t.held, t.start, t.reserved, prompt+completion, c)
 	return c
 }

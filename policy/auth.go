@@ -34,9 +34,15 @@ func (revokedKeyError) Is(target error) bool { return target == ErrInvalidKey }
 // secret learns it. It matches [ErrInvalidKey] under errors.Is.
 type ExpiredKeyError struct {
 	ExpiresAt time.Time
+	// Rotated says the secret is the one a key had before it was rotated,
+	// and ExpiresAt when its grace ended.
+	Rotated bool
 }
 
 func (e *ExpiredKeyError) Error() string {
+	if e.Rotated {
+		return "api key was rotated; its old secret stopped working at " + e.ExpiresAt.UTC().Format(time.RFC3339)
+	}
 	return "api key expired at " + e.ExpiresAt.UTC().Format(time.RFC3339)
 }
 
@@ -58,6 +64,9 @@ type Principal struct {
 	ExpiresAt time.Time
 	// Class is the key's priority class: the highest its requests run as.
 	Class Class
+	// Rotated says the secret is the key's previous one, which works only
+	// until ExpiresAt (the rotation's grace).
+	Rotated bool
 
 	// Resolved once per cache fill so that admission skips the map lookups.
 	// Nil in a Principal built by hand; Admit then looks them up.
@@ -118,7 +127,7 @@ func (g *Gate) Authenticate(ctx context.Context, secret string) (*Principal, err
 // expires at its time even while no change bumps the keys version.
 func (g *Gate) unexpired(p *Principal) (*Principal, error) {
 	if !p.ExpiresAt.IsZero() && !g.now().Before(p.ExpiresAt) {
-		return nil, &ExpiredKeyError{ExpiresAt: p.ExpiresAt}
+		return nil, &ExpiredKeyError{ExpiresAt: p.ExpiresAt, Rotated: p.Rotated}
 	}
 	return p, nil
 }
@@ -136,6 +145,11 @@ func (g *Gate) lookup(ctx context.Context, ck uint64, sum [sha256.Size]byte, gen
 	e := &entry{sum: sum, gen: gen, revoked: err == nil && k.Revoked()}
 	if err == nil && !e.revoked {
 		e.p = g.principal(k)
+		// A tenant whose budget period changed since the last poll (a key
+		// made a moment ago with a new period) is counted by it at once.
+		if err := g.syncPeriod(ctx, e.p.tenant, k.Tenant.ID, k.Tenant.BudgetPeriod, g.now()); err != nil {
+			return nil, fmt.Errorf("policy: look up key: %w", err)
+		}
 	}
 	// Set is applied asynchronously; wait so that the next request with
 	// this secret hits.
@@ -151,7 +165,17 @@ func (g *Gate) lookup(ctx context.Context, ck uint64, sum [sha256.Size]byte, gen
 // principal builds the Principal of a stored key, bound to the key's and
 // tenant's limiter and budget state.
 func (g *Gate) principal(k data.Key) *Principal {
+	exp := k.ExpiresAt
+	if k.Rotated && (exp.IsZero() || k.PrevUntil.Before(exp)) {
+		// The old secret of a rotated key: it works until the grace ends
+		// (a zero PrevUntil, no grace left, has ended long ago).
+		exp = k.PrevUntil
+		if exp.IsZero() {
+			exp = time.Unix(0, 0)
+		}
+	}
 	return &Principal{
+		Rotated:        k.Rotated,
 		KeyID:          k.ID,
 		KeyPrefix:      k.Prefix,
 		TenantID:       k.Tenant.ID,
@@ -160,7 +184,7 @@ func (g *Gate) principal(k data.Key) *Principal {
 		TPM:            k.TPM,
 		MaxConcurrency: k.MaxConcurrency,
 		Models:         slices.Clip(k.Models),
-		ExpiresAt:      k.ExpiresAt,
+		ExpiresAt:      exp,
 		Class:          StoredClass(k.Class),
 		key:            g.keyFor(k.ID),
 		tenant:         g.tenantFor(k.Tenant.ID, k.Tenant.Name, k.Tenant.BudgetTokens, k.Tenant.BudgetMicros),

@@ -22,32 +22,34 @@ import (
 // book books reservations of tenants' budgets.
 type book interface {
 	// reserve books a worst-case reservation of tokens and micros for the
-	// tenant, or books nothing and returns a *QuotaError (without the
-	// tenant's name) or an error wrapping data.ErrLedgerUnavailable.
-	reserve(ts *tenantState, tenantID, tokens, micros int64) (held bool, err error)
+	// tenant, for a request made at at, or books nothing and returns a
+	// *QuotaError (without the tenant's name) or an error wrapping
+	// data.ErrLedgerUnavailable. start is the start of the budget period
+	// the request counts in (zero for a lifetime budget).
+	reserve(ts *tenantState, tenantID, tokens, micros int64, at time.Time) (held bool, start time.Time, err error)
 	// settle replaces a reservation made by reserve with what the request
 	// used: tokens and cost.
-	settle(ts *tenantState, tenantID int64, held bool, reserved [2]int64, tokens, cost int64)
+	settle(ts *tenantState, tenantID int64, held bool, start time.Time, reserved [2]int64, tokens, cost int64)
 }
 
 // memoryBook keeps reservations in this process (one gateway per database).
 type memoryBook struct{}
 
-func (memoryBook) reserve(ts *tenantState, _, tokens, micros int64) (bool, error) {
+func (memoryBook) reserve(ts *tenantState, _, tokens, micros int64, at time.Time) (bool, time.Time, error) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
+	ts.roll(at)
 	if qe := ts.reserve(tokens, micros); qe != nil {
-		return false, qe
+		return false, time.Time{}, qe
 	}
-	return false, nil
+	return false, ts.start, nil
 }
 
-func (memoryBook) settle(ts *tenantState, _ int64, _ bool, reserved [2]int64, tokens, cost int64) {
+func (memoryBook) settle(ts *tenantState, _ int64, _ bool, start time.Time, reserved [2]int64, tokens, cost int64) {
 	ts.mu.Lock()
 	ts.reserved.Tokens -= reserved[0]
 	ts.reserved.Micros -= reserved[1]
-	ts.spent.Tokens += tokens
-	ts.spent.Micros += cost
+	ts.addSpent(start, tokens, cost)
 	ts.mu.Unlock()
 }
 
@@ -111,41 +113,46 @@ func newSharedBook(st *data.Store) *sharedBook {
 	return &sharedBook{st: st, owed: make(map[int64]data.Spend), spare: make(map[int64]*spare), wake: make(chan struct{}, 1)}
 }
 
-func (b *sharedBook) reserve(ts *tenantState, tenantID, tokens, micros int64) (bool, error) {
+func (b *sharedBook) reserve(ts *tenantState, tenantID, tokens, micros int64, at time.Time) (bool, time.Time, error) {
 	ts.mu.Lock()
 	limited := ts.budgetTokens > 0 || ts.budgetMicros > 0
 	slice := data.Spend{Tokens: sliceOf(ts.budgetTokens), Micros: sliceOf(ts.budgetMicros)}
 	ts.mu.Unlock()
 	if !limited {
-		return b.mem.reserve(ts, tenantID, tokens, micros)
+		return b.mem.reserve(ts, tenantID, tokens, micros, at)
 	}
+	// The spare is budget held in the database, counted against whichever
+	// period is current when it is used (holds have no period), so it
+	// stays good across a boundary.
 	if !b.take(tenantID, tokens, micros) {
-		if err := b.hold(tenantID, tokens, micros, slice); err != nil {
-			return false, err
+		if err := b.hold(tenantID, tokens, micros, slice, at); err != nil {
+			return false, time.Time{}, err
 		}
 	}
 	ts.mu.Lock()
+	ts.roll(at)
 	ts.reserved.Tokens += tokens
 	ts.reserved.Micros += micros
+	start := ts.start
 	ts.mu.Unlock()
-	return true, nil
+	return true, start, nil
 }
 
 // hold reserves tokens and micros for the tenant in the database, and slice
 // more for its spare; near the budget's end, where that does not fit, just
 // what was asked. It returns a *QuotaError when not even that fits.
-func (b *sharedBook) hold(tenantID, tokens, micros int64, slice data.Spend) error {
+func (b *sharedBook) hold(tenantID, tokens, micros int64, slice data.Spend, at time.Time) error {
 	ctx, cancel := context.WithTimeout(context.Background(), reserveTimeout)
 	defer cancel()
 	b.booked.Add(1)
-	c, err := b.st.ReserveBudget(ctx, tenantID, tokens+slice.Tokens, micros+slice.Micros)
+	c, err := b.st.ReserveBudgetAt(ctx, tenantID, tokens+slice.Tokens, micros+slice.Micros, at)
 	if err == nil && c.OK {
 		b.mu.Lock()
 		b.addSpareLocked(tenantID, slice)
 		b.mu.Unlock()
 	} else if err == nil && slice != (data.Spend{}) {
 		b.booked.Add(1)
-		c, err = b.st.ReserveBudget(ctx, tenantID, tokens, micros)
+		c, err = b.st.ReserveBudgetAt(ctx, tenantID, tokens, micros, at)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %v", data.ErrLedgerUnavailable, err)
@@ -155,6 +162,7 @@ func (b *sharedBook) hold(tenantID, tokens, micros int64, slice data.Spend) erro
 		if within := c.Budget.Tokens <= 0 || fits(c.Budget.Tokens, c.Spent.Tokens, c.Held.Tokens, tokens); within {
 			qe = &QuotaError{Budget: "cost", Limit: c.Budget.Micros, Spent: c.Spent.Micros, Reserved: c.Held.Micros, Requested: micros}
 		}
+		qe.Period, qe.ResetsAt = c.Period, c.Resets
 		return qe
 	}
 	return nil
@@ -188,8 +196,8 @@ func (b *sharedBook) take(tenantID, tokens, micros int64) bool {
 	return true
 }
 
-func (b *sharedBook) settle(ts *tenantState, tenantID int64, held bool, reserved [2]int64, tokens, cost int64) {
-	b.mem.settle(ts, tenantID, held, reserved, tokens, cost)
+func (b *sharedBook) settle(ts *tenantState, tenantID int64, held bool, start time.Time, reserved [2]int64, tokens, cost int64) {
+	b.mem.settle(ts, tenantID, held, start, reserved, tokens, cost)
 	if !held {
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/bits"
 	"sync"
+	"time"
 
 	"tailgate/data"
 )
@@ -21,6 +22,11 @@ type QuotaError struct {
 	// request's worst case (its prompt bound plus its completion cap), which
 	// admission must reserve in full.
 	Limit, Spent, Reserved, Requested int64
+	// Period is the budget's period ("" for a lifetime budget: Spent is
+	// then everything the tenant ever spent) and ResetsAt when it ends and
+	// the budget is whole again (zero: never).
+	Period   string
+	ResetsAt time.Time
 }
 
 // Left is what the budget has left for new requests, never negative.
@@ -32,11 +38,27 @@ func (e *QuotaError) UsedUp() bool { return e.Left() == 0 }
 
 func (e *QuotaError) Error() string {
 	if e.UsedUp() {
-		return fmt.Sprintf("insufficient quota: the %s budget of tenant %s is used up (%d of %d spent, %d reserved)",
-			e.Budget, e.Tenant, e.Spent, e.Limit, e.Reserved)
+		return fmt.Sprintf("insufficient quota: the %s%s budget of tenant %s is used up (%d of %d spent, %d reserved)%s",
+			e.periodWord(), e.Budget, e.Tenant, e.Spent, e.Limit, e.Reserved, e.ResetNote())
 	}
-	return fmt.Sprintf("insufficient quota: request needs up to %d of the %s budget of tenant %s, %d left (%d of %d spent, %d reserved)",
-		e.Requested, e.Budget, e.Tenant, e.Left(), e.Spent, e.Limit, e.Reserved)
+	return fmt.Sprintf("insufficient quota: request needs up to %d of the %s%s budget of tenant %s, %d left (%d of %d spent, %d reserved)%s",
+		e.Requested, e.periodWord(), e.Budget, e.Tenant, e.Left(), e.Spent, e.Limit, e.Reserved, e.ResetNote())
+}
+
+func (e *QuotaError) periodWord() string {
+	if e.Period == "" {
+		return ""
+	}
+	return e.Period + " "
+}
+
+// ResetNote is "; it resets at <time>" for a periodic budget, "" for a
+// lifetime one.
+func (e *QuotaError) ResetNote() string {
+	if e.ResetsAt.IsZero() {
+		return ""
+	}
+	return "; it resets at " + e.ResetsAt.UTC().Format(time.RFC3339)
 }
 
 // Price is what a model costs, in micro-units of currency per million
@@ -95,22 +117,82 @@ type tenantState struct {
 	mu                         sync.Mutex
 	name                       string
 	budgetTokens, budgetMicros int64
-	spent, reserved            data.Spend
+	// spent is everything the tenant spent (it only grows: the metrics'
+	// counters), reserved what admitted requests hold.
+	spent, reserved data.Spend
+	// A periodic budget (period not "") counts periodSpent: what requests
+	// admitted in the period [start, end) spent. It starts again from zero
+	// at end, on the first admission after it (roll).
+	period       string
+	start, end   time.Time
+	periodSpent  data.Spend
+	alertPercent int64
+	// usedRatio is the share of the budget used in the current period, as
+	// the budget watch last measured it (see watchBudgets), and alerted the
+	// thresholds already reported for the period that starts at
+	// alertedStart.
+	usedRatio    float64
+	alertedStart time.Time
+	alerted      map[int64]bool
+}
+
+// roll moves a periodic budget into the period at falls in, if it is past
+// the one periodSpent counts. Callers hold ts.mu.
+func (ts *tenantState) roll(at time.Time) {
+	if ts.period == "" || at.Before(ts.end) {
+		return
+	}
+	ts.start, ts.end = data.PeriodStart(ts.period, at), data.PeriodEnd(ts.period, at)
+	ts.periodSpent = data.Spend{}
+}
+
+// counted is the spend the budget is checked against: the period's, or
+// the lifetime's. Callers hold ts.mu.
+func (ts *tenantState) counted() data.Spend {
+	if ts.period != "" {
+		return ts.periodSpent
+	}
+	return ts.spent
+}
+
+// resets is when the budget is whole again: the end of its period (zero
+// for a lifetime budget). Callers hold ts.mu.
+func (ts *tenantState) resets() time.Time {
+	if ts.period == "" {
+		return time.Time{}
+	}
+	return ts.end
 }
 
 // reserve books a worst-case reservation if it fits the budget; otherwise
 // it books nothing and says which budget it would exceed and by how much
-// (without the tenant's name). Callers hold ts.mu.
+// (without the tenant's name). Callers hold ts.mu and have rolled it.
 func (ts *tenantState) reserve(tokens, micros int64) *QuotaError {
-	if b := ts.budgetTokens; b > 0 && !fits(b, ts.spent.Tokens, ts.reserved.Tokens, tokens) {
-		return &QuotaError{Budget: "tokens", Limit: b, Spent: ts.spent.Tokens, Reserved: ts.reserved.Tokens, Requested: tokens}
+	c := ts.counted()
+	if b := ts.budgetTokens; b > 0 && !fits(b, c.Tokens, ts.reserved.Tokens, tokens) {
+		return &QuotaError{Budget: "tokens", Limit: b, Spent: c.Tokens, Reserved: ts.reserved.Tokens, Requested: tokens,
+			Period: ts.period, ResetsAt: ts.resets()}
 	}
-	if b := ts.budgetMicros; b > 0 && !fits(b, ts.spent.Micros, ts.reserved.Micros, micros) {
-		return &QuotaError{Budget: "cost", Limit: b, Spent: ts.spent.Micros, Reserved: ts.reserved.Micros, Requested: micros}
+	if b := ts.budgetMicros; b > 0 && !fits(b, c.Micros, ts.reserved.Micros, micros) {
+		return &QuotaError{Budget: "cost", Limit: b, Spent: c.Micros, Reserved: ts.reserved.Micros, Requested: micros,
+			Period: ts.period, ResetsAt: ts.resets()}
 	}
 	ts.reserved.Tokens += tokens
 	ts.reserved.Micros += micros
 	return nil
+}
+
+// addSpent adds a settled request's usage: to the lifetime total, and to
+// the period's when the request was admitted in the current period (one
+// admitted before a boundary counts in the period its ledger row's time
+// says, the one before). Callers hold ts.mu.
+func (ts *tenantState) addSpent(start time.Time, tokens, cost int64) {
+	ts.spent.Tokens += tokens
+	ts.spent.Micros += cost
+	if ts.period != "" && start.Equal(ts.start) {
+		ts.periodSpent.Tokens += tokens
+		ts.periodSpent.Micros += cost
+	}
 }
 
 // fits reports whether spent+reserved+need ≤ budget without overflowing.

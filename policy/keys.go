@@ -93,6 +93,13 @@ type KeyOptions struct {
 	// Class is the key's priority class, the highest its requests may run
 	// as (a request may ask for a lower one); the zero value is standard.
 	Class Class
+	// Name (unique among the tenant's active keys; "" for none), Owner and
+	// Note say whose key it is and what for.
+	Name, Owner, Note string
+	// BudgetPeriod and BudgetAlertPercent, when not nil, set the tenant's
+	// budget period and soft threshold (see [BudgetChange]).
+	BudgetPeriod       *string
+	BudgetAlertPercent *int64
 }
 
 func (o *KeyOptions) validate() error {
@@ -105,6 +112,18 @@ func (o *KeyOptions) validate() error {
 		return errors.New("negative budget")
 	case !o.ExpiresAt.IsZero() && !o.ExpiresAt.After(time.Now()):
 		return fmt.Errorf("expiry %s is not in the future: the key would never work", o.ExpiresAt.UTC().Format(time.RFC3339))
+	case o.BudgetAlertPercent != nil && (*o.BudgetAlertPercent < 1 || *o.BudgetAlertPercent > 100):
+		return errors.New("the budget alert percent must be 1 to 100")
+	}
+	if o.BudgetPeriod != nil {
+		p := NormalizePeriod(*o.BudgetPeriod)
+		if err := data.CheckBudgetPeriod(p); err != nil {
+			return err
+		}
+		o.BudgetPeriod = &p
+	}
+	if err := data.CheckKeyName(o.Name); err != nil {
+		return err
 	}
 	return validModels(o.Models)
 }
@@ -156,18 +175,10 @@ func CreateKey(ctx context.Context, st *data.Store, o KeyOptions) (secret string
 	if err != nil {
 		return "", data.Key{}, fmt.Errorf("create key: tenant: %w", err)
 	}
-	if o.BudgetTokens != nil || o.BudgetMicros != nil {
-		tokens, micros := t.BudgetTokens, t.BudgetMicros
-		if o.BudgetTokens != nil {
-			tokens = *o.BudgetTokens
+	if c := (BudgetChange{Tokens: o.BudgetTokens, Micros: o.BudgetMicros, Period: o.BudgetPeriod, AlertPercent: o.BudgetAlertPercent}); !c.empty() {
+		if t, err = applyBudget(ctx, st, t, c); err != nil {
+			return "", data.Key{}, fmt.Errorf("create key: %w", err)
 		}
-		if o.BudgetMicros != nil {
-			micros = *o.BudgetMicros
-		}
-		if err := st.SetTenantBudget(ctx, t.ID, tokens, micros); err != nil {
-			return "", data.Key{}, fmt.Errorf("create key: set budget: %w", err)
-		}
-		t.BudgetTokens, t.BudgetMicros = tokens, micros
 	}
 	secret, prefix, hash, err := NewSecret()
 	if err != nil {
@@ -183,6 +194,9 @@ func CreateKey(ctx context.Context, st *data.Store, o KeyOptions) (secret string
 		Models:         o.Models,
 		ExpiresAt:      o.ExpiresAt,
 		Class:          o.Class.String(),
+		Name:           o.Name,
+		Owner:          o.Owner,
+		Note:           o.Note,
 	})
 	if err != nil {
 		return "", data.Key{}, fmt.Errorf("create key: %w", err)
@@ -229,7 +243,8 @@ func EditKey(ctx context.Context, st *data.Store, ref string, u data.KeyUpdate) 
 		return data.Key{}, errors.New("edit key: empty key reference")
 	case u.RPM != nil && *u.RPM < 0, u.TPM != nil && *u.TPM < 0, u.MaxConcurrency != nil && *u.MaxConcurrency < 0:
 		return data.Key{}, errors.New("edit key: negative limit")
-	case u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && u.ExpiresAt == nil && u.Class == nil:
+	case u.RPM == nil && u.TPM == nil && u.MaxConcurrency == nil && u.Models == nil && u.ExpiresAt == nil && u.Class == nil &&
+		u.Name == nil && u.Owner == nil && u.Note == nil:
 		return data.Key{}, errors.New("edit key: nothing to change")
 	}
 	if u.Class != nil {
@@ -251,4 +266,40 @@ func EditKey(ctx context.Context, st *data.Store, ref string, u data.KeyUpdate) 
 		return data.Key{}, fmt.Errorf("edit key: %w", err) // never echo ref: it may be a secret
 	}
 	return k, nil
+}
+
+// DefaultRotateGrace is how long a rotated key's old secret keeps working
+// unless the rotation says otherwise: a day, for every client to pick up
+// the new one.
+const DefaultRotateGrace = 24 * time.Hour
+
+// RotateKey gives the key that ref names (its id, display prefix, name or
+// secret) a new secret, keeping its id, name, tenant and limits, and
+// returns the new secret (shown once) and the key. The old secret keeps
+// working for grace after now (0: it stops at once), then is refused; a
+// running gateway accepts the new one within its poll interval. It returns
+// data.ErrNotFound, data.ErrAmbiguous or data.ErrRevoked (wrapped) when ref
+// names no key, several, or a revoked one.
+func RotateKey(ctx context.Context, st *data.Store, ref string, grace time.Duration, now time.Time) (string, data.Key, error) {
+	ref = strings.TrimSpace(ref)
+	switch {
+	case ref == "":
+		return "", data.Key{}, errors.New("rotate key: empty key reference")
+	case grace < 0:
+		return "", data.Key{}, errors.New("rotate key: negative grace")
+	}
+	secret, prefix, hash, err := NewSecret()
+	if err != nil {
+		return "", data.Key{}, fmt.Errorf("rotate key: %w", err)
+	}
+	var until time.Time
+	if grace > 0 {
+		until = now.Add(grace).UTC()
+	}
+	id, oldHash := keyRef(ref)
+	k, err := st.RotateKey(ctx, id, oldHash, hash, prefix, until)
+	if err != nil {
+		return "", data.Key{}, err // data's error says "rotate key"; never echo ref
+	}
+	return secret, k, nil
 }

@@ -26,6 +26,9 @@ type RateState struct {
 	ResetRequests                    time.Duration // until the request bucket is full again
 	LimitTokens, RemainingTokens     int64
 	ResetTokens                      time.Duration // until the token bucket is full again
+	// BudgetResets is when the tenant's periodic budget is whole again
+	// (x-ratelimit-reset-budget); zero without one.
+	BudgetResets time.Time
 }
 
 // keyState is one key's limiter state, shared by every Principal of the key.

@@ -22,13 +22,17 @@ var (
 		"The tenant's cost budget in millionths of the price currency (absent: none).", []string{"tenant"}, nil)
 	budgetTokensDesc = prometheus.NewDesc("tailgate_tenant_budget_tokens",
 		"The tenant's token budget (absent: none).", []string{"tenant"}, nil)
+	budgetUsedDesc = prometheus.NewDesc("tailgate_budget_used_ratio",
+		"Share of the tenant's budget used in its current period (the larger of its token and cost budgets' shares; 1: used up), as measured every few seconds (absent: no budget).", []string{"tenant"}, nil)
+	budgetAlertDesc = prometheus.NewDesc("tailgate_budget_alert_ratio",
+		"The tenant's soft threshold as a share of its budget (compare with tailgate_budget_used_ratio; absent: no budget).", []string{"tenant"}, nil)
 )
 
 type tenantCollector struct{ g *Gate }
 
 // Describe implements prometheus.Collector.
 func (c tenantCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{spentMicrosDesc, spentTokensDesc, budgetMicrosDesc, budgetTokensDesc} {
+	for _, d := range []*prometheus.Desc{spentMicrosDesc, spentTokensDesc, budgetMicrosDesc, budgetTokensDesc, budgetUsedDesc, budgetAlertDesc} {
 		ch <- d
 	}
 }
@@ -44,7 +48,12 @@ func (c tenantCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, ts := range states {
 		ts.mu.Lock()
 		name, spent, bTokens, bMicros := ts.name, ts.spent, ts.budgetTokens, ts.budgetMicros
+		used, alert := ts.usedRatio, ts.alertPercent
 		ts.mu.Unlock()
+		if bTokens > 0 || bMicros > 0 {
+			ch <- prometheus.MustNewConstMetric(budgetUsedDesc, prometheus.GaugeValue, used, name)
+			ch <- prometheus.MustNewConstMetric(budgetAlertDesc, prometheus.GaugeValue, float64(alert)/100, name)
+		}
 		ch <- prometheus.MustNewConstMetric(spentMicrosDesc, prometheus.CounterValue, float64(spent.Micros), name)
 		ch <- prometheus.MustNewConstMetric(spentTokensDesc, prometheus.CounterValue, float64(spent.Tokens), name)
 		if bMicros > 0 {

@@ -23,6 +23,12 @@
 // admission reserves the worst case under the tenant's lock, concurrent
 // requests can never together bill a tenant past its budget.
 //
+// A budget is a lifetime total, or resets at the start of each calendar
+// day, week or month in UTC (a tenant's budget period): a request counts in
+// the period it was admitted in, as its ledger row's time does.
+// [Gate.WatchBudgets] measures each budget's use and reports thresholds
+// crossed (Config.OnBudgetAlert).
+//
 // Limiter state lives in this process's memory. Budget reservations do too
 // on SQLite (one gateway per database; spend is seeded from the ledger when
 // the Gate is created); on PostgreSQL, which several gateways may share,
@@ -61,12 +67,22 @@ type Config struct {
 	// CacheSize is the maximum number of keys (good or bad) kept in the
 	// authentication cache. Zero means 100_000.
 	CacheSize int64
+	// OnBudgetAlert, when set, is told once per tenant, budget period and
+	// threshold (the tenant's alert percent, and 100) when its budget's use
+	// crosses it, as Run's budget watch measures it (every
+	// BudgetWatchInterval); gateways sharing a database tell it once
+	// between them. It is called from Run's goroutine and must not block.
+	OnBudgetAlert func(BudgetAlert)
+	// BudgetWatchInterval is how often Run measures the tenants' budget
+	// use (tailgate_budget_used_ratio, alerts). Zero means 5s.
+	BudgetWatchInterval time.Duration
 }
 
 // Defaults for the zero Config.
 const (
-	DefaultPollInterval = 250 * time.Millisecond
-	DefaultCacheSize    = 100_000
+	DefaultPollInterval        = 250 * time.Millisecond
+	DefaultCacheSize           = 100_000
+	DefaultBudgetWatchInterval = 5 * time.Second
 )
 
 // Validate reports whether the configuration is usable.
@@ -76,6 +92,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CacheSize < 0 {
 		return errors.New("negative cache size")
+	}
+	if c.BudgetWatchInterval < 0 {
+		return errors.New("negative budget watch interval")
 	}
 	if !c.DefaultPrice.valid() {
 		return errors.New("negative default price")
@@ -123,6 +142,11 @@ type Gate struct {
 
 	// reported are the money budget problems last logged; owned by Run.
 	reported map[string]bool
+	// onAlert and watchEvery: see Config.OnBudgetAlert and
+	// Config.BudgetWatchInterval.
+	onAlert    func(BudgetAlert)
+	watchEvery time.Duration
+
 	// unpricedNotes holds the tenant and model pairs noteUnpriced warned
 	// about, unpricedCount how many.
 	unpricedNotes sync.Map
@@ -144,14 +168,19 @@ func New(ctx context.Context, cfg Config, st *data.Store, log *slog.Logger) (*Ga
 		log = slog.New(slog.DiscardHandler)
 	}
 	g := &Gate{
-		st:      st,
-		log:     log,
-		now:     cfg.Now,
-		poll:    cfg.PollInterval,
-		prices:  maps.Clone(cfg.Prices),
-		defPr:   cfg.DefaultPrice,
-		keys:    make(map[string]*keyState),
-		tenants: make(map[int64]*tenantState),
+		st:         st,
+		log:        log,
+		now:        cfg.Now,
+		poll:       cfg.PollInterval,
+		prices:     maps.Clone(cfg.Prices),
+		defPr:      cfg.DefaultPrice,
+		keys:       make(map[string]*keyState),
+		tenants:    make(map[int64]*tenantState),
+		onAlert:    cfg.OnBudgetAlert,
+		watchEvery: cfg.BudgetWatchInterval,
+	}
+	if g.watchEvery == 0 {
+		g.watchEvery = DefaultBudgetWatchInterval
 	}
 	if g.now == nil {
 		g.now = time.Now
@@ -225,6 +254,8 @@ func (g *Gate) init(ctx context.Context) error {
 func (g *Gate) Run(ctx context.Context) error {
 	t := time.NewTicker(g.poll)
 	defer t.Stop()
+	watch := time.NewTicker(g.watchEvery)
+	defer watch.Stop()
 	var lease <-chan time.Time
 	var wake chan struct{}
 	if g.shared != nil {
@@ -248,6 +279,10 @@ func (g *Gate) Run(ctx context.Context) error {
 		case <-t.C:
 			if err := g.refresh(ctx); err != nil && ctx.Err() == nil {
 				g.log.Warn("policy: refresh keys", "err", err)
+			}
+		case <-watch.C:
+			if err := g.WatchBudgets(ctx); err != nil && ctx.Err() == nil {
+				g.log.Warn("policy: measure budget use (retried)", "err", err)
 			}
 		case <-lease:
 			g.renew(ctx, true)
@@ -323,13 +358,44 @@ func (g *Gate) loadBudgets(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("tenants: %w", err)
 	}
+	now := g.now()
 	for _, t := range ts {
 		s := g.tenantFor(t.ID, t.Name, t.BudgetTokens, t.BudgetMicros)
 		s.mu.Lock()
 		s.name = t.Name
 		s.budgetTokens, s.budgetMicros = t.BudgetTokens, t.BudgetMicros
+		s.alertPercent = t.BudgetAlertPercent
 		s.mu.Unlock()
+		if err := g.syncPeriod(ctx, s, t.ID, t.BudgetPeriod, now); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// syncPeriod gives ts the budget period its tenant has in the database, if
+// it has another: the period's spend so far is read from the ledger's daily
+// totals (requests settled while it is read and not yet written may be
+// missed, once).
+func (g *Gate) syncPeriod(ctx context.Context, ts *tenantState, id int64, period string, now time.Time) error {
+	ts.mu.Lock()
+	same := ts.period == period
+	ts.mu.Unlock()
+	if same {
+		return nil
+	}
+	start := data.PeriodStart(period, now)
+	var sp data.Spend
+	if period != "" {
+		var err error
+		if sp, err = g.st.TenantPeriodSpend(ctx, id, start); err != nil {
+			return err
+		}
+	}
+	ts.mu.Lock()
+	ts.period, ts.start, ts.end = period, start, data.PeriodEnd(period, now)
+	ts.periodSpent = sp
+	ts.mu.Unlock()
 	return nil
 }
 

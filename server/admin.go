@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"reflect"
@@ -44,6 +45,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	a.DELETE("/keys/:ref", s.handleDeleteKey)
 	a.PATCH("/keys/:ref", s.handlePatchKey)
 	a.POST("/keys/revoke", s.handlePostKeysRevoke)
+	a.POST("/keys/:ref/rotate", s.handlePostKeyRotate)
 	a.GET("/tenants", s.handleGetTenants)
 	a.GET("/tenants/:name", s.handleGetTenant)
 	a.PATCH("/tenants/:name", s.handlePatchTenant)
@@ -104,6 +106,29 @@ type KeyView struct {
 	Expired   bool       `json:"expired"`
 	// Class is the key's priority class: interactive, standard or batch.
 	Class string `json:"class"`
+	// Name ("" for none; unique among the tenant's active keys), Owner and
+	// Note say whose key it is and what for.
+	Name  string `json:"name"`
+	Owner string `json:"owner"`
+	Note  string `json:"note"`
+	// LastUsedAt is the time of the key's newest request, to within a
+	// minute; null if never used.
+	LastUsedAt *time.Time `json:"last_used_at"`
+	// PreviousSecretUntil is when the secret the key had before its last
+	// rotation stops working; null without one.
+	PreviousSecretUntil *time.Time `json:"previous_secret_until"`
+	// Requests, SpentTokens and SpentMicros (Spent in currency units) are
+	// the key's totals over its life, from the ledger.
+	Requests    int64   `json:"requests"`
+	SpentTokens int64   `json:"spent_tokens"`
+	SpentMicros int64   `json:"spent_micros"`
+	Spent       float64 `json:"spent"`
+}
+
+// WithSpend is v with the key's totals t.
+func (v KeyView) WithSpend(t data.KeyTotal) KeyView {
+	v.Requests, v.SpentTokens, v.SpentMicros, v.Spent = t.Requests, t.Tokens, t.Micros, float64(t.Micros)/1e6
+	return v
 }
 
 // ViewKey converts a stored key to its view as of now.
@@ -114,22 +139,34 @@ func ViewKey(k data.Key, now time.Time) KeyView {
 	}
 	v := KeyView{ID: k.ID, Tenant: k.Tenant.Name, Prefix: k.Prefix, RPM: k.RPM, TPM: k.TPM,
 		MaxConcurrency: k.MaxConcurrency, Models: m, CreatedAt: k.CreatedAt, Revoked: k.Revoked(), Expired: k.ExpiredAt(now),
-		Class: policy.StoredClass(k.Class).String()}
+		Class: policy.StoredClass(k.Class).String(), Name: k.Name, Owner: k.Owner, Note: k.Note}
 	if !k.ExpiresAt.IsZero() {
 		v.ExpiresAt = &k.ExpiresAt
+	}
+	if !k.LastUsedAt.IsZero() {
+		v.LastUsedAt = &k.LastUsedAt
+	}
+	if !k.PrevUntil.IsZero() && now.Before(k.PrevUntil) {
+		v.PreviousSecretUntil = &k.PrevUntil
 	}
 	return v
 }
 
 func (s *Server) handleGetKeys(c echo.Context) error {
-	keys, err := s.store.Keys(c.Request().Context(), c.QueryParam("tenant"))
+	ctx := c.Request().Context()
+	s.flushLedger(ctx)
+	keys, err := s.store.Keys(ctx, c.QueryParam("tenant"))
+	if err != nil {
+		return err
+	}
+	spend, err := s.store.KeySpend(ctx)
 	if err != nil {
 		return err
 	}
 	out := make([]KeyView, 0, len(keys))
 	now := time.Now()
 	for _, k := range keys {
-		out = append(out, ViewKey(k, now))
+		out = append(out, ViewKey(k, now).WithSpend(spend[k.ID]))
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": out})
 }
@@ -147,10 +184,17 @@ type createKeyRequest struct {
 	Expires string `json:"expires"`
 	// Class is the key's priority class ("" is standard).
 	Class string `json:"class"`
+	Name  string `json:"name"`
+	Owner string `json:"owner"`
+	Note  string `json:"note"`
+	// BudgetPeriod and BudgetAlertPercent set the tenant's (see
+	// PATCH /admin/v1/tenants/{name}).
+	BudgetPeriod       *string `json:"budget_period"`
+	BudgetAlertPercent *int64  `json:"budget_alert_percent"`
 }
 
 // createKeyFields lists createKeyRequest's fields for error messages.
-const createKeyFields = "tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros, expires, class"
+const createKeyFields = "tenant, rpm, tpm, max_concurrency, models, budget_tokens, budget_micros, expires, class, name, owner, note, budget_period, budget_alert_percent"
 
 func (s *Server) handlePostKeys(c echo.Context) error {
 	var req createKeyRequest
@@ -166,6 +210,18 @@ func (s *Server) handlePostKeys(c echo.Context) error {
 	opts := policy.KeyOptions{
 		Tenant: req.Tenant, RPM: req.RPM, TPM: req.TPM, MaxConcurrency: req.MaxConcurrency,
 		Models: req.Models, BudgetTokens: req.BudgetTokens, BudgetMicros: req.BudgetMicros,
+		Name: req.Name, Owner: req.Owner, Note: req.Note, BudgetPeriod: req.BudgetPeriod, BudgetAlertPercent: req.BudgetAlertPercent,
+	}
+	if err := data.CheckKeyName(req.Name); err != nil {
+		return apierr.Reply(c, apierr.BadRequest("name", "%v", err))
+	}
+	if req.BudgetPeriod != nil {
+		if err := data.CheckBudgetPeriod(policy.NormalizePeriod(*req.BudgetPeriod)); err != nil {
+			return apierr.Reply(c, apierr.BadRequest("budget_period", "%v", err))
+		}
+	}
+	if p := req.BudgetAlertPercent; p != nil && (*p < 1 || *p > 100) {
+		return apierr.Reply(c, apierr.BadRequest("budget_alert_percent", "the alert percent must be 1 to 100"))
 	}
 	var err error
 	if opts.Class, err = policy.ParseClass(req.Class); err != nil {
@@ -189,7 +245,10 @@ func (s *Server) handlePostKeys(c echo.Context) error {
 		return err
 	}
 	secret, k, err := policy.CreateKey(c.Request().Context(), s.store, opts)
-	if err != nil {
+	if errors.Is(err, data.ErrNameTaken) {
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusConflict, Type: "invalid_request_error", Code: "key_name_taken", Param: "name",
+			Message: fmt.Sprintf("tenant %q has an active key named %q: revoke it or pick another name", req.Tenant, req.Name)})
+	} else if err != nil {
 		return err
 	}
 	s.log.Info("key created", "key_id", k.ID, "prefix", k.Prefix, "tenant", k.Tenant.Name)
@@ -300,22 +359,89 @@ func (s *Server) flushLedger(ctx context.Context) {
 	_ = s.ledger.Flush(ctx)
 }
 
+// handleGetUsage answers usage totals: ?tenant=, ?since= and ?until= (a
+// date, RFC 3339 or a duration ago such as 7d; until exclusive), ?by=
+// (day, week, month, tenant, key or model; default tenant, key and model).
 func (s *Server) handleGetUsage(c echo.Context) error {
 	ctx := c.Request().Context()
+	f := data.UsageFilter{Tenant: c.QueryParam("tenant"), By: c.QueryParam("by")}
+	if err := data.CheckUsageBy(f.By); err != nil {
+		return apierr.Reply(c, apierr.BadRequest("by", "%v", err))
+	}
+	now := time.Now()
+	for _, b := range []struct {
+		name string
+		dst  *time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}} {
+		if v := c.QueryParam(b.name); v != "" {
+			t, err := data.ParseUsageTime(v, now)
+			if err != nil {
+				return apierr.Reply(c, apierr.BadRequest(b.name, "%s: %v", b.name, err))
+			}
+			*b.dst = t
+		}
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		return apierr.Reply(c, apierr.BadRequest("until", "until (%s) must be after since (%s)", f.Until.Format(time.RFC3339), f.Since.Format(time.RFC3339)))
+	}
 	s.flushLedger(ctx)
-	rows, err := s.store.Usage(ctx, data.UsageFilter{Tenant: c.QueryParam("tenant")})
+	rows, err := s.store.Usage(ctx, f)
 	if err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, map[string]any{"data": UsageJSON(rows)})
 }
 
+// handlePostKeyRotate gives a key a new secret ({"grace": "24h"}: how long
+// the old one keeps working; default policy.DefaultRotateGrace, "0s" none).
+func (s *Server) handlePostKeyRotate(c echo.Context) error {
+	ref := c.Param("ref")
+	if policy.IsSecret(ref) {
+		return apierr.Reply(c, apierr.BadRequest("ref", "never put a key's secret in a URL: it ends up in logs. "+
+			"Use the key's id, display prefix or tenant/name here; consider this secret exposed"))
+	}
+	var req struct {
+		Grace *string `json:"grace"`
+	}
+	if c.Request().ContentLength != 0 {
+		if ae := decodeAdminBody(c, &req, "grace"); ae != nil {
+			return apierr.Reply(c, ae)
+		}
+	}
+	grace := policy.DefaultRotateGrace
+	if req.Grace != nil {
+		d, err := time.ParseDuration(*req.Grace)
+		if err != nil || d < 0 {
+			return apierr.Reply(c, apierr.BadRequest("grace", "grace %q: want a duration such as 24h, 90m or 0s", *req.Grace))
+		}
+		grace = d
+	}
+	secret, k, err := policy.RotateKey(c.Request().Context(), s.store, ref, grace, time.Now())
+	switch {
+	case errors.Is(err, data.ErrNotFound):
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "no such key"})
+	case errors.Is(err, data.ErrAmbiguous):
+		return apierr.Reply(c, apierr.BadRequest("ref", "that prefix or name matches more than one key; use the key id or tenant/name"))
+	case errors.Is(err, data.ErrRevoked):
+		return apierr.Reply(c, &apierr.Error{Status: http.StatusConflict, Type: "invalid_request_error", Code: "key_revoked",
+			Message: "that key is revoked and cannot be rotated; create a new one"})
+	case err != nil:
+		return err
+	}
+	s.log.Info("key rotated", "key_id", k.ID, "prefix", k.Prefix, "tenant", k.Tenant.Name, "grace", grace)
+	return c.JSON(http.StatusOK, map[string]any{"secret": secret, "key": ViewKey(k, time.Now())})
+}
+
 // UsageView is one usage total as the admin API and `tailgate usage --json`
-// print it.
+// print it. Fields that do not group it are empty.
 type UsageView struct {
+	// Period is the first day (UTC) of the day, week or month it totals
+	// when grouped by one; null otherwise.
+	Period           *string `json:"period"`
 	Tenant           string  `json:"tenant"`
 	KeyID            string  `json:"key_id"`
 	KeyPrefix        string  `json:"key_prefix"`
+	KeyName          string  `json:"key_name"`
 	Model            string  `json:"model"`
 	Requests         int64   `json:"requests"`
 	PromptTokens     int64   `json:"prompt_tokens"`
@@ -330,9 +456,14 @@ type UsageView struct {
 func UsageJSON(rows []data.UsageRow) []UsageView {
 	out := make([]UsageView, 0, len(rows))
 	for _, r := range rows {
-		out = append(out, UsageView{Tenant: r.Tenant, KeyID: r.KeyID, KeyPrefix: r.KeyPrefix, Model: r.Model,
+		v := UsageView{Tenant: r.Tenant, KeyID: r.KeyID, KeyPrefix: r.KeyPrefix, KeyName: r.KeyName, Model: r.Model,
 			Requests: r.Requests, PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens,
-			CostMicros: r.CostMicros, Cost: float64(r.CostMicros) / 1e6, Rejected: r.Rejected})
+			CostMicros: r.CostMicros, Cost: float64(r.CostMicros) / 1e6, Rejected: r.Rejected}
+		if !r.Period.IsZero() {
+			d := r.Period.UTC().Format(time.DateOnly)
+			v.Period = &d
+		}
+		out = append(out, v)
 	}
 	return out
 }

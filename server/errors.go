@@ -57,6 +57,11 @@ const statusClientClosed = 499
 // errExpiredKey answers a key that exists but has expired: its holder is
 // told when, and that an administrator can extend it.
 func errExpiredKey(e *policy.ExpiredKeyError) *apierr.Error {
+	if e.Rotated {
+		return &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "rotated_api_key",
+			Message: fmt.Sprintf("this API key was rotated: its old secret stopped working at %s; use the new secret",
+				e.ExpiresAt.UTC().Format(time.RFC3339))}
+	}
 	return &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "expired_api_key",
 		Message: fmt.Sprintf("this API key expired at %s; ask an administrator to extend it (tailgate keys edit --expires) or for a new key",
 			e.ExpiresAt.UTC().Format(time.RFC3339))}
@@ -98,8 +103,12 @@ func toAPIError(err error, model string) *apierr.Error {
 			Message:    fmt.Sprintf("rate limit exceeded (%s); retry after %s", kind, limit.RetryAfter.Round(time.Millisecond)),
 			RetryAfter: retry}
 	case errors.As(err, &quota):
-		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
+		e := &apierr.Error{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "insufficient_quota",
 			Message: quotaMessage(quota)}
+		if !quota.ResetsAt.IsZero() {
+			e.RetryAfter = max(time.Until(quota.ResetsAt), time.Second) // a periodic budget is whole again then
+		}
+		return e
 	case errors.As(err, &exp):
 		return errExpiredKey(exp)
 	case errors.Is(err, policy.ErrInvalidKey):
@@ -164,13 +173,16 @@ func quotaMessage(q *policy.QuotaError) string {
 		amount = func(v int64) string { return strconv.FormatFloat(float64(v)/1e6, 'f', -1, 64) }
 		what, unit = "cost budget", ""
 	}
+	if q.Period != "" {
+		what = q.Period + " " + what
+	}
 	if q.UsedUp() {
-		return fmt.Sprintf("you exceeded your current quota: the tenant's %s is used up (%s of %s%s spent, %s reserved by requests in flight)",
-			what, amount(q.Spent), amount(q.Limit), unit, amount(q.Reserved))
+		return fmt.Sprintf("you exceeded your current quota: the tenant's %s is used up (%s of %s%s spent, %s reserved by requests in flight)%s",
+			what, amount(q.Spent), amount(q.Limit), unit, amount(q.Reserved), q.ResetNote())
 	}
 	return fmt.Sprintf("insufficient quota: this request may use up to %s%s (its prompt plus max_tokens, reserved in full before it runs), "+
-		"more than the %s%s left of the tenant's %s of %s (%s spent, %s reserved by requests in flight); lower max_tokens or raise the budget",
-		amount(q.Requested), unit, amount(q.Left()), unit, what, amount(q.Limit), amount(q.Spent), amount(q.Reserved))
+		"more than the %s%s left of the tenant's %s of %s (%s spent, %s reserved by requests in flight)%s; lower max_tokens or raise the budget",
+		amount(q.Requested), unit, amount(q.Left()), unit, what, amount(q.Limit), amount(q.Spent), amount(q.Reserved), q.ResetNote())
 }
 
 // errorHandler is echo's HTTPErrorHandler of the listener on: every error

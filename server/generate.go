@@ -193,6 +193,11 @@ func setRateHeaders(o *httpSink, rs policy.RateState) {
 		o.set("X-Ratelimit-Remaining-Tokens", strconv.FormatInt(max(rs.RemainingTokens, 0), 10))
 		o.set("X-Ratelimit-Reset-Tokens", formatReset(rs.ResetTokens))
 	}
+	if !rs.BudgetResets.IsZero() {
+		// The tenant's periodic budget: until it is whole again, as the
+		// other resets are given (and the 429's message gives the time).
+		o.set("X-Ratelimit-Reset-Budget", formatReset(time.Until(rs.BudgetResets)))
+	}
 }
 
 // formatReset renders a duration as OpenAI does in x-ratelimit-reset-*

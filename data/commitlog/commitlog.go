@@ -340,3 +340,34 @@ func (l *Log) Close() {
 	}
 	l.lock.Close()
 }
+
+// Peek returns the payloads of every record in the log's files at base,
+// oldest file first, without taking the lock: a reader beside the owner
+// (`tailgate usage` while a gateway runs) sees what was appended and not
+// yet removed. A record being appended meanwhile reads as a torn end and is
+// left out; a file removed meanwhile is skipped (its records reached the
+// database). It does not change the files.
+func Peek(base string) ([][]byte, error) {
+	l := &Log{base: base}
+	gens, err := l.files()
+	if err != nil {
+		return nil, fmt.Errorf("commit log: %w", err)
+	}
+	var out [][]byte
+	for _, g := range gens {
+		b, err := os.ReadFile(l.name(g))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("commit log: %w", err)
+		}
+		f, err := Decode(b)
+		if ce, ok := errors.AsType[*CorruptError](err); ok {
+			ce.File = l.name(g)
+			return nil, ce
+		}
+		out = append(out, f.Payloads...)
+	}
+	return out, nil
+}

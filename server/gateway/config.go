@@ -109,6 +109,8 @@ type Config struct {
 
 	ForgetLost time.Duration `yaml:"-"` // --forget-lost; 0: 24h
 
+	BudgetWebhook string `yaml:"-"` // --budget-webhook; "": none
+
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
 
@@ -167,6 +169,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Database, "database", "", "where the gateway stores keys, budgets, the ledger and batches: a postgres://USER:PASSWORD@HOST/DB URL (the database must exist), or empty for SQLite in --data (DIR/tailgate.db)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
 	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
+	fs.StringVar(&c.BudgetWebhook, "budget-webhook", "", "POST a signed JSON alert to this URL when a tenant's budget use crosses its alert percent or 100%, once per tenant, period and threshold (X-Tailgate-Signature: HMAC-SHA256 under the cluster token)")
 	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let a worker holding the cluster token alone register a new replica id (off: it needs tailgate workers invite or tailgate workers approve); a revoked id stays out either way")
 	fs.Func("upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)", appendTo(&c.upstreamFlags))
 	fs.StringVar(&c.ConfigFile, "config", "", "YAML config file (upstreams, per-model max_tokens, prices, deadlines, hedging); flags given here win over it, --upstream and --price add to it")
@@ -291,6 +294,11 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 // Validate reports the first setting that cannot work, naming its flag or
 // its key in the file.
 func (c *Config) Validate() error {
+	if c.BudgetWebhook != "" {
+		if _, err := server.NewBudgetWebhook(server.BudgetWebhookConfig{URL: c.BudgetWebhook, Secret: []byte("x")}); err != nil {
+			return fmt.Errorf("--budget-webhook: %w", err)
+		}
+	}
 	switch {
 	case c.DataDir == "":
 		return errors.New("--data: a data directory is required")

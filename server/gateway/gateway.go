@@ -75,7 +75,8 @@ type Gateway struct {
 	publicAddr string
 	publicURL  string // the API's base URL, http(s)://…/v1
 	adminAddr  string
-	adminToken string // for the dashboard link printed at start
+	adminToken string                // for the dashboard link printed at start
+	webhook    *server.BudgetWebhook // --budget-webhook; nil: none
 
 	// stopWorkers, when set, stops the workers this process started (up);
 	// Run calls it once nothing is left for them to serve and before the
@@ -142,7 +143,14 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	} else if n > 0 {
 		log.Warn("settled requests that were in flight when the gateway last stopped", "interrupted", n)
 	}
-	if gw.gate, err = policy.New(ctx, policy.Config{Prices: setup.prices}, gw.store, log); err != nil {
+	pcfg := policy.Config{Prices: setup.prices}
+	if cfg.BudgetWebhook != "" {
+		if gw.webhook, err = server.NewBudgetWebhook(server.BudgetWebhookConfig{URL: cfg.BudgetWebhook, Secret: []byte(clusterToken), Log: log}); err != nil {
+			return nil, err
+		}
+		pcfg.OnBudgetAlert = gw.webhook.Notify
+	}
+	if gw.gate, err = policy.New(ctx, pcfg, gw.store, log); err != nil {
 		return nil, err
 	}
 	if err := checkBudgets(ctx, gw.gate, log); err != nil {
@@ -320,6 +328,9 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	defer cancel()
 	g, gctx := errgroup.WithContext(gctx)
 	g.Go(func() error { return gw.gate.Run(gctx) })
+	if gw.webhook != nil {
+		g.Go(func() error { return gw.webhook.Run(gctx) })
+	}
 	g.Go(func() error { return gw.ledger.Run(gctx) })
 	g.Go(func() error { return gw.health.Run(gctx) })
 	g.Go(func() error { return gw.srv.RunBatches(gctx) })
