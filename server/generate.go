@@ -33,6 +33,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		cl := s.newCall(ep, p)
 		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
 		cl.group = boundString(r.Header.Get("X-Tailgate-Group"))
+		cl.session = hashString(r.Header.Get(sessionHeader))
 		cl.source = s.sourceOf(r)
 		s.live.track(cl)
 		defer s.live.untrack(cl)
