@@ -35,16 +35,16 @@ type MultiturnOptions struct {
 	// a new one when its last ends); 0 means 24.
 	Conversations int
 	// Turns is the distribution of turns per conversation; "" means
-	// uniform:3:10.
+	// uniform:4:12.
 	Turns string
 	// Growth is the distribution of prompt tokens each turn adds after the
 	// first (the last answer, a tool result, the next message); "" means
-	// lognormal:300:0.6.
+	// lognormal:250:0.6.
 	Growth string
 	// FirstTurn is the distribution of the first user message's tokens; ""
-	// means lognormal:200:0.5.
+	// means lognormal:300:0.5.
 	FirstTurn string
-	// System is the system prompt's tokens; 0 means 800. Agents is how
+	// System is the system prompt's tokens; 0 means 1500. Agents is how
 	// many different system prompts (agent kinds) the conversations share;
 	// 0 means 4.
 	System, Agents int
@@ -60,10 +60,10 @@ type MultiturnOptions struct {
 
 func (m MultiturnOptions) withDefaults() MultiturnOptions {
 	m.Conversations = orDefault(m.Conversations, 24)
-	m.Turns = orDefault(m.Turns, "uniform:3:10")
-	m.Growth = orDefault(m.Growth, "lognormal:300:0.6")
-	m.FirstTurn = orDefault(m.FirstTurn, "lognormal:200:0.5")
-	m.System = orDefault(m.System, 800)
+	m.Turns = orDefault(m.Turns, "uniform:4:12")
+	m.Growth = orDefault(m.Growth, "lognormal:250:0.6")
+	m.FirstTurn = orDefault(m.FirstTurn, "lognormal:300:0.5")
+	m.System = orDefault(m.System, 1500)
 	m.Agents = orDefault(m.Agents, 4)
 	m.Think = orDefault(m.Think, 300*time.Millisecond)
 	m.Duration = orDefault(m.Duration, 20*time.Second)
@@ -93,7 +93,7 @@ func (m MultiturnOptions) validate() (multiturnDists, error) {
 	}
 	for _, mode := range m.Modes {
 		if mode != "off" && mode != "prefix" && mode != "session" {
-			return d, fmt.Errorf("--modes: %q: want off, prefix or session, comma-separated", mode)
+			return d, fmt.Errorf("--affinity-modes: %q: want off, prefix or session, comma-separated", mode)
 		}
 	}
 	if d.turns, err = ParseDist(m.Turns); err != nil {
@@ -110,16 +110,17 @@ func (m MultiturnOptions) validate() (multiturnDists, error) {
 
 // The multiturn fleet: 4 replicas of 8 slots, a 20 ms median time to first
 // token before prefill, 16 output tokens 2 ms apart, vLLM's prefill cost
-// per uncached token (the sim's default, 40 µs) and a prefix cache of 4,096
-// blocks (65,536 tokens) per replica: a small GPU's, which holds a quarter
-// of the default workload's live conversations — every replica's share when
-// conversations stay put, not all of them.
+// per uncached token (the sim's default, 40 µs) and a prefix cache of 2,048
+// blocks (32,768 tokens) per replica: a small GPU's, which holds about a
+// quarter of the default workload's live conversations (24 of up to ~5,000
+// tokens) — every replica's share when conversations stay put, not all of
+// them.
 const (
 	multiturnReplicas = 4
 	multiturnOutput   = 16
 )
 
-var multiturnSimArgs = []string{"--sim-ttft", "20ms", "--sim-tpot", "2ms", "--sim-max-seqs", "8", "--sim-prefix-cache-blocks", "4096"}
+var multiturnSimArgs = []string{"--sim-ttft", "20ms", "--sim-tpot", "2ms", "--sim-max-seqs", "8", "--sim-prefix-cache-blocks", "2048"}
 
 // multiturnMode is one mode's figures.
 type multiturnMode struct {
