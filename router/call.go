@@ -392,6 +392,7 @@ func (c *Call) decide(ctx context.Context, hedgeC <-chan time.Time) error {
 func (c *Call) win(a *attempt) error {
 	c.Replica, c.Attempt, c.N, c.Reason = a.rep, a.att, a.n, a.reason
 	c.won = a
+	c.reg.homeSession(c.req.Session, a.rep)
 	if c.p.hedged {
 		c.reg.m.hedged(c.req.Model, a.reason == ReasonHedge)
 	}
@@ -491,8 +492,15 @@ func (r *Registry) blame(rep *Replica, err error) {
 // heartbeat (requests the engine defers for their own sake do not count),
 // or the gateway's own requests there already fill every engine slot
 // (known once learnt, see [Replica.learnSlots]).
+//
+// A hedge is the escape from a stalled replica, so a session's does not
+// follow the session (its first attempt went to the session's replica,
+// which it must avoid): it goes by load and prefix alone, to a replica
+// not tried.
 func (r *Registry) hedgeTarget(req Request, tried []*Replica) (*Replica, string) {
-	rep, err := r.pick(req.Hint, tried, req.Class, req.Class == ClassInteractive)
+	hint := req.Hint
+	hint.Session = 0
+	rep, err := r.pick(hint, tried, req.Class, req.Class == ClassInteractive)
 	switch {
 	case errors.Is(err, errOutranked):
 		return nil, skipPriority

@@ -11,7 +11,7 @@ import (
 
 // Config configures a Registry. The zero value is usable: a zero field means
 // its documented default, and a feature that can be off is off at its zero
-// value (SlowStart) or has an explicit bool (Affinity, Hedge.Enabled).
+// value (SlowStart, Affinity) or has an explicit bool (Hedge.Enabled).
 type Config struct {
 	// Selector picks a replica among the ready ones; nil means [P2C], built
 	// from Rand, Now, SlowStart and Affinity. [ParsePolicy] maps a policy
@@ -31,9 +31,18 @@ type Config struct {
 	// 0 means no slow start. The gateway's --slow-start flag defaults to
 	// [DefaultSlowStart].
 	SlowStart time.Duration
-	// Affinity turns on prefix affinity (same prompt prefix → same replica
-	// when load is comparable).
-	Affinity bool
+	// Affinity keeps related requests on one replica so its engine's
+	// prefix cache is reused: by prompt prefix, or by session and then
+	// prefix (see [Affinity]); the zero value is off.
+	Affinity Affinity
+	// Sessions bounds the table of recent sessions (AffinitySession): the
+	// least recently used is forgotten beyond it, and its next turn is
+	// placed afresh. 0 means [DefaultSessions].
+	Sessions int
+	// LoadBound is how far above the mean in-flight load (as a factor) a
+	// session's replica may be and still take its turn (AffinitySession);
+	// 0 means [DefaultLoadBound].
+	LoadBound float64
 	// Budget bounds retries after a request reached a replica (hedges have
 	// their own, in Hedge).
 	Budget BudgetConfig
@@ -75,6 +84,12 @@ func (c Config) withDefaults() Config {
 	if c.ForgetLost == 0 {
 		c.ForgetLost = DefaultForgetLost
 	}
+	if c.Sessions == 0 {
+		c.Sessions = DefaultSessions
+	}
+	if c.LoadBound == 0 {
+		c.LoadBound = DefaultLoadBound
+	}
 	c.Budget = c.Budget.withDefaults()
 	c.Hedge = c.Hedge.withDefaults()
 	return c
@@ -91,6 +106,15 @@ func (c Config) Validate() error {
 	}
 	if c.ForgetLost < 0 {
 		return fmt.Errorf("router: forget lost %v: must not be negative (0 means %v)", c.ForgetLost, DefaultForgetLost)
+	}
+	if c.Affinity < AffinityOff || c.Affinity > AffinitySession {
+		return fmt.Errorf("router: affinity %d: want off, prefix or session", c.Affinity)
+	}
+	if c.Sessions < 0 {
+		return fmt.Errorf("router: sessions %d: must not be negative (0 means %d)", c.Sessions, DefaultSessions)
+	}
+	if c.LoadBound != 0 && !(c.LoadBound >= 1) {
+		return fmt.Errorf("router: affinity load bound %v: want 1 or more, a factor of the mean load (0 means %v)", c.LoadBound, DefaultLoadBound)
 	}
 	if err := c.Budget.validate(); err != nil {
 		return err

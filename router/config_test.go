@@ -43,7 +43,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestConfigDefaults(t *testing.T) {
 	c := Config{}.withDefaults()
-	if c.MaxAttempts != 3 || c.Rand == nil || c.Now == nil || c.SlowStart != 0 || c.Affinity || c.Hedge.Enabled {
+	if c.MaxAttempts != 3 || c.Rand == nil || c.Now == nil || c.SlowStart != 0 || c.Affinity != AffinityOff || c.Hedge.Enabled {
 		t.Fatalf("zero Config with defaults: %+v", c)
 	}
 	if c.Budget.Ratio != 0.05 || c.Budget.Burst != 50 || c.Hedge.Percentile != 0.95 || c.Hedge.Budget != 0.10 || c.Hedge.Burst != 20 {

@@ -20,6 +20,7 @@ type metrics struct {
 	attemptsPer prometheus.Histogram   // tailgate_request_attempts
 	ejections   *prometheus.CounterVec // tailgate_ejections_total{replica,reason}
 	ejectDelay  prometheus.Histogram   // tailgate_ejection_delay_seconds
+	sessions    *prometheus.CounterVec // tailgate_session_routes_total{outcome}
 }
 
 // latencyBuckets run from 100 µs to 60 s, as the gateway's other latency
@@ -60,11 +61,15 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 		ejectDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tailgate_ejection_delay_seconds", Help: "Time from a replica's first failure to its ejection.", Buckets: latencyBuckets,
 		}),
+		sessions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tailgate_session_routes_total",
+			Help: "Attempts of requests that named a session, with --affinity=session, by outcome (stayed: on the replica of the session's last turn; placed: a session not known, its first turn or one forgotten; moved_gone: its replica is gone, not ready or tried already; moved_load: its replica was over the load bound).",
+		}, []string{"outcome"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.attempts, m.retries, m.hedges, m.skips, m.paced, m.graces, m.attemptsPer, m.ejections, m.ejectDelay, newReplicaCollector(r)} {
+	for _, c := range []prometheus.Collector{m.attempts, m.retries, m.hedges, m.skips, m.paced, m.graces, m.attemptsPer, m.ejections, m.ejectDelay, m.sessions, newReplicaCollector(r)} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("router: register metrics: %w", err)
 		}
@@ -96,6 +101,8 @@ func (m *metrics) paceHedge(model, outcome string) { m.paced.WithLabelValues(mod
 
 // graced counts a late original's grace by its winner: "hedge" or "original".
 func (m *metrics) graced(model, winner string) { m.graces.WithLabelValues(model, winner).Inc() }
+
+func (m *metrics) session(outcome string) { m.sessions.WithLabelValues(outcome).Inc() }
 
 // routed records how many attempts a request took (none when no replica
 // could be picked).

@@ -338,6 +338,7 @@ func (c *Call) decidePace(h *attempt, hedgeWon bool, results <-chan *attempt, wa
 	beaten.cancel()
 	c.Replica, c.Attempt, c.N, c.Reason = h.rep, h.att, h.n, ReasonHedge
 	c.won = h
+	c.reg.homeSession(c.req.Session, h.rep)
 	c.lose(beaten.lost())
 	c.reg.m.hedged(model, true)
 	c.reg.m.paceHedge(model, "won")

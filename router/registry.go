@@ -17,6 +17,8 @@ type Registry struct {
 	budget *Budget
 	hedges *hedger
 	m      *metrics
+	// sessions is the table of recent sessions; nil unless AffinitySession.
+	sessions *sessions
 
 	mu   sync.Mutex // serialises writers of list
 	list atomic.Pointer[[]*Replica]
@@ -35,6 +37,9 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 	r := &Registry{cfg: cfg, log: log, sel: cfg.Selector, budget: NewBudget(cfg.Budget, cfg.Now), hedges: newHedger(cfg.Hedge, cfg.Now)}
 	if r.sel == nil {
 		r.sel = newP2C(cfg)
+	}
+	if cfg.Affinity == AffinitySession {
+		r.sessions = newSessions(cfg.Sessions)
 	}
 	r.list.Store(&[]*Replica{})
 	m, err := newMetrics(cfg.Registerer, r)
@@ -207,7 +212,8 @@ var errOutranked = errors.New("every free replica serves a higher class")
 // pick is Pick that also skips replicas with attempts of a class higher than
 // c in flight (none with c = ClassInteractive); errOutranked when that left
 // none. With best, the load-aware policy scores every candidate instead of
-// two drawn at random (see P2C.best); other policies ignore it.
+// two drawn at random (see P2C.best); other policies ignore it. A request
+// of a known session goes by [Registry.pickSession] whatever the policy.
 func (r *Registry) pick(hint Hint, exclude []*Replica, c Class, best bool) (*Replica, error) {
 	var buf [maxCandidates]*Replica
 	cands := buf[:0]
@@ -234,6 +240,11 @@ func (r *Registry) pick(hint Hint, exclude []*Replica, c Class, best bool) (*Rep
 		return nil, errOutranked
 	case len(cands) == 0:
 		return nil, ErrNoReplica
+	}
+	if hint.Session != 0 && r.sessions != nil {
+		rep, outcome := r.pickSession(cands, hint.Session)
+		r.m.session(outcome)
+		return rep, nil
 	}
 	if p, ok := r.sel.(*P2C); ok && best {
 		return p.best(cands, hint), nil

@@ -113,7 +113,7 @@ func TestSlowStartOffByDefault(t *testing.T) {
 }
 
 func TestPrefixAffinityKeepsAPrefixTogetherWhenLoadIsComparable(t *testing.T) {
-	reg := newRegistry(t, Config{Affinity: true})
+	reg := newRegistry(t, Config{Affinity: AffinityPrefix})
 	for _, id := range []string{"a", "b", "c", "d"} {
 		reg.Add(readyReplica(id, "m"))
 	}

@@ -14,7 +14,11 @@
 // it, on the registry's clock.
 // Selection is a [Selector] in [Config], one file per policy: [P2C] (load
 // and latency aware, with slow start and prefix affinity; the default) and
-// [RoundRobin]; [ParsePolicy] maps a policy name to one.
+// [RoundRobin]; [ParsePolicy] maps a policy name to one. With
+// [AffinitySession] a request that names its session skips the policy: it
+// goes to the replica of the session's last turn while that replica is
+// within a load bound of the mean, else moves once, in the session's
+// rendezvous order (session.go; the table of sessions is a bounded LRU).
 //
 // # One request's attempts
 //

@@ -40,6 +40,11 @@ type Hint struct {
 	// unknown; prefix-affinity selection keeps equal prefixes together so the
 	// engine's prefix cache is reused.
 	Prefix uint64
+	// Session is a hash of the session the request names (the gateway's
+	// x-session-affinity header, prompt_cache_key, user, metadata.user_id),
+	// 0 for none; with [AffinitySession] a session's turns stay on one
+	// replica within the load bound.
+	Session uint64
 }
 
 // scoreInputs are the numbers a replica's load score is made of; they are

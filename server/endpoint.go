@@ -189,6 +189,7 @@ func readResponses(ep endpoint, body []byte, _ string, lim parseLimits) (*parsed
 	if err := readCap(ep, pr, v, media, lim); err != nil {
 		return nil, err
 	}
+	pr.session = sessionName(v.Get("prompt_cache_key"), v.Get("user"))
 	return pr, nil
 }
 
@@ -212,6 +213,7 @@ func readMessages(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedR
 	if err := readCap(ep, pr, v, media, lim); err != nil {
 		return nil, err
 	}
+	pr.session = sessionName(v.Get("metadata.user_id"))
 	return pr, nil
 }
 

@@ -57,6 +57,9 @@ type parsedRequest struct {
 	// prefix hashes the prompt's leading part (the system prompt, or the
 	// first 256 bytes) for prefix-affinity routing; 0 when empty.
 	prefix uint64
+	// session hashes the session the body names (prompt_cache_key, user,
+	// metadata.user_id; see session.go); 0 for none.
+	session uint64
 }
 
 // Bounds on what one request may ask for.
@@ -106,7 +109,7 @@ func parseRequest(ep endpoint, body []byte, ctype string, lim parseLimits) (*par
 	// gjson over a string view of the body: results alias it instead of
 	// copying (a 4 MiB messages array would otherwise be copied whole).
 	fields := gjson.GetMany(unsafe.String(unsafe.SliceData(body), len(body)), "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of",
-		"use_beam_search", "prompt_logprobs", "tool_choice", "priority")
+		"use_beam_search", "prompt_logprobs", "tool_choice", "priority", "prompt_cache_key", "user")
 	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n, bestOf := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7], fields[8]
 	beam, promptLogprobs, toolChoice, priority := fields[9], fields[10], fields[11], fields[12]
 
@@ -305,6 +308,7 @@ func parseRequest(ep endpoint, body []byte, ctype string, lim parseLimits) (*par
 		return nil, apierr.BadRequest("", "request body cannot be edited: %v", err)
 	}
 	p.prefix = prefixHash(ep, messages, prompt)
+	p.session = sessionName(fields[13], fields[14])
 	p.promptBound = int64(len(body)) + 16 + media*lim.mediaPart
 	p.promptEstimate = int64(len(body))/4 + 1 + media*lim.mediaPart/4
 	return p, nil

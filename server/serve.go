@@ -26,6 +26,7 @@ type call struct {
 	ctype     string // the body's content type (a form's boundary)
 	noHedge   bool   // the client asked for no hedge (x-tailgate-hedge: off)
 	group     string // the fan-out it belongs to (x-tailgate-group), "" for none
+	session   uint64 // hash of the session its x-session-affinity header names, 0 for none
 	source    string // the client's source label for the latency budgets; "" for batch lines
 	priority  policy.Class
 	noQueue   bool          // never waits in the admission queue (it generates nothing)
@@ -131,7 +132,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	cl.routed = true
 	// Stream: every answer the engine streams, JSON assembled here included,
 	// is hedged on its time to first token.
-	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group, Class: routerClass(cl.priority)}
+	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix, Session: cl.sessionKey(pr)}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group, Class: routerClass(cl.priority)}
 	c := s.reg.NewCall(rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
 		return s.open(ctx, cl, rep, n, reason)
 	})

@@ -23,6 +23,9 @@ func Main(ctx context.Context, o Options) error {
 	if o.Scenario == "priority" {
 		return mainPriority(ctx, o)
 	}
+	if o.Scenario == "multiturn" {
+		return mainMultiturn(ctx, o)
+	}
 	b, err := o.resolve()
 	if err != nil {
 		return err

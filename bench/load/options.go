@@ -36,6 +36,8 @@ type Options struct {
 	Fanout FanoutOptions
 	// Priority configures the priority scenario.
 	Priority PriorityOptions
+	// Multiturn configures the multiturn scenario.
+	Multiturn MultiturnOptions
 
 	// Postgres starts the PostgreSQL of the databases scenario; nil: that
 	// scenario cannot run.

@@ -65,6 +65,12 @@ func Scenarios() []Scenario {
 			SimArgs: prioritySimArgs,
 		},
 		{
+			Name:     "multiturn",
+			About:    "agent-like conversations of growing context, once per gateway --affinity mode (off, prefix, session): follow-up TTFT, prefix-cache hits per replica, load imbalance",
+			Replicas: multiturnReplicas, Phases: "20s per mode, 24 conversations at once",
+			SimArgs: multiturnSimArgs,
+		},
+		{
 			Name:     "databases",
 			About:    "what PostgreSQL adds: 1 gateway on SQLite vs 2 gateways on one throwaway PostgreSQL (requests alternating), a key with limits and a tenant budget; ledgers checked against the answers",
 			Replicas: 2, Databases: true, Rate: 200, Phases: "steady:20s",

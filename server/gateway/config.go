@@ -39,7 +39,7 @@ import (
 // Zero values. A zero number or duration, given as a flag or in the file,
 // means the default (the value the flag's help shows); it never turns a
 // feature off. Features are turned on or off by a bool: --hedge (on unless
-// --hedge=false; per model hedge.enabled), --affinity, --mesh. Two durations are the
+// --hedge=false; per model hedge.enabled), --affinity (a mode: off, prefix, session), --mesh. Two durations are the
 // exception, because zero is their natural "none": --slow-start 0 turns the
 // ramp-up off and --shutdown-grace 0 stops without waiting for in-flight
 // requests. In a model's entry every zero field inherits the gateway-wide
@@ -85,17 +85,19 @@ type Config struct {
 	// The Batch API's limits (batch.Config); zero means its default.
 	Batch batch.Config `yaml:"-"`
 
-	UpstreamClient  string        `yaml:"-"` // --upstream-client; "": hop
-	Policy          string        `yaml:"-"` // --policy; "": p2c
-	Affinity        bool          `yaml:"-"` // --affinity
-	SlowStart       time.Duration `yaml:"-"` // --slow-start; 0: off
-	RetryBudget     float64       `yaml:"-"` // --retry-budget; 0: 0.05
-	Hedge           bool          `yaml:"-"` // --hedge; on unless --hedge=false
-	HedgeBudget     float64       `yaml:"-"` // --hedge-budget; 0: 0.10
-	HedgeBurst      float64       `yaml:"-"` // --hedge-burst; 0: 20
-	HedgePercentile float64       `yaml:"-"` // --hedge-percentile; 0: 0.95
-	HedgeMin        time.Duration `yaml:"-"` // --hedge-min; 0: 20ms
-	HedgeMax        time.Duration `yaml:"-"` // --hedge-max; 0: 30s
+	UpstreamClient   string          `yaml:"-"` // --upstream-client; "": hop
+	Policy           string          `yaml:"-"` // --policy; "": p2c
+	Affinity         router.Affinity `yaml:"-"` // --affinity; off unless given
+	AffinitySessions int             `yaml:"-"` // --affinity-sessions; 0: router.DefaultSessions
+	AffinityBound    float64         `yaml:"-"` // --affinity-load-bound; 0: router.DefaultLoadBound
+	SlowStart        time.Duration   `yaml:"-"` // --slow-start; 0: off
+	RetryBudget      float64         `yaml:"-"` // --retry-budget; 0: 0.05
+	Hedge            bool            `yaml:"-"` // --hedge; on unless --hedge=false
+	HedgeBudget      float64         `yaml:"-"` // --hedge-budget; 0: 0.10
+	HedgeBurst       float64         `yaml:"-"` // --hedge-burst; 0: 20
+	HedgePercentile  float64         `yaml:"-"` // --hedge-percentile; 0: 0.95
+	HedgeMin         time.Duration   `yaml:"-"` // --hedge-min; 0: 20ms
+	HedgeMax         time.Duration   `yaml:"-"` // --hedge-max; 0: 30s
 
 	TLS TLSConfig `yaml:"-"` // the public listener's: --tls-* and --acme-*
 
@@ -181,7 +183,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
 	fs.StringVar(&c.UpstreamClient, "upstream-client", string(hop.Hop), "HTTP client to replicas: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.StringVar(&c.Policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
-	fs.BoolVar(&c.Affinity, "affinity", false, "prefer the same replica for the same prompt prefix when load is comparable (reuses the engine's prefix cache)")
+	fs.Var((*affinityFlag)(&c.Affinity), "affinity", "keep related requests on one replica, whose engine has their prefix cached: --affinity=off, prefix (same prompt prefix when load is comparable) or session (a conversation's turns, named by x-session-affinity, prompt_cache_key, user or metadata.user_id, within the load bound; prefix for the rest); a bare --affinity means "+router.DefaultAffinity.String())
+	fs.IntVar(&c.AffinitySessions, "affinity-sessions", router.DefaultSessions, "--affinity=session: recent sessions remembered (least recently used forgotten first)")
+	fs.Float64Var(&c.AffinityBound, "affinity-load-bound", router.DefaultLoadBound, "--affinity=session: a session stays on its replica while that holds at most this factor of the mean requests in flight")
 	fs.DurationVar(&c.SlowStart, "slow-start", router.DefaultSlowStart, "how long a freshly ready replica ramps up to a full share; its load counts double at first (0: off)")
 	fs.DurationVar(&c.TTFTDeadline, "ttft-deadline", 30*time.Second, "an attempt with no first token by then is abandoned and its replica ejected")
 	fs.DurationVar(&c.IdleDeadline, "idle-deadline", 30*time.Second, "a stream silent this long between tokens is cut and its replica ejected")
@@ -508,6 +512,27 @@ func (c *Config) setup() (*parts, error) {
 	return st, nil
 }
 
+// affinityFlag is --affinity: a mode, or bare (a bool flag) the default mode.
+type affinityFlag router.Affinity
+
+func (f *affinityFlag) String() string {
+	if f == nil {
+		return router.AffinityOff.String()
+	}
+	return router.Affinity(*f).String()
+}
+
+func (f *affinityFlag) Set(s string) error {
+	a, err := router.ParseAffinity(s)
+	if err != nil {
+		return fmt.Errorf("want --affinity=off, --affinity=prefix or --affinity=session (a bare --affinity means %s)", router.DefaultAffinity)
+	}
+	*f = affinityFlag(a)
+	return nil
+}
+
+func (f *affinityFlag) IsBoolFlag() bool { return true }
+
 // routerConfig is the router's part of c, the one place that knows how the
 // flags map onto router.Config.
 func (c *Config) routerConfig() (router.Config, error) {
@@ -516,7 +541,7 @@ func (c *Config) routerConfig() (router.Config, error) {
 		return router.Config{}, fmt.Errorf("--policy: %w", err)
 	}
 	rc := router.Config{
-		Selector: sel, Affinity: c.Affinity, SlowStart: c.SlowStart, ForgetLost: c.ForgetLost,
+		Selector: sel, Affinity: c.Affinity, Sessions: c.AffinitySessions, LoadBound: c.AffinityBound, SlowStart: c.SlowStart, ForgetLost: c.ForgetLost,
 		Budget: router.BudgetConfig{Ratio: c.RetryBudget},
 		Hedge: router.HedgeConfig{Enabled: c.Hedge, Percentile: c.HedgePercentile, Min: c.HedgeMin, Max: c.HedgeMax,
 			Budget: c.HedgeBudget, Burst: c.HedgeBurst, Models: map[string]router.HedgeModel{}},

@@ -1,0 +1,67 @@
+package server
+
+import (
+	"hash/fnv"
+
+	"github.com/tidwall/gjson"
+)
+
+// Session affinity: a request may name its conversation so the router keeps
+// the conversation's turns on one replica, whose engine has its prefix
+// cached (router.AffinitySession). The name comes from, first found:
+//
+//   - the x-session-affinity header;
+//   - prompt_cache_key (OpenAI's chat, completions and responses);
+//   - user (OpenAI's end-user id, the same three);
+//   - metadata.user_id (Anthropic's messages).
+//
+// Only a hash of it is kept, mixed with the tenant and the model, so two
+// tenants' "alice" are two sessions; the name is never logged.
+
+// sessionHeader is the header that names a request's session.
+const sessionHeader = "X-Session-Affinity"
+
+// sessionName hashes the first of fields that is a non-empty string; 0
+// when none is.
+func sessionName(fields ...gjson.Result) uint64 {
+	for _, f := range fields {
+		if f.Type == gjson.String && f.Str != "" {
+			return hashString(f.Str)
+		}
+	}
+	return 0
+}
+
+// hashString hashes a session's name; 0 for "".
+func hashString(s string) uint64 {
+	if s == "" {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
+}
+
+// sessionKey is the router's Hint.Session of cl: its header's name, else
+// its body's, scoped to its tenant and model; 0 when it names none.
+func (cl *call) sessionKey(pr *parsedRequest) uint64 {
+	name := cl.session
+	if name == 0 {
+		name = pr.session
+	}
+	if name == 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(name >> (8 * i))
+	}
+	h.Write(b[:])
+	if cl.principal != nil {
+		h.Write([]byte(cl.principal.Tenant))
+	}
+	h.Write([]byte{0})
+	h.Write([]byte(pr.model))
+	return h.Sum64() | 1 // never 0: that means no session
+}
