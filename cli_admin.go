@@ -274,7 +274,7 @@ func cmdUsage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var (
 		dir    = fs.String("data", "tailgate-data", "data directory")
 		tenant = fs.String("tenant", "", "only this tenant")
-		since  = fs.String("since", "", "only requests since a time (RFC 3339) or a duration ago (e.g. 24h)")
+		since  = fs.String("since", "", "only requests since a time (RFC 3339) or a duration ago (e.g. 24h, 7d)")
 		asJSON = fs.Bool("json", false, "print JSON")
 	)
 	if err := parseFlags(fs, args); err != nil {
@@ -282,12 +282,12 @@ func cmdUsage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	f := data.UsageFilter{Tenant: *tenant}
 	if *since != "" {
-		if d, err := time.ParseDuration(*since); err == nil {
+		if d, err := parseDuration(*since); err == nil {
 			f.Since = time.Now().Add(-d)
 		} else if t, err := time.Parse(time.RFC3339, *since); err == nil {
 			f.Since = t
 		} else {
-			return fmt.Errorf("--since %q: want RFC 3339 time or a duration like 24h", *since)
+			return usageError(fs, stderr, fs.Usage, fmt.Errorf("--since %q: want a time in RFC 3339 (2027-01-31T00:00:00Z) or a duration ago (24h, 7d)", *since))
 		}
 	}
 	st, err := openStore(*dir)
