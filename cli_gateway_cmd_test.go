@@ -10,19 +10,19 @@ import (
 	"tailgate/server/gateway"
 )
 
-// TestREADMEGatewayConfigIsTrue keeps the README's gateway section true:
+// TestREADMEGatewayConfigIsTrue keeps the gateway section of docs/commands.md true:
 // every flag it names exists on `tailgate gateway` (the gateway package's
 // TestREADMEGatewayConfigExampleLoads checks its YAML example).
 func TestREADMEGatewayConfigIsTrue(t *testing.T) {
-	raw, err := os.ReadFile("README.md")
+	raw, err := os.ReadFile("docs/commands.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := string(raw)
-	start := strings.Index(readme, "### `tailgate gateway`")
-	end := strings.Index(readme[start+1:], "\n### ")
+	start := strings.Index(readme, "## `tailgate gateway`")
+	end := strings.Index(readme[start+1:], "\n## ")
 	if start < 0 || end < 0 {
-		t.Fatal("README has no `tailgate gateway` section")
+		t.Fatal("docs/commands.md has no `tailgate gateway` section")
 	}
 	section := readme[start : start+1+end]
 

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,7 +59,8 @@ func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
 	// after it, burying the error; it is reported below instead.
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	defer func() { fs.SetOutput(out); fs.Usage = usage }()
+	plainDurations := acceptDays(fs)
+	defer func() { fs.SetOutput(out); fs.Usage = usage; plainDurations() }()
 	if wantsHelpAll(args) {
 		fmt.Fprintf(out, "%s\n\n", synopsisOf(fs, usage))
 		printFlags(fs, out, true)
@@ -69,6 +71,7 @@ func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
 		err := fs.Parse(args)
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(out)
+			plainDurations() // -h names their type "duration"
 			usage()
 			return nil, err
 		}
@@ -102,6 +105,68 @@ func parseArgs(fs *flag.FlagSet, args []string, maxArgs int) ([]string, error) {
 		return nil, usageError(fs, out, usage, err)
 	}
 	return pos, nil
+}
+
+// parseDuration reads a duration as every command takes it, in flags and
+// arguments alike: Go's syntax (90s, 15m, 1h30m) with whole or fractional
+// days in front (7d, 1.5d, 1d12h; a day is 24 hours). Go's own parser has
+// no days, and a user writing `--since 7d` should not have to know that.
+func parseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	bad := fmt.Errorf("%q is not a duration: want e.g. 90s, 15m, 24h, 7d or 1d12h", s)
+	days, rest, found := strings.Cut(s, "d")
+	if !found {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, bad
+		}
+		return d, nil
+	}
+	n, err := strconv.ParseFloat(days, 64)
+	if err != nil || n < 0 || n > 100*365 || strings.ContainsAny(days, "eE+-") {
+		return 0, bad
+	}
+	d := time.Duration(n * float64(24*time.Hour))
+	if rest != "" {
+		r, err := time.ParseDuration(rest)
+		if err != nil || r < 0 || strings.HasPrefix(rest, "+") {
+			return 0, bad
+		}
+		d += r
+	}
+	return d, nil
+}
+
+// dayDuration is a duration flag read by parseDuration: it sets the flag
+// package's own value, so defaults, -h and flag.Visit stay as they are.
+type dayDuration struct{ flag.Value }
+
+func (d dayDuration) Set(s string) error {
+	v, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	return d.Value.Set(v.String())
+}
+
+// acceptDays makes every duration flag of fs (whichever package registered
+// it: the gateway's config, the sim knobs, a command's own) parse with
+// parseDuration, and returns the function that puts the plain values back.
+func acceptDays(fs *flag.FlagSet) (restore func()) {
+	plain := map[*flag.Flag]flag.Value{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, ok := g.Get().(time.Duration); ok {
+				plain[f] = f.Value
+				f.Value = dayDuration{f.Value}
+			}
+		}
+	})
+	return func() {
+		for f, v := range plain {
+			f.Value = v
+		}
+	}
 }
 
 // usageError prints the synopsis of fs's usage (not its flag list), a hint

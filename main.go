@@ -32,6 +32,8 @@ Usage:
   tailgate bench    [flags]   matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)
   tailgate version            version, commit, Go and tailscale versions of this binary (also --version)
   tailgate healthcheck [flags]  exit 0/1: a gateway's or worker's health endpoint (container health checks)
+  tailgate init     [flags]   prepare a data directory (tokens, database) before a gateway first starts
+  tailgate help     [TOPIC]   the documentation offline: the topics, or one page (tailgate help commands)
 
 Run 'tailgate COMMAND -h' for the flags of a command.
 `
@@ -84,7 +86,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdVersion(ctx, rest, stdout, stderr)
 	case "healthcheck":
 		return cmdHealthcheck(ctx, rest, stdout, stderr)
-	case "help", "-h", "--help":
+	case "init":
+		return cmdInit(ctx, rest, stdout, stderr)
+	case "help":
+		return cmdHelp(ctx, rest, stdout, stderr)
+	case "-h", "--help":
 		fmt.Fprint(stdout, usageText)
 		return nil
 	}

@@ -391,7 +391,7 @@ func TestWorkerImageRunsTheWorkerOnVLLM(t *testing.T) {
 	if gw := parseDockerfile(string(raw)); !slices.Equal(gw[0].instr, w.build.instr) || gw[0].from != w.build.from {
 		t.Errorf("the worker image's build stage differs from deploy/Dockerfile's:\n%v\n%v", w.build, gw[0])
 	}
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/commands.md")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -107,7 +107,7 @@ func TestSLOConfigErrorsNameTheFlagOrKey(t *testing.T) {
 
 // TestREADMESLOExampleIsTrue: the README's slo example is a valid config.
 func TestREADMESLOExampleIsTrue(t *testing.T) {
-	raw, err := os.ReadFile("../../README.md")
+	raw, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -238,15 +238,15 @@ models:
 // example true: it loads and reaches each package as the text says (the
 // root's TestREADMEGatewayConfigIsTrue checks the section's flags).
 func TestREADMEGatewayConfigExampleLoads(t *testing.T) {
-	raw, err := os.ReadFile("../../README.md")
+	raw, err := os.ReadFile("../../docs/commands.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := string(raw)
-	start := strings.Index(readme, "### `tailgate gateway`")
-	end := strings.Index(readme[start+1:], "\n### ")
+	start := strings.Index(readme, "## `tailgate gateway`")
+	end := strings.Index(readme[start+1:], "\n## ")
 	if start < 0 || end < 0 {
-		t.Fatal("README has no `tailgate gateway` section")
+		t.Fatal("docs/commands.md has no `tailgate gateway` section")
 	}
 	section := readme[start : start+1+end]
 

@@ -42,7 +42,7 @@ func ExistingDatabase(dir string) (string, error) {
 	}
 	db := filepath.Join(dir, "tailgate.db")
 	if fi, err := os.Stat(db); err != nil || !fi.Mode().IsRegular() {
-		return "", fmt.Errorf("--data %s holds no database (%s does not exist): give the data directory of the gateway or of `tailgate up`, which creates it on first start", dir, db)
+		return "", fmt.Errorf("--data %s holds no database (%s does not exist): give the data directory of the gateway or of `tailgate up`, which creates it on first start, or prepare this one with `tailgate init --data %s`", dir, db, dir)
 	}
 	return db, nil
 }
