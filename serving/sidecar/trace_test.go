@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"tailgate/serving/sim"
+
+	"tailgate/e2e/testkit"
 )
 
 const (
@@ -41,7 +43,7 @@ func TestSidecarSpanContinuesTheGatewaysTrace(t *testing.T) {
 			if status != http.StatusOK {
 				t.Fatalf("status %d", status)
 			}
-			waitFor(t, "the sidecar's span", func() bool { return len(exp.GetSpans()) > 0 })
+			testkit.WaitFor(t, "the sidecar's span", func() bool { return len(exp.GetSpans()) > 0 })
 			spans := exp.GetSpans()
 			if len(spans) != 1 {
 				t.Fatalf("%d spans, want 1: %v", len(spans), spans)
