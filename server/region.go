@@ -12,56 +12,13 @@ import (
 
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/serving"
 )
-
-// RegionStatusPath is the public listener's regional status: what an edge
-// (tailgate edge, the Cloudflare Worker in deploy/cloudflare) polls to pick
-// a region per request.
-//
-// It is public and unauthenticated by design: an edge never holds a key or
-// an admin token (it forwards requests untouched; authorization, quotas and
-// billing stay in the gateway), so a Worker or an edge box in another
-// network needs nothing secret to poll it. It says only what a client could
-// learn by timing its own requests: the region's name, the models it serves
-// with ready replica counts and load, recent times to first token, and
-// whether it drains — never a tenant, a key, a replica's address or id.
-const RegionStatusPath = "/edge/v1/status"
 
 // regionCacheTTL is how long one encoded status is served: an edge polls
 // every second, and many edges polling must cost the gateway one encoding
 // per TTL, not one per poll (BenchmarkRegionStatus).
 const regionCacheTTL = 250 * time.Millisecond
-
-// RegionStatus is the JSON of [RegionStatusPath].
-type RegionStatus struct {
-	Region   string `json:"region"`
-	Draining bool   `json:"draining"`
-	// Inflight is the requests the replicas hold now; Queued the requests
-	// waiting in the gateway's admission queue, over every model.
-	Inflight int64         `json:"inflight"`
-	Queued   int64         `json:"queued"`
-	Models   []RegionModel `json:"models"`
-	// Time is when the status was taken (it may be served for up to 250 ms).
-	Time time.Time `json:"time"`
-}
-
-// RegionModel is one model a region serves.
-type RegionModel struct {
-	ID            string `json:"id"`
-	ReadyReplicas int    `json:"ready_replicas"`
-	// Inflight and Waiting are the model's requests in its ready replicas
-	// and in their engines' queues; Slots the engines' batch slots as
-	// learnt (0: not known yet).
-	Inflight int64   `json:"inflight"`
-	Waiting  float64 `json:"waiting"`
-	Slots    int64   `json:"slots"`
-	// TTFTP50 and TTFTP95 are the model's recent client-visible times to
-	// first token of streams, in seconds, from the window the hedge delay
-	// is learnt from; 0: too few samples yet (TTFTP50 then falls back to
-	// the replicas' own recent estimate, when they have one).
-	TTFTP50 float64 `json:"ttft_p50_seconds"`
-	TTFTP95 float64 `json:"ttft_p95_seconds"`
-}
 
 // regionState is the server's regional status: its name, the draining
 // flag and the cached JSON. Its zero value is ready to use.
@@ -88,7 +45,7 @@ func (s *Server) SetDraining(on bool) {
 	s.region.cacheAt.Store(0)
 }
 
-// handleGetRegionStatus serves [RegionStatusPath] from a cache refreshed
+// handleGetRegionStatus serves [serving.RegionStatusPath] from a cache refreshed
 // at most every regionCacheTTL.
 func (s *Server) handleGetRegionStatus(c echo.Context) error {
 	body := s.regionStatusJSON(time.Now())
@@ -119,8 +76,8 @@ func (s *Server) regionStatusJSON(now time.Time) []byte {
 
 // regionStatus takes the status now. A gateway drains when told so
 // (SetDraining, on shutdown) or when every replica it has is draining.
-func (s *Server) regionStatus(now time.Time) RegionStatus {
-	st := RegionStatus{Draining: s.region.draining.Load(), Models: []RegionModel{}, Time: now.UTC()}
+func (s *Server) regionStatus(now time.Time) serving.RegionStatus {
+	st := serving.RegionStatus{Draining: s.region.draining.Load(), Models: []serving.RegionModel{}, Time: now.UTC()}
 	if n := s.region.name.Load(); n != nil {
 		st.Region = *n
 	}
@@ -128,7 +85,7 @@ func (s *Server) regionStatus(now time.Time) RegionStatus {
 		st.Queued += s.queue.Waiting(c)
 	}
 	reps := s.reg.Replicas()
-	byModel := map[string]*RegionModel{}
+	byModel := map[string]*serving.RegionModel{}
 	est := map[string][]time.Duration{}
 	draining := 0
 	for _, rep := range reps {
@@ -143,7 +100,7 @@ func (s *Server) regionStatus(now time.Time) RegionStatus {
 		for _, m := range rep.Models() {
 			rm := byModel[m]
 			if rm == nil {
-				rm = &RegionModel{ID: m}
+				rm = &serving.RegionModel{ID: m}
 				byModel[m] = rm
 			}
 			rm.ReadyReplicas++
@@ -173,7 +130,7 @@ func (s *Server) regionStatus(now time.Time) RegionStatus {
 		}
 		st.Models = append(st.Models, *rm)
 	}
-	slices.SortFunc(st.Models, func(a, b RegionModel) int {
+	slices.SortFunc(st.Models, func(a, b serving.RegionModel) int {
 		switch {
 		case a.ID < b.ID:
 			return -1

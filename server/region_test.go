@@ -14,20 +14,21 @@ import (
 	"tailgate/router"
 	"tailgate/server"
 	"tailgate/server/internal/servertest"
+	"tailgate/serving"
 )
 
-func getRegionStatus(t *testing.T, base string) (server.RegionStatus, string) {
+func getRegionStatus(t *testing.T, base string) (serving.RegionStatus, string) {
 	t.Helper()
-	resp, err := http.Get(base + server.RegionStatusPath) // no key: public by design
+	resp, err := http.Get(base + serving.RegionStatusPath) // no key: public by design
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s = %d %s", server.RegionStatusPath, resp.StatusCode, raw)
+		t.Fatalf("GET %s = %d %s", serving.RegionStatusPath, resp.StatusCode, raw)
 	}
-	var st server.RegionStatus
+	var st serving.RegionStatus
 	if err := json.Unmarshal(raw, &st); err != nil {
 		t.Fatalf("status is not JSON: %v: %s", err, raw)
 	}
@@ -117,7 +118,7 @@ func BenchmarkRegionStatus(b *testing.B) {
 	b.Run("cached", func(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
-			req := httptest.NewRequest(http.MethodGet, server.RegionStatusPath, nil)
+			req := httptest.NewRequest(http.MethodGet, serving.RegionStatusPath, nil)
 			for pb.Next() {
 				w := httptest.NewRecorder()
 				pub.ServeHTTP(w, req)
@@ -129,7 +130,7 @@ func BenchmarkRegionStatus(b *testing.B) {
 	})
 	b.Run("uncached", func(b *testing.B) {
 		b.ReportAllocs()
-		req := httptest.NewRequest(http.MethodGet, server.RegionStatusPath, nil)
+		req := httptest.NewRequest(http.MethodGet, serving.RegionStatusPath, nil)
 		for b.Loop() {
 			h.Srv.SetDraining(false) // drops the cache
 			w := httptest.NewRecorder()

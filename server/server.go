@@ -377,7 +377,7 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 func (s *Server) Public() http.Handler {
 	e := s.newEcho()
 	e.GET("/healthz", s.handleGetHealthz)
-	e.GET(RegionStatusPath, s.handleGetRegionStatus)
+	e.GET(serving.RegionStatusPath, s.handleGetRegionStatus)
 	v1 := e.Group("/v1")
 	v1.GET("/models", s.handleGetModels)
 	v1.GET("/models/:id", s.handleGetModel)

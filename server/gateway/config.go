@@ -24,6 +24,7 @@ import (
 	"tailgate/server"
 	"tailgate/server/batch"
 	"tailgate/server/slo"
+	"tailgate/serving"
 	"tailgate/serving/hop"
 	"tailgate/serving/tracing"
 )
@@ -51,7 +52,7 @@ type Config struct {
 	AdminListen   string        `yaml:"-"`        // --admin-listen
 	ConfigFile    string        `yaml:"-"`        // --config
 	ShutdownGrace time.Duration `yaml:"-"`        // --shutdown-grace; 0: none
-	Region        string        `yaml:"-"`        // --region: the name edges see in server.RegionStatusPath
+	Region        string        `yaml:"-"`        // --region: the name edges see in serving.RegionStatusPath
 	DrainNotice   time.Duration `yaml:"-"`        // --drain-notice; 0: none
 
 	// --batch-files-dir; "": DataDir/files. Gateways sharing one PostgreSQL
@@ -178,8 +179,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.KeepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
 	fs.Func("price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)", appendTo(&c.priceFlags))
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
-	fs.StringVar(&c.Region, "region", "", "this gateway's region name, as edges (tailgate edge, the Cloudflare Worker) read it at GET "+server.RegionStatusPath)
-	fs.DurationVar(&c.DrainNotice, "drain-notice", 0, "on SIGTERM, how long the gateway keeps taking requests while "+server.RegionStatusPath+" says draining, so edges move new traffic first (e.g. 3s with edges polling every second; 0: none)")
+	fs.StringVar(&c.Region, "region", "", "this gateway's region name, as edges (tailgate edge, the Cloudflare Worker) read it at GET "+serving.RegionStatusPath)
+	fs.DurationVar(&c.DrainNotice, "drain-notice", 0, "on SIGTERM, how long the gateway keeps taking requests while "+serving.RegionStatusPath+" says draining, so edges move new traffic first (e.g. 3s with edges polling every second; 0: none)")
 	fs.StringVar(&c.UpstreamClient, "upstream-client", string(hop.Hop), "HTTP client to replicas: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.StringVar(&c.Policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
 	fs.BoolVar(&c.Affinity, "affinity", false, "prefer the same replica for the same prompt prefix when load is comparable (reuses the engine's prefix cache)")
