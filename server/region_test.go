@@ -12,7 +12,6 @@ import (
 
 	"tailgate/policy"
 	"tailgate/router"
-	"tailgate/server"
 	"tailgate/server/internal/servertest"
 	"tailgate/serving"
 )
