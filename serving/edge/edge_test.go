@@ -73,7 +73,7 @@ func TestSkipsUnhealthyRegion(t *testing.T) {
 // the route.
 func TestRetriesUnsentRequestInNextRegion(t *testing.T) {
 	a := newFakeRegion(t, "a", idle(0.05))
-	b := newFakeRegion(t, "b", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
 	e := startEdge(t, edge.Config{
 		Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a",
 		PollInterval: time.Hour, // the first poll only: the edge learns of a's death from the request
@@ -133,7 +133,7 @@ func TestForwardsAuthorizationAndBodyUntouched(t *testing.T) {
 // Draining moves new traffic to another region.
 func TestDrainingMovesTraffic(t *testing.T) {
 	a := newFakeRegion(t, "a", idle(0.05))
-	b := newFakeRegion(t, "b", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
 	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a"})
 	waitRoute(t, e, model, "a")
 	a.set(func(st *serving.RegionStatus) { st.Draining = true })
