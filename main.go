@@ -23,6 +23,7 @@ Usage:
   tailgate gateway  [flags]   the gateway alone, in front of --upstream servers and registered workers
   tailgate worker   [flags]   one GPU box: launches vLLM (or the sim), fronts it, registers with a gateway
   tailgate sim      [flags]   the simulated engine alone (vLLM-compatible HTTP)
+  tailgate edge     [flags]   in front of regional gateways: each request to the region with the best expected first token
   tailgate keys create|list|edit|revoke [flags]   manage API keys in a data directory
   tailgate tenants list|show|set [flags]     tenants' budgets and what they spent
   tailgate workers list|revoke [flags]       list or revoke worker credentials
@@ -66,6 +67,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdGateway(ctx, rest, stdout, stderr)
 	case "sim":
 		return cmdSim(ctx, rest, stdout, stderr)
+	case "edge":
+		return cmdEdge(ctx, rest, stdout, stderr)
 	case "worker":
 		return cmdWorker(ctx, rest, stdout, stderr)
 	case "keys":

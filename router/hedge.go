@@ -444,3 +444,12 @@ func hedgeKey(model string, stream bool) string {
 	}
 	return model + "\x00json"
 }
+
+// RecentTTFT returns model's recent request-level time to first token at
+// percentile p (0 < p < 1) of its streams, read from the window the hedge
+// delay is learnt from (clamped to the hedge's Min and Max like the delay);
+// false while the window has too few samples. The regional status an edge
+// polls reports it.
+func (r *Registry) RecentTTFT(model string, p float64) (time.Duration, bool) {
+	return r.hedges.at(r.hedges.window(model, true), p)
+}

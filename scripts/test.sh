@@ -33,6 +33,13 @@ if ! command -v promtool >/dev/null 2>&1; then
 	install prometheus "promtool check/test rules of deploy/prometheus"
 fi
 
+# workerd (npm), the Cloudflare Workers runtime: serving/edge runs
+# deploy/cloudflare/worker.js in it on loopback.
+if ! command -v workerd >/dev/null 2>&1; then
+	echo "test.sh: installing workerd (npm package) for the Cloudflare Worker's tests" >&2
+	$SUDO npm install -g workerd >/dev/null
+fi
+
 go vet ./...
 # e2e/ starts the real binary in ~80 tests (several minutes under -race on
 # 2 cores): more than go test's default 10 min per package.

@@ -288,6 +288,8 @@ type Server struct {
 	revokedWorkers map[string]bool
 
 	tracer trace.Tracer // the requests' spans (trace.go); nil: tracing off
+
+	region regionState // what edges poll (region.go)
 }
 
 // New returns a Server.
@@ -386,6 +388,7 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 func (s *Server) Public() http.Handler {
 	e := s.newEcho(publicSide)
 	e.GET("/healthz", s.handleGetHealthz)
+	e.GET(serving.RegionStatusPath, s.handleGetRegionStatus)
 	v1 := e.Group("/v1")
 	v1.GET("/models", s.handleGetModels)
 	v1.GET("/models/:id", s.handleGetModel)

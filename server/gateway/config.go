@@ -24,6 +24,7 @@ import (
 	"tailgate/server"
 	"tailgate/server/batch"
 	"tailgate/server/slo"
+	"tailgate/serving"
 	"tailgate/serving/hop"
 	"tailgate/serving/tracing"
 )
@@ -51,6 +52,8 @@ type Config struct {
 	AdminListen   string        `yaml:"-"`        // --admin-listen
 	ConfigFile    string        `yaml:"-"`        // --config
 	ShutdownGrace time.Duration `yaml:"-"`        // --shutdown-grace; 0: none
+	Region        string        `yaml:"-"`        // --region: the name edges see in serving.RegionStatusPath
+	DrainNotice   time.Duration `yaml:"-"`        // --drain-notice; 0: none
 
 	// --batch-files-dir; "": DataDir/files. Gateways sharing one PostgreSQL
 	// database share it too (a network file system), since any of them may
@@ -181,6 +184,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.KeepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
 	fs.Func("price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)", appendTo(&c.priceFlags))
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
+	fs.StringVar(&c.Region, "region", "", "this gateway's region name, as edges (tailgate edge, the Cloudflare Worker) read it at GET "+serving.RegionStatusPath)
+	fs.DurationVar(&c.DrainNotice, "drain-notice", 0, "on SIGTERM, how long the gateway keeps taking requests while "+serving.RegionStatusPath+" says draining, so edges move new traffic first (e.g. 3s with edges polling every second; 0: none)")
 	fs.StringVar(&c.UpstreamClient, "upstream-client", string(hop.Hop), "HTTP client to replicas: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.StringVar(&c.Policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
 	fs.Var((*affinityFlag)(&c.Affinity), "affinity", "keep related requests on one replica, whose engine has their prefix cached: --affinity=off, prefix (same prompt prefix when load is comparable) or session (a conversation's turns, named by x-session-affinity, prompt_cache_key, user or metadata.user_id, within the load bound; prefix for the rest); a bare --affinity means "+router.DefaultAffinity.String())
@@ -340,7 +345,7 @@ func (c *Config) Validate() error {
 		{"--shutdown-grace", c.ShutdownGrace}, {"--sse-keepalive", c.KeepAlive},
 		{"--ttft-deadline", c.TTFTDeadline}, {"--idle-deadline", c.IdleDeadline}, {"--json-deadline", c.JSONDeadline},
 		{"--client-write-timeout", c.ClientWriteTimeout}, {"--admit-wait", c.AdmitWait},
-		{"--forget-lost", c.ForgetLost},
+		{"--forget-lost", c.ForgetLost}, {"--drain-notice", c.DrainNotice},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s %v: want a positive duration", d.flag, d.v)

@@ -207,6 +207,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		return nil, err
 	}
 	gw.srv = srv
+	srv.SetRegion(cfg.Region)
 
 	if gw.publicLn, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
@@ -353,6 +354,11 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
+		gw.srv.SetDraining(true)
+		if gw.cfg.DrainNotice > 0 {
+			gw.log.Info("draining: telling edges before shutting down", "notice", gw.cfg.DrainNotice)
+			time.Sleep(gw.cfg.DrainNotice)
+		}
 		gw.log.Info("shutting down: finishing in-flight requests", "grace", gw.cfg.ShutdownGrace)
 	case err := <-serveErr:
 		runErr = fmt.Errorf("serve: %w", err)

@@ -1,0 +1,171 @@
+package edge_test
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"tailgate/serving"
+	"tailgate/serving/edge"
+)
+
+func stringsReader(s string) io.Reader { return strings.NewReader(s) }
+
+const model = "llama"
+
+func idle(p50 float64) serving.RegionModel {
+	return serving.RegionModel{ID: model, ReadyReplicas: 1, Slots: 8, TTFTP50: p50, TTFTP95: 2 * p50}
+}
+
+const chat = `{"model":"llama","messages":[{"role":"user","content":"hi"}]}`
+
+// A near region with a long queue and slow first tokens loses to a
+// farther idle one; with both idle, the near one wins (RTT counts too).
+func TestChoosesByExpectedTTFTNotOnlyRTT(t *testing.T) {
+	near := newFakeRegion(t, "near", serving.RegionModel{ID: model, ReadyReplicas: 1, Slots: 1, Inflight: 1, Waiting: 6, TTFTP50: 0.3})
+	far := newFakeRegion(t, "far", idle(0.05))
+	farURL := delayProxy(t, far.srv.Listener.Addr().String(), 40*time.Millisecond)
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "near", URL: near.srv.URL}, {Name: "far", URL: farURL}}, Prefer: "near"})
+
+	waitRoute(t, e, model, "far")
+	if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "far" {
+		t.Fatalf("busy near, idle far: answer %d from %q, want 200 from far", code, reg)
+	}
+	if n := len(near.requests()); n != 0 {
+		t.Fatalf("the busy near region got %d requests", n)
+	}
+
+	near.set(func(st *serving.RegionStatus) { st.Models[0] = idle(0.05) })
+	waitRoute(t, e, model, "near")
+	if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "near" {
+		t.Fatalf("both idle: answer %d from %q, want 200 from near (80 ms closer)", code, reg)
+	}
+}
+
+// A region whose status fails is skipped, even when preferred and nearest.
+func TestSkipsUnhealthyRegion(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.05))
+	a.mu.Lock()
+	a.down = true
+	a.mu.Unlock()
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a"})
+	waitRoute(t, e, model, "b")
+	for range 5 {
+		if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "b" {
+			t.Fatalf("answer %d from %q, want 200 from b", code, reg)
+		}
+	}
+	if r := e.Route(model); len(r) != 1 {
+		t.Fatalf("route %v lists the unhealthy region", r)
+	}
+	if n := len(a.requests()); n != 0 {
+		t.Fatalf("the unhealthy region got %d requests", n)
+	}
+}
+
+// A request whose connection to the chosen region cannot be made goes to
+// the next region at once, with the same bytes; the dead region leaves
+// the route.
+func TestRetriesUnsentRequestInNextRegion(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
+	e := startEdge(t, edge.Config{
+		Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a",
+		PollInterval: time.Hour, // the first poll only: the edge learns of a's death from the request
+	})
+	waitRoute(t, e, model, "a")
+	a.srv.Close() // its port now refuses connections
+	if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "b" {
+		t.Fatalf("a's port closed: answer %d from %q, want 200 from b", code, reg)
+	}
+	if got := b.requests(); len(got) != 1 || string(got[0].body) != chat {
+		t.Fatalf("b got %+v, want the request's body as sent", got)
+	}
+	if r := e.Route(model); len(r) != 1 || r[0] != "b" {
+		t.Fatalf("route after a refused a connection = %v, want [b]", r)
+	}
+	resp, err := http.Get(e.AdminURL() + "/metrics")
+	if err == nil {
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{`tailgate_edge_retries_total{region="a"} 1`, `tailgate_edge_requests_total{code="200",region="b"} 1`, `tailgate_edge_region_healthy{region="a"} 0`} {
+			if !strings.Contains(string(raw), want) {
+				t.Errorf("metrics lack %s:\n%s", want, raw)
+			}
+		}
+	} else if e.AdminURL() != "" {
+		t.Fatal(err)
+	}
+}
+
+// The region sees the Authorization header and the body exactly as the
+// client sent them, also a body longer than the peek.
+func TestForwardsAuthorizationAndBodyUntouched(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}}, MaxPeek: 24})
+	waitRoute(t, e, model, "a")
+	auth := "Bearer sk-tg-Ünïcode  two-spaces=="
+	bodies := []string{
+		"{ \"model\" : \"llama\",\n\"model\":\"dup\", \"x\":1e400 ,\"messages\":[]}  ",
+		`{"model":"llama","messages":[{"role":"user","content":"` + strings.Repeat("ab", 5000) + `"}]}`,
+	}
+	for _, body := range bodies {
+		if code, _ := post(t, e, auth, body); code != 200 {
+			t.Fatalf("answer %d", code)
+		}
+	}
+	got := a.requests()
+	if len(got) != len(bodies) {
+		t.Fatalf("region got %d requests, want %d", len(got), len(bodies))
+	}
+	for i, r := range got {
+		if r.auth != auth || !bytes.Equal(r.body, []byte(bodies[i])) {
+			t.Fatalf("request %d reached the region altered: auth %q body %q", i, r.auth, r.body[:min(len(r.body), 80)])
+		}
+	}
+}
+
+// Draining moves new traffic to another region.
+func TestDrainingMovesTraffic(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a"})
+	waitRoute(t, e, model, "a")
+	a.set(func(st *serving.RegionStatus) { st.Draining = true })
+	waitRoute(t, e, model, "b")
+	for range 5 {
+		if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "b" {
+			t.Fatalf("a draining: answer %d from %q, want 200 from b", code, reg)
+		}
+	}
+	if n := len(a.requests()); n != 0 {
+		t.Fatalf("the draining region got %d requests", n)
+	}
+}
+
+// With no region able to take the request, the client gets one clear 503
+// in OpenAI's error shape.
+func TestNoRegionIsAClear503(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "gone", URL: dead}}})
+	req, _ := http.NewRequest(http.MethodPost, e.URL()+"/v1/chat/completions", strings.NewReader(chat))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(raw), `"code":"no_region"`) {
+		t.Fatalf("answer %d %s, want 503 no_region", resp.StatusCode, raw)
+	}
+}

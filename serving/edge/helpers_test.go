@@ -1,0 +1,176 @@
+package edge_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"tailgate/serving"
+	"tailgate/serving/edge"
+)
+
+// fakeRegion is a regional gateway's public listener as the edge sees it:
+// the status endpoint, and every other request recorded and answered 200.
+// It stands in for a gateway (package edge may not import server); the
+// gateway's own status is tested in package server.
+type fakeRegion struct {
+	name string
+	srv  *httptest.Server
+
+	mu     sync.Mutex
+	status serving.RegionStatus
+	down   bool // status answers 503
+	got    []recorded
+}
+
+type recorded struct {
+	auth string
+	body []byte
+}
+
+func newFakeRegion(t *testing.T, name string, m serving.RegionModel) *fakeRegion {
+	f := &fakeRegion{name: name, status: serving.RegionStatus{Region: name, Models: []serving.RegionModel{m}}}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if r.URL.Path == serving.RegionStatusPath {
+			if f.down {
+				http.Error(w, "down", http.StatusServiceUnavailable)
+				return
+			}
+			_ = json.NewEncoder(w).Encode(f.status)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		f.got = append(f.got, recorded{r.Header.Get("Authorization"), body})
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"served_by":"`+name+`"}`)
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeRegion) set(fn func(st *serving.RegionStatus)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(&f.status)
+}
+
+func (f *fakeRegion) requests() []recorded {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]recorded(nil), f.got...)
+}
+
+// delayProxy forwards TCP connections to target on loopback, holding each
+// chunk for delay in each direction: a link whose round trip is 2×delay
+// longer.
+func delayProxy(t *testing.T, target string, delay time.Duration) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	pipe := func(dst, src net.Conn) {
+		defer wg.Done()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				time.Sleep(delay)
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		dst.Close()
+		src.Close()
+	}
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			wg.Add(2)
+			go pipe(u, c)
+			go pipe(c, u)
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// startEdge opens and runs an edge on loopback until the test ends.
+func startEdge(t *testing.T, cfg edge.Config) *edge.Edge {
+	t.Helper()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 30 * time.Millisecond
+	}
+	if cfg.SwitchPolls == 0 {
+		cfg.SwitchPolls = 2
+	}
+	e, err := edge.Open(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		e.Close()
+	})
+	return e
+}
+
+// waitRoute waits (at most 5 s) until model's route starts with want.
+func waitRoute(t *testing.T, e *edge.Edge, model, want string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r := e.Route(model)
+		if len(r) > 0 && r[0] == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("route of %q is %v, want %s first", model, r, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// post sends body through the edge and returns the region that answered.
+func post(t *testing.T, e *edge.Edge, auth, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, e.URL()+"/v1/chat/completions", stringsReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get(edge.HeaderRegion)
+}
