@@ -17,6 +17,7 @@ type Registry struct {
 	budget *Budget
 	hedges *hedger
 	m      *metrics
+	holds  *holds // requests waiting for a replica (wait.go)
 
 	mu   sync.Mutex // serialises writers of list
 	list atomic.Pointer[[]*Replica]
@@ -42,6 +43,9 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		return nil, err
 	}
 	r.m = m
+	if r.holds, err = newHolds(cfg.Registerer, r); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -50,6 +54,13 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 // time by the registry's clock.
 func (r *Registry) Add(rep *Replica) *Replica {
 	rep.clock.Store(&r.cfg.Now)
+	ready := func() { r.replicaReady(rep) }
+	rep.onReady.Store(&ready)
+	defer func() {
+		if rep.State() == StateReady {
+			r.replicaReady(rep)
+		}
+	}()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := *r.list.Load()
