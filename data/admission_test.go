@@ -170,8 +170,9 @@ func TestAdmissionMigrationKeepsExistingWorkers(t *testing.T) {
 				}
 			}
 		}
-		// Back to the schema before 0012, with the credentials in it.
-		for _, q := range []string{`DROP TABLE worker_admissions`, `DROP TABLE worker_invites`, `DELETE FROM schema_migrations WHERE version = 12`} {
+		// Back to the schema before 0012, with the credentials in it (and
+		// so before every later migration too).
+		for _, q := range []string{`DROP TABLE worker_admissions`, `DROP TABLE worker_invites`, `ALTER TABLE ledger DROP COLUMN hold_us`, `DELETE FROM schema_migrations WHERE version >= 12`} {
 			if _, err := s.write.ExecContext(ctx, q); err != nil {
 				t.Fatal(err)
 			}
