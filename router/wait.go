@@ -59,10 +59,9 @@ var (
 
 // holds are the registry's per-model hold queues.
 type holds struct {
-	mu      sync.Mutex
-	models  map[string]*holdQueue
-	prov    Provisioner
-	waiting *prometheus.GaugeVec // tailgate_model_waiting_requests{model}
+	mu     sync.Mutex
+	models map[string]*holdQueue
+	prov   Provisioner
 }
 
 type holdQueue struct {
@@ -78,14 +77,7 @@ type holdWaiter struct {
 
 func newHolds(reg prometheus.Registerer, r *Registry) (*holds, error) {
 	h := &holds{models: map[string]*holdQueue{}}
-	h.waiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "tailgate_model_waiting_requests",
-		Help: "Requests held per model while no replica of it is ready (one is starting, or the fleet controller can start one): the demand signal for autoscalers (KEDA, HPA, the fleet controller).",
-	}, []string{"model"})
 	if reg != nil {
-		if err := reg.Register(h.waiting); err != nil {
-			return nil, err
-		}
 		if err := reg.Register(&modelLoadCollector{r: r}); err != nil {
 			return nil, err
 		}
@@ -209,7 +201,6 @@ func (r *Registry) Hold(ctx context.Context, model string, c Class, opt HoldOpti
 	}
 	q.byClass[c.slot()] = append(q.byClass[c.slot()], w)
 	q.n++
-	h.waiting.WithLabelValues(model).Set(float64(q.n))
 	prov := h.prov
 	h.mu.Unlock()
 	if prov != nil {
@@ -270,7 +261,6 @@ func (r *Registry) leave(model string, w *holdWaiter) bool {
 	}
 	q.byClass[s] = slices.Delete(q.byClass[s], i, i+1)
 	q.n--
-	h.waiting.WithLabelValues(model).Set(float64(q.n))
 	return true
 }
 
@@ -293,7 +283,6 @@ func (r *Registry) release(model string) {
 		q.byClass[s] = nil
 	}
 	q.n = 0
-	h.waiting.WithLabelValues(model).Set(0)
 }
 
 // replicaReady is called when rep became ready: the requests waiting for
@@ -304,24 +293,44 @@ func (r *Registry) replicaReady(rep *Replica) {
 	}
 }
 
-// modelLoadCollector exports, at scrape time, each model's in-flight
-// attempts and ready replicas' share of the demand signal.
+// modelLoadCollector exports, at scrape time, each model's demand: the
+// requests held for it and the attempts in flight on its replicas, for
+// every model a replica serves or a request waits for (0 included, so an
+// autoscaler's query has a series to read at zero).
 type modelLoadCollector struct{ r *Registry }
 
-var modelInflightDesc = prometheus.NewDesc("tailgate_model_inflight_requests",
-	"Upstream attempts in flight on the replicas serving a model (with tailgate_model_waiting_requests, the load an autoscaler sizes the model's replicas by).",
-	[]string{"model"}, nil)
+var (
+	modelWaitingDesc = prometheus.NewDesc("tailgate_model_waiting_requests",
+		"Requests held per model while no replica of it is ready (one is starting, or the fleet controller can start one): the demand signal for autoscalers (KEDA, HPA, the fleet controller).",
+		[]string{"model"}, nil)
+	modelInflightDesc = prometheus.NewDesc("tailgate_model_inflight_requests",
+		"Upstream attempts in flight on the replicas serving a model (with tailgate_model_waiting_requests, the load an autoscaler sizes the model's replicas by).",
+		[]string{"model"}, nil)
+)
 
-func (c *modelLoadCollector) Describe(ch chan<- *prometheus.Desc) { ch <- modelInflightDesc }
+func (c *modelLoadCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- modelWaitingDesc
+	ch <- modelInflightDesc
+}
 
 func (c *modelLoadCollector) Collect(ch chan<- prometheus.Metric) {
-	seen := map[string]int64{}
+	inflight := map[string]int64{}
 	for _, rep := range c.r.Replicas() {
 		for _, m := range rep.Models() {
-			seen[m] += rep.Inflight()
+			inflight[m] += rep.Inflight()
 		}
 	}
-	for m, n := range seen {
+	waiting := map[string]int{}
+	c.r.holds.mu.Lock()
+	for m, q := range c.r.holds.models {
+		waiting[m] = q.n
+		if _, ok := inflight[m]; !ok {
+			inflight[m] = 0
+		}
+	}
+	c.r.holds.mu.Unlock()
+	for m, n := range inflight {
 		ch <- prometheus.MustNewConstMetric(modelInflightDesc, prometheus.GaugeValue, float64(n), m)
+		ch <- prometheus.MustNewConstMetric(modelWaitingDesc, prometheus.GaugeValue, float64(waiting[m]), m)
 	}
 }

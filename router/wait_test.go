@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 func startingReplica(id string, models ...string) *Replica {
@@ -25,8 +24,12 @@ type fakeProvisioner struct {
 	wakes  int
 }
 
-func (p *fakeProvisioner) CanStart(m string) bool { p.mu.Lock(); defer p.mu.Unlock(); return p.models[m] }
-func (p *fakeProvisioner) Wake(string)            { p.mu.Lock(); p.wakes++; p.mu.Unlock() }
+func (p *fakeProvisioner) CanStart(m string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.models[m]
+}
+func (p *fakeProvisioner) Wake(string) { p.mu.Lock(); p.wakes++; p.mu.Unlock() }
 
 var holdLong = HoldOptions{Queue: 8, Timeout: time.Minute}
 
@@ -61,14 +64,14 @@ func TestHoldReleasedWhenReplicaBecomesReady(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- reg.Hold(context.Background(), "m", ClassStandard, holdLong) }()
 	waitFor(t, "the request to wait", func() bool { return reg.Waiting("m") == 1 })
-	if got := gaugeValue(reg.holds.waiting.WithLabelValues("m")); got != 1 {
+	if got := modelGauge(t, pr, "tailgate_model_waiting_requests", "m"); got != 1 {
 		t.Fatalf("tailgate_model_waiting_requests = %v, want 1", got)
 	}
 	rep.SetState(StateReady, "")
 	if err := <-done; err != nil {
 		t.Fatalf("released hold: %v", err)
 	}
-	if reg.Waiting("m") != 0 || gaugeValue(reg.holds.waiting.WithLabelValues("m")) != 0 {
+	if reg.Waiting("m") != 0 || modelGauge(t, pr, "tailgate_model_waiting_requests", "m") != 0 {
 		t.Fatal("waiting count not back to 0 after release")
 	}
 }
@@ -182,10 +185,24 @@ func TestHoldForProvisionerWakesIt(t *testing.T) {
 	}
 }
 
-func gaugeValue(g prometheus.Gauge) float64 {
-	var m dto.Metric
-	if err := g.Write(&m); err != nil {
-		return -1
+// modelGauge reads name{model} from a registry; -1 when it is absent.
+func modelGauge(t *testing.T, g prometheus.Gatherer, name, model string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return m.GetGauge().GetValue()
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "model" && l.GetValue() == model {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
 }
