@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"tailgate/server/gateway"
+	"tailgate/serving/fleet"
 	"tailgate/serving/launcher"
-	"tailgate/serving/proc"
 	"tailgate/serving/sim"
 )
 
@@ -112,8 +112,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				childArgs = append(childArgs, "--vllm-arg", a)
 			}
 		}
-		c := &child{name: id, argv: append([]string{self}, childArgs...), log: log.With("replica", id)}
-		wg.Go(func() { c.supervise(cctx) })
+		c := &fleet.Child{Name: id, Argv: append([]string{self}, childArgs...), Log: log.With("replica", id)}
+		wg.Go(func() { c.Supervise(cctx) })
 	}
 	// On a clean stop the workers go once no request is left for them and
 	// before the admin listener closes, so their last heartbeat (draining)
@@ -138,54 +138,6 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
       -d '{"model":"%s","stream":true,"messages":[{"role":"user","content":"Say hello"}]}'
 `, *replicas, what, *model, simNote(*engine), gw.PublicURL(), keyPath, gw.DashboardLink(isTerminal(stdout)), admin, admin, gw.AdminAddr(), gw.PublicURL(), keyPath, *model)
 	return gw.Run(ctx)
-}
-
-// child runs one child process of this binary and restarts it with backoff
-// when it exits, until ctx is done. Its output lines are logged on log:
-// the child's own log records as they are (see childlog), anything else it
-// writes (a panic, its exit error) as a warning.
-type child struct {
-	name string
-	argv []string
-	log  *slog.Logger
-}
-
-func (c *child) supervise(ctx context.Context) {
-	backoff := 250 * time.Millisecond
-	for {
-		start := time.Now()
-		err := c.runOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(start) > 30*time.Second {
-			backoff = 250 * time.Millisecond
-		}
-		c.log.Warn("child exited; restarting", "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 15*time.Second)
-	}
-}
-
-// runOnce runs the child until it exits or ctx is done; then its process
-// group is stopped (SIGTERM, SIGKILL after 5s).
-func (c *child) runOnce(ctx context.Context) error {
-	sink := func(line string) { c.log.Warn(line) }
-	p, err := proc.Start(proc.Config{Argv: c.argv, Stdout: sink, Stderr: sink})
-	if err != nil {
-		return fmt.Errorf("start: %w", err)
-	}
-	c.log.Info("child started", "pid", p.PID())
-	select {
-	case <-p.Done():
-		return p.Wait()
-	case <-ctx.Done():
-		return p.Stop(5 * time.Second)
-	}
 }
 
 func simNote(engine string) string {
