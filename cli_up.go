@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"tailgate/server/gateway"
@@ -20,15 +21,18 @@ import (
 func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("up", "up [--data DIR] [--listen ADDR] [--admin-listen ADDR] [--replicas N] [--model NAME] [--sim-* knobs]", stderr)
 	var (
-		cfg      gateway.Config
-		sf       sim.Flags
-		lf       logFlags
-		replicas = fs.Int("replicas", 2, "number of local replicas to start")
-		engine   = fs.String("engine", "sim", "engine of the local replicas: sim, or vllm (one GPU per replica: replica i gets GPU i-1)")
-		model    = fs.String("model", "", "model the replicas serve (sim default: tailgate-sim; required with --engine vllm)")
-		warmup   = fs.Int("warmup", 3, "short generations each replica runs before it takes traffic (0: none)")
-		vllmBin  = fs.String("vllm-binary", "", "vllm executable of the local replicas (default: vllm on PATH)")
-		vllmArgs stringList
+		cfg       gateway.Config
+		sf        sim.Flags
+		lf        logFlags
+		replicas  = fs.Int("replicas", 2, "number of local replicas to start")
+		engine    = fs.String("engine", "sim", "engine of the local replicas: sim, or vllm (one GPU per replica: replica i gets GPU i-1)")
+		model     = fs.String("model", "", "model the replicas serve (sim default: tailgate-sim; required with --engine vllm)")
+		warmup    = fs.Int("warmup", 3, "short generations each replica runs before it takes traffic (0: none)")
+		vllmBin   = fs.String("vllm-binary", "", "vllm executable of the local replicas (default: vllm on PATH)")
+		vllmArgs  stringList
+		fleetMin  = fs.Int("fleet-min", 0, "with --fleet-max: replicas the fleet controller keeps at least (0: scale to zero when idle)")
+		fleetMax  = fs.Int("fleet-max", 0, "run the fleet controller instead of a fixed --replicas: at most this many local replicas, started as requests wait (0: off)")
+		fleetIdle = fs.Duration("fleet-idle", 5*time.Minute, "with --fleet-max: stop a replica above --fleet-min after the model was idle this long")
 	)
 	fs.Var(&vllmArgs, "vllm-arg", "extra argument for every vllm serve (repeatable)")
 	cfg.RegisterFlags(fs)
@@ -45,7 +49,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case *model == "":
 		*model = "tailgate-sim"
 	}
-	if *replicas < 1 || *replicas > 64 {
+	if *fleetMax == 0 && (*replicas < 1 || *replicas > 64) {
 		return fmt.Errorf("--replicas must be between 1 and 64, not %d", *replicas)
 	}
 	if *warmup < 0 {
@@ -93,10 +97,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
-	cctx, stopChildren := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for i := 1; i <= *replicas; i++ {
-		id := fmt.Sprintf("worker-%d", i)
+	argv := func(i int, id string) []string {
 		childArgs := []string{"worker", "--gateway", "http://" + gw.AdminAddr(),
 			"--cluster-token-file", filepath.Join(cfg.DataDir, "cluster.token"),
 			"--data", filepath.Join(cfg.DataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
@@ -112,7 +113,23 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				childArgs = append(childArgs, "--vllm-arg", a)
 			}
 		}
-		c := &fleet.Child{Name: id, Argv: append([]string{self}, childArgs...), Log: log.With("replica", id)}
+		return append([]string{self}, childArgs...)
+	}
+	if *fleetMax > 0 {
+		// The fleet controller starts the replicas as demand comes.
+		*replicas = 0
+		var n atomic.Int64
+		prov := &fleet.Local{Log: log, Approve: func(ctx context.Context, id string) error { return gw.ApproveWorkers(ctx, id) },
+			Argv: func(_, id string) []string { return argv(int(n.Add(1)), id) }}
+		if err := gw.UseFleet(fleet.Config{Models: map[string]fleet.Model{*model: {Min: *fleetMin, Max: *fleetMax, IdleAfter: *fleetIdle}}}, prov); err != nil {
+			return err
+		}
+	}
+	cctx, stopChildren := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := 1; i <= *replicas; i++ {
+		id := fmt.Sprintf("worker-%d", i)
+		c := &fleet.Child{Name: id, Argv: argv(i, id), Log: log.With("replica", id)}
 		wg.Go(func() { c.Supervise(cctx) })
 	}
 	// On a clean stop the workers go once no request is left for them and
