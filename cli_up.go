@@ -5,31 +5,34 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"tailgate/server/gateway"
+	"tailgate/serving/fleet"
 	"tailgate/serving/launcher"
-	"tailgate/serving/proc"
 	"tailgate/serving/sim"
 )
 
 func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("up", "up [--data DIR] [--listen ADDR] [--admin-listen ADDR] [--replicas N] [--model NAME] [--sim-* knobs]", stderr)
 	var (
-		cfg      gateway.Config
-		sf       sim.Flags
-		lf       logFlags
-		replicas = fs.Int("replicas", 2, "number of local replicas to start")
-		engine   = fs.String("engine", "sim", "engine of the local replicas: sim, or vllm (one GPU per replica: replica i gets GPU i-1)")
-		model    = fs.String("model", "", "model the replicas serve (sim default: tailgate-sim; required with --engine vllm)")
-		warmup   = fs.Int("warmup", 3, "short generations each replica runs before it takes traffic (0: none)")
-		vllmBin  = fs.String("vllm-binary", "", "vllm executable of the local replicas (default: vllm on PATH)")
-		vllmArgs stringList
-		verbose  = fs.Bool("verbose", false, "on a terminal, show the whole log (workers and engines too) instead of warnings and one progress line; it is in DIR/up.log either way")
+		cfg       gateway.Config
+		sf        sim.Flags
+		lf        logFlags
+		replicas  = fs.Int("replicas", 2, "number of local replicas to start")
+		engine    = fs.String("engine", "sim", "engine of the local replicas: sim, or vllm (one GPU per replica: replica i gets GPU i-1)")
+		model     = fs.String("model", "", "model the replicas serve (sim default: tailgate-sim; required with --engine vllm)")
+		warmup    = fs.Int("warmup", 3, "short generations each replica runs before it takes traffic (0: none)")
+		vllmBin   = fs.String("vllm-binary", "", "vllm executable of the local replicas (default: vllm on PATH)")
+		vllmArgs  stringList
+		fleetMin  = fs.Int("fleet-min", 0, "with --fleet-max: replicas the fleet controller keeps at least (0: scale to zero when idle)")
+		fleetMax  = fs.Int("fleet-max", 0, "run the fleet controller instead of a fixed --replicas: at most this many local replicas, started as requests wait (0: off)")
+		fleetIdle = fs.Duration("fleet-idle", 5*time.Minute, "with --fleet-max: stop a replica above --fleet-min after the model was idle this long")
+		verbose   = fs.Bool("verbose", false, "on a terminal, show the whole log (workers and engines too) instead of warnings and one progress line; it is in DIR/up.log either way")
 	)
 	fs.Var(&vllmArgs, "vllm-arg", "extra argument for every vllm serve (repeatable)")
 	cfg.RegisterFlags(fs)
@@ -46,7 +49,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case *model == "":
 		*model = "tailgate-sim"
 	}
-	if *replicas < 1 || *replicas > 64 {
+	if *fleetMax == 0 && (*replicas < 1 || *replicas > 64) {
 		return fmt.Errorf("--replicas must be between 1 and 64, not %d", *replicas)
 	}
 	if *warmup < 0 {
@@ -96,10 +99,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
-	cctx, stopChildren := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for i := 1; i <= *replicas; i++ {
-		id := fmt.Sprintf("worker-%d", i)
+	argv := func(i int, id string) []string {
 		childArgs := []string{"worker", "--gateway", "http://" + gw.AdminAddr(),
 			"--cluster-token-file", filepath.Join(cfg.DataDir, "cluster.token"),
 			"--data", filepath.Join(cfg.DataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
@@ -116,8 +116,24 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				childArgs = append(childArgs, "--vllm-arg", a)
 			}
 		}
-		c := &child{name: id, argv: append([]string{self}, childArgs...), log: screen.children.With("replica", id)}
-		wg.Go(func() { c.supervise(cctx) })
+		return append([]string{self}, childArgs...)
+	}
+	if *fleetMax > 0 {
+		// The fleet controller starts the replicas as demand comes.
+		*replicas = 0
+		var n atomic.Int64
+		prov := &fleet.Local{Log: log, Approve: func(ctx context.Context, id string) error { return gw.ApproveWorkers(ctx, id) },
+			Argv: func(_, id string) []string { return argv(int(n.Add(1)), id) }}
+		if err := gw.UseFleet(fleet.Config{Models: map[string]fleet.Model{*model: {Min: *fleetMin, Max: *fleetMax, IdleAfter: *fleetIdle}}}, prov); err != nil {
+			return err
+		}
+	}
+	cctx, stopChildren := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := 1; i <= *replicas; i++ {
+		id := fmt.Sprintf("worker-%d", i)
+		c := &fleet.Child{Name: id, Argv: argv(i, id), Log: screen.children.With("replica", id)}
+		wg.Go(func() { c.Supervise(cctx) })
 	}
 	// On a clean stop the workers go once no request is left for them and
 	// before the admin listener closes, so their last heartbeat (draining)
@@ -148,54 +164,6 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		what: fmt.Sprintf("API %s — dashboard http://%s/ui/ — key: %s", gw.PublicURL(), gw.AdminAddr(), keyPath)}
 	wg.Go(func() { p.run(cctx) })
 	return gw.Run(ctx)
-}
-
-// child runs one child process of this binary and restarts it with backoff
-// when it exits, until ctx is done. Its output lines are logged on log:
-// the child's own log records as they are (see childlog), anything else it
-// writes (a panic, its exit error) as a warning.
-type child struct {
-	name string
-	argv []string
-	log  *slog.Logger
-}
-
-func (c *child) supervise(ctx context.Context) {
-	backoff := 250 * time.Millisecond
-	for {
-		start := time.Now()
-		err := c.runOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(start) > 30*time.Second {
-			backoff = 250 * time.Millisecond
-		}
-		c.log.Warn("child exited; restarting", "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 15*time.Second)
-	}
-}
-
-// runOnce runs the child until it exits or ctx is done; then its process
-// group is stopped (SIGTERM, SIGKILL after 5s).
-func (c *child) runOnce(ctx context.Context) error {
-	sink := func(line string) { c.log.Warn(line) }
-	p, err := proc.Start(proc.Config{Argv: c.argv, Stdout: sink, Stderr: sink})
-	if err != nil {
-		return fmt.Errorf("start: %w", err)
-	}
-	c.log.Info("child started", "pid", p.PID())
-	select {
-	case <-p.Done():
-		return p.Wait()
-	case <-ctx.Done():
-		return p.Stop(5 * time.Second)
-	}
 }
 
 func simNote(engine string) string {

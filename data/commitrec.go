@@ -53,6 +53,7 @@ func appendRecord(b []byte, r *LedgerRow) []byte {
 	b = appendInt(b, `,"Network":`, int64(s.Network))
 	b = appendInt(b, `,"TTFT":`, int64(s.TTFT))
 	b = appendInt(b, `,"Total":`, int64(s.Total))
+	b = appendInt(b, `,"Hold":`, int64(s.Hold))
 	b = append(b, `},"AttemptLog":`...)
 	if r.AttemptLog == nil {
 		b = append(b, "null"...)

@@ -123,11 +123,15 @@ type Stages struct {
 	Network      time.Duration // UpstreamTTFT minus the engine-reported part
 	TTFT         time.Duration // client-visible
 	Total        time.Duration
+	// Hold is how long the request waited for a replica of its model to
+	// become ready (a cold start); never billed, and outside the time to
+	// first token the TTFT deadline bounds.
+	Hold time.Duration
 }
 
 // UnknownStages returns Stages with every duration unknown (-1).
 func UnknownStages() Stages {
-	return Stages{-1, -1, -1, -1, -1, -1, -1, -1}
+	return Stages{-1, -1, -1, -1, -1, -1, -1, -1, -1}
 }
 
 // LedgerRow is one request as billed and timed.

@@ -104,18 +104,19 @@ const (
 	StageNetwork      = "network"
 	StageTTFT         = "ttft"
 	StageTotal        = "total"
+	StageHold         = "hold"
 )
 
 // StageNames lists the stages in the order [Stages.Each] visits them.
 var StageNames = [...]string{StageGateway, StageConnect, StageUpstreamTTFT, StageEngineQueue,
-	StageEngineTTFT, StageNetwork, StageTTFT, StageTotal}
+	StageEngineTTFT, StageNetwork, StageTTFT, StageTotal, StageHold}
 
 // Each calls f with every stage's name, its index in [StageNames] and its
 // duration (negative when unknown), in StageNames order. It is the one place
 // that pairs names with fields.
 func (s *Stages) Each(f func(i int, name string, d time.Duration)) {
 	for i, d := range [len(StageNames)]time.Duration{s.Gateway, s.Connect, s.UpstreamTTFT, s.EngineQueue,
-		s.EngineTTFT, s.Network, s.TTFT, s.Total} {
+		s.EngineTTFT, s.Network, s.TTFT, s.Total, s.Hold} {
 		f(i, StageNames[i], d)
 	}
 }

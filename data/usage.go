@@ -358,17 +358,17 @@ const ledgerSelect = `SELECT COALESCE(t.name, ''), l.id, l.ts, l.tenant_id, l.ke
 	l.prompt_tokens, l.completion_tokens, l.hedge_overhead_tokens, l.cost_micros,
 	l.status, l.outcome, l.error, l.attempts, l.hedged,
 	l.gateway_us, l.connect_us, l.upstream_ttft_us, l.engine_queue_us,
-	l.engine_ttft_us, l.network_us, l.ttft_us, l.total_us, l.priority, l.queue_us
+	l.engine_ttft_us, l.network_us, l.ttft_us, l.total_us, l.priority, l.queue_us, l.hold_us
 	FROM ledger l LEFT JOIN tenants t ON t.id = l.tenant_id`
 
 func scanLedger(r rowScanner) (LedgerRow, error) {
 	var l LedgerRow
 	var ts int64
-	var stages [9]sql.NullInt64
+	var stages [10]sql.NullInt64
 	err := r.Scan(&l.Tenant, &l.ID, &ts, &l.TenantID, &l.KeyID, &l.Model, &l.Upstream, &l.Stream,
 		&l.PromptTokens, &l.CompletionTokens, &l.HedgeOverheadTokens, &l.CostMicros,
 		&l.Status, &l.Outcome, &l.Error, &l.Attempts, &l.Hedged,
-		&stages[0], &stages[1], &stages[2], &stages[3], &stages[4], &stages[5], &stages[6], &stages[7], &l.Priority, &stages[8])
+		&stages[0], &stages[1], &stages[2], &stages[3], &stages[4], &stages[5], &stages[6], &stages[7], &l.Priority, &stages[8], &stages[9])
 	if err != nil {
 		return LedgerRow{}, err
 	}
@@ -382,6 +382,7 @@ func scanLedger(r rowScanner) (LedgerRow, error) {
 		Network:      stageFromNull(stages[5]),
 		TTFT:         stageFromNull(stages[6]),
 		Total:        stageFromNull(stages[7]),
+		Hold:         stageFromNull(stages[9]),
 	}
 	l.QueueWait = stageFromNull(stages[8])
 	return l, nil

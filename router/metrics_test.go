@@ -88,6 +88,8 @@ func TestMetricsKeepTheirNamesAndLabels(t *testing.T) {
 		"tailgate_replica_score":                 {"replica"},
 		"tailgate_retry_budget_tokens":           nil,
 		"tailgate_hedge_budget_tokens":           {"model"},
+		"tailgate_model_waiting_requests":        {"model"},
+		"tailgate_model_inflight_requests":       {"model"},
 	}
 	mfs, err := prom.Gather()
 	if err != nil {

@@ -19,6 +19,7 @@ type Registry struct {
 	m      *metrics
 	// sessions is the table of recent sessions; nil unless AffinitySession.
 	sessions *sessions
+	holds  *holds // requests waiting for a replica (wait.go)
 
 	mu   sync.Mutex // serialises writers of list
 	list atomic.Pointer[[]*Replica]
@@ -47,6 +48,9 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 		return nil, err
 	}
 	r.m = m
+	if r.holds, err = newHolds(cfg.Registerer, r); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -55,6 +59,13 @@ func New(cfg Config, log *slog.Logger) (*Registry, error) {
 // time by the registry's clock.
 func (r *Registry) Add(rep *Replica) *Replica {
 	rep.clock.Store(&r.cfg.Now)
+	ready := func() { r.replicaReady(rep) }
+	rep.onReady.Store(&ready)
+	defer func() {
+		if rep.State() == StateReady {
+			r.replicaReady(rep)
+		}
+	}()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := *r.list.Load()

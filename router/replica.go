@@ -88,6 +88,7 @@ type Replica struct {
 
 	status   atomic.Pointer[status]
 	clock    atomic.Pointer[func() time.Time] // the registry's clock, once added to one
+	onReady  atomic.Pointer[func()]           // the registry's hold release, once added to one
 	inflight atomic.Int64
 	classes  [numClasses]atomic.Int64 // inflight by Class
 	models   atomic.Pointer[[]string]
@@ -390,6 +391,11 @@ func (r *Replica) transition(from, to State, reason string, now time.Time) bool 
 			next.readySince = now.UnixNano()
 		}
 		if r.status.CompareAndSwap(old, next) {
+			if to == StateReady && from != StateReady {
+				if f := r.onReady.Load(); f != nil {
+					(*f)()
+				}
+			}
 			return true
 		}
 		// Another writer got there first: look again.

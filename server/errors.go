@@ -137,6 +137,8 @@ func toAPIError(err error, model string) *apierr.Error {
 		return rel.apiError()
 	case errors.Is(err, context.Canceled):
 		return errClientGone
+	case errors.Is(err, router.ErrHoldFull), errors.Is(err, router.ErrHoldTimeout):
+		return holdError(err, model)
 	case errors.Is(err, errTTFTDeadline), errors.Is(err, errJSONDeadline), errors.Is(err, context.DeadlineExceeded),
 		errors.As(err, &ne) && ne.Timeout():
 		return errUpstreamTimeout

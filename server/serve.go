@@ -126,8 +126,12 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		}
 		defer w.close()
 	}
+	if err = s.hold(ctx, cl, w); err != nil {
+		s.refuseHeld(ctx, cl, out, w, ticket, err)
+		return
+	}
 	if cl.stages.Gateway < 0 {
-		cl.stages.Gateway = time.Since(cl.start)
+		cl.stages.Gateway = time.Since(cl.start) - max(cl.stages.Hold, 0)
 	}
 	cl.routed = true
 	// Stream: every answer the engine streams, JSON assembled here included,
@@ -245,7 +249,7 @@ func (s *Server) admit(ctx context.Context, cl *call, pr *parsedRequest, out sin
 		s.refuseModel(cl, pr.model)
 		s.reject(cl, out, errModelNotAllowed(pr.model))
 		return nil
-	case !s.reg.Known(pr.model):
+	case !s.reg.Known(pr.model) && !s.reg.Startable(pr.model):
 		s.reject(cl, out, errUnknownModel(pr.model, s.usableModels(cl.principal)))
 		return nil
 	}

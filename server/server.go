@@ -171,6 +171,9 @@ type Config struct {
 	// executor; see [batch.Config]. Its zero value leaves the API off. Its
 	// MaxBodyBytes, when 0, is this Config's.
 	Batch batch.Config
+	// Hold bounds how requests wait through a cold start (see hold.go);
+	// its zero value is [DefaultHold].
+	Hold HoldConfig
 }
 
 func (c *Config) setDefaults() {
@@ -226,6 +229,7 @@ func (c *Config) setDefaults() {
 	if c.HistoryInterval <= 0 {
 		c.HistoryInterval = 10 * time.Second
 	}
+	c.Hold.setDefaults()
 }
 
 // Deps are the parts the server works with.

@@ -66,8 +66,13 @@ type Config struct {
 
 	MaxBodyInFlight int64 `yaml:"-"` // --max-body-bytes-in-flight; 0: 256 MiB
 
-	MaxBody      int64         `yaml:"-"` // --max-body; 0: 4 MiB
-	KeepAlive    time.Duration `yaml:"-"` // --sse-keepalive; 0: 10s
+	MaxBody   int64         `yaml:"-"` // --max-body; 0: 4 MiB
+	KeepAlive time.Duration `yaml:"-"` // --sse-keepalive; 0: 10s
+	// --hold-queue, --hold-timeout, --hold-progress: requests held through
+	// a cold start (see server.HoldConfig).
+	HoldQueue    int           `yaml:"-"`
+	HoldTimeout  time.Duration `yaml:"-"`
+	HoldProgress time.Duration `yaml:"-"`
 	TTFTDeadline time.Duration `yaml:"-"` // --ttft-deadline; 0: 30s
 	IdleDeadline time.Duration `yaml:"-"` // --idle-deadline; 0: 30s
 	JSONDeadline time.Duration `yaml:"-"` // --json-deadline; 0: 10m
@@ -182,6 +187,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MaxBody, "max-body", 4<<20, "largest request body in bytes (larger: 413)")
 	fs.Int64Var(&c.MaxBodyInFlight, "max-body-bytes-in-flight", 256<<20, "request-body bytes held at once over all requests; past it a request waits up to 2s, then gets 503 (0: 256 MiB)")
 	fs.DurationVar(&c.KeepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
+	fs.IntVar(&c.HoldQueue, "hold-queue", server.DefaultHold.Queue, "requests held per model while no replica of it is ready but one is starting or can be started; past it 429 queue_full (-1: hold nothing, 503 no_replica at once)")
+	fs.DurationVar(&c.HoldTimeout, "hold-timeout", server.DefaultHold.Timeout, "how long a request is held for a replica of its model to become ready; past it 503 no_replica with Retry-After")
+	fs.DurationVar(&c.HoldProgress, "hold-progress", server.DefaultHold.Progress, "how often a held stream gets an SSE comment saying what it waits for")
 	fs.Func("price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)", appendTo(&c.priceFlags))
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
 	fs.StringVar(&c.Region, "region", "", "this gateway's region name, as edges (tailgate edge, the Cloudflare Worker) read it at GET "+serving.RegionStatusPath)
@@ -343,6 +351,7 @@ func (c *Config) Validate() error {
 		v    time.Duration
 	}{
 		{"--shutdown-grace", c.ShutdownGrace}, {"--sse-keepalive", c.KeepAlive},
+		{"--hold-timeout", c.HoldTimeout}, {"--hold-progress", c.HoldProgress},
 		{"--ttft-deadline", c.TTFTDeadline}, {"--idle-deadline", c.IdleDeadline}, {"--json-deadline", c.JSONDeadline},
 		{"--client-write-timeout", c.ClientWriteTimeout}, {"--admit-wait", c.AdmitWait},
 		{"--forget-lost", c.ForgetLost}, {"--drain-notice", c.DrainNotice},
@@ -471,6 +480,7 @@ func (c *Config) setup() (*parts, error) {
 	st := &parts{
 		srvCfg: server.Config{
 			DefaultMaxTokens: c.DefaultMaxTokens, MaxBodyBytes: c.MaxBody, KeepAlive: c.KeepAlive,
+			Hold:         server.HoldConfig{Queue: c.HoldQueue, Timeout: c.HoldTimeout, Progress: c.HoldProgress},
 			TTFTDeadline: c.TTFTDeadline, IdleDeadline: c.IdleDeadline, JSONDeadline: c.JSONDeadline,
 			ClientWriteTimeout: c.ClientWriteTimeout, MaxJSONDepth: c.MaxJSONDepth, MediaPartTokens: c.MediaPartTokens,
 			RejectedRows: c.RejectedRows, OpenRegistration: c.OpenRegistration, MaxBodyBytesInFlight: c.MaxBodyInFlight,

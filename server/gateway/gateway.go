@@ -46,6 +46,7 @@ import (
 	"tailgate/router"
 	"tailgate/server"
 	"tailgate/server/connlimit"
+	"tailgate/serving/fleet"
 	"tailgate/serving/hop"
 	"tailgate/web"
 )
@@ -82,6 +83,8 @@ type Gateway struct {
 	// Run calls it once nothing is left for them to serve and before the
 	// admin listener, which takes their heartbeats, closes.
 	stopWorkers func()
+	promReg     *prometheus.Registry
+	fleet       *fleet.Controller // nil: no fleet controller (see UseFleet)
 	closeOnce   sync.Once
 
 	tracer *sdktrace.TracerProvider // nil: tracing off
@@ -169,6 +172,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		return nil, err
 	}
 	promReg.MustRegister(kvCacheCollector{gw.reg})
+	gw.promReg = promReg
 	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	if cfg.Mesh.Enabled {
 		if gw.node, err = cfg.Mesh.Up(ctx, cfg.DataDir, log); err != nil {
@@ -339,6 +343,9 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	g.Go(func() error { return gw.tls.Run(gctx) })
 	if gw.meshCerts != nil {
 		g.Go(func() error { return gw.meshCerts.Run(gctx) })
+	}
+	if gw.fleet != nil {
+		g.Go(func() error { return gw.fleet.Run(gctx) })
 	}
 	serveErr := make(chan error, 4)
 	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()

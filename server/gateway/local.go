@@ -8,6 +8,7 @@ import (
 
 	"tailgate/policy"
 	"tailgate/router"
+	"tailgate/serving/fleet"
 )
 
 // What `tailgate up` needs of the gateway it runs its workers beside.
@@ -59,5 +60,19 @@ func (gw *Gateway) ApproveWorkers(ctx context.Context, ids ...string) error {
 			return fmt.Errorf("approve %s: %w", id, err)
 		}
 	}
+	return nil
+}
+
+// UseFleet runs a fleet controller of cfg's models beside the gateway,
+// with capacity from prov: requests for a managed model with no ready
+// replica are held while it starts one. Call it before Run; the replicas it
+// started are stopped when Run ends.
+func (gw *Gateway) UseFleet(cfg fleet.Config, prov fleet.Provider) error {
+	cfg.Registerer = gw.promReg
+	c, err := fleet.New(cfg, gw.reg, prov, gw.log)
+	if err != nil {
+		return err
+	}
+	gw.fleet = c
 	return nil
 }

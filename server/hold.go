@@ -1,0 +1,152 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"tailgate/data"
+	"tailgate/policy"
+	"tailgate/router"
+	"tailgate/server/apierr"
+)
+
+// HoldConfig bounds how a request waits through a cold start: when its model
+// has no ready replica but one is starting, or the fleet controller can
+// start one, the request waits (the hold stage) instead of failing with 503
+// no_replica. The zero value is [DefaultHold].
+type HoldConfig struct {
+	// Queue bounds the requests held per model; past it, 429 queue_full.
+	// 0 means DefaultHold's; negative turns holding off (503 no_replica
+	// at once, as before).
+	Queue int
+	// Timeout bounds one request's hold; past it, 503 no_replica with
+	// Retry-After. 0 means DefaultHold's.
+	Timeout time.Duration
+	// Progress is how often a held stream is sent an SSE comment saying
+	// what it waits for; 0 means DefaultHold's.
+	Progress time.Duration
+}
+
+// DefaultHold: a vLLM engine of a 7–8B model loads from a local cache and
+// captures its CUDA graphs in about 40–90 s on one GPU, so 120 s covers a
+// cold start with room for a slow download's tail, while staying far
+// inside the OpenAI SDKs' 10-minute request timeout. 128 held requests a
+// model is a few seconds of a small team's peak traffic; each holds only
+// its parsed body. Progress every 5 s keeps common proxy idle timeouts (30–
+// 60 s) from cutting a held stream, and is frequent enough to watch.
+var DefaultHold = HoldConfig{Queue: 128, Timeout: 120 * time.Second, Progress: 5 * time.Second}
+
+func (c *HoldConfig) setDefaults() {
+	if c.Queue == 0 {
+		c.Queue = DefaultHold.Queue
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultHold.Timeout
+	}
+	if c.Progress <= 0 {
+		c.Progress = DefaultHold.Progress
+	}
+}
+
+// retryHold is the Retry-After of a request refused while its model's
+// capacity was starting: a replica on its way is usually seconds out.
+const retryHold = 5 * time.Second
+
+// hold waits, before routing, until a replica of the call's model is ready
+// when none is but one is coming (see router.Registry.Hold). A stream (w
+// not nil) is sent a progress comment every HoldConfig.Progress, which
+// commits its 200 before routing: a failure after that is an in-band error
+// event. The wait is the call's hold stage; it bills nothing and is not
+// part of any attempt's TTFT deadline. nil: route now.
+func (s *Server) hold(ctx context.Context, cl *call, w *sseWriter) error {
+	model := cl.req.model
+	if s.cfg.Hold.Queue < 0 || s.reg.ReadyFor(model) || !s.reg.Holdable(model) {
+		return nil // ready, or nothing is coming: routing answers as it always did
+	}
+	opt := router.HoldOptions{Queue: s.cfg.Hold.Queue, Timeout: s.cfg.Hold.Timeout}
+	if w != nil {
+		name := commentSafe(model)
+		opt.Every = s.cfg.Hold.Progress
+		opt.Progress = func(state string, waited time.Duration) {
+			_ = w.comment(fmt.Sprintf(": waiting for a replica of %s: %s, %d s\n\n", name, state, int(waited.Seconds())))
+		}
+	}
+	start := time.Now()
+	err := s.reg.Hold(ctx, model, routerClass(cl.priority), opt)
+	cl.stages.Hold = time.Since(start)
+	if err != nil {
+		return err
+	}
+	// Fail closed after the wait as before it: nothing starts that the
+	// ledger could not record.
+	return s.ledger.Healthy()
+}
+
+// refuseHeld answers and records a call whose hold ended without a ready
+// replica (queue full, timeout, ledger down) or whose client went away.
+func (s *Server) refuseHeld(ctx context.Context, cl *call, out sink, w *sseWriter, ticket *policy.Ticket, err error) {
+	cl.stages.Total = time.Since(cl.start)
+	if ctx.Err() != nil {
+		cl.outcome, cl.class, cl.status = data.OutcomeClientCancelled, data.ClassClientCancelled, statusClientClosed
+		s.record(cl, ticket.Settle(policy.Usage{}))
+		return
+	}
+	ae := toAPIError(err, cl.req.model)
+	cl.status, cl.outcome, cl.class = ae.Status, data.OutcomeRejected, data.ErrorClass(ae.Code)
+	s.record(cl, ticket.Settle(policy.Usage{}))
+	if w != nil {
+		w.fail(ae) // a plain HTTP error if no progress went out yet
+		return
+	}
+	out.error(cl, ae)
+}
+
+// holdError is the client's error for a hold that ended without a replica.
+func holdError(err error, model string) *apierr.Error {
+	if errors.Is(err, router.ErrHoldFull) {
+		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "queue_full",
+			Message:    fmt.Sprintf("no replica of the model %q is ready yet and its queue of waiting requests is full; retry later", model),
+			RetryAfter: retryHold}
+	}
+	e := *errNoReplica
+	e.Message = fmt.Sprintf("no replica of the model %q became ready in time (one is starting); retry shortly", model)
+	e.RetryAfter = retryHold
+	return &e
+}
+
+// comment sends an SSE comment line (which clients ignore) at once,
+// committing the stream's headers if it was the first write.
+func (w *sseWriter) comment(line string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failed != nil {
+		return w.failed
+	}
+	if w.closed {
+		return errStreamClosed
+	}
+	now := time.Now()
+	w.deadlineLocked(now)
+	w.commitLocked()
+	if _, err := w.rw.Write([]byte(line)); err != nil {
+		w.failed = &clientError{err}
+		return w.failed
+	}
+	w.flushLocked()
+	w.lastWrite = now
+	return nil
+}
+
+// commentSafe keeps a client-chosen name on one comment line.
+func commentSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return -1
+		}
+		return r
+	}, boundString(s))
+}

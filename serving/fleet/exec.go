@@ -1,0 +1,63 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// Exec is a provider that runs an operator's scripts: Start runs StartCmd,
+// Stop runs StopCmd, each with the environment
+//
+//	MODEL        the model to serve
+//	REPLICA_ID   the replica id the worker must register as (--replica-id)
+//	JOIN_TOKEN   a worker join token (--join-token), when JoinToken is set
+//	GATEWAY_URL  the gateway's admin URL the worker registers at (--gateway)
+//
+// on top of the gateway's own. A script that exits non-zero failed (its
+// last output line says why); it is killed at the action's deadline. A
+// start script must return once the machine is on its way (the worker
+// registers by itself), e.g. after `runpodctl create pod …`.
+type Exec struct {
+	StartCmd, StopCmd []string
+	GatewayURL        string
+	// JoinToken returns a join token for a new worker; nil: none is passed.
+	JoinToken func(ctx context.Context, id string) (string, error)
+}
+
+func (e *Exec) Start(ctx context.Context, model, id string) error {
+	return e.run(ctx, e.StartCmd, model, id, true)
+}
+
+func (e *Exec) Stop(ctx context.Context, model, id string) error {
+	return e.run(ctx, e.StopCmd, model, id, false)
+}
+
+func (e *Exec) run(ctx context.Context, argv []string, model, id string, join bool) error {
+	if len(argv) == 0 {
+		return nil
+	}
+	env := append(os.Environ(), "MODEL="+model, "REPLICA_ID="+id, "GATEWAY_URL="+e.GatewayURL)
+	if join && e.JoinToken != nil {
+		tok, err := e.JoinToken(ctx, id)
+		if err != nil {
+			return fmt.Errorf("join token: %w", err)
+		}
+		env = append(env, "JOIN_TOKEN="+tok)
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = env
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		last := strings.TrimSpace(out.String())
+		if i := strings.LastIndexByte(last, '\n'); i >= 0 {
+			last = last[i+1:]
+		}
+		return fmt.Errorf("%s: %w: %s", argv[0], err, last)
+	}
+	return nil
+}

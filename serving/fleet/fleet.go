@@ -1,0 +1,385 @@
+// Package fleet is the gateway's fleet controller for teams without
+// Kubernetes: per model it keeps between Min and Max replicas, starts one
+// when requests wait for the model (or its in-flight load passes a
+// threshold), stops one after an idle period, and replaces a replica it
+// started that the registry reports lost or failed. Capacity comes from a
+// [Provider]: [Local] (child workers of this binary, as `tailgate up` starts
+// them) or [Exec] (an operator's start/stop scripts).
+//
+// Every action is bounded by a timeout, retried with capped exponential
+// backoff (a failing provider does not loop), logged, and counted in
+// tailgate_fleet_actions_total{model,action,outcome}. The controller never
+// has more than Max replicas of a model started or starting.
+//
+// It reads the registry (package router) and must not import server.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"tailgate/router"
+)
+
+// Provider starts and stops replicas. Start returns once the replica is on
+// its way (it registers with the gateway itself); both are called with a
+// deadline.
+type Provider interface {
+	Start(ctx context.Context, model, id string) error
+	Stop(ctx context.Context, model, id string) error
+}
+
+// Model is one managed model's bounds and thresholds.
+type Model struct {
+	// Min and Max bound the replicas the controller keeps; Min 0 scales
+	// to zero. Max 0 means Min (and at least 1).
+	Min int `yaml:"min"`
+	Max int `yaml:"max"`
+	// ScaleUpWaiting starts a replica when this many requests are held for
+	// the model (and none of its replicas is already starting); 0 means 1.
+	ScaleUpWaiting int `yaml:"scale_up_waiting"`
+	// ScaleUpInflight starts a replica when the in-flight attempts per
+	// started replica reach it; 0 means never on in-flight load.
+	ScaleUpInflight int `yaml:"scale_up_inflight"`
+	// IdleAfter stops a replica above Min after the model had nothing in
+	// flight or waiting this long; 0 means 5 minutes.
+	IdleAfter time.Duration `yaml:"idle_after"`
+}
+
+// Config configures a [Controller].
+type Config struct {
+	Models map[string]Model
+	// Interval is how often the controller looks without being woken; 0
+	// means 1s.
+	Interval time.Duration
+	// ActionTimeout bounds one Start or Stop; 0 means 2 minutes.
+	ActionTimeout time.Duration
+	// Backoff is the first wait after a failed start of a model, doubled
+	// per consecutive failure up to MaxBackoff; 0 means 1s and 1 minute.
+	Backoff, MaxBackoff time.Duration
+	// Registerer receives the controller's metrics; nil: unexported.
+	Registerer prometheus.Registerer
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Interval <= 0 {
+		c.Interval = time.Second
+	}
+	if c.ActionTimeout <= 0 {
+		c.ActionTimeout = 2 * time.Minute
+	}
+	if c.Backoff <= 0 {
+		c.Backoff = time.Second
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = time.Minute
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	for name, m := range c.Models {
+		if m.Max <= 0 {
+			m.Max = max(m.Min, 1)
+		}
+		if m.ScaleUpWaiting <= 0 {
+			m.ScaleUpWaiting = 1
+		}
+		if m.IdleAfter <= 0 {
+			m.IdleAfter = 5 * time.Minute
+		}
+		c.Models[name] = m
+	}
+}
+
+// Validate reports a configuration the controller cannot follow.
+func (c Config) Validate() error {
+	for name, m := range c.Models {
+		if m.Min < 0 || m.Max < 0 || (m.Max > 0 && m.Max < m.Min) {
+			return fmt.Errorf("fleet model %q: min %d, max %d: want 0 <= min <= max", name, m.Min, m.Max)
+		}
+	}
+	return nil
+}
+
+// replica is one replica the controller started.
+type replica struct {
+	id, model string
+	started   time.Time
+}
+
+// modelState is what the controller keeps per model.
+type modelState struct {
+	busyAt   time.Time // the last time it had requests waiting or in flight
+	failures int       // consecutive failed starts
+	retryAt  time.Time // no start before this (backoff)
+	seq      int       // replica ids: <model>-<seq>
+}
+
+// Controller keeps each managed model's replicas within bounds.
+type Controller struct {
+	cfg  Config
+	reg  *router.Registry
+	prov Provider
+	log  *slog.Logger
+	wake chan struct{}
+
+	mu       sync.Mutex
+	replicas []*replica
+	models   map[string]*modelState
+	acting   sync.WaitGroup
+
+	actions *prometheus.CounterVec // tailgate_fleet_actions_total{model,action,outcome}
+	desired *prometheus.GaugeVec   // tailgate_model_desired_replicas{model}
+}
+
+// New returns a controller of cfg's models on reg's replicas; it also
+// becomes reg's provisioner, so requests for a managed model with no ready
+// replica are held while one starts.
+func New(cfg Config, reg *router.Registry, prov Provider, log *slog.Logger) (*Controller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Models = maps(cfg.Models)
+	cfg.setDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c := &Controller{cfg: cfg, reg: reg, prov: prov, log: log, wake: make(chan struct{}, 1), models: map[string]*modelState{}}
+	for name := range cfg.Models {
+		c.models[name] = &modelState{busyAt: cfg.Now()}
+	}
+	c.actions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tailgate_fleet_actions_total",
+		Help: "Fleet controller actions by model, action (start, stop, replace) and outcome (ok, error).",
+	}, []string{"model", "action", "outcome"})
+	c.desired = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tailgate_model_desired_replicas",
+		Help: "Replicas the fleet controller wants for a model (within its min and max).",
+	}, []string{"model"})
+	if cfg.Registerer != nil {
+		for _, col := range []prometheus.Collector{c.actions, c.desired} {
+			if err := cfg.Registerer.Register(col); err != nil {
+				return nil, err
+			}
+		}
+	}
+	reg.SetProvisioner(c)
+	return c, nil
+}
+
+func maps(m map[string]Model) map[string]Model {
+	out := make(map[string]Model, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// CanStart reports whether model is managed and below its maximum.
+func (c *Controller) CanStart(model string) bool {
+	m, ok := c.cfg.Models[model]
+	if !ok {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.countLocked(model) < m.Max
+}
+
+// Wake makes the controller look now; it never blocks.
+func (c *Controller) Wake(string) {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Controller) countLocked(model string) int {
+	n := 0
+	for _, r := range c.replicas {
+		if r.model == model {
+			n++
+		}
+	}
+	return n
+}
+
+// Run reconciles until ctx ends, then stops the replicas it started and
+// waits for every action it began.
+func (c *Controller) Run(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	for {
+		c.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			c.acting.Wait()
+			c.stopAll()
+			return nil
+		case <-t.C:
+		case <-c.wake:
+		}
+	}
+}
+
+func (c *Controller) stopAll() {
+	c.mu.Lock()
+	rs := c.replicas
+	c.replicas = nil
+	c.mu.Unlock()
+	for _, r := range rs {
+		c.act(context.Background(), r.model, "stop", func(ctx context.Context) error { return c.prov.Stop(ctx, r.model, r.id) })
+	}
+}
+
+// Replicas returns the ids of the replicas the controller started for model.
+func (c *Controller) Replicas(model string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ids []string
+	for _, r := range c.replicas {
+		if r.model == model {
+			ids = append(ids, r.id)
+		}
+	}
+	return ids
+}
+
+// reconcile decides, per model, one step towards what it should have.
+func (c *Controller) reconcile(ctx context.Context) {
+	now := c.cfg.Now()
+	for name, m := range c.cfg.Models {
+		c.reconcileModel(ctx, name, m, now)
+	}
+}
+
+func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, now time.Time) {
+	waiting, inflight := c.reg.Waiting(name), c.reg.Inflight(name)
+	c.mu.Lock()
+	st := c.models[name]
+	if waiting > 0 || inflight > 0 {
+		st.busyAt = now
+	}
+	// A replica it started that the registry calls lost or failed is
+	// replaced: stopped here, started again below as the deficit.
+	var lost []*replica
+	starting := 0
+	c.replicas = slices.DeleteFunc(c.replicas, func(r *replica) bool {
+		if r.model != name {
+			return false
+		}
+		rep := c.reg.Get(r.id)
+		switch {
+		case rep == nil:
+			if now.Sub(r.started) < c.cfg.ActionTimeout {
+				starting++ // not registered yet
+				return false
+			}
+		case rep.State() == router.StateLost, rep.State() == router.StateFailed:
+		default:
+			if s := rep.State(); s == router.StateStarting || s == router.StateWarming {
+				starting++
+			}
+			return false
+		}
+		lost = append(lost, r)
+		return true
+	})
+	n := c.countLocked(name)
+	want := max(n, m.Min)
+	switch {
+	case waiting >= m.ScaleUpWaiting && starting == 0:
+		want = n + 1
+	case m.ScaleUpInflight > 0 && n > 0 && inflight >= int64(m.ScaleUpInflight*n) && starting == 0:
+		want = n + 1
+	case n > m.Min && waiting == 0 && inflight == 0 && now.Sub(st.busyAt) >= m.IdleAfter:
+		want = n - 1
+	}
+	want = min(max(want, m.Min), m.Max)
+	c.desired.WithLabelValues(name).Set(float64(want))
+	var start *replica
+	var stop *replica
+	switch {
+	case want > n && !now.Before(st.retryAt):
+		st.seq++
+		start = &replica{id: fmt.Sprintf("%s-%d", idSafe(name), st.seq), model: name, started: now}
+		c.replicas = append(c.replicas, start) // counted at once: never past Max
+	case want < n:
+		for i := len(c.replicas) - 1; i >= 0; i-- {
+			if c.replicas[i].model == name {
+				stop = c.replicas[i]
+				c.replicas = slices.Delete(c.replicas, i, i+1)
+				break
+			}
+		}
+		st.busyAt = now // one step per idle period
+	}
+	c.mu.Unlock()
+
+	for _, r := range lost {
+		c.log.Warn("fleet: replica lost; replacing it", "model", name, "replica", r.id)
+		c.act(ctx, name, "replace", func(ctx context.Context) error { return c.prov.Stop(ctx, name, r.id) })
+	}
+	if stop != nil {
+		c.log.Info("fleet: stopping an idle replica", "model", name, "replica", stop.id)
+		c.act(ctx, name, "stop", func(ctx context.Context) error { return c.prov.Stop(ctx, name, stop.id) })
+	}
+	if start != nil {
+		c.log.Info("fleet: starting a replica", "model", name, "replica", start.id, "waiting", waiting, "inflight", inflight)
+		c.acting.Go(func() {
+			err := c.act(ctx, name, "start", func(ctx context.Context) error { return c.prov.Start(ctx, name, start.id) })
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if err == nil {
+				st.failures, st.retryAt = 0, time.Time{}
+				return
+			}
+			// Not started: it does not count, and the next try waits.
+			c.replicas = slices.DeleteFunc(c.replicas, func(r *replica) bool { return r == start })
+			st.failures++
+			wait := min(c.cfg.Backoff<<min(st.failures-1, 20), c.cfg.MaxBackoff)
+			st.retryAt = c.cfg.Now().Add(wait)
+			c.log.Warn("fleet: start failed; retrying after backoff", "model", name, "replica", start.id, "failures", st.failures, "in", wait, "err", err)
+		})
+	}
+}
+
+// act runs one provider action under the action timeout and counts it.
+func (c *Controller) act(ctx context.Context, model, action string, f func(context.Context) error) error {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ActionTimeout)
+	defer cancel()
+	err := f(actx)
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%s took longer than %s: %w", action, c.cfg.ActionTimeout, err)
+		}
+		if action != "start" {
+			c.log.Warn("fleet: action failed", "model", model, "action", action, "err", err)
+		}
+	}
+	c.actions.WithLabelValues(model, action, outcome).Inc()
+	return err
+}
+
+// idSafe makes a model name usable in a replica id (a Hugging Face id has
+// a slash).
+func idSafe(model string) string {
+	b := []byte(model)
+	for i, ch := range b {
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '.') {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}
