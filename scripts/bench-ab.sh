@@ -149,7 +149,7 @@ describe() {
 		if [[ "$rev" == . ]]; then
 			desc="the working tree (on $(git -C "$ROOT" rev-parse --short HEAD))"
 		elif [[ -f "$rev" && -x "$rev" ]]; then
-			desc="$rev (a binary: $("${BIN[$name]}" version 2>/dev/null | head -n1))"
+			desc="$rev (a binary: $("${BIN[$name]}" version 2>/dev/null | head -n1 || echo "no version command"))"
 		else
 			desc="$rev ($(git -C "$ROOT" rev-parse --short "$rev^{commit}"))"
 		fi
