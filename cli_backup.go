@@ -8,8 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"tailgate/data"
-	"tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
 const backupSynopsis = `backup --data DIR [--force] FILE

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 func TestBackupCommand(t *testing.T) {

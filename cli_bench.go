@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/bench/load"
-	"tailgate/server/gateway"
-	"tailgate/server/slo"
+	"github.com/tailgate-dev/tailgate/bench/load"
+	"github.com/tailgate-dev/tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/server/slo"
 )
 
 // benchFlags are the flags of `tailgate bench`. Most are bound straight to

@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 
-	"tailgate/bench/load"
-	"tailgate/data/pglocal"
+	"github.com/tailgate-dev/tailgate/bench/load"
+	"github.com/tailgate-dev/tailgate/data/pglocal"
 )
 
 // benchPostgres starts the throwaway PostgreSQL of `tailgate bench

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"tailgate/bench/load"
+	"github.com/tailgate-dev/tailgate/bench/load"
 )
 
 // registerFanout binds the fan-out scenario's and the hedge sweep's flags

@@ -4,7 +4,7 @@ import (
 	"flag"
 	"strings"
 
-	"tailgate/bench/load"
+	"github.com/tailgate-dev/tailgate/bench/load"
 )
 
 // registerMultiturn binds the multiturn scenario's flags.

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/bench/load"
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/bench/load"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestBenchFlagsMapToOptions: each flag lands in its load.Options field,

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestParseDurationTakesDays: every duration the CLI reads takes days as
@@ -94,7 +94,7 @@ func TestUsageSinceTakesDays(t *testing.T) {
 		t.Fatalf("usage --since 'a week': %v", err)
 	}
 	last := testkit.LastLine(errOut.String())
-	if want := `tailgate usage: --since "a week": want a time in RFC 3339 (2027-01-31T00:00:00Z) or a duration ago (24h, 7d)`; last != want {
+	if want := `tailgate usage: --since: time "a week": want a date (2026-11-01), a time in RFC 3339 (2026-11-01T00:00:00Z) or a duration ago (7d, 24h)`; last != want {
 		t.Errorf("last line %q\nwant      %q", last, want)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/serving/edge"
+	"github.com/tailgate-dev/tailgate/serving/edge"
 )
 
 func cmdEdge(ctx context.Context, args []string, stdout, stderr io.Writer) error {

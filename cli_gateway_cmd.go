@@ -7,7 +7,7 @@ import (
 	"io"
 	"path/filepath"
 
-	"tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
 func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
 // TestREADMEGatewayConfigIsTrue keeps the gateway section of docs/commands.md true:

@@ -27,6 +27,8 @@ var helpTopics = []struct{ name, about string }{
 	{"routing", "hedging and routing: replica selection, retries, hedges, admission queue"},
 	{"benchmarking", "tailgate bench: scenarios, fan-out, priority, a deployment, comparing, the report"},
 	{"operations", "operations: admin API, metrics, alerts, dashboard, probes, latency budgets, backups"},
+	{"capacity", "capacity that follows demand: held requests, the fleet controller, autoscaling"},
+	{"edge", "the edge in front of regional gateways: tailgate edge, the Cloudflare Worker"},
 	{"sim", "the simulated engine: what it answers, its knobs, where it differs from vLLM"},
 	{"design", "the design: the request path, the code layout, reading a request through the code"},
 }

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestHelpTopicsAreTheDocsPages: `tailgate help` lists exactly the pages

@@ -6,7 +6,7 @@ import (
 	"io"
 	"slices"
 
-	"tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
 // cmdInit prepares a data directory as a gateway's first start would, so a

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestInitPreparesADataDirectory: `tailgate init --data DIR` makes the

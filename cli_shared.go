@@ -14,9 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/data"
-	"tailgate/server/gateway"
-	"tailgate/serving/childlog"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/serving/childlog"
 )
 
 // The helpers more than one command uses: flag sets and their parsing, the

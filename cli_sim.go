@@ -10,8 +10,8 @@ import (
 	"os"
 	"time"
 
-	"tailgate/serving/launcher"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/serving/launcher"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // announcePrefix starts the line a child `sim --announce` prints on stdout

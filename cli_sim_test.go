@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // TestSimFlagsReachChildEngines: every sim knob `up` and `worker --engine

@@ -10,9 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
 const tenantsUsage = `Usage:

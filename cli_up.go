@@ -11,10 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tailgate/server/gateway"
-	"tailgate/serving/fleet"
-	"tailgate/serving/launcher"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/serving/fleet"
+	"github.com/tailgate-dev/tailgate/serving/launcher"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"tailgate/server/gateway"
-	"tailgate/serving/childlog"
+	"github.com/tailgate-dev/tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/serving/childlog"
 )
 
 // What `up` shows. On a terminal (stderr is one): its banner, one progress

@@ -14,13 +14,13 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/mesh"
-	"tailgate/policy"
-	"tailgate/serving/hop"
-	"tailgate/serving/launcher"
-	"tailgate/serving/sim"
-	"tailgate/serving/tracing"
-	"tailgate/serving/worker"
+	"github.com/tailgate-dev/tailgate/mesh"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/serving/hop"
+	"github.com/tailgate-dev/tailgate/serving/launcher"
+	"github.com/tailgate-dev/tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/serving/tracing"
+	"github.com/tailgate-dev/tailgate/serving/worker"
 )
 
 // workerFlags configure one GPU box: launcher + sidecar + registration.

@@ -8,7 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 const workersUsage = `Usage:

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // TestWorkersCommand: `workers list` shows the credentials by id (never a

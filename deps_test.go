@@ -48,8 +48,8 @@ func goList(t *testing.T) []listedPackage {
 	return pkgs
 }
 
-// under reports whether path is pkg or inside it (pkg "tailgate/serving"
-// holds "tailgate/serving/sim").
+// under reports whether path is pkg or inside it (pkg "github.com/tailgate-dev/tailgate/serving"
+// holds "github.com/tailgate-dev/tailgate/serving/sim").
 func under(path, pkg string) bool {
 	return path == pkg || strings.HasPrefix(path, pkg+"/")
 }
@@ -70,25 +70,25 @@ type room struct {
 // depend on (directly or not), besides its own sub-packages. main may import
 // everything.
 var packageMap = []room{
-	{"tailgate/server", []string{"tailgate/policy", "tailgate/router", "tailgate/serving", "tailgate/data", "tailgate/web", "tailgate/mesh"},
+	{"github.com/tailgate-dev/tailgate/server", []string{"github.com/tailgate-dev/tailgate/policy", "github.com/tailgate-dev/tailgate/router", "github.com/tailgate-dev/tailgate/serving", "github.com/tailgate-dev/tailgate/data", "github.com/tailgate-dev/tailgate/web", "github.com/tailgate-dev/tailgate/mesh"},
 		"the echo app assembles the domain packages; serving on the client side only"},
-	{"tailgate/policy", []string{"tailgate/data"}, "who may do what, over the store"},
-	{"tailgate/router", nil, "talks to replicas through the caller's functions"},
-	{"tailgate/mesh", nil, "the tsnet node stands alone"},
-	{"tailgate/serving", []string{"tailgate/router", "tailgate/mesh"},
+	{"github.com/tailgate-dev/tailgate/policy", []string{"github.com/tailgate-dev/tailgate/data"}, "who may do what, over the store"},
+	{"github.com/tailgate-dev/tailgate/router", nil, "talks to replicas through the caller's functions"},
+	{"github.com/tailgate-dev/tailgate/mesh", nil, "the tsnet node stands alone"},
+	{"github.com/tailgate-dev/tailgate/serving", []string{"github.com/tailgate-dev/tailgate/router", "github.com/tailgate-dev/tailgate/mesh"},
 		"the worker side: never the gateway's server, policy or data (router's wire types and the mesh node at most)"},
-	{"tailgate/web", nil, "embedded assets and their handler"},
-	{"tailgate/data", nil, "SQLite and PostgreSQL below everything"},
-	{"tailgate/bench", []string{"tailgate/serving/proc"},
+	{"github.com/tailgate-dev/tailgate/web", nil, "embedded assets and their handler"},
+	{"github.com/tailgate-dev/tailgate/data", nil, "SQLite and PostgreSQL below everything"},
+	{"github.com/tailgate-dev/tailgate/bench", []string{"github.com/tailgate-dev/tailgate/serving/proc"},
 		"the benchmark measures what a client sees, so it uses nothing of the product (but the process-group helper)"},
-	{"tailgate/e2e", nil, "the end-to-end tests run the built binary; their shared helpers (testkit) use nothing of the product"},
+	{"github.com/tailgate-dev/tailgate/e2e", nil, "the end-to-end tests run the built binary; their shared helpers (testkit) use nothing of the product"},
 }
 
 // TestDeps pins DESIGN's import directions on the production code.
 func TestDeps(t *testing.T) {
 	pkgs := goList(t)
 	for _, p := range pkgs {
-		if p.ImportPath == "tailgate" {
+		if p.ImportPath == "github.com/tailgate-dev/tailgate" {
 			continue
 		}
 		i := slices.IndexFunc(packageMap, func(r room) bool { return under(p.ImportPath, r.path) })
@@ -98,7 +98,7 @@ func TestDeps(t *testing.T) {
 		}
 		r := packageMap[i]
 		for _, d := range p.Deps {
-			if under(d, "tailgate") && !under(d, r.path) && !underAny(d, r.allowed) {
+			if under(d, "github.com/tailgate-dev/tailgate") && !under(d, r.path) && !underAny(d, r.allowed) {
 				t.Errorf("%s depends on %s; %s may import only %v (%s)", p.ImportPath, d, r.path, r.allowed, r.why)
 			}
 		}
@@ -107,16 +107,16 @@ func TestDeps(t *testing.T) {
 	for _, p := range pkgs {
 		// Only the role that assembles the server imports it (and the
 		// server's internal test gateway); main reaches it through the role.
-		if slices.Contains(p.Imports, "tailgate/server") && p.ImportPath != "tailgate/server/gateway" && p.ImportPath != "tailgate/server/internal/servertest" {
+		if slices.Contains(p.Imports, "github.com/tailgate-dev/tailgate/server") && p.ImportPath != "github.com/tailgate-dev/tailgate/server/gateway" && p.ImportPath != "github.com/tailgate-dev/tailgate/server/internal/servertest" {
 			t.Errorf("%s imports tailgate/server; only the gateway role (tailgate/server/gateway) may", p.ImportPath)
 		}
 		// A role is assembled by main alone: no package builds on another's.
-		for _, role := range []string{"tailgate/server/gateway", "tailgate/serving/worker"} {
-			if slices.Contains(p.Imports, role) && p.ImportPath != "tailgate" {
+		for _, role := range []string{"github.com/tailgate-dev/tailgate/server/gateway", "github.com/tailgate-dev/tailgate/serving/worker"} {
+			if slices.Contains(p.Imports, role) && p.ImportPath != "github.com/tailgate-dev/tailgate" {
 				t.Errorf("%s imports the role %s; only main runs a role", p.ImportPath, role)
 			}
 		}
-		if under(p.ImportPath, "tailgate/router") || under(p.ImportPath, "tailgate/data") {
+		if under(p.ImportPath, "github.com/tailgate-dev/tailgate/router") || under(p.ImportPath, "github.com/tailgate-dev/tailgate/data") {
 			for _, d := range p.Deps {
 				if under(d, "github.com/labstack/echo") {
 					t.Errorf("%s depends on %s; router and data stay free of HTTP framework types", p.ImportPath, d)
@@ -126,21 +126,21 @@ func TestDeps(t *testing.T) {
 		tests := slices.Concat(p.TestImports, p.XTestImports)
 		for _, d := range slices.Concat(p.Imports, tests) {
 			switch {
-			case under(d, "tailscale.com") && !under(p.ImportPath, "tailgate/mesh"):
+			case under(d, "tailscale.com") && !under(p.ImportPath, "github.com/tailgate-dev/tailgate/mesh"):
 				t.Errorf("%s imports %s; only tailgate/mesh (and its tests' meshtest) imports tailscale.com", p.ImportPath, d)
-			case under(d, "modernc.org/sqlite") && !under(p.ImportPath, "tailgate/data"):
+			case under(d, "modernc.org/sqlite") && !under(p.ImportPath, "github.com/tailgate-dev/tailgate/data"):
 				t.Errorf("%s imports %s; only tailgate/data imports modernc.org/sqlite", p.ImportPath, d)
-			case under(d, "github.com/jackc/pgx") && p.ImportPath != "tailgate/data":
+			case under(d, "github.com/jackc/pgx") && p.ImportPath != "github.com/tailgate-dev/tailgate/data":
 				t.Errorf("%s imports %s; only tailgate/data imports the PostgreSQL driver", p.ImportPath, d)
 			}
 		}
-		if slices.Contains(p.Imports, "tailgate/mesh/meshtest") {
+		if slices.Contains(p.Imports, "github.com/tailgate-dev/tailgate/mesh/meshtest") {
 			t.Errorf("%s imports tailgate/mesh/meshtest outside its tests; meshtest is test support", p.ImportPath)
 		}
-		if slices.Contains(p.Imports, "tailgate/e2e/testkit") {
+		if slices.Contains(p.Imports, "github.com/tailgate-dev/tailgate/e2e/testkit") {
 			t.Errorf("%s imports tailgate/e2e/testkit outside its tests; testkit is test support", p.ImportPath)
 		}
-		if slices.Contains(p.Imports, "tailgate/data/pgtest") {
+		if slices.Contains(p.Imports, "github.com/tailgate-dev/tailgate/data/pgtest") {
 			t.Errorf("%s imports tailgate/data/pgtest outside its tests; pgtest is test support", p.ImportPath)
 		}
 	}

@@ -170,8 +170,8 @@ var (
 // commandNames are tailgate's commands; those with subcommands list them.
 var commandNames = map[string][]string{
 	"up": nil, "gateway": nil, "worker": nil, "sim": nil, "usage": nil, "bench": nil, "backup": nil,
-	"restore": nil, "version": nil, "healthcheck": nil, "init": nil, "help": nil,
-	"keys": {"create", "list", "edit", "revoke"}, "tenants": {"list", "show", "set"},
+	"restore": nil, "version": nil, "healthcheck": nil, "init": nil, "help": nil, "edge": nil,
+	"keys": {"create", "list", "edit", "revoke", "rotate"}, "tenants": {"list", "show", "set"},
 	"workers": {"list", "invite", "approve", "revoke"},
 }
 
@@ -335,7 +335,7 @@ var foreignFlags = map[string]string{
 	"stream-interval": "vLLM", "user": "headscale", "tags": "headscale", "ephemeral": "headscale",
 	"reusable": "headscale", "expiration": "headscale", "only": "scripts/release.sh", "images": "scripts/release.sh",
 	"out": "scripts/release.sh", "help": "scripts/gpu-check.sh", "gpus": "docker", "profile": "docker compose",
-	"flag": "a placeholder (--flag or -flag)", "version": "tailgate --version, the version command",
+	"flag": "a placeholder (--flag or -flag)", "no-enable-prefix-caching": "vLLM", "otlp-traces-endpoint": "vLLM", "version": "tailgate --version, the version command",
 }
 
 // TestDocumentedFlagsExist: a flag named anywhere in the README and docs/

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
 // TestSecretFlagsComeFromTheEnvironment: each secret-bearing flag takes its

@@ -1,4 +1,4 @@
-module tailgate
+module github.com/tailgate-dev/tailgate
 
 go 1.26.8
 

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"tailgate/data/commitlog"
+	"github.com/tailgate-dev/tailgate/data/commitlog"
 )
 
 // The ledger's commit log makes a committed row durable with one append to

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data/commitlog"
+	"github.com/tailgate-dev/tailgate/data/commitlog"
 )
 
 // What a crash, a power loss or damage leaves of a commit-log file, and

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data/commitlog"
+	"github.com/tailgate-dev/tailgate/data/commitlog"
 )
 
 // commitLogChild, when set, makes the test binary the gateway that dies:

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
 )
 
 // TestGatewaysLedgerTransactionsDoNotDeadlock: two gateways on one

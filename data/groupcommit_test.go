@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 func TestCommitSharesOneTransactionAmongConcurrentCallers(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
 )
 
 // Two gateways on one PostgreSQL reserve the same tenant's budget at once:

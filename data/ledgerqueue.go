@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"tailgate/data/commitlog"
+	"github.com/tailgate-dev/tailgate/data/commitlog"
 )
 
 // The callers' side of the LedgerWriter: rows enter the queue here, and

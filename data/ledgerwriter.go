@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tailgate/data/commitlog"
+	"github.com/tailgate-dev/tailgate/data/commitlog"
 )
 
 // ErrLedgerUnavailable is wrapped by the errors of a [LedgerWriter] that

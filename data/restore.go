@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"tailgate/data/commitlog"
+	"github.com/tailgate-dev/tailgate/data/commitlog"
 )
 
 // ErrDatabaseInUse says a gateway holds the database's commit log: it runs

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
 )
 
 func TestMain(m *testing.M) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data/commitlog"
+	"github.com/tailgate-dev/tailgate/data/commitlog"
 )
 
 func okRow(id string, at time.Time, tn Tenant, k Key, model string, p, c, cost int64) LedgerRow {

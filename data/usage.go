@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/data/commitlog"
+	"github.com/tailgate-dev/tailgate/data/commitlog"
 )
 
 // DefaultRecentLimit is how many rows RecentRequests returns for limit <= 0.

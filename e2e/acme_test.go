@@ -23,7 +23,7 @@ import (
 
 	"golang.org/x/net/dns/dnsmessage"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // The ACME test CA the TLS tests run (TestACMECertificateFromPebble,

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/bench/load"
+	"github.com/tailgate-dev/tailgate/bench/load"
 )
 
 // runBenchSLO runs the real binary's bench with args and a short bounded

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/bench/load"
-	"tailgate/data/pglocal"
-	"tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/bench/load"
+	"github.com/tailgate-dev/tailgate/data/pglocal"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
 )
 
 // TestBenchScenarioFailoverEndToEnd runs the real binary's failover scenario

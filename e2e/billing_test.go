@@ -19,9 +19,9 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"tailgate/data"
-	"tailgate/e2e/testkit"
-	"tailgate/policy"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/policy"
 )
 
 func TestUpServesStreamingChatWithDemoKey(t *testing.T) {

@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
-	"tailgate/data/pgtest"
-	"tailgate/e2e/testkit"
-	"tailgate/policy"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/policy"
 )
 
 // TestSIGKILLLosesNoAnswer kills the real gateway (SIGKILL) under mixed

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // enginePID finds the simulated engine a worker launched: its child running

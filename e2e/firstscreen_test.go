@@ -13,7 +13,7 @@ import (
 
 	"github.com/creack/pty"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // readyLine is the line up prints once every replica is ready.

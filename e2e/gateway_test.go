@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // dialFrom opens a TCP connection to the host:port of url from the

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data/pgtest"
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestNewWorkerJoinsWithAnInviteOrAnApproval: with the real binary, a

@@ -23,9 +23,9 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"tailgate/data/pgtest"
-	"tailgate/e2e/testkit"
-	"tailgate/serving/proc"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving/proc"
 )
 
 // The harness: TestMain builds the binary once; startProc runs it as a child

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/mesh"
-	"tailgate/mesh/meshtest"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/mesh"
+	"github.com/tailgate-dev/tailgate/mesh/meshtest"
 )
 
 // hostListens reports whether anything listens on TCP port on the host

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
-	"tailgate/data/pgtest"
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestUpOnPostgresBillsIntoPostgres: `up --database postgres://…` keeps

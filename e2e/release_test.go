@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/serving/proc"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving/proc"
 )
 
 // startIn starts argv (looked up in PATH when it has no slash, as a shell

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/mesh/meshtest"
+	"github.com/tailgate-dev/tailgate/mesh/meshtest"
 )
 
 // TestStartupErrorsExitWithOneLine runs the binary into each start-up error

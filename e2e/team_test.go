@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestNamedKeyRotationAndUsageAgainstRunningGateway: against a running

@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // testCert is a self-signed certificate for 127.0.0.1 and localhost.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestWiringMistakesGetAHint: the commonest ways to wire a client or a

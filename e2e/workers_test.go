@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 
 	"tailscale.com/tstest"
 	"tailscale.com/tstest/integration/testcontrol"

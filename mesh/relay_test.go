@@ -13,7 +13,7 @@ import (
 	"tailscale.com/tstest"
 	"tailscale.com/tstest/integration/testcontrol"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestNoRelayWarnsWhatToChange: behind an http:// control server whose

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // BudgetAlert says that a tenant's budget use crossed a threshold in a

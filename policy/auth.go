@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // ErrInvalidKey is returned for a secret that is malformed, unknown or

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // Where budget reservations are booked. On SQLite one gateway serves the

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // QuotaError rejects a request that could take its tenant past its budget

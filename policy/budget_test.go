@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 func TestCostRounding(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // openStore opens a fresh database; openSecond opens another handle on the

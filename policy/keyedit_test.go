@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // TestExpiredKeyIsRefusedSayingWhen: a key works until its expiry and is

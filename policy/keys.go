@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // SecretPrefix starts every API key secret.

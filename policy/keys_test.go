@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 func TestNewSecretShape(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // limitedGate returns a gate with an injected clock and a principal for a

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
-	"tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
 )
 
 // budgetEngines are the two ways a budget is booked: in this process's

@@ -48,7 +48,7 @@ import (
 
 	"github.com/dgraph-io/ristretto/v2"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // Config configures a [Gate]. The zero value is usable.

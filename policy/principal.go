@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // PrincipalForKey returns the principal of the key with id keyID, as

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
-	"tailgate/data/pgtest"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
 )
 
 func TestMain(m *testing.M) {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // SetBudget changes the budget of the existing tenant called name: tokens

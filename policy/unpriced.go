@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // UnpricedBudget is a tenant's money budget that does not limit everything

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 func TestUnpricedBudgets(t *testing.T) {

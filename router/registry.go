@@ -19,7 +19,7 @@ type Registry struct {
 	m      *metrics
 	// sessions is the table of recent sessions; nil unless AffinitySession.
 	sessions *sessions
-	holds  *holds // requests waiting for a replica (wait.go)
+	holds    *holds // requests waiting for a replica (wait.go)
 
 	mu   sync.Mutex // serialises writers of list
 	list atomic.Pointer[[]*Replica]

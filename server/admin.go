@@ -16,12 +16,12 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/apierr"
-	"tailgate/server/strictjson"
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/strictjson"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 func adminGet(t *testing.T, h *servertest.Gateway, path string, out any) int {

@@ -4,8 +4,8 @@ import (
 	"net/http"
 	"testing"
 
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // TestAdminRefusesASecretInTheURLPath: DELETE /admin/v1/keys/{ref} takes a

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // A key made with a name, owner and note through the admin API shows them,

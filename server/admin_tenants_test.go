@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // adminCall sends body (if any) to the admin API with the admin token and

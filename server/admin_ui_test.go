@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
-	"tailgate/web"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/web"
 )
 
 // The dashboard's files load without the admin token (a browser opening the

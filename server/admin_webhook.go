@@ -16,7 +16,7 @@ import (
 	"strconv"
 	"time"
 
-	"tailgate/policy"
+	"github.com/tailgate-dev/tailgate/policy"
 )
 
 // BudgetWebhookConfig configures a [BudgetWebhook]. Zero values mean the

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/server"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
 )
 
 // A budget alert is POSTed as signed JSON; a receiver that fails twice gets

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/apierr"
 )
 
 // priorityHeader asks for a request's priority class; a key's class is the

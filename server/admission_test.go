@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // workerList is GET /admin/v1/workers by replica id and status.

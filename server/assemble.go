@@ -14,9 +14,9 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/serving/sse"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/serving/sse"
 )
 
 // The gateway asks the engine for a stream even when the client asked for

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/policy"
-	"tailgate/serving/sse"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/serving/sse"
 )
 
 // recordedPayloads returns the data payloads of a recorded vLLM stream,

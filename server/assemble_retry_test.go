@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // TestJSONAnswerBrokenMidStreamIsRetriedElsewhere: a JSON client gets

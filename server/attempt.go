@@ -17,13 +17,13 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/apierr"
-	"tailgate/server/strictjson"
-	"tailgate/serving"
-	"tailgate/serving/sse"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/strictjson"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/sse"
 )
 
 // maxUpstreamBody bounds a non-streaming answer read from a replica.

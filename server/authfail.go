@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
-	"tailgate/policy"
+	"github.com/tailgate-dev/tailgate/policy"
 )
 
 // Why a request's credentials were refused: the bounded values of

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // TestAuthFailuresAreCountedByReasonAndLoggedWithoutTheSecret: every 401

@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 func TestBadInputGetsOpenAIErrors(t *testing.T) {

@@ -6,10 +6,10 @@ import (
 	"net/http"
 	"time"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/apierr"
-	"tailgate/server/batch"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/batch"
 )
 
 var _ batch.Generator = (*Server)(nil)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // BenchmarkPacedStreams: what scripts/bench-streams.sh measures on the

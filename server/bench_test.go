@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // The gateway's overhead is measured as a ratio: the same request, the same

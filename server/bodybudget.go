@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/apierr"
 )
 
 // bodyBudget bounds the request-body bytes the gateway holds at once, over

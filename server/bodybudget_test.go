@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // bodyBytesInFlight reads the gateway's tailgate_request_body_bytes_inflight

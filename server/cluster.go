@@ -16,10 +16,10 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"tailgate/data"
-	"tailgate/router"
-	"tailgate/server/apierr"
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // maxHeartbeatBody bounds a heartbeat's body.

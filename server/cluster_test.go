@@ -12,11 +12,11 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // credentials are the worker credentials the gateways of the tests issued,

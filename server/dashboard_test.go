@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving"
-	"tailgate/serving/sim"
-	"tailgate/web"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/web"
 )
 
 // chromiumFlags are the flags that work headless on these machines: no

@@ -9,9 +9,9 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
-	"tailgate/policy"
-	"tailgate/server/apierr"
-	"tailgate/serving/sse"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/serving/sse"
 )
 
 // endpoint is one public POST endpoint as an adapter of the one pipeline

@@ -12,9 +12,9 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // vllmLike answers the endpoints vLLM serves beside chat and completions

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/router"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
 )
 
 type timeoutErr struct{}

@@ -8,10 +8,10 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/apierr"
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // The answers to wiring mistakes: a request on the wrong listener or

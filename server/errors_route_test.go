@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // TestNoReplicaSaysWhyEachReplicaIsOut: a model whose replicas are all out

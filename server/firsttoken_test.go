@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // TestFirstTokenOfAnyKindIsRelayedAtOnce: a reasoning delta, a tool-call

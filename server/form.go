@@ -8,7 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/apierr"
 )
 
 // A multipart/form-data body (the audio endpoints) is read once, strictly,

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // audioForm is a transcription form with the given parts before its file,

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/server/apierr"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 const formCtype = "multipart/form-data; boundary=B"

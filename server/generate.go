@@ -9,10 +9,10 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/apierr"
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // handleGenerate serves one public POST endpoint (chat, completions,

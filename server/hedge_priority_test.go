@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // skippedHedges reads tailgate_hedges_skipped_total{reason}, summed over models.

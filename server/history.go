@@ -10,7 +10,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"tailgate/router"
+	"github.com/tailgate-dev/tailgate/router"
 )
 
 // The dashboard's last hour, kept in memory: every HistoryInterval the

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // A restarted gateway's registry starts at zero, so the dashboard's last

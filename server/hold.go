@@ -8,10 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/apierr"
 )
 
 // HoldConfig bounds how a request waits through a cold start: when its model

@@ -11,11 +11,11 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // coldGateway is a gateway whose one replica is starting (registered, not

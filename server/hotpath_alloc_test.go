@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
-	"tailgate/policy"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
 )
 
 // TestLiveCallListCostsOneEntryPerRequest: every request is listed for the

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // rawEngine starts an engine written at the TCP level, so that a test

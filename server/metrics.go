@@ -8,8 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"tailgate/data"
-	"tailgate/policy"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
 )
 
 // metrics holds the server's Prometheus collectors: requests, stages,

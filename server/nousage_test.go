@@ -11,8 +11,8 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // TestEngineWithoutUsageIsBilledWhatReachedTheClient: an OpenAI-compatible

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"time"
 
-	"tailgate/data"
-	"tailgate/router"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/router"
 )
 
 // Answers the client sees only whole. A JSON answer is assembled from the

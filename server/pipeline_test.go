@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // publicEndpoint is one public endpoint as a client calls it, for the tests

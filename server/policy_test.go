@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 const hiBody = `{"model":"tailgate-sim","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`

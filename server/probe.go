@@ -7,7 +7,7 @@ import (
 	"io"
 	"net/http"
 
-	"tailgate/router"
+	"github.com/tailgate-dev/tailgate/router"
 )
 
 // Prober checks an OpenAI-compatible replica by listing its models.

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/policy"
-	"tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // TestQuotaErrorSaysRequestedAndLeft: a request whose worst case (prompt

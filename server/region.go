@@ -10,9 +10,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // regionCacheTTL is how long one encoded status is served: an edge polls

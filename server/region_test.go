@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 func getRegionStatus(t *testing.T, base string) (serving.RegionStatus, string) {

@@ -10,8 +10,8 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
-	"tailgate/server/apierr"
-	"tailgate/server/strictjson"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/strictjson"
 )
 
 // parsedRequest is what the gateway needs to know of a generation request.

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/server/apierr"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // readerSeeds are bodies that once read one way at the gateway and another

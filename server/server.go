@@ -54,15 +54,15 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/apierr"
-	"tailgate/server/batch"
-	"tailgate/server/slo"
-	"tailgate/server/strictjson"
-	"tailgate/serving"
-	"tailgate/serving/hop"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/batch"
+	"github.com/tailgate-dev/tailgate/server/slo"
+	"github.com/tailgate-dev/tailgate/server/strictjson"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/hop"
 )
 
 // Config tunes the gateway's HTTP behaviour. Zero values mean the defaults.

@@ -7,9 +7,9 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"tailgate/data"
-	"tailgate/server/apierr"
-	"tailgate/server/slo"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/slo"
 )
 
 // newSLO makes the latency-budget evaluator of cfg and registers its

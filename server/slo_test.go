@@ -9,11 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
-	"tailgate/server/slo"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/server/slo"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // getSLO reads GET /admin/v1/slo with query q.

@@ -11,11 +11,11 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // TestClientThatStopsReadingIsCutAndReleased: a client that sends a

@@ -16,11 +16,11 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/apierr"
-	"tailgate/serving"
-	"tailgate/serving/sse"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/sse"
 )
 
 // sseWriter owns the ResponseWriter of a streamed answer: every write and

@@ -8,7 +8,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
-	"tailgate/serving/sse"
+	"github.com/tailgate-dev/tailgate/serving/sse"
 )
 
 // TestCutUsageMatchesDeletingTheMember: the in-place cut of a chunk's

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // streamMemBound is the most memory one open stream may hold in the

@@ -12,11 +12,11 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 func TestMeteringIsExactUnderMixedConcurrentLoad(t *testing.T) {

@@ -12,9 +12,9 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"tailgate/data"
-	"tailgate/router"
-	"tailgate/serving/tracing"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/serving/tracing"
 )
 
 // Traces: one span per request of the public API, named and attributed
@@ -29,7 +29,7 @@ import (
 // below returns at its first line: no span, no context, no allocation.
 
 // instrumentation is the tracer's scope name.
-const instrumentation = "tailgate/server"
+const instrumentation = "github.com/tailgate-dev/tailgate/server"
 
 // genAIProvider is gen_ai.provider.name: the engines tailgate fronts speak
 // vLLM's API (the simulated one too).

@@ -14,10 +14,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // A client's trace as it sends it: trace id and its own span's id.

@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
-	"tailgate/data"
-	"tailgate/router"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/router"
 )
 
 // tryLog records every upstream attempt of one call as it happens — the

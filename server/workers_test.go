@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // openRegistration lets the cluster token alone register a new replica

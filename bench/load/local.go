@@ -17,7 +17,7 @@ import (
 	"sync"
 	"time"
 
-	"tailgate/serving/proc"
+	"github.com/tailgate-dev/tailgate/serving/proc"
 )
 
 // LocalConfig configures a fleet of tailgate processes on loopback.

@@ -21,7 +21,7 @@ import (
 	"sync"
 	"testing"
 
-	"tailgate/data/pglocal"
+	"github.com/tailgate-dev/tailgate/data/pglocal"
 )
 
 // SkipEnv is the environment variable that, set to "skip", turns the

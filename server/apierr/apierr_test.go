@@ -8,7 +8,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/apierr"
 )
 
 // TestWrite pins the bytes a client gets: OpenAI's shape with an empty

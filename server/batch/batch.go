@@ -8,9 +8,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/apierr"
 )
 
 // Generator runs one generation request of a batch line as principal p and

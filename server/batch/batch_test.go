@@ -21,13 +21,13 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server"
-	"tailgate/server/batch"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/batch"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 type batchOpts struct {

@@ -15,8 +15,8 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"tailgate/data"
-	"tailgate/policy"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
 )
 
 // The batch executor. The database is the only state that matters: a batch's

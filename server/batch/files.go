@@ -18,8 +18,8 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"tailgate/data"
-	"tailgate/server/strictjson"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/server/strictjson"
 )
 
 // resultLine is one line of an output or error file, in OpenAI's format.

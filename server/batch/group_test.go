@@ -9,9 +9,9 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"tailgate/router"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // preferReplica sends every first attempt to the replica it names, and a

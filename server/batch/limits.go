@@ -13,7 +13,7 @@ import (
 	"net/http"
 	"time"
 
-	"tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/server/apierr"
 )
 
 // lineLimitError: an input file breaks a per-file limit at Line (1-based).

@@ -22,9 +22,9 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"tailgate/server/batch"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/server/batch"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // peakRSS is the process's peak resident set size (VmHWM), "" where

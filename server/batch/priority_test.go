@@ -8,11 +8,11 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"tailgate/policy"
-	"tailgate/server"
-	"tailgate/server/batch"
-	"tailgate/server/internal/servertest"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/batch"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // TestBatchLinesRunAsBatchClass: a batch made with an interactive key runs

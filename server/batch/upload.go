@@ -20,9 +20,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/server/apierr"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server/apierr"
 )
 
 // The lifetimes a client may ask for (expires_after, output_expires_after),

@@ -17,16 +17,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 
-	"tailgate/data"
-	"tailgate/mesh"
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server"
-	"tailgate/server/batch"
-	"tailgate/server/slo"
-	"tailgate/serving"
-	"tailgate/serving/hop"
-	"tailgate/serving/tracing"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/mesh"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/batch"
+	"github.com/tailgate-dev/tailgate/server/slo"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/hop"
+	"github.com/tailgate-dev/tailgate/serving/tracing"
 )
 
 // Config is the gateway's configuration (`gateway` and `up`) in one

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"tailgate/server/slo"
+	"github.com/tailgate-dev/tailgate/server/slo"
 )
 
 // sloConfig is the latency-budget part of Config: the file's slo and

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/server/slo"
+	"github.com/tailgate-dev/tailgate/server/slo"
 )
 
 // TestSLOConfigFileThenFlags: the file's slo key overlays the defaults stage

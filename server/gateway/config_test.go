@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/policy"
-	"tailgate/router"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
 )
 
 // resolveGateway parses args as `tailgate gateway` does, with file as the

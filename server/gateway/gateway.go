@@ -40,15 +40,15 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/sync/errgroup"
 
-	"tailgate/data"
-	"tailgate/mesh"
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server"
-	"tailgate/server/connlimit"
-	"tailgate/serving/fleet"
-	"tailgate/serving/hop"
-	"tailgate/web"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/mesh"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/server/connlimit"
+	"github.com/tailgate-dev/tailgate/serving/fleet"
+	"github.com/tailgate-dev/tailgate/serving/hop"
+	"github.com/tailgate-dev/tailgate/web"
 )
 
 // Gateway is an open gateway role: the listeners are bound, nothing is

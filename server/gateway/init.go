@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // Prepared says what [Prepare] found and made in a data directory.

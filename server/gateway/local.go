@@ -6,9 +6,9 @@ import (
 	"os"
 	"strings"
 
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/serving/fleet"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/serving/fleet"
 )
 
 // What `tailgate up` needs of the gateway it runs its workers beside.

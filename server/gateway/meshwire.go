@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"slices"
 
-	"tailgate/mesh"
+	"github.com/tailgate-dev/tailgate/mesh"
 )
 
 // viaMesh marks requests that arrived on the tailnet listener.

@@ -3,7 +3,7 @@ package gateway
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"tailgate/router"
+	"github.com/tailgate-dev/tailgate/router"
 )
 
 // kvCacheDesc is each replica's engine KV-cache use as its worker last

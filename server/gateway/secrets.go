@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"tailgate/policy"
+	"github.com/tailgate-dev/tailgate/policy"
 )
 
 // writeSecretFile replaces path with content, mode 0600 whatever the old

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"tailgate/server"
-	"tailgate/serving/tracing"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/serving/tracing"
 )
 
 // openTracing starts the OTLP exporter of --otlp-endpoint and gives the

@@ -3,8 +3,8 @@ package gateway
 import (
 	"time"
 
-	"tailgate/data"
-	"tailgate/server"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/server"
 )
 
 // The admin API's JSON views, for the commands that print the same shapes

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // Window is an evaluation window of the burn rate.

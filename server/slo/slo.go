@@ -37,7 +37,7 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // Kind says how an answer was delivered: as a stream (its first token is

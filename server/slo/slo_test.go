@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"tailgate/data"
+	"github.com/tailgate-dev/tailgate/data"
 )
 
 // clock is a settable time source.

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/serving"
-	"tailgate/serving/edge"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/edge"
 )
 
 func stringsReader(s string) io.Reader { return strings.NewReader(s) }

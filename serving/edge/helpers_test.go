@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/serving"
-	"tailgate/serving/edge"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/edge"
 )
 
 // fakeRegion is a regional gateway's public listener as the edge sees it:

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // region is one regional gateway: its address and what its polls said.

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // startWorker runs deploy/cloudflare/worker.js in workerd (the real

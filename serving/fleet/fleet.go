@@ -25,7 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"tailgate/router"
+	"github.com/tailgate-dev/tailgate/router"
 )
 
 // Provider starts and stops replicas. Start returns once the replica is on

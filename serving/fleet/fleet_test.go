@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"tailgate/router"
+	"github.com/tailgate-dev/tailgate/router"
 )
 
 // cloud is a provider whose replicas join reg at once, ready (or, with

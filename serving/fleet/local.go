@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"tailgate/serving/proc"
+	"github.com/tailgate-dev/tailgate/serving/proc"
 )
 
 // Child runs one child process of this binary and restarts it with backoff

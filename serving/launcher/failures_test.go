@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // TestEngineThatRejectsItsArgumentsIsNotRestarted: a vLLM whose argument

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // fakeVLLM is the path of the fake `vllm` executable that TestMain builds

@@ -58,8 +58,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tailgate/serving"
-	"tailgate/serving/hop"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/hop"
 )
 
 // State is a replica state: one of the serving.State* names. The launcher

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // errorTail keeps the engine's last error lines for operators: everything

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"tailgate/serving/proc"
+	"github.com/tailgate-dev/tailgate/serving/proc"
 )
 
 // socketName is the engine socket's name in its directory.

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // VLLMOptions are the worker's engine flags; [VLLMCommand] turns them into a

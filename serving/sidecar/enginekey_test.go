@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // The engine answers only requests with its API key: the sidecar adds the

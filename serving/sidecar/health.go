@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // engineHealth is what the sidecar's own probes say about an engine the

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/serving"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // sickEngine is a simulated engine whose /health the test can break: it

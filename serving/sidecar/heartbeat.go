@@ -18,7 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // HeartbeatConfig describes a worker's registration with a gateway.

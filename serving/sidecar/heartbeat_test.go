@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // gateway is a stand-in for the gateway's heartbeat endpoint: it checks

@@ -13,9 +13,9 @@ import (
 	"sync"
 	"testing"
 
-	"tailgate/e2e/testkit"
-	"tailgate/serving"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 const testToken = "cluster-secret"

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // What a raw engine does with the n-th request (from 0) on a connection.

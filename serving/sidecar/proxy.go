@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tailgate/serving"
-	"tailgate/serving/tracing"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/tracing"
 )
 
 const (

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/serving"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // carriesToken reports whether an SSE event is a token event as DESIGN

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // maxMetricsBody bounds an engine's /metrics answer.

@@ -8,7 +8,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // TestOpenAIClientThroughTheSidecar drives the sidecar with the official

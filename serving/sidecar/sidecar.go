@@ -53,8 +53,8 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"tailgate/serving"
-	"tailgate/serving/hop"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/hop"
 )
 
 // Config describes a sidecar.
@@ -182,7 +182,7 @@ func New(cfg Config) (*Sidecar, error) {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Tracer != nil {
-		s.tracer = cfg.Tracer.Tracer("tailgate/serving/sidecar")
+		s.tracer = cfg.Tracer.Tracer("github.com/tailgate-dev/tailgate/serving/sidecar")
 	}
 	if s.transport == nil {
 		s.transport = newTransport(cfg.EngineKeepAlive*4/5, cfg.EngineSocket, cfg.UpstreamClient)

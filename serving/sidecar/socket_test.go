@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // socketEngine is a simulated engine that listens on a Unix socket only, as

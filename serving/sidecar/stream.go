@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"tailgate/serving"
-	"tailgate/serving/sse"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/sse"
 )
 
 // maxPending bounds how much the relay gathers from events already at hand

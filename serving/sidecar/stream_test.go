@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // scriptedEngine streams SSE parts as an engine would: the first at once,

@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"tailgate/serving/tracing"
+	"github.com/tailgate-dev/tailgate/serving/tracing"
 )
 
 // Traces: a generation request gets a span of the sidecar's, a child of the

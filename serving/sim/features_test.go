@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/serving/sse"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving/sse"
 )
 
 // answerChoice is a chat answer's choice as the tool tests read it.

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // flushBytes bounds how much a stream buffers while tokens are due at once

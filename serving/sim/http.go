@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // maxBodyBytes bounds a request body; far above any prompt that fits

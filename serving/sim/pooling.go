@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving"
 )
 
 // Pooling endpoints (embeddings, rerank, score) run through the engine as a

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // openStream starts a streaming chat request and returns its reader once the

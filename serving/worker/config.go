@@ -11,7 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"tailgate/serving/hop"
+	"github.com/tailgate-dev/tailgate/serving/hop"
 )
 
 // Config configures a [Worker]. Zero values mean the documented default; a

@@ -43,9 +43,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"tailgate/serving"
-	"tailgate/serving/launcher"
-	"tailgate/serving/sidecar"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/launcher"
+	"github.com/tailgate-dev/tailgate/serving/sidecar"
 )
 
 // Worker is one GPU box's worker role. Run may be called once.

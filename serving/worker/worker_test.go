@@ -20,9 +20,9 @@ import (
 	"testing"
 	"time"
 
-	"tailgate/e2e/testkit"
-	"tailgate/serving"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
+	"github.com/tailgate-dev/tailgate/serving"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 // engineEnv, when set, makes the test binary the engine: the simulated

@@ -26,11 +26,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
-	"tailgate/data"
-	"tailgate/policy"
-	"tailgate/router"
-	"tailgate/server"
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 const (

@@ -43,7 +43,7 @@ import (
 	"syscall"
 	"time"
 
-	"tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/serving/sim"
 )
 
 var recordMu sync.Mutex
