@@ -132,11 +132,8 @@ func (s *Store) CreateKey(ctx context.Context, k Key) (Key, error) {
 			nullMicros(k.ExpiresAt), keyClass(k.Class), k.Name, k.Owner, k.Note); err != nil {
 			return nameTaken(err, k.Name)
 		}
-		if err := bumpKeysVersion(ctx, tx); err != nil {
-			return err
-		}
 		var err error
-		out, err = scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, k.ID))
+		out, err = changedKey(ctx, tx, k.ID)
 		return err
 	})
 	if err != nil {
@@ -214,10 +211,7 @@ func (s *Store) RevokeKey(ctx context.Context, ref string, hash []byte) (Key, er
 		if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ?`, toMicros(now()), k.ID); err != nil {
 			return err
 		}
-		if err := bumpKeysVersion(ctx, tx); err != nil {
-			return err
-		}
-		out, err = scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, k.ID))
+		out, err = changedKey(ctx, tx, k.ID)
 		return err
 	})
 	if err != nil {
@@ -287,10 +281,7 @@ func (s *Store) UpdateKey(ctx context.Context, ref string, hash []byte, u KeyUpd
 			WHERE id = ?`, k.RPM, k.TPM, k.MaxConcurrency, models, nullMicros(k.ExpiresAt), k.Class, k.Name, k.Owner, k.Note, k.ID); err != nil {
 			return nameTaken(err, k.Name)
 		}
-		if err := bumpKeysVersion(ctx, tx); err != nil {
-			return err
-		}
-		out, err = scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, k.ID))
+		out, err = changedKey(ctx, tx, k.ID)
 		return err
 	})
 	if err != nil {
@@ -420,10 +411,7 @@ func (s *Store) RotateKey(ctx context.Context, ref string, hash []byte, newHash 
 			newHash, newPrefix, prevHash, prevUntil, k.ID); err != nil {
 			return err
 		}
-		if err := bumpKeysVersion(ctx, tx); err != nil {
-			return err
-		}
-		out, err = scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, k.ID))
+		out, err = changedKey(ctx, tx, k.ID)
 		return err
 	})
 	if err != nil {
@@ -461,4 +449,13 @@ func (s *Store) KeySpend(ctx context.Context) (map[string]KeyTotal, error) {
 		return nil, fmt.Errorf("key spend: %w", err)
 	}
 	return out, nil
+}
+
+// changedKey tells running gateways that the keys changed (they reload
+// within a second) and reads key id back as the change left it.
+func changedKey(ctx context.Context, tx *sql.Tx, id string) (Key, error) {
+	if err := bumpKeysVersion(ctx, tx); err != nil {
+		return Key{}, err
+	}
+	return scanKey(tx.QueryRowContext(ctx, `SELECT `+keyCols+keyFrom+` WHERE k.id = ?`, id))
 }

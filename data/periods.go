@@ -80,19 +80,8 @@ func (s *Store) SetBudgetPeriod(ctx context.Context, tenantID int64, period stri
 	if alertPercent < 1 || alertPercent > 100 {
 		return errors.New("set budget period: the alert percent must be 1 to 100")
 	}
-	err := s.writeTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE tenants SET budget_period = ?, budget_alert_percent = ? WHERE id = ?`,
-			period, alertPercent, tenantID)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 {
-			return ErrNotFound
-		}
-		return bumpKeysVersion(ctx, tx)
-	})
+	err := s.updateTenant(ctx, `UPDATE tenants SET budget_period = ?, budget_alert_percent = ? WHERE id = ?`,
+		period, alertPercent, tenantID)
 	if err != nil {
 		return fmt.Errorf("set budget period: %w", err)
 	}

@@ -50,19 +50,7 @@ func (s *Store) SetTenantBudget(ctx context.Context, tenantID int64, tokens, mic
 	if tokens < 0 || micros < 0 {
 		return errors.New("set tenant budget: negative budget")
 	}
-	err := s.writeTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx,
-			`UPDATE tenants SET budget_tokens = ?, budget_micros = ? WHERE id = ?`, tokens, micros, tenantID)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 {
-			return ErrNotFound
-		}
-		return bumpKeysVersion(ctx, tx)
-	})
+	err := s.updateTenant(ctx, `UPDATE tenants SET budget_tokens = ?, budget_micros = ? WHERE id = ?`, tokens, micros, tenantID)
 	if err != nil {
 		return fmt.Errorf("set tenant budget: %w", err)
 	}
@@ -100,4 +88,21 @@ func (s *Store) TenantByName(ctx context.Context, name string) (Tenant, error) {
 		return Tenant{}, fmt.Errorf("tenant %q: %w", name, err)
 	}
 	return t, nil
+}
+
+// updateTenant runs one UPDATE of a tenant's row (ErrNotFound when it
+// changed none) and tells running gateways, which reload within a second.
+func (s *Store) updateTenant(ctx context.Context, query string, args ...any) error {
+	return s.writeTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return ErrNotFound
+		}
+		return bumpKeysVersion(ctx, tx)
+	})
 }
