@@ -23,7 +23,7 @@ const affinitySlack = 1.5
 
 // newP2C takes what P2C needs from a Config with its defaults applied.
 func newP2C(cfg Config) *P2C {
-	return &P2C{rand: cfg.Rand, score: scorer{now: cfg.Now, slowStart: cfg.SlowStart}, affinity: cfg.Affinity != AffinityOff}
+	return &P2C{rand: cfg.Rand, score: scorer{now: cfg.Now, slowStart: cfg.SlowStart}, affinity: cfg.Affinity == AffinityPrefix}
 }
 
 // Select implements Selector.

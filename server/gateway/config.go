@@ -95,7 +95,7 @@ type Config struct {
 
 	UpstreamClient   string          `yaml:"-"` // --upstream-client; "": hop
 	Policy           string          `yaml:"-"` // --policy; "": p2c
-	Affinity         router.Affinity `yaml:"-"` // --affinity; off unless given
+	Affinity         router.Affinity `yaml:"-"` // --affinity; session unless given
 	AffinitySessions int             `yaml:"-"` // --affinity-sessions; 0: router.DefaultSessions
 	AffinityBound    float64         `yaml:"-"` // --affinity-load-bound; 0: router.DefaultLoadBound
 	SlowStart        time.Duration   `yaml:"-"` // --slow-start; 0: off
@@ -196,7 +196,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.DrainNotice, "drain-notice", 0, "on SIGTERM, how long the gateway keeps taking requests while "+serving.RegionStatusPath+" says draining, so edges move new traffic first (e.g. 3s with edges polling every second; 0: none)")
 	fs.StringVar(&c.UpstreamClient, "upstream-client", string(hop.Hop), "HTTP client to replicas: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.StringVar(&c.Policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")
-	fs.Var((*affinityFlag)(&c.Affinity), "affinity", "keep related requests on one replica, whose engine has their prefix cached: --affinity=off, prefix (same prompt prefix when load is comparable) or session (a conversation's turns, named by x-session-affinity, prompt_cache_key, user or metadata.user_id, within the load bound; prefix for the rest); a bare --affinity means "+router.DefaultAffinity.String())
+	c.Affinity = router.AffinitySession
+	fs.Var((*affinityFlag)(&c.Affinity), "affinity", "keep related requests on one replica, whose engine has their prefix cached: --affinity=off, prefix (same prompt prefix when load is comparable) or session (a conversation's turns, named by x-session-affinity, prompt_cache_key, user or metadata.user_id, within the load bound; the rest by load); a bare --affinity means "+router.DefaultAffinity.String())
 	fs.IntVar(&c.AffinitySessions, "affinity-sessions", router.DefaultSessions, "--affinity=session: recent sessions remembered (least recently used forgotten first)")
 	fs.Float64Var(&c.AffinityBound, "affinity-load-bound", router.DefaultLoadBound, "--affinity=session: a session stays on its replica while that holds at most this factor of the mean requests in flight")
 	fs.DurationVar(&c.SlowStart, "slow-start", router.DefaultSlowStart, "how long a freshly ready replica ramps up to a full share; its load counts double at first (0: off)")

@@ -114,7 +114,7 @@ func TestGatewayConfigDefaultsReachEachPackage(t *testing.T) {
 		t.Errorf("server.Config = %+v", s)
 	}
 	r := st.routerCfg
-	if r.Selector != nil || r.Affinity != router.AffinityOff || r.SlowStart != router.DefaultSlowStart || r.ForgetLost != router.DefaultForgetLost || r.Budget.Ratio != 0.05 ||
+	if r.Selector != nil || r.Affinity != router.AffinitySession || r.SlowStart != router.DefaultSlowStart || r.ForgetLost != router.DefaultForgetLost || r.Budget.Ratio != 0.05 ||
 		!r.Hedge.Enabled || r.Hedge.Percentile != 0.95 || r.Hedge.Min != 20*time.Millisecond || r.Hedge.Max != 30*time.Second ||
 		r.Hedge.Budget != 0.10 || r.Hedge.Burst != 20 {
 		t.Errorf("router.Config = %+v", r)
