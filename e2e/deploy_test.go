@@ -56,13 +56,13 @@ func flagValue(args []string, name string) string {
 }
 
 // defaultOf is the default of a duration flag of the gateway or the worker,
-// as the binary's `CMD -h` prints it (flag.PrintDefaults leaves out a zero
-// default).
+// as the binary's `CMD --help-all` prints it (every flag; -h shows only
+// the ones a newcomer needs first; a zero default is left out).
 func defaultOf(t *testing.T, cmd, name string) time.Duration {
 	t.Helper()
-	out, err := exec.Command(binPath, cmd, "-h").CombinedOutput()
+	out, err := exec.Command(binPath, cmd, "--help-all").CombinedOutput()
 	if err != nil {
-		t.Fatalf("tailgate %s -h: %v\n%s", cmd, err, out)
+		t.Fatalf("tailgate %s --help-all: %v\n%s", cmd, err, out)
 	}
 	for block := range strings.SplitSeq(string(out), "\n  -") {
 		if rest, ok := strings.CutPrefix(block, name); !ok || (rest != "" && rest[0] != ' ' && rest[0] != '\n') {
@@ -78,7 +78,7 @@ func defaultOf(t *testing.T, cmd, name string) time.Duration {
 		}
 		return d
 	}
-	t.Fatalf("tailgate %s -h lists no --%s", cmd, name)
+	t.Fatalf("tailgate %s --help-all lists no --%s", cmd, name)
 	return 0
 }
 
