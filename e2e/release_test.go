@@ -221,7 +221,7 @@ func TestREADMEFiveMinuteWalk(t *testing.T) {
 					t.Fatalf("%s: no ready replica within 90s", line)
 				}
 			}
-		case strings.HasPrefix(block, "tailgate worker"):
+		case strings.HasPrefix(block, "tailgate worker "): // not `tailgate workers invite`, which runs to completion
 			startIn(t, dir, env, "bash", "-c", "exec "+strings.TrimSpace(block))
 		case strings.Contains(block, "/admin/v1/replicas"):
 			var list struct {
