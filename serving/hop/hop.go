@@ -87,7 +87,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	trace := httptrace.ContextClientTrace(ctx)
 	key := hostPort(req.URL.Host)
-	for attempt := 0; ; attempt++ {
+	for {
 		c, err := t.get(ctx, key, trace)
 		if err != nil {
 			closeBody(req)
@@ -98,9 +98,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		// A reused connection the replica had closed (it times idle ones
-		// out) fails before any answer byte: send once more on a fresh
-		// one, if the request may be sent twice — as net/http does.
-		if attempt == 0 && c.used && errors.Is(err, errStale) && ctx.Err() == nil && replayable(req) {
+		// out, or it stopped) fails before any answer byte: send again, if
+		// the request may be sent twice — as net/http does. Several pooled
+		// connections may be dead at once (a restarted engine closed them
+		// all); each leaves the pool as it fails, so this ends at the
+		// latest on a fresh dial, whose error is the one returned.
+		if c.used && errors.Is(err, errStale) && ctx.Err() == nil && replayable(req) {
 			if body, gerr := rewind(req); gerr == nil {
 				r2 := *req
 				r2.Body = body

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // countingServer is a real HTTP server on loopback that counts the
@@ -186,6 +188,54 @@ func TestConnectionTheReplicaClosedWhileIdleIsReplaced(t *testing.T) {
 	}
 	if !errors.Is(err, errStale) {
 		t.Fatalf("error %v does not say the replica closed the connection", err)
+	}
+}
+
+func TestEveryDeadPooledConnectionIsPassedOver(t *testing.T) {
+	// An engine that stopped closed every connection in the pool at once.
+	// A request with an idempotency key goes past all of them to a fresh
+	// connection, as net/http's transport does; it must not fail on the
+	// second dead one (the sidecar would answer 502 instead of retrying).
+	const pooled = 4
+	var served atomic.Int64
+	release := make(chan struct{})
+	url := rawServer(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		if served.Add(1) <= pooled {
+			<-release // hold the first answers so each takes its own connection
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		time.Sleep(20 * time.Millisecond) // the client pools it, then it is closed
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	var wg sync.WaitGroup
+	for range pooled {
+		wg.Go(func() {
+			resp, err := post(t, tr, context.Background(), url, "a")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+	testkit.WaitFor(t, "every held request on its own connection", func() bool { return served.Load() == pooled })
+	close(release)
+	wg.Wait()
+	time.Sleep(100 * time.Millisecond) // the server has closed all pooled connections
+	resp, err := post(t, tr, context.Background(), url, "b")
+	if err != nil {
+		t.Fatalf("with %d dead pooled connections: %v, want an answer on a fresh one", pooled, err)
+	}
+	resp.Body.Close()
+	if n := served.Load(); n != pooled+1 {
+		t.Fatalf("the server answered %d requests, want %d", n, pooled+1)
 	}
 }
 
