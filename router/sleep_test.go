@@ -35,12 +35,17 @@ func TestHoldForASleepingReplicaAsksTheProvisionerToWakeIt(t *testing.T) {
 	reg := newRegistry(t, Config{})
 	rep := reg.Add(readyReplica("r", "m"))
 	rep.SetState(StateSleeping, "engine asleep")
-	// Without a provisioner no one wakes it: the request is not held.
+	// Without a provisioner that wakes it, no one would: the request is
+	// not held.
 	if err := reg.Hold(context.Background(), "m", ClassStandard, holdLong); !errors.Is(err, ErrNoReplica) {
 		t.Fatalf("sleeping replica, no provisioner: got %v, want ErrNoReplica", err)
 	}
-	// At its maximum, the provisioner cannot start one but can wake this one.
-	p := &fakeProvisioner{models: map[string]bool{}}
+	reg.SetProvisioner(&fakeProvisioner{models: map[string]bool{}})
+	if err := reg.Hold(context.Background(), "m", ClassStandard, holdLong); !errors.Is(err, ErrNoReplica) {
+		t.Fatalf("sleeping replica, a provisioner that does not wake it: got %v, want ErrNoReplica", err)
+	}
+	// At its maximum, the provisioner cannot start one but wakes this one.
+	p := &fakeProvisioner{models: map[string]bool{}, canWake: true}
 	reg.SetProvisioner(p)
 	var mu sync.Mutex
 	var progress []string

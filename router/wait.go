@@ -30,6 +30,9 @@ type Provisioner interface {
 	// CanStart reports whether a replica of model can be started (the
 	// model is managed and below its maximum).
 	CanStart(model string) bool
+	// CanWake reports whether it wakes the sleeping replicas of model (the
+	// model is managed and the provisioner can reach their sidecars).
+	CanWake(model string) bool
 	// Wake says requests for model wait; it must not block.
 	Wake(model string)
 }
@@ -142,10 +145,10 @@ func (r *Registry) Inflight(model string) int64 {
 
 // coldState says what the capacity of model is doing while none of its
 // replicas is ready: "starting" or "warming" (a replica is on its way),
-// "sleeping" (a replica's engine sleeps and the provisioner can wake it),
+// "sleeping" (a replica's engine sleeps and the provisioner wakes it),
 // "provisioning" (the provisioner can start one), or "" (nothing is coming:
-// the request is not worth holding). A sleeping replica with no
-// provisioner is nothing coming: no one would wake it.
+// the request is not worth holding). A sleeping replica no provisioner
+// wakes is nothing coming.
 func (r *Registry) coldState(model string) string {
 	state, sleeping := "", false
 	for _, rep := range *r.list.Load() {
@@ -167,12 +170,19 @@ func (r *Registry) coldState(model string) string {
 	}
 	switch {
 	case state != "":
-	case sleeping && r.provisioner() != nil:
+	case sleeping && r.Wakeable(model):
 		state = "sleeping"
 	case r.Startable(model):
 		state = "provisioning"
 	}
 	return state
+}
+
+// Wakeable reports whether a provisioner wakes the sleeping replicas of
+// model.
+func (r *Registry) Wakeable(model string) bool {
+	p := r.provisioner()
+	return p != nil && p.CanWake(model)
 }
 
 // Sleeping returns the replicas serving model whose engines sleep: the
