@@ -36,13 +36,10 @@ type sleepState struct {
 	gen    uint64
 }
 
-// errSleepOff refuses /sleep and /wake_up on a sidecar without sleep mode.
+// errSleepOff refuses /sleep and /wake_up on a sidecar without sleep mode;
+// the fleet controller reads its code and does not ask that replica again.
 var errSleepOff = &apiError{status: http.StatusConflict, typ: "invalid_request_error", code: "sleep_mode_off",
 	msg: "this worker's engine runs without sleep mode; restart the worker with --sleep-mode (vLLM then gets --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1)"}
-
-// ErrSleepModeOff is the code of the sidecar's answer to a sleep or wake
-// on a worker started without --sleep-mode.
-const ErrSleepModeOff = "sleep_mode_off"
 
 func (s *Sidecar) handlePostSleep(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
