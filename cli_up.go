@@ -32,6 +32,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fleetMin  = fs.Int("fleet-min", 0, "with --fleet-max: replicas the fleet controller keeps at least (0: scale to zero when idle)")
 		fleetMax  = fs.Int("fleet-max", 0, "run the fleet controller instead of a fixed --replicas: at most this many local replicas, started as requests wait (0: off)")
 		fleetIdle = fs.Duration("fleet-idle", 5*time.Minute, "with --fleet-max: stop a replica above --fleet-min after the model was idle this long")
+		fleetNap  = fs.Duration("fleet-sleep-after", 0, "with --fleet-max: put the replicas to vLLM sleep (level 1) after the model was idle this long, wake one when requests wait, still stop after --fleet-idle (0: never sleep; the workers get --sleep-mode)")
 		verbose   = fs.Bool("verbose", false, "on a terminal, show the whole log (workers and engines too) instead of warnings and one progress line; it is in DIR/up.log either way")
 	)
 	fs.Var(&vllmArgs, "vllm-arg", "extra argument for every vllm serve (repeatable)")
@@ -54,6 +55,12 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *warmup < 0 {
 		return fmt.Errorf("--warmup %d: want 0 (none) or more", *warmup)
+	}
+	switch {
+	case *fleetNap < 0:
+		return fmt.Errorf("--fleet-sleep-after %s: want 0 (never) or more", *fleetNap)
+	case *fleetNap > 0 && *fleetMax == 0:
+		return errors.New("--fleet-sleep-after needs --fleet-max: the fleet controller puts replicas to sleep and wakes them")
 	}
 	if *engine == "vllm" {
 		// A missing vLLM or a refused --vllm-arg would end every worker at
@@ -105,6 +112,9 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"--data", filepath.Join(cfg.DataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
 			"--engine", *engine, "--model", *model, "--log-level", lf.level, "--log-format", lf.format,
 			"--warmup", fmt.Sprint(*warmup), "--upstream-client", cfg.UpstreamClient}
+		if *fleetNap > 0 {
+			childArgs = append(childArgs, "--sleep-mode")
+		}
 		childArgs = append(childArgs, cfg.Tracing.Args()...)
 		switch *engine {
 		case "sim":
@@ -124,7 +134,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		var n atomic.Int64
 		prov := &fleet.Local{Log: log, Approve: func(ctx context.Context, id string) error { return gw.ApproveWorkers(ctx, id) },
 			Argv: func(_, id string) []string { return argv(int(n.Add(1)), id) }}
-		if err := gw.UseFleet(fleet.Config{Models: map[string]fleet.Model{*model: {Min: *fleetMin, Max: *fleetMax, IdleAfter: *fleetIdle}}}, prov); err != nil {
+		if err := gw.UseFleet(fleet.Config{Models: map[string]fleet.Model{*model: {Min: *fleetMin, Max: *fleetMax, IdleAfter: *fleetIdle, SleepAfter: *fleetNap}}}, prov); err != nil {
 			return err
 		}
 	}

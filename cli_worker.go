@@ -43,6 +43,7 @@ type workerFlags struct {
 	warmup           int
 	drainGrace       time.Duration
 	upstreamClient   string
+	sleepMode        bool
 	sim              sim.Flags
 	mesh             mesh.Flags
 	tracing          tracing.Config
@@ -73,6 +74,7 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&w.warmup, "warmup", 3, "short generations run before the replica is announced ready (0: none)")
 	fs.DurationVar(&w.drainGrace, "drain-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
 	fs.StringVar(&w.upstreamClient, "upstream-client", string(hop.Hop), "HTTP client of the sidecar to the engine: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
+	fs.BoolVar(&w.sleepMode, "sleep-mode", false, "let the gateway's fleet controller put the engine to sleep when idle and wake it on demand: vllm gets --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 (on its private socket), sim gets --sim-sleep-mode")
 	w.sim.Register(fs)
 	w.mesh.Register(fs, "")
 	w.tracing.RegisterFlags(fs)
@@ -172,7 +174,7 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 		Gateways: wf.gateways, ClusterToken: tok, JoinToken: join, Advertise: wf.advertise, ReplicaID: wf.replicaID, DataDir: wf.dataDir,
 		Model: wf.model, Engine: wf.engine, StartupTimeout: wf.startupTimeout,
 		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, DrainGrace: wf.drainGrace, NoDrain: wf.drainGrace == 0,
-		Log: log, UpstreamClient: client,
+		Log: log, UpstreamClient: client, SleepMode: wf.sleepMode,
 	}
 	if wf.servedModelName != "" {
 		cfg.Model = wf.servedModelName
@@ -247,6 +249,10 @@ func (wf *workerFlags) openListener(ctx context.Context, log *slog.Logger, cfg *
 // engineCommand returns how the launcher starts the engine serving model
 // on a Unix socket: vllm serve, or this binary's simulated engine.
 func (wf *workerFlags) engineCommand(model string) (func(socket string) ([]string, []string, error), error) {
+	if wf.sleepMode {
+		wf.vllm.SleepMode = true
+		wf.sim.EnableSleepMode()
+	}
 	if wf.engine == "sim" {
 		self, err := os.Executable()
 		if err != nil {

@@ -336,6 +336,7 @@ var foreignFlags = map[string]string{
 	"reusable": "headscale", "expiration": "headscale", "only": "scripts/release.sh", "images": "scripts/release.sh",
 	"out": "scripts/release.sh", "help": "scripts/gpu-check.sh", "gpus": "docker", "profile": "docker compose",
 	"flag": "a placeholder (--flag or -flag)", "no-enable-prefix-caching": "vLLM", "otlp-traces-endpoint": "vLLM", "version": "tailgate --version, the version command",
+	"enable-sleep-mode": "vLLM (worker --sleep-mode sets it)",
 }
 
 // TestDocumentedFlagsExist: a flag named anywhere in the README and docs/

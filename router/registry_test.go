@@ -152,7 +152,7 @@ func TestRoundRobinTakesTurns(t *testing.T) {
 func TestPickSkipsReplicasThatMayNotTakeTraffic(t *testing.T) {
 	reg := newRegistry(t, Config{})
 	ready := reg.Add(readyReplica("ready", "m"))
-	for _, s := range []State{StateStarting, StateWarming, StateDraining, StateFailed} {
+	for _, s := range []State{StateStarting, StateWarming, StateDraining, StateFailed, StateSleeping} {
 		r := readyReplica("x-"+s.String(), "m")
 		r.SetState(s, "test")
 		reg.Add(r)

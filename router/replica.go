@@ -20,27 +20,29 @@ const (
 	StateEjected               // taken out by the gateway after failures; probed back
 	StateFailed                // the worker reports its engine failed
 	StateLost                  // its lease ended: kept for operators to see, never routed to
+	StateSleeping              // its engine sleeps (vLLM sleep mode): never routed to, woken on demand
 )
 
-var stateNames = [...]string{"starting", "warming", "ready", "draining", "ejected", "failed", "lost"}
+var stateNames = [...]string{"starting", "warming", "ready", "draining", "ejected", "failed", "lost", "sleeping"}
 
 // moves is the replica state machine: moves[from][to] says whether a replica
 // may go from one state to another. A worker reports its own lifecycle by
 // heartbeat, so every state it can report (starting, warming, ready,
-// draining, failed) is reachable from every other; only the gateway ejects,
+// draining, failed, sleeping) is reachable from every other; only the gateway ejects,
 // and only a replica that is taking traffic; only the lease sweep loses a
 // replica, from any state, and the next heartbeat brings it back. Which writer may make which
 // move beyond this (a heartbeat does not lift an ejection; a probe does) is
 // the writer's rule, kept with it. Staying in a state is always allowed: it
 // refreshes the reason.
 var moves = [len(stateNames)][len(stateNames)]bool{
-	StateStarting: {StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true},
-	StateWarming:  {StateStarting: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true},
-	StateReady:    {StateStarting: true, StateWarming: true, StateDraining: true, StateEjected: true, StateFailed: true, StateLost: true},
-	StateDraining: {StateStarting: true, StateWarming: true, StateReady: true, StateFailed: true, StateLost: true},
-	StateEjected:  {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true},
-	StateFailed:   {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateLost: true},
-	StateLost:     {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true},
+	StateStarting: {StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true, StateSleeping: true},
+	StateWarming:  {StateStarting: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true, StateSleeping: true},
+	StateReady:    {StateStarting: true, StateWarming: true, StateDraining: true, StateEjected: true, StateFailed: true, StateLost: true, StateSleeping: true},
+	StateDraining: {StateStarting: true, StateWarming: true, StateReady: true, StateFailed: true, StateLost: true, StateSleeping: true},
+	StateEjected:  {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true, StateSleeping: true},
+	StateFailed:   {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateLost: true, StateSleeping: true},
+	StateLost:     {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true, StateSleeping: true},
+	StateSleeping: {StateStarting: true, StateWarming: true, StateReady: true, StateDraining: true, StateFailed: true, StateLost: true},
 }
 
 // canMove reports whether moves allows from → to.

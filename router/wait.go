@@ -22,12 +22,17 @@ import (
 // for any request.
 
 // Provisioner is what can add capacity for a model: the gateway's fleet
-// controller. The registry asks it whether a request for a model without a
-// starting replica is worth holding, and tells it when one starts waiting.
+// controller, which starts replicas and wakes sleeping ones. The registry
+// asks it whether a request for a model without a starting replica is
+// worth holding, and tells it when one starts waiting (so it wakes a
+// sleeping replica of the model, or starts one).
 type Provisioner interface {
 	// CanStart reports whether a replica of model can be started (the
 	// model is managed and below its maximum).
 	CanStart(model string) bool
+	// CanWake reports whether it wakes the sleeping replicas of model (the
+	// model is managed and the provisioner can reach their sidecars).
+	CanWake(model string) bool
 	// Wake says requests for model wait; it must not block.
 	Wake(model string)
 }
@@ -44,7 +49,7 @@ type HoldOptions struct {
 	// means never.
 	Every time.Duration
 	// Progress, if set, is called from the waiting goroutine with what the
-	// model's capacity is doing ("starting", "warming", "provisioning")
+	// model's capacity is doing ("starting", "warming", "sleeping", "provisioning")
 	// and how long the request has waited.
 	Progress func(state string, waited time.Duration)
 }
@@ -140,10 +145,12 @@ func (r *Registry) Inflight(model string) int64 {
 
 // coldState says what the capacity of model is doing while none of its
 // replicas is ready: "starting" or "warming" (a replica is on its way),
+// "sleeping" (a replica's engine sleeps and the provisioner wakes it),
 // "provisioning" (the provisioner can start one), or "" (nothing is coming:
-// the request is not worth holding).
+// the request is not worth holding). A sleeping replica no provisioner
+// wakes is nothing coming.
 func (r *Registry) coldState(model string) string {
-	state := ""
+	state, sleeping := "", false
 	for _, rep := range *r.list.Load() {
 		if !rep.Serves(model) {
 			continue
@@ -157,12 +164,37 @@ func (r *Registry) coldState(model string) string {
 			if state == "" {
 				state = "starting"
 			}
+		case StateSleeping:
+			sleeping = true
 		}
 	}
-	if state == "" && r.Startable(model) {
+	switch {
+	case state != "":
+	case sleeping && r.Wakeable(model):
+		state = "sleeping"
+	case r.Startable(model):
 		state = "provisioning"
 	}
 	return state
+}
+
+// Wakeable reports whether a provisioner wakes the sleeping replicas of
+// model.
+func (r *Registry) Wakeable(model string) bool {
+	p := r.provisioner()
+	return p != nil && p.CanWake(model)
+}
+
+// Sleeping returns the replicas serving model whose engines sleep: the
+// capacity a provisioner can wake for requests that wait.
+func (r *Registry) Sleeping(model string) []*Replica {
+	var out []*Replica
+	for _, rep := range *r.list.Load() {
+		if rep.State() == StateSleeping && rep.Serves(model) {
+			out = append(out, rep)
+		}
+	}
+	return out
 }
 
 // Holdable reports whether a request for model that finds no ready replica

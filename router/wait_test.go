@@ -19,9 +19,10 @@ func startingReplica(id string, models ...string) *Replica {
 // fakeProvisioner can start replicas of the models it lists and counts
 // wake-ups.
 type fakeProvisioner struct {
-	mu     sync.Mutex
-	models map[string]bool
-	wakes  int
+	mu      sync.Mutex
+	models  map[string]bool
+	wakes   int
+	canWake bool // it wakes sleeping replicas of any model
 }
 
 func (p *fakeProvisioner) CanStart(m string) bool {
@@ -29,7 +30,8 @@ func (p *fakeProvisioner) CanStart(m string) bool {
 	defer p.mu.Unlock()
 	return p.models[m]
 }
-func (p *fakeProvisioner) Wake(string) { p.mu.Lock(); p.wakes++; p.mu.Unlock() }
+func (p *fakeProvisioner) CanWake(string) bool { return p.canWake }
+func (p *fakeProvisioner) Wake(string)         { p.mu.Lock(); p.wakes++; p.mu.Unlock() }
 
 var holdLong = HoldOptions{Queue: 8, Timeout: time.Minute}
 

@@ -71,7 +71,7 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	}
 	state, ok := router.ParseState(hb.State)
 	if !ok || state == router.StateEjected || state == router.StateLost {
-		return apierr.Reply(c, apierr.BadRequest("state", "state must be one of starting, warming, ready, draining, failed"))
+		return apierr.Reply(c, apierr.BadRequest("state", "state must be one of starting, warming, ready, draining, failed, sleeping"))
 	}
 	addr := strings.TrimSuffix(hb.Address, "/")
 	peer := ""

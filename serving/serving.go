@@ -69,6 +69,10 @@ const (
 	StateReady    = "ready"
 	StateDraining = "draining"
 	StateFailed   = "failed"
+	// StateSleeping: the engine sleeps (vLLM sleep mode); the replica takes
+	// no requests, and the gateway wakes it through the sidecar when
+	// requests wait.
+	StateSleeping = "sleeping"
 )
 
 // Heartbeat is what a worker tells the gateway about its replica.
@@ -117,7 +121,7 @@ type Load struct {
 	// SleepState is vLLM's sleep mode state (vllm:engine_sleep_state):
 	// SleepAwake, or asleep at level 1 (SleepWeightsOffloaded) or level 2
 	// (SleepDiscardAll); "" when the engine does not say. An engine asleep
-	// still answers /health; the sidecar reports its replica not ready.
+	// still answers /health; the sidecar reports its replica sleeping.
 	SleepState string `json:"sleep_state,omitempty"`
 	// TTFTMillisP50 is the engine's recent median time to first token as the
 	// sidecar measured it; 0 when unknown.

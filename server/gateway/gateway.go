@@ -85,6 +85,7 @@ type Gateway struct {
 	stopWorkers func()
 	promReg     *prometheus.Registry
 	fleet       *fleet.Controller // nil: no fleet controller (see UseFleet)
+	sidecars    *fleet.Sidecars   // how the fleet controller reaches sidecars to sleep and wake them
 	closeOnce   sync.Once
 
 	tracer *sdktrace.TracerProvider // nil: tracing off
@@ -184,6 +185,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	}
 	client, _ := hop.ParseClient(cfg.UpstreamClient) // checked by Validate
 	transport := server.NewTransport(2*time.Second, dial, client)
+	gw.sidecars = &fleet.Sidecars{Transport: transport, ClusterToken: clusterToken}
 	for _, u := range setup.upstreams {
 		rep := router.NewReplica(u.id, u.url)
 		rep.Static = true

@@ -65,10 +65,16 @@ func (gw *Gateway) ApproveWorkers(ctx context.Context, ids ...string) error {
 
 // UseFleet runs a fleet controller of cfg's models beside the gateway,
 // with capacity from prov: requests for a managed model with no ready
-// replica are held while it starts one. Call it before Run; the replicas it
-// started are stopped when Run ends.
+// replica are held while it starts one. Models with a SleepAfter have their
+// idle replicas put to sleep and woken through their sidecars. Call it
+// before Run; the replicas it started are stopped when Run ends.
 func (gw *Gateway) UseFleet(cfg fleet.Config, prov fleet.Provider) error {
 	cfg.Registerer = gw.promReg
+	for _, m := range cfg.Models {
+		if m.SleepAfter > 0 && cfg.Sleeper == nil {
+			cfg.Sleeper = gw.sidecars
+		}
+	}
 	c, err := fleet.New(cfg, gw.reg, prov, gw.log)
 	if err != nil {
 		return err

@@ -2,7 +2,9 @@
 // Kubernetes: per model it keeps between Min and Max replicas, starts one
 // when requests wait for the model (or its in-flight load passes a
 // threshold), stops one after an idle period, and replaces a replica it
-// started that the registry reports lost or failed. Capacity comes from a
+// started that the registry reports lost or failed. With a [Sleeper] it puts
+// an idle replica to vLLM sleep before that, and wakes a sleeping one
+// rather than start another (sleep.go). Capacity comes from a
 // [Provider]: [Local] (child workers of this binary, as `tailgate up` starts
 // them) or [Exec] (an operator's start/stop scripts).
 //
@@ -51,6 +53,15 @@ type Model struct {
 	// IdleAfter stops a replica above Min after the model had nothing in
 	// flight or waiting this long; 0 means 5 minutes.
 	IdleAfter time.Duration `yaml:"idle_after"`
+	// SleepAfter puts the replicas the controller started to sleep (vLLM
+	// sleep mode, through their sidecars) after the model had nothing in
+	// flight or waiting this long; they are woken when requests wait, and
+	// still stopped after IdleAfter above Min. 0 means never; it needs
+	// Config.Sleeper.
+	SleepAfter time.Duration `yaml:"sleep_after"`
+	// SleepLevel is vLLM's sleep level: 1 (weights offloaded to CPU memory,
+	// the faster wake) or 2 (weights discarded). 0 means 1.
+	SleepLevel int `yaml:"sleep_level"`
 }
 
 // Config configures a [Controller].
@@ -64,6 +75,9 @@ type Config struct {
 	// Backoff is the first wait after a failed start of a model, doubled
 	// per consecutive failure up to MaxBackoff; 0 means 1s and 1 minute.
 	Backoff, MaxBackoff time.Duration
+	// Sleeper puts replicas to sleep and wakes them (see Model.SleepAfter);
+	// nil: the controller only starts and stops.
+	Sleeper Sleeper
 	// Registerer receives the controller's metrics; nil: unexported.
 	Registerer prometheus.Registerer
 	// Now is the clock; nil means time.Now.
@@ -96,6 +110,9 @@ func (c *Config) setDefaults() {
 		if m.IdleAfter <= 0 {
 			m.IdleAfter = 5 * time.Minute
 		}
+		if m.SleepLevel == 0 {
+			m.SleepLevel = 1
+		}
 		c.Models[name] = m
 	}
 }
@@ -106,6 +123,12 @@ func (c Config) Validate() error {
 		if m.Min < 0 || m.Max < 0 || (m.Max > 0 && m.Max < m.Min) {
 			return fmt.Errorf("fleet model %q: min %d, max %d: want 0 <= min <= max", name, m.Min, m.Max)
 		}
+		if m.SleepAfter < 0 {
+			return fmt.Errorf("fleet model %q: sleep after %s: want 0 (never) or more", name, m.SleepAfter)
+		}
+		if m.SleepLevel < 0 || m.SleepLevel > 2 {
+			return fmt.Errorf("fleet model %q: sleep level %d: want 1 (weights offloaded to CPU memory) or 2 (weights discarded)", name, m.SleepLevel)
+		}
 	}
 	return nil
 }
@@ -114,6 +137,7 @@ func (c Config) Validate() error {
 type replica struct {
 	id, model string
 	started   time.Time
+	noSleep   bool // its engine runs without sleep mode: never put to sleep
 }
 
 // modelState is what the controller keeps per model.
@@ -135,6 +159,7 @@ type Controller struct {
 	mu       sync.Mutex
 	replicas []*replica
 	models   map[string]*modelState
+	sleepOps map[string]bool // replica ids with a sleep or wake under way
 	acting   sync.WaitGroup
 
 	actions *prometheus.CounterVec // tailgate_fleet_actions_total{model,action,outcome}
@@ -159,7 +184,7 @@ func New(cfg Config, reg *router.Registry, prov Provider, log *slog.Logger) (*Co
 	}
 	c.actions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tailgate_fleet_actions_total",
-		Help: "Fleet controller actions by model, action (start, stop, replace) and outcome (ok, error).",
+		Help: "Fleet controller actions by model, action (start, stop, replace, sleep, wake) and outcome (ok, error).",
 	}, []string{"model", "action", "outcome"})
 	c.desired = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tailgate_model_desired_replicas",
@@ -264,6 +289,7 @@ func (c *Controller) reconcile(ctx context.Context) {
 
 func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, now time.Time) {
 	waiting, inflight := c.reg.Waiting(name), c.reg.Inflight(name)
+	sleepers := len(c.reg.Sleeping(name))
 	c.mu.Lock()
 	st := c.models[name]
 	if waiting > 0 || inflight > 0 {
@@ -295,20 +321,28 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 		return true
 	})
 	n := c.countLocked(name)
+	awake := n - sleepers // capacity that takes requests now
 	want := max(n, m.Min)
+	more := false
 	switch {
 	case waiting >= m.ScaleUpWaiting && starting == 0:
-		want = n + 1
-	case m.ScaleUpInflight > 0 && n > 0 && inflight >= int64(m.ScaleUpInflight*n) && starting == 0:
-		want = n + 1
+		want, more = n+1, true
+	case m.ScaleUpInflight > 0 && awake > 0 && inflight >= int64(m.ScaleUpInflight*awake) && starting == 0:
+		want, more = n+1, true
 	case n > m.Min && waiting == 0 && inflight == 0 && now.Sub(st.busyAt) >= m.IdleAfter:
 		want = n - 1
 	}
 	want = min(max(want, m.Min), m.Max)
 	c.desired.WithLabelValues(name).Set(float64(want))
+	idle := waiting == 0 && inflight == 0 && m.SleepAfter > 0 && now.Sub(st.busyAt) >= m.SleepAfter
 	var start *replica
 	var stop *replica
+	wake := false
 	switch {
+	case more && sleepers > 0 && c.cfg.Sleeper != nil:
+		// A sleeping replica wakes faster than any other can start, and
+		// does not count against Max again.
+		wake = !now.Before(st.retryAt)
 	case want > n && !now.Before(st.retryAt):
 		st.seq++
 		start = &replica{id: fmt.Sprintf("%s-%d", idSafe(name), st.seq), model: name, started: now}
@@ -325,6 +359,9 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 	}
 	c.mu.Unlock()
 
+	if wake || (stop == nil && start == nil && idle) {
+		c.reconcileSleep(ctx, name, m, wake, idle)
+	}
 	for _, r := range lost {
 		c.log.Warn("fleet: replica lost; replacing it", "model", name, "replica", r.id)
 		c.act(ctx, name, "replace", func(ctx context.Context) error { return c.prov.Stop(ctx, name, r.id) })
@@ -364,7 +401,7 @@ func (c *Controller) act(ctx context.Context, model, action string, f func(conte
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%s took longer than %s: %w", action, c.cfg.ActionTimeout, err)
 		}
-		if action != "start" {
+		if action != "start" && action != "wake" { // those log with their backoff
 			c.log.Warn("fleet: action failed", "model", model, "action", action, "err", err)
 		}
 	}

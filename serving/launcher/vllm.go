@@ -35,6 +35,15 @@ type VLLMOptions struct {
 	// --otlp-traces-endpoint, over http/protobuf (vLLM's default is gRPC).
 	// vLLM needs its OpenTelemetry packages installed for it.
 	OTLPTracesEndpoint string
+	// SleepMode lets the gateway put the engine to sleep and wake it:
+	// `--enable-sleep-mode` (vLLM's CuMem allocator, which can offload and
+	// free the weights) and VLLM_SERVER_DEV_MODE=1, which serves POST
+	// /sleep, POST /wake_up and GET /is_sleeping (vLLM v0.11 to v0.1x:
+	// vllm/entrypoints/serve/sleep/api_router.py, attach_router; before,
+	// vllm/entrypoints/openai/api_server.py). Dev mode also serves vLLM's
+	// other development endpoints; the engine listens on the worker's
+	// private Unix socket only, so only the sidecar reaches them.
+	SleepMode bool
 	// ExtraArgs are appended verbatim after the flags above (--vllm-arg).
 	// Validate refuses the flags the launcher sets itself (--host, --port,
 	// --uds, --served-model-name, --api-key), in any spelling vLLM accepts.
@@ -104,7 +113,8 @@ var ErrVLLMNotFound = errors.New("vllm not found on PATH: install vLLM or pass -
 //
 //	vllm serve MODEL --uds SOCKET [--served-model-name N]
 //	  [--tensor-parallel-size N] [--max-num-seqs N] [--max-num-batched-tokens N]
-//	  [--gpu-memory-utilization F] [--otlp-traces-endpoint URL] [extra...]
+//	  [--gpu-memory-utilization F] [--otlp-traces-endpoint URL]
+//	  [--enable-sleep-mode] [extra...]
 //
 // vLLM's --uds (vllm/entrypoints/openai/cli_args.py, FrontendArgs.uds: "If
 // set, host and port arguments are ignored") makes its API server bind that
@@ -154,6 +164,9 @@ func VLLMCommand(o VLLMOptions, socket string) (argv []string, env []string, err
 	if o.OTLPTracesEndpoint != "" {
 		argv = append(argv, "--otlp-traces-endpoint", o.OTLPTracesEndpoint)
 	}
+	if o.SleepMode {
+		argv = append(argv, "--enable-sleep-mode")
+	}
 	argv = append(argv, o.ExtraArgs...)
 
 	// The keep-alive is set, not inherited: the sidecar's idle timeout is
@@ -162,6 +175,9 @@ func VLLMCommand(o VLLMOptions, socket string) (argv []string, env []string, err
 		"VLLM_HTTP_TIMEOUT_KEEP_ALIVE=" + strconv.Itoa(int(serving.EngineKeepAlive/time.Second))}
 	if o.GPUs != "" {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+o.GPUs)
+	}
+	if o.SleepMode {
+		env = append(env, "VLLM_SERVER_DEV_MODE=1")
 	}
 	if o.OTLPTracesEndpoint != "" {
 		env = append(env, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf")

@@ -55,6 +55,12 @@ func TestVLLMCommandBuildsServeLine(t *testing.T) {
 				"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf", "OTEL_SERVICE_NAME=vllm"},
 		},
 		{
+			name:     "sleep mode for the fleet controller",
+			opts:     VLLMOptions{Model: "m", SleepMode: true, ExtraArgs: []string{"--dtype=half"}},
+			wantArgs: []string{"serve", "m", "--uds", "/run/e/engine.sock", "--enable-sleep-mode", "--dtype=half"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5", "VLLM_SERVER_DEV_MODE=1"},
+		},
+		{
 			name:     "explicit binary",
 			opts:     VLLMOptions{Binary: fakeVLLM, Model: "m", MaxNumSeqs: 1},
 			wantArgs: []string{"serve", "m", "--uds", "/run/e/engine.sock", "--max-num-seqs", "1"},

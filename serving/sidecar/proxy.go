@@ -41,6 +41,8 @@ func (s *Sidecar) routes() http.Handler {
 	}
 	mux.HandleFunc("/v1/models", s.handleGetModels)
 	mux.HandleFunc("/health", s.handleGetHealth)
+	mux.HandleFunc("/sleep", s.handlePostSleep)
+	mux.HandleFunc("/wake_up", s.handlePostWakeUp)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
 	return s.requireToken(mux)
 }

@@ -94,6 +94,9 @@ func (s *Sidecar) scrape(ctx context.Context) error {
 		return err
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	s.mu.Lock()
+	gen := s.sleep.gen
+	s.mu.Unlock()
 	s.authorize(req)
 	resp, err := s.transport.RoundTrip(req)
 	if err != nil {
@@ -108,9 +111,16 @@ func (s *Sidecar) scrape(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	if s.sleep.gen != gen {
+		s.mu.Unlock()
+		return nil // a sleep or wake happened meanwhile: this reading is stale
+	}
 	was := s.sleepReason()
 	s.scraped.Store(l)
-	if now := s.sleepReason(); now != was {
+	now := s.sleepReason()
+	s.mu.Unlock()
+	if now != was {
 		if now != "" {
 			s.log.Warn("engine asleep: replica out of service until it wakes", "reason", now)
 		} else {
@@ -131,9 +141,9 @@ func (s *Sidecar) sleepReason() string {
 	}
 	switch e.SleepState {
 	case serving.SleepWeightsOffloaded:
-		return "engine asleep (vLLM sleep level 1: weights offloaded to CPU); POST /wake_up to the engine wakes it"
+		return "engine asleep (vLLM sleep level 1: weights offloaded to CPU); POST /wake_up to the sidecar (the gateway's fleet controller does when requests wait) wakes it"
 	case serving.SleepDiscardAll:
-		return "engine asleep (vLLM sleep level 2: weights and KV cache discarded); POST /wake_up to the engine wakes it"
+		return "engine asleep (vLLM sleep level 2: weights and KV cache discarded); POST /wake_up to the sidecar (the gateway's fleet controller does when requests wait) wakes it"
 	}
 	return ""
 }

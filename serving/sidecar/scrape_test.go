@@ -328,7 +328,7 @@ func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // TestSleepingEngineIsNotReady: vLLM's sleep mode leaves /health at 200 but
-// the engine serves nothing; the replica reports warming with the reason,
+// the engine serves nothing; the replica reports sleeping with the reason,
 // refuses generation with 503, and comes back once the engine wakes. The
 // worker hears of each change at once.
 func TestSleepingEngineIsNotReady(t *testing.T) {
@@ -353,10 +353,10 @@ func TestSleepingEngineIsNotReady(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no state change reported after the engine fell asleep")
 	}
-	if ch[0] != serving.StateWarming || !strings.HasPrefix(ch[1], "engine asleep (vLLM sleep level 1") {
-		t.Errorf("state change %q, want warming with the sleep reason", ch)
+	if ch[0] != serving.StateSleeping || !strings.HasPrefix(ch[1], "engine asleep (vLLM sleep level 1") {
+		t.Errorf("state change %q, want sleeping with the sleep reason", ch)
 	}
-	if state, reason := s.State(); state != serving.StateWarming || reason != ch[1] {
+	if state, reason := s.State(); state != serving.StateSleeping || reason != ch[1] {
 		t.Errorf("State() = %q %q", state, reason)
 	}
 	if s.Load().SleepState != serving.SleepWeightsOffloaded {

@@ -27,9 +27,11 @@
 // engine's GET /health every [Config.HealthInterval], and an engine that
 // gives no 200 for [Config.UnhealthyAfter] — frozen, wedged, or dead behind
 // a live process — makes the replica "failed" with the reason, until it
-// answers again; and an engine whose /metrics say vLLM's sleep mode put it
-// to sleep (it still answers /health) makes the replica "warming" with
-// reason "engine asleep (…)" until it wakes. [Sidecar.State] says what to
+// answers again; and an engine that vLLM's sleep mode put to sleep (it
+// still answers /health) makes the replica "sleeping", with reason "engine
+// asleep (…)", until it wakes ("warming" while it wakes). With
+// [Config.SleepMode] the gateway puts the engine to sleep and wakes it
+// through the sidecar (sleep.go). [Sidecar.State] says what to
 // report; [Config.OnStateChange] says when that changed.
 //
 // [Sidecar.Run] also scrapes the engine's /metrics for [Sidecar.Load];
@@ -90,6 +92,11 @@ type Config struct {
 	// HealthInterval), so a frozen engine is out within about UnhealthyAfter
 	// of its last answer.
 	UnhealthyAfter time.Duration
+	// SleepMode serves POST /sleep and POST /wake_up (sleep.go): the engine
+	// runs with vLLM's sleep mode (--enable-sleep-mode and
+	// VLLM_SERVER_DEV_MODE=1, or the simulator's --sim-sleep-mode). false:
+	// they answer 409 sleep_mode_off.
+	SleepMode bool
 	// OnStateChange, when set, is called with what [Sidecar.State] reports
 	// after the engine's health or sleep state changed it (not after
 	// SetState, whose caller knows), from Run's goroutine; it must not block for long. A worker
@@ -147,6 +154,7 @@ type Sidecar struct {
 	inflight int
 	idle     chan struct{} // closed when inflight reaches 0 while draining
 	eng      engineHealth
+	sleep    sleepState
 
 	scraped atomic.Pointer[engineLoad] // nil until the first good scrape
 	ttft    ttftRing
@@ -220,13 +228,15 @@ func (s *Sidecar) SetState(state, reason string) {
 	defer s.mu.Unlock()
 	s.state, s.reason = state, reason
 	s.eng = engineHealth{gen: s.eng.gen + 1, lastGood: time.Now()}
+	s.sleep = sleepState{gen: s.sleep.gen + 1} // a (re)started engine is awake
 }
 
 // State returns the replica's state to report and why it is not ready:
 // draining once Drain was called, else the launcher's state, except that a
 // ready engine that stopped answering /health is failed, and one that vLLM's
-// sleep mode put to sleep (its /metrics say so) is warming, with reason
-// "engine asleep (…)", until it wakes.
+// sleep mode put to sleep (by the sidecar, or as its /metrics say) is
+// sleeping, with reason "engine asleep (…)", until it wakes (warming while
+// it wakes).
 func (s *Sidecar) State() (state, reason string) {
 	state, reason, _ = s.health()
 	return state, reason
@@ -275,8 +285,8 @@ func (s *Sidecar) admit() *apiError {
 	case s.eng.down:
 		return notReady(serving.StateFailed, s.eng.reason)
 	}
-	if why := s.sleepReason(); why != "" {
-		return notReady(serving.StateWarming, why)
+	if st, why := s.sleepStateLocked(); st != "" {
+		return notReady(st, why)
 	}
 	s.inflight++
 	return nil
@@ -297,6 +307,11 @@ func (s *Sidecar) done() {
 func (s *Sidecar) health() (state, reason string, ready bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.healthLocked()
+}
+
+// healthLocked is health with mu held.
+func (s *Sidecar) healthLocked() (state, reason string, ready bool) {
 	switch {
 	case s.state == serving.StateDraining:
 		return serving.StateDraining, s.reason, false
@@ -306,9 +321,24 @@ func (s *Sidecar) health() (state, reason string, ready bool) {
 		return serving.StateFailed, s.eng.reason, false
 	}
 	if s.state == serving.StateReady {
-		if why := s.sleepReason(); why != "" {
-			return serving.StateWarming, why, false
+		if st, why := s.sleepStateLocked(); st != "" {
+			return st, why, false
 		}
 	}
 	return s.state, s.reason, s.state == serving.StateReady
+}
+
+// sleepStateLocked says whether a ready engine sleeps ("sleeping") or
+// wakes ("warming"), and why; "" while it is awake. The caller holds mu.
+func (s *Sidecar) sleepStateLocked() (state, reason string) {
+	switch {
+	case s.sleep.waking:
+		return serving.StateWarming, "engine waking from sleep"
+	case s.sleep.level != 0:
+		return serving.StateSleeping, s.ownSleepReason()
+	}
+	if why := s.sleepReason(); why != "" {
+		return serving.StateSleeping, why
+	}
+	return "", ""
 }

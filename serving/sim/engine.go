@@ -175,6 +175,19 @@ type Config struct {
 	// idle connections longer meets connections the engine has closed.
 	KeepAlive time.Duration
 
+	// SleepMode serves vLLM's sleep mode endpoints (POST /sleep, POST
+	// /wake_up, GET /is_sleeping; see sleep.go), as vLLM started with
+	// --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 does. false: they
+	// answer 404, as on a vLLM without dev mode.
+	SleepMode bool
+	// WakeDelay is how long a wake from sleep level 1 (weights offloaded to
+	// CPU memory) takes, and so a level 1 sleep; 0 means DefaultWakeDelay.
+	WakeDelay time.Duration
+	// WakeDelayLevel2 is how long a wake from sleep level 2 (weights
+	// discarded) takes; a level 2 sleep takes a tenth of it. 0 means
+	// DefaultWakeDelayLevel2.
+	WakeDelayLevel2 time.Duration
+
 	// APIKey, when set, is the bearer token every request to a /v1 path
 	// must carry, as with vLLM's --api-key or VLLM_API_KEY: others get 401
 	// {"error":"Unauthorized"}. "" means no authentication.
@@ -234,6 +247,8 @@ func (c Config) Validate() error {
 		return errors.New("sim: retry-after must not be negative")
 	case c.KeepAlive < 0:
 		return errors.New("sim: keep-alive must not be negative")
+	case c.WakeDelay < 0, c.WakeDelayLevel2 < 0:
+		return errors.New("sim: wake delays must not be negative")
 	}
 	d := c.withDefaults()
 	if d.DefaultMaxTokens > d.MaxModelLen {
@@ -284,6 +299,12 @@ func (c Config) withDefaults() Config {
 	if c.KeepAlive == 0 {
 		c.KeepAlive = defaultKeepAlive
 	}
+	if c.WakeDelay == 0 {
+		c.WakeDelay = DefaultWakeDelay
+	}
+	if c.WakeDelayLevel2 == 0 {
+		c.WakeDelayLevel2 = DefaultWakeDelayLevel2
+	}
 	switch {
 	case c.PrefixCacheBlocks == 0 && c.KVCacheTokens > 0:
 		c.PrefixCacheBlocks = c.KVCacheTokens / blockTokens
@@ -322,6 +343,7 @@ type Engine struct {
 	sched   *scheduler
 	prefix  *prefixCache
 	metrics *metrics
+	sleep   *sleeper // nil unless Config.SleepMode
 	handler http.Handler
 	bufs    sync.Pool // of *[]byte, see getBuf
 
@@ -359,6 +381,9 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 		metrics:     m,
 	}
 	e.sched = newScheduler(cfg.MaxSeqs, cfg.KVCacheTokens, m.setLoad)
+	if cfg.SleepMode {
+		e.sleep = newSleeper(cfg, m)
+	}
 	e.handler = e.routes(promhttp.HandlerFor(own, promhttp.HandlerOpts{}))
 	return e, nil
 }

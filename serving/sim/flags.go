@@ -32,6 +32,9 @@ type Flags struct {
 	kvCacheTokens   int
 	prefillPerToken time.Duration
 	prefixBlocks    int
+	sleepMode       bool
+	wakeDelay       time.Duration
+	wakeDelay2      time.Duration
 }
 
 // Register defines the --sim-* flags on fs.
@@ -59,6 +62,9 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.prefillPerToken, "sim-prefill-per-token", 40*time.Microsecond, "simulated engine: prefill time per prompt token the prefix cache does not hold, added to the time to first token (0: prefill is free)")
 	fs.IntVar(&f.prefixBlocks, "sim-prefix-cache-blocks", 0, "simulated engine: automatic prefix cache size in blocks of 16 tokens, least recently used evicted first (0: the KV cache's blocks with --sim-kv-cache-tokens, else 65536; -1: no prefix caching)")
 	fs.IntVar(&f.streamInterval, "sim-stream-interval", 1, "simulated engine: tokens merged into one chat or completions stream chunk, as vLLM's --stream-interval (a request's stream_interval may raise it)")
+	fs.BoolVar(&f.sleepMode, "sim-sleep-mode", false, "simulated engine: serve vLLM's sleep mode endpoints (POST /sleep?level=1|2, POST /wake_up, GET /is_sleeping), as vllm serve --enable-sleep-mode with VLLM_SERVER_DEV_MODE=1; a generation request waits while the engine sleeps")
+	fs.DurationVar(&f.wakeDelay, "sim-wake-delay", DefaultWakeDelay, "simulated engine: time to wake from sleep level 1 (weights offloaded to CPU memory; a level 1 sleep takes as long)")
+	fs.DurationVar(&f.wakeDelay2, "sim-wake-delay-level2", DefaultWakeDelayLevel2, "simulated engine: time to wake from sleep level 2 (weights discarded and reloaded; a level 2 sleep takes a tenth)")
 	fs.DurationVar(&f.keepAlive, "sim-keep-alive", 0, "simulated engine: idle keep-alive connections are closed after this long, as vLLM's uvicorn does (0: $"+KeepAliveEnv+" seconds, else 5s)")
 }
 
@@ -71,8 +77,12 @@ func (f *Flags) Config(model string) Config {
 		ErrorRate: f.errorRate, RateLimitRate: f.rateLimitRate, RetryAfter: f.retryAfter, HangRate: f.hangRate,
 		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval, KVCacheTokens: f.kvCacheTokens,
 		PrefillPerToken: f.prefillPerToken, PrefixCacheBlocks: f.prefixBlocks,
+		SleepMode: f.sleepMode, WakeDelay: f.wakeDelay, WakeDelayLevel2: f.wakeDelay2,
 	}
 }
+
+// EnableSleepMode turns --sim-sleep-mode on (a worker told to allow sleep).
+func (f *Flags) EnableSleepMode() { f.sleepMode = true }
 
 // Seed is --sim-seed.
 func (f *Flags) Seed() int64 { return f.seed }
@@ -91,5 +101,7 @@ func (f *Flags) Args() []string {
 		"--sim-stream-interval", fmt.Sprint(f.streamInterval), "--sim-kv-cache-tokens", fmt.Sprint(f.kvCacheTokens),
 		"--sim-prefill-per-token", f.prefillPerToken.String(), "--sim-prefix-cache-blocks", fmt.Sprint(f.prefixBlocks),
 		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat),
+		"--sim-sleep-mode=" + fmt.Sprint(f.sleepMode), "--sim-wake-delay", f.wakeDelay.String(),
+		"--sim-wake-delay-level2", f.wakeDelay2.String(),
 	}
 }

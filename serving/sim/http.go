@@ -68,8 +68,16 @@ func (e *Engine) routes(metrics http.Handler) http.Handler {
 		"/v1/audio/translations":   e.handlePostTranslation,
 	}
 	for path, h := range post {
+		if e.sleep != nil && path != "/tokenize" && path != "/detokenize" {
+			h = e.sleep.guard(h) // needs the weights: waits while the engine sleeps
+		}
 		mux.HandleFunc("POST "+path, h)
 		mux.HandleFunc(path, handleMethodNotAllowed)
+	}
+	if e.sleep != nil {
+		mux.HandleFunc("POST /sleep", e.sleep.handlePostSleep)
+		mux.HandleFunc("POST /wake_up", e.sleep.handlePostWakeUp)
+		mux.HandleFunc("GET /is_sleeping", e.sleep.handleGetIsSleeping)
 	}
 	mux.HandleFunc("GET /health", handleGetHealth)
 	mux.Handle("GET /metrics", metrics)

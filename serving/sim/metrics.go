@@ -84,10 +84,7 @@ func newMetrics(model string, maxSeqs, kvCap int) *metrics {
 		}, []string{"finished_reason"}),
 		aborted: counter("tailgate_sim_aborted_total", "Requests aborted because their client disconnected."),
 	}
-	// The simulator never sleeps (it has no /sleep): always awake.
-	m.sleepState.WithLabelValues("awake").Set(1)
-	m.sleepState.WithLabelValues("weights_offloaded").Set(0)
-	m.sleepState.WithLabelValues("discard_all").Set(0)
+	m.setSleepState(0) // awake until a /sleep (sleep.go)
 	m.waitingDeferred.Set(0)
 	m.successStop = m.success.WithLabelValues("stop")
 	m.successLength = m.success.WithLabelValues("length")
@@ -99,6 +96,18 @@ func newMetrics(model string, maxSeqs, kvCap int) *metrics {
 		m.success, m.aborted,
 	}
 	return m
+}
+
+// setSleepState sets vllm:engine_sleep_state: 1 on the state's series
+// (awake, or the level's), 0 on the others, as vLLM does.
+func (m *metrics) setSleepState(level int) {
+	for l := range 3 {
+		v := 0.0
+		if l == level {
+			v = 1
+		}
+		m.sleepState.WithLabelValues(sleepStateName(l)).Set(v)
+	}
 }
 
 // register adds every collector to reg, or none of them.

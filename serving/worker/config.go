@@ -87,6 +87,12 @@ type Config struct {
 	// still told the replica is draining first.
 	NoDrain bool
 
+	// SleepMode lets the gateway put the engine to sleep and wake it
+	// through the sidecar (sidecar.Config.SleepMode); the engine must run
+	// with sleep mode (Command's business: launcher.VLLMOptions.SleepMode,
+	// or the simulator's --sim-sleep-mode).
+	SleepMode bool
+
 	// Log receives the worker's, the sidecar's and the engine's lines; nil
 	// discards them.
 	Log *slog.Logger

@@ -93,7 +93,7 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w.side, err = sidecar.New(sidecar.Config{EngineURL: w.launch.EngineURL, EngineSocket: w.launch.EngineSocket,
 		EngineKey: w.launch.EngineKey, ClusterToken: cfg.ClusterToken, Log: cfg.Log,
-		UpstreamClient: cfg.UpstreamClient, Tracer: cfg.Tracer,
+		UpstreamClient: cfg.UpstreamClient, Tracer: cfg.Tracer, SleepMode: cfg.SleepMode,
 		OnStateChange: func(string, string) { w.kick() }})
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
