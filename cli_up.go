@@ -55,6 +55,9 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *warmup < 0 {
 		return fmt.Errorf("--warmup %d: want 0 (none) or more", *warmup)
 	}
+	if err := sf.Check(); err != nil {
+		return err
+	}
 	if *engine == "vllm" {
 		// A missing vLLM or a refused --vllm-arg would end every worker at
 		// once, and up would restart them forever: say it once, before

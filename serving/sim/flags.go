@@ -32,6 +32,7 @@ type Flags struct {
 	kvCacheTokens   int
 	prefillPerToken time.Duration
 	prefixBlocks    int
+	startDelay      time.Duration
 }
 
 // Register defines the --sim-* flags on fs.
@@ -59,6 +60,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.prefillPerToken, "sim-prefill-per-token", 40*time.Microsecond, "simulated engine: prefill time per prompt token the prefix cache does not hold, added to the time to first token (0: prefill is free)")
 	fs.IntVar(&f.prefixBlocks, "sim-prefix-cache-blocks", 0, "simulated engine: automatic prefix cache size in blocks of 16 tokens, least recently used evicted first (0: the KV cache's blocks with --sim-kv-cache-tokens, else 65536; -1: no prefix caching)")
 	fs.IntVar(&f.streamInterval, "sim-stream-interval", 1, "simulated engine: tokens merged into one chat or completions stream chunk, as vLLM's --stream-interval (a request's stream_interval may raise it)")
+	fs.DurationVar(&f.startDelay, "sim-start-delay", 0, "simulated engine: time to load before it listens, as vLLM refuses connections until its engine is loaded (0: listen at once)")
 	fs.DurationVar(&f.keepAlive, "sim-keep-alive", 0, "simulated engine: idle keep-alive connections are closed after this long, as vLLM's uvicorn does (0: $"+KeepAliveEnv+" seconds, else 5s)")
 }
 
@@ -72,6 +74,20 @@ func (f *Flags) Config(model string) Config {
 		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval, KVCacheTokens: f.kvCacheTokens,
 		PrefillPerToken: f.prefillPerToken, PrefixCacheBlocks: f.prefixBlocks,
 	}
+}
+
+// StartDelay is --sim-start-delay: how long `sim` waits, as if loading a
+// model, before it listens.
+func (f *Flags) StartDelay() time.Duration { return f.startDelay }
+
+// Check reports a knob no engine can follow that Config cannot hold (the
+// rest are Config.Validate's), so `up` and `worker` refuse it before
+// starting engines that would fail it at every start.
+func (f *Flags) Check() error {
+	if f.startDelay < 0 {
+		return fmt.Errorf("--sim-start-delay %s: want 0 (listen at once) or more", f.startDelay)
+	}
+	return nil
 }
 
 // Seed is --sim-seed.
@@ -90,6 +106,6 @@ func (f *Flags) Args() []string {
 		"--sim-hang-rate", fmt.Sprint(f.hangRate), "--sim-keep-alive", f.keepAlive.String(),
 		"--sim-stream-interval", fmt.Sprint(f.streamInterval), "--sim-kv-cache-tokens", fmt.Sprint(f.kvCacheTokens),
 		"--sim-prefill-per-token", f.prefillPerToken.String(), "--sim-prefix-cache-blocks", fmt.Sprint(f.prefixBlocks),
-		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat),
+		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat), "--sim-start-delay", f.startDelay.String(),
 	}
 }
