@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -30,6 +32,11 @@ func (p *fakeProvisioner) CanStart(m string) bool {
 	return p.models[m]
 }
 func (p *fakeProvisioner) Wake(string) { p.mu.Lock(); p.wakes++; p.mu.Unlock() }
+func (p *fakeProvisioner) Models() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Collect(maps.Keys(p.models))
+}
 
 var holdLong = HoldOptions{Queue: 8, Timeout: time.Minute}
 
