@@ -127,6 +127,7 @@ func (l *Local) killFleetWorkers(n int) (ActionResult, error) {
 		}
 		res.Replicas = append(res.Replicas, w.id)
 	}
+	res.Output = "replaced by the gateway's fleet controller: up's local provider starts the worker again under its replica id"
 	if len(res.Replicas) < n {
 		return res, fmt.Errorf("only %d live workers to kill, not %d", len(res.Replicas), n)
 	}
