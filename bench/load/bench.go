@@ -42,6 +42,11 @@ func Main(ctx context.Context, o Options) error {
 	if err := b.output(reports); err != nil {
 		return errors.Join(runErr, err)
 	}
+	for _, r := range reports {
+		if c := r.ColdStart; c != nil && c.Verdict != "PASS" {
+			runErr = errors.Join(runErr, errors.New("cold start: FAIL (first token later than 1s after ready, or errors within the queue bound)"))
+		}
+	}
 	if fails, checks := sloFailures(reports); fails > 0 {
 		runErr = errors.Join(runErr, fmt.Errorf("latency budgets: %d of %d checks FAIL", fails, checks))
 	}
