@@ -29,7 +29,7 @@ type benchFlags struct {
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	o := &f.opts
-	fs.StringVar(&o.Scenario, "scenario", "", "run a built-in scenario on a local fleet the bench starts: failover, burst, scaleout, overhead, fanout, priority, multiturn (list: describe them)")
+	fs.StringVar(&o.Scenario, "scenario", "", "run a built-in scenario on a local fleet the bench starts: failover, coldstart, burst, scaleout, overhead, fanout, priority, multiturn (list: describe them)")
 	fs.StringVar(&o.A.Target, "target", "", "OpenAI base URL of the deployment under test, ending in /v1 (instead of --scenario)")
 	fs.StringVar(&o.A.Key, "key", "", "API key for --target (default: $TAILGATE_API_KEY unless --key-file is given)")
 	fs.StringVar(&o.A.KeyFile, "key-file", "", "file holding the API key for --target")
@@ -55,6 +55,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.Replicas, "replicas", 0, "scenario: replicas started (default: the scenario's)")
 	fs.BoolVar(&f.replace, "replace", true, "scenario: start a replacement worker after each kill, as a fleet manager would")
 	fs.DurationVar(&o.ReplaceDelay, "replace-delay", 0, "scenario: how long after a kill the replacement starts")
+	fs.BoolVar(&o.FleetController, "fleet-controller", false, "scenario: run the workers under the gateway's fleet controller (up --fleet-min N --fleet-max N): it, not the bench, replaces a killed worker; scaleout phases are dropped")
 	fs.BoolVar(&o.Keep, "keep", false, "scenario: keep the fleet's directory (gateway data, logs) and print where it is")
 	fs.DurationVar(&o.StartupTimeout, "startup-timeout", time.Minute, "scenario: how long the fleet may take to be ready")
 
@@ -94,6 +95,7 @@ const benchSynopsis = `bench (--scenario NAME | --target URL [--key KEY]) [--rat
 
 Examples:
   tailgate bench --scenario failover --html failover.html
+  tailgate bench --scenario coldstart                  # from zero replicas under the fleet controller; exit status 1 unless the first token comes within 1s of ready
   tailgate bench --target http://gw:8080/v1 --key-file team.key --admin http://gw:8081 \
       --admin-token-file admin.token --rate 20 --phases steady:60s,burst:20s:x3,steady:30s
   tailgate bench --scenario fanout --seeds 1,2,3

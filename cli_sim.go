@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"time"
@@ -34,6 +35,9 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	if err := sf.Check(); err != nil {
+		return err
+	}
 	cfg := sf.Config(*model)
 	// As in vLLM, the flag wins over the environment; a worker passes the
 	// environment, which ps does not show.
@@ -48,6 +52,10 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	eng, err := sim.New(cfg, nil)
 	if err != nil {
 		return fmt.Errorf("sim: %w", err)
+	}
+	simLoad(ctx, log, sf.StartDelay())
+	if ctx.Err() != nil {
+		return nil // stopped while loading
 	}
 	ln, addr, err := simListener(fs, *listen, *uds)
 	if err != nil {
@@ -75,6 +83,27 @@ func cmdSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return fmt.Errorf("sim: shutdown: %w", err)
 	}
 	return nil
+}
+
+// simLoad waits --sim-start-delay before the engine listens, as vLLM loads:
+// its API server binds the port before the engine is built but listens
+// only once the model is loaded (vllm/entrypoints/openai/api_server.py:
+// setup_server binds, build_and_serve → serve_http listens after
+// build_async_engine_client), so until then a connection is refused and
+// nothing answers /health. The sim opens its listener only after the
+// delay: a TCP client is refused the same way; on a Unix socket the path
+// is missing instead of refusing, which a launcher reads as "not yet" too.
+func simLoad(ctx context.Context, log *slog.Logger, delay time.Duration) {
+	if delay == 0 {
+		return
+	}
+	log.Info("simulated engine loading: it listens once --sim-start-delay has passed", "start_delay", delay)
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // simListener opens what `sim` serves on: the Unix socket --uds names, or

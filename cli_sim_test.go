@@ -32,7 +32,7 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 		"--sim-error-rate", "0.05", "--sim-429-rate", "0.1", "--sim-retry-after", "2500ms", "--sim-hang-rate", "0.02",
 		"--sim-keep-alive", "3s", "--sim-stream-interval", "4", "--sim-kv-cache-tokens", "40000",
 		"--sim-prefill-per-token", "25us", "--sim-prefix-cache-blocks", "128",
-		"--sim-seeded-latency",
+		"--sim-seeded-latency", "--sim-start-delay", "40s",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -54,6 +54,9 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 	}
 	if err := got.Validate(); err != nil {
 		t.Errorf("config: %v", err)
+	}
+	if child.StartDelay() != 40*time.Second {
+		t.Errorf("--sim-start-delay lost on the way: %s", child.StartDelay())
 	}
 }
 
@@ -173,5 +176,74 @@ func TestSimServesOnAUnixSocket(t *testing.T) {
 	}
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket left after sim stopped: %v", err)
+	}
+}
+
+// TestSimListensOnlyOnceLoaded: with --sim-start-delay the engine refuses
+// connections while it "loads" (as vLLM does until its engine is built),
+// stops cleanly if told to while loading, and serves once the delay passed;
+// a negative delay is one clear error.
+func TestSimListensOnlyOnceLoaded(t *testing.T) {
+	if err := cmdSim(t.Context(), []string{"--sim-start-delay", "-1s"}, io.Discard, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "--sim-start-delay -1s") {
+		t.Errorf("negative delay: %v", err)
+	}
+	dir := t.TempDir()
+	get := func(sock string) (*http.Response, error) {
+		client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+			}}}
+		return client.Get("http://engine/health")
+	}
+
+	// Loading for an hour: nothing answers, and a stop ends it at once.
+	loading := filepath.Join(dir, "loading.sock")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- cmdSim(ctx, []string{"--uds", loading, "--sim-start-delay", "1h"}, io.Discard, io.Discard)
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if resp, err := get(loading); err == nil {
+		resp.Body.Close()
+		t.Fatalf("GET /health while loading answered %s; want no answer, as vLLM before its engine is loaded", resp.Status)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("sim stopped while loading: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("sim did not stop while loading")
+	}
+
+	// Loaded after 300ms: it serves.
+	sock := filepath.Join(dir, "engine.sock")
+	ctx, cancel = context.WithCancel(t.Context())
+	go func() {
+		done <- cmdSim(ctx, []string{"--uds", sock, "--sim-start-delay", "300ms"}, io.Discard, io.Discard)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("sim: %v", err)
+		}
+	}()
+	var resp *http.Response
+	var err error
+	for range 500 { // bounded at about 10s
+		if resp, err = get(sock); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("GET /health once loaded: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /health once loaded: %s", resp.Status)
 	}
 }

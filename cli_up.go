@@ -61,6 +61,8 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--fleet-sleep-after %s: want 0 (never) or more", *fleetNap)
 	case *fleetNap > 0 && *fleetMax == 0:
 		return errors.New("--fleet-sleep-after needs --fleet-max: the fleet controller puts replicas to sleep and wakes them")
+	case sf.Check() != nil:
+		return sf.Check()
 	}
 	if *engine == "vllm" {
 		// A missing vLLM or a refused --vllm-arg would end every worker at

@@ -157,6 +157,9 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 		if wf.model == "" {
 			wf.model = "tailgate-sim"
 		}
+		if err := wf.sim.Check(); err != nil {
+			return cfg, nil, err
+		}
 	default:
 		return cfg, nil, fmt.Errorf("--engine %q: want vllm or sim", wf.engine)
 	}

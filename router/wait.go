@@ -35,6 +35,9 @@ type Provisioner interface {
 	CanWake(model string) bool
 	// Wake says requests for model wait; it must not block.
 	Wake(model string)
+	// Models returns the models it manages: they are served (listed,
+	// healthy) even while none of their replicas exists.
+	Models() []string
 }
 
 // HoldOptions bound one request's wait in [Registry.Hold].
@@ -110,6 +113,17 @@ func (r *Registry) provisioner() Provisioner {
 func (r *Registry) Startable(model string) bool {
 	p := r.provisioner()
 	return p != nil && p.CanStart(model)
+}
+
+// ManagedModels returns the models a provisioner manages, sorted: a
+// request for one is held while a replica starts, so they are served even
+// at zero replicas.
+func (r *Registry) ManagedModels() []string {
+	p := r.provisioner()
+	if p == nil {
+		return nil
+	}
+	return slices.Sorted(slices.Values(p.Models()))
 }
 
 // ReadyFor reports whether a replica serving model is ready.

@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +34,11 @@ func (p *fakeProvisioner) CanStart(m string) bool {
 }
 func (p *fakeProvisioner) CanWake(string) bool { return p.canWake }
 func (p *fakeProvisioner) Wake(string)         { p.mu.Lock(); p.wakes++; p.mu.Unlock() }
+func (p *fakeProvisioner) Models() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Collect(maps.Keys(p.models))
+}
 
 var holdLong = HoldOptions{Queue: 8, Timeout: time.Minute}
 

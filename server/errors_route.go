@@ -138,6 +138,11 @@ func (s *Server) usableModels(p *policy.Principal) []string {
 			}
 		}
 	}
+	for _, m := range s.reg.ManagedModels() {
+		if p.Allows(m) && !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
 	slices.Sort(out)
 	return out
 }

@@ -42,6 +42,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -480,10 +481,29 @@ func (s *Server) handleGetHealthz(c echo.Context) error {
 		out["ledger"] = err.Error()
 	}
 	if ready == 0 {
-		status, word = http.StatusServiceUnavailable, "no ready replica"
+		// A fleet scaled to zero is healthy: a request for a model it
+		// manages is held while a replica starts.
+		if managed := s.reg.ManagedModels(); len(managed) > 0 {
+			out["reason"] = fmt.Sprintf("no replica is ready: the fleet controller starts one of %s when a request comes (requests are held meanwhile)", strings.Join(managed, ", "))
+		} else {
+			status, word = http.StatusServiceUnavailable, "no ready replica"
+		}
 	}
 	out["status"] = word
 	return c.JSON(status, out)
+}
+
+// servedModels are the models a request may name now: those a ready
+// replica serves and those the fleet controller starts on demand.
+func (s *Server) servedModels() []string {
+	out := s.reg.ReadyModels()
+	for _, m := range s.reg.ManagedModels() {
+		if !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (s *Server) handleGetModels(c echo.Context) error {
@@ -492,7 +512,7 @@ func (s *Server) handleGetModels(c echo.Context) error {
 		return apierr.Reply(c, toAPIError(err, ""))
 	}
 	out := []modelJSON{}
-	for _, m := range s.reg.ReadyModels() {
+	for _, m := range s.servedModels() {
 		if p.Allows(m) {
 			out = append(out, modelJSON{ID: m, Object: "model", OwnedBy: "tailgate"})
 		}
@@ -508,7 +528,8 @@ type modelJSON struct {
 }
 
 // handleGetModel serves GET /v1/models/{id}: a model a ready replica
-// serves and the key may use, else 404 as OpenAI answers.
+// serves (or the fleet controller starts on demand) and the key may use,
+// else 404 as OpenAI answers.
 func (s *Server) handleGetModel(c echo.Context) error {
 	p, err := s.authenticate(c)
 	if err != nil {
@@ -516,7 +537,7 @@ func (s *Server) handleGetModel(c echo.Context) error {
 	}
 	id := c.Param("id")
 	if p.Allows(id) {
-		for _, m := range s.reg.ReadyModels() {
+		for _, m := range s.servedModels() {
 			if m == id {
 				return c.JSON(http.StatusOK, modelJSON{ID: m, Object: "model", OwnedBy: "tailgate"})
 			}

@@ -42,6 +42,11 @@ func Main(ctx context.Context, o Options) error {
 	if err := b.output(reports); err != nil {
 		return errors.Join(runErr, err)
 	}
+	for _, r := range reports {
+		if c := r.ColdStart; c != nil && c.Verdict != "PASS" {
+			runErr = errors.Join(runErr, errors.New("cold start: FAIL (first token later than 1s after ready, or errors within the queue bound)"))
+		}
+	}
 	if fails, checks := sloFailures(reports); fails > 0 {
 		runErr = errors.Join(runErr, fmt.Errorf("latency budgets: %d of %d checks FAIL", fails, checks))
 	}
@@ -148,8 +153,25 @@ func (b *bench) fleetConfig(s Side) (LocalConfig, error) {
 		Binary: bin, Keep: o.Keep, Replicas: o.Replicas, Static: sc.Static, Model: s.Model,
 		GatewayArgs: strings.Fields(s.GatewayArgs),
 		WorkerArgs:  append(append([]string{}, sc.SimArgs...), strings.Fields(s.WorkerArgs)...),
-		Replace:     !o.NoReplace, ReplaceDelay: o.ReplaceDelay, StartupTimeout: o.StartupTimeout, Log: o.Stderr,
+		Fleet:       b.fleetBounds(),
+		Replace:     !o.NoReplace && b.fleetBounds() == nil, ReplaceDelay: o.ReplaceDelay, StartupTimeout: o.StartupTimeout, Log: o.Stderr,
 	}, nil
+}
+
+// fleetBounds are the fleet controller's bounds for the scenario's fleet;
+// nil when the bench starts the workers itself.
+func (b *bench) fleetBounds() *FleetBounds {
+	o, sc := &b.opts, b.scenario
+	switch {
+	case sc.Fleet != nil:
+		f := *sc.Fleet
+		f.Max = o.Replicas
+		f.Min = min(f.Min, f.Max)
+		return &f
+	case o.FleetController:
+		return &FleetBounds{Min: o.Replicas, Max: o.Replicas}
+	}
+	return nil
 }
 
 // runScenario starts a local fleet for one configuration, runs the plan on
@@ -248,6 +270,9 @@ func (b *bench) runOne(ctx context.Context, t Target, model string, fleet Fleet)
 		return nil, err
 	}
 	rep := Analyze(res, o.Window)
+	if l, ok := fleet.(*Local); ok && b.scenario != nil && b.scenario.Fleet != nil && b.scenario.Fleet.Min == 0 {
+		rep.ColdStart = l.coldStart(rep)
+	}
 	if serr := b.checkSLO(ctx, rep, t, model); serr != nil {
 		err = errors.Join(err, serr)
 	}

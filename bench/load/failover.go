@@ -64,6 +64,20 @@ func (a *analysis) failover(ev *Event, scopeEnd time.Duration) FailoverReport {
 	if f.Killed == nil {
 		f.Killed = []string{}
 	}
+	reps := ev.Replacements
+	inferred := false
+	if len(reps) == 0 {
+		reps, inferred = a.inferNew(kill, scopeEnd, f.Killed), true
+	}
+	// A killed replica restarted under its own id (a fleet controller's
+	// local provider does so) is its own replacement: what it answered
+	// after it went down is the replacement's, not routing to the dead one.
+	cameBack := map[string]time.Duration{}
+	for _, rp := range reps {
+		if slices.Contains(f.Killed, rp.ID) {
+			cameBack[rp.ID] = rp.At
+		}
+	}
 
 	// When did the gateway stop using the killed replicas?
 	for _, s := range a.res.Samples {
@@ -84,7 +98,7 @@ func (a *analysis) failover(ev *Event, scopeEnd time.Duration) FailoverReport {
 	for i := range a.res.Records {
 		r := &a.res.Records[i]
 		if r.Intended >= kill && r.Intended < scopeEnd {
-			if slices.Contains(f.Killed, r.Replica) {
+			if back, ok := cameBack[r.Replica]; slices.Contains(f.Killed, r.Replica) && (!ok || r.Intended < back) {
 				f.RoutedAfter++
 				if f.LastRoutedMS == nil || ms(r.Intended-kill) > *f.LastRoutedMS {
 					f.LastRoutedMS = after(r.Intended - kill)
@@ -112,11 +126,6 @@ func (a *analysis) failover(ev *Event, scopeEnd time.Duration) FailoverReport {
 	f.After = a.windowReport(kill, min(kill+a.window, max(scopeEnd, kill)), f.Killed)
 	f.Before = a.windowReport(max(kill-a.window, 0), kill, f.Killed)
 
-	reps := ev.Replacements
-	inferred := false
-	if len(reps) == 0 {
-		reps, inferred = a.inferNew(kill, scopeEnd, f.Killed), true
-	}
 	for _, rp := range reps {
 		nr := a.newReplica(rp, kill, scopeEnd, f.Before.TTFT)
 		if inferred {
@@ -317,23 +326,33 @@ func (a *analysis) inferNew(at, scopeEnd time.Duration, killed []string) []Event
 				}
 			}
 		}
-		wentDown := map[string]bool{}
+		wentDown := map[string]time.Duration{} // when a killed replica was first seen not ready
 		for _, s := range a.res.Samples {
 			if s.At < at || s.At >= scopeEnd || s.Replicas == nil {
 				continue
 			}
 			for _, id := range killed {
+				if _, down := wentDown[id]; down {
+					continue
+				}
 				if st, ok := s.find(id); !ok || !st.Ready {
-					wentDown[id] = true
+					wentDown[id] = s.At
 				}
 			}
 			for _, r := range s.Replicas {
 				if !r.Ready || seen[r.ID] {
 					continue
 				}
-				if !readyBefore[r.ID] || (slices.Contains(killed, r.ID) && wentDown[r.ID]) {
+				down, isDown := wentDown[r.ID]
+				switch {
+				case !readyBefore[r.ID]:
 					seen[r.ID] = true
 					out = append(out, EventReplacement{ID: r.ID, At: at})
+				case slices.Contains(killed, r.ID) && isDown:
+					// Restarted under its own id: it started again once
+					// it was seen down.
+					seen[r.ID] = true
+					out = append(out, EventReplacement{ID: r.ID, At: down})
 				}
 			}
 		}

@@ -47,8 +47,13 @@ type LocalConfig struct {
 	// every worker's (or sim's, when Static). Later flags win, so these
 	// override the bench's own.
 	GatewayArgs, WorkerArgs []string
+	// Fleet runs `tailgate up` with the gateway's fleet controller instead
+	// of a gateway and Replicas workers: the controller starts, stops and
+	// replaces the workers (WorkerArgs are then up's sim knobs). nil: the
+	// bench starts the workers itself.
+	Fleet *FleetBounds
 	// Replace starts a new worker ReplaceDelay after each one killed, as a
-	// fleet manager would.
+	// fleet manager would (not with Fleet: the controller replaces).
 	Replace      bool
 	ReplaceDelay time.Duration
 	// StartupTimeout bounds the start of the gateway and of the first
@@ -71,6 +76,7 @@ type Local struct {
 	adminToken                string
 	key                       string
 	sims                      []string // static engines' base URLs (…/v1)
+	upArgs                    []string // `tailgate up`'s command line, with Fleet
 
 	mu      sync.Mutex
 	gateway *child   // the first gateway
@@ -109,6 +115,9 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 	if cfg.Replicas < 1 || cfg.Replicas > 32 {
 		return nil, fmt.Errorf("local fleet: replicas must be from 1 to 32, not %d", cfg.Replicas)
 	}
+	if f := cfg.Fleet; f != nil && (f.Min < 0 || f.Max < max(f.Min, 1) || f.Max > 32 || cfg.Static || cfg.Gateways > 1) {
+		return nil, fmt.Errorf("local fleet: fleet controller bounds min %d, max %d: want 0 <= min <= max <= 32, one gateway, workers", f.Min, f.Max)
+	}
 	if cfg.Model == "" {
 		cfg.Model = "tailgate-sim"
 	}
@@ -141,6 +150,16 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartupTimeout)
 	defer cancel()
+	if cfg.Fleet != nil {
+		if err := l.startUp(ctx); err != nil {
+			return nil, err
+		}
+		if err := l.waitReady(ctx, cfg.Fleet.Min); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(cfg.Log, "bench: fleet controller ready with %d replica(s) behind %s\n", cfg.Fleet.Min, l.api)
+		return l, nil
+	}
 
 	var upstreams []string
 	if cfg.Static {
@@ -419,6 +438,9 @@ func (l *Local) Kill(ctx context.Context, n int) (ActionResult, error) {
 	if l.cfg.Static {
 		return ActionResult{}, errors.New("this scenario has no workers to kill")
 	}
+	if l.cfg.Fleet != nil {
+		return l.killFleetWorkers(n)
+	}
 	var victims []*child
 	l.mu.Lock()
 	for _, p := range l.workers {
@@ -462,6 +484,9 @@ func (l *Local) Kill(ctx context.Context, n int) (ActionResult, error) {
 func (l *Local) ScaleOut(ctx context.Context, n int) (ActionResult, error) {
 	if l.cfg.Static {
 		return ActionResult{}, errors.New("this scenario has no workers to scale out")
+	}
+	if l.cfg.Fleet != nil {
+		return ActionResult{}, errors.New("the fleet controller decides how many workers run: drop scaleout from --phases")
 	}
 	var res ActionResult
 	for range n {

@@ -55,6 +55,12 @@ type Options struct {
 	// ReplaceDelay after the kill.
 	NoReplace    bool
 	ReplaceDelay time.Duration
+	// FleetController runs the scenario's fleet under the gateway's fleet
+	// controller (`tailgate up --fleet-min N --fleet-max N`, N the
+	// replicas): it, not the bench, replaces a killed worker. The
+	// scenario's scaleout phases are dropped (the controller decides the
+	// count). The coldstart scenario always runs so.
+	FleetController bool
 	// Keep keeps the fleet's directory (gateway data, logs) and prints
 	// where it is; the zero value removes it.
 	Keep bool
@@ -270,6 +276,8 @@ func (o *Options) checkScenario(sc *Scenario) error {
 		return errors.New("--compare with a scenario needs B's configuration: --b-gateway-args or --b-worker-args")
 	case o.Replicas < 0 || o.Replicas > 32:
 		return fmt.Errorf("--replicas %d: want 1 to 32", o.Replicas)
+	case o.FleetController && (sc.Static || sc.Databases):
+		return fmt.Errorf("--fleet-controller: scenario %s has no workers for a fleet controller to run", sc.Name)
 	}
 	return nil
 }
@@ -296,6 +304,9 @@ func (o Options) withDefaults(sc *Scenario) Options {
 		o.Replicas = orDefault(o.Replicas, sc.Replicas)
 		if o.Concurrency == 0 {
 			o.Rate = orDefault(o.Rate, sc.Rate)
+		}
+		if o.Phases == "" && o.FleetController {
+			o.Phases = withoutScaleOut(sc.Phases)
 		}
 		o.Phases = orDefault(o.Phases, sc.Phases)
 		o.PromptTokens = orDefault(o.PromptTokens, sc.Prompt)
@@ -378,11 +389,24 @@ func (o *Options) plan(sc *Scenario) (Plan, error) {
 		switch {
 		case sc != nil && sc.Static:
 			return Plan{}, fmt.Errorf("scenario %s has no workers to kill or scale out", sc.Name)
+		case sc != nil && (sc.Fleet != nil || o.FleetController) && a.Kind == ScaleOut:
+			return Plan{}, errors.New("--phases: scaleout with the fleet controller: the controller decides how many workers run; drop scaleout")
 		case sc == nil && (a.Kind == Kill && o.OnKill == "" || a.Kind == ScaleOut && o.OnScaleOut == ""):
 			return Plan{}, fmt.Errorf("the phases include %s: against --target it needs --on-%s CMD (or run a --scenario)", a.Kind, a.Kind)
 		}
 	}
 	return plan, nil
+}
+
+// withoutScaleOut drops the scaleout phases of a phase list.
+func withoutScaleOut(phases string) string {
+	var keep []string
+	for _, p := range strings.Split(phases, ",") {
+		if !strings.HasPrefix(strings.TrimSpace(p), string(ScaleOut)) {
+			keep = append(keep, p)
+		}
+	}
+	return strings.Join(keep, ",")
 }
 
 // workload parses the workload's distributions; the model and the replayed

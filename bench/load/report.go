@@ -41,6 +41,9 @@ type Report struct {
 	// Ledger is the ledger's check against the answers (the databases
 	// scenario); nil when not checked.
 	Ledger *LedgerCheck `json:"ledger,omitempty"`
+	// ColdStart is the start from zero replicas (the coldstart scenario);
+	// nil in other runs.
+	ColdStart *ColdStartReport `json:"coldstart,omitempty"`
 
 	Events   []Event         `json:"events"`
 	Samples  []ReplicaSample `json:"replica_samples,omitempty"`

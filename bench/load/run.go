@@ -252,6 +252,9 @@ func (r *runner) openLoop(ctx context.Context) []Record {
 		})
 	}
 	wg.Wait()
+	// A trailing idle phase is watched to its end (replica samples, a
+	// fleet scaling down), as the closed loop does.
+	sleepUntil(ctx, r.start.Add(r.cfg.Plan.Length))
 	return recs[:n]
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 )
 
 // Scenario is a ready-made benchmark run on a fleet the bench starts itself.
@@ -26,6 +27,10 @@ type Scenario struct {
 	StreamFraction float64
 	// SimArgs are the simulated engine's knobs for every replica.
 	SimArgs []string
+	// Fleet runs the gateway's fleet controller (`tailgate up --fleet-*`)
+	// instead of the bench starting Replicas workers; its Max is Replicas
+	// (--replicas). nil: the bench starts the workers.
+	Fleet *FleetBounds
 }
 
 // Scenarios returns the built-in scenarios.
@@ -37,6 +42,13 @@ func Scenarios() []Scenario {
 			Replicas: 3, Rate: 20, Phases: "steady:10s,burst:5s:x3,kill:1,steady:15s,scaleout:1,steady:10s",
 			Prompt: "lognormal:256:0.5", Output: "lognormal:32:0.5", StreamFraction: 0.7,
 			SimArgs: []string{"--sim-ttft", "40ms", "--sim-tpot", "4ms", "--sim-max-seqs", "4"},
+		},
+		{
+			Name:     "coldstart",
+			About:    "from zero replicas: requests held while the fleet controller starts one (engine load --sim-start-delay 20s); first token vs ready, errors, the hold stage, scale-down after 10s idle",
+			Replicas: 1, Fleet: &FleetBounds{Min: 0, Idle: 10 * time.Second}, Rate: 2, Phases: "steady:30s,idle:25s",
+			Prompt: "lognormal:256:0.5", Output: "lognormal:32:0.5", StreamFraction: 0.7,
+			SimArgs: coldstartSimArgs,
 		},
 		{
 			Name:     "burst",

@@ -130,6 +130,12 @@ func (r *Report) writeText(w io.Writer, detail bool) error {
 		b.WriteByte('\n')
 		r.writeScaleOut(&b, &r.ScaleOuts[i])
 	}
+	if r.ColdStart != nil {
+		b.WriteString("\ncold start from zero replicas:\n")
+		for _, l := range r.ColdStart.Lines() {
+			fmt.Fprintf(&b, "  %s\n", l)
+		}
+	}
 	if len(r.Notes) > 0 {
 		b.WriteString("\nnotes:\n")
 		for _, n := range r.Notes {

@@ -220,6 +220,16 @@ func (c *Controller) CanStart(model string) bool {
 	return c.countLocked(model) < m.Max
 }
 
+// Models returns the models the controller manages.
+func (c *Controller) Models() []string {
+	out := make([]string, 0, len(c.cfg.Models))
+	for name := range c.cfg.Models {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Wake makes the controller look now; it never blocks.
 func (c *Controller) Wake(string) {
 	select {

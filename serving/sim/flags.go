@@ -35,6 +35,7 @@ type Flags struct {
 	sleepMode       bool
 	wakeDelay       time.Duration
 	wakeDelay2      time.Duration
+	startDelay      time.Duration
 }
 
 // Register defines the --sim-* flags on fs.
@@ -65,6 +66,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.sleepMode, "sim-sleep-mode", false, "simulated engine: serve vLLM's sleep mode endpoints (POST /sleep?level=1|2, POST /wake_up, GET /is_sleeping), as vllm serve --enable-sleep-mode with VLLM_SERVER_DEV_MODE=1; a generation request waits while the engine sleeps")
 	fs.DurationVar(&f.wakeDelay, "sim-wake-delay", DefaultWakeDelay, "simulated engine: time to wake from sleep level 1 (weights offloaded to CPU memory; a level 1 sleep takes as long)")
 	fs.DurationVar(&f.wakeDelay2, "sim-wake-delay-level2", DefaultWakeDelayLevel2, "simulated engine: time to wake from sleep level 2 (weights discarded and reloaded; a level 2 sleep takes a tenth)")
+	fs.DurationVar(&f.startDelay, "sim-start-delay", 0, "simulated engine: time to load before it listens, as vLLM refuses connections until its engine is loaded (0: listen at once)")
 	fs.DurationVar(&f.keepAlive, "sim-keep-alive", 0, "simulated engine: idle keep-alive connections are closed after this long, as vLLM's uvicorn does (0: $"+KeepAliveEnv+" seconds, else 5s)")
 }
 
@@ -84,6 +86,20 @@ func (f *Flags) Config(model string) Config {
 // EnableSleepMode turns --sim-sleep-mode on (a worker told to allow sleep).
 func (f *Flags) EnableSleepMode() { f.sleepMode = true }
 
+// StartDelay is --sim-start-delay: how long `sim` waits, as if loading a
+// model, before it listens.
+func (f *Flags) StartDelay() time.Duration { return f.startDelay }
+
+// Check reports a knob no engine can follow that Config cannot hold (the
+// rest are Config.Validate's), so `up` and `worker` refuse it before
+// starting engines that would fail it at every start.
+func (f *Flags) Check() error {
+	if f.startDelay < 0 {
+		return fmt.Errorf("--sim-start-delay %s: want 0 (listen at once) or more", f.startDelay)
+	}
+	return nil
+}
+
 // Seed is --sim-seed.
 func (f *Flags) Seed() int64 { return f.seed }
 
@@ -100,7 +116,7 @@ func (f *Flags) Args() []string {
 		"--sim-hang-rate", fmt.Sprint(f.hangRate), "--sim-keep-alive", f.keepAlive.String(),
 		"--sim-stream-interval", fmt.Sprint(f.streamInterval), "--sim-kv-cache-tokens", fmt.Sprint(f.kvCacheTokens),
 		"--sim-prefill-per-token", f.prefillPerToken.String(), "--sim-prefix-cache-blocks", fmt.Sprint(f.prefixBlocks),
-		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat),
+		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat), "--sim-start-delay", f.startDelay.String(),
 		"--sim-sleep-mode=" + fmt.Sprint(f.sleepMode), "--sim-wake-delay", f.wakeDelay.String(),
 		"--sim-wake-delay-level2", f.wakeDelay2.String(),
 	}

@@ -1,0 +1,70 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/tailgate-dev/tailgate/bench/load"
+)
+
+// TestBenchColdStartFromZeroReplicas: `bench --scenario coldstart` starts
+// `tailgate up` with the fleet controller at min 0 and an engine that loads
+// for 3 s; every request is answered (held through the start, the hold
+// stage at least the engine's load), the first token comes within 1 s of
+// the replica being ready, and the idle replica is stopped again.
+func TestBenchColdStartFromZeroReplicas(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "coldstart.json")
+	out := runBench(t, 3*time.Minute, "--scenario", "coldstart", "--worker-args", "--sim-start-delay 3s",
+		"--gateway-args", "--fleet-idle 2s", "--phases", "steady:6s,idle:8s", "--json", path)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep load.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	c := rep.ColdStart
+	switch {
+	case c == nil:
+		t.Fatalf("no cold-start section in the report:\n%s", out)
+	case c.Verdict != "PASS" || c.Errors != 0 || !c.FirstOK:
+		t.Errorf("verdict %s, %d errors, first ok %v; want PASS with every request answered", c.Verdict, c.Errors, c.FirstOK)
+	case c.FirstHoldMS == nil || *c.FirstHoldMS < 3000 || c.Held == 0:
+		t.Errorf("first request held %v ms (%d held); want at least the engine's 3 s load", c.FirstHoldMS, c.Held)
+	case c.StartDelay != "3s":
+		t.Errorf("start delay %q, want the 3s asked for", c.StartDelay)
+	case c.ZeroS == nil:
+		t.Errorf("the replica was not stopped within the idle phase (fleet idle 2s)")
+	}
+}
+
+// TestBenchFailoverUnderTheFleetController: with --fleet-controller the
+// bench kills a worker of `up`'s fleet and the controller brings it back:
+// no client error, and the replacement is ready and serving again.
+func TestBenchFailoverUnderTheFleetController(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "failover.json")
+	runBench(t, 3*time.Minute, "--scenario", "failover", "--fleet-controller", "--replicas", "2", "--rate", "10",
+		"--phases", "steady:4s,kill:1,steady:10s", "--json", path)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep load.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Failovers) != 1 {
+		t.Fatalf("failovers: %d, want 1", len(rep.Failovers))
+	}
+	f := rep.Failovers[0]
+	if f.Errors != 0 || len(f.Killed) != 1 {
+		t.Errorf("kill of %v: %d client errors, want one worker killed and none", f.Killed, f.Errors)
+	}
+	if len(f.Replacements) != 1 || f.Replacements[0].ID != f.Killed[0] || f.Replacements[0].ReadyMS == nil || f.Replacements[0].ServingMS == nil {
+		t.Errorf("replacements %+v: want the killed worker back, ready and serving", f.Replacements)
+	}
+}
