@@ -28,6 +28,9 @@ type Exec struct {
 	JoinToken func(ctx context.Context, id string) (string, error)
 }
 
+// Name says the provider's kind in the fleet's status.
+func (e *Exec) Name() string { return "exec" }
+
 func (e *Exec) Start(ctx context.Context, model, id string) error {
 	return e.run(ctx, e.StartCmd, model, id, true)
 }

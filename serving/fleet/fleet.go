@@ -122,6 +122,11 @@ type modelState struct {
 	failures int       // consecutive failed starts
 	retryAt  time.Time // no start before this (backoff)
 	seq      int       // replica ids: <model>-<seq>
+	desired  int       // what the last look wanted
+	// replace counts replicas that went away (lost, failed, drained by
+	// their worker) not yet started again; replaceWhy says why.
+	replace    int
+	replaceWhy string
 }
 
 // Controller keeps each managed model's replicas within bounds.
@@ -134,8 +139,10 @@ type Controller struct {
 
 	mu       sync.Mutex
 	replicas []*replica
+	retiring []*retiree // drained by their worker: stopped once drained (preempt.go)
 	models   map[string]*modelState
 	acting   sync.WaitGroup
+	history  history // recent actions (status.go)
 
 	actions *prometheus.CounterVec // tailgate_fleet_actions_total{model,action,outcome}
 	desired *prometheus.GaugeVec   // tailgate_model_desired_replicas{model}
@@ -234,10 +241,14 @@ func (c *Controller) Run(ctx context.Context) error {
 func (c *Controller) stopAll() {
 	c.mu.Lock()
 	rs := c.replicas
-	c.replicas = nil
+	for _, r := range c.retiring {
+		rs = append(rs, r.replica)
+	}
+	c.replicas, c.retiring = nil, nil
 	c.mu.Unlock()
 	for _, r := range rs {
-		c.act(context.Background(), r.model, "stop", func(ctx context.Context) error { return c.prov.Stop(ctx, r.model, r.id) })
+		c.actOn(context.Background(), Action{Model: r.model, Kind: "stop", Replica: r.id, Reason: "shutdown"},
+			func(ctx context.Context) error { return c.prov.Stop(ctx, r.model, r.id) })
 	}
 }
 
@@ -285,6 +296,13 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 				return false
 			}
 		case rep.State() == router.StateLost, rep.State() == router.StateFailed:
+		case rep.State() == router.StateDraining:
+			// Its worker drains it (a preemption notice, a shutdown on
+			// its box): the controller's own stops leave the list first.
+			c.retireLocked(r, rep.Reason(), now)
+			st.replace++
+			st.replaceWhy = goneWhy(rep.Reason())
+			return true
 		default:
 			if s := rep.State(); s == router.StateStarting || s == router.StateWarming {
 				starting++
@@ -292,19 +310,31 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 			return false
 		}
 		lost = append(lost, r)
+		st.replace++
+		st.replaceWhy = "lost"
 		return true
 	})
+	retire := c.drainedLocked(name, now)
 	n := c.countLocked(name)
 	want := max(n, m.Min)
+	why := "min"
 	switch {
+	case st.replace > 0:
+		// What went away is started again at once, not when demand or
+		// the lease says so.
+		want, why = n+st.replace, st.replaceWhy
 	case waiting >= m.ScaleUpWaiting && starting == 0:
-		want = n + 1
+		want, why = n+1, "waiting"
 	case m.ScaleUpInflight > 0 && n > 0 && inflight >= int64(m.ScaleUpInflight*n) && starting == 0:
-		want = n + 1
+		want, why = n+1, "inflight"
 	case n > m.Min && waiting == 0 && inflight == 0 && now.Sub(st.busyAt) >= m.IdleAfter:
 		want = n - 1
 	}
 	want = min(max(want, m.Min), m.Max)
+	if want <= n {
+		st.replace = 0 // at max, or nothing to replace: nothing owed
+	}
+	st.desired = want
 	c.desired.WithLabelValues(name).Set(float64(want))
 	var start *replica
 	var stop *replica
@@ -313,6 +343,12 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 		st.seq++
 		start = &replica{id: fmt.Sprintf("%s-%d", idSafe(name), st.seq), model: name, started: now}
 		c.replicas = append(c.replicas, start) // counted at once: never past Max
+		if st.replace > 0 {
+			st.replace--
+		}
+		if want > n+1 {
+			c.Wake(name) // one start per look: look again now for the next
+		}
 	case want < n:
 		for i := len(c.replicas) - 1; i >= 0; i-- {
 			if c.replicas[i].model == name {
@@ -327,16 +363,17 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 
 	for _, r := range lost {
 		c.log.Warn("fleet: replica lost; replacing it", "model", name, "replica", r.id)
-		c.act(ctx, name, "replace", func(ctx context.Context) error { return c.prov.Stop(ctx, name, r.id) })
+		c.actOn(ctx, Action{Model: name, Kind: "replace", Replica: r.id, Reason: "lost"}, func(ctx context.Context) error { return c.prov.Stop(ctx, name, r.id) })
 	}
+	c.stopRetired(ctx, retire)
 	if stop != nil {
 		c.log.Info("fleet: stopping an idle replica", "model", name, "replica", stop.id)
-		c.act(ctx, name, "stop", func(ctx context.Context) error { return c.prov.Stop(ctx, name, stop.id) })
+		c.actOn(ctx, Action{Model: name, Kind: "stop", Replica: stop.id, Reason: "idle"}, func(ctx context.Context) error { return c.prov.Stop(ctx, name, stop.id) })
 	}
 	if start != nil {
-		c.log.Info("fleet: starting a replica", "model", name, "replica", start.id, "waiting", waiting, "inflight", inflight)
+		c.log.Info("fleet: starting a replica", "model", name, "replica", start.id, "reason", why, "waiting", waiting, "inflight", inflight)
 		c.acting.Go(func() {
-			err := c.act(ctx, name, "start", func(ctx context.Context) error { return c.prov.Start(ctx, name, start.id) })
+			err := c.actOn(ctx, Action{Model: name, Kind: "start", Replica: start.id, Reason: why}, func(ctx context.Context) error { return c.prov.Start(ctx, name, start.id) })
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if err == nil {
@@ -346,6 +383,9 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 			// Not started: it does not count, and the next try waits.
 			c.replicas = slices.DeleteFunc(c.replicas, func(r *replica) bool { return r == start })
 			st.failures++
+			if why != "min" && why != "waiting" && why != "inflight" {
+				st.replace++ // still owed once the backoff ends
+			}
 			wait := min(c.cfg.Backoff<<min(st.failures-1, 20), c.cfg.MaxBackoff)
 			st.retryAt = c.cfg.Now().Add(wait)
 			c.log.Warn("fleet: start failed; retrying after backoff", "model", name, "replica", start.id, "failures", st.failures, "in", wait, "err", err)
@@ -353,22 +393,32 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 	}
 }
 
-// act runs one provider action under the action timeout and counts it.
+// act runs one provider action under the action timeout, counts it and
+// keeps it in the recent actions.
 func (c *Controller) act(ctx context.Context, model, action string, f func(context.Context) error) error {
+	return c.actOn(ctx, Action{Model: model, Kind: action}, f)
+}
+
+// actOn is act of a, which names the replica and why.
+func (c *Controller) actOn(ctx context.Context, a Action, f func(context.Context) error) error {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ActionTimeout)
 	defer cancel()
+	a.Time = c.cfg.Now()
 	err := f(actx)
-	outcome := "ok"
+	a.Duration = c.cfg.Now().Sub(a.Time)
+	a.Outcome = "ok"
 	if err != nil {
-		outcome = "error"
+		a.Outcome = "error"
 		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%s took longer than %s: %w", action, c.cfg.ActionTimeout, err)
+			err = fmt.Errorf("%s took longer than %s: %w", a.Kind, c.cfg.ActionTimeout, err)
 		}
-		if action != "start" {
-			c.log.Warn("fleet: action failed", "model", model, "action", action, "err", err)
+		a.Error = err.Error()
+		if a.Kind != "start" {
+			c.log.Warn("fleet: action failed", "model", a.Model, "action", a.Kind, "replica", a.Replica, "err", err)
 		}
 	}
-	c.actions.WithLabelValues(model, action, outcome).Inc()
+	c.actions.WithLabelValues(a.Model, a.Kind, a.Outcome).Inc()
+	c.history.add(a)
 	return err
 }
 
