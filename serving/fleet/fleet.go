@@ -191,7 +191,8 @@ func maps(m map[string]Model) map[string]Model {
 	return out
 }
 
-// CanStart reports whether model is managed and below its maximum.
+// CanStart reports whether model is managed and below its maximum, or a
+// replica it started has not registered yet (a replacement on its way).
 func (c *Controller) CanStart(model string) bool {
 	m, ok := c.cfg.Models[model]
 	if !ok {
@@ -199,7 +200,15 @@ func (c *Controller) CanStart(model string) bool {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.countLocked(model) < m.Max
+	if c.countLocked(model) < m.Max {
+		return true
+	}
+	for _, r := range c.replicas {
+		if r.model == model && c.reg.Get(r.id) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // Wake makes the controller look now; it never blocks.
