@@ -2,7 +2,9 @@
 // Kubernetes: per model it keeps between Min and Max replicas, starts one
 // when requests wait for the model (or its in-flight load passes a
 // threshold), stops one after an idle period, and replaces a replica it
-// started that the registry reports lost or failed. Capacity comes from a
+// started that the registry reports lost or failed, or that its worker
+// drains (a preemption notice: replaced at once, see preempt.go). Capacity
+// comes from a
 // [Provider]: [Local] (child workers of this binary, as `tailgate up` starts
 // them) or [Exec] (an operator's start/stop scripts).
 //
