@@ -16,8 +16,10 @@ import (
 // noGPU is a provider whose starts fail.
 type noGPU struct{}
 
-func (noGPU) Start(context.Context, string, string) error { return errors.New("no GPU available in region") }
-func (noGPU) Stop(context.Context, string, string) error  { return nil }
+func (noGPU) Start(context.Context, string, string) error {
+	return errors.New("no GPU available in region")
+}
+func (noGPU) Stop(context.Context, string, string) error { return nil }
 
 // GET /admin/v1/fleet shows nothing without a controller, and with one the
 // model's bounds and a failing provider: its failed start with the error,
