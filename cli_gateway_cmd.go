@@ -27,7 +27,7 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := cfg.Load(fs); err != nil {
 		return err
 	}
-	if len(cfg.Upstreams) == 0 {
+	if len(cfg.Upstreams) == 0 && !cfg.Fleet.Enabled() {
 		log.Warn("no upstream configured: add --upstream URL (or upstreams in --config); /healthz stays 503 until one is ready")
 	}
 	cfg.BuildInfo = readBuildInfo().collector()
@@ -36,6 +36,9 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer gw.Close()
+	if err := gw.UseConfiguredFleet(nil); err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "tailgate gateway: API %s  admin %s  (admin token: %s)\n",
 		gw.PublicURL(), gw.DashboardLink(isTerminal(stdout)), filepath.Join(cfg.DataDir, "admin.token"))
 	if u := gw.MeshURL(); u != "" {

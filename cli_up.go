@@ -108,11 +108,11 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
-	argv := func(i int, id string) []string {
+	argv := func(i int, id, model string) []string {
 		childArgs := []string{"worker", "--gateway", "http://" + gw.AdminAddr(),
 			"--cluster-token-file", filepath.Join(cfg.DataDir, "cluster.token"),
 			"--data", filepath.Join(cfg.DataDir, id), "--listen", "127.0.0.1:0", "--replica-id", id,
-			"--engine", *engine, "--model", *model, "--log-level", lf.level, "--log-format", lf.format,
+			"--engine", *engine, "--model", model, "--log-level", lf.level, "--log-format", lf.format,
 			"--warmup", fmt.Sprint(*warmup), "--upstream-client", cfg.UpstreamClient}
 		if *fleetNap > 0 {
 			childArgs = append(childArgs, "--sleep-mode")
@@ -131,20 +131,26 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return append([]string{self}, childArgs...)
 	}
 	if *fleetMax > 0 {
-		// The fleet controller starts the replicas as demand comes.
+		cfg.Fleet.Models = map[string]fleet.Model{*model: {Min: *fleetMin, Max: *fleetMax, IdleAfter: *fleetIdle, SleepAfter: *fleetNap}}
+		gw.SetFleetModels(cfg.Fleet.Models)
+	}
+	// With models to manage, the fleet controller starts the replicas as
+	// demand comes: child workers (--fleet-provider local), or the
+	// operator's scripts.
+	var n atomic.Int64
+	local := &fleet.Local{Log: log, Approve: func(ctx context.Context, id string) error { return gw.ApproveWorkers(ctx, id) },
+		Argv: func(model, id string) []string { return argv(int(n.Add(1)), id, model) }}
+	if err := gw.UseConfiguredFleet(local); err != nil {
+		return err
+	}
+	if cfg.Fleet.Enabled() {
 		*replicas = 0
-		var n atomic.Int64
-		prov := &fleet.Local{Log: log, Approve: func(ctx context.Context, id string) error { return gw.ApproveWorkers(ctx, id) },
-			Argv: func(_, id string) []string { return argv(int(n.Add(1)), id) }}
-		if err := gw.UseFleet(fleet.Config{Models: map[string]fleet.Model{*model: {Min: *fleetMin, Max: *fleetMax, IdleAfter: *fleetIdle, SleepAfter: *fleetNap}}}, prov); err != nil {
-			return err
-		}
 	}
 	cctx, stopChildren := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := 1; i <= *replicas; i++ {
 		id := fmt.Sprintf("worker-%d", i)
-		c := &fleet.Child{Name: id, Argv: argv(i, id), Log: screen.children.With("replica", id)}
+		c := &fleet.Child{Name: id, Argv: argv(i, id, *model), Log: screen.children.With("replica", id)}
 		wg.Go(func() { c.Supervise(cctx) })
 	}
 	// On a clean stop the workers go once no request is left for them and

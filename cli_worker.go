@@ -10,8 +10,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/tailgate-dev/tailgate/mesh"
@@ -42,6 +44,8 @@ type workerFlags struct {
 	startupTimeout   time.Duration
 	warmup           int
 	drainGrace       time.Duration
+	preemptFile      string
+	preemptURL       string
 	upstreamClient   string
 	sleepMode        bool
 	sim              sim.Flags
@@ -73,6 +77,8 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&w.startupTimeout, "startup-timeout", 20*time.Minute, "how long the engine may take to become ready (model download and load)")
 	fs.IntVar(&w.warmup, "warmup", 3, "short generations run before the replica is announced ready (0: none)")
 	fs.DurationVar(&w.drainGrace, "drain-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
+	fs.StringVar(&w.preemptFile, "preempt-file", "", "preemption notice: when this file appears (a spot VM's metadata watcher touches it; keep it on a tmpfs such as /run), drain as on SIGTERM and tell the gateway, which starts a replacement at once; SIGUSR1 does the same")
+	fs.StringVar(&w.preemptURL, "preempt-url", "", "preemption notice polled every second: an answer 200 that is neither empty nor FALSE drains as --preempt-file does, e.g. http://metadata.google.internal/computeMetadata/v1/instance/preempted")
 	fs.StringVar(&w.upstreamClient, "upstream-client", string(hop.Hop), "HTTP client of the sidecar to the engine: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.BoolVar(&w.sleepMode, "sleep-mode", false, "let the gateway's fleet controller put the engine to sleep when idle and wake it on demand: vllm gets --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 (on its private socket), sim gets --sim-sleep-mode")
 	w.sim.Register(fs)
@@ -105,6 +111,12 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer shutdownTracing()
+	// SIGUSR1 announces a preemption (SIGTERM and SIGINT are a plain
+	// shutdown): the same drain, with the reason the gateway replaces on.
+	preempt := make(chan os.Signal, 1)
+	signal.Notify(preempt, syscall.SIGUSR1)
+	defer signal.Stop(preempt)
+	cfg.Preempt = preempt
 	w, err := worker.New(cfg)
 	if err != nil {
 		return err
@@ -173,11 +185,17 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 	if wf.drainGrace < 0 {
 		return cfg, nil, fmt.Errorf("--drain-grace %s: want 0 (none) or more", wf.drainGrace)
 	}
+	if wf.preemptURL != "" {
+		if u, err := url.Parse(wf.preemptURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return cfg, nil, fmt.Errorf("--preempt-url %q: want an http(s) URL, e.g. http://metadata.google.internal/computeMetadata/v1/instance/preempted", wf.preemptURL)
+		}
+	}
 	cfg = worker.Config{
 		Gateways: wf.gateways, ClusterToken: tok, JoinToken: join, Advertise: wf.advertise, ReplicaID: wf.replicaID, DataDir: wf.dataDir,
 		Model: wf.model, Engine: wf.engine, StartupTimeout: wf.startupTimeout,
 		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, DrainGrace: wf.drainGrace, NoDrain: wf.drainGrace == 0,
-		Log: log, UpstreamClient: client, SleepMode: wf.sleepMode,
+		Log: log, UpstreamClient: client, PreemptFile: wf.preemptFile, PreemptURL: wf.preemptURL,
+		SleepMode: wf.sleepMode,
 	}
 	if wf.servedModelName != "" {
 		cfg.Model = wf.servedModelName

@@ -56,6 +56,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	a.GET("/replicas", s.handleGetReplicas)
 	a.GET("/workers", s.handleGetWorkers)
 	a.GET("/slo", s.handleGetSLO)
+	a.GET("/fleet", s.handleGetFleet)
 	a.DELETE("/workers/:id", s.handleDeleteWorker)
 	a.POST("/workers/:id/approve", s.handlePostApproveWorker)
 	a.DELETE("/replicas/:id", s.handleDeleteReplica)

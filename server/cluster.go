@@ -133,6 +133,7 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 		Engine: hb.Engine, Lease: s.cfg.Lease, EngineLog: clipEngineLog(hb.EngineLog), Worker: w.ID,
 		Load: routerLoad(hb.Load),
 	})
+	s.wakeFleet(state, hb.Models)
 	return c.JSON(http.StatusOK, reply)
 }
 

@@ -295,6 +295,7 @@ type Server struct {
 	tracer trace.Tracer // the requests' spans (trace.go); nil: tracing off
 
 	region regionState // what edges poll (region.go)
+	fleet  fleetState  // the fleet controller, if any (admin_fleet.go)
 }
 
 // New returns a Server.

@@ -75,6 +75,12 @@ const (
 	StateSleeping = "sleeping"
 )
 
+// ReasonPreempted starts the reason of a replica that drains because its
+// machine is being taken away (a spot VM's preemption notice): "preempted:
+// " and what announced it. The gateway's fleet controller replaces such a
+// replica at once instead of after its lease.
+const ReasonPreempted = "preempted"
+
 // Heartbeat is what a worker tells the gateway about its replica.
 type Heartbeat struct {
 	ReplicaID string   `json:"replica_id"`

@@ -124,6 +124,8 @@ type Config struct {
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
 
+	Fleet FleetConfig `yaml:"fleet"` // the fleet controller (config_fleet.go)
+
 	// BuildInfo is the tailgate_build_info gauge of the binary, registered
 	// beside the gateway's metrics; nil: none.
 	BuildInfo prometheus.Collector `yaml:"-"`
@@ -235,6 +237,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.RetryBudget, "retry-budget", 0.05, "retries after a request reached a replica, as a fraction of requests, between 0 and 1 (0: the default); hedges have --hedge-budget")
 	c.TLS.register(fs)
 	c.sloConfig.register(fs)
+	c.Fleet.register(fs)
 	c.Tracing.RegisterFlags(fs)
 	fs.DurationVar(&c.ForgetLost, "forget-lost", router.DefaultForgetLost, "how long a registered worker's replica whose heartbeats stopped stays listed as lost (never routed to, tailgate_replica_ready 0, so alerts see it) before the gateway forgets it; an operator forgets one sooner with DELETE /admin/v1/replicas/ID (0: 24h)")
 }
@@ -299,6 +302,7 @@ func (c *Config) load(fs *flag.FlagSet) error {
 		c.Models[model] = m
 	}
 	c.priceFlags = nil
+	c.Fleet.load()
 	return c.sloConfig.load()
 }
 
@@ -376,6 +380,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.Tracing.Validate(); err != nil {
+		return err
+	}
+	if err := c.Fleet.validate(); err != nil {
 		return err
 	}
 	// The router's rules, checked one setting at a time to name its flag.

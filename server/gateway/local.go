@@ -8,6 +8,7 @@ import (
 
 	"github.com/tailgate-dev/tailgate/policy"
 	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
 	"github.com/tailgate-dev/tailgate/serving/fleet"
 )
 
@@ -80,5 +81,6 @@ func (gw *Gateway) UseFleet(cfg fleet.Config, prov fleet.Provider) error {
 		return err
 	}
 	gw.fleet = c
+	gw.srv.SetFleet(server.Fleet{Status: func() any { return c.Status() }, Wake: c.Wake})
 	return nil
 }

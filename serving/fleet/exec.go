@@ -16,6 +16,9 @@ import (
 //	REPLICA_ID   the replica id the worker must register as (--replica-id)
 //	JOIN_TOKEN   a worker join token (--join-token), when JoinToken is set
 //	GATEWAY_URL  the gateway's admin URL the worker registers at (--gateway)
+//	CLUSTER_TOKEN_FILE  the gateway's cluster token file, when ClusterTokenFile
+//	             is set (start only; copy the token to the machine as the
+//	             worker's --cluster-token-file)
 //
 // on top of the gateway's own. A script that exits non-zero failed (its
 // last output line says why); it is killed at the action's deadline. A
@@ -24,9 +27,13 @@ import (
 type Exec struct {
 	StartCmd, StopCmd []string
 	GatewayURL        string
+	ClusterTokenFile  string
 	// JoinToken returns a join token for a new worker; nil: none is passed.
 	JoinToken func(ctx context.Context, id string) (string, error)
 }
+
+// Name says the provider's kind in the fleet's status.
+func (e *Exec) Name() string { return "exec" }
 
 func (e *Exec) Start(ctx context.Context, model, id string) error {
 	return e.run(ctx, e.StartCmd, model, id, true)
@@ -47,6 +54,9 @@ func (e *Exec) run(ctx context.Context, argv []string, model, id string, join bo
 			return fmt.Errorf("join token: %w", err)
 		}
 		env = append(env, "JOIN_TOKEN="+tok)
+	}
+	if join && e.ClusterTokenFile != "" {
+		env = append(env, "CLUSTER_TOKEN_FILE="+e.ClusterTokenFile)
 	}
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = env

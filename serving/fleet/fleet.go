@@ -2,9 +2,11 @@
 // Kubernetes: per model it keeps between Min and Max replicas, starts one
 // when requests wait for the model (or its in-flight load passes a
 // threshold), stops one after an idle period, and replaces a replica it
-// started that the registry reports lost or failed. With a [Sleeper] it puts
-// an idle replica to vLLM sleep before that, and wakes a sleeping one
-// rather than start another (sleep.go). Capacity comes from a
+// started that the registry reports lost or failed, or that its worker
+// drains (a preemption notice: replaced at once, see preempt.go). With a
+// [Sleeper] it puts an idle replica to vLLM sleep before stopping it, and
+// wakes a sleeping one rather than start another (sleep.go). Capacity
+// comes from a
 // [Provider]: [Local] (child workers of this binary, as `tailgate up` starts
 // them) or [Exec] (an operator's start/stop scripts).
 //
@@ -146,6 +148,11 @@ type modelState struct {
 	failures int       // consecutive failed starts
 	retryAt  time.Time // no start before this (backoff)
 	seq      int       // replica ids: <model>-<seq>
+	desired  int       // what the last look wanted
+	// replace counts replicas that went away (lost, failed, drained by
+	// their worker) not yet started again; replaceWhy says why.
+	replace    int
+	replaceWhy string
 }
 
 // Controller keeps each managed model's replicas within bounds.
@@ -158,9 +165,11 @@ type Controller struct {
 
 	mu       sync.Mutex
 	replicas []*replica
+	retiring []*retiree // drained by their worker: stopped once drained (preempt.go)
 	models   map[string]*modelState
 	sleepOps map[string]bool // replica ids with a sleep or wake under way
 	acting   sync.WaitGroup
+	history  history // recent actions (status.go)
 
 	actions *prometheus.CounterVec // tailgate_fleet_actions_total{model,action,outcome}
 	desired *prometheus.GaugeVec   // tailgate_model_desired_replicas{model}
@@ -209,7 +218,8 @@ func maps(m map[string]Model) map[string]Model {
 	return out
 }
 
-// CanStart reports whether model is managed and below its maximum.
+// CanStart reports whether model is managed and below its maximum, or a
+// replica it started has not registered yet (a replacement on its way).
 func (c *Controller) CanStart(model string) bool {
 	m, ok := c.cfg.Models[model]
 	if !ok {
@@ -217,7 +227,15 @@ func (c *Controller) CanStart(model string) bool {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.countLocked(model) < m.Max
+	if c.countLocked(model) < m.Max {
+		return true
+	}
+	for _, r := range c.replicas {
+		if r.model == model && c.reg.Get(r.id) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // Models returns the models the controller manages.
@@ -269,10 +287,14 @@ func (c *Controller) Run(ctx context.Context) error {
 func (c *Controller) stopAll() {
 	c.mu.Lock()
 	rs := c.replicas
-	c.replicas = nil
+	for _, r := range c.retiring {
+		rs = append(rs, r.replica)
+	}
+	c.replicas, c.retiring = nil, nil
 	c.mu.Unlock()
 	for _, r := range rs {
-		c.act(context.Background(), r.model, "stop", func(ctx context.Context) error { return c.prov.Stop(ctx, r.model, r.id) })
+		c.actOn(context.Background(), Action{Model: r.model, Kind: "stop", Replica: r.id, Reason: "shutdown"},
+			func(ctx context.Context) error { return c.prov.Stop(ctx, r.model, r.id) })
 	}
 }
 
@@ -321,6 +343,13 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 				return false
 			}
 		case rep.State() == router.StateLost, rep.State() == router.StateFailed:
+		case rep.State() == router.StateDraining:
+			// Its worker drains it (a preemption notice, a shutdown on
+			// its box): the controller's own stops leave the list first.
+			c.retireLocked(r, rep.Reason(), now)
+			st.replace++
+			st.replaceWhy = goneWhy(rep.Reason())
+			return true
 		default:
 			if s := rep.State(); s == router.StateStarting || s == router.StateWarming {
 				starting++
@@ -328,21 +357,33 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 			return false
 		}
 		lost = append(lost, r)
+		st.replace++
+		st.replaceWhy = "lost"
 		return true
 	})
+	retire := c.drainedLocked(name, now)
 	n := c.countLocked(name)
 	awake := n - sleepers // capacity that takes requests now
 	want := max(n, m.Min)
-	more := false
+	more := false // demand asks for one more replica
+	why := "min"
 	switch {
+	case st.replace > 0:
+		// What went away is started again at once, not when demand or
+		// the lease says so.
+		want, why = n+st.replace, st.replaceWhy
 	case waiting >= m.ScaleUpWaiting && starting == 0:
-		want, more = n+1, true
+		want, why, more = n+1, "waiting", true
 	case m.ScaleUpInflight > 0 && awake > 0 && inflight >= int64(m.ScaleUpInflight*awake) && starting == 0:
-		want, more = n+1, true
+		want, why, more = n+1, "inflight", true
 	case n > m.Min && waiting == 0 && inflight == 0 && now.Sub(st.busyAt) >= m.IdleAfter:
 		want = n - 1
 	}
 	want = min(max(want, m.Min), m.Max)
+	if want <= n {
+		st.replace = 0 // at max, or nothing to replace: nothing owed
+	}
+	st.desired = want
 	c.desired.WithLabelValues(name).Set(float64(want))
 	idle := waiting == 0 && inflight == 0 && m.SleepAfter > 0 && now.Sub(st.busyAt) >= m.SleepAfter
 	var start *replica
@@ -357,6 +398,12 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 		st.seq++
 		start = &replica{id: fmt.Sprintf("%s-%d", idSafe(name), st.seq), model: name, started: now}
 		c.replicas = append(c.replicas, start) // counted at once: never past Max
+		if st.replace > 0 {
+			st.replace--
+		}
+		if want > n+1 {
+			c.Wake(name) // one start per look: look again now for the next
+		}
 	case want < n:
 		for i := len(c.replicas) - 1; i >= 0; i-- {
 			if c.replicas[i].model == name {
@@ -374,16 +421,17 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 	}
 	for _, r := range lost {
 		c.log.Warn("fleet: replica lost; replacing it", "model", name, "replica", r.id)
-		c.act(ctx, name, "replace", func(ctx context.Context) error { return c.prov.Stop(ctx, name, r.id) })
+		c.actOn(ctx, Action{Model: name, Kind: "replace", Replica: r.id, Reason: "lost"}, func(ctx context.Context) error { return c.prov.Stop(ctx, name, r.id) })
 	}
+	c.stopRetired(ctx, retire)
 	if stop != nil {
 		c.log.Info("fleet: stopping an idle replica", "model", name, "replica", stop.id)
-		c.act(ctx, name, "stop", func(ctx context.Context) error { return c.prov.Stop(ctx, name, stop.id) })
+		c.actOn(ctx, Action{Model: name, Kind: "stop", Replica: stop.id, Reason: "idle"}, func(ctx context.Context) error { return c.prov.Stop(ctx, name, stop.id) })
 	}
 	if start != nil {
-		c.log.Info("fleet: starting a replica", "model", name, "replica", start.id, "waiting", waiting, "inflight", inflight)
+		c.log.Info("fleet: starting a replica", "model", name, "replica", start.id, "reason", why, "waiting", waiting, "inflight", inflight)
 		c.acting.Go(func() {
-			err := c.act(ctx, name, "start", func(ctx context.Context) error { return c.prov.Start(ctx, name, start.id) })
+			err := c.actOn(ctx, Action{Model: name, Kind: "start", Replica: start.id, Reason: why}, func(ctx context.Context) error { return c.prov.Start(ctx, name, start.id) })
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if err == nil {
@@ -393,6 +441,9 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 			// Not started: it does not count, and the next try waits.
 			c.replicas = slices.DeleteFunc(c.replicas, func(r *replica) bool { return r == start })
 			st.failures++
+			if why != "min" && why != "waiting" && why != "inflight" {
+				st.replace++ // still owed once the backoff ends
+			}
 			wait := min(c.cfg.Backoff<<min(st.failures-1, 20), c.cfg.MaxBackoff)
 			st.retryAt = c.cfg.Now().Add(wait)
 			c.log.Warn("fleet: start failed; retrying after backoff", "model", name, "replica", start.id, "failures", st.failures, "in", wait, "err", err)
@@ -400,22 +451,32 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 	}
 }
 
-// act runs one provider action under the action timeout and counts it.
+// act runs one provider action under the action timeout, counts it and
+// keeps it in the recent actions.
 func (c *Controller) act(ctx context.Context, model, action string, f func(context.Context) error) error {
+	return c.actOn(ctx, Action{Model: model, Kind: action}, f)
+}
+
+// actOn is act of a, which names the replica and why.
+func (c *Controller) actOn(ctx context.Context, a Action, f func(context.Context) error) error {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ActionTimeout)
 	defer cancel()
+	a.Time = c.cfg.Now()
 	err := f(actx)
-	outcome := "ok"
+	a.Duration = c.cfg.Now().Sub(a.Time)
+	a.Outcome = "ok"
 	if err != nil {
-		outcome = "error"
+		a.Outcome = "error"
 		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%s took longer than %s: %w", action, c.cfg.ActionTimeout, err)
+			err = fmt.Errorf("%s took longer than %s: %w", a.Kind, c.cfg.ActionTimeout, err)
 		}
-		if action != "start" && action != "wake" { // those log with their backoff
-			c.log.Warn("fleet: action failed", "model", model, "action", action, "err", err)
+		a.Error = err.Error()
+		if a.Kind != "start" && a.Kind != "wake" { // those log with their backoff
+			c.log.Warn("fleet: action failed", "model", a.Model, "action", a.Kind, "replica", a.Replica, "err", err)
 		}
 	}
-	c.actions.WithLabelValues(model, action, outcome).Inc()
+	c.actions.WithLabelValues(a.Model, a.Kind, a.Outcome).Inc()
+	c.history.add(a)
 	return err
 }
 

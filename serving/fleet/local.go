@@ -74,6 +74,9 @@ type Local struct {
 	children map[string]func() // id → stop and wait
 }
 
+// Name says the provider's kind in the fleet's status.
+func (l *Local) Name() string { return "local" }
+
 func (l *Local) Start(ctx context.Context, model, id string) error {
 	if l.Approve != nil {
 		if err := l.Approve(ctx, id); err != nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -92,6 +93,23 @@ type Config struct {
 	// with sleep mode (Command's business: launcher.VLLMOptions.SleepMode,
 	// or the simulator's --sim-sleep-mode).
 	SleepMode bool
+	// PreemptFile is a path whose appearance announces that the machine is
+	// being preempted (a spot VM's metadata agent can be scripted to touch
+	// it; one already there at start counts, so keep it on a tmpfs such as
+	// /run). The worker then drains as on shutdown, telling the gateway the
+	// replica drains because it is preempted, and Run returns. "": none.
+	PreemptFile string
+	// PreemptURL is polled as a preemption notice: an answer 200 whose body
+	// is neither empty nor "false" (GCP's .../instance/preempted says TRUE,
+	// AWS's .../spot/instance-action answers 404 until a notice) announces
+	// it, as PreemptFile does. "": none.
+	PreemptURL string
+	// PreemptPoll is how often PreemptFile and PreemptURL are looked at; 0
+	// means 1s (a spot notice comes 30 s to 2 min ahead).
+	PreemptPoll time.Duration
+	// Preempt announces a preemption by a signal, as PreemptFile does
+	// (`tailgate worker` sends SIGUSR1 here); nil: none.
+	Preempt <-chan os.Signal
 
 	// Log receives the worker's, the sidecar's and the engine's lines; nil
 	// discards them.
@@ -119,8 +137,13 @@ func (c Config) Validate() error {
 		return errors.New("worker: Command is required")
 	case c.Warmup < 0:
 		return errors.New("worker: Warmup must not be negative (NoWarmup turns it off)")
-	case c.StartupTimeout < 0, c.DrainGrace < 0:
+	case c.StartupTimeout < 0, c.DrainGrace < 0, c.PreemptPoll < 0:
 		return errors.New("worker: durations must not be negative")
+	}
+	if c.PreemptURL != "" {
+		if u, err := url.Parse(c.PreemptURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("worker: preemption URL %q is not an http(s) URL", c.PreemptURL)
+		}
 	}
 	seen := map[string]bool{}
 	for _, g := range c.Gateways {
@@ -145,6 +168,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DrainGrace == 0 {
 		c.DrainGrace = DefaultDrainGrace
+	}
+	if c.PreemptPoll == 0 {
+		c.PreemptPoll = time.Second
 	}
 	if c.NoDrain {
 		c.DrainGrace = 0

@@ -10,7 +10,9 @@
 // launcher's, failed while the sidecar finds a ready engine not answering
 // (frozen or wedged), and draining at the end; each change is sent at once,
 // and while the replica is not ready each heartbeat carries the engine's last
-// error lines. On shutdown: the gateway is told at once that the
+// error lines. A preemption notice (a file, a URL, a signal: see
+// [Config.PreemptFile]) drains it as a shutdown does, with the reason
+// "preempted: …" so the gateway replaces it at once. On shutdown: the gateway is told at once that the
 // replica is draining (so it stops routing here), in-flight requests get
 // [Config.DrainGrace] to finish, and only then is the engine's process group
 // stopped. An engine that cannot be started at all, or a sidecar listener
@@ -222,6 +224,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(w.cfg.Listener) }()
+	preempted := w.watchPreempt(bgCtx, &g)
 
 	var runErr error
 	why := "worker shutting down"
@@ -240,6 +243,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	case err := <-beatErr:
 		runErr = fmt.Errorf("register: %w", err)
 		why = "worker stopping: " + runErr.Error()
+	case notice := <-preempted:
+		why = preemptedWhy(notice)
+		w.log.Warn("preemption notice: draining; the gateway starts a replacement", "notice", notice)
 	}
 
 	w.drain(why)

@@ -269,6 +269,24 @@ function renderReplicas(replicas) {
   renderOutage(replicas);
 }
 
+// renderFleet shows /admin/v1/fleet: the fleet controller's models and its
+// last actions (a failing provider as failed starts and the next try).
+function renderFleet(f) {
+  const models = (f && f.models) || [];
+  $("#fleet-panel").hidden = !models.length;
+  if (!models.length) return;
+  $("#fleet-provider").textContent = f.provider ? "provider: " + f.provider : "";
+  fill("#fleet", models, (m) => [
+    cell(m.model), cell(m.min), cell(m.max), cell(m.desired), cell(m.current), cell(m.ready), cell(m.draining),
+    cell(m.waiting), cell(m.failures, m.failures ? "state-failed" : ""),
+    cell(m.next_retry ? new Date(m.next_retry).toLocaleTimeString() : null),
+  ]);
+  fill("#fleet-actions", (f.actions || []).slice(0, 20), (a) => [
+    cell(new Date(a.time).toLocaleTimeString()), cell(a.model), cell(a.kind), cell(a.replica), cell(a.reason, "wrap"),
+    cell(a.outcome, a.outcome === "ok" ? "state-ready" : "state-failed"), cell(a.error, "wrap"),
+  ], "no action yet");
+}
+
 // renderOutage shows, above everything, each model that replicas serve but
 // none is ready to: every request for it is answered 503. A lost replica
 // (its worker stopped sending heartbeats) stays listed, saying why.
@@ -585,6 +603,7 @@ async function refresh() {
     renderTenants(tenants.data);
     renderKeys(keys.data);
     renderUsage(usage.data);
+    renderFleet(await api("/admin/v1/fleet"));
     const slo = await renderBudgets(requests.data);
     renderKPIs(hist, replicas.data, slo);
     document.body.dataset.loaded = String(Date.now());
