@@ -362,8 +362,8 @@ type batch struct {
 // takeLocked moves up to BatchSize entries from the head of the queue into
 // b. A new version of an open row stored already that differs from it only
 // in its billable figures goes to b.fresh, which updates just those (a
-// quarter of the full upsert's cost, and the writer's open rows were 22 %
-// of the gateway's CPU with 500 streams open); one that does not differ
+// third of the full upsert's cost, and the writer's open rows were 22 % of
+// the gateway's CPU with 500 streams open); one that does not differ
 // at all is not written. The queue holds one entry per open row (Open
 // replaces its queued version), so no other row of the batch precedes a
 // refresh of the same ID, and refreshes run first.
