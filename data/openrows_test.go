@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,70 @@ func TestOpenRowIsUpdatedThenReplacedByItsFinalRow(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestOpenRowRefreshWritesWhatChanged(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		w := s.NewLedgerWriter(LedgerConfig{}, nil)
+		ran := make(chan error, 1)
+		go func() { ran <- w.Run(ctx) }()
+		open := func(r LedgerRow) {
+			t.Helper()
+			w.Open(r)
+			if err := w.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		v := streamRow("s", 1, OutcomeOpen, 10, 1)
+		v.Upstream = "replica-1"
+		open(v)
+		v.CompletionTokens, v.CostMicros = 5, 15 // figures only: a refresh
+		open(v)
+		if got := rowByID(t, s, "s"); got.CompletionTokens != 5 || got.CostMicros != 15 || got.Upstream != "replica-1" || got.Outcome != OutcomeOpen {
+			t.Errorf("after a refresh: %+v, want open, 5 tokens, cost 15 on replica-1", got)
+		}
+		txs := w.txs.Load()
+		open(v) // nothing changed: nothing to write
+		if n := w.txs.Load(); n != txs {
+			t.Errorf("an unchanged open row took %d transactions", n-txs)
+		}
+		v.Upstream, v.CompletionTokens, v.CostMicros = "replica-2", 6, 16 // more than figures: the whole row
+		open(v)
+		if got := rowByID(t, s, "s"); got.CompletionTokens != 6 || got.Upstream != "replica-2" {
+			t.Errorf("after a change of replica: %+v, want 6 tokens on replica-2", got)
+		}
+		if sp := spendOf(t, s, 1); sp != (Spend{}) {
+			t.Errorf("an open row is spend already: %+v", sp)
+		}
+		// Final by another way (a settling at start-up): a refresh leaves it.
+		fin := streamRow("s", 1, OutcomeInterrupted, 10, 6)
+		fin.Upstream = "replica-2"
+		if err := s.InsertLedger(ctx, []LedgerRow{fin}); err != nil {
+			t.Fatal(err)
+		}
+		v.CompletionTokens, v.CostMicros = 9, 19
+		open(v)
+		if got := rowByID(t, s, "s"); got.Outcome != OutcomeInterrupted || got.CompletionTokens != 6 {
+			t.Errorf("a refresh changed a final row: %s with %d tokens", got.Outcome, got.CompletionTokens)
+		}
+		checkSpendMatchesLedger(t, s)
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-ran; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// sameButFigures must compare every field a ledger row stores: a field it
+// missed would not reach a stored open row.
+func TestSameButFiguresKnowsEveryField(t *testing.T) {
+	if n := reflect.TypeFor[LedgerRow]().NumField(); n != 21 {
+		t.Errorf("LedgerRow has %d fields, sameButFigures was written for 21: compare the new one there", n)
+	}
 }
 
 func TestQueuedOpenRowsCoalesce(t *testing.T) {

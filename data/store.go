@@ -47,6 +47,8 @@ type Store struct {
 	ckptStop, ckptDone chan struct{}
 	// ledgerStmts[i] inserts ledgerChunks[i] rows at once.
 	ledgerStmts [len(ledgerChunks)]*sql.Stmt
+	// refreshStmts[i] refreshes ledgerChunks[i] open rows at once.
+	refreshStmts [len(ledgerChunks)]*sql.Stmt
 
 	closed    atomic.Bool // set once Close starts; lets writers stop retrying
 	closeOnce sync.Once
@@ -209,7 +211,7 @@ func (s *Store) Close() error {
 		if s.ckpt != nil {
 			errs = append(errs, s.ckpt.Close())
 		}
-		for _, st := range s.ledgerStmts {
+		for _, st := range append(s.ledgerStmts[:], s.refreshStmts[:]...) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}

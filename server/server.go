@@ -383,10 +383,11 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 	// closing; one that is, is sent again (markReplayable).
 	// No response-header timeout on either path: engines may hold headers
 	// until the answer; deadlines live per attempt.
-	// 8 KiB: an open stream holds one read buffer (an SSE event is a few
-	// hundred bytes; a larger read goes past the buffer); 32 KiB cost 24 KiB
-	// more per open stream (TestOpenStreamMemoryIsBounded).
-	t := &hop.Transport{Dial: dial, IdleTimeout: serving.EngineKeepAlive * 4 / 5, MaxIdlePerHost: 1024, BufferSize: 8 << 10}
+	// 4 KiB, net/http's own: an open stream holds one read buffer (an SSE
+	// event is a few hundred bytes; a larger read goes past the buffer);
+	// 8 KiB cost 4 KiB more per open stream (TestOpenStreamMemoryIsBounded),
+	// twice that in resident memory once the GC's headroom is counted.
+	t := &hop.Transport{Dial: dial, IdleTimeout: serving.EngineKeepAlive * 4 / 5, MaxIdlePerHost: 1024, BufferSize: 4 << 10}
 	return t.RoundTripper(client, 4096)
 }
 

@@ -200,10 +200,11 @@ var (
 	timingPrefix = []byte(serving.TimingComment)
 	simQueue     = []byte(": sim-queue-ms=")
 	// readerPool: the readers of the engines' answers, one per open stream.
-	// 4 KiB holds many events (a few hundred bytes each); a longer one is
-	// read whole all the same (sse.ReadEvent). 16 KiB cost 12 KiB more per
-	// open stream (TestOpenStreamMemoryIsBounded).
-	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+	// 2 KiB holds several events (a few hundred bytes each); a longer one is
+	// read whole all the same (sse.ReadEvent copies every event out of it).
+	// 16 KiB cost 14 KiB more per open stream, 4 KiB 2 KiB more
+	// (TestOpenStreamMemoryIsBounded).
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 2<<10) }}
 
 	keepAliveComment = []byte(": keep-alive\n\n")
 	errStreamClosed  = errors.New("stream already ended")
