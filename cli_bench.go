@@ -95,7 +95,7 @@ const benchSynopsis = `bench (--scenario NAME | --target URL [--key KEY]) [--rat
 
 Examples:
   tailgate bench --scenario failover --html failover.html
-  tailgate bench --scenario coldstart                  # from zero replicas under the fleet controller; exit status 1 unless the first token comes within 1s of ready
+  tailgate bench --scenario coldstart                  # from zero replicas, then from sleep, under the fleet controller; exit status 1 unless the first token comes within 1s of ready and of the wake
   tailgate bench --target http://gw:8080/v1 --key-file team.key --admin http://gw:8081 \
       --admin-token-file admin.token --rate 20 --phases steady:60s,burst:20s:x3,steady:30s
   tailgate bench --scenario fanout --seeds 1,2,3

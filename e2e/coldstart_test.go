@@ -14,11 +14,14 @@ import (
 // `tailgate up` with the fleet controller at min 0 and an engine that loads
 // for 3 s; every request is answered (held through the start, the hold
 // stage at least the engine's load), the first token comes within 1 s of
-// the replica being ready, and the idle replica is stopped again.
+// the replica being ready; idle, the replica is put to sleep, and the next
+// requests are held while it wakes (at least the engine's 1 s wake) with
+// the first token within 1 s of the wake, a wake faster than the start;
+// and the idle replica is stopped again.
 func TestBenchColdStartFromZeroReplicas(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "coldstart.json")
 	out := runBench(t, 3*time.Minute, "--scenario", "coldstart", "--worker-args", "--sim-start-delay 3s",
-		"--gateway-args", "--fleet-idle 2s", "--phases", "steady:6s,idle:8s", "--json", path)
+		"--gateway-args", "--fleet-idle 8s --fleet-sleep-after 2s", "--phases", "steady:6s,idle:6s,steady:4s,idle:12s", "--json", path)
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +41,20 @@ func TestBenchColdStartFromZeroReplicas(t *testing.T) {
 	case c.StartDelay != "3s":
 		t.Errorf("start delay %q, want the 3s asked for", c.StartDelay)
 	case c.ZeroS == nil:
-		t.Errorf("the replica was not stopped within the idle phase (fleet idle 2s)")
+		t.Errorf("the replica was not stopped within the last idle phase (fleet idle 8s)")
+	}
+	w := c.Wake
+	switch {
+	case w == nil || w.AsleepS == nil:
+		t.Fatalf("the replica was not seen asleep (--fleet-sleep-after 2s, 6 s idle): %+v\n%s", w, out)
+	case w.Verdict != "PASS" || w.Errors != 0 || !w.FirstOK || w.Requests == 0:
+		t.Errorf("from sleep: verdict %s, %d errors of %d, first ok %v; want PASS with every request answered", w.Verdict, w.Errors, w.Requests, w.FirstOK)
+	case w.FirstHoldMS == nil || *w.FirstHoldMS < 1000:
+		t.Errorf("first request from sleep held %v ms; want at least the engine's 1 s wake", w.FirstHoldMS)
+	case w.WakeDelay != "1s" || w.SleepAfterS != 2:
+		t.Errorf("wake delay %q, sleep after %v s; want 1s (the scenario's) and 2", w.WakeDelay, w.SleepAfterS)
+	case w.ColdOverWake == nil || *w.ColdOverWake <= 1:
+		t.Errorf("wake %v ms vs cold start %v ms: want the wake faster", w.WakeMS, w.ColdLoadMS)
 	}
 }
 

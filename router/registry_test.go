@@ -334,3 +334,30 @@ func TestAlternativesCountsReadyReplicasOfTheModel(t *testing.T) {
 		t.Fatal("a draining replica counted")
 	}
 }
+
+// TestLastUsedStampsEachAttempt: a request that came and went between two
+// looks of the fleet controller is still seen, as the model's last use;
+// another model's is not.
+func TestLastUsedStampsEachAttempt(t *testing.T) {
+	now := time.Unix(1000, 0)
+	reg := newRegistry(t, Config{Now: func() time.Time { return now }})
+	reg.Add(readyReplica("a", "m"))
+	reg.Add(readyReplica("b", "n"))
+	if !reg.LastUsed("m").IsZero() {
+		t.Fatalf("last used %v before any request", reg.LastUsed("m"))
+	}
+	res, err := reg.Do(context.Background(), hint("m"), func(context.Context, *Replica, int, AttemptReason) (Attempt, error) {
+		return &fakeAttempt{}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Finish()
+	res.Losers()
+	if got := reg.LastUsed("m"); !got.Equal(now) || reg.Inflight("m") != 0 {
+		t.Errorf("after a finished request: last used %v (want %v), inflight %d", got, now, reg.Inflight("m"))
+	}
+	if !reg.LastUsed("n").IsZero() {
+		t.Errorf("model n last used %v: a request for m counted", reg.LastUsed("n"))
+	}
+}

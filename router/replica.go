@@ -92,6 +92,7 @@ type Replica struct {
 	clock    atomic.Pointer[func() time.Time] // the registry's clock, once added to one
 	onReady  atomic.Pointer[func()]           // the registry's hold release, once added to one
 	inflight atomic.Int64
+	lastUsed atomic.Int64             // unix nanos when the last attempt started on it
 	classes  [numClasses]atomic.Int64 // inflight by Class
 	models   atomic.Pointer[[]string]
 	failures atomic.Int64           // consecutive failed attempts or probes
@@ -432,6 +433,7 @@ func (r *Replica) markFailure(now time.Time) {
 // it back and is safe to call more than once.
 func (r *Replica) acquire(c Class) (release func()) {
 	r.inflight.Add(1)
+	r.lastUsed.Store(r.now().UnixNano())
 	cls := &r.classes[c.slot()]
 	cls.Add(1)
 	var done atomic.Bool

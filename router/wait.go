@@ -157,6 +157,22 @@ func (r *Registry) Inflight(model string) int64 {
 	return n
 }
 
+// LastUsed returns when the last attempt started on a replica serving
+// model (zero: none yet). An idle clock needs it: in-flight counts read
+// once a second miss short requests coming steadily between the reads.
+func (r *Registry) LastUsed(model string) time.Time {
+	var last int64
+	for _, rep := range *r.list.Load() {
+		if rep.Serves(model) {
+			last = max(last, rep.lastUsed.Load())
+		}
+	}
+	if last == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, last)
+}
+
 // coldState says what the capacity of model is doing while none of its
 // replicas is ready: "starting" or "warming" (a replica is on its way),
 // "sleeping" (a replica's engine sleeps and the provisioner wakes it),

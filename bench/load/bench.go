@@ -44,7 +44,7 @@ func Main(ctx context.Context, o Options) error {
 	}
 	for _, r := range reports {
 		if c := r.ColdStart; c != nil && c.Verdict != "PASS" {
-			runErr = errors.Join(runErr, errors.New("cold start: FAIL (first token later than 1s after ready, or errors within the queue bound)"))
+			runErr = errors.Join(runErr, errors.New("cold start: FAIL (first token later than 1s after ready or after the wake from sleep, no replica asleep, or errors within the queue bound)"))
 		}
 	}
 	if fails, checks := sloFailures(reports); fails > 0 {

@@ -23,6 +23,9 @@ type FleetBounds struct {
 	// Idle is how long the model must be idle before the controller stops
 	// a replica above Min; 0 means an hour (never, in a bench).
 	Idle time.Duration
+	// SleepAfter is how long the model must be idle before the controller
+	// puts its replicas to vLLM sleep (up --fleet-sleep-after); 0: never.
+	SleepAfter time.Duration
 }
 
 // upRE reads the addresses `tailgate up` prints (its stdout is not a
@@ -41,10 +44,13 @@ func (l *Local) startUp(ctx context.Context) error {
 	args := []string{"up", "--data", filepath.Join(l.dir, "gateway"), "--listen", "127.0.0.1:0",
 		"--admin-listen", "127.0.0.1:0", "--shutdown-grace", "2s", "--model", l.cfg.Model,
 		"--fleet-min", strconv.Itoa(f.Min), "--fleet-max", strconv.Itoa(f.Max), "--fleet-idle", idle.String()}
+	if f.SleepAfter > 0 {
+		args = append(args, "--fleet-sleep-after", f.SleepAfter.String())
+	}
 	args = append(append(args, l.cfg.WorkerArgs...), l.cfg.GatewayArgs...)
 	l.upArgs = args
-	fmt.Fprintf(l.cfg.Log, "bench: starting tailgate up with the fleet controller (min %d, max %d, idle %s) on 127.0.0.1 (files in %s)\n",
-		f.Min, f.Max, idle, l.dir)
+	fmt.Fprintf(l.cfg.Log, "bench: starting tailgate up with the fleet controller (min %d, max %d, idle %s, sleep after %s) on 127.0.0.1 (files in %s)\n",
+		f.Min, f.Max, idle, f.SleepAfter, l.dir)
 	var err error
 	if l.gateway, err = l.spawn("up", args); err != nil {
 		return err
@@ -135,10 +141,13 @@ func (l *Local) killFleetWorkers(n int) (ActionResult, error) {
 }
 
 // coldStart analyzes a run on this fleet from zero replicas, with the
-// engine load time and idle period `up` was given (a later flag wins).
+// engine load and wake times and idle periods `up` was given (a later flag
+// wins).
 func (l *Local) coldStart(rep *Report) *ColdStartReport {
 	idle, _ := time.ParseDuration(lastFlag(l.upArgs, "--fleet-idle"))
-	return coldStart(rep, lastFlag(l.upArgs, "--sim-start-delay"), idle)
+	nap, _ := time.ParseDuration(lastFlag(l.upArgs, "--fleet-sleep-after"))
+	return coldStart(rep, coldStartFleet{StartDelay: lastFlag(l.upArgs, "--sim-start-delay"), WakeDelay: lastFlag(l.upArgs, "--sim-wake-delay"),
+		Idle: idle, SleepAfter: nap})
 }
 
 // lastFlag is the value of the last --name in args ("--name v" or

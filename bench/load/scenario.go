@@ -45,8 +45,8 @@ func Scenarios() []Scenario {
 		},
 		{
 			Name:     "coldstart",
-			About:    "from zero replicas: requests held while the fleet controller starts one (engine load --sim-start-delay 20s); first token vs ready, errors, the hold stage, scale-down after 10s idle",
-			Replicas: 1, Fleet: &FleetBounds{Min: 0, Idle: 10 * time.Second}, Rate: 2, Phases: "steady:30s,idle:25s",
+			About:    "from zero replicas: requests held while the fleet controller starts one (engine load --sim-start-delay 20s), then put to sleep after 4s idle and woken (--sim-wake-delay 1s); first token vs ready and vs wake, errors, the hold stage, scale-down after 20s idle",
+			Replicas: 1, Fleet: &FleetBounds{Min: 0, Idle: 20 * time.Second, SleepAfter: 4 * time.Second}, Rate: 2, Phases: "steady:30s,idle:10s,steady:10s,idle:30s",
 			Prompt: "lognormal:256:0.5", Output: "lognormal:32:0.5", StreamFraction: 0.7,
 			SimArgs: coldstartSimArgs,
 		},

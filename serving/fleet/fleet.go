@@ -327,6 +327,9 @@ func (c *Controller) reconcileModel(ctx context.Context, name string, m Model, n
 	if waiting > 0 || inflight > 0 {
 		st.busyAt = now
 	}
+	if last := c.reg.LastUsed(name); last.After(st.busyAt) {
+		st.busyAt = last // requests between two looks: busy all the same
+	}
 	// A replica it started that the registry calls lost or failed is
 	// replaced: stopped here, started again below as the deficit.
 	var lost []*replica
