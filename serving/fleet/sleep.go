@@ -156,7 +156,16 @@ func (c *Controller) reconcileSleep(ctx context.Context, name string, m Model, w
 		c.log.Info("fleet: putting an idle replica to sleep", "model", name, "replica", rep.ID, "level", m.SleepLevel, "idle_for", m.SleepAfter)
 		c.acting.Go(func() {
 			defer c.unclaim(rep.ID)
+			// Out of routing before the sidecar stops admitting: a request
+			// picked during the sleep call would reach a sidecar that
+			// refuses it (503 replica_not_ready) with no other replica to
+			// retry on. Marked sleeping first, it is held and wakes the
+			// replica once the sleep is done.
+			rep.SetState(router.StateSleeping, "going to sleep")
 			err := c.act(ctx, name, "sleep", func(ctx context.Context) error { return c.cfg.Sleeper.Sleep(ctx, rep, m.SleepLevel) })
+			if err != nil && rep.State() == router.StateSleeping {
+				rep.SetState(router.StateReady, "") // still awake: busy, or no sleep mode
+			}
 			if errors.Is(err, ErrSleepModeOff) {
 				c.mu.Lock()
 				for _, r := range c.replicas {

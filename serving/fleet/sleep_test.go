@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -146,4 +147,76 @@ func TestReplicaWithoutSleepModeIsNotAskedAgain(t *testing.T) {
 	if b.offRefusals != 1 {
 		t.Fatalf("asked a replica without sleep mode %d times in 300 ms, want once", b.offRefusals)
 	}
+}
+
+// slowBed is a Sleeper whose sleep call takes until released, as a sidecar's
+// does while its engine offloads; it records whether the registry would
+// route to the replica meanwhile, and refuses the first sleep (busy).
+type slowBed struct {
+	reg     *router.Registry
+	release chan struct{}
+	mu      sync.Mutex
+	calls   int
+	picked  []bool // per call: Pick chose the replica during the call
+}
+
+func (b *slowBed) Sleep(_ context.Context, rep *router.Replica, _ int) error {
+	_, err := b.reg.Pick(router.Hint{Model: "m"}, nil)
+	b.mu.Lock()
+	b.calls++
+	n := b.calls
+	b.picked = append(b.picked, err == nil)
+	b.mu.Unlock()
+	if n == 1 {
+		return errors.New("replica_busy: 1 request in flight")
+	}
+	<-b.release
+	rep.SetState(router.StateSleeping, "engine asleep")
+	return nil
+}
+
+func (b *slowBed) Wake(_ context.Context, rep *router.Replica) error {
+	rep.SetState(router.StateReady, "")
+	return nil
+}
+
+// While the sidecar puts its engine to sleep no request is routed to the
+// replica (the sidecar would refuse it): it is out of routing before the
+// call, and back in when the sleep was refused.
+func TestReplicaGoingToSleepTakesNoRequest(t *testing.T) {
+	pr := prometheus.NewRegistry()
+	reg, err := router.New(router.Config{Registerer: pr}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &slowBed{reg: reg, release: make(chan struct{})}
+	cl := &cloud{reg: reg, alive: map[string]bool{}}
+	c, err := New(Config{Models: map[string]Model{"m": {Min: 1, Max: 1, SleepAfter: 20 * time.Millisecond, IdleAfter: time.Hour}},
+		Interval: time.Millisecond, Backoff: 20 * time.Millisecond, MaxBackoff: 80 * time.Millisecond, Registerer: pr, Sleeper: b}, reg, cl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	released := false
+	defer func() {
+		if !released {
+			close(b.release)
+		}
+	}()
+
+	until(t, "a second sleep call", func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.calls >= 2 })
+	b.mu.Lock()
+	picked := append([]bool(nil), b.picked...)
+	b.mu.Unlock()
+	for i, p := range picked {
+		if p {
+			t.Errorf("sleep call %d: the registry routed to the replica while it was being put to sleep", i+1)
+		}
+	}
+	close(b.release)
+	released = true
+	until(t, "the replica asleep", func() bool { return len(reg.Sleeping("m")) == 1 })
 }
