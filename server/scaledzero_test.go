@@ -22,8 +22,9 @@ func (f fleetOf) Wake(string)            {}
 func (f fleetOf) Models() []string       { return f }
 
 // TestScaledToZeroFleetIsHealthyAndListed: with no ready replica at all, a
-// gateway whose fleet controller manages a model answers /healthz 200 with
-// the reason in its body, and lists the model (GET /v1/models and
+// gateway whose fleet controller manages a model keeps /healthz's contract
+// (503 until a replica is ready) but says why and names /readyz, and lists
+// the model (GET /v1/models and
 // /v1/models/{id}), since a request for it is held while a replica starts;
 // without a fleet the same gateway is 503 and lists nothing.
 func TestScaledToZeroFleetIsHealthyAndListed(t *testing.T) {
@@ -76,11 +77,11 @@ func TestScaledToZeroFleetIsHealthyAndListed(t *testing.T) {
 
 	g.Reg.SetProvisioner(fleetOf{"cold"})
 	code, body := healthz()
-	if code != http.StatusOK || body["status"] != "ok" || body["ready_replicas"] != 0.0 {
-		t.Errorf("scaled to zero: /healthz %d %v, want 200 ok with 0 ready replicas", code, body)
+	if code != http.StatusServiceUnavailable || body["ready_replicas"] != 0.0 {
+		t.Errorf("scaled to zero: /healthz %d %v, want 503 with 0 ready replicas", code, body)
 	}
-	if reason, _ := body["reason"].(string); !strings.Contains(reason, "cold") || !strings.Contains(reason, "held") {
-		t.Errorf("scaled to zero: /healthz reason %q; want it to name the model and say requests are held", reason)
+	if reason, _ := body["reason"].(string); !strings.Contains(reason, "cold") || !strings.Contains(reason, "held") || !strings.Contains(reason, "/readyz") {
+		t.Errorf("scaled to zero: /healthz reason %q; want it to name the model, say requests are held and name /readyz", reason)
 	}
 	if ids := models(); !slices.Equal(ids, []string{"cold"}) {
 		t.Errorf("scaled to zero: /v1/models %v, want [cold]", ids)

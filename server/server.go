@@ -483,12 +483,13 @@ func (s *Server) handleGetHealthz(c echo.Context) error {
 		out["ledger"] = err.Error()
 	}
 	if ready == 0 {
-		// A fleet scaled to zero is healthy: a request for a model it
-		// manages is held while a replica starts.
+		// The contract (DESIGN.md): 503 until a replica is ready. A fleet
+		// scaled to zero says why, and where a load balancer in front
+		// should look instead: a probe on /healthz would keep out the
+		// very request that starts a replica.
+		status, word = http.StatusServiceUnavailable, "no ready replica"
 		if managed := s.reg.ManagedModels(); len(managed) > 0 {
-			out["reason"] = fmt.Sprintf("no replica is ready: the fleet controller starts one of %s when a request comes (requests are held meanwhile)", strings.Join(managed, ", "))
-		} else {
-			status, word = http.StatusServiceUnavailable, "no ready replica"
+			out["reason"] = fmt.Sprintf("scaled to zero: the fleet controller starts a replica of %s when a request comes (requests are held meanwhile); probe the admin listener's /readyz to route to this gateway anyway", strings.Join(managed, ", "))
 		}
 	}
 	out["status"] = word
