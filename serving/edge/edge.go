@@ -21,7 +21,8 @@
 // (the first MaxPeek bytes, forwarded byte for byte). A request whose
 // connection to a region fails before anything was sent (the dial failed)
 // goes to the next region at once, when its body is held whole (at most
-// MaxPeek bytes). Answers carry X-Tailgate-Region. It must not import
+// MaxPeek bytes); so does one a region refused with a 503 (it ran
+// nothing there). Answers carry X-Tailgate-Region. It must not import
 // package server: the wire contract is package serving's.
 package edge
 
@@ -336,6 +337,17 @@ func (e *Edge) newProxy(r *region) *httputil.ReverseProxy {
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Set(HeaderRegion, r.name)
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				body, err := io.ReadAll(io.LimitReader(resp.Body, maxRefusal+1))
+				if err == nil && len(body) <= maxRefusal {
+					return &refusal{status: resp.StatusCode, header: resp.Header, body: body}
+				}
+				// Unreadable or too long to hold: relay what there is.
+				resp.Body = struct {
+					io.Reader
+					io.Closer
+				}{io.MultiReader(bytes.NewReader(body), resp.Body), resp.Body}
+			}
 			e.m.requests.WithLabelValues(r.name, strconv.Itoa(resp.StatusCode)).Inc()
 			return nil
 		},
@@ -348,7 +360,10 @@ func (e *Edge) newProxy(r *region) *httputil.ReverseProxy {
 }
 
 // ServeHTTP forwards the request to the best region for its model, and to
-// the next one at once when a connection cannot be made.
+// the next one at once when nothing of it ran: the connection could not be
+// made, or the region refused it with a 503 (no ready replica, draining,
+// ledger unavailable: the gateway answers 503 only for what it did not
+// run). The last region's refusal reaches the client as it was.
 func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, whole, model, err := e.peek(r)
 	if err != nil {
@@ -362,9 +377,10 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var lastErr error
+	sent := false
 	for n, i := range order {
-		if n > 0 && !whole {
-			break // part of the body was sent to the first region and is gone
+		if sent && !whole {
+			break // part of the body was sent to a region and is gone
 		}
 		reg := e.regions[i]
 		reg.mu.Lock()
@@ -373,8 +389,15 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !ok && n < len(order)-1 {
 			continue // went down since the route was made
 		}
+		sent = true
+		last := n == len(order)-1 || !whole // no other region may take it
 		ar := r.Clone(r.Context())
 		ar.Body = body()
+		if whole {
+			// The transport may then resend it itself on a kept-alive
+			// connection that closed before the request was written.
+			ar.GetBody = func() (io.ReadCloser, error) { return body(), nil }
+		}
 		aw := &attemptWriter{ResponseWriter: w}
 		e.proxies[i].ServeHTTP(aw, ar)
 		if aw.err == nil {
@@ -385,12 +408,22 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			e.m.requests.WithLabelValues(reg.name, "499").Inc()
 			return
 		}
+		var ref *refusal
+		if errors.As(aw.err, &ref) {
+			if last {
+				e.m.requests.WithLabelValues(reg.name, strconv.Itoa(ref.status)).Inc()
+				ref.write(w)
+				return
+			}
+			e.m.retries.WithLabelValues(reg.name, "refused").Inc()
+			continue
+		}
 		if !notSent(aw.err) {
 			e.m.requests.WithLabelValues(reg.name, "502").Inc()
 			writeError(w, http.StatusBadGateway, "server_error", "region_failed", "region "+reg.name+" failed: "+aw.err.Error())
 			return
 		}
-		e.m.retries.WithLabelValues(reg.name).Inc()
+		e.m.retries.WithLabelValues(reg.name, "connect").Inc()
 		e.markDown(reg, aw.err)
 	}
 	e.m.requests.WithLabelValues("none", "502").Inc()
@@ -399,6 +432,31 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		msg += ": " + lastErr.Error()
 	}
 	writeError(w, http.StatusBadGateway, "server_error", "no_region_reachable", msg)
+}
+
+// maxRefusal bounds the body of a 503 the edge holds to relay it when no
+// other region takes the request (a gateway's is a short JSON error).
+const maxRefusal = 64 << 10
+
+// refusal is a region's 503, held until the next region answers.
+type refusal struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (f *refusal) Error() string { return "refused with " + strconv.Itoa(f.status) }
+
+// write relays the refusal to the client as the region sent it.
+func (f *refusal) write(w http.ResponseWriter) {
+	h := w.Header()
+	for k, v := range f.header {
+		h[k] = v
+	}
+	h.Del("Content-Length")
+	h.Del("Transfer-Encoding")
+	w.WriteHeader(f.status)
+	_, _ = w.Write(f.body)
 }
 
 // notSent reports whether err means nothing of the request reached the

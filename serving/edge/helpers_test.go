@@ -26,6 +26,7 @@ type fakeRegion struct {
 	mu     sync.Mutex
 	status serving.RegionStatus
 	down   bool // status answers 503
+	refuse bool // requests are answered 503 no_replica (and recorded)
 	got    []recorded
 }
 
@@ -50,6 +51,11 @@ func newFakeRegion(t *testing.T, name string, m serving.RegionModel) *fakeRegion
 		body, _ := io.ReadAll(r.Body)
 		f.got = append(f.got, recorded{r.Header.Get("Authorization"), body})
 		w.Header().Set("Content-Type", "application/json")
+		if f.refuse {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"error":{"message":"no replica is ready in `+name+`","type":"server_error","param":null,"code":"no_replica"}}`)
+			return
+		}
 		_, _ = io.WriteString(w, `{"served_by":"`+name+`"}`)
 	}))
 	t.Cleanup(f.srv.Close)
