@@ -29,7 +29,7 @@ type benchFlags struct {
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	o := &f.opts
-	fs.StringVar(&o.Scenario, "scenario", "", "run a built-in scenario on a local fleet the bench starts: failover, burst, scaleout, overhead, fanout, priority, multiturn (list: describe them)")
+	fs.StringVar(&o.Scenario, "scenario", "", "run a built-in scenario on a local fleet the bench starts: failover, burst, scaleout, overhead, fanout, priority, multiturn, geo (list: describe them)")
 	fs.StringVar(&o.A.Target, "target", "", "OpenAI base URL of the deployment under test, ending in /v1 (instead of --scenario)")
 	fs.StringVar(&o.A.Key, "key", "", "API key for --target (default: $TAILGATE_API_KEY unless --key-file is given)")
 	fs.StringVar(&o.A.KeyFile, "key-file", "", "file holding the API key for --target")

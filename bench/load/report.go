@@ -41,6 +41,8 @@ type Report struct {
 	// Ledger is the ledger's check against the answers (the databases
 	// scenario); nil when not checked.
 	Ledger *LedgerCheck `json:"ledger,omitempty"`
+	// Geo is the figures by geography (the geo scenario); nil otherwise.
+	Geo *GeoReport `json:"geo,omitempty"`
 
 	Events   []Event         `json:"events"`
 	Samples  []ReplicaSample `json:"replica_samples,omitempty"`

@@ -130,6 +130,9 @@ func (r *Report) writeText(w io.Writer, detail bool) error {
 		b.WriteByte('\n')
 		r.writeScaleOut(&b, &r.ScaleOuts[i])
 	}
+	if r.Geo != nil {
+		_ = r.Geo.WriteText(&b)
+	}
 	if len(r.Notes) > 0 {
 		b.WriteString("\nnotes:\n")
 		for _, n := range r.Notes {
