@@ -193,7 +193,8 @@ type geoFleet struct {
 	edgeAdmins []string // [source]
 
 	killAt   time.Time
-	killed   int // region index, -1 before a kill
+	killed   int       // region index, -1 before a kill
+	openedAt [][]int64 // [source][region]: connections each edge link had opened at the kill
 	watch    sync.WaitGroup
 	mu       sync.Mutex
 	movedMS  []*float64 // [source]: when its edge stopped routing to the killed region
@@ -327,6 +328,12 @@ func (f *geoFleet) Kill(ctx context.Context, n int) (ActionResult, error) {
 		return ActionResult{}, errors.New("a region was killed already")
 	}
 	f.killed, f.killAt = ri, time.Now()
+	f.openedAt = make([][]int64, len(geoSources))
+	for si := range geoSources {
+		for _, l := range f.edgeLinks[si] {
+			f.openedAt[si] = append(f.openedAt[si], l.opened.Load())
+		}
+	}
 	f.mu.Unlock()
 	for si := range geoSources {
 		_ = f.edgeLinks[si][ri].Close()

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -27,6 +28,7 @@ type link struct {
 	delay  time.Duration // one way
 	jitter time.Duration // uniform in ±jitter, per chunk
 	seed   uint64
+	opened atomic.Int64 // connections accepted
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -58,6 +60,7 @@ func (l *link) accept() {
 			c.Close()
 			return
 		}
+		l.opened.Add(1)
 		l.wg.Go(func() { l.carry(c, n) })
 	}
 }

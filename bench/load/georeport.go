@@ -80,7 +80,10 @@ type GeoMove struct {
 	P99During float64 `json:"p99_during_ms"`
 	AddedMS   float64 `json:"added_p99_ms"`
 	BudgetMS  float64 `json:"budget_ms"`
-	Pass      bool    `json:"pass"`
+	// NewConns are the connections the source's edge opened to the new
+	// region after the kill, each a round trip before its request moved.
+	NewConns int64 `json:"new_connections"`
+	Pass     bool  `json:"pass"`
 }
 
 // regionOf is the region that answered r: its replica ids are the
@@ -212,6 +215,12 @@ func (f *geoFleet) killReport(ctx context.Context, res *Result, kill, window tim
 		m := GeoMove{Source: s.name, To: to, P99Before: before, P99During: during, AddedMS: during - before}
 		if ri := slices.Index(geoRegions, to); ri >= 0 {
 			m.BudgetMS = ms(geoRTT(s, ri)) * (1 + geoJitter)
+			si := slices.IndexFunc(geoSources, func(g geoSource) bool { return g.name == s.name })
+			f.mu.Lock()
+			if f.openedAt != nil {
+				m.NewConns = f.edgeLinks[si][ri].opened.Load() - f.openedAt[si][ri]
+			}
+			f.mu.Unlock()
 		}
 		m.Pass = m.BudgetMS > 0 && m.AddedMS <= m.BudgetMS
 		k.Moves = append(k.Moves, m)
@@ -312,8 +321,8 @@ func (g *GeoReport) WriteText(w io.Writer) error {
 		if !m.Pass {
 			verdict = "FAIL"
 		}
-		fmt.Fprintf(w, "  %s → %s: TTFT p99 %s in the %.0fs before, %s in the %.0fs after: %+.0f ms; budget one round trip %s→%s %.0f ms: %s\n",
-			m.Source, m.To, fmtMS(m.P99Before), k.WindowS, fmtMS(m.P99During), k.WindowS, m.AddedMS, m.Source, m.To, m.BudgetMS, verdict)
+		fmt.Fprintf(w, "  %s → %s: TTFT p99 %s in the %.0fs before, %s in the %.0fs after: %+.0f ms; budget one round trip %s→%s %.0f ms: %s (its edge opened %d connections to %s)\n",
+			m.Source, m.To, fmtMS(m.P99Before), k.WindowS, fmtMS(m.P99During), k.WindowS, m.AddedMS, m.Source, m.To, m.BudgetMS, verdict, m.NewConns, m.To)
 	}
 	return nil
 }
