@@ -23,7 +23,8 @@ import (
 // that served it; the edge prefers the region with the better expected
 // first-token time though the other is listed first and preferred; and a
 // region SIGKILLed mid-run gets no new requests: every request sent after
-// the kill is answered by the other region.
+// the kill is answered by the other region. The edge speaks HTTP/2
+// without TLS (--h2c), which the gateways accept on their public listener.
 func TestEdgeInFrontOfTwoRegions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the binary")
@@ -53,7 +54,7 @@ func TestEdgeInFrontOfTwoRegions(t *testing.T) {
 	}
 
 	edge := startProc(t, "edge", true, "edge", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--region", "A="+baseA, "--region", "B="+baseB, "--prefer", "A", "--poll-interval", "200ms")
+		"--region", "A="+baseA, "--region", "B="+baseB, "--prefer", "A", "--poll-interval", "200ms", "--h2c")
 	var edgeURL, edgeAdmin string
 	edgeLine := regexp.MustCompile(`tailgate edge: (http://\S+) .* admin (http://\S+)`)
 	edge.scanUntil(func(line string) bool {

@@ -234,7 +234,7 @@ func startGeo(ctx context.Context, o Options, bin, dbURL, model string) (*geoFle
 	seed := uint64(o.Seed)
 	for si, s := range geoSources {
 		var links []*link
-		args := []string{"edge", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--prefer", s.near}
+		args := []string{"edge", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--prefer", s.near, "--h2c"}
 		for ri, name := range geoRegions {
 			d := s.oneWay[ri]
 			ln, err := newLink(strings.TrimPrefix(strings.TrimSuffix(f.regions[ri].api, "/v1"), "http://"), d, time.Duration(geoJitter*float64(d)), seed+uint64(10*si+ri))

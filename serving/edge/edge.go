@@ -88,6 +88,12 @@ type Config struct {
 	// MaxPeek is how many bytes of a body the edge holds to read its model
 	// and to send it again to another region; 0 means 1 MiB.
 	MaxPeek int64
+	// H2C speaks HTTP/2 without TLS (prior knowledge) to http:// regions:
+	// one multiplexed connection per region, kept warm by the status
+	// polls, so traffic moving to a region opens no connection (a round
+	// trip each). Tailgate gateways accept it; https regions negotiate
+	// HTTP/2 anyway. Only with the default Transport.
+	H2C bool
 	// Transport carries requests to regions; nil means a tuned http.Transport.
 	Transport http.RoundTripper
 	// Registerer receives the edge's metrics and Gatherer serves them on
@@ -155,13 +161,12 @@ func (c *Config) Validate() error {
 
 // Edge is a running edge.
 type Edge struct {
-	cfg        Config
-	log        *slog.Logger
-	regions    []*region
-	proxies    []*httputil.ReverseProxy
-	prefer     int
-	pollClient *http.Client
-	m          *metrics
+	cfg     Config
+	log     *slog.Logger
+	regions []*region
+	proxies []*httputil.ReverseProxy
+	prefer  int
+	m       *metrics
 
 	routeMu sync.Mutex
 	routes  map[string]*route
@@ -186,8 +191,9 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 		reg := prometheus.NewRegistry()
 		cfg.Registerer, cfg.Gatherer = reg, reg
 	}
+	var h2c http.RoundTripper
 	if cfg.Transport == nil {
-		cfg.Transport = &http.Transport{
+		t := &http.Transport{
 			Proxy:               nil,
 			DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			ForceAttemptHTTP2:   true,
@@ -196,17 +202,26 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 			TLSHandshakeTimeout: 5 * time.Second,
 			DisableCompression:  true, // streams must flush per event
 		}
+		cfg.Transport = t
+		if cfg.H2C {
+			t2 := t.Clone()
+			t2.Protocols = new(http.Protocols)
+			t2.Protocols.SetUnencryptedHTTP2(true)
+			h2c = t2
+		}
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	e := &Edge{cfg: cfg, log: log, prefer: -1, m: m, routes: map[string]*route{},
-		pollClient: &http.Client{Transport: cfg.Transport}}
+	e := &Edge{cfg: cfg, log: log, prefer: -1, m: m, routes: map[string]*route{}}
 	empty := map[string][]int{}
 	e.table.Store(&empty)
 	for i, rc := range cfg.Regions {
-		r := &region{idx: i, name: rc.Name, base: strings.TrimRight(rc.URL, "/")}
+		r := &region{idx: i, name: rc.Name, base: strings.TrimRight(rc.URL, "/"), transport: cfg.Transport}
+		if h2c != nil && strings.HasPrefix(r.base, "http://") {
+			r.transport = h2c
+		}
 		e.regions = append(e.regions, r)
 		e.proxies = append(e.proxies, e.newProxy(r))
 		if rc.Name == cfg.Prefer {
@@ -333,7 +348,7 @@ func (e *Edge) newProxy(r *region) *httputil.ReverseProxy {
 				pr.Out.Host = target.Host // a TLS front (a tunnel, a CDN) routes by its own name
 			}
 		},
-		Transport:     e.cfg.Transport,
+		Transport:     r.transport,
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Set(HeaderRegion, r.name)

@@ -225,3 +225,38 @@ func scrape(t *testing.T, e *edge.Edge) string {
 	raw, _ := io.ReadAll(resp.Body)
 	return string(raw)
 }
+
+// With H2C the edge holds one HTTP/2 connection per region, which its
+// polls keep open: requests moving to a region (here a refused one's)
+// arrive over it, several at once, with no new connection.
+func TestH2CMovesTrafficOverTheWarmConnection(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
+	a.mu.Lock()
+	a.refuse = true
+	a.mu.Unlock()
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a", H2C: true})
+	waitRoute(t, e, model, "a")
+	done := make(chan [2]any, 8)
+	for range 8 {
+		go func() {
+			code, reg := post(t, e, "Bearer k", chat)
+			done <- [2]any{code, reg}
+		}()
+	}
+	for range 8 {
+		if got := <-done; got[0] != 200 || got[1] != "b" {
+			t.Fatalf("a refuses: answer %v from %v, want 200 from b", got[0], got[1])
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.conns != 1 {
+		t.Errorf("b accepted %d connections for its polls and 8 requests at once, want 1", b.conns)
+	}
+	for _, p := range b.protos {
+		if p != "HTTP/2.0" {
+			t.Fatalf("b got a request over %s, want HTTP/2.0", p)
+		}
+	}
+}
