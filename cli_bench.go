@@ -100,6 +100,7 @@ Examples:
   tailgate bench --scenario fanout --sweep-hedge
   tailgate bench --scenario priority                   # exit status 1 when interactive p99 rises over 1.2x beside a batch
   tailgate bench --scenario multiturn --seed 2         # follow-up TTFT per --affinity mode; exit status 1 unless session wins
+  tailgate bench --scenario geo --html geo.html        # 3 regions behind edges, one killed; exit status 1 on an error after the kill
   tailgate bench --scenario failover --compare --b-worker-args "--sim-stall-prob 0.05"
   tailgate bench --target http://gw:8080/v1 --key K --compare --target-b http://vllm:8000/v1
   tailgate bench --scenario burst --slo gateway.yaml   # exit status 1 when a stage is over budget`
