@@ -29,7 +29,7 @@ type benchFlags struct {
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	o := &f.opts
-	fs.StringVar(&o.Scenario, "scenario", "", "run a built-in scenario on a local fleet the bench starts: failover, coldstart, burst, scaleout, overhead, fanout, priority, multiturn (list: describe them)")
+	fs.StringVar(&o.Scenario, "scenario", "", "run a built-in scenario on a local fleet the bench starts: failover, coldstart, burst, scaleout, overhead, fanout, priority, multiturn, geo (list: describe them)")
 	fs.StringVar(&o.A.Target, "target", "", "OpenAI base URL of the deployment under test, ending in /v1 (instead of --scenario)")
 	fs.StringVar(&o.A.Key, "key", "", "API key for --target (default: $TAILGATE_API_KEY unless --key-file is given)")
 	fs.StringVar(&o.A.KeyFile, "key-file", "", "file holding the API key for --target")
@@ -102,6 +102,7 @@ Examples:
   tailgate bench --scenario fanout --sweep-hedge
   tailgate bench --scenario priority                   # exit status 1 when interactive p99 rises over 1.2x beside a batch
   tailgate bench --scenario multiturn --seed 2         # follow-up TTFT per --affinity mode; exit status 1 unless session wins
+  tailgate bench --scenario geo --html geo.html        # 3 regions behind edges, one killed; exit status 1 on an error after the kill
   tailgate bench --scenario failover --compare --b-worker-args "--sim-stall-prob 0.05"
   tailgate bench --target http://gw:8080/v1 --key K --compare --target-b http://vllm:8000/v1
   tailgate bench --scenario burst --slo gateway.yaml   # exit status 1 when a stage is over budget`

@@ -33,6 +33,7 @@ func cmdEdge(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&cfg.SwitchMargin, "switch-margin", 0.2, "how much better (fraction of expected first-token time) another region must be to take a model's traffic")
 	fs.IntVar(&cfg.SwitchPolls, "switch-polls", 3, "for how many polls in a row another region must be that much better")
 	fs.Float64Var(&cfg.QueueWeight, "queue-weight", 1, "queue penalty: median TTFTs added per request queued ahead on each replica")
+	fs.BoolVar(&cfg.H2C, "h2c", false, "speak HTTP/2 without TLS to http:// regions (tailgate gateways accept it): one connection per region, kept warm by the polls, so moving traffic opens none")
 	fs.Int64Var(&cfg.MaxPeek, "max-peek", 1<<20, "bytes of a body held to read its model and to send it to the next region when a connection fails")
 	lf.register(fs)
 	if err := parseFlags(fs, args); err != nil {

@@ -178,7 +178,13 @@ var dashLine = regexp.MustCompile(`dashboard\s+(http://\S+)/ui/(?:#token=(\S+))?
 
 func startUp(t *testing.T, extra ...string) *upProcess {
 	t.Helper()
-	dir := t.TempDir()
+	return startUpIn(t, t.TempDir(), extra...)
+}
+
+// startUpIn starts `tailgate up` on data directory dir, which may be
+// prepared already (tailgate init, keys).
+func startUpIn(t *testing.T, dir string, extra ...string) *upProcess {
+	t.Helper()
 	p := &upProcess{dir: dir, process: startProc(t, "tailgate up", true,
 		append([]string{"up", "--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)...)}
 	p.scanUntil(func(line string) bool {

@@ -26,6 +26,9 @@ func Main(ctx context.Context, o Options) error {
 	if o.Scenario == "multiturn" {
 		return mainMultiturn(ctx, o)
 	}
+	if o.Scenario == "geo" {
+		return mainGeo(ctx, o)
+	}
 	b, err := o.resolve()
 	if err != nil {
 		return err

@@ -43,6 +43,9 @@ type LocalConfig struct {
 	Static bool
 	// Model is the model name served; "" means tailgate-sim.
 	Model string
+	// ReplicaPrefix starts every worker's replica id (then its number);
+	// "" means "sim-". Fleets sharing one database need their own.
+	ReplicaPrefix string
 	// GatewayArgs are added to the gateway's command line; WorkerArgs to
 	// every worker's (or sim's, when Static). Later flags win, so these
 	// override the bench's own.
@@ -306,7 +309,7 @@ func (l *Local) startWorker() (string, error) {
 	}
 	i := l.next
 	l.next++
-	id := fmt.Sprintf("sim-%d", i)
+	id := orDefault(l.cfg.ReplicaPrefix, "sim-") + strconv.Itoa(i)
 	var gws []string
 	for _, a := range l.admins {
 		gws = append(gws, "--gateway", a)

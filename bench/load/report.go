@@ -44,6 +44,8 @@ type Report struct {
 	// ColdStart is the start from zero replicas (the coldstart scenario);
 	// nil in other runs.
 	ColdStart *ColdStartReport `json:"coldstart,omitempty"`
+	// Geo is the figures by geography (the geo scenario); nil otherwise.
+	Geo *GeoReport `json:"geo,omitempty"`
 
 	Events   []Event         `json:"events"`
 	Samples  []ReplicaSample `json:"replica_samples,omitempty"`

@@ -90,6 +90,12 @@ func Scenarios() []Scenario {
 			SimArgs: []string{"--sim-ttft", "10ms", "--sim-tpot", "1ms", "--sim-max-seqs", "1024"},
 		},
 		{
+			Name:     "geo",
+			About:    "3 regions (a gateway each, on one PostgreSQL), 3 sources each behind its own tailgate edge, links with delay and jitter; one region killed: TTFT per source and region, time until no request goes there, added p99, errors",
+			Replicas: geoReplicas, Rate: geoRate * 3, Phases: geoPhases,
+			SimArgs: geoSimArgs,
+		},
+		{
 			Name:     "overhead",
 			About:    "what the gateway adds: the same load through the gateway and straight to an instant engine",
 			Replicas: 1, Static: true, Rate: 100, Phases: "steady:15s",

@@ -136,6 +136,9 @@ func (r *Report) writeText(w io.Writer, detail bool) error {
 			fmt.Fprintf(&b, "  %s\n", l)
 		}
 	}
+	if r.Geo != nil {
+		_ = r.Geo.WriteText(&b)
+	}
 	if len(r.Notes) > 0 {
 		b.WriteString("\nnotes:\n")
 		for _, n := range r.Notes {

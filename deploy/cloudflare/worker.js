@@ -249,6 +249,12 @@ export default {
           body: body instanceof Uint8Array ? body.slice() : body, // a fetch may detach the buffer it sent
           redirect: "manual",
         });
+        if (resp.status === 503 && whole && n < regions.length - 1) {
+          // The region refused it (no ready replica, draining): nothing
+          // ran there, so the next region takes it at once.
+          await resp.body?.cancel();
+          continue;
+        }
         const out = new Response(resp.body, resp);
         out.headers.set("X-Tailgate-Region", r.name);
         return out;

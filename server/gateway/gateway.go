@@ -241,6 +241,13 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	// No ReadTimeout/WriteTimeout: they would cut long streams. Headers have
 	// a deadline here; bodies get one per request in the handler.
 	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	// HTTP/2 without TLS too (prior knowledge, `tailgate edge --h2c`): an
+	// edge then holds one multiplexed connection its polls keep warm, so
+	// moving traffic here opens none (bench --scenario geo).
+	gw.public.Protocols = new(http.Protocols)
+	gw.public.Protocols.SetHTTP1(true)
+	gw.public.Protocols.SetHTTP2(true)
+	gw.public.Protocols.SetUnencryptedHTTP2(true)
 	pubLimit.Apply(gw.public)
 	if gw.tls != nil {
 		gw.public.TLSConfig = gw.tls.config

@@ -21,7 +21,8 @@
 // (the first MaxPeek bytes, forwarded byte for byte). A request whose
 // connection to a region fails before anything was sent (the dial failed)
 // goes to the next region at once, when its body is held whole (at most
-// MaxPeek bytes). Answers carry X-Tailgate-Region. It must not import
+// MaxPeek bytes); so does one a region refused with a 503 (it ran
+// nothing there). Answers carry X-Tailgate-Region. It must not import
 // package server: the wire contract is package serving's.
 package edge
 
@@ -87,6 +88,12 @@ type Config struct {
 	// MaxPeek is how many bytes of a body the edge holds to read its model
 	// and to send it again to another region; 0 means 1 MiB.
 	MaxPeek int64
+	// H2C speaks HTTP/2 without TLS (prior knowledge) to http:// regions:
+	// one multiplexed connection per region, kept warm by the status
+	// polls, so traffic moving to a region opens no connection (a round
+	// trip each). Tailgate gateways accept it; https regions negotiate
+	// HTTP/2 anyway. Only with the default Transport.
+	H2C bool
 	// Transport carries requests to regions; nil means a tuned http.Transport.
 	Transport http.RoundTripper
 	// Registerer receives the edge's metrics and Gatherer serves them on
@@ -154,13 +161,12 @@ func (c *Config) Validate() error {
 
 // Edge is a running edge.
 type Edge struct {
-	cfg        Config
-	log        *slog.Logger
-	regions    []*region
-	proxies    []*httputil.ReverseProxy
-	prefer     int
-	pollClient *http.Client
-	m          *metrics
+	cfg     Config
+	log     *slog.Logger
+	regions []*region
+	proxies []*httputil.ReverseProxy
+	prefer  int
+	m       *metrics
 
 	routeMu sync.Mutex
 	routes  map[string]*route
@@ -185,8 +191,9 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 		reg := prometheus.NewRegistry()
 		cfg.Registerer, cfg.Gatherer = reg, reg
 	}
+	var h2c http.RoundTripper
 	if cfg.Transport == nil {
-		cfg.Transport = &http.Transport{
+		t := &http.Transport{
 			Proxy:               nil,
 			DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			ForceAttemptHTTP2:   true,
@@ -195,17 +202,26 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 			TLSHandshakeTimeout: 5 * time.Second,
 			DisableCompression:  true, // streams must flush per event
 		}
+		cfg.Transport = t
+		if cfg.H2C {
+			t2 := t.Clone()
+			t2.Protocols = new(http.Protocols)
+			t2.Protocols.SetUnencryptedHTTP2(true)
+			h2c = t2
+		}
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	e := &Edge{cfg: cfg, log: log, prefer: -1, m: m, routes: map[string]*route{},
-		pollClient: &http.Client{Transport: cfg.Transport}}
+	e := &Edge{cfg: cfg, log: log, prefer: -1, m: m, routes: map[string]*route{}}
 	empty := map[string][]int{}
 	e.table.Store(&empty)
 	for i, rc := range cfg.Regions {
-		r := &region{idx: i, name: rc.Name, base: strings.TrimRight(rc.URL, "/")}
+		r := &region{idx: i, name: rc.Name, base: strings.TrimRight(rc.URL, "/"), transport: cfg.Transport}
+		if h2c != nil && strings.HasPrefix(r.base, "http://") {
+			r.transport = h2c
+		}
 		e.regions = append(e.regions, r)
 		e.proxies = append(e.proxies, e.newProxy(r))
 		if rc.Name == cfg.Prefer {
@@ -332,10 +348,21 @@ func (e *Edge) newProxy(r *region) *httputil.ReverseProxy {
 				pr.Out.Host = target.Host // a TLS front (a tunnel, a CDN) routes by its own name
 			}
 		},
-		Transport:     e.cfg.Transport,
+		Transport:     r.transport,
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Set(HeaderRegion, r.name)
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				body, err := io.ReadAll(io.LimitReader(resp.Body, maxRefusal+1))
+				if err == nil && len(body) <= maxRefusal {
+					return &refusal{status: resp.StatusCode, header: resp.Header, body: body}
+				}
+				// Unreadable or too long to hold: relay what there is.
+				resp.Body = struct {
+					io.Reader
+					io.Closer
+				}{io.MultiReader(bytes.NewReader(body), resp.Body), resp.Body}
+			}
 			e.m.requests.WithLabelValues(r.name, strconv.Itoa(resp.StatusCode)).Inc()
 			return nil
 		},
@@ -348,7 +375,10 @@ func (e *Edge) newProxy(r *region) *httputil.ReverseProxy {
 }
 
 // ServeHTTP forwards the request to the best region for its model, and to
-// the next one at once when a connection cannot be made.
+// the next one at once when nothing of it ran: the connection could not be
+// made, or the region refused it with a 503 (no ready replica, draining,
+// ledger unavailable: the gateway answers 503 only for what it did not
+// run). The last region's refusal reaches the client as it was.
 func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, whole, model, err := e.peek(r)
 	if err != nil {
@@ -362,9 +392,10 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var lastErr error
+	sent := false
 	for n, i := range order {
-		if n > 0 && !whole {
-			break // part of the body was sent to the first region and is gone
+		if sent && !whole {
+			break // part of the body was sent to a region and is gone
 		}
 		reg := e.regions[i]
 		reg.mu.Lock()
@@ -373,8 +404,15 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if !ok && n < len(order)-1 {
 			continue // went down since the route was made
 		}
+		sent = true
+		last := n == len(order)-1 || !whole // no other region may take it
 		ar := r.Clone(r.Context())
 		ar.Body = body()
+		if whole {
+			// The transport may then resend it itself on a kept-alive
+			// connection that closed before the request was written.
+			ar.GetBody = func() (io.ReadCloser, error) { return body(), nil }
+		}
 		aw := &attemptWriter{ResponseWriter: w}
 		e.proxies[i].ServeHTTP(aw, ar)
 		if aw.err == nil {
@@ -385,12 +423,22 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			e.m.requests.WithLabelValues(reg.name, "499").Inc()
 			return
 		}
+		var ref *refusal
+		if errors.As(aw.err, &ref) {
+			if last {
+				e.m.requests.WithLabelValues(reg.name, strconv.Itoa(ref.status)).Inc()
+				ref.write(w)
+				return
+			}
+			e.m.retries.WithLabelValues(reg.name, "refused").Inc()
+			continue
+		}
 		if !notSent(aw.err) {
 			e.m.requests.WithLabelValues(reg.name, "502").Inc()
 			writeError(w, http.StatusBadGateway, "server_error", "region_failed", "region "+reg.name+" failed: "+aw.err.Error())
 			return
 		}
-		e.m.retries.WithLabelValues(reg.name).Inc()
+		e.m.retries.WithLabelValues(reg.name, "connect").Inc()
 		e.markDown(reg, aw.err)
 	}
 	e.m.requests.WithLabelValues("none", "502").Inc()
@@ -399,6 +447,31 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		msg += ": " + lastErr.Error()
 	}
 	writeError(w, http.StatusBadGateway, "server_error", "no_region_reachable", msg)
+}
+
+// maxRefusal bounds the body of a 503 the edge holds to relay it when no
+// other region takes the request (a gateway's is a short JSON error).
+const maxRefusal = 64 << 10
+
+// refusal is a region's 503, held until the next region answers.
+type refusal struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (f *refusal) Error() string { return "refused with " + strconv.Itoa(f.status) }
+
+// write relays the refusal to the client as the region sent it.
+func (f *refusal) write(w http.ResponseWriter) {
+	h := w.Header()
+	for k, v := range f.header {
+		h[k] = v
+	}
+	h.Del("Content-Length")
+	h.Del("Transfer-Encoding")
+	w.WriteHeader(f.status)
+	_, _ = w.Write(f.body)
 }
 
 // notSent reports whether err means nothing of the request reached the

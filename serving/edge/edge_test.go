@@ -93,7 +93,7 @@ func TestRetriesUnsentRequestInNextRegion(t *testing.T) {
 	if err == nil {
 		raw, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		for _, want := range []string{`tailgate_edge_retries_total{region="a"} 1`, `tailgate_edge_requests_total{code="200",region="b"} 1`, `tailgate_edge_region_healthy{region="a"} 0`} {
+		for _, want := range []string{`tailgate_edge_retries_total{reason="connect",region="a"} 1`, `tailgate_edge_requests_total{code="200",region="b"} 1`, `tailgate_edge_region_healthy{region="a"} 0`} {
 			if !strings.Contains(string(raw), want) {
 				t.Errorf("metrics lack %s:\n%s", want, raw)
 			}
@@ -167,5 +167,96 @@ func TestNoRegionIsAClear503(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 503 || !strings.Contains(string(raw), `"code":"no_region"`) {
 		t.Fatalf("answer %d %s, want 503 no_region", resp.StatusCode, raw)
+	}
+}
+
+// A region that refuses a request with a 503 (no ready replica, draining)
+// ran nothing: the request goes to the next region at once, with the same
+// bytes, and the client never sees the refusal. When the last region
+// refuses too, the client gets that region's 503 as it was sent.
+func TestRetriesRefusedRequestInNextRegion(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
+	a.mu.Lock()
+	a.refuse = true
+	a.mu.Unlock()
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a"})
+	waitRoute(t, e, model, "a")
+	for range 3 {
+		if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "b" {
+			t.Fatalf("a refuses: answer %d from %q, want 200 from b", code, reg)
+		}
+	}
+	if n := len(a.requests()); n != 3 {
+		t.Fatalf("a got %d requests, want 3 (each tried there first)", n)
+	}
+	if got := b.requests(); len(got) != 3 || string(got[0].body) != chat || got[0].auth != "Bearer k" {
+		t.Fatalf("b got %+v, want the requests as sent", got)
+	}
+	metrics := scrape(t, e)
+	for _, want := range []string{`tailgate_edge_retries_total{reason="refused",region="a"} 3`, `tailgate_edge_requests_total{code="200",region="b"} 3`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s:\n%s", want, metrics)
+		}
+	}
+
+	b.mu.Lock()
+	b.refuse = true
+	b.mu.Unlock()
+	req, _ := http.NewRequest(http.MethodPost, e.URL()+"/v1/chat/completions", strings.NewReader(chat))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get(edge.HeaderRegion) != "b" || !strings.Contains(string(raw), `no replica is ready in b`) {
+		t.Fatalf("both refuse: answer %d from %q: %s; want b's 503 as sent", resp.StatusCode, resp.Header.Get(edge.HeaderRegion), raw)
+	}
+}
+
+func scrape(t *testing.T, e *edge.Edge) string {
+	t.Helper()
+	resp, err := http.Get(e.AdminURL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return string(raw)
+}
+
+// With H2C the edge holds one HTTP/2 connection per region, which its
+// polls keep open: requests moving to a region (here a refused one's)
+// arrive over it, several at once, with no new connection.
+func TestH2CMovesTrafficOverTheWarmConnection(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
+	a.mu.Lock()
+	a.refuse = true
+	a.mu.Unlock()
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a", H2C: true})
+	waitRoute(t, e, model, "a")
+	done := make(chan [2]any, 8)
+	for range 8 {
+		go func() {
+			code, reg := post(t, e, "Bearer k", chat)
+			done <- [2]any{code, reg}
+		}()
+	}
+	for range 8 {
+		if got := <-done; got[0] != 200 || got[1] != "b" {
+			t.Fatalf("a refuses: answer %v from %v, want 200 from b", got[0], got[1])
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.conns != 1 {
+		t.Errorf("b accepted %d connections for its polls and 8 requests at once, want 1", b.conns)
+	}
+	for _, p := range b.protos {
+		if p != "HTTP/2.0" {
+			t.Fatalf("b got a request over %s, want HTTP/2.0", p)
+		}
 	}
 }

@@ -26,7 +26,10 @@ type fakeRegion struct {
 	mu     sync.Mutex
 	status serving.RegionStatus
 	down   bool // status answers 503
+	refuse bool // requests are answered 503 no_replica (and recorded)
 	got    []recorded
+	conns  int // connections accepted
+	protos []string
 }
 
 type recorded struct {
@@ -36,9 +39,10 @@ type recorded struct {
 
 func newFakeRegion(t *testing.T, name string, m serving.RegionModel) *fakeRegion {
 	f := &fakeRegion{name: name, status: serving.RegionStatus{Region: name, Models: []serving.RegionModel{m}}}
-	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		f.protos = append(f.protos, r.Proto)
 		if r.URL.Path == serving.RegionStatusPath {
 			if f.down {
 				http.Error(w, "down", http.StatusServiceUnavailable)
@@ -50,8 +54,25 @@ func newFakeRegion(t *testing.T, name string, m serving.RegionModel) *fakeRegion
 		body, _ := io.ReadAll(r.Body)
 		f.got = append(f.got, recorded{r.Header.Get("Authorization"), body})
 		w.Header().Set("Content-Type", "application/json")
+		if f.refuse {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"error":{"message":"no replica is ready in `+name+`","type":"server_error","param":null,"code":"no_replica"}}`)
+			return
+		}
 		_, _ = io.WriteString(w, `{"served_by":"`+name+`"}`)
 	}))
+	// As a gateway's public listener: HTTP/1 and HTTP/2 without TLS.
+	f.srv.Config.Protocols = new(http.Protocols)
+	f.srv.Config.Protocols.SetHTTP1(true)
+	f.srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	f.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			f.mu.Lock()
+			f.conns++
+			f.mu.Unlock()
+		}
+	}
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
 }

@@ -9,7 +9,7 @@ import (
 
 type metrics struct {
 	requests *prometheus.CounterVec // region, code
-	retries  *prometheus.CounterVec // region
+	retries  *prometheus.CounterVec // region, reason
 	rtt      *prometheus.GaugeVec   // region
 	healthy  *prometheus.GaugeVec   // region
 }
@@ -22,8 +22,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"region", "code"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_edge_retries_total",
-			Help: "Requests sent on to the next region because the connection to this one could not be made.",
-		}, []string{"region"}),
+			Help: "Requests sent on to the next region because this one did not run them, by reason: connect (the connection could not be made), refused (it answered 503).",
+		}, []string{"region", "reason"}),
 		rtt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tailgate_edge_region_rtt_seconds",
 			Help: "Round trip of the region's status polls (EWMA).",

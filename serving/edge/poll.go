@@ -17,6 +17,9 @@ type region struct {
 	idx  int
 	name string
 	base string // URL without a trailing slash
+	// transport carries its requests and polls: the same connections, so
+	// the polls keep them warm.
+	transport http.RoundTripper
 
 	mu       sync.Mutex
 	healthy  bool
@@ -43,7 +46,7 @@ func (e *Edge) poll(ctx context.Context, r *region) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.PollTimeout)
 	defer cancel()
 	start := e.cfg.Now()
-	st, err := e.fetchStatus(ctx, r.base)
+	st, err := e.fetchStatus(ctx, r)
 	rtt := e.cfg.Now().Sub(start)
 
 	r.mu.Lock()
@@ -72,13 +75,13 @@ func (e *Edge) poll(ctx context.Context, r *region) {
 	e.m.rtt.WithLabelValues(r.name).Set(r.rtt.Seconds())
 }
 
-func (e *Edge) fetchStatus(ctx context.Context, base string) (serving.RegionStatus, error) {
+func (e *Edge) fetchStatus(ctx context.Context, r *region) (serving.RegionStatus, error) {
 	var st serving.RegionStatus
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+serving.RegionStatusPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.base+serving.RegionStatusPath, nil)
 	if err != nil {
 		return st, err
 	}
-	resp, err := e.pollClient.Do(req)
+	resp, err := r.transport.RoundTrip(req)
 	if err != nil {
 		return st, err
 	}

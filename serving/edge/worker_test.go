@@ -162,6 +162,20 @@ func TestWorkerSelection(t *testing.T) {
 			t.Fatalf("a's port closed: %d from %q (%s), want 200 from b", code, reg, body)
 		}
 	})
+	t.Run("retries a refused request in the next region", func(t *testing.T) {
+		a := newFakeRegion(t, "a", idle(0.05))
+		b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
+		a.mu.Lock()
+		a.refuse = true
+		a.mu.Unlock()
+		w := startWorker(t, "a="+a.srv.URL+",b="+b.srv.URL, "a")
+		if code, reg, body := postTo(t, w, "Bearer k", chat); code != 200 || reg != "b" {
+			t.Fatalf("a refuses with 503: %d from %q (%s), want 200 from b", code, reg, body)
+		}
+		if len(a.requests()) != 1 || len(b.requests()) != 1 {
+			t.Fatalf("a got %d, b %d requests; want 1 each (a first, then b)", len(a.requests()), len(b.requests()))
+		}
+	})
 	t.Run("Authorization and body untouched", func(t *testing.T) {
 		a := newFakeRegion(t, "a", idle(0.05))
 		w := startWorker(t, "a="+a.srv.URL, "")
