@@ -69,7 +69,8 @@ func (w *LedgerWriter) Commit(ctx context.Context, row LedgerRow) error {
 
 // Open records a stream in progress: row (its Outcome is set to
 // [OutcomeOpen]) is written soon, with the next transaction or within
-// FlushInterval, and Open never waits for it. Calling Open again with the
+// FlushInterval (RefreshInterval for a newer version of a row the writer
+// took already), and Open never waits for it. Calling Open again with the
 // same ID updates the open row (say, with the tokens delivered so far); while
 // the previous version is still queued it is replaced in place, so frequent
 // updates cost one row per transaction. The row's final version, given to
@@ -93,13 +94,15 @@ func (w *LedgerWriter) Open(row LedgerRow) {
 		_ = w.writeNow(row)
 		return
 	}
-	if seq, ok := w.opens[row.ID]; ok && seq >= w.headSeq {
+	seq, ok := w.opens[row.ID]
+	if ok && seq >= w.headSeq {
 		w.queue[seq-w.headSeq].row = row
 		w.mu.Unlock()
 		return
 	}
 	w.opens[row.ID] = w.nextSeq
-	signal := w.appendLocked(entry{row: row})
+	// ok: an earlier version was taken already, this one refreshes it.
+	signal := w.appendLocked(entry{row: row, refresh: ok})
 	w.mu.Unlock()
 	if signal {
 		w.signal()
@@ -131,8 +134,14 @@ func (w *LedgerWriter) put(row LedgerRow, done chan error, gen uint64) bool {
 				e := &w.queue[seq-w.headSeq]
 				e.row, e.gen = row, gen
 				done = w.waitLocked(e, done)
+				nudge := done != nil
+				if e.refresh {
+					e.refresh = false // a final row waits FlushInterval at most
+					w.eager++
+					nudge = nudge || w.eager == 1
+				}
 				w.mu.Unlock()
-				if done != nil {
+				if nudge {
 					w.signal()
 				}
 				return true
@@ -167,14 +176,18 @@ func (w *LedgerWriter) waitLocked(e *entry, done chan error) chan error {
 }
 
 // appendLocked adds a new entry to the queue and reports whether the writer
-// needs a nudge: the queue was empty (the writer may be asleep) or holds a
-// full batch now.
+// needs a nudge: the queue was empty (the writer may be asleep), holds a
+// full batch now, or holds its first entry that is not a refresh (the
+// writer may be giving refreshes RefreshInterval).
 func (w *LedgerWriter) appendLocked(e entry) bool {
 	w.queue = append(w.queue, e)
 	w.nextSeq++
 	w.held++
 	w.backlog.Store(int64(w.held))
-	return len(w.queue) == 1 || len(w.queue) == w.cfg.BatchSize
+	if !e.refresh {
+		w.eager++
+	}
+	return len(w.queue) == 1 || len(w.queue) == w.cfg.BatchSize || (!e.refresh && w.eager == 1)
 }
 
 func (w *LedgerWriter) signal() {

@@ -27,6 +27,15 @@ type LedgerConfig struct {
 	// Commit or Flush does not wait for it: the writer starts a transaction
 	// as soon as the previous one is done, taking every row queued by then.
 	FlushInterval time.Duration
+	// RefreshInterval is the longest a refresh of an open row (an Open of
+	// an ID whose earlier version the writer took already) waits for its
+	// batch while nothing else is queued; any other row queued meanwhile
+	// cuts the wait to FlushInterval. 0 means FlushInterval. With many
+	// streams open their refreshes land on most of the ledger's pages, so a
+	// transaction's cost is its pages, not its rows: at 500 streams a
+	// transaction every 20 ms wrote ~50 pages to the WAL each time, 50 MB in
+	// a 5 s run (bench-streams.sh, the gateway's /proc/PID/io).
+	RefreshInterval time.Duration
 	// Buffer is the hard cap: the most rows the writer holds (queued, or
 	// taken and not yet written). Add and Commit wait for room once it is
 	// reached; rows are never dropped. Open ignores it (it holds at most
@@ -50,6 +59,9 @@ func (c LedgerConfig) withDefaults() LedgerConfig {
 	}
 	if c.FlushInterval <= 0 {
 		c.FlushInterval = 20 * time.Millisecond
+	}
+	if c.RefreshInterval <= 0 {
+		c.RefreshInterval = c.FlushInterval
 	}
 	if c.Buffer <= 0 {
 		c.Buffer = 16384
@@ -78,6 +90,7 @@ type entry struct {
 	done    chan error
 	dropped bool   // a Commit's row given back to its caller: not written
 	gen     uint64 // the commit-log file holding the row, 0 for none
+	refresh bool   // an open row's newer version: may wait RefreshInterval
 }
 
 // LedgerWriter batches ledger rows from many requests into few transactions.
@@ -116,7 +129,12 @@ type LedgerWriter struct {
 	queue   []entry           // rows not yet taken by the writer, oldest first
 	headSeq uint64            // sequence number of queue[0]; entries are numbered in order
 	nextSeq uint64            // the number the next new entry gets
-	opens   map[string]uint64 // ID → sequence number of its open row in queue
+	// opens maps an open row's ID to the sequence number of its last version
+	// (below headSeq: taken already, so the next is a refresh) until its
+	// final row is queued. An Open after the final row (a server never sends
+	// one) stays here until Close.
+	opens   map[string]uint64
+	eager   int               // entries queued that are not refreshes (they wait FlushInterval at most)
 	held    int               // rows in queue plus rows taken and not yet settled
 	waiters int               // entries in queue with a Commit waiting
 	flushTo uint64            // the newest entry a Flush waits for
@@ -296,17 +314,31 @@ func (w *LedgerWriter) loop(ctx context.Context) {
 			w.mu.Lock()
 		}
 		if !w.readyLocked() {
+			wait := w.cfg.FlushInterval
+			if w.eager == 0 {
+				wait = w.cfg.RefreshInterval
+			}
 			w.mu.Unlock()
-			timer.Reset(w.cfg.FlushInterval)
+			start := time.Now()
+			timer.Reset(wait)
 		wait:
 			for {
 				select {
 				case <-w.wake:
 					w.mu.Lock()
-					ready := w.readyLocked()
+					ready, eager := w.readyLocked(), w.eager > 0
 					w.mu.Unlock()
 					if ready {
 						break wait
+					}
+					if eager && wait > w.cfg.FlushInterval {
+						// A row that may not wait as long as the refreshes.
+						wait = w.cfg.FlushInterval
+						left := wait - time.Since(start)
+						if left <= 0 {
+							break wait
+						}
+						timer.Reset(left)
 					}
 				case <-timer.C:
 					break wait
@@ -369,15 +401,15 @@ type batch struct {
 // refresh of the same ID, and refreshes run first.
 func (w *LedgerWriter) takeLocked(b *batch) {
 	k := min(len(w.queue), w.cfg.BatchSize)
-	for i, e := range w.queue[:k] {
+	for _, e := range w.queue[:k] {
+		if !e.refresh {
+			w.eager--
+		}
 		if e.dropped {
 			continue
 		}
 		b.taken++
 		if e.row.Outcome == OutcomeOpen {
-			if seq, ok := w.opens[e.row.ID]; ok && seq == w.headSeq+uint64(i) {
-				delete(w.opens, e.row.ID)
-			}
 			if prev, ok := w.stored[e.row.ID]; ok && sameButFigures(&prev, &e.row) {
 				if !sameFigures(&prev, &e.row) {
 					b.fresh = append(b.fresh, e.row)

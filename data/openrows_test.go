@@ -386,3 +386,55 @@ func TestSettleOpenAfterSIGKILL(t *testing.T) {
 		t.Errorf("second SettleOpen moved spend to %+v", sp)
 	}
 }
+
+// TestOpenRowRefreshesWaitForOtherRows pins RefreshInterval: a refresh of an
+// open row written already waits for it, and any other row queued takes the
+// refreshes along within FlushInterval.
+func TestOpenRowRefreshesWaitForOtherRows(t *testing.T) {
+	s := openTestStore(t)
+	ctx := context.Background()
+	w := s.NewLedgerWriter(LedgerConfig{FlushInterval: time.Millisecond, RefreshInterval: time.Hour}, nil)
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(ctx) }()
+
+	w.Open(streamRow("a", 1, OutcomeOpen, 10, 1)) // a new open row waits FlushInterval
+	waitTxs(t, w, 1)
+	w.Open(streamRow("a", 1, OutcomeOpen, 10, 2)) // a refresh: waits RefreshInterval
+	time.Sleep(50 * time.Millisecond)
+	if n := w.txs.Load(); n != 1 {
+		t.Fatalf("%d transactions with only a refresh queued, want it held (1)", n)
+	}
+	if got := rowByID(t, s, "a"); got.CompletionTokens != 1 {
+		t.Errorf("a refresh was written alone: %d tokens, want 1", got.CompletionTokens)
+	}
+	w.Add(streamRow("b", 1, OutcomeOK, 10, 5)) // a final row takes the refresh along
+	waitTxs(t, w, 2)
+	if got := rowByID(t, s, "a"); got.Outcome != OutcomeOpen || got.CompletionTokens != 2 {
+		t.Errorf("a: %s with %d tokens, want open with the refresh's 2", got.Outcome, got.CompletionTokens)
+	}
+	// A final row replacing a queued refresh does not wait for it either.
+	w.Open(streamRow("a", 1, OutcomeOpen, 10, 3))
+	w.Add(streamRow("a", 1, OutcomeOK, 10, 4))
+	waitTxs(t, w, 3)
+	if got := rowByID(t, s, "a"); got.Outcome != OutcomeOK || got.CompletionTokens != 4 {
+		t.Errorf("a: %s with %d tokens, want ok with 4", got.Outcome, got.CompletionTokens)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	checkSpendMatchesLedger(t, s)
+}
+
+// waitTxs waits (10 s at most) until w committed n transactions.
+func waitTxs(t *testing.T, w *LedgerWriter, n int64) {
+	t.Helper()
+	for i := 0; w.txs.Load() < n; i++ {
+		if i == 1000 {
+			t.Fatalf("%d transactions after 10s, want %d", w.txs.Load(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

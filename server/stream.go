@@ -195,6 +195,7 @@ func (w *sseWriter) close() {
 
 var (
 	usageMarker  = []byte(`"usage":{`)
+	usageMember  = []byte(`,"usage":{`)
 	tokensMarker = []byte(`_tokens"`)
 	emptyChoices = []byte(`"choices":[]`)
 	timingPrefix = []byte(serving.TimingComment)
@@ -288,23 +289,84 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 // at the end. It returns the usage object (not Exists when the payload had
 // none), and whether it was the usage-only chunk.
 func (u *upstream) countUsage(cl *call, payload []byte) (us gjson.Result, usageOnly bool) {
-	if !bytes.Contains(payload, usageMarker) {
-		return gjson.Result{}, false
+	us = usageAtEnd(payload)
+	if !us.Exists() {
+		if !bytes.Contains(payload, usageMarker) {
+			return gjson.Result{}, false
+		}
+		// Read in place: gjson.GetBytes copies the value it finds, an
+		// allocation per chunk and the largest allocator per stream in
+		// BenchmarkStreamRelay (1.76 of 20.7 MB allocated over 300 streams).
+		// Nothing keeps us past this chunk; its buffer is reused after it.
+		us = gjson.Get(unsafe.String(unsafe.SliceData(payload), len(payload)), "usage")
 	}
 	usageOnly = bytes.Contains(payload, emptyChoices)
 	var index int64
 	if !usageOnly && cl.req.sequences > 1 {
 		index = gjson.GetBytes(payload, "choices.0.index").Int()
 	}
-	// Read in place: gjson.GetBytes copies the value it finds, an
-	// allocation per chunk and the largest allocator per stream in
-	// BenchmarkStreamRelay (1.76 of 20.7 MB allocated over 300 streams).
-	// Nothing keeps us past this chunk; its buffer is reused after it.
-	us = gjson.Get(unsafe.String(unsafe.SliceData(payload), len(payload)), "usage")
 	if !u.takeUsage(cl, us, usageOnly, index) {
 		return gjson.Result{}, false
 	}
 	return us, usageOnly
+}
+
+// usageAtEnd returns the usage object of a chunk whose last member it is,
+// where vLLM puts it (serving_chat.py builds each chunk's
+// ChatCompletionStreamResponse, then sets chunk.usage, and pydantic dumps
+// the fields in their declared order, usage last), and the simulated
+// engine too; not Exists otherwise, and the caller looks for it anywhere.
+// Found from the end, the object is parsed alone (by takeUsage) rather
+// than the whole chunk read up to it: gjson's walk through every chunk
+// was most of inspect's time in BenchmarkPacedStreams (0.08 of 0.10 s).
+// `,"usage":{` cannot be inside a string (a quote there is escaped), and
+// the object must close exactly where the chunk does, so a usage member of
+// a nested object is not taken for the chunk's. Index is set, for
+// cutUsage.
+func usageAtEnd(payload []byte) gjson.Result {
+	end := skipBack(payload, len(payload)) // the chunk's closing brace
+	if end < 0 || payload[end] != '}' {
+		return gjson.Result{}
+	}
+	i := bytes.LastIndex(payload[:end], usageMember)
+	if i < 0 {
+		return gjson.Result{}
+	}
+	vs := i + len(usageMember) - 1 // the object's opening brace
+	obj := payload[vs:end]
+	if objectEnd(obj) != len(obj) {
+		return gjson.Result{}
+	}
+	return gjson.Result{Type: gjson.JSON, Raw: unsafe.String(unsafe.SliceData(obj), len(obj)), Index: vs}
+}
+
+// objectEnd returns the length of the JSON object p starts with (the index
+// after its closing brace, strings skipped), -1 if p does not hold a whole
+// one. It checks nesting only; takeUsage's reads check the rest.
+func objectEnd(p []byte) int {
+	depth, inString := 0, false
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case inString:
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
 }
 
 // cutUsage removes the "usage" member (us, as gjson found it in payload)
@@ -462,10 +524,18 @@ func (e *midstreamError) Unwrap() error { return e.err }
 
 // openRowEvery is how often a stream's open ledger row is brought up to
 // date with what the client has received: a gateway killed mid-stream
-// loses the output of at most this long (plus the ledger's batching, 20 ms)
-// from the bill. Each refresh replaces the row in the writer's queue, so a
-// stream costs the ledger at most one row write per interval.
-const openRowEvery = 100 * time.Millisecond
+// loses the output of at most this long plus [OpenRowWait] (120 ms, as
+// with the 100 ms and the ledger's 20 ms batching this replaced) from the
+// bill. Each refresh replaces the row in the writer's queue, so a stream
+// costs the ledger at most one row write per interval.
+const openRowEvery = 60 * time.Millisecond
+
+// OpenRowWait is the longest the ledger writer holds open rows' refreshes
+// while no other row is queued (data.LedgerConfig.RefreshInterval): with
+// 500 streams open, one transaction every 60 ms instead of every 20 ms
+// writes a third of the WAL pages, for the same rows (the refreshes touch
+// most of the ledger's pages each time).
+const OpenRowWait = 60 * time.Millisecond
 
 // relayStream relays the winning attempt: the events it buffered up to its
 // first token, then the rest as they arrive, each flushed at once. An

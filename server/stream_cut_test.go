@@ -61,3 +61,40 @@ func TestCutUsageMatchesDeletingTheMember(t *testing.T) {
 		})
 	}
 }
+
+// TestUsageAtEndFindsWhatGjsonFinds: the usage found from the end of a
+// chunk is the chunk's own usage member, as gjson finds it reading the
+// whole chunk, or nothing (and the caller reads the whole chunk).
+func TestUsageAtEndFindsWhatGjsonFinds(t *testing.T) {
+	for _, tc := range []struct {
+		name, payload string
+		found         bool
+	}{
+		{"vllm chunk", `{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}],"usage":{"prompt_tokens":8,"total_tokens":9,"completion_tokens":1}}`, true},
+		{"usage-only chunk", `{"id":"c1","choices":[],"usage":{"prompt_tokens":8,"total_tokens":20,"completion_tokens":12}}`, true},
+		{"nested details, trailing space", `{"id":"c1","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":12,"prompt_tokens_details":{"cached_tokens":4}}} `, true},
+		{"content that spells a usage member", `{"id":"c1","choices":[{"index":0,"delta":{"content":",\"usage\":{\"prompt_tokens\":1}}"}}],"usage":{"prompt_tokens":8,"completion_tokens":1}}`, true},
+		{"usage of a nested object", `{"id":"c1","choices":[{"index":0,"x":{"a":1,"usage":{"prompt_tokens":1}}}]}`, false},
+		{"nested usage last in a nested object", `{"id":"c1","x":{"a":1,"usage":{"prompt_tokens":1}}}`, false},
+		{"usage first", `{"usage":{"prompt_tokens":8,"completion_tokens":1},"id":"c1","choices":[]}`, false},
+		{"no usage", `{"id":"c1","choices":[{"index":0,"delta":{"content":"hi"}}]}`, false},
+		{"cut short", `{"id":"c1","choices":[],"usage":{"prompt_tokens":8`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := usageAtEnd([]byte(tc.payload))
+			if got.Exists() != tc.found {
+				t.Fatalf("found %v (%q), want %v", got.Exists(), got.Raw, tc.found)
+			}
+			if !tc.found {
+				return
+			}
+			want := gjson.Get(tc.payload, "usage")
+			if got.Raw != want.Raw || got.Index != want.Index {
+				t.Fatalf("usage %q at %d, gjson finds %q at %d", got.Raw, got.Index, want.Raw, want.Index)
+			}
+			if got.Get("prompt_tokens").Int() != 8 {
+				t.Fatalf("prompt_tokens %d, want 8", got.Get("prompt_tokens").Int())
+			}
+		})
+	}
+}

@@ -127,7 +127,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	if gw.store.Postgres() {
 		log.Info("database: PostgreSQL", "url", gw.store.Path())
 	}
-	gw.ledger = gw.store.NewLedgerWriter(data.LedgerConfig{}, log)
+	gw.ledger = gw.store.NewLedgerWriter(data.LedgerConfig{RefreshInterval: server.OpenRowWait}, log)
 	// Answers' rows are made durable by an append to the commit log; rows a
 	// previous run logged but had not written to the database are written
 	// now.
