@@ -34,9 +34,11 @@ func TestFleetSleepsAnIdleReplicaAndARequestWakesIt(t *testing.T) {
 		}
 		return false
 	})
-	if got := g.replica(id).Reason; !strings.Contains(got, "engine asleep") {
-		t.Errorf("sleeping replica's reason %q, want it to say the engine sleeps", got)
-	}
+	// "going to sleep" while the sidecar's call is under way (the
+	// controller takes it out of routing first), then the sidecar's word.
+	testkit.WaitWithin(t, 10*time.Second, "the sleeping replica's reason saying the engine sleeps", func() bool {
+		return strings.Contains(g.replica(id).Reason, "engine asleep")
+	})
 	// The replica reports sleeping as soon as its engine sleeps; the
 	// controller counts the action once the sidecar's answer is back.
 	testkit.WaitWithin(t, 10*time.Second, "the sleep counted", func() bool {

@@ -77,7 +77,7 @@ func (s *Server) hold(ctx context.Context, cl *call, w *sseWriter) error {
 	}
 	start := time.Now()
 	err := s.reg.Hold(ctx, model, routerClass(cl.priority), opt)
-	cl.stages.Hold = time.Since(start)
+	cl.stages.Hold = max(cl.stages.Hold, 0) + time.Since(start) // a second hold adds to the first
 	if err != nil {
 		return err
 	}

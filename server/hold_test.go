@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,4 +177,46 @@ func labelIs(m *dto.Metric, name, value string) bool {
 		}
 	}
 	return false
+}
+
+// TestRequestThatEveryReplicaDeclinesWaitsForTheOneComing: the only ready
+// replica began draining (a preemption notice) just as the request reached
+// it, while a replacement is starting. Nothing ran, so the request waits
+// for the replacement as one that found no replica does, and is answered
+// by it — not refused with 503 no_replica.
+func TestRequestThatEveryReplicaDeclinesWaitsForTheOneComing(t *testing.T) {
+	g, rep, key := coldGateway(t, server.HoldConfig{})
+	var declined atomic.Int64
+	fakeEngine(t, g, "preempted", func(w http.ResponseWriter, r *http.Request) {
+		declined.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":{"message":"draining","type":"server_error","param":null,"code":"replica_draining"}}`)
+	})
+	g.Reg.Get("preempted").SetModels([]string{servertest.SimModel})
+	got := make(chan *http.Response, 1)
+	go func() { got <- g.Post("/v1/chat/completions", key, holdBody) }()
+	for i := 0; i < 500 && g.Reg.Waiting(servertest.SimModel) == 0; i++ {
+		select {
+		case r := <-got:
+			raw, _ := io.ReadAll(r.Body)
+			t.Fatalf("answered %d before the replacement was ready: %s", r.StatusCode, raw)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	waitHeld(t, g, 1)
+	if declined.Load() != 1 {
+		t.Fatalf("the draining replica was asked %d times, want 1", declined.Load())
+	}
+	rep.SetState(router.StateReady, "")
+	resp := <-got
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("x-tailgate-replica") != "sim-a" {
+		t.Fatalf("status %d from %q: %s; want 200 from the replica that was starting", resp.StatusCode, resp.Header.Get("x-tailgate-replica"), raw)
+	}
+	rows := g.LedgerRows()
+	if len(rows) != 1 || rows[0].Outcome != data.OutcomeOK || rows[0].Attempts != 2 || rows[0].Stages.Hold <= 0 {
+		t.Fatalf("ledger %+v, want one ok row with both attempts and the hold", rows)
+	}
 }
