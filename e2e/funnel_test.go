@@ -113,6 +113,7 @@ func TestMeshFunnelNeedsTheTailnetToAllowIt(t *testing.T) {
 		t.Fatalf("exit status %d; stderr:\n%s", code, stderr)
 	}
 	line := errorLine(t, stderr)
+	t.Logf("error line: %s", line)
 	for _, w := range []string{"--mesh-funnel", "does not allow Funnel", `"funnel" node attribute`, "nodeAttrs", "HTTPS certificates", "cloudflared"} {
 		if !strings.Contains(line, w) {
 			t.Errorf("error line lacks %q: %s", w, line)

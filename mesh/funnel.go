@@ -47,8 +47,8 @@ func (c *Certs) ListenFunnel(addr string, nextProtos ...string) (net.Listener, e
 	// tsnet checks the same, but with a message meant for tailscale's CLI;
 	// checking first gives a typed error with what to change.
 	if err := ipn.CheckFunnelAccess(uint16(port), st.Self); err != nil {
-		return nil, fmt.Errorf("%w (node %s, port %d: %v): on Tailscale, give the node the \"funnel\" node attribute in the tailnet policy file "+
-			"(\"nodeAttrs\": [{\"target\": [\"tag:tailgate-gateway\"], \"attr\": [\"funnel\"]}], or the node's user or tag) and turn on HTTPS certificates "+
+		return nil, fmt.Errorf("%w (node %s, port %d: %v): on Tailscale, grant the node the \"funnel\" node attribute in the tailnet policy file "+
+			"(e.g. \"nodeAttrs\": [{\"target\": [\"tag:tailgate-gateway\"], \"attr\": [\"funnel\"]}]) and turn on HTTPS certificates "+
 			"in the admin console's DNS page (https://login.tailscale.com/admin/dns); Headscale has no Funnel",
 			ErrNoFunnel, c.node.hostname, port, err)
 	}

@@ -40,6 +40,7 @@ func StartFunnelIngress(tb testing.TB, controlURL string) *FunnelIngress {
 		ControlURL: controlURL,
 		Ephemeral:  true,
 		Logf:       func(string, ...any) {},
+		UserLogf:   func(string, ...any) {},
 	}
 	tb.Cleanup(func() { srv.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
