@@ -5,11 +5,13 @@ import (
 	"crypto/tls"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tailgate-dev/tailgate/mesh"
 	"github.com/tailgate-dev/tailgate/mesh/meshtest"
 )
 
@@ -38,7 +40,9 @@ func TestMeshFunnelServesAPIOnTheInternet(t *testing.T) {
 	t.Setenv("TS_DEBUG_ACME_DIRECTORY_URL", pebble.directory())
 	t.Setenv("SSL_CERT_FILE", pebble.caCert())
 
-	g := startGateway(t, "--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-hostname", "tg-gateway", "--mesh-funnel")
+	// With --mesh-tls too: both serve port 443 of the node, one on the
+	// tailnet, one through Funnel, with one certificate.
+	g := startGateway(t, "--mesh", "--mesh-control-url", control, "--mesh-ephemeral", "--mesh-hostname", "tg-gateway", "--mesh-funnel", "--mesh-tls")
 	const domain = "tg-gateway.tail-scale.ts.net"
 	waitLogLine(t, g.process, 20*time.Second, "public API on the internet through Tailscale Funnel", "url=https://"+domain+"/v1")
 	g.startWorker("w1")
@@ -86,9 +90,28 @@ func TestMeshFunnelServesAPIOnTheInternet(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.HasSuffix(body, "data: [DONE]\n\n") {
 		t.Fatalf("stream through Funnel: %d %s", resp.StatusCode, body)
 	}
+	// What an edge polls is there too.
+	if resp, body = do(http.MethodGet, "/edge/v1/status", "", ""); resp.StatusCode != http.StatusOK || !strings.Contains(body, "tailgate-sim") {
+		t.Fatalf("the region status through Funnel: %d %s", resp.StatusCode, body)
+	}
 	// Keys are checked there as anywhere.
 	if resp, body = do(http.MethodGet, "/v1/models", "sk-not-a-key", ""); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("a bad key through Funnel: %d %s", resp.StatusCode, body)
+	}
+	// A tailnet client still reaches the API at the same name and port.
+	peer, err := mesh.Up(ctx, mesh.Config{Hostname: "tg-client", Dir: filepath.Join(t.TempDir(), "mesh"), ControlURL: control, Ephemeral: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	onTailnet := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext: peer.Dial, TLSClientConfig: &tls.Config{RootCAs: pebble.issuing}}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+domain+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer "+g.key)
+	if resp, err := onTailnet.Do(req); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/models on the tailnet beside Funnel: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 	// The admin routes are never on the internet, even with the admin token.
 	for _, path := range []string{"/metrics", "/admin/v1/replicas", "/ui/"} {
