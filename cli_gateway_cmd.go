@@ -44,6 +44,9 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if u := gw.MeshURL(); u != "" {
 		fmt.Fprintf(stdout, "tailgate gateway: API on the tailnet %s\n", u)
 	}
+	if u := gw.FunnelURL(); u != "" {
+		fmt.Fprintf(stdout, "tailgate gateway: API on the internet through Tailscale Funnel %s\n", u)
+	}
 	return gw.Run(ctx)
 }
 

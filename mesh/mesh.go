@@ -19,7 +19,9 @@
 // [Node.Certs] keeps the node's HTTPS certificate for its MagicDNS name,
 // issued through the control server when the tailnet offers certificates
 // ([ErrNoHTTPS] when it does not), and [Certs.ListenTLS] serves TLS with it
-// on the tailnet.
+// on the tailnet. [Certs.ListenFunnel] serves TLS with it on the internet
+// through Tailscale Funnel, whose relays reach the node over its own
+// outbound connection ([ErrNoFunnel] when the tailnet does not allow it).
 //
 // The node does open sockets of its own on the host: a UDP socket for
 // WireGuard and NAT traversal, which carries only encrypted tailnet traffic,

@@ -51,6 +51,17 @@ func NoHTTPS() Option {
 	return func(s *testcontrol.Server) { s.MagicDNSDomain = "" }
 }
 
+// NoFunnel makes a tailnet that issues HTTPS certificates but does not
+// allow Funnel: nodes get the HTTPS capability and not the "funnel" node
+// attribute, as on a Tailscale tailnet whose policy file grants no one
+// Funnel. By default the test control server grants both (and Funnel on
+// ports 443 and 8080).
+func NoFunnel() Option {
+	return func(s *testcontrol.Server) {
+		s.DefaultNodeCapabilities = &tailcfg.NodeCapMap{tailcfg.CapabilityHTTPS: nil}
+	}
+}
+
 // StartControl starts the control server and relay for the test's duration
 // and returns the control server's URL.
 func StartControl(tb testing.TB, opts ...Option) string {

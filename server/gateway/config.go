@@ -112,6 +112,7 @@ type Config struct {
 	Mesh           mesh.Flags `yaml:"-"` // gateway only: --mesh and --mesh-*
 	MeshAllowPeers string     `yaml:"-"` // gateway only: --mesh-allow-peers
 	MeshTLS        bool       `yaml:"-"` // gateway only: --mesh-tls
+	MeshFunnel     bool       `yaml:"-"` // gateway only: --mesh-funnel
 
 	OpenRegistration bool `yaml:"-"` // --open-registration
 
@@ -248,6 +249,7 @@ func (c *Config) RegisterMeshFlags(fs *flag.FlagSet) {
 	c.Mesh.Register(fs, "tg-gateway")
 	fs.StringVar(&c.MeshAllowPeers, "mesh-allow-peers", "", "with --mesh: only tailnet peers with one of these tags or host names may register as workers (comma-separated), besides the cluster token")
 	fs.BoolVar(&c.MeshTLS, "mesh-tls", false, "with --mesh: also serve the public API on the tailnet over HTTPS at port 443, with the node's Tailscale certificate (https://NODE.TAILNET.ts.net/v1); the tailnet must have HTTPS certificates enabled")
+	fs.BoolVar(&c.MeshFunnel, "mesh-funnel", false, "with --mesh: also serve the public API (never the admin routes) on the internet through Tailscale Funnel at https://NODE.TAILNET.ts.net/v1, over the node's outbound connection (no inbound port); the tailnet must allow Funnel (the funnel node attribute) and HTTPS certificates")
 }
 
 // appendTo is a repeatable flag's setter.
@@ -350,6 +352,8 @@ func (c *Config) Validate() error {
 		return errors.New("--mesh-allow-peers needs --mesh")
 	case c.MeshTLS && !c.Mesh.Enabled:
 		return errors.New("--mesh-tls needs --mesh (it serves the API on the tailnet with the node's certificate)")
+	case c.MeshFunnel && !c.Mesh.Enabled:
+		return errors.New("--mesh-funnel needs --mesh (Funnel serves the API through the gateway's tailnet node; add --mesh and its --mesh-* flags)")
 	}
 	for _, d := range []struct {
 		flag string

@@ -67,6 +67,7 @@ func TestGatewayConfigErrorsNameTheFlagOrKey(t *testing.T) {
 		{"price flag without output", "", []string{"--price", "llama=0.2"}, `--price "llama=0.2"`},
 		{"negative price flag", "", []string{"--price", "llama=-1,2"}, `--price "llama=-1,2"`},
 		{"allow list without mesh", "", []string{"--mesh-allow-peers", "tg-w1"}, "--mesh-allow-peers needs --mesh"},
+		{"funnel without mesh", "", []string{"--mesh-funnel"}, "--mesh-funnel needs --mesh"},
 		{"file upstream not a URL", "upstreams:\n  - url: gpu-a:8000\n", nil, `upstreams[0].url "gpu-a:8000"`},
 		{"file max tokens not a number", "models:\n  llama:\n    max_tokens: lots\n", nil, "line 3: models.llama.max_tokens: cannot unmarshal"},
 		{"file deadline not a duration", "models:\n  llama:\n    ttft_deadline: soon\n", nil, "line 3: models.llama.ttft_deadline: cannot unmarshal"},

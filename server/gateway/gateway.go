@@ -69,9 +69,11 @@ type Gateway struct {
 	node       *mesh.Node
 	meshAdmin  *http.Server // the admin routes on the tailnet
 	meshLn     net.Listener
-	meshCerts  *mesh.Certs  // --mesh-tls: the node's HTTPS certificate
+	meshCerts  *mesh.Certs  // --mesh-tls, --mesh-funnel: the node's HTTPS certificate
 	meshPublic *http.Server // --mesh-tls: the public API on the tailnet, HTTPS
 	meshPubLn  net.Listener
+	funnel     *http.Server // --mesh-funnel: the public API on the internet through Funnel
+	funnelLn   net.Listener
 	tls        *publicTLS // nil: plain HTTP on the public listener
 	publicAddr string
 	publicURL  string // the API's base URL, http(s)://…/v1
@@ -274,7 +276,30 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 			return nil, err
 		}
 	}
+	if cfg.MeshFunnel {
+		// Funnel connections all come from Tailscale's relays, so a cap per
+		// address would cap the internet as one client: the total only.
+		most := cmp.Or(cfg.MaxConnections, connlimit.DefaultMax)
+		if err := gw.listenFunnel(srv.Public(), limit("funnel", most, most)); err != nil {
+			return nil, err
+		}
+	}
 	return gw, nil
+}
+
+// nodeCerts returns the keeper of the node's HTTPS certificate, shared by
+// --mesh-tls and --mesh-funnel; flag and other name them in the error of a
+// tailnet that issues no certificates.
+func (gw *Gateway) nodeCerts(flag, other string) (*mesh.Certs, error) {
+	if gw.meshCerts != nil {
+		return gw.meshCerts, nil
+	}
+	certs, err := gw.node.Certs(gw.log)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w; or leave %s off and %s", flag, err, flag, other)
+	}
+	gw.meshCerts = certs
+	return certs, nil
 }
 
 // listenMeshTLS serves the public API on the tailnet at port 443 over HTTPS
@@ -282,18 +307,39 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 // certificates is a start-up error; a certificate not obtained yet is
 // retried in run, and handshakes fail until it is there.
 func (gw *Gateway) listenMeshTLS(public http.Handler) error {
-	certs, err := gw.node.Certs(gw.log)
+	certs, err := gw.nodeCerts("--mesh-tls", "give the public listener its own certificate (--tls-cert or --acme-domain)")
 	if err != nil {
-		return fmt.Errorf("--mesh-tls: %w; or leave --mesh-tls off and give the public listener its own certificate (--tls-cert or --acme-domain)", err)
+		return err
 	}
 	if gw.meshPubLn, err = certs.ListenTLS(":443", "http/1.1"); err != nil {
 		return fmt.Errorf("--mesh-tls: %w", err)
 	}
-	gw.meshCerts = certs
 	gw.meshPublic = &http.Server{Handler: public, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(gw.log.Handler(), slog.LevelWarn)}
 	gw.log.Info("public API on the tailnet over HTTPS; its certificate is obtained in the background (the first can take a minute)",
 		"url", gw.MeshURL())
+	return nil
+}
+
+// listenFunnel serves the public API on the internet through Tailscale
+// Funnel at port 443 of the node's MagicDNS name (--mesh-funnel), with the
+// node's certificate; the admin routes are never served there. A tailnet
+// that does not allow Funnel is a start-up error naming what to enable.
+func (gw *Gateway) listenFunnel(public http.Handler, limit *connlimit.Limiter) error {
+	certs, err := gw.nodeCerts("--mesh-funnel", "put cloudflared in front of the public listener (docs/edge.md)")
+	if err != nil {
+		return err
+	}
+	ln, err := certs.ListenFunnel(":443", "http/1.1")
+	if err != nil {
+		return fmt.Errorf("--mesh-funnel: %w; or leave --mesh-funnel off and put cloudflared in front of the public listener (docs/edge.md)", err)
+	}
+	gw.funnelLn = limit.Listen(ln)
+	gw.funnel = &http.Server{Handler: public, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(gw.log.Handler(), slog.LevelWarn)}
+	limit.Apply(gw.funnel)
+	gw.log.Info("public API on the internet through Tailscale Funnel; its certificate is obtained in the background (the first can take a minute)",
+		"url", gw.FunnelURL())
 	return nil
 }
 
@@ -307,6 +353,15 @@ func (gw *Gateway) AdminAddr() string { return gw.adminAddr }
 // MeshURL is the public API's base URL on the tailnet (--mesh-tls), "" without.
 func (gw *Gateway) MeshURL() string {
 	if gw.meshCerts == nil {
+		return ""
+	}
+	return "https://" + gw.meshCerts.Domain() + "/v1"
+}
+
+// FunnelURL is the public API's base URL on the internet through Tailscale
+// Funnel (--mesh-funnel), "" without.
+func (gw *Gateway) FunnelURL() string {
+	if gw.funnel == nil {
 		return ""
 	}
 	return "https://" + gw.meshCerts.Domain() + "/v1"
@@ -356,10 +411,13 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	if gw.fleet != nil {
 		g.Go(func() error { return gw.fleet.Run(gctx) })
 	}
-	serveErr := make(chan error, 4)
+	serveErr := make(chan error, 5) // one per listener
 	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()
 	if gw.meshPublic != nil {
 		go func() { serveErr <- gw.meshPublic.Serve(gw.meshPubLn) }()
+	}
+	if gw.funnel != nil {
+		go func() { serveErr <- gw.funnel.Serve(gw.funnelLn) }()
 	}
 	go func() { serveErr <- gw.admin.Serve(gw.adminLn) }()
 	if gw.meshAdmin != nil {
@@ -389,6 +447,11 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	if gw.meshPublic != nil {
 		if err := gw.meshPublic.Shutdown(sctx); err != nil {
 			_ = gw.meshPublic.Close()
+		}
+	}
+	if gw.funnel != nil {
+		if err := gw.funnel.Shutdown(sctx); err != nil {
+			_ = gw.funnel.Close()
 		}
 	}
 	cancel() // stop gate, health, batches; the ledger writer drains what it holds
@@ -438,6 +501,9 @@ func (gw *Gateway) close() {
 	}
 	if gw.meshPubLn != nil {
 		_ = gw.meshPubLn.Close()
+	}
+	if gw.funnelLn != nil {
+		_ = gw.funnelLn.Close()
 	}
 	if gw.node != nil {
 		_ = gw.node.Close()
