@@ -7,7 +7,8 @@
 # between 0.30 and 0.45 ms on one machine in one hour). Here every round runs
 # the engine directly and then each gateway for DURATION at RATE, in
 # alternating order, so a round's differences are measured under the same
-# conditions; the medians over the rounds are the result.
+# conditions; the medians over the rounds are the result. Each gateway's (and
+# the bare Go proxy's) CPU per request is read from /proc over its runs.
 #
 # Usage: scripts/bench-ab.sh NAME=REV[:VAR=VALUE,...] NAME=REV[:VAR=VALUE,...] ...
 #   REV   a git revision (built from a temporary worktree), . for the working tree, or
@@ -142,6 +143,9 @@ if [[ "$GOPROXY" == on ]]; then
 	log "goproxy: a bare Go hop at $GOPROXY_ADDR"
 fi
 
+# cpu_ticks PID: the user+system CPU PID used so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
 describe() {
 	local name rev desc
 	for name in "${NAMES[@]}"; do
@@ -193,8 +197,12 @@ for ((k = 1; k <= ROUNDS; k++)); do
 		mapfile -t order < <(printf '%s\n' "${PATHS[@]}" | tac)
 	fi
 	for p in "${order[@]}"; do
+		t0=$([[ -n "${PID[$p]:-}" ]] && cpu_ticks "${PID[$p]}" || echo 0)
 		attack "$p" "$RATE" "$DURATION" "$TMP/results/$p-r$k.csv"
 		sleep 1 # let the ledger flush and the connections go idle
+		if [[ -n "${PID[$p]:-}" ]]; then
+			echo "$p $k $(($(cpu_ticks "${PID[$p]}") - t0)) $(wc -l <"$TMP/results/$p-r$k.csv")" >>"$TMP/cpu.txt"
+		fi
 	done
 	log "round $k/$ROUNDS done"
 done
@@ -202,3 +210,24 @@ done
 echo "== gateway builds side by side: $RATE req/s, $ROUNDS rounds of $DURATION per path, $(nproc) cpus shared =="
 describe
 "$TMP/overheadtable" --dir "$TMP/results" --paths "${PATHS[*]}" --rounds "$ROUNDS"
+echo
+echo "CPU per request, µs (user+system of the hop's process over its run and the second after it, /proc/PID/stat):"
+awk -v hz="$(getconf CLK_TCK)" -v paths="${NAMES[*]} ${EXTRA[*]}" '
+	{ us[$1, $2] = $3 * 1e6 / hz / $4; n[$1]++ }
+	function median(p,   i, j, t, v, m) {
+		m = n[p]
+		for (i = 1; i <= m; i++) v[i] = us[p, i]
+		for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t }
+		return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+	}
+	END {
+		np = split(paths, ps, " ")
+		for (i = 1; i <= np; i++) {
+			p = ps[i]; line = sprintf("  %-12s", p)
+			for (k = 1; k <= n[p]; k++) line = line sprintf(" %7.0f", us[p, k])
+			med[p] = median(p)
+			line = line sprintf("   median %5.0f", med[p])
+			if ("goproxy" in n && n["goproxy"] > 0 && p != "goproxy") line = line sprintf("   %.2fx goproxy", med[p] / median("goproxy"))
+			print line
+		}
+	}' "$TMP/cpu.txt"
