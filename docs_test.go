@@ -336,7 +336,8 @@ var foreignFlags = map[string]string{
 	"reusable": "headscale", "expiration": "headscale", "only": "scripts/release.sh", "images": "scripts/release.sh",
 	"out": "scripts/release.sh", "help": "scripts/gpu-check.sh", "gpus": "docker", "profile": "docker compose",
 	"flag": "a placeholder (--flag or -flag)", "no-enable-prefix-caching": "vLLM", "otlp-traces-endpoint": "vLLM", "version": "tailgate --version, the version command",
-	"enable-sleep-mode": "vLLM (worker --sleep-mode sets it)",
+	"enable-sleep-mode":  "vLLM (worker --sleep-mode sets it)",
+	"metadata-from-file": "gcloud compute instances create (docs/capacity.md, preemption notices)",
 }
 
 // TestDocumentedFlagsExist: a flag named anywhere in the README and docs/
