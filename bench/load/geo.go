@@ -102,11 +102,9 @@ func mainGeo(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	bin := o.Binary
-	if bin == "" {
-		if bin, err = (&bench{opts: o}).binary(); err != nil {
-			return err
-		}
+	bin, err := (&bench{opts: o}).binary()
+	if err != nil {
+		return err
 	}
 	startup := orDefault(o.StartupTimeout, time.Minute)
 	ctx, cancel := context.WithTimeout(ctx, 3*startup+2*(plan.Length+orDefault(o.Timeout, 30*time.Second))+time.Minute)

@@ -147,11 +147,9 @@ func mainMultiturn(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	bin := o.Binary
-	if bin == "" {
-		if bin, err = (&bench{opts: o}).binary(); err != nil {
-			return err
-		}
+	bin, err := (&bench{opts: o}).binary()
+	if err != nil {
+		return err
 	}
 	replicas := orDefault(o.Replicas, multiturnReplicas)
 	model := orDefault(o.A.Model, "tailgate-sim")

@@ -112,12 +112,9 @@ func mainPriority(ctx context.Context, o Options) error {
 	if err := p.validate(rate); err != nil {
 		return err
 	}
-	bin := o.Binary
-	if bin == "" {
-		var err error
-		if bin, err = (&bench{opts: o}).binary(); err != nil {
-			return err
-		}
+	bin, err := (&bench{opts: o}).binary()
+	if err != nil {
+		return err
 	}
 	replicas := orDefault(o.Replicas, priorityReplicas)
 	fleet, err := StartLocal(ctx, LocalConfig{
