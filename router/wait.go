@@ -240,10 +240,12 @@ func (r *Registry) Holdable(model string) bool {
 // is full, [ErrHoldTimeout] when opt.Timeout passed first, or ctx's error.
 // Waiters are released in class order: c, then arrival.
 func (r *Registry) Hold(ctx context.Context, model string, c Class, opt HoldOptions) error {
-	if r.ReadyFor(model) {
+	// One look at the replicas: a replica that became ready between a
+	// ReadyFor and a Holdable would make the request look unholdable.
+	switch r.coldState(model) {
+	case "ready":
 		return nil
-	}
-	if !r.Holdable(model) {
+	case "":
 		return ErrNoReplica
 	}
 	if opt.Queue <= 0 || opt.Timeout <= 0 {
