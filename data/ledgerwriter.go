@@ -126,19 +126,19 @@ type LedgerWriter struct {
 	errFull error                 // Healthy's error for a backlog above the bound
 
 	mu      sync.Mutex
-	queue   []entry           // rows not yet taken by the writer, oldest first
-	headSeq uint64            // sequence number of queue[0]; entries are numbered in order
-	nextSeq uint64            // the number the next new entry gets
+	queue   []entry // rows not yet taken by the writer, oldest first
+	headSeq uint64  // sequence number of queue[0]; entries are numbered in order
+	nextSeq uint64  // the number the next new entry gets
 	// opens maps an open row's ID to the sequence number of its last version
 	// (below headSeq: taken already, so the next is a refresh) until its
 	// final row is queued. An Open after the final row (a server never sends
 	// one) stays here until Close.
 	opens   map[string]uint64
-	eager   int               // entries queued that are not refreshes (they wait FlushInterval at most)
-	held    int               // rows in queue plus rows taken and not yet settled
-	waiters int               // entries in queue with a Commit waiting
-	flushTo uint64            // the newest entry a Flush waits for
-	doneSeq uint64            // every entry up to this one is written (or lost)
+	eager   int    // entries queued that are not refreshes (they wait FlushInterval at most)
+	held    int    // rows in queue plus rows taken and not yet settled
+	waiters int    // entries in queue with a Commit waiting
+	flushTo uint64 // the newest entry a Flush waits for
+	doneSeq uint64 // every entry up to this one is written (or lost)
 	// progress is closed and replaced whenever doneSeq moves and when the
 	// writer stops: it wakes Flushes and callers waiting for room.
 	progress chan struct{}
