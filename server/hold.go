@@ -136,7 +136,9 @@ func (w *sseWriter) comment(line string) error {
 		w.failed = &clientError{err}
 		return w.failed
 	}
-	w.flushLocked()
+	if err := w.flushLocked(); err != nil {
+		return err
+	}
 	w.lastWrite = now
 	return nil
 }

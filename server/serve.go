@@ -225,6 +225,13 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		return // committed before the final bytes; what happened after is the client's
 	}
 	s.hedgeOverhead(cl, c)
+	if werr := w.writeFailure(); werr != nil && errors.Is(err, context.Canceled) {
+		// A write to the client failed first (it stopped reading: the write
+		// deadline); the server cancels the request as it drops the
+		// connection, and the relay may see that before its own write
+		// error. The client's failure is what happened.
+		err = werr
+	}
 	if ae := s.conclude(ctx, cl, err); ae != nil {
 		if w != nil {
 			w.fail(ae)

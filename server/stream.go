@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/labstack/echo/v4"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
@@ -33,7 +34,8 @@ type sseWriter struct {
 	rw           http.ResponseWriter
 	flusher      http.Flusher
 	rc           *http.ResponseController
-	writeTimeout time.Duration // how long one write may block on a client that does not read
+	flushRC      *http.ResponseController // rw's innermost writer: its Flush says when it failed
+	writeTimeout time.Duration            // how long one write may block on a client that does not read
 	keepAlive    time.Duration
 	headers      func(http.Header) // route headers, set when the stream commits once armed
 
@@ -51,6 +53,14 @@ func newSSEWriter(rw http.ResponseWriter, keepAlive, writeTimeout time.Duration,
 	w := &sseWriter{rw: rw, keepAlive: keepAlive, writeTimeout: writeTimeout, headers: headers, lastWrite: time.Now()}
 	w.flusher, _ = rw.(http.Flusher)
 	w.rc = http.NewResponseController(rw)
+	// echo's Response.Flush swallows the error of the flush under it, and a
+	// ResponseController prefers it to unwrapping: flush the writer it wraps
+	// (which Response.Flush would flush, the same way).
+	inner := rw
+	if er, ok := rw.(*echo.Response); ok {
+		inner = er.Writer
+	}
+	w.flushRC = http.NewResponseController(inner)
 	w.mu.Lock() // the timer may fire before the assignment below is visible
 	w.timer = time.AfterFunc(keepAlive, w.keepAliveTick)
 	w.mu.Unlock()
@@ -93,10 +103,21 @@ func (w *sseWriter) deadlineLocked(now time.Time) {
 	}
 }
 
-func (w *sseWriter) flushLocked() {
-	if w.flusher != nil {
-		w.flusher.Flush()
+// flushLocked sends what the events left in the connection's buffer. Its
+// error counts as a write's: a client that stopped reading fails the flush
+// at the write deadline (the events fit the buffer, so the writes did not),
+// and that is a stalled client, not one that went away — http.Flusher's
+// Flush would swallow it, and the request's context, cancelled as the
+// server drops the connection, would speak instead.
+func (w *sseWriter) flushLocked() error {
+	if w.flusher == nil {
+		return nil
 	}
+	if err := w.flushRC.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		w.failed = &clientError{err}
+		return w.failed
+	}
+	return nil
 }
 
 // write sends whole events and flushes them.
@@ -124,7 +145,9 @@ func (w *sseWriter) send(flush bool, evs ...[]byte) error {
 		}
 	}
 	if flush {
-		w.flushLocked()
+		if err := w.flushLocked(); err != nil {
+			return err
+		}
 	}
 	w.lastWrite = now
 	return nil
@@ -147,7 +170,9 @@ func (w *sseWriter) keepAliveTick() {
 		w.failed = &clientError{err}
 		return
 	}
-	w.flushLocked()
+	if w.flushLocked() != nil {
+		return
+	}
 	w.lastWrite = now
 	w.timer.Reset(w.keepAlive)
 }
@@ -182,7 +207,18 @@ func (w *sseWriter) fail(ae *apierr.Error) {
 		w.failed = &clientError{err}
 		return
 	}
-	w.flushLocked()
+	_ = w.flushLocked() // the stream ends here either way
+}
+
+// writeFailure returns the first failed write to the client, or nil (also
+// for a nil writer: a JSON answer).
+func (w *sseWriter) writeFailure() error {
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.failed
 }
 
 // close stops keep-alives; after it returns nothing more is written.
