@@ -29,6 +29,25 @@ import (
 // maxUpstreamBody bounds a non-streaming answer read from a replica.
 const maxUpstreamBody = 64 << 20
 
+// readAnswer reads a non-streaming answer, at most maxUpstreamBody bytes:
+// into one buffer of its Content-Length when the engine sent one (vLLM
+// does), instead of io.ReadAll's doubling from 512 bytes (three buffers and
+// 1.7 KB for a short chat answer in BenchmarkGatewayOverhead's profile).
+func readAnswer(resp *http.Response) ([]byte, error) {
+	n := resp.ContentLength
+	if n < 0 || n > maxUpstreamBody {
+		return io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(resp.Body, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // the answer ended before its length
+		}
+		return nil, err
+	}
+	return body, nil
+}
+
 var (
 	errTTFTDeadline   = errors.New("no first token before the deadline")
 	errJSONDeadline   = errors.New("no answer before the deadline")
@@ -296,7 +315,7 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 		return nil, s.upstreamStatus(rep, resp, fail)
 	}
 	if !cl.req.upstreamStream() {
-		body, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody))
+		body, err := readAnswer(resp)
 		if err != nil {
 			return nil, fail(err)
 		}
