@@ -20,6 +20,10 @@ type engineHealth struct {
 	lastGood time.Time // last 200 from /health, or when the replica became ready
 	down     bool      // no good answer for UnhealthyAfter
 	reason   string    // why, while down
+	// answer is the last definite failure since lastGood (an error status,
+	// a refused connection): a probe that then times out on a slow machine
+	// does not hide that the engine answered 503.
+	answer string
 }
 
 // watchEngine asks the engine's /health every HealthInterval while the
@@ -66,10 +70,17 @@ func (s *Sidecar) checkEngine(ctx context.Context) {
 	silent := now.Sub(s.eng.lastGood)
 	switch {
 	case err == nil:
-		s.eng.lastGood, s.eng.down, s.eng.reason = now, false, ""
-	case silent >= s.cfg.UnhealthyAfter:
+		s.eng.lastGood, s.eng.down, s.eng.reason, s.eng.answer = now, false, "", ""
+	case !errors.Is(err, errProbeTimedOut):
+		s.eng.answer = err.Error()
+	}
+	if err != nil && silent >= s.cfg.UnhealthyAfter {
+		why := err.Error()
+		if errors.Is(err, errProbeTimedOut) && s.eng.answer != "" {
+			why = s.eng.answer
+		}
 		s.eng.down = true
-		s.eng.reason = fmt.Sprintf("engine not answering /health for %s (%s)", silent.Round(100*time.Millisecond), err)
+		s.eng.reason = fmt.Sprintf("engine not answering /health for %s (%s)", silent.Round(100*time.Millisecond), why)
 	}
 	down, reason := s.eng.down, s.eng.reason
 	s.mu.Unlock()
@@ -84,6 +95,9 @@ func (s *Sidecar) checkEngine(ctx context.Context) {
 	}
 }
 
+// errProbeTimedOut: the engine did not answer /health within the wait.
+var errProbeTimedOut = errors.New("timed out")
+
 // probeEngine asks url's /health once, waiting at most wait.
 func (s *Sidecar) probeEngine(ctx context.Context, url string, wait time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, wait)
@@ -96,7 +110,7 @@ func (s *Sidecar) probeEngine(ctx context.Context, url string, wait time.Duratio
 	resp, err := s.transport.RoundTrip(req)
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		return errors.New("timed out")
+		return errProbeTimedOut
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return errors.New("connection refused")
 	case err != nil:

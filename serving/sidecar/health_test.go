@@ -93,9 +93,10 @@ func TestAnEngineThatStopsAnsweringTakesTheReplicaOut(t *testing.T) {
 		{
 			name: "not listening",
 			sick: func(_ *sickEngine, url *atomic.Value) {
-				ln := httptest.NewServer(http.NotFoundHandler())
-				ln.Close()
-				url.Store(ln.URL)
+				// Port 1 (tcpmux), where nothing listens: a port freed by a
+				// closed test server could be taken at once by a parallel
+				// test's engine, which answers /health 200.
+				url.Store("http://127.0.0.1:1")
 			},
 			heal:  func(e *sickEngine, url *atomic.Value) { url.Store(e.srv.URL) },
 			cause: "(connection refused)",
@@ -111,8 +112,11 @@ func TestAnEngineThatStopsAnsweringTakesTheReplicaOut(t *testing.T) {
 			var logs logBuffer
 			s, sc := startSidecar(t, "", func(c *Config) {
 				c.EngineURL = func() string { return url.Load().(string) }
-				c.HealthInterval = 10 * time.Millisecond
-				c.UnhealthyAfter = 100 * time.Millisecond
+				// Probes get 50 ms at least: at 10 ms, under -race on a
+				// busy 2-core machine, every probe in the window could time
+				// out before the sick engine's answer came back.
+				c.HealthInterval = 50 * time.Millisecond
+				c.UnhealthyAfter = 300 * time.Millisecond
 				c.OnStateChange = told.record
 				c.Log = newLogger(&logs)
 			})
