@@ -23,7 +23,11 @@ const affinitySlack = 1.5
 
 // newP2C takes what P2C needs from a Config with its defaults applied.
 func newP2C(cfg Config) *P2C {
-	return &P2C{rand: cfg.Rand, score: scorer{now: cfg.Now, slowStart: cfg.SlowStart}, affinity: cfg.Affinity == AffinityPrefix}
+	// In session mode a request that names its session never reaches the
+	// policy (the registry routes it), so prefix affinity here steers only
+	// the requests that name none.
+	prefix := cfg.Affinity == AffinityPrefix || cfg.Affinity == AffinitySession
+	return &P2C{rand: cfg.Rand, score: scorer{now: cfg.Now, slowStart: cfg.SlowStart}, affinity: prefix}
 }
 
 // Select implements Selector.

@@ -112,8 +112,16 @@ func TestSlowStartOffByDefault(t *testing.T) {
 	}
 }
 
+// TestPrefixAffinityKeepsAPrefixTogetherWhenLoadIsComparable, in prefix
+// mode and for a request that names no session in session mode.
 func TestPrefixAffinityKeepsAPrefixTogetherWhenLoadIsComparable(t *testing.T) {
-	reg := newRegistry(t, Config{Affinity: AffinityPrefix})
+	for _, mode := range []Affinity{AffinityPrefix, AffinitySession} {
+		t.Run(mode.String(), func(t *testing.T) { testPrefixAffinity(t, mode) })
+	}
+}
+
+func testPrefixAffinity(t *testing.T, mode Affinity) {
+	reg := newRegistry(t, Config{Affinity: mode})
 	for _, id := range []string{"a", "b", "c", "d"} {
 		reg.Add(readyReplica(id, "m"))
 	}

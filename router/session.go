@@ -21,10 +21,8 @@ const (
 	// AffinitySession keeps a request that names its session
 	// ([Hint.Session]) on the replica that served the session's last turn
 	// while that replica's load is within [Config.LoadBound] of the mean;
-	// a request that names none goes by load alone. (Prefix affinity
-	// steers every request and is its own mode: the multiturn bench showed
-	// sessions win at p95, and a default that moves unnamed traffic would
-	// change how load spreads for everyone.)
+	// a request that names none gets prefix affinity, as with
+	// AffinityPrefix: a shared system prompt still finds its warm replica.
 	AffinitySession
 )
 
