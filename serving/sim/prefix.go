@@ -28,7 +28,8 @@ import (
 // (prompt tokens − 1) / block_size of them, since the last prompt token is
 // always computed to get logits, and counts
 // vllm:prefix_cache_queries_total += prompt tokens and
-// vllm:prefix_cache_hits_total += the hit blocks' tokens. The simulator
+// vllm:prefix_cache_hits_total += the hit blocks' tokens (nothing when
+// prefix caching is off: no lookup, no count). The simulator
 // does the same, then prefills only the tokens that missed
 // ([Config.PrefillPerToken] each).
 //
@@ -196,9 +197,14 @@ func (c *prefixCache) len() int {
 
 // prefill looks the scheduled request's prompt up in the prefix cache,
 // records the lookup as vLLM does, and returns how long the prompt's
-// uncached tokens take to prefill.
+// uncached tokens take to prefill. With prefix caching off there is no
+// lookup to record: vLLM's KVCacheManager.record_prefix_cache_stats skips
+// a request that did not look the cache up, so both counters stay at 0.
 func (e *Engine) prefill(j *job) time.Duration {
-	hits := e.prefix.query(j.blocks, j.promptTokens)
-	e.metrics.scheduled(j.promptTokens, hits)
+	hits := 0
+	if e.prefix.capacity > 0 {
+		hits = e.prefix.query(j.blocks, j.promptTokens)
+		e.metrics.scheduled(j.promptTokens, hits)
+	}
 	return scale(e.cfg.PrefillPerToken, j.promptTokens-hits)
 }

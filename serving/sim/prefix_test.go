@@ -65,6 +65,15 @@ func TestRepeatedPrefixPrefillsFaster(t *testing.T) {
 	if warm >= time.Duration(n2)*per/2 {
 		t.Errorf("turn 2 prefilled in %v, no faster than a cold %v", warm, time.Duration(n2)*per)
 	}
+	// On another replica, which never saw turn 1, turn 2 prefills whole:
+	// the cache is the replica's own.
+	other, err := New(Config{PrefillPerToken: per}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, d := schedule(t, other, turn2); d != time.Duration(n2)*per || d <= warm {
+		t.Errorf("turn 2 on another replica prefilled in %v, want all %d tokens (%v), slower than the warm replica's %v", d, n2, time.Duration(n2)*per, warm)
+	}
 	_, again := schedule(t, e, turn2)
 	if want := time.Duration(n2-(n2-1)/blockTokens*blockTokens) * per; again != want {
 		t.Errorf("the same prompt again prefilled in %v, want %v (the last token's block is recomputed)", again, want)
@@ -185,8 +194,10 @@ func TestPrefixCacheMetricsCountTokens(t *testing.T) {
 	_, m := get(t, srv.URL+"/metrics")
 	n := ChatPromptTokens(strings.Repeat("x", 400), "q")
 	for series, want := range map[string]float64{
-		`vllm:prefix_cache_queries_total{engine="0",model_name="m"}`:         float64(2 * n),
-		`vllm:prefix_cache_hits_total{engine="0",model_name="m"}`:            0, // caching is off
+		// Caching off: vLLM looks nothing up and counts nothing
+		// (KVCacheManager.record_prefix_cache_stats skips the request).
+		`vllm:prefix_cache_queries_total{engine="0",model_name="m"}`:         0,
+		`vllm:prefix_cache_hits_total{engine="0",model_name="m"}`:            0,
 		`vllm:request_prefill_time_seconds_count{engine="0",model_name="m"}`: 2,
 	} {
 		if got := metricValue(t, m, series); got != want {
@@ -199,6 +210,9 @@ func TestPrefixCacheMetricsCountTokens(t *testing.T) {
 		post(t, srv.URL+"/v1/chat/completions", body)
 	}
 	_, m = get(t, srv.URL+"/metrics")
+	if got, want := metricValue(t, m, `vllm:prefix_cache_queries_total{engine="0",model_name="m"}`), float64(2*n); got != want {
+		t.Errorf("queries = %v, want %v (both prompts' every token)", got, want)
+	}
 	if got, want := metricValue(t, m, `vllm:prefix_cache_hits_total{engine="0",model_name="m"}`), float64((n-1)/blockTokens*blockTokens); got != want {
 		t.Errorf("hits = %v, want %v", got, want)
 	}
