@@ -405,7 +405,7 @@ func TestDashboardFirstScreenKPIsSidePanelAndTooltips(t *testing.T) {
 		Cost string
 	}
 	b.eval(`({zero: document.body.innerText.includes("0.000000"),
-		cost: [...document.querySelectorAll("#usage tbody tr")].find(r => r.textContent.includes("tailgate-sim")).cells[6].textContent})`, &unpriced)
+		cost: [...document.querySelectorAll("#usage tbody tr")].find(r => r.textContent.includes("tailgate-sim")).cells[7].textContent})`, &unpriced)
 	if unpriced.Zero || unpriced.Cost != "—" {
 		t.Errorf("an unpriced model's cost shows %q (0.000000 on the page: %v), want —", unpriced.Cost, unpriced.Zero)
 	}

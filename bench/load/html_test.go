@@ -225,3 +225,42 @@ func TestCDFTicksSitWhereTheCurveHasTheirValue(t *testing.T) {
 		}
 	}
 }
+
+// TestHTMLReportShowsOutputTokensAndTPOT: the HTML report's phase table
+// has the output tokens/s, TPOT and ITL a team sizing GPUs compares, with
+// the figures of the text and JSON reports (10 streams of 11 tokens over
+// 10 s, 10 ms per token after the first).
+func TestHTMLReportShowsOutputTokensAndTPOT(t *testing.T) {
+	raw, err := os.ReadFile(writeHTML(t, Analyze(decodeResult(t, "decode"), 5*time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(raw)
+	head := regexp.MustCompile(`<tr><th>phase</th>.*?</tr>`).FindString(page)
+	row := regexp.MustCompile(`<tr><td>1 steady</td>.*?</tr>`).FindString(page)
+	if head == "" || row == "" {
+		t.Fatalf("no phase table with a steady row:\n%s", page)
+	}
+	cells := func(tr, tag string) []string {
+		var out []string
+		for _, m := range regexp.MustCompile(`<`+tag+`[^>]*>([^<]*)</`+tag+`>`).FindAllStringSubmatch(tr, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+	names, values := cells(head, "th"), cells(row, "td")
+	got := map[string]string{}
+	for i, n := range names {
+		if i < len(values) {
+			got[n] = values[i]
+		}
+	}
+	for col, want := range map[string]string{"output tok/s": "11.0", "tpot p50": "10.0"} {
+		if got[col] != want {
+			t.Errorf("column %q is %q, want %q (header %q, row %q)", col, got[col], want, names, values)
+		}
+	}
+	if _, ok := got["itl p99"]; !ok {
+		t.Errorf("no itl p99 column: %q", names)
+	}
+}

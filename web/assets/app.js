@@ -2,7 +2,7 @@
 // admin token. The token stays in this tab (sessionStorage); a "#token=…"
 // fragment — which browsers never send to the server — is read once and
 // removed from the address bar.
-import { lineChart } from "./charts.js";
+import { barChart, lineChart } from "./charts.js";
 
 const $ = (sel) => document.querySelector(sel);
 const TOKEN = "tailgate.adminToken";
@@ -434,15 +434,47 @@ function renderTenants(tenants) {
   };
   fill("#tenants", tenants, (t) => [
     cell(t.name), cell(t.budget_tokens || "unlimited"), cell(t.spent_tokens), cell(t.budget_micros ? t.budget.toFixed(6) : "unlimited"),
-    cell(t.spent || anyPriced() ? t.spent.toFixed(6) : "—"), cell(t.reserved_tokens), cell(anyPriced() ? spendHour(t.name) : "—"),
+    cell(t.spent || anyPriced() ? t.spent.toFixed(6) : "—"), periodCell(t), usedCell(t),
+    cell(t.reserved_tokens), cell(anyPriced() ? spendHour(t.name) : "—"),
     button("set budget", () => {
       const f = $("#budget-form");
       f.tenant.value = t.name;
       f.budget_tokens.value = t.budget_tokens;
       f.budget.value = t.budget_micros ? t.budget : 0;
+      f.budget_period.value = "";
+      f.budget_alert_percent.value = t.budget_alert_percent || "";
       f.budget_tokens.focus();
     }),
   ], "no tenant yet: a tenant is created with its first key");
+}
+
+// periodCell says how a tenant's budget counts: a lifetime total or a
+// calendar period (UTC) and when it resets.
+function periodCell(t) {
+  if (!t.budget_period) return cell("lifetime");
+  const at = t.budget_resets_at ? new Date(t.budget_resets_at).toISOString().slice(0, 16).replace("T", " ") + " UTC" : "";
+  return cell(at ? `${t.budget_period}, resets ${at}` : t.budget_period);
+}
+
+// usedRatio is the share of the tenant's budget used in its period: the
+// gateway's own measure (tailgate_budget_used_ratio) when it has one, else
+// the larger of the token and money shares; null without a budget.
+function usedRatio(t) {
+  if (t.budget_used_ratio !== null && t.budget_used_ratio !== undefined) return t.budget_used_ratio;
+  const shares = [];
+  if (t.budget_tokens) shares.push((t.budget_period ? t.period_spent_tokens : t.spent_tokens) / t.budget_tokens);
+  if (t.budget_micros) shares.push((t.budget_period ? t.period_spent_micros : t.spent_micros) / t.budget_micros);
+  return shares.length ? Math.max(...shares) : null;
+}
+
+// usedCell shows the share used, amber from the alert percent on, red when
+// used up.
+function usedCell(t) {
+  const r = usedRatio(t);
+  if (r === null) return cell("no budget", "muted");
+  const alert = t.budget_alert_percent || 80;
+  const cls = r >= 1 ? "err budget-used" : 100 * r >= alert ? "warn budget-alert" : "";
+  return cell(`${(100 * r).toFixed(1)} % (alert at ${alert} %)`, cls);
 }
 
 function renderKeys(keys) {
@@ -450,20 +482,23 @@ function renderKeys(keys) {
   const ids = keys.map((k) => k.id).join(",");
   if (sel.dataset.ids !== ids) { // rebuilt only when keys come or go, so an open list stays open
     const chosen = sel.value;
-    sel.replaceChildren(new Option("any key", ""), ...keys.map((k) => new Option(`${k.prefix} (${k.tenant})`, k.id)));
+    sel.replaceChildren(new Option("any key", ""), ...keys.map((k) => new Option(`${k.name || k.prefix} (${k.tenant})`, k.id)));
     sel.value = chosen;
     sel.dataset.ids = ids;
   }
   fill("#keys", keys, (k) => {
     const state = k.revoked ? "revoked" : k.expired ? "expired" : "active";
     const row = [
-      cell(k.prefix), cell(k.tenant), cell(k.rpm || "∞"), cell(k.tpm || "∞"), cell(k.max_concurrency || "∞"),
-      cell(k.models.length ? k.models.join(", ") : "all"), cell(k.expires_at ? new Date(k.expires_at).toLocaleString() : "never"),
+      cell(k.prefix), cell(k.name), cell(k.owner), cell(k.tenant), cell(k.rpm || "∞"), cell(k.tpm || "∞"), cell(k.max_concurrency || "∞"),
+      cell(k.models.length ? k.models.join(", ") : "all"), cell(k.requests), cell(k.spent_tokens),
+      cell(k.spent || anyPriced() ? k.spent.toFixed(6) : "—"), cell(k.last_used_at ? new Date(k.last_used_at).toLocaleString() : "never"),
+      cell(k.expires_at ? new Date(k.expires_at).toLocaleString() : "never"),
       cell(state, state === "active" ? "state-ready" : "err"),
     ];
     const td = document.createElement("td");
     if (!k.revoked) {
-      td.append(button("edit", () => editKey(k)).firstChild, " ", button("revoke", () => revokeKey(k), "danger").firstChild);
+      td.append(button("edit", () => editKey(k)).firstChild, " ", button("rotate", () => rotateKey(k), "rotate").firstChild, " ",
+        button("revoke", () => revokeKey(k), "danger").firstChild);
     }
     row.push(td);
     return row;
@@ -480,6 +515,23 @@ function editKey(k) {
   f.max_concurrency.value = k.max_concurrency;
   f.expires.value = "";
   f.querySelector(".msg").textContent = "";
+}
+
+// rotateKey gives the key a new secret (same identity, limits and spend);
+// the old secret keeps working for a day, as with `tailgate keys rotate`.
+async function rotateKey(k) {
+  const who = k.name ? `${k.name} (${k.prefix})` : k.prefix;
+  if (!confirm(`Rotate key ${who} of ${k.tenant}? It gets a new secret; the old one keeps working for 24 h.`)) return;
+  try {
+    const out = await api("/admin/v1/keys/" + encodeURIComponent(k.id) + "/rotate", { method: "POST", body: { grace: "24h" } });
+    $("#secret-what").textContent = `New secret of ${who}`;
+    $("#secret-value").textContent = out.secret;
+    $("#new-secret").hidden = false;
+    say("#key-form", `key ${who} rotated: the old secret works until ${new Date(out.key.previous_secret_until).toLocaleString()}`);
+  } catch (err) {
+    say("#key-form", err.message, true);
+  }
+  refresh();
 }
 
 async function revokeKey(k) {
@@ -509,12 +561,14 @@ $("#key-form").addEventListener("submit", async (ev) => {
   ev.preventDefault();
   const f = ev.target;
   const body = { tenant: f.tenant.value.trim() };
+  for (const n of ["name", "owner"]) if (f[n].value.trim()) body[n] = f[n].value.trim();
   for (const n of ["rpm", "tpm", "max_concurrency"]) if (int(f[n].value) !== undefined) body[n] = int(f[n].value);
   const models = f.models.value.split(",").map((s) => s.trim()).filter(Boolean);
   if (models.length) body.models = models;
   if (f.expires.value.trim()) body.expires = f.expires.value.trim();
   try {
     const out = await api("/admin/v1/keys", { method: "POST", body });
+    $("#secret-what").textContent = "New key";
     $("#secret-value").textContent = out.secret;
     $("#new-secret").hidden = false;
     say("#key-form", `key ${out.key.prefix} created for ${out.key.tenant}`);
@@ -553,9 +607,11 @@ $("#budget-form").addEventListener("submit", async (ev) => {
   const body = {};
   if (int(f.budget_tokens.value) !== undefined) body.budget_tokens = int(f.budget_tokens.value);
   if (String(f.budget.value).trim() !== "") body.budget_micros = Math.round(Number(f.budget.value) * 1e6);
+  if (f.budget_period.value) body.budget_period = f.budget_period.value;
+  if (int(f.budget_alert_percent.value) !== undefined) body.budget_alert_percent = int(f.budget_alert_percent.value);
   try {
     const t = await api("/admin/v1/tenants/" + encodeURIComponent(f.tenant.value.trim()), { method: "PATCH", body });
-    say("#budget-form", `budget of ${t.name}: ${t.budget_tokens || "unlimited"} tokens, ${t.budget_micros ? "$" + t.budget : "no money limit"}`);
+    say("#budget-form", `budget of ${t.name}: ${t.budget_tokens || "unlimited"} tokens, ${t.budget_micros ? "$" + t.budget : "no money limit"}, ${t.budget_period || "lifetime total"}`);
   } catch (err) {
     say("#budget-form", err.message, true);
   }
@@ -574,9 +630,52 @@ function anyPriced() {
   return h.spend_today !== null && h.spend_today !== undefined;
 }
 
+// usageQuery is the usage form's range and grouping as admin API
+// parameters (by overrides the form's grouping).
+function usageQuery(by) {
+  const f = $("#usage-form");
+  const q = new URLSearchParams();
+  for (const n of ["since", "until"]) if (f[n].value.trim()) q.set(n, f[n].value.trim());
+  const group = by === undefined ? f.by.value : by;
+  if (group) q.set("by", group);
+  return q.toString();
+}
+
+// loadUsage asks for usage totals; a range the API refuses (a 400 naming
+// since, until or by) is said beside the form, with no rows.
+async function loadUsage(query) {
+  try {
+    return await api("/admin/v1/usage?" + query);
+  } catch (err) {
+    if (err.status !== 400) throw err;
+    say("#usage-form", err.message, true);
+    return { data: [] };
+  }
+}
+
+$("#usage-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  $("#usage-form .msg").textContent = "";
+  refresh();
+});
+
+// renderUsageChart draws requests and tokens per day over the form's range
+// (a range with no since: the last 30 days).
+function renderUsageChart(days) {
+  days = [...days].sort((a, b) => (a.period < b.period ? -1 : 1));
+  const labels = days.map((d) => d.period);
+  $("#usage-chart").replaceChildren(
+    barChart("requests per day (UTC)", labels, [{ name: "requests", values: days.map((d) => d.requests) }]),
+    barChart("tokens per day (UTC)", labels, [
+      { name: "prompt", values: days.map((d) => d.prompt_tokens) },
+      { name: "completion", values: days.map((d) => d.completion_tokens) },
+    ]),
+  );
+}
+
 function renderUsage(usage) {
   fill("#usage", usage, (u) => [
-    cell(u.tenant), cell(u.key_prefix), cell(u.model), cell(u.requests), cell(u.prompt_tokens),
+    cell(u.period), cell(u.tenant), cell(u.key_name || u.key_prefix), cell(u.model), cell(u.requests), cell(u.prompt_tokens),
     cell(u.completion_tokens), cell(money(u.cost, u.model)), cell(u.rejected),
   ], "no usage yet");
 }
@@ -595,8 +694,10 @@ async function refresh() {
   try {
     const [replicas, requests, inflight, usage, tenants, keys, hist] = await Promise.all([
       api("/admin/v1/replicas"), api("/admin/v1/requests?" + filterQuery()), api("/admin/v1/requests/inflight"),
-      api("/admin/v1/usage"), api("/admin/v1/tenants"), api("/admin/v1/keys"), api("/admin/v1/history"),
+      loadUsage(usageQuery()), api("/admin/v1/tenants"), api("/admin/v1/keys"), api("/admin/v1/history"),
     ]);
+    const range = $("#usage-form").since.value.trim() ? usageQuery("day") : "since=30d&" + usageQuery("day");
+    renderUsageChart((await loadUsage(range)).data);
     renderHistory(hist);
     renderReplicas(replicas.data);
     renderRequests(requests.data, inflight.data);

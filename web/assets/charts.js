@@ -111,3 +111,70 @@ function fmt(v) {
   if (v >= 10) return v.toFixed(1);
   return v.toFixed(2);
 }
+
+// barChart returns a figure of grouped bars, one group per label (e.g. a
+// day "2026-12-01") and one bar per series in it; hovering a group shows
+// its values.
+export function barChart(title, labels, series, unit) {
+  const W = 420, H = 130, L = 44, B = 18, T = 6, R = 6;
+  const fig = document.createElement("figure");
+  fig.className = "chart";
+  const cap = document.createElement("figcaption");
+  cap.textContent = title;
+  fig.append(cap);
+  const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title, "data-bars": labels.length });
+  let max = 0;
+  for (const s of series) for (const v of s.values) if (v > max) max = v;
+  if (max <= 0) max = 1;
+  const slot = (W - L - R) / Math.max(1, labels.length);
+  const bw = Math.min(24, Math.max(1, (slot * 0.8) / Math.max(1, series.length)));
+  const y = (v) => T + (H - T - B) * (1 - v / max);
+  svg.append(el("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" }));
+  svg.append(el("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" }));
+  svg.append(el("text", { x: L - 4, y: T + 8, "text-anchor": "end", class: "tick" }, fmt(max) + (unit || "")));
+  svg.append(el("text", { x: L - 4, y: H - B, "text-anchor": "end", class: "tick" }, "0"));
+  if (labels.length) {
+    svg.append(el("text", { x: L, y: H - 4, class: "tick" }, labels[0]));
+    if (labels.length > 1) svg.append(el("text", { x: W - R, y: H - 4, "text-anchor": "end", class: "tick" }, labels[labels.length - 1]));
+  } else {
+    svg.append(el("text", { x: (W + L) / 2, y: H / 2, "text-anchor": "middle", class: "tick" }, "no requests in this range"));
+  }
+  const tip = document.createElement("div");
+  tip.className = "tooltip";
+  tip.hidden = true;
+  labels.forEach((label, j) => {
+    const x0 = L + j * slot + slot * 0.1;
+    series.forEach((s, i) => {
+      const v = s.values[j] || 0;
+      const bar = el("rect", { x: (x0 + i * bw).toFixed(1), y: y(v).toFixed(1), width: bw.toFixed(1), height: (H - B - y(v)).toFixed(1),
+        fill: COLORS[i % COLORS.length], class: "bar", "data-label": label, "data-series": s.name, "data-value": v });
+      bar.addEventListener("mousemove", (ev) => {
+        const head = document.createElement("strong");
+        head.textContent = label;
+        tip.replaceChildren(head, ...series.map((t, k) => {
+          const row = document.createElement("div");
+          row.style.color = COLORS[k % COLORS.length];
+          row.textContent = `${t.name} ${fmt(t.values[j] || 0)}${unit || ""}`;
+          return row;
+        }));
+        tip.hidden = false;
+        const box = fig.getBoundingClientRect();
+        tip.style.left = ev.clientX - box.left + 12 + "px";
+        tip.style.top = ev.clientY - box.top + 12 + "px";
+      });
+      bar.addEventListener("mouseleave", () => { tip.hidden = true; });
+      svg.append(bar);
+    });
+  });
+  fig.append(svg, tip);
+  const legend = document.createElement("div");
+  legend.className = "legend";
+  series.forEach((s, i) => {
+    const item = document.createElement("span");
+    item.style.color = COLORS[i % COLORS.length];
+    item.textContent = `${s.name} ${fmt(s.values.reduce((a, v) => a + (v || 0), 0))}${unit || ""} in all`;
+    legend.append(item);
+  });
+  fig.append(legend);
+  return fig;
+}
