@@ -344,6 +344,12 @@ func keyStatus(k data.Key, now time.Time) string {
 	return "active"
 }
 
+// money is an amount of micro-dollars in dollars, as short as it is exact
+// (1.5, 0.000001).
+func money(micros int64) string {
+	return strconv.FormatFloat(float64(micros)/1e6, 'f', -1, 64)
+}
+
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -259,8 +259,6 @@ func budgetMoney(micros int64) string {
 	return money(micros)
 }
 
-func money(micros int64) string { return strconv.FormatFloat(float64(micros)/1e6, 'f', -1, 64) }
-
 // share is " (N% of the budget)" for a limited budget.
 func share(spent, budget int64) string {
 	if budget <= 0 {

@@ -3,8 +3,12 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -143,5 +147,103 @@ func TestDeps(t *testing.T) {
 		if slices.Contains(p.Imports, "github.com/tailgate-dev/tailgate/data/pgtest") {
 			t.Errorf("%s imports tailgate/data/pgtest outside its tests; pgtest is test support", p.ImportPath)
 		}
+	}
+}
+
+// sharedFiles are the files of package main that every command may use:
+// dispatch and the usage text (main.go), the helpers more than one command
+// uses (cli_shared.go), subcommand dispatch (cli_dispatch.go), flag help and
+// did-you-mean (cli_usage.go) and the build info (buildinfo.go).
+var sharedFiles = []string{"main.go", "cli_shared.go", "cli_dispatch.go", "cli_usage.go", "buildinfo.go"}
+
+// commandOf is the command a file of package main belongs to: cli_up.go and
+// cli_up_screen.go are up's, cli_bench_fanout.go is bench's; "" for a shared
+// file.
+func commandOf(file string) string {
+	if slices.Contains(sharedFiles, file) {
+		return ""
+	}
+	cmd, _, _ := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(file, "cli_"), ".go"), "_")
+	return cmd
+}
+
+// TestCommandFilesBorrowNothing pins the root's layout: main.go plus one file
+// (or a few, named cli_CMD_*.go) per command, where a command's files use
+// their own names and the shared files' only, never another command's
+// helpers, and a shared file uses no command's names (main.go only
+// dispatches to each command's entry point, cmdNAME).
+func TestCommandFilesBorrowNothing(t *testing.T) {
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	files := map[string]*ast.File{}
+	definedIn := map[string]string{} // package-level name -> its file
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[name] = f
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Recv == nil {
+					definedIn[d.Name.Name] = name
+				}
+			case *ast.GenDecl:
+				for _, sp := range d.Specs {
+					switch sp := sp.(type) {
+					case *ast.TypeSpec:
+						definedIn[sp.Name.Name] = name
+					case *ast.ValueSpec:
+						for _, n := range sp.Names {
+							definedIn[n.Name] = name
+						}
+					}
+				}
+			}
+		}
+	}
+	if len(files) < 10 || definedIn["cmdGateway"] == "" || definedIn["newFlagSet"] == "" {
+		t.Fatalf("read %d files; cmdGateway in %q, newFlagSet in %q: the root is not what this test knows", len(files), definedIn["cmdGateway"], definedIn["newFlagSet"])
+	}
+	for name, f := range files {
+		user := commandOf(name)
+		// Names a file resolves itself (locals, parameters) have an Obj;
+		// a selector's name and a struct literal's field key are no
+		// package-level names.
+		skip := map[*ast.Ident]bool{}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.SelectorExpr:
+				skip[n.Sel] = true
+			case *ast.KeyValueExpr:
+				if id, ok := n.Key.(*ast.Ident); ok {
+					skip[id] = true
+				}
+			case *ast.Ident:
+				if n.Obj != nil || skip[n] || n.Name == "_" || n == f.Name {
+					return true
+				}
+				owner, ok := definedIn[n.Name]
+				if !ok || owner == name {
+					return true
+				}
+				switch cmd := commandOf(owner); {
+				case cmd == "" || cmd == user:
+				case name == "main.go" && strings.HasPrefix(n.Name, "cmd"):
+				case user == "":
+					t.Errorf("%s (shared) uses %s of %s; a shared file uses no command's names", fset.Position(n.Pos()), n.Name, owner)
+				default:
+					t.Errorf("%s (%s) uses %s of %s (%s); move what two commands use to cli_shared.go", fset.Position(n.Pos()), user, n.Name, owner, cmd)
+				}
+			}
+			return true
+		})
 	}
 }

@@ -84,7 +84,7 @@ func TestPackageDocsNameTheirEntryPoints(t *testing.T) {
 	for dir, names := range map[string][]string{
 		"data":           {"Open", "Store", "IsPostgres", "LedgerWriter", "LedgerWriter.Commit", "LedgerWriter.OpenCommitLog", "Store.SettleOpen", "Store.Usage", "Store.Backup"},
 		"policy":         {"New", "Config", "Gate", "Gate.Authenticate", "Gate.Admit", "Gate.Run", "Ticket", "Ticket.Settle", "Principal", "CreateKey", "RevokeKey"},
-		"router":         {"New", "Config", "Registry", "Replica", "HealthChecker", "Prober", "Selector", "P2C", "RoundRobin", "ParsePolicy", "Registry.Eject"},
+		"router":         {"New", "Config", "Registry", "Replica", "HealthChecker", "Prober", "Selector", "P2C", "RoundRobin", "ParsePolicy", "Registry.Eject", "Call", "Registry.NewCall", "Registry.Do", "Call.Start", "Call.Whole", "Call.Progress", "Call.End", "Call.Finish", "OpenFunc", "AssembleFunc", "ErrBroke"},
 		"server":         {"New", "Config", "Deps", "Server.Public", "Server.Admin", "Server.Generate", "Server.RunBatches", "Server.RunHistory", "NewTransport", "Prober"},
 		"server/gateway": {"Config", "Open", "Gateway", "Gateway.Run", "Gateway.Close", "Config.Load"},
 	} {

@@ -30,7 +30,8 @@
 // its [OpenFunc], reads answers, and reports what it saw — progress
 // ([Call.Progress]), how a relayed answer ended ([Call.End], an [ErrBroke]
 // error for one that broke or went quiet) — and never ejects a replica
-// itself. [Registry.Do] is NewCall and Start in one.
+// itself. [Registry.Do] is NewCall and Start in one. The caller ends every
+// call with [Call.Finish], which gives the winner's in-flight slot back.
 //
 //	       Start
 //	         │ pick a replica (Exclude and those tried are out)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 func TestPickNeverChoosesASleepingReplica(t *testing.T) {
@@ -54,7 +56,7 @@ func TestHoldForASleepingReplicaAsksTheProvisionerToWakeIt(t *testing.T) {
 		done <- reg.Hold(context.Background(), "m", ClassStandard, HoldOptions{Queue: 1, Timeout: time.Minute, Every: 5 * time.Millisecond,
 			Progress: func(s string, _ time.Duration) { mu.Lock(); progress = append(progress, s); mu.Unlock() }})
 	}()
-	waitFor(t, "progress", func() bool { mu.Lock(); defer mu.Unlock(); return len(progress) > 0 })
+	testkit.WaitFor(t, "progress", func() bool { mu.Lock(); defer mu.Unlock(); return len(progress) > 0 })
 	if got := reg.Sleeping("m"); len(got) != 1 || got[0] != rep {
 		t.Fatalf("Sleeping(m) = %v, want [r]", got)
 	}

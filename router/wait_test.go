@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 func startingReplica(id string, models ...string) *Replica {
@@ -42,18 +44,6 @@ func (p *fakeProvisioner) Models() []string {
 
 var holdLong = HoldOptions{Queue: 8, Timeout: time.Minute}
 
-// waitFor polls cond for up to 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for range 500 {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 func TestHoldRefusesWhenNothingIsComing(t *testing.T) {
 	reg := newRegistry(t, Config{})
 	reg.Add(NewReplica("x", "http://x")).SetModels([]string{"m"})
@@ -72,7 +62,7 @@ func TestHoldReleasedWhenReplicaBecomesReady(t *testing.T) {
 	rep := reg.Add(startingReplica("a", "m"))
 	done := make(chan error, 1)
 	go func() { done <- reg.Hold(context.Background(), "m", ClassStandard, holdLong) }()
-	waitFor(t, "the request to wait", func() bool { return reg.Waiting("m") == 1 })
+	testkit.WaitFor(t, "the request to wait", func() bool { return reg.Waiting("m") == 1 })
 	if got := modelGauge(t, pr, "tailgate_model_waiting_requests", "m"); got != 1 {
 		t.Fatalf("tailgate_model_waiting_requests = %v, want 1", got)
 	}
@@ -93,7 +83,7 @@ func TestHoldQueueBound(t *testing.T) {
 	for range 2 {
 		go func() { errs <- reg.Hold(context.Background(), "m", ClassStandard, opt) }()
 	}
-	waitFor(t, "two waiters", func() bool { return reg.Waiting("m") == 2 })
+	testkit.WaitFor(t, "two waiters", func() bool { return reg.Waiting("m") == 2 })
 	if err := reg.Hold(context.Background(), "m", ClassInteractive, opt); !errors.Is(err, ErrHoldFull) {
 		t.Fatalf("third request: got %v, want ErrHoldFull", err)
 	}
@@ -114,7 +104,7 @@ func TestHoldDeadlineAndCancel(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		waitFor(t, "a waiter", func() bool { return reg.Waiting("m") == 1 })
+		testkit.WaitFor(t, "a waiter", func() bool { return reg.Waiting("m") == 1 })
 		cancel()
 	}()
 	if err := reg.Hold(ctx, "m", ClassStandard, holdLong); !errors.Is(err, context.Canceled) {
@@ -136,7 +126,7 @@ func TestHoldReleasesInClassOrder(t *testing.T) {
 				t.Errorf("waiter %d: %v", i, err)
 			}
 		})
-		waitFor(t, "the waiter to queue", func() bool { return reg.Waiting("m") == i+1 })
+		testkit.WaitFor(t, "the waiter to queue", func() bool { return reg.Waiting("m") == i+1 })
 	}
 	// Keep the waiters to read their release order.
 	reg.holds.mu.Lock()
@@ -177,7 +167,7 @@ func TestHoldForProvisionerWakesIt(t *testing.T) {
 		done <- reg.Hold(context.Background(), "m", ClassStandard, HoldOptions{Queue: 1, Timeout: time.Minute, Every: 5 * time.Millisecond,
 			Progress: func(s string, _ time.Duration) { mu.Lock(); progress = append(progress, s); mu.Unlock() }})
 	}()
-	waitFor(t, "progress", func() bool { mu.Lock(); defer mu.Unlock(); return len(progress) > 0 })
+	testkit.WaitFor(t, "progress", func() bool { mu.Lock(); defer mu.Unlock(); return len(progress) > 0 })
 	reg.Add(readyReplica("new", "m")) // a replica added ready releases too
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
 // recordPauses makes e's sleep and wake latencies computed, not waited: each
@@ -103,7 +105,7 @@ func TestSleepingEngineHoldsGenerationUntilWoken(t *testing.T) {
 		code, _, body := post(t, srv.URL+"/v1/chat/completions", `{"model":"tailgate-sim","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
 		done <- answer{code, body}
 	}()
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, "the request held by the sleeping engine", func() bool {
 		e.sleep.mu.Lock()
 		defer e.sleep.mu.Unlock()
 		return e.sleep.held == 1
@@ -134,16 +136,4 @@ func TestSleepRefusesBadLevelsAndTags(t *testing.T) {
 			t.Errorf("POST %s: %d %s, want 400", path, code, body)
 		}
 	}
-}
-
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for range 1000 {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("condition not met within 10s")
 }
