@@ -12,32 +12,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 )
-
-const usageText = `tailgate — an OpenAI-compatible LLM gateway with a tail-latency budget
-
-Usage:
-  tailgate up       [flags]   gateway + N local workers on one machine, simulated engine by default (start here)
-  tailgate gateway  [flags]   the gateway alone, in front of --upstream servers and registered workers
-  tailgate worker   [flags]   one GPU box: launches vLLM (or the sim), fronts it, registers with a gateway
-  tailgate sim      [flags]   the simulated engine alone (vLLM-compatible HTTP)
-  tailgate edge     [flags]   in front of regional gateways: each request to the region with the best expected first token
-  tailgate keys create|list|edit|revoke [flags]   manage API keys in a data directory
-  tailgate tenants list|show|set [flags]     tenants' budgets and what they spent
-  tailgate workers list|revoke [flags]       list or revoke worker credentials
-  tailgate usage    [flags]   usage totals per tenant, key and model
-  tailgate backup   [flags] FILE   consistent copy of the database while a gateway runs
-  tailgate restore  [flags] FILE   put a backup in place of the database (gateway stopped)
-  tailgate bench    [flags]   matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)
-  tailgate version            version, commit, Go and tailscale versions of this binary (also --version)
-  tailgate healthcheck [flags]  exit 0/1: a gateway's or worker's health endpoint (container health checks)
-  tailgate init     [flags]   prepare a data directory (tokens, database) before a gateway first starts
-  tailgate help     [TOPIC]   the documentation offline: the topics, or one page (tailgate help commands)
-
-Run 'tailgate COMMAND -h' for the flags of a command.
-`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -99,19 +75,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "%s\ntailgate: unknown command %q%s\n", usageText, cmd, suggestCommand(cmd))
 	return errUsage
-}
-
-// suggestCommand returns " (did you mean X?)" for the command of usageText
-// nearest to cmd, or "" when none is near.
-func suggestCommand(cmd string) string {
-	var names []string
-	for _, line := range strings.Split(usageText, "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[0] == "tailgate" && !strings.HasPrefix(f[1], "-") && !strings.HasPrefix(f[1], "COMMAND") {
-			names = append(names, f[1])
-		}
-	}
-	if best := nearest(strings.TrimLeft(cmd, "-"), names); best != "" {
-		return " (did you mean " + best + "?)"
-	}
-	return ""
 }
