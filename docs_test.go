@@ -18,6 +18,7 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+	"unicode/utf8"
 )
 
 // TestPackageDocs: every package directory has exactly one package doc
@@ -421,6 +422,23 @@ func TestDocsLinksResolve(t *testing.T) {
 		if file != "README.md" && !strings.Contains(docs["README.md"], "]("+file+")") {
 			t.Errorf("the README does not link %s", file)
 		}
+	}
+}
+
+// TestREADMEIsAFrontPage: the README stays a front page a newcomer reads
+// to the end — at most 15,000 characters, the install and the five-minute
+// walk before the table of contents — and the reference lives in docs/.
+func TestREADMEIsAFrontPage(t *testing.T) {
+	readme := userDocs(t)["README.md"]
+	if n := utf8.RuneCountInString(readme); n > 15000 {
+		t.Errorf("the README is %d characters; a front page is at most 15,000 (move the detail into a docs/ page)", n)
+	}
+	install := strings.Index(readme, "\n## Install")
+	walk := strings.Index(readme, "\n## Five minutes with tailgate")
+	contents := strings.Index(readme, "\n## Documentation")
+	if install < 0 || walk < install || contents < walk {
+		t.Errorf("the README's sections Install (at %d), Five minutes with tailgate (at %d) and Documentation (at %d) are not there in that order",
+			install, walk, contents)
 	}
 }
 
