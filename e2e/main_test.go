@@ -414,6 +414,14 @@ func (g *gatewayProcess) chat(ctx context.Context, stream bool, maxTokens int) (
 	return g.chatBody(ctx, fmt.Sprintf(`{"model":"tailgate-sim","stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"hello there"}]}`, stream, maxTokens))
 }
 
+// chatDistinct is chat with a prompt of its own (conversation i): the
+// gateway's default affinity keeps requests of one prompt prefix on one
+// replica while load allows, so a test that wants requests spread over
+// replicas sends different prompts, as different users would.
+func (g *gatewayProcess) chatDistinct(ctx context.Context, stream bool, maxTokens, i int) (int, http.Header, string, error) {
+	return g.chatBody(ctx, fmt.Sprintf(`{"model":"tailgate-sim","stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"hello there, this is conversation %d"}]}`, stream, maxTokens, i))
+}
+
 // chatBody posts body to /v1/chat/completions with the test's key.
 func (g *gatewayProcess) chatBody(ctx context.Context, body string) (int, http.Header, string, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.api+"/chat/completions", strings.NewReader(body))

@@ -86,7 +86,7 @@ func TestMeshGatewayToWorkersOverWireGuard(t *testing.T) {
 
 	seen := map[string]bool{}
 	for i := range 12 {
-		code, h, body, err := g.chat(context.Background(), i%2 == 0, 4)
+		code, h, body, err := g.chatDistinct(context.Background(), i%2 == 0, 4, i)
 		if err != nil || code != 200 {
 			t.Fatalf("request %d over the mesh: %d %v %s", i, code, err, body)
 		}

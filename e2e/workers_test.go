@@ -30,8 +30,8 @@ func TestWorkersRegisterServeAndExpireWhenKilled(t *testing.T) {
 	}
 
 	seen := map[string]bool{}
-	for range 20 {
-		code, h, body, err := g.chat(context.Background(), false, 5)
+	for i := range 20 {
+		code, h, body, err := g.chatDistinct(context.Background(), false, 5, i)
 		if err != nil || code != 200 {
 			t.Fatalf("request: %d %v %s", code, err, body)
 		}
