@@ -74,11 +74,7 @@ func (g *Gate) WatchBudgets(ctx context.Context) error {
 			}
 			u.spent = sp
 		}
-		budget, used, limit := "tokens", u.spent.Tokens, u.budgetTokens
-		ratio := ratioOf(u.spent.Tokens, u.budgetTokens)
-		if r := ratioOf(u.spent.Micros, u.budgetMicros); r > ratio || u.budgetTokens <= 0 {
-			budget, used, limit, ratio = "cost", u.spent.Micros, u.budgetMicros, r
-		}
+		budget, used, limit, ratio := budgetUsed(u.spent, u.budgetTokens, u.budgetMicros)
 		u.ts.mu.Lock()
 		u.ts.usedRatio = ratio
 		if !u.ts.alertedStart.Equal(u.start) || u.ts.alerted == nil {
@@ -115,6 +111,17 @@ func (g *Gate) WatchBudgets(ctx context.Context) error {
 		return fmt.Errorf("watch budgets: %w", err)
 	}
 	return nil
+}
+
+// budgetUsed is which budget (tokens or cost) spent has used the larger
+// share of, what it used of it, its limit and that share.
+func budgetUsed(spent data.Spend, budgetTokens, budgetMicros int64) (budget string, used, limit int64, ratio float64) {
+	budget, used, limit = "tokens", spent.Tokens, budgetTokens
+	ratio = ratioOf(spent.Tokens, budgetTokens)
+	if r := ratioOf(spent.Micros, budgetMicros); r > ratio || budgetTokens <= 0 {
+		budget, used, limit, ratio = "cost", spent.Micros, budgetMicros, r
+	}
+	return budget, used, limit, ratio
 }
 
 func ratioOf(used, budget int64) float64 {

@@ -315,3 +315,33 @@ func TestRotateKeyGrace(t *testing.T) {
 	}
 	authenticate(t, g, newer)
 }
+
+// TestTenantTotalsSayTheShareUsedNow: the admin view's share of a budget
+// used is what the spend beside it says, at once — not the watcher's last
+// measure, which lags by up to BudgetWatchInterval (the dashboard showed
+// 0.0 % beside 24 tokens spent of a 200-token budget).
+func TestTenantTotalsSayTheShareUsedNow(t *testing.T) {
+	for _, e := range budgetEngines {
+		t.Run(e.name, func(t *testing.T) {
+			st := e.open(t)
+			clk := newClock()
+			clk.t = time.Date(2026, 11, 10, 12, 0, 0, 0, time.UTC)
+			secret, k := createKey(t, st, KeyOptions{Tenant: "acme", BudgetTokens: ptr(200), BudgetPeriod: monthly()})
+			g := newGate(t, st, Config{Now: clk.Now})
+			p := authenticate(t, g, secret)
+			tk, _, err := g.Admit(p, Request{Model: "m", PromptBound: 30})
+			if err != nil {
+				t.Fatal(err)
+			}
+			settleAndBill(t, st, p, tk, clk.Now(), Usage{PromptTokens: 20, CompletionTokens: 4})
+			totals, err := g.TenantTotals(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := totals[k.Tenant.ID]; got.PeriodSpent.Tokens != 24 || got.UsedRatio != 0.12 {
+				t.Fatalf("period spent %d tokens, share used %v; want 24 and 0.12 (24 of 200) before any budget watch",
+					got.PeriodSpent.Tokens, got.UsedRatio)
+			}
+		})
+	}
+}

@@ -105,7 +105,9 @@ type TenantTotal struct {
 	Spent, Reserved data.Spend
 	// PeriodSpent is what the current period of a periodic budget has
 	// spent (Spent for a lifetime one), ResetsAt when it ends (zero:
-	// never), UsedRatio the budget's use as last measured.
+	// never), UsedRatio the share of the budget PeriodSpent is (0 without
+	// a budget): measured now, as tailgate_budget_used_ratio is every
+	// BudgetWatchInterval.
 	PeriodSpent data.Spend
 	ResetsAt    time.Time
 	UsedRatio   float64
@@ -120,11 +122,14 @@ type TenantTotal struct {
 // spent or reserved may be missing.
 func (g *Gate) TenantTotals(ctx context.Context) (map[int64]TenantTotal, error) {
 	out := make(map[int64]TenantTotal)
+	type budget struct{ tokens, micros int64 }
+	budgets := make(map[int64]budget)
 	g.tenantsMu.RLock()
 	for id, ts := range g.tenants {
 		ts.mu.Lock()
 		ts.roll(g.now())
-		t := TenantTotal{Spent: ts.spent, Reserved: ts.reserved, PeriodSpent: ts.counted(), ResetsAt: ts.resets(), UsedRatio: ts.usedRatio}
+		t := TenantTotal{Spent: ts.spent, Reserved: ts.reserved, PeriodSpent: ts.counted(), ResetsAt: ts.resets()}
+		budgets[id] = budget{ts.budgetTokens, ts.budgetMicros}
 		if g.shared != nil && (ts.budgetTokens > 0 || ts.budgetMicros > 0) {
 			t.Reserved = data.Spend{} // held in the database, read below
 		}
@@ -132,8 +137,20 @@ func (g *Gate) TenantTotals(ctx context.Context) (map[int64]TenantTotal, error) 
 		out[id] = t
 	}
 	g.tenantsMu.RUnlock()
+	// The share used, from the spend shown beside it: the watcher's figure
+	// lags it by up to BudgetWatchInterval (the dashboard showed 0.0 % of
+	// a budget beside the 24 tokens already spent of it).
+	withRatios := func() map[int64]TenantTotal {
+		for id, t := range out {
+			if b := budgets[id]; b.tokens > 0 || b.micros > 0 {
+				_, _, _, t.UsedRatio = budgetUsed(t.PeriodSpent, b.tokens, b.micros)
+				out[id] = t
+			}
+		}
+		return out
+	}
 	if g.shared == nil {
-		return out, nil
+		return withRatios(), nil
 	}
 	spent, err := g.st.TenantSpend(ctx)
 	if err != nil {
@@ -168,5 +185,5 @@ func (g *Gate) TenantTotals(ctx context.Context) (map[int64]TenantTotal, error) 
 		}
 		out[id] = t
 	}
-	return out, nil
+	return withRatios(), nil
 }
