@@ -65,8 +65,7 @@ type Config struct {
 	// Now is the clock used by the rate limiters. Nil means time.Now.
 	Now func() time.Time
 	// CacheSize is the maximum number of keys (good or bad) kept in the
-	// authentication cache. Zero means DefaultCacheSize. A key past it is
-	// looked up in the database (tens of µs) until the cache admits it.
+	// authentication cache. Zero means 100_000.
 	CacheSize int64
 	// OnBudgetAlert, when set, is told once per tenant, budget period and
 	// threshold (the tenant's alert percent, and 100) when its budget's use
@@ -81,13 +80,8 @@ type Config struct {
 
 // Defaults for the zero Config.
 const (
-	DefaultPollInterval = 250 * time.Millisecond
-	// DefaultCacheSize: a small team holds tens to hundreds of keys. The
-	// cache's admission sketch and doorkeeper are sized by it and stay on
-	// the heap however few keys it holds: at 100_000 they were 4.5 of an
-	// idle gateway's 6.3 MB of heap (go_memstats_heap_alloc_bytes), and a GC
-	// cycle's goal doubles them; at 10_000 the idle heap is 2.4 MB.
-	DefaultCacheSize           = 10_000
+	DefaultPollInterval        = 250 * time.Millisecond
+	DefaultCacheSize           = 100_000
 	DefaultBudgetWatchInterval = 5 * time.Second
 )
 
