@@ -83,10 +83,10 @@ const (
 	DefaultPollInterval = 250 * time.Millisecond
 	// DefaultCacheSize: ristretto sizes its admission sketch and
 	// doorkeeper by it (4.5 MB of heap at 100_000, whatever the cache
-	// holds). That heap is not waste: at 10_000 an idle gateway's heap fell
-	// from 6.3 to 2.4 MB and the GC ran so much more often at 1000 req/s
-	// that CPU a JSON request rose 6 % (574 against 542 µs, bench-ab.sh,
-	// 6 rounds), while memory per open stream moved within noise.
+	// holds). At 10_000 an idle gateway's heap fell from 6.3 to 2.4 MB, but
+	// CPU a JSON request at 1000 req/s rose 6 % (574 against 542 µs,
+	// bench-ab.sh, 6 rounds; likely more GC cycles on a smaller heap) while
+	// memory per open stream moved within noise, so it stays.
 	DefaultCacheSize           = 100_000
 	DefaultBudgetWatchInterval = 5 * time.Second
 )
