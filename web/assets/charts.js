@@ -12,17 +12,26 @@ function el(name, attrs, text) {
   return e;
 }
 
-// lineChart returns a figure with one line per series. times are Date
-// objects; each series is {name, values} with values aligned to times (null
-// for a gap).
-export function lineChart(title, times, series, unit) {
-  const W = 420, H = 130, L = 44, B = 18, T = 6, R = 6;
+// A chart's size and margins (left, bottom, top, right), in SVG units.
+const W = 420, H = 130, L = 44, B = 18, T = 6, R = 6;
+
+// chartFrame returns a chart's figure, captioned with its title, and its
+// empty SVG (attrs added to the SVG's own).
+function chartFrame(title, attrs) {
   const fig = document.createElement("figure");
   fig.className = "chart";
   const cap = document.createElement("figcaption");
   cap.textContent = title;
   fig.append(cap);
-  const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title });
+  const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title, ...attrs });
+  return { fig, svg };
+}
+
+// lineChart returns a figure with one line per series. times are Date
+// objects; each series is {name, values} with values aligned to times (null
+// for a gap).
+export function lineChart(title, times, series, unit) {
+  const { fig, svg } = chartFrame(title, {});
   let max = 0;
   for (const s of series) for (const v of s.values) if (v !== null && v > max) max = v;
   if (max <= 0) max = 1;
@@ -116,13 +125,7 @@ function fmt(v) {
 // day "2026-12-01") and one bar per series in it; hovering a group shows
 // its values.
 export function barChart(title, labels, series, unit) {
-  const W = 420, H = 130, L = 44, B = 18, T = 6, R = 6;
-  const fig = document.createElement("figure");
-  fig.className = "chart";
-  const cap = document.createElement("figcaption");
-  cap.textContent = title;
-  fig.append(cap);
-  const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": title, "data-bars": labels.length });
+  const { fig, svg } = chartFrame(title, { "data-bars": labels.length });
   let max = 0;
   for (const s of series) for (const v of s.values) if (v > max) max = v;
   if (max <= 0) max = 1;
