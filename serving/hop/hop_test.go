@@ -107,9 +107,13 @@ func TestAnswersReuseOneConnection(t *testing.T) {
 }
 
 func TestAnswerClosedEarlyClosesItsConnection(t *testing.T) {
+	// 100 KB an answer: more than one read can take, so no answer is read
+	// to its end by the first line's read (a short answer, all arrived,
+	// would be read whole and its connection rightly kept).
+	pad := strings.Repeat("x", 1000)
 	srv := newCountingServer(t, func(w http.ResponseWriter, r *http.Request) {
 		for i := range 100 {
-			fmt.Fprintf(w, "data: %d\n\n", i)
+			fmt.Fprintf(w, "data: %d\n: %s\n\n", i, pad)
 			w.(http.Flusher).Flush()
 		}
 	})
