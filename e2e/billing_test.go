@@ -152,21 +152,7 @@ func TestLedgerExactAfterSIGTERMDuringLoad(t *testing.T) {
 		t.Fatalf("up exited with %v\n%s", err, p.stderr.String())
 	}
 
-	var usage []struct {
-		Tenant           string `json:"tenant"`
-		Requests         int64  `json:"requests"`
-		PromptTokens     int64  `json:"prompt_tokens"`
-		CompletionTokens int64  `json:"completion_tokens"`
-	}
-	if err := json.Unmarshal([]byte(tailgate(t, "usage", "--data", p.dir, "--json")), &usage); err != nil {
-		t.Fatal(err)
-	}
-	var req, pt, ct int64
-	for _, u := range usage {
-		req += u.Requests
-		pt += u.PromptTokens
-		ct += u.CompletionTokens
-	}
+	req, pt, ct := usageTotals(t, p.dir)
 	t.Logf("clients completed %d requests (%d+%d tokens); ledger: %d requests (%d+%d)", completed.Load(), sumP.Load(), sumC.Load(), req, pt, ct)
 	if completed.Load() < 100 {
 		t.Fatalf("only %d requests completed before the stop", completed.Load())

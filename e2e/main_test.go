@@ -540,3 +540,21 @@ func (l *clientLoad) errors() string {
 	l.errs.Range(func(k, _ any) bool { out = append(out, k.(string)); return len(out) < 5 })
 	return strings.Join(out, "\n")
 }
+
+// usageTotals is what `tailgate usage --data DIR --json` counts over every
+// tenant, key and model: requests, prompt and completion tokens.
+func usageTotals(t *testing.T, dir string) (requests, prompt, completion int64) {
+	t.Helper()
+	var rows []struct {
+		Requests         int64 `json:"requests"`
+		PromptTokens     int64 `json:"prompt_tokens"`
+		CompletionTokens int64 `json:"completion_tokens"`
+	}
+	if err := json.Unmarshal([]byte(tailgate(t, "usage", "--data", dir, "--json")), &rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		requests, prompt, completion = requests+r.Requests, prompt+r.PromptTokens, completion+r.CompletionTokens
+	}
+	return requests, prompt, completion
+}

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -69,18 +68,7 @@ func TestNetHTTPClientServesAndBillsAsHopDoes(t *testing.T) {
 				t.Fatalf("stream without content or usage: %+v", acc.ChatCompletion)
 			}
 
-			var usage []struct {
-				Requests         int64 `json:"requests"`
-				PromptTokens     int64 `json:"prompt_tokens"`
-				CompletionTokens int64 `json:"completion_tokens"`
-			}
-			if err := json.Unmarshal([]byte(tailgate(t, "usage", "--data", g.dir, "--json")), &usage); err != nil {
-				t.Fatal(err)
-			}
-			var reqs, pt, ct int64
-			for _, u := range usage {
-				reqs, pt, ct = reqs+u.Requests, pt+u.PromptTokens, ct+u.CompletionTokens
-			}
+			reqs, pt, ct := usageTotals(t, g.dir)
 			wantP := whole.Usage.PromptTokens + acc.Usage.PromptTokens
 			wantC := whole.Usage.CompletionTokens + acc.Usage.CompletionTokens
 			if reqs != 2 || pt != wantP || ct != wantC {
