@@ -43,6 +43,13 @@ type Config struct {
 	// session's replica may be and still take its turn (AffinitySession);
 	// 0 means [DefaultLoadBound].
 	LoadBound float64
+	// LoadSlack is how many requests above the mean in flight a session's
+	// replica may hold and still take its turn, whatever LoadBound says:
+	// at a few requests per replica a factor of the mean is a fraction of
+	// one request, and moving a session costs its whole prefill on a cold
+	// replica. 0 means [DefaultLoadSlack]; a negative value means none
+	// (LoadBound alone).
+	LoadSlack int
 	// Budget bounds retries after a request reached a replica (hedges have
 	// their own, in Hedge).
 	Budget BudgetConfig
@@ -89,6 +96,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LoadBound == 0 {
 		c.LoadBound = DefaultLoadBound
+	}
+	switch {
+	case c.LoadSlack == 0:
+		c.LoadSlack = DefaultLoadSlack
+	case c.LoadSlack < 0:
+		c.LoadSlack = 0
 	}
 	c.Budget = c.Budget.withDefaults()
 	c.Hedge = c.Hedge.withDefaults()

@@ -94,6 +94,28 @@ func TestSessionOverHomeLoadBoundMovesOnceAndStays(t *testing.T) {
 	}
 }
 
+// TestSessionStaysThroughALoadBlipOfAFewRequests: at a request or two per
+// replica, a factor of the mean is less than one request, so the factor
+// alone would move a session (and its whole prefill) for a blip; the slack
+// keeps it home, and a fleet without slack moves it.
+func TestSessionStaysThroughALoadBlipOfAFewRequests(t *testing.T) {
+	for _, tc := range []struct {
+		slack int
+		stay  bool
+	}{{0, true}, {-1, false}} {
+		t.Run(fmt.Sprintf("slack %d", tc.slack), func(t *testing.T) {
+			reg, _ := sessionFleet(t, Config{LoadSlack: tc.slack})
+			const key = 0xb11b
+			home := turn(t, reg, key)
+			// Others idle: ⌈1.25 × 3 / 4⌉ = 1 < 2 + 1, but 3/4 + 2 rounds up to 3.
+			home.inflight.Store(2)
+			if got := turn(t, reg, key); (got == home) != tc.stay {
+				t.Fatalf("with 2 in flight on its replica and none elsewhere, the turn went to %s (its replica %s); want stay %v", got.ID, home.ID, tc.stay)
+			}
+		})
+	}
+}
+
 func TestSessionWhoseReplicaLeftMovesOnceAndStays(t *testing.T) {
 	for _, leave := range []struct {
 		name string
@@ -146,8 +168,10 @@ func TestSessionAffinityKeepsEveryReplicaWithinTheLoadBound(t *testing.T) {
 			total += r.Inflight()
 			most = max(most, r.Inflight())
 		}
-		// The bound counts the request being placed: ⌈1.25 × total / n⌉.
-		if limit := int64(math.Ceil(1.25 * float64(total) / 4)); c.Replica.Inflight() > limit {
+		// The bound counts the request being placed: the larger of
+		// 1.25 × and 2 more than total / n, rounded up.
+		mean := float64(total) / 4
+		if limit := int64(math.Ceil(max(1.25*mean, mean+DefaultLoadSlack))); c.Replica.Inflight() > limit {
 			t.Fatalf("request %d: %s holds %d of %d in flight, over the bound %d", i, c.Replica.ID, c.Replica.Inflight(), total, limit)
 		}
 		// Requests end at random; in flight hovers around 40.

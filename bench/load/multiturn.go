@@ -132,6 +132,26 @@ type multiturnMode struct {
 	HitRate   map[string]float64 `json:"prefix_cache_hit_rate"` // by replica, over the run
 	Inflight  map[string]float64 `json:"mean_inflight"`         // by replica, sampled
 	Imbalance float64            `json:"imbalance"`             // max / mean of Inflight
+	// Routes counts the session mode's placements by outcome
+	// (tailgate_session_routes_total: stayed, placed, moved_load,
+	// moved_gone); empty in the other modes.
+	Routes map[string]float64 `json:"session_routes,omitempty"`
+}
+
+// moved is the share of a session's turns that did not stay on the
+// replica of its last turn, -1 when no session was routed.
+func (m multiturnMode) moved() float64 {
+	var all, moved float64
+	for outcome, n := range m.Routes {
+		all += n
+		if strings.HasPrefix(outcome, "moved") {
+			moved += n
+		}
+	}
+	if all == 0 {
+		return -1
+	}
+	return moved / all
 }
 
 // mainMultiturn runs `bench --scenario multiturn`.
@@ -280,6 +300,14 @@ func runMultiturnMode(ctx context.Context, o Options, m MultiturnOptions, d mult
 	if err != nil {
 		return res, err
 	}
+	res.Routes = map[string]float64{}
+	if err := eachSample(ctx, t.AdminURL, t.AdminToken, func(name, labels string, v float64) {
+		if name == "tailgate_session_routes_total" {
+			res.Routes[labelValue(labels, "outcome")] += v
+		}
+	}); err != nil {
+		return res, err
+	}
 	res.HitRate = map[string]float64{}
 	for id, a := range after {
 		b := before[id]
@@ -411,7 +439,7 @@ func (c *fanoutClient) turn(ctx context.Context, body []byte) (float64, error) {
 // most 1.25, no errors.
 func writeMultiturn(w io.Writer, modes []multiturnMode) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "affinity\tturns\terrors\tfollow-up ttft p50\tp95\tp99\tfirst-turn p50\tp95\tcache hits\timbalance\t")
+	fmt.Fprintln(tw, "affinity\tturns\terrors\tfollow-up ttft p50\tp95\tp99\tfirst-turn p50\tp95\tcache hits\timbalance\tmoved\t")
 	var off, session *multiturnMode
 	for i := range modes {
 		md := &modes[i]
@@ -419,8 +447,12 @@ func writeMultiturn(w io.Writer, modes []multiturnMode) error {
 		for _, n := range md.Errors {
 			errs += n
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%s\t%.2f\t\n", md.Mode, md.Turns, errs,
-			md.FollowUp.P50, md.FollowUp.P95, md.FollowUp.P99, md.First.P50, md.First.P95, hitRates(md.HitRate), md.Imbalance)
+		moved := "-"
+		if f := md.moved(); f >= 0 {
+			moved = fmt.Sprintf("%.0f%%", 100*f)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%s\t%.2f\t%s\t\n", md.Mode, md.Turns, errs,
+			md.FollowUp.P50, md.FollowUp.P95, md.FollowUp.P99, md.First.P50, md.First.P95, hitRates(md.HitRate), md.Imbalance, moved)
 		switch md.Mode {
 		case "off":
 			off = md
@@ -429,7 +461,7 @@ func writeMultiturn(w io.Writer, modes []multiturnMode) error {
 		}
 	}
 	_ = tw.Flush()
-	fmt.Fprintln(w, "ttft in ms (client: send to first event); cache hits: prompt tokens served from the prefix cache, per replica; imbalance: max/mean of the replicas' mean in-flight requests")
+	fmt.Fprintln(w, "ttft in ms (client: send to first event); cache hits: prompt tokens served from the prefix cache, per replica; imbalance: max/mean of the replicas' mean in-flight requests; moved: a session's turns sent away from its last turn's replica (load bound, replica gone)")
 	var problems []string
 	for _, md := range modes {
 		for class, n := range md.Errors {

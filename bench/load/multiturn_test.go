@@ -75,7 +75,8 @@ func TestMultiturnVerdict(t *testing.T) {
 		off := multiturnMode{Mode: "off", FollowUp: Summary{N: 100, P95: 200}, Turns: 100, Errors: map[string]int{}, Imbalance: 1.05}
 		prefix := multiturnMode{Mode: "prefix", FollowUp: Summary{N: 100, P95: 180}, Turns: 100, Errors: map[string]int{}, Imbalance: 1.1}
 		session := multiturnMode{Mode: "session", FollowUp: Summary{N: 100, P95: sessionP95}, Turns: 100, Errors: map[string]int{}, Imbalance: imbalance,
-			HitRate: map[string]float64{"r1": 0.8, "r0": 0.5}}
+			HitRate: map[string]float64{"r1": 0.8, "r0": 0.5},
+			Routes:  map[string]float64{"placed": 20, "stayed": 70, "moved_load": 8, "moved_gone": 2}}
 		if errs > 0 {
 			prefix.Errors["timeout"] = errs
 		}
@@ -101,6 +102,9 @@ func TestMultiturnVerdict(t *testing.T) {
 			}
 			if !strings.Contains(out.String(), tc.wantInText) {
 				t.Errorf("output lacks %q:\n%s", tc.wantInText, out.String())
+			}
+			if !strings.Contains(out.String(), "1.10      -") || !strings.Contains(out.String(), "10%\n") {
+				t.Errorf("the moved column is not '-' for prefix and 10%% (8 + 2 of 100 routes) for session:\n%s", out.String())
 			}
 			if !strings.Contains(out.String(), "50% 80%") {
 				t.Errorf("session's hit rates are not listed in replica order:\n%s", out.String())

@@ -98,6 +98,7 @@ type Config struct {
 	Affinity         router.Affinity `yaml:"-"` // --affinity; session unless given
 	AffinitySessions int             `yaml:"-"` // --affinity-sessions; 0: router.DefaultSessions
 	AffinityBound    float64         `yaml:"-"` // --affinity-load-bound; 0: router.DefaultLoadBound
+	AffinitySlack    int             `yaml:"-"` // --affinity-load-slack; 0: none
 	SlowStart        time.Duration   `yaml:"-"` // --slow-start; 0: off
 	RetryBudget      float64         `yaml:"-"` // --retry-budget; 0: 0.05
 	Hedge            bool            `yaml:"-"` // --hedge; on unless --hedge=false
@@ -203,6 +204,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var((*affinityFlag)(&c.Affinity), "affinity", "keep related requests on one replica, whose engine has their prefix cached: --affinity=off, prefix (same prompt prefix when load is comparable) or session (a conversation's turns, named by x-session-affinity, prompt_cache_key, user or metadata.user_id, within the load bound; the rest by load); a bare --affinity means "+router.DefaultAffinity.String())
 	fs.IntVar(&c.AffinitySessions, "affinity-sessions", router.DefaultSessions, "--affinity=session: recent sessions remembered (least recently used forgotten first)")
 	fs.Float64Var(&c.AffinityBound, "affinity-load-bound", router.DefaultLoadBound, "--affinity=session: a session stays on its replica while that holds at most this factor of the mean requests in flight")
+	fs.IntVar(&c.AffinitySlack, "affinity-load-slack", router.DefaultLoadSlack, "--affinity=session: a session also stays on its replica while that holds at most this many requests above the mean, for small fleets where a factor of the mean is less than one request (0: the factor alone)")
 	fs.DurationVar(&c.SlowStart, "slow-start", router.DefaultSlowStart, "how long a freshly ready replica ramps up to a full share; its load counts double at first (0: off)")
 	fs.DurationVar(&c.TTFTDeadline, "ttft-deadline", 30*time.Second, "an attempt with no first token by then is abandoned and its replica ejected")
 	fs.DurationVar(&c.IdleDeadline, "idle-deadline", 30*time.Second, "a stream silent this long between tokens is cut and its replica ejected")
@@ -567,8 +569,15 @@ func (c *Config) routerConfig() (router.Config, error) {
 	if err != nil {
 		return router.Config{}, fmt.Errorf("--policy: %w", err)
 	}
+	if c.AffinitySlack < 0 {
+		return router.Config{}, fmt.Errorf("--affinity-load-slack %d: must not be negative (0: the load bound's factor alone)", c.AffinitySlack)
+	}
+	slack := c.AffinitySlack
+	if slack == 0 {
+		slack = -1 // the router's 0 is its default
+	}
 	rc := router.Config{
-		Selector: sel, Affinity: c.Affinity, Sessions: c.AffinitySessions, LoadBound: c.AffinityBound, SlowStart: c.SlowStart, ForgetLost: c.ForgetLost,
+		Selector: sel, Affinity: c.Affinity, Sessions: c.AffinitySessions, LoadBound: c.AffinityBound, LoadSlack: slack, SlowStart: c.SlowStart, ForgetLost: c.ForgetLost,
 		Budget: router.BudgetConfig{Ratio: c.RetryBudget},
 		Hedge: router.HedgeConfig{Enabled: c.Hedge, Percentile: c.HedgePercentile, Min: c.HedgeMin, Max: c.HedgeMax,
 			Budget: c.HedgeBudget, Burst: c.HedgeBurst, Models: map[string]router.HedgeModel{}},
