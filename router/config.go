@@ -97,11 +97,8 @@ func (c Config) withDefaults() Config {
 	if c.LoadBound == 0 {
 		c.LoadBound = DefaultLoadBound
 	}
-	switch {
-	case c.LoadSlack == 0:
+	if c.LoadSlack == 0 {
 		c.LoadSlack = DefaultLoadSlack
-	case c.LoadSlack < 0:
-		c.LoadSlack = 0
 	}
 	c.Budget = c.Budget.withDefaults()
 	c.Hedge = c.Hedge.withDefaults()

@@ -163,7 +163,8 @@ func (r *Registry) pickSession(cands []*Replica, key uint64) (*Replica, string) 
 		total += c.Inflight()
 	}
 	mean := float64(total+1) / float64(len(cands))
-	limit := int64(math.Ceil(max(r.cfg.LoadBound*mean, mean+float64(r.cfg.LoadSlack))))
+	slack := float64(max(r.cfg.LoadSlack, 0)) // negative: none
+	limit := int64(math.Ceil(max(r.cfg.LoadBound*mean, mean+slack)))
 	fits := func(c *Replica) bool { return c.Inflight()+1 <= limit }
 	outcome := sessionPlaced
 	if home := r.sessions.get(key); home != nil {
