@@ -79,8 +79,8 @@ func exitErr(p *proc.Process) error {
 func redact(argv []string) []string {
 	secret := func(flag string) bool {
 		flag = strings.ToLower(flag)
-		if !strings.HasPrefix(flag, "-") {
-			return false
+		if !strings.HasPrefix(flag, "-") || strings.HasSuffix(flag, "-per-token") {
+			return false // a rate per token (--sim-prefill-per-token 40µs) is no secret
 		}
 		for _, s := range []string{"key", "token", "secret", "password"} {
 			if strings.HasSuffix(flag, s) {

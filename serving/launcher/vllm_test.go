@@ -160,9 +160,9 @@ func TestVLLMMissingFromPATHIsAClearError(t *testing.T) {
 func TestRedactHidesSecretFlagValues(t *testing.T) {
 	t.Parallel()
 	argv := []string{"/usr/bin/vllm", "serve", "m", "--api-key", "sk-1", "--hf-token=hf_2", "--max-num-batched-tokens", "8192",
-		"--ssl-keyfile", "/k.pem", "--tokenizer", "t"}
+		"--ssl-keyfile", "/k.pem", "--tokenizer", "t", "--sim-prefill-per-token", "40µs"}
 	want := []string{"/usr/bin/vllm", "serve", "m", "--api-key", "REDACTED", "--hf-token=REDACTED", "--max-num-batched-tokens", "8192",
-		"--ssl-keyfile", "/k.pem", "--tokenizer", "t"}
+		"--ssl-keyfile", "/k.pem", "--tokenizer", "t", "--sim-prefill-per-token", "40µs"}
 	if got := redact(argv); !slices.Equal(got, want) {
 		t.Errorf("redact:\n got %q\nwant %q", got, want)
 	}
