@@ -111,7 +111,7 @@ func (s *Store) ReapGateways(ctx context.Context) (gateways, rows int, err error
 		}
 		n, _ := res.RowsAffected()
 		gateways = int(n)
-		res, err = tx.ExecContext(ctx, `UPDATE ledger SET outcome = ?, error = ?
+		res, err = tx.ExecContext(ctx, `UPDATE ledger SET `+liveFigures+`, outcome = ?, error = ?
 			WHERE outcome = ? AND gateway NOT IN (SELECT id FROM gateways)`,
 			OutcomeInterrupted, ClassInterrupted, OutcomeOpen)
 		if err != nil {

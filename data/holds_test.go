@@ -94,6 +94,11 @@ func TestSettleOpenSparesRunningGateways(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The dead one's stream went on to 20 tokens: a refresh of its figures,
+	// as its ledger writer writes it, is what a reap must bill.
+	if _, err := dead.writeLedger(ctx, nil, []LedgerRow{streamRow("req_"+dead.Instance(), tn.ID, OutcomeOpen, 5, 20)}); err != nil {
+		t.Fatal(err)
+	}
 	// A third gateway starts while both run: nothing of theirs is settled.
 	third := openAt(t, url)
 	if n, err := third.SettleOpen(ctx); err != nil || n != 0 {
@@ -110,8 +115,8 @@ func TestSettleOpenSparesRunningGateways(t *testing.T) {
 	if err != nil || gws != 1 || rows != 1 {
 		t.Fatalf("reaped %d gateways, %d rows (%v); want 1, 1", gws, rows, err)
 	}
-	if got := rowByID(t, alive, "req_"+dead.Instance()).Outcome; got != OutcomeInterrupted {
-		t.Fatalf("the dead gateway's stream row is %q, want interrupted", got)
+	if got := rowByID(t, alive, "req_"+dead.Instance()); got.Outcome != OutcomeInterrupted || got.CompletionTokens != 20 {
+		t.Fatalf("the dead gateway's stream row is %q with %d tokens, want interrupted with its last refresh's 20", got.Outcome, got.CompletionTokens)
 	}
 	if got := rowByID(t, alive, "req_"+alive.Instance()).Outcome; got != OutcomeOpen {
 		t.Fatalf("the running gateway's stream row is %q after the reap, want open", got)
@@ -123,8 +128,8 @@ func TestSettleOpenSparesRunningGateways(t *testing.T) {
 	if got := held[tn.ID].Tokens; got != 100 {
 		t.Fatalf("held %d tokens after the reap, want the running gateway's 100", got)
 	}
-	if sp := spendOf(t, alive, tn.ID); sp.Tokens != 12 {
-		t.Fatalf("spent %d tokens, want the interrupted stream's 12", sp.Tokens)
+	if sp := spendOf(t, alive, tn.ID); sp.Tokens != 25 {
+		t.Fatalf("spent %d tokens, want the interrupted stream's 25", sp.Tokens)
 	}
 	checkSpendMatchesLedger(t, alive)
 }

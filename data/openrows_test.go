@@ -35,6 +35,16 @@ func rowByID(t *testing.T, s *Store, id string) LedgerRow {
 	return rows[0]
 }
 
+// liveRows counts the open rows' figures kept apart (ledger_live).
+func liveRows(t *testing.T, s *Store) int {
+	t.Helper()
+	var n int
+	if err := s.read.QueryRow(`SELECT COUNT(*) FROM ledger_live`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func spendOf(t *testing.T, s *Store, tenant int64) Spend {
 	t.Helper()
 	sp, err := s.TenantSpend(context.Background())
@@ -133,12 +143,20 @@ func TestOpenRowIsUpdatedThenReplacedByItsFinalRow(t *testing.T) {
 
 		for c := range int64(20) {
 			w.Open(streamRow("s", 1, OutcomeOK, 10, c)) // Open marks it open whatever it says
+			if c == 0 {
+				if err := w.Flush(ctx); err != nil { // stored: the rest are refreshes
+					t.Fatal(err)
+				}
+			}
 		}
 		if err := w.Flush(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if got := rowByID(t, s, "s"); got.Outcome != OutcomeOpen || got.CompletionTokens != 19 {
 			t.Errorf("after Opens: %s with %d tokens, want open with 19", got.Outcome, got.CompletionTokens)
+		}
+		if n := liveRows(t, s); n != 1 {
+			t.Errorf("%d rows of live figures after refreshes, want the stream's 1", n)
 		}
 		if sp := spendOf(t, s, 1); sp != (Spend{}) {
 			t.Errorf("an open row is spend already: %+v", sp)
@@ -152,6 +170,9 @@ func TestOpenRowIsUpdatedThenReplacedByItsFinalRow(t *testing.T) {
 		}
 		if got := rowByID(t, s, "s"); got.Outcome != OutcomeOK || got.CompletionTokens != 25 {
 			t.Errorf("after Commit: %s with %d tokens, want ok with 25", got.Outcome, got.CompletionTokens)
+		}
+		if n := liveRows(t, s); n != 0 {
+			t.Errorf("%d rows of live figures once the stream's row is final, want none", n)
 		}
 		// A late update and a repeated final change nothing.
 		w.Open(streamRow("s", 1, OutcomeOpen, 10, 30))

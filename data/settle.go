@@ -8,8 +8,9 @@ import (
 
 // SettleOpen settles the ledger rows a previous run left open: every row
 // still [OutcomeOpen] becomes [OutcomeInterrupted] with error class
-// [ClassInterrupted], billed at the tokens and cost the row last carried
-// (what the gateway last recorded as delivered to the client). It returns
+// [ClassInterrupted], billed at the tokens and cost the row last carried,
+// its last refresh's in ledger_live (what the gateway last recorded as
+// delivered to the client). It returns
 // how many rows it settled.
 //
 // The status stays what the open row says: the status line the client got,
@@ -37,13 +38,19 @@ func (s *Store) SettleOpen(ctx context.Context) (n int, err error) {
 		return n, nil
 	}
 	err = s.writeTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE ledger SET outcome = ?, error = ? WHERE outcome = ?`,
+		res, err := tx.ExecContext(ctx, `UPDATE ledger SET `+liveFigures+`, outcome = ?, error = ? WHERE outcome = ?`,
 			OutcomeInterrupted, ClassInterrupted, OutcomeOpen)
 		if err != nil {
 			return err
 		}
 		m, err := res.RowsAffected()
 		n = int(m)
+		if err != nil {
+			return err
+		}
+		// No row is open now: what is left are the figures of rows made
+		// final before a refresh of theirs was written (harmless, unread).
+		_, err = tx.ExecContext(ctx, `DELETE FROM ledger_live`)
 		return err
 	})
 	if err != nil {

@@ -354,12 +354,16 @@ func (s *Store) TenantSpend(ctx context.Context) (map[int64]Spend, error) {
 	return out, nil
 }
 
+// ledgerSelect reads ledger rows; an open row's figures are its last
+// refresh's (ledger_live), when it had one.
 const ledgerSelect = `SELECT COALESCE(t.name, ''), l.id, l.ts, l.tenant_id, l.key_id, l.model, l.upstream, l.stream,
-	l.prompt_tokens, l.completion_tokens, l.hedge_overhead_tokens, l.cost_micros,
+	COALESCE(v.prompt_tokens, l.prompt_tokens), COALESCE(v.completion_tokens, l.completion_tokens),
+	COALESCE(v.hedge_overhead_tokens, l.hedge_overhead_tokens), COALESCE(v.cost_micros, l.cost_micros),
 	l.status, l.outcome, l.error, l.attempts, l.hedged,
 	l.gateway_us, l.connect_us, l.upstream_ttft_us, l.engine_queue_us,
 	l.engine_ttft_us, l.network_us, l.ttft_us, l.total_us, l.priority, l.queue_us, l.hold_us
-	FROM ledger l LEFT JOIN tenants t ON t.id = l.tenant_id`
+	FROM ledger l LEFT JOIN tenants t ON t.id = l.tenant_id
+	LEFT JOIN ledger_live v ON v.id = l.id AND l.outcome = 'open'`
 
 func scanLedger(r rowScanner) (LedgerRow, error) {
 	var l LedgerRow
