@@ -79,11 +79,15 @@ func ledgerRefreshSQL(rows int) string {
 
 // liveFigures is the SET list that gives an open row the figures its last
 // refresh left in ledger_live (the row's own where there are none): what
-// settling an open row bills.
-const liveFigures = `prompt_tokens = COALESCE((SELECT v.prompt_tokens FROM ledger_live v WHERE v.id = ledger.id), prompt_tokens),
-	completion_tokens = COALESCE((SELECT v.completion_tokens FROM ledger_live v WHERE v.id = ledger.id), completion_tokens),
-	hedge_overhead_tokens = COALESCE((SELECT v.hedge_overhead_tokens FROM ledger_live v WHERE v.id = ledger.id), hedge_overhead_tokens),
-	cost_micros = COALESCE((SELECT v.cost_micros FROM ledger_live v WHERE v.id = ledger.id), cost_micros)`
+// settling an open row bills. It names refreshCols, so a figure a refresh
+// writes is one settling bills.
+var liveFigures = func() string {
+	set := make([]string, len(refreshCols))
+	for i, c := range refreshCols {
+		set[i] = fmt.Sprintf("%[1]s = COALESCE((SELECT v.%[1]s FROM ledger_live v WHERE v.id = ledger.id), %[1]s)", c)
+	}
+	return strings.Join(set, ", ")
+}()
 
 func ledgerInsertSQL(rows int) string {
 	one := "(" + strings.TrimSuffix(strings.Repeat("?,", len(ledgerCols)), ",") + ")"
