@@ -73,7 +73,7 @@ func TestCommitSharesOneTransactionAmongConcurrentCallers(t *testing.T) {
 	}
 }
 
-func TestCommitHonoursContextAndKeepsTheRow(t *testing.T) {
+func TestCommitHonoursContextAndCommitWaitAndKeepsTheRow(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, e engineCase) {
 		s := e.open(t)
 		w := s.NewLedgerWriter(LedgerConfig{}, nil) // not running: nothing commits
@@ -82,11 +82,18 @@ func TestCommitHonoursContextAndKeepsTheRow(t *testing.T) {
 		if err := w.Commit(ctx, streamRow("r", 1, OutcomeOK, 1, 1)); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("Commit with an expired context = %v, want DeadlineExceeded", err)
 		}
+		// The writer's own bound, for a caller whose context never ends.
+		w.cfg.CommitWait = 10 * time.Millisecond
+		if err := w.Commit(context.Background(), streamRow("r2", 1, OutcomeOK, 1, 1)); !errors.Is(err, ErrCommitWait) {
+			t.Errorf("Commit past CommitWait = %v, want ErrCommitWait", err)
+		}
 		if err := w.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if n := countRowsWithID(t, s, "r"); n != 1 {
-			t.Errorf("row of a timed-out Commit stored %d times after Close, want 1", n)
+		for _, id := range []string{"r", "r2"} {
+			if n := countRowsWithID(t, s, id); n != 1 {
+				t.Errorf("row of a timed-out Commit stored %d times after Close, want 1", n)
+			}
 		}
 		// After Close, Commit writes the row itself.
 		if err := w.Commit(context.Background(), streamRow("late", 1, OutcomeOK, 1, 1)); err != nil {

@@ -2,7 +2,9 @@ package data
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tailgate-dev/tailgate/data/commitlog"
 )
@@ -34,7 +36,8 @@ func (w *LedgerWriter) Add(row LedgerRow) {
 // else when the attempt that carried the row failed): the row is not
 // committed and no longer held — the caller decides what happened instead
 // (an answer withheld, a stream cut) and records that with Add. ctx's error
-// means ctx ended first: the row stays queued and is written when it can be,
+// means ctx ended first, and an error wrapping [ErrCommitWait] that
+// CommitWait passed: the row stays queued and is written when it can be,
 // like a row given to Add. Like Add, Commit waits for room while the writer
 // holds Buffer rows, whatever ctx.
 func (w *LedgerWriter) Commit(ctx context.Context, row LedgerRow) error {
@@ -57,6 +60,8 @@ func (w *LedgerWriter) Commit(ctx context.Context, row LedgerRow) error {
 		w.doneChans.Put(done)
 		return w.writeNow(row)
 	}
+	t := time.NewTimer(w.cfg.CommitWait)
+	defer t.Stop()
 	select {
 	case err := <-done:
 		w.doneChans.Put(done) // sent to once, and drained
@@ -64,8 +69,15 @@ func (w *LedgerWriter) Commit(ctx context.Context, row LedgerRow) error {
 	case <-ctx.Done():
 		// The writer still sends to done: it is not reused.
 		return fmt.Errorf("commit ledger row: %w", ctx.Err())
+	case <-t.C:
+		return fmt.Errorf("commit ledger row: %w after %v", ErrCommitWait, w.cfg.CommitWait)
 	}
 }
+
+// ErrCommitWait is what Commit's error wraps when the transaction holding
+// its row did not commit within LedgerConfig.CommitWait: the row stays
+// queued.
+var ErrCommitWait = errors.New("ledger transaction still pending")
 
 // Open records a stream in progress: row (its Outcome is set to
 // [OutcomeOpen]) is written soon, with the next transaction or within

@@ -183,7 +183,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 			over := cl.overhead
 			s.hedgeOverhead(cl, c)
 			cl.outcome = data.OutcomeOK
-			if err := s.settle(ctx, cl, ticket, true); err != nil {
+			if err := s.settle(cl, ticket, true); err != nil {
 				cl.overhead = over // counted again on the way out
 				return err
 			}
@@ -239,7 +239,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 			out.error(cl, ae)
 		}
 	}
-	s.settle(ctx, cl, ticket, false)
+	s.settle(cl, ticket, false)
 }
 
 // deliverJSON sends a whole JSON answer once done has committed its ledger
@@ -393,7 +393,7 @@ func (s *Server) conclude(ctx context.Context, cl *call, err error) *apierr.Erro
 // is committed (the answer's final bytes go out after it). If the ledger
 // cannot commit it, settle settles and records nothing and returns an
 // *unbilledError: the caller stops the answer and settles again.
-func (s *Server) settle(ctx context.Context, cl *call, ticket *policy.Ticket, commit bool) error {
+func (s *Server) settle(cl *call, ticket *policy.Ticket, commit bool) error {
 	if cl.stages.Total < 0 {
 		cl.stages.Total = time.Since(cl.start)
 	}
@@ -407,11 +407,10 @@ func (s *Server) settle(ctx context.Context, cl *call, ticket *policy.Ticket, co
 		return nil
 	}
 	// The client's going away does not stop the row. A ledger that cannot
-	// write gives it back; one that is only slow keeps it queued.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
+	// write gives it back; one that is only slow keeps it queued (the
+	// writer's CommitWait).
 	lc := cl.trace.commit()
-	err := s.ledger.Commit(cctx, s.finalRow(cl, ticket.Cost(cl.usage)))
+	err := s.ledger.Commit(context.Background(), s.finalRow(cl, ticket.Cost(cl.usage)))
 	lc.committed(err)
 	if err != nil {
 		if errors.Is(err, data.ErrLedgerUnavailable) {
