@@ -375,13 +375,31 @@ func reportedUsage(payload []byte, prev policy.Usage) (policy.Usage, bool) {
 	if !u.IsObject() {
 		return prev, false
 	}
-	in := max(u.Get("prompt_tokens").Int(), u.Get("input_tokens").Int())
-	out := max(u.Get("completion_tokens").Int(), u.Get("output_tokens").Int())
+	// One walk of the object for its seven members (a Get each walked it
+	// seven times); the first of a repeated key counts, as for Get.
+	var m [len(usageKeys)]gjson.Result
+	u.ForEach(func(k, v gjson.Result) bool {
+		for i, name := range usageKeys {
+			if k.Str == name {
+				if !m[i].Exists() {
+					m[i] = v
+				}
+				break
+			}
+		}
+		return true
+	})
+	in := max(m[0].Int(), m[1].Int())
+	out := max(m[2].Int(), m[3].Int())
 	if in == 0 && out == 0 {
-		in = u.Get("total_tokens").Int()
+		in = m[4].Int()
 	}
-	if u.Get("type").Str == "duration" {
-		in = audioTokensPerSecond * u.Get("seconds").Int()
+	if m[5].Str == "duration" {
+		in = audioTokensPerSecond * m[6].Int()
 	}
 	return policy.Usage{PromptTokens: max(prev.PromptTokens, in), CompletionTokens: max(prev.CompletionTokens, out)}, true
 }
+
+// usageKeys are the members of a usage object reportedUsage reads, in the
+// order of its m.
+var usageKeys = [...]string{"prompt_tokens", "input_tokens", "completion_tokens", "output_tokens", "total_tokens", "type", "seconds"}
