@@ -375,20 +375,8 @@ func reportedUsage(payload []byte, prev policy.Usage) (policy.Usage, bool) {
 	if !u.IsObject() {
 		return prev, false
 	}
-	// One walk of the object for its seven members (a Get each walked it
-	// seven times); the first of a repeated key counts, as for Get.
 	var m [len(usageKeys)]gjson.Result
-	u.ForEach(func(k, v gjson.Result) bool {
-		for i, name := range usageKeys {
-			if k.Str == name {
-				if !m[i].Exists() {
-					m[i] = v
-				}
-				break
-			}
-		}
-		return true
-	})
+	members(u, usageKeys[:], m[:])
 	in := max(m[0].Int(), m[1].Int())
 	out := max(m[2].Int(), m[3].Int())
 	if in == 0 && out == 0 {

@@ -57,3 +57,20 @@ func BenchmarkReadFields(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkParseRequest: all parseRequest does with a chat request, short
+// and of 40 turns.
+func BenchmarkParseRequest(b *testing.B) {
+	lim := parseLimits{maxDepth: 64, mediaPart: DefaultMediaPartTokens, defaultMax: func(string) int64 { return 1024 }}
+	for _, name := range []string{"short chat", "40 turns"} {
+		body := []byte(requestBodies()[name])
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := parseRequest(chatEndpoint, body, "", lim); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
