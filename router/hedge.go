@@ -130,7 +130,7 @@ type hedger struct {
 	now func() time.Time
 
 	mu      sync.Mutex
-	models  map[string]*ttftWindow  // by hedgeKey
+	models  map[windowKey]*ttftWindow
 	paces   map[string]*ttftWindow  // by model: time per output token
 	budgets map[string]*hedgeBudget // by model
 }
@@ -185,7 +185,7 @@ func (c HedgeConfig) withDefaults() HedgeConfig {
 }
 
 func newHedger(cfg HedgeConfig, now func() time.Time) *hedger {
-	return &hedger{cfg: cfg.withDefaults(), now: now, models: map[string]*ttftWindow{}, paces: map[string]*ttftWindow{}, budgets: map[string]*hedgeBudget{}}
+	return &hedger{cfg: cfg.withDefaults(), now: now, models: map[windowKey]*ttftWindow{}, paces: map[string]*ttftWindow{}, budgets: map[string]*hedgeBudget{}}
 }
 
 // hedgeSettings is one model's hedging, the defaults and its override merged.
@@ -224,16 +224,25 @@ func (h *hedger) settings(model string) hedgeSettings {
 func (h *hedger) window(model string, stream bool) *ttftWindow {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.windowLocked(h.models, hedgeKey(model, stream), model, stream)
+	return windowIn(h, h.models, windowKey{model, stream}, model, stream)
 }
 
 func (h *hedger) paceWindow(model string) *ttftWindow {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.windowLocked(h.paces, model, model, false)
+	return windowIn(h, h.paces, model, model, false)
 }
 
-func (h *hedger) windowLocked(in map[string]*ttftWindow, key, model string, stream bool) *ttftWindow {
+// windowKey names a model's window of streams or of JSON answers. (A string
+// made of both cost every request an allocation to look its window up.)
+type windowKey struct {
+	model  string
+	stream bool
+}
+
+// windowIn returns in's window for key, made for model's streams or JSON
+// answers the first time; h.mu is held.
+func windowIn[K comparable](h *hedger, in map[K]*ttftWindow, key K, model string, stream bool) *ttftWindow {
 	w := in[key]
 	if w == nil {
 		w = &ttftWindow{model: model, stream: stream, samples: make([]time.Duration, h.cfg.Window)}
@@ -436,13 +445,6 @@ func (h *hedger) levels() map[string]float64 {
 // answers (for the admin API and tests).
 func (r *Registry) HedgeDelay(model string, stream bool) (time.Duration, bool) {
 	return r.hedges.delay(model, stream)
-}
-
-func hedgeKey(model string, stream bool) string {
-	if stream {
-		return model
-	}
-	return model + "\x00json"
 }
 
 // RecentTTFT returns model's recent request-level time to first token at
