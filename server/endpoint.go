@@ -375,19 +375,26 @@ func reportedUsage(payload []byte, prev policy.Usage) (policy.Usage, bool) {
 	if !u.IsObject() {
 		return prev, false
 	}
+	in, out := usageTokens(u)
+	return policy.Usage{PromptTokens: max(prev.PromptTokens, in), CompletionTokens: max(prev.CompletionTokens, out)}, true
+}
+
+// usageTokens reads a usage object's prompt and completion tokens, in one
+// walk of it (a Get for each of its members walked it seven times).
+func usageTokens(u gjson.Result) (in, out int64) {
 	var m [len(usageKeys)]gjson.Result
 	members(u, usageKeys[:], m[:])
-	in := max(m[0].Int(), m[1].Int())
-	out := max(m[2].Int(), m[3].Int())
+	in = max(m[0].Int(), m[1].Int())
+	out = max(m[2].Int(), m[3].Int())
 	if in == 0 && out == 0 {
 		in = m[4].Int()
 	}
 	if m[5].Str == "duration" {
 		in = audioTokensPerSecond * m[6].Int()
 	}
-	return policy.Usage{PromptTokens: max(prev.PromptTokens, in), CompletionTokens: max(prev.CompletionTokens, out)}, true
+	return in, out
 }
 
-// usageKeys are the members of a usage object reportedUsage reads, in the
+// usageKeys are the members of a usage object usageTokens reads, in the
 // order of its m.
 var usageKeys = [...]string{"prompt_tokens", "input_tokens", "completion_tokens", "output_tokens", "total_tokens", "type", "seconds"}
