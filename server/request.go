@@ -175,10 +175,8 @@ func parseRequest(ep endpoint, body []byte, ctype string, lim parseLimits) (*par
 		i := 0
 		var bad error
 		messages.ForEach(func(_, m gjson.Result) bool {
-			var rc [2]gjson.Result // role, content
-			if m.IsObject() {
-				members(m, roleContent[:], rc[:])
-			}
+			var rc [2]gjson.Result // role, content; none for a non-object
+			members(m, roleContent[:], rc[:])
 			if !m.IsObject() || rc[0].Type != gjson.String {
 				bad = apierr.BadRequest("messages", "messages[%d] must be an object with a string role", i)
 				return false
