@@ -129,7 +129,7 @@ type hedger struct {
 	cfg HedgeConfig
 	now func() time.Time
 
-	mu      sync.Mutex
+	mu      sync.Mutex // the maps only: every request looks its window and budget up
 	models  map[windowKey]*ttftWindow
 	paces   map[string]*ttftWindow  // by model: time per output token
 	budgets map[string]*hedgeBudget // by model
@@ -137,17 +137,31 @@ type hedger struct {
 
 // ttftWindow is a model's recent samples of one duration — time to first
 // token, or time per output token after it — and their percentile.
+//
+// Every request adds a sample; every few samples one of them sorts a copy
+// of the window to refresh the percentile. The sort holds no lock a request
+// waits on: with it under the hedger's one lock, a sorting goroutine
+// descheduled by a GC phase held up every request's budget lookup behind it
+// (2 ms convoys in an execution trace at 1000 req/s on 2 cores).
 type ttftWindow struct {
-	model   string
-	stream  bool
+	model  string
+	stream bool
+
+	mu      sync.Mutex      // samples, next, full, seen
 	samples []time.Duration // ring
 	next    int
 	full    bool
 	seen    int
-	delay   atomic.Int64 // cached percentile in ns; 0 = not enough samples
+
+	delay atomic.Int64 // cached percentile in ns; 0 = not enough samples
+
+	refreshing atomic.Bool     // one refresh at a time; a sample due while one runs skips it
+	spare      []time.Duration // the refresher's buffer, the last sort but one
+
 	// sorted are the samples as of the last refresh of delay, sorted, and
 	// lo, hi its clamp: other percentiles (a group part's) are read from
-	// them. nil before MinSamples.
+	// them. nil before MinSamples. A refresh swaps them in under snap.
+	snap   sync.RWMutex
 	sorted []time.Duration
 	lo, hi time.Duration
 }
@@ -280,8 +294,7 @@ func (h *hedger) observePace(model string, d time.Duration) {
 // add puts d in w and refreshes w's percentile p, clamped to [lo, hi],
 // every few samples.
 func (h *hedger) add(w *ttftWindow, d time.Duration, p float64, lo, hi time.Duration) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	w.mu.Lock()
 	w.samples[w.next] = d
 	w.next = (w.next + 1) % len(w.samples)
 	if w.next == 0 {
@@ -293,20 +306,28 @@ func (h *hedger) add(w *ttftWindow, d time.Duration, p float64, lo, hi time.Dura
 		n = len(w.samples)
 	}
 	// Refreshed every 8 samples while the window fills, then every 1/32
-	// of the window: a sort of the whole window per refresh, on every
-	// request's path, for a percentile that moves slowly once it is full.
+	// of the window: a sort of the whole window per refresh, by the request
+	// whose sample made it due, for a percentile that moves slowly once it
+	// is full.
 	every := max(8, n/32)
-	if n < h.cfg.MinSamples || (w.seen%every != 0 && w.delay.Load() != 0) {
+	if n < h.cfg.MinSamples || (w.seen%every != 0 && w.delay.Load() != 0) || !w.refreshing.CompareAndSwap(false, true) {
+		w.mu.Unlock()
 		return
 	}
-	w.sorted = append(w.sorted[:0], w.samples[:n]...)
-	slices.Sort(w.sorted)
+	buf := append(w.spare[:0], w.samples[:n]...)
+	w.mu.Unlock()
+	slices.Sort(buf)
+	w.snap.Lock()
+	w.sorted, w.spare = buf, w.sorted
 	w.lo, w.hi = lo, hi
-	w.delay.Store(int64(w.quantileLocked(p)))
+	q := w.quantileLocked(p)
+	w.snap.Unlock()
+	w.delay.Store(int64(q))
+	w.refreshing.Store(false)
 }
 
 // quantileLocked returns w's percentile p as of its last refresh, clamped;
-// 0 before it has one. h.mu must be held.
+// 0 before it has one. w.snap must be held.
 func (w *ttftWindow) quantileLocked(p float64) time.Duration {
 	n := len(w.sorted)
 	if n == 0 {
@@ -322,8 +343,8 @@ func (h *hedger) at(w *ttftWindow, p float64) (time.Duration, bool) {
 		d := w.delay.Load()
 		return time.Duration(d), d > 0
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	w.snap.RLock()
+	defer w.snap.RUnlock()
 	d := w.quantileLocked(p)
 	return d, d > 0
 }

@@ -284,3 +284,49 @@ func TestFanOutPartsHedgeTogetherPastTheBurst(t *testing.T) {
 		})
 	}
 }
+
+// Requests add samples and read percentiles of one window at once: the
+// refresh that sorts it runs beside them (under -race in the test script),
+// every value read is one of the samples, clamped, and the window ends at
+// the percentile of what it last held.
+func TestHedgeWindowIsReadWhileItIsRefreshed(t *testing.T) {
+	h := newHedger(HedgeConfig{Enabled: true, Percentile: 0.9, MinSamples: 50, Window: 256, Min: time.Millisecond, Max: time.Second}, time.Now)
+	var wg sync.WaitGroup
+	bad := make(chan string, 8)
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 2000 {
+				h.observe("m", false, time.Duration(1+(i+w)%50)*time.Millisecond)
+				h.observePace("m", time.Duration(1+i%7)*time.Millisecond)
+			}
+		})
+		wg.Go(func() {
+			for range 2000 {
+				for _, n := range []int{1, 4, 16} {
+					if d, ok := h.delayFor("m", false, n); ok && (d < time.Millisecond || d > 50*time.Millisecond) {
+						select {
+						case bad <- d.String():
+						default:
+						}
+					}
+				}
+				h.grace("m", false, 40*time.Millisecond)
+				h.pace("m", 4)
+				h.budget("m")
+				h.levels()
+				h.delays()
+			}
+		})
+	}
+	wg.Wait()
+	close(bad)
+	for d := range bad {
+		t.Errorf("a percentile read while the window was refreshed is %s, outside the samples 1ms..50ms", d)
+	}
+	for range 256 {
+		h.observe("m", false, 7*time.Millisecond)
+	}
+	if d, ok := h.delay("m", false); !ok || d != 7*time.Millisecond {
+		t.Fatalf("delay = %v %v after a window of 7ms samples, want 7ms", d, ok)
+	}
+}
