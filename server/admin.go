@@ -38,6 +38,7 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 
 	metrics := promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{})
 	e.GET("/metrics", echo.WrapHandler(metrics), guard)
+	s.profileRoutes(e, guard)
 
 	a := e.Group("/admin/v1", guard)
 	a.GET("/keys", s.handleGetKeys)

@@ -22,6 +22,7 @@ import (
 func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
+		defer requestTask(r)()
 		s.m.inflight.Inc()
 		defer s.m.inflight.Dec()
 
