@@ -3,9 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"runtime/trace"
 	"strings"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
