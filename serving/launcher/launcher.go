@@ -321,12 +321,12 @@ func (l *Launcher) Run(ctx context.Context) error {
 	if !l.ran.CompareAndSwap(false, true) {
 		return errors.New("launcher: Run called twice")
 	}
-	dir, err := socketDir()
+	dir, release, err := socketDir(l.log)
 	if err != nil {
 		l.setState(serving.StateFailed, err.Error())
 		return fmt.Errorf("launcher: %w", err)
 	}
-	defer os.RemoveAll(dir)
+	defer release()
 	l.mu.Lock()
 	l.socket = filepath.Join(dir, socketName)
 	l.mu.Unlock()
