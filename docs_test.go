@@ -339,6 +339,7 @@ var foreignFlags = map[string]string{
 	"flag": "a placeholder (--flag or -flag)", "no-enable-prefix-caching": "vLLM", "otlp-traces-endpoint": "vLLM", "version": "tailgate --version, the version command",
 	"enable-sleep-mode":  "vLLM (worker --sleep-mode sets it)",
 	"metadata-from-file": "gcloud compute instances create (docs/capacity.md, preemption notices)",
+	"show":               "bench/tailtrace (docs/operations.md, profiling the gateway)",
 }
 
 // TestDocumentedFlagsExist: a flag named anywhere in the README and docs/
