@@ -126,7 +126,19 @@ func (s *Sidecar) handlePostWakeUp(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.sleep.gen++
 		s.mu.Unlock()
-		_ = s.scrape(context.WithoutCancel(r.Context()))
+		if s.scrape(context.WithoutCancel(r.Context())) != nil {
+			// vLLM's /wake_up answers once the engine is awake. A reading
+			// that did not come in time (a scrape has most of an
+			// interval) is no reason to keep the last one, taken while it
+			// slept: the next scrape reads the rest.
+			s.mu.Lock()
+			if e := s.scraped.Load(); e != nil && e.SleepState != serving.SleepAwake && e.SleepState != "" {
+				awake := *e
+				awake.SleepState = serving.SleepAwake
+				s.scraped.Store(&awake)
+			}
+			s.mu.Unlock()
+		}
 	}
 	s.mu.Lock()
 	s.sleep.waking = false

@@ -4,7 +4,11 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,4 +133,49 @@ func generations(e *engine) int {
 		}
 	}
 	return n
+}
+
+// An engine whose /wake_up answered is awake: the sidecar says ready even
+// when its reading of the engine's metrics right after does not come in
+// time (vLLM's /metrics can be slow; a scrape has most of an interval),
+// instead of repeating the reading it took while the engine slept.
+func TestWakeUpSaysReadyWhenTheScrapeAfterItIsLate(t *testing.T) {
+	eng := startEngine(t, sim.Config{Model: "m", SleepMode: true, WakeDelay: time.Millisecond, WakeDelayLevel2: time.Millisecond})
+	target, _ := url.Parse(eng.srv.URL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var slowMetrics atomic.Bool
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" && slowMetrics.Load() {
+			select { // far past the scrape's 16 ms; bounded
+			case <-r.Context().Done():
+				return
+			case <-time.After(2 * time.Second):
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	s, sc := startSidecar(t, front.URL, func(c *Config) {
+		c.SleepMode = true
+		c.ScrapeInterval = 20 * time.Millisecond
+	})
+	runSidecar(t, s)
+
+	status, _, body := send(t, context.Background(), http.MethodPost, sc.URL+"/sleep?level=1", "")
+	if status != http.StatusOK {
+		t.Fatalf("POST /sleep: %d %s", status, body)
+	}
+	testkit.WaitFor(t, "the engine's sleep read from its metrics", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.sleepReason() != ""
+	})
+	slowMetrics.Store(true)
+	status, _, body = send(t, context.Background(), http.MethodPost, sc.URL+"/wake_up", "")
+	if status != http.StatusOK || !strings.Contains(string(body), `"state":"ready"`) {
+		t.Fatalf("POST /wake_up with the engine's metrics late: %d %s, want 200 ready", status, body)
+	}
+	if state, reason := s.State(); state != serving.StateReady {
+		t.Fatalf("State() = %q %q after the wake, want ready", state, reason)
+	}
 }
