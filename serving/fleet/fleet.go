@@ -219,7 +219,10 @@ func maps(m map[string]Model) map[string]Model {
 }
 
 // CanStart reports whether model is managed and below its maximum, or a
-// replica it started has not registered yet (a replacement on its way).
+// replica it started has not registered yet (a replacement on its way), or
+// one of its replicas is drained by its worker: the controller's next look
+// replaces it at once, even at the maximum, so a request that finds the
+// model's only replica draining before that look is worth holding.
 func (c *Controller) CanStart(model string) bool {
 	m, ok := c.cfg.Models[model]
 	if !ok {
@@ -231,7 +234,10 @@ func (c *Controller) CanStart(model string) bool {
 		return true
 	}
 	for _, r := range c.replicas {
-		if r.model == model && c.reg.Get(r.id) == nil {
+		if r.model != model {
+			continue
+		}
+		if rep := c.reg.Get(r.id); rep == nil || rep.State() == router.StateDraining {
 			return true
 		}
 	}

@@ -107,3 +107,35 @@ func TestStatusShowsAFailingProvider(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// Between a worker's draining heartbeat and the controller's next look, a
+// request for the model finds its only replica draining: a replacement is
+// coming (it is started at once, even at Max), so the request is worth
+// holding — CanStart says so — instead of refused with no_replica.
+func TestDrainingReplicaAtMaxLeavesRoomForItsReplacement(t *testing.T) {
+	c, reg, _, _ := newTestController(t, Model{Min: 1, Max: 1}, nil)
+	c.cfg.Interval = time.Hour // no look but the ones asked for
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitUntil(t, "min 1 ready", func() bool { return reg.ReadyFor("m") })
+	if c.CanStart("m") {
+		t.Fatal("CanStart at max with the replica ready")
+	}
+	old := c.Replicas("m")[0]
+	reg.Get(old).SetState(router.StateDraining, "preempted: notice file /run/tailgate/preempt appeared")
+	if !c.CanStart("m") {
+		t.Fatal("CanStart is false while the model's only replica drains and its replacement is owed: a request in this window is refused")
+	}
+	c.Wake("m")
+	waitUntil(t, "the replacement ready", func() bool {
+		ids := c.Replicas("m")
+		return len(ids) == 1 && ids[0] != old && reg.ReadyFor("m")
+	})
+	if c.CanStart("m") {
+		t.Fatal("CanStart at max once the replacement is ready")
+	}
+	cancel()
+	<-done
+}
