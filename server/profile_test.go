@@ -20,19 +20,27 @@ func TestExecutionTraceFromTheAdminListenerHasATaskPerRequest(t *testing.T) {
 	h := servertest.Start(t, servertest.Options{Replicas: 1})
 	k := h.Key(policy.KeyOptions{})
 
-	get := func(path, token string) (int, []byte) {
-		t.Helper()
+	// fetch is safe off the test's goroutine: it fails nothing itself.
+	fetch := func(path, token string) (int, []byte, error) {
 		req, _ := http.NewRequest(http.MethodGet, h.Admin.URL+path, nil)
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			t.Fatal(err)
+			return 0, nil, err
 		}
 		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, body
+		body, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, body, err
+	}
+	get := func(path, token string) (int, []byte) {
+		t.Helper()
+		code, body, err := fetch(path, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return code, body
 	}
 	if code, _ := get("/debug/pprof/heap", ""); code != http.StatusUnauthorized {
 		t.Fatalf("a heap profile without the admin token: %d, want 401", code)
@@ -47,11 +55,12 @@ func TestExecutionTraceFromTheAdminListenerHasATaskPerRequest(t *testing.T) {
 	type result struct {
 		code int
 		body []byte
+		err  error
 	}
 	traced := make(chan result, 1)
 	go func() {
-		code, body := get("/debug/pprof/trace?seconds=1", servertest.AdminToken)
-		traced <- result{code, body}
+		code, body, err := fetch("/debug/pprof/trace?seconds=1", servertest.AdminToken)
+		traced <- result{code, body, err}
 	}()
 	var tr result
 	sent := 0
@@ -69,8 +78,11 @@ loop:
 		}
 		sent++
 	}
-	if tr.body == nil {
+	if tr.code == 0 && tr.err == nil {
 		tr = <-traced
+	}
+	if tr.err != nil {
+		t.Fatalf("the execution trace: %v", tr.err)
 	}
 	if tr.code != http.StatusOK {
 		t.Fatalf("the execution trace: %d %s", tr.code, tr.body)
