@@ -388,8 +388,8 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 	// 2 KiB reader (readerPool); a larger read goes past the buffer, so a
 	// long answer costs no more reads. Against 4 KiB (net/http's own) it
 	// saved 2.3 KiB of heap per open stream (TestOpenStreamMemoryIsBounded,
-	// three runs each: 56.9-58.3 KiB against 58.6-59.6 KiB for the whole
-	// test's stream), twice that in resident memory once the GC's headroom
+	// three runs each: 66.6-68.7 KB against 69.3-70.7 KB through the
+	// gateway), twice that in resident memory once the GC's headroom
 	// is counted, at the same CPU per relayed event (BenchmarkStreamRelay,
 	// -count 4: 3.39-4.15 against 3.21-3.90 µs); 8 KiB cost 4 KiB more.
 	// Pooled request writers are the same size: a larger body is written
