@@ -19,7 +19,7 @@ import (
 )
 
 // streamMemBound is the most memory one open stream may hold in the
-// gateway: its heap and goroutine stacks, measured after a GC with every
+// gateway: its heap and goroutine stacks, measured after two GCs with every
 // stream between two chunks. docs/benchmarking.md states it; the gateway
 // also holds the connection to the client and the one to the engine, both
 // counted here. Measured at 51–54 KB when it was set (three runs). It was
@@ -75,7 +75,7 @@ func kb(b int64) string { return fmt.Sprintf("%.1f KB", float64(b)/1024) }
 
 // openStreamsCost opens n streams to base, waits until each has had its
 // first content chunk, and returns the growth of the heap in use and the
-// goroutine stacks (after a GC) while they are open, then ends them.
+// goroutine stacks (after two GCs, see memNow) while they are open, then ends them.
 func openStreamsCost(t *testing.T, base, secret, body string, n int) streamsCost {
 	t.Helper()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n, DisableCompression: true}}
