@@ -48,6 +48,7 @@ var endpoints = []endpoint{
 	completionEndpoint,
 	{path: "/v1/responses", read: readResponses, events: sse.ResponseEvents, stream: true, capField: "max_output_tokens", generates: true},
 	{path: "/v1/messages", read: readMessages, events: sse.MessageEvents, stream: true, capField: "max_tokens", generates: true},
+	{path: "/v1/messages/count_tokens", read: readCountTokens},
 	{path: "/v1/embeddings", read: readInputs},
 	{path: "/v1/rerank", read: readPairs},
 	{path: "/rerank", read: readPairs},

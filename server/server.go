@@ -407,7 +407,11 @@ func (s *Server) Public() http.Handler {
 	v1.GET("/models", s.handleGetModels)
 	v1.GET("/models/:id", s.handleGetModel)
 	for _, ep := range endpoints {
-		e.POST(ep.path, s.handleGenerate(ep))
+		h := s.handleGenerate(ep)
+		if isMessagesPath(ep.path) {
+			h = anthropicErrors(h)
+		}
+		e.POST(ep.path, h)
 	}
 	s.batches.Routes(v1)
 	return e
@@ -448,12 +452,15 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
-// authenticate resolves the request's bearer key; a refused one is counted
-// and logged (see authFailures).
+// authenticate resolves the request's API key (see apiKey); a refused one
+// is counted and logged (see authFailures).
 func (s *Server) authenticate(c echo.Context) (*policy.Principal, error) {
-	secret := bearer(c.Request())
+	secret := apiKey(c)
 	if secret == "" {
 		s.auth.refused(authMissing, "", "remote", c.Request().RemoteAddr, "path", c.Path())
+		if isMessagesPath(c.Path()) {
+			return nil, errMissingMessagesKey
+		}
 		return nil, errMissingKey
 	}
 	p, err := s.gate.Authenticate(c.Request().Context(), secret)

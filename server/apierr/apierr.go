@@ -1,6 +1,7 @@
 // Package apierr is the one definition of OpenAI's error shape for
 // tailgate's HTTP APIs: {"error":{"message","type","param","code"}} with a
-// matching status and, when the client should back off, Retry-After.
+// matching status and, when the client should back off, Retry-After; and,
+// on Anthropic's Messages API, of that API's shape (anthropic.go).
 //
 // It owns how an error is rendered and written, not which error a failure
 // becomes: that table (server's toAPIError) stays in package server. It
@@ -53,8 +54,9 @@ func (e *Error) Body() []byte {
 	return b
 }
 
-// Write sends e in OpenAI's shape, with Retry-After (and retry-after-ms)
-// when e has one. A 401 also ends the connection (see refuse).
+// Write sends e in OpenAI's shape — in Anthropic's to a writer marked by
+// [Anthropic] — with Retry-After (and retry-after-ms) when e has one. A 401
+// also ends the connection (see refuse).
 func Write(w http.ResponseWriter, e *Error) {
 	h := w.Header()
 	if e.RetryAfter > 0 {
@@ -66,7 +68,12 @@ func Write(w http.ResponseWriter, e *Error) {
 	if e.Status == http.StatusUnauthorized {
 		refuse(w)
 	}
-	body := e.Body()
+	var body []byte
+	if isAnthropic(w) {
+		body = e.AnthropicBody(h.Get("X-Request-Id"))
+	} else {
+		body = e.Body()
+	}
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(e.Status)

@@ -52,23 +52,24 @@ func (e *Engine) routes(metrics http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", e.handleGetModels)
 	post := map[string]http.HandlerFunc{
-		"/v1/chat/completions":     e.handlePostChat,
-		"/v1/completions":          e.handlePostCompletions,
-		"/v1/responses":            e.handlePostResponses,
-		"/v1/messages":             e.handlePostMessages,
-		"/v1/embeddings":           e.handlePostEmbeddings,
-		"/v1/rerank":               e.handlePostRerank,
-		"/rerank":                  e.handlePostRerank,
-		"/v2/rerank":               e.handlePostRerank,
-		"/v1/score":                e.handlePostScore,
-		"/score":                   e.handlePostScore,
-		"/tokenize":                e.handlePostTokenize,
-		"/detokenize":              e.handlePostDetokenize,
-		"/v1/audio/transcriptions": e.handlePostTranscription,
-		"/v1/audio/translations":   e.handlePostTranslation,
+		"/v1/chat/completions":      e.handlePostChat,
+		"/v1/completions":           e.handlePostCompletions,
+		"/v1/responses":             e.handlePostResponses,
+		"/v1/messages":              e.handlePostMessages,
+		"/v1/messages/count_tokens": e.handlePostCountTokens,
+		"/v1/embeddings":            e.handlePostEmbeddings,
+		"/v1/rerank":                e.handlePostRerank,
+		"/rerank":                   e.handlePostRerank,
+		"/v2/rerank":                e.handlePostRerank,
+		"/v1/score":                 e.handlePostScore,
+		"/score":                    e.handlePostScore,
+		"/tokenize":                 e.handlePostTokenize,
+		"/detokenize":               e.handlePostDetokenize,
+		"/v1/audio/transcriptions":  e.handlePostTranscription,
+		"/v1/audio/translations":    e.handlePostTranslation,
 	}
 	for path, h := range post {
-		if e.sleep != nil && path != "/tokenize" && path != "/detokenize" {
+		if e.sleep != nil && path != "/tokenize" && path != "/detokenize" && path != "/v1/messages/count_tokens" {
 			h = e.sleep.guard(h) // needs the weights: waits while the engine sleeps
 		}
 		mux.HandleFunc("POST "+path, h)

@@ -46,6 +46,42 @@ var messagesSpecs = []fspec{
 	{name: "top_p", typ: tFloat, nullable: true},
 }
 
+// countTokensSpecs are AnthropicCountTokensRequest's fields: a Messages
+// request's prompt, no generation parameters (protocol.py).
+var countTokensSpecs = []fspec{
+	{name: "model", typ: tStr, required: true},
+	{name: "messages", typ: tList, required: true},
+	{name: "system", typ: tAny},
+	{name: "tool_choice", typ: tModel, nullable: true, model: "AnthropicToolChoice"},
+	{name: "tools", typ: tList, nullable: true},
+	{name: "chat_template_kwargs", typ: tDict, nullable: true},
+}
+
+// handlePostCountTokens is /v1/messages/count_tokens: the request's prompt
+// read as /v1/messages reads it, its tokens counted as that prompt's
+// (ChatPromptTokens), answered as AnthropicCountTokensResponse,
+// {"input_tokens":n,"context_management":{"original_input_tokens":n}},
+// with no usage (vllm/entrypoints/anthropic/serving.py, count_tokens;
+// api_router.py: errors in Anthropic's shape).
+func (e *Engine) handlePostCountTokens(w http.ResponseWriter, r *http.Request) {
+	body, aerr := readJSONRequest(w, r)
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	j, aerr := e.readMessages(body, true)
+	if aerr != nil {
+		if aerr.typ != "Bad Request" {
+			writeAnthropicError(w, aerr)
+		} else {
+			writeError(w, aerr)
+		}
+		return
+	}
+	n := strconv.Itoa(j.promptTokens)
+	writeJSON(w, http.StatusOK, []byte(`{"input_tokens":`+n+`,"context_management":{"original_input_tokens":`+n+`}}`))
+}
+
 func (e *Engine) handlePostMessages(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
 	body, aerr := readJSONRequest(w, r)
@@ -76,11 +112,21 @@ func writeAnthropicError(w http.ResponseWriter, aerr *apiError) {
 }
 
 func (e *Engine) parseMessages(body []byte) (*job, *apiError) {
+	return e.readMessages(body, false)
+}
+
+// readMessages reads a Messages request: a generation, or (count) the
+// prompt alone of a count_tokens request.
+func (e *Engine) readMessages(body []byte, count bool) (*job, *apiError) {
 	rd, aerr := readJSONBody(body)
 	if aerr != nil {
 		return nil, aerr
 	}
-	rd.check(messagesSpecs)
+	if count {
+		rd.check(countTokensSpecs)
+	} else {
+		rd.check(messagesSpecs)
+	}
 	// Field validators: a non-empty model, a positive max_tokens.
 	if m, ok := rd.str("model"); ok && m == "" {
 		rd.errs = append(rd.errs, pyErr{typ: "value_error", loc: "body.model", msg: "Value error, Model is required", input: "",
@@ -111,6 +157,10 @@ func (e *Engine) parseMessages(body []byte) (*job, *apiError) {
 		h = fnvString(h, c)
 	}
 	j.hash = h
+	j.tools = tools
+	if count {
+		return j, nil
+	}
 	maxTokens, _ := rd.int("max_tokens")
 	limit := int(maxTokens)
 	if aerr := e.fitContext(j, &limit, "max_tokens", false); aerr != nil {
@@ -119,7 +169,6 @@ func (e *Engine) parseMessages(body []byte) (*job, *apiError) {
 	if j.stream = rd.bool("stream"); j.stream {
 		j.includeUsage, j.continuousUsage = true, true
 	}
-	j.tools = tools
 	j.toolMode = toolNone
 	if len(tools) > 0 {
 		j.toolMode = toolAuto

@@ -23,6 +23,9 @@ import (
 //   - event and item fields, in order: openai-python's types
 //     (src/openai/types/responses/*.py), written with model_dump_json().
 //
+// text.format (json_schema, json_object) constrains the answer's text as
+// chat's response_format does (readTextFormat, structured.go).
+//
 // The request's tools, metadata, text and reasoning are echoed as sent
 // (compacted), where vLLM echoes them re-serialized with every default.
 
@@ -52,6 +55,7 @@ var responsesSpecs = []fspec{
 	{name: "service_tier", typ: tStr},
 	{name: "store", typ: tBool, nullable: true},
 	{name: "stream", typ: tBool, nullable: true},
+	{name: "structured_outputs", typ: tDict, nullable: true},
 	{name: "temperature", typ: tFloat, nullable: true},
 	{name: "text", typ: tDict, nullable: true},
 	{name: "tool_choice", typ: tAny},
@@ -137,6 +141,9 @@ func (e *Engine) parseResponses(body []byte) (*job, *apiError) {
 	j.stream = rd.bool("stream")
 	j.tools = tools
 	j.toolMode, j.toolName = chatToolChoice(rd, tools)
+	if j.format, aerr = readTextFormat(rd); aerr != nil {
+		return nil, aerr
+	}
 	req := &responsesRequest{
 		id:                "resp_" + randomHex(),
 		instructions:      rd.raw["instructions"],

@@ -6,10 +6,10 @@ import (
 	"unicode/utf8"
 )
 
-// Structured outputs: a chat or completions request may constrain its text
-// as vLLM's guided decoding does. The simulator reads the constraint where
-// vLLM reads it and writes filler that satisfies it (see schema.go and
-// regexfill.go):
+// Structured outputs: a chat, completions or responses request may
+// constrain its text as vLLM's guided decoding does. The simulator reads
+// the constraint where vLLM reads it and writes filler that satisfies it
+// (see schema.go and regexfill.go):
 //
 //   - response_format {"type":"json_object"} and {"type":"json_schema",
 //     "json_schema":{"name":…,"schema":…,"strict":…}}, on chat and on
@@ -19,6 +19,8 @@ import (
 //     (vllm/entrypoints/openai/chat_completion/protocol.py@d5dba2d7 and
 //     completion/protocol.py@d5dba2d7); they take precedence over a
 //     structured_outputs the request also sets;
+//   - text.format {"type":"json_schema"|"json_object", …} on responses
+//     (readTextFormat);
 //   - structured_outputs {"json"|"regex"|"choice"|"json_object": …}
 //     (StructuredOutputsParams, vllm/sampling_params.py), at most one of
 //     json, regex and choice, as check_structured_outputs_count requires;
@@ -76,6 +78,55 @@ func (f *outputFormat) fill(h uint32) (string, error) {
 		return f.choices[h%uint32(len(f.choices))], nil
 	}
 	return "", nil
+}
+
+// readTextFormat reads a Responses request's constraint, nil when it has
+// none, as ResponsesRequest.to_sampling_params does
+// (vllm/entrypoints/openai/responses/protocol.py@010a69ce): text.format
+// {"type":"json_schema","name","schema","strict"} becomes structured
+// outputs json (a json_schema without a schema constrains nothing);
+// structured_outputs is read as on chat; both at once is a 400 ("Cannot
+// specify both structured_outputs and text.format"). One difference: that
+// vLLM leaves text.format {"type":"json_object"} unconstrained, where the
+// simulator writes an object, as chat's json_object does and as OpenAI's
+// Responses API documents it — what a client asking for JSON mode reads.
+func readTextFormat(r *reader) (*outputFormat, *apiError) {
+	var text struct {
+		Format *struct {
+			Type   string          `json:"type"`
+			Schema json.RawMessage `json:"schema"`
+		} `json:"format"`
+	}
+	if raw, ok := r.raw["text"]; ok && !isNull(raw) {
+		if json.Unmarshal(raw, &text) != nil {
+			return nil, badRequest("text.format", "text.format must be an object such as {\"type\": \"json_schema\", \"name\": ..., \"schema\": {...}}")
+		}
+	}
+	if text.Format == nil {
+		return readOutputFormat(r)
+	}
+	if so, ok := r.raw["structured_outputs"]; ok && !isNull(so) {
+		return nil, badRequest("text.format", "Cannot specify both structured_outputs and text.format")
+	}
+	var f *outputFormat
+	switch text.Format.Type {
+	case "json_schema":
+		if len(text.Format.Schema) == 0 || isNull(text.Format.Schema) {
+			return nil, nil
+		}
+		var aerr *apiError
+		if f, aerr = schemaFormat(text.Format.Schema, "text.format.schema"); aerr != nil {
+			return nil, aerr
+		}
+	case "json_object":
+		f = &outputFormat{kind: formatJSONObject}
+	default: // "text"
+		return nil, nil
+	}
+	if _, err := f.fill(0); err != nil {
+		return nil, badRequest("text.format.schema", err.Error())
+	}
+	return f, nil
 }
 
 // readOutputFormat reads a request's constraint, nil when it has none.
