@@ -35,7 +35,7 @@ func (s *Sidecar) routes() http.Handler {
 	mux.HandleFunc("/v1/completions", s.handlePostGenerate)
 	// The other endpoints vLLM serves, relayed the same way (the gateway
 	// reads their usage).
-	for _, p := range []string{"/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/rerank", "/rerank", "/v2/rerank",
+	for _, p := range []string{"/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/rerank", "/rerank", "/v2/rerank",
 		"/v1/score", "/score", "/tokenize", "/detokenize", "/v1/audio/transcriptions", "/v1/audio/translations"} {
 		mux.HandleFunc(p, s.handlePostGenerate)
 	}
