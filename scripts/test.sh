@@ -49,6 +49,12 @@ go test -race -count=1 -timeout 30m "$@" ./...
 # here: 200 streams held open through the gateway, heap per stream bounded.
 go test -count=1 -run '^TestOpenStreamMemoryIsBounded$' ./server/
 
+# The conformance kit: the clients users bring (openai, the Vercel AI SDK,
+# LangChain, Anthropic's SDKs, the official Go SDKs), at pinned versions from
+# npm and the Go module proxy, against a real `tailgate up`; one matrix,
+# client × feature, any failing cell fails here (about two minutes).
+scripts/conformance.sh
+
 # The differential fuzz tests of the request readers (JSON bodies, multipart
 # forms), each for a bounded number of inputs (their seed corpora already ran
 # above as ordinary tests).

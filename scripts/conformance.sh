@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The conformance kit: clients nobody here wrote, at pinned versions, run as
+# their docs set them up against a real `tailgate up` (the built binary, the
+# simulated engine, a temporary data directory, loopback ports):
+#
+#   Node (e2e/conformance, `npm ci` from its package-lock.json): openai,
+#   @ai-sdk/openai (chat, and its default provider on the Responses API),
+#   @langchain/openai, @anthropic-ai/sdk 0.x and 1.x (npm aliases),
+#   @ai-sdk/anthropic;
+#   Go (e2e/conformance/goclients, from the Go module proxy through go.mod):
+#   github.com/openai/openai-go/v3, github.com/anthropics/anthropic-sdk-go.
+#
+# Each client: a plain call, a stream, tools, structured output, embeddings
+# where its API has them, a stream aborted after three pieces (billed what was
+# received: `tailgate usage --json` shows at least those tokens and less than
+# the cap), a 429 the client retries by itself (its key's one concurrency
+# slot held meanwhile), a wrong model and a wrong key (the client's own
+# error type, parsed from the answer). Prints one matrix, client × feature;
+# a failing or missing cell fails the script. About a minute.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+if ! command -v npm >/dev/null 2>&1; then
+	echo "conformance.sh: npm and node are needed (Node.js; the pinned packages declare 22 or later, and run on 20)" >&2
+	exit 1
+fi
+
+work=$(mktemp -d)
+up_pid=""
+cleanup() {
+	if [ -n "$up_pid" ]; then kill "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true; fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+go build -o "$work/tailgate" .
+go build -o "$work/goclients" ./e2e/conformance/goclients
+(cd e2e/conformance && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+admin=$(free_port)
+"$work/tailgate" up --data "$work/data" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --replicas 1 >"$work/up.log" 2>&1 &
+up_pid=$!
+for _ in $(seq 1 120); do
+	if curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1; then break; fi
+	if ! kill -0 "$up_pid" 2>/dev/null; then cat "$work/up.log" >&2; exit 1; fi
+	sleep 0.5
+done
+curl -sf "http://127.0.0.1:$port/healthz" >/dev/null || { echo "conformance.sh: tailgate up never became healthy" >&2; cat "$work/up.log" >&2; exit 1; }
+
+export TG_BASE="http://127.0.0.1:$port" TG_KEY="$(cat "$work/data/demo.key")" TG_BIN="$work/tailgate" TG_DATA="$work/data"
+cells="$work/cells.jsonl"
+status=0
+(cd e2e/conformance && timeout 300 node openai.mjs) >>"$cells" || status=1
+(cd e2e/conformance && timeout 300 node anthropic.mjs) >>"$cells" || status=1
+timeout 300 "$work/goclients" >>"$cells" || status=1
+
+# The matrix, and every cell the kit expects.
+node --input-type=module - "$cells" <<'JS' || status=1
+import { readFileSync } from "node:fs";
+const features = ["plain", "stream", "tools", "structured", "embeddings", "abort", "retry_429", "wrong_model", "wrong_key"];
+const noEmbeddings = new Set(["@ai-sdk/openai responses", "@anthropic-ai/sdk 0.x", "@anthropic-ai/sdk 1.x", "@ai-sdk/anthropic", "anthropic-sdk-go"]);
+const clients = ["openai (npm)", "@ai-sdk/openai chat", "@ai-sdk/openai responses", "@langchain/openai",
+  "@anthropic-ai/sdk 0.x", "@anthropic-ai/sdk 1.x", "@ai-sdk/anthropic", "openai-go/v3", "anthropic-sdk-go"];
+const got = new Map();
+for (const line of readFileSync(process.argv[2], "utf8").split("\n")) {
+  if (!line.startsWith("{")) continue;
+  const c = JSON.parse(line);
+  got.set(`${c.client}\t${c.feature}`, c);
+}
+const w = Math.max(...clients.map((c) => c.length));
+console.log("client".padEnd(w) + "  " + features.map((f) => f.padEnd(11)).join(" "));
+let failed = [];
+for (const client of clients) {
+  const cells = features.map((f) => {
+    if (f === "embeddings" && noEmbeddings.has(client)) return "-".padEnd(11);
+    const c = got.get(`${client}\t${f}`);
+    if (!c) { failed.push(`${client} ${f}: no result`); return "MISSING".padEnd(11); }
+    if (!c.pass) { failed.push(`${client} ${f}: ${c.error}`); return "FAIL".padEnd(11); }
+    return "pass".padEnd(11);
+  });
+  console.log(client.padEnd(w) + "  " + cells.join(" "));
+}
+for (const f of failed) console.error("FAIL " + f);
+process.exit(failed.length ? 1 : 0);
+JS
+if [ "$status" -ne 0 ]; then
+	echo "conformance.sh: failed; the gateway's log:" >&2
+	tail -50 "$work/up.log" >&2
+fi
+exit "$status"
