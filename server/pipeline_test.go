@@ -194,7 +194,8 @@ func TestNoEndpointTakesATenantPastItsBudget(t *testing.T) {
 						if first == "" {
 							first = resp.Header.Get("X-Request-Id")
 						}
-					case resp.StatusCode == 429 && strings.Contains(string(raw), "insufficient_quota"):
+					// insufficient_quota; billing_error in the Messages API's shape.
+					case resp.StatusCode == 429 && (strings.Contains(string(raw), "insufficient_quota") || strings.Contains(string(raw), `"billing_error"`)):
 						refused = true
 					default:
 						t.Fatalf("%d %s", resp.StatusCode, raw)
@@ -274,7 +275,8 @@ func TestNoEndpointDeliversAnAnswerItCannotBill(t *testing.T) {
 					resp.Body.Close()
 					id = resp.Header.Get("X-Request-Id")
 					switch {
-					case resp.StatusCode == 503 && strings.Contains(string(raw), "ledger_unavailable"):
+					// ledger_unavailable; the Messages API's shape has no code, only the message.
+					case resp.StatusCode == 503 && (strings.Contains(string(raw), "ledger_unavailable") || strings.Contains(string(raw), "its ledger cannot write")):
 						return id, false, true
 					case resp.StatusCode != 200:
 						t.Fatalf("%d %s", resp.StatusCode, raw)

@@ -71,7 +71,8 @@ func AnthropicType(status int) string {
 
 // AnthropicBody renders e in the Messages API's shape,
 // {"type":"error","error":{"type","message"},"request_id"}: the type from
-// the status (AnthropicType), request_id when one is given.
+// the status (AnthropicType) — billing_error for a 429 insufficient_quota —
+// request_id when one is given.
 func (e *Error) AnthropicBody(requestID string) []byte {
 	body := struct {
 		Type  string `json:"type"`
@@ -82,6 +83,12 @@ func (e *Error) AnthropicBody(requestID string) []byte {
 		RequestID string `json:"request_id,omitempty"`
 	}{Type: "error", RequestID: requestID}
 	body.Error.Type, body.Error.Message = AnthropicType(e.Status), e.Message
+	if e.Code == "insufficient_quota" {
+		// A spent budget, not a rate: Anthropic's type for a billing
+		// problem, the status (429, with Retry-After when the budget
+		// renews) kept.
+		body.Error.Type = "billing_error"
+	}
 	b, _ := json.Marshal(body)
 	return b
 }
