@@ -26,6 +26,11 @@ if ! command -v npm >/dev/null 2>&1; then
 	exit 1
 fi
 
+if [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
+	echo "conformance.sh: Node.js 20 or later is needed (the pinned packages declare 22; they run on 20), found $(node --version)" >&2
+	exit 1
+fi
+
 work=$(mktemp -d)
 up_pid=""
 cleanup() {
