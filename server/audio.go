@@ -1,0 +1,328 @@
+package server
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/tailgate-dev/tailgate/server/apierr"
+)
+
+// The audio endpoints mirror vLLM's TranscriptionRequest and
+// TranslationRequest (vllm/entrypoints/openai/speech_to_text/protocol.py
+// @79ef6467), and reserve what the engine will run: it decodes the whole
+// file (librosa.load), splits audio longer than the model's clip (Whisper:
+// 30 s) into chunks of at least clip − overlap seconds, and runs each chunk
+// as its own request with the full output cap
+// (speech_to_text.py@024e0772, _preprocess_speech_to_text, _split_audio,
+// _create_speech_to_text). So the prompt reserved is each chunk's encoder
+// (1500 positions for Whisper's 30 s) and its text prompt, and the output
+// is the cap once per chunk.
+
+// audioField is what the gateway does with one field of an audio form.
+type audioField uint8
+
+const (
+	afOption  audioField = iota // forwarded as sent; changes no token count
+	afFile                      // the audio
+	afModel                     // routed by
+	afBool                      // stream flags: read, rewritten canonically
+	afPrompt                    // the decoder prompt, once per chunk
+	afCap                       // max_completion_tokens: the output cap per chunk
+	afRefused                   // the gateway cannot bound it
+)
+
+// audioFields are the request models' fields, each with what the gateway
+// does with it; a field not listed is refused (the engine may act on it).
+var audioFields = map[string]audioField{
+	"file": afFile, "model": afModel, "prompt": afPrompt, "max_completion_tokens": afCap,
+	"stream": afBool, "stream_include_usage": afBool, "stream_continuous_usage_stats": afBool,
+	"language": afOption, "to_language": afOption, "response_format": afOption, "timestamp_granularities[]": afOption,
+	"temperature": afOption, "top_p": afOption, "top_k": afOption, "min_p": afOption, "seed": afOption,
+	"frequency_penalty": afOption, "repetition_penalty": afOption, "presence_penalty": afOption,
+	"length_penalty": afOption, "include_stop_str_in_output": afOption,
+	// Beam search runs n beams per chunk; vllm_xargs reaches custom
+	// extensions: neither is bounded by what the gateway reads.
+	"use_beam_search": afRefused, "n": afRefused, "vllm_xargs": afRefused,
+}
+
+// Whisper's shape (vllm/model_executor/models/whisper.py's
+// SpeechToTextConfig: 16 kHz, max_audio_clip_s 30, overlap_chunk_second 1).
+const (
+	// audioTokensPerSecond is Whisper's encoder: 1500 positions for 30 s;
+	// a transcription's usage in seconds is billed at this rate.
+	audioTokensPerSecond = 50
+	audioClipSeconds     = 30
+	audioOverlapSeconds  = 1
+	// audioFloorBytesPerSecond is the bitrate assumed for a container the
+	// gateway does not read the length of (MP3, MP4/M4A, WebM, …): 6 kbit/s,
+	// Opus's lowest constant bitrate and below MP3's lowest (8 kbit/s), so
+	// the length reserved is at least the real one for any constant-bitrate
+	// speech codec. Variable-bitrate silence can go lower; the engine's
+	// usage is what is billed where it reports one.
+	audioFloorBytesPerSecond = 750
+)
+
+// audioChunks is how many requests the engine makes of seconds of audio.
+func audioChunks(seconds float64) int64 {
+	if seconds <= audioClipSeconds {
+		return 1
+	}
+	return 1 + int64(math.Ceil((seconds-audioClipSeconds)/(audioClipSeconds-audioOverlapSeconds)))
+}
+
+// readAudio reads a transcription or translation form once, strictly, and
+// forwards a form the gateway wrote itself. A stream always asks the engine
+// for usage on every chunk (stripped back out as the client asked).
+func readAudio(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsedRequest, error) {
+	f, err := readForm(body, ctype)
+	if err != nil {
+		return nil, err
+	}
+	pr := &parsedRequest{sequences: 1}
+	for _, p := range f.parts {
+		role, ok := audioFields[p.name]
+		switch {
+		case !ok:
+			return nil, apierr.BadRequest(p.name, "%s is not a field of vLLM's %s request that the gateway reads; remove it", p.name, strings.TrimPrefix(ep.path, "/v1/audio/"))
+		case role == afRefused:
+			return nil, apierr.BadRequest(p.name, "%s is not served through the gateway: it runs work the gateway cannot bound", p.name)
+		case role != afFile && p.file:
+			return nil, apierr.BadRequest(p.name, "%s must be a text field, not a file", p.name)
+		}
+	}
+	model, _ := f.value("model")
+	if pr.model = model; pr.model == "" {
+		return nil, apierr.BadRequest("model", "you must provide a model parameter (the gateway routes by it)")
+	}
+	formBool := func(name string) (bool, error) {
+		if f.part(name) == nil {
+			return false, nil
+		}
+		v, _ := f.value(name)
+		switch {
+		case strings.EqualFold(v, "true"):
+			f.set(name, "true")
+			return true, nil
+		case strings.EqualFold(v, "false"):
+			f.set(name, "false")
+			return false, nil
+		}
+		return false, apierr.BadRequest(name, "%s must be true or false, not %q", name, v)
+	}
+	if pr.stream, err = formBool("stream"); err != nil {
+		return nil, err
+	}
+	if pr.wantUsage, err = formBool("stream_include_usage"); err != nil {
+		return nil, err
+	}
+	cont, err := formBool("stream_continuous_usage_stats")
+	if err != nil {
+		return nil, err
+	}
+	pr.wantContinuous = pr.wantUsage && cont
+	f.del("priority")
+	if pr.stream {
+		f.set("stream", "true")
+		f.set("stream_include_usage", "true")
+		f.set("stream_continuous_usage_stats", "true")
+	}
+	file := f.file()
+	if f.part("file") == nil || !f.part("file").file {
+		return nil, apierr.BadRequest("file", "send the audio as the file part named file")
+	}
+	seconds, err := audioDuration(file)
+	if err != nil {
+		return nil, err
+	}
+	chunks := audioChunks(seconds)
+	if v, ok := f.value("max_completion_tokens"); ok {
+		n, perr := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if perr != nil || n < 1 || n > 1<<31 {
+			return nil, apierr.BadRequest("max_completion_tokens", "max_completion_tokens must be a positive integer")
+		}
+		pr.maxTokens = n
+		f.set("max_completion_tokens", strconv.FormatInt(n, 10))
+	} else {
+		// The cap in force, said explicitly: each chunk may generate it.
+		pr.maxTokens = lim.defaultMax(pr.model)
+		f.set("max_completion_tokens", strconv.FormatInt(pr.maxTokens, 10))
+	}
+	pr.sequences = chunks
+	pr.body, pr.ctype = f.encode()
+	prompt, _ := f.value("prompt")
+	// Each chunk's encoder, padded to the clip, and its decoder prompt.
+	pr.promptBound = chunks * (audioTokensPerSecond*audioClipSeconds + int64(len(prompt)) + 16)
+	// What the engine runs on the audio it decodes (its duration is read,
+	// not guessed): billed as the prompt where the engine reports no usage
+	// (translations, response_format text).
+	pr.promptEstimate = audioTokensPerSecond*int64(math.Ceil(seconds)) + int64(len(prompt)) + 1
+	return pr, nil
+}
+
+// audioDuration is the length of the audio the engine decodes from f, in
+// seconds: from a WAV's fmt and data chunks, a FLAC's STREAMINFO, an Ogg
+// Opus stream's packets (their TOC bytes) or an Ogg Vorbis stream's packets
+// (each at most half its long block); any other container at
+// audioFloorBytesPerSecond. A WAV or FLAC file that does not state its
+// length is refused.
+func audioDuration(f []byte) (float64, error) {
+	switch {
+	case len(f) >= 12 && string(f[:4]) == "RIFF" && string(f[8:12]) == "WAVE":
+		return wavDuration(f)
+	case len(f) >= 4 && string(f[:4]) == "fLaC":
+		return flacDuration(f)
+	case len(f) >= 4 && string(f[:4]) == "OggS":
+		if s, ok := oggDuration(f); ok {
+			return s, nil
+		}
+	}
+	return float64(len(f)) / audioFloorBytesPerSecond, nil
+}
+
+// wavDuration walks a RIFF file's chunks (JUNK, LIST, bext and others may
+// come before fmt) to fmt and data, as libsndfile does: the frames are the
+// data chunk's bytes (at most what the file holds) over the frame size the
+// fmt chunk states (channels × bits per sample), not its byte-rate field.
+func wavDuration(f []byte) (float64, error) {
+	var channels, bits, format uint16
+	var rate uint32
+	for off := 12; off+8 <= len(f); {
+		id, size := string(f[off:off+4]), int64(binary.LittleEndian.Uint32(f[off+4:off+8]))
+		body := off + 8
+		switch id {
+		case "fmt ":
+			if size < 16 || int64(body)+16 > int64(len(f)) {
+				return 0, apierr.BadRequest("file", "the WAV file's fmt chunk is cut short")
+			}
+			format = binary.LittleEndian.Uint16(f[body:])
+			channels = binary.LittleEndian.Uint16(f[body+2:])
+			rate = binary.LittleEndian.Uint32(f[body+4:])
+			bits = binary.LittleEndian.Uint16(f[body+14:])
+		case "data":
+			if rate == 0 || channels == 0 || bits < 8 {
+				return 0, apierr.BadRequest("file", "the WAV file has no fmt chunk (channels, sample rate, bits per sample) before its data")
+			}
+			switch format {
+			case 1, 3, 6, 7, 0xFFFE: // PCM, float, A-law, µ-law, extensible
+			default:
+				return 0, apierr.BadRequest("file", "the WAV file's format tag %#x is compressed; send PCM WAV or another container", format)
+			}
+			n := min(size, int64(len(f)-body))
+			frame := int64(channels) * int64((bits+7)/8)
+			return float64(n/frame) / float64(rate), nil
+		}
+		next := int64(body) + size + size&1
+		if next > int64(len(f)) {
+			break
+		}
+		off = int(next)
+	}
+	return 0, apierr.BadRequest("file", "the WAV file has no fmt and data chunks")
+}
+
+// flacDuration reads STREAMINFO, the first metadata block: total samples
+// over the sample rate, as libsndfile reports the file's frames.
+func flacDuration(f []byte) (float64, error) {
+	if len(f) < 8+34 || f[4]&0x7f != 0 {
+		return 0, apierr.BadRequest("file", "the FLAC file does not start with its STREAMINFO block")
+	}
+	si := f[8:42]
+	rate := uint32(si[10])<<12 | uint32(si[11])<<4 | uint32(si[12])>>4
+	total := uint64(si[13]&0x0f)<<32 | uint64(binary.BigEndian.Uint32(si[14:18]))
+	if rate == 0 || total == 0 {
+		return 0, apierr.BadRequest("file", "the FLAC file does not state its length (total samples) in STREAMINFO")
+	}
+	return float64(total) / float64(rate), nil
+}
+
+// oggDuration walks an Ogg file's pages and the packets of its first
+// stream: Opus packets last what their TOC bytes say (RFC 6716 §3.1, at
+// most 120 ms each); Vorbis packets at most half the long block each
+// (Vorbis I §4.3.8). ok is false for another codec.
+func oggDuration(f []byte) (float64, bool) {
+	var (
+		codec    string // "opus" or "vorbis"
+		serial   []byte
+		packets  int // packets started
+		inPacket bool
+		seconds  float64
+		vorbis   float64 // seconds per Vorbis audio packet
+	)
+	for off := 0; off+27 <= len(f) && bytes.Equal(f[off:off+4], []byte("OggS")); {
+		nseg := int(f[off+26])
+		if off+27+nseg > len(f) {
+			break
+		}
+		if serial == nil {
+			serial = f[off+14 : off+18]
+		}
+		lacing := f[off+27 : off+27+nseg]
+		pos := off + 27 + nseg
+		mine := bytes.Equal(f[off+14:off+18], serial)
+		for _, l := range lacing {
+			seg := f[min(pos, len(f)):min(pos+int(l), len(f))]
+			if mine && !inPacket && len(seg) > 0 {
+				switch packets {
+				case 0:
+					switch {
+					case bytes.HasPrefix(seg, []byte("OpusHead")):
+						codec = "opus"
+					case bytes.HasPrefix(seg, []byte("\x01vorbis")) && len(seg) >= 29:
+						codec = "vorbis"
+						rate := binary.LittleEndian.Uint32(seg[12:16])
+						if rate == 0 {
+							return 0, false
+						}
+						vorbis = float64(uint32(1)<<(seg[28]>>4)/2) / float64(rate)
+					default:
+						return 0, false
+					}
+				default:
+					switch {
+					case codec == "opus" && packets >= 2:
+						seconds += opusPacketSeconds(seg)
+					case codec == "vorbis" && packets >= 3:
+						seconds += vorbis
+					}
+				}
+				packets++
+			}
+			if mine {
+				inPacket = l == 255
+			}
+			pos += int(l)
+		}
+		off = pos
+	}
+	return seconds, codec != ""
+}
+
+// opusPacketSeconds is an Opus packet's duration from its TOC byte (and
+// frame count byte for code 3), at most 120 ms.
+func opusPacketSeconds(p []byte) float64 {
+	toc := p[0]
+	cfg := toc >> 3
+	var frame float64 // ms
+	switch {
+	case cfg < 12: // SILK: 10, 20, 40, 60 ms
+		frame = [4]float64{10, 20, 40, 60}[cfg%4]
+	case cfg < 16: // hybrid: 10, 20 ms
+		frame = [2]float64{10, 20}[cfg%2]
+	default: // CELT: 2.5, 5, 10, 20 ms
+		frame = [4]float64{2.5, 5, 10, 20}[cfg%4]
+	}
+	frames := 1.0
+	switch toc & 3 {
+	case 1, 2:
+		frames = 2
+	case 3:
+		frames = 120 / frame // the most a packet may hold
+		if len(p) > 1 {
+			frames = float64(p[1] & 0x3f)
+		}
+	}
+	return min(frame*frames, 120) / 1000
+}
