@@ -54,7 +54,8 @@ type shapeMember struct {
 	keys   []string // required fields naming it; for sizePairs: the queries side, then the documents side
 	fields []string // its other fields, options
 	size   sizing
-	// single: the first key takes one input only (rerank's query).
+	// single: the first key takes one input only (rerank's query,
+	// tokenize's prompt).
 	single bool
 }
 
@@ -123,7 +124,7 @@ var shapes = []endpointShape{
 		paths:  []string{"/tokenize"},
 		source: "vllm/entrypoints/serve/tokenize/protocol.py@343bacaf TokenizeRequest",
 		members: []shapeMember{
-			{model: "TokenizeCompletionRequest", keys: []string{"prompt"}, fields: []string{"add_special_tokens"}, size: sizeNone},
+			{model: "TokenizeCompletionRequest", keys: []string{"prompt"}, fields: []string{"add_special_tokens"}, size: sizeNone, single: true},
 			{model: "TokenizeChatRequest", keys: []string{"messages"}, fields: chatOptions, size: sizeNone},
 		},
 		options: []string{"model", "return_token_strs"},
@@ -316,7 +317,7 @@ func readShaped(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedReq
 	var bound, media int64
 	switch m.size {
 	case sizeNone, sizeInputs:
-		in := readSide(v.Get(m.keys[0]), m.keys[0] == "messages")
+		in := readSide(v.Get(m.keys[0]), m.single || m.keys[0] == "messages")
 		bound, media = int64(len(body))+specialTokens*max(in.n, 1), in.media
 	case sizePairs:
 		q, d := readSide(v.Get(m.keys[0]), m.single), readSide(v.Get(m.keys[1]), false)
