@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/e2e/testkit"
 	"github.com/tailgate-dev/tailgate/policy"
 	"github.com/tailgate-dev/tailgate/server"
 	"github.com/tailgate-dev/tailgate/server/internal/servertest"
@@ -360,5 +363,47 @@ func TestShapeErrorsNameTheField(t *testing.T) {
 	r := postAudio(h, "/v1/audio/transcriptions", secret, wavFile(1, false), "use_beam_search", "true")
 	if r.status != 400 || !strings.Contains(r.body, `"param":"use_beam_search"`) {
 		t.Errorf("beam search: %d %s", r.status, r.body)
+	}
+}
+
+// TestAbortBeforeTheFirstTokenIsBilledThePrompt: a client that sends a long
+// prompt and goes away before the first token, once its request reached
+// the engine, is billed the prompt the engine was given to prefill — 8 of
+// 9 such streams were billed nothing.
+func TestAbortBeforeTheFirstTokenIsBilledThePrompt(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TTFT: 10 * time.Second, TTFTSigma: -1}})
+	secret := h.Key(policy.KeyOptions{Tenant: "abort"})
+	body := `{"model":"` + servertest.SimModel + `","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 14000) + `"}]}`
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.Public.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Content-Type", "application/json")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	testkit.WaitWithin(t, 10*time.Second, "the engine holds the request", func() bool {
+		s := h.Engines[0].Stats()
+		return s.Running+s.Waiting > 0
+	})
+	cancel()
+	<-done
+	var row data.LedgerRow
+	testkit.WaitWithin(t, 10*time.Second, "the request's ledger row", func() bool {
+		for _, r := range h.LedgerRows() {
+			if r.Outcome == data.OutcomeClientCancelled {
+				row = r
+				return true
+			}
+		}
+		return false
+	})
+	if row.PromptTokens < 14000/4 {
+		t.Fatalf("a 70 KB prompt the engine held was billed %d prompt tokens when its client left", row.PromptTokens)
 	}
 }
