@@ -164,8 +164,9 @@ func readAudio(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsed
 
 // audioDuration is the length of the audio the engine decodes from f, in
 // seconds: from a WAV's fmt and data chunks, a FLAC's STREAMINFO, an Ogg
-// Opus stream's packets (their TOC bytes) or an Ogg Vorbis stream's packets
-// (each at most half its long block); any other container at
+// Opus stream's packets (their TOC bytes), an Ogg Vorbis stream's packets
+// (each at most half its long block) or an MP3 file's frames; any other
+// container at
 // audioFloorBytesPerSecond. A WAV or FLAC file that does not state its
 // length is refused.
 func audioDuration(f []byte) (float64, error) {
@@ -176,6 +177,10 @@ func audioDuration(f []byte) (float64, error) {
 		return flacDuration(f)
 	case len(f) >= 4 && string(f[:4]) == "OggS":
 		if s, ok := oggDuration(f); ok {
+			return s, nil
+		}
+	case len(f) >= 10 && string(f[:3]) == "ID3", len(f) >= 4 && f[0] == 0xff && f[1]&0xe0 == 0xe0:
+		if s, ok := mp3Duration(f); ok {
 			return s, nil
 		}
 	}
@@ -325,4 +330,87 @@ func opusPacketSeconds(p []byte) float64 {
 		}
 	}
 	return min(frame*frames, 120) / 1000
+}
+
+// mp3Duration walks an MPEG audio file's frames (after an ID3v2 tag) and
+// sums their samples, skipping bytes that are not a frame header as a
+// decoder resynchronises. ok is false for free-format frames (no bitrate
+// to size them by) or a file with no frame.
+func mp3Duration(f []byte) (float64, bool) {
+	off := 0
+	if string(f[:3]) == "ID3" {
+		size := int(f[6]&0x7f)<<21 | int(f[7]&0x7f)<<14 | int(f[8]&0x7f)<<7 | int(f[9]&0x7f)
+		off = 10 + size
+		if f[5]&0x10 != 0 { // a footer
+			off += 10
+		}
+	}
+	var seconds float64
+	frames := 0
+	for off+4 <= len(f) {
+		h := binary.BigEndian.Uint32(f[off:])
+		n, samples, rate, ok := mp3Frame(h)
+		if !ok {
+			off++
+			continue
+		}
+		if n == 0 {
+			return 0, false // free format
+		}
+		seconds += float64(samples) / float64(rate)
+		frames++
+		off += n
+	}
+	return seconds, frames > 0
+}
+
+// mp3Frame reads an MPEG audio frame header: the frame's length in bytes
+// (0 for free format), its samples and sample rate; ok is false if h is
+// not a valid header.
+func mp3Frame(h uint32) (n, samples, rate int, ok bool) {
+	if h>>21 != 0x7ff {
+		return 0, 0, 0, false
+	}
+	version, layer := (h>>19)&3, (h>>17)&3 // version: 0 MPEG-2.5, 2 MPEG-2, 3 MPEG-1; layer: 3 I, 2 II, 1 III
+	brIdx, srIdx, pad := (h>>12)&15, (h>>10)&3, int((h>>9)&1)
+	if version == 1 || layer == 0 || brIdx == 15 || srIdx == 3 {
+		return 0, 0, 0, false
+	}
+	rate = [3]int{44100, 48000, 32000}[srIdx]
+	switch version {
+	case 2:
+		rate /= 2
+	case 0:
+		rate /= 4
+	}
+	v1 := version == 3
+	var kbps [16]int
+	switch {
+	case v1 && layer == 3:
+		kbps = [16]int{0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448}
+	case v1 && layer == 2:
+		kbps = [16]int{0, 32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384}
+	case v1:
+		kbps = [16]int{0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320}
+	case layer == 3:
+		kbps = [16]int{0, 32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256}
+	default:
+		kbps = [16]int{0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160}
+	}
+	br := kbps[brIdx] * 1000
+	switch {
+	case layer == 3: // Layer I
+		samples = 384
+		n = (12*br/rate + pad) * 4
+	case layer == 2 || v1: // Layer II, MPEG-1 Layer III
+		samples = 1152
+		n = 144*br/rate + pad
+	default: // MPEG-2/2.5 Layer III
+		samples = 576
+		n = 72*br/rate + pad
+	}
+	if br == 0 {
+		n = 0
+	}
+	return n, samples, rate, true
 }

@@ -78,6 +78,9 @@ func TestAudioDurationIsWhatTheEngineDecodes(t *testing.T) {
 		{"ogg opus, code 3 with 6 frames of 20 ms", append(append(oggPage(1, opusHead), oggPage(1, opusTags)...), oggPage(1, packets(50, []byte{19<<3 | 3, 6})...)...), 6, false},
 		{"ogg opus, another stream's packets not counted", append(append(oggPage(1, opusHead), oggPage(1, opusTags)...), append(oggPage(1, []byte{19 << 3}), oggPage(2, packets(50, []byte{19 << 3})...)...)...), 0.02, false},
 		{"ogg vorbis, at most 1024 samples a packet", append(append(oggPage(1, vorbisID), oggPage(1, []byte("\x03vorbis"), []byte("\x05vorbis"))...), oggPage(1, packets(80, []byte{0})...)...), 80 * 1024.0 / 8000, false},
+		{"mp3, MPEG-1 Layer III 128 kbit/s", mp3Frames(100, 0xfffb9000, 417), 100 * 1152 / 44100.0, false},
+		{"mp3 after an ID3v2 tag and garbage", append(append([]byte("ID3\x04\x00\x00\x00\x00\x00\x05hello"), 1, 2, 3), mp3Frames(10, 0xffe31800, 72)...), 10 * 0.072, false},
+		{"mp3 of free-format frames at 6 kbit/s", mp3Frames(10, 0xfffb0000, 100), 1000 / 750.0, false},
 		{"another container at 6 kbit/s", pcm(7500), 10, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -112,4 +115,15 @@ func packets(n int, p []byte) [][]byte {
 		out[i] = p
 	}
 	return out
+}
+
+// mp3Frames is n frames of header h, each size bytes long.
+func mp3Frames(n int, h uint32, size int) []byte {
+	var b []byte
+	for range n {
+		frame := make([]byte, size)
+		binary.BigEndian.PutUint32(frame, h)
+		b = append(b, frame...)
+	}
+	return b
 }
