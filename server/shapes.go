@@ -103,7 +103,9 @@ var shapes = []endpointShape{
 		paths:  []string{"/v1/rerank", "/rerank", "/v2/rerank"},
 		source: "vllm/entrypoints/pooling/scoring/protocol.py@004706d8 RerankRequest",
 		members: []shapeMember{
-			{model: "RerankRequest", keys: []string{"query", "documents"}, fields: []string{"top_n"}, size: sizePairs, single: true},
+			// return_documents, max_chunks_per_doc, rank_fields: Jina and
+			// Cohere clients send them; vLLM ignores them (extra fields).
+			{model: "RerankRequest", keys: []string{"query", "documents"}, fields: []string{"top_n", "return_documents", "max_chunks_per_doc", "rank_fields"}, size: sizePairs, single: true},
 		},
 		options: poolingCommon,
 		refused: sizeRefused,

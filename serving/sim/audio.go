@@ -15,8 +15,9 @@ import (
 // with the audio file and answer a deterministic transcript: two words per
 // second of audio (at least one), drawn from the file's bytes, produced
 // like any answer (TTFT, then one word per TPOT; streamed when the form
-// says stream=true). The duration is read from a WAV header, else taken as
-// 16 kHz 16-bit mono (32000 bytes a second). The prompt is
+// says stream=true). A WAV's duration is read from its RIFF chunks (see
+// audioSeconds); any other file is taken as 16 kHz 16-bit mono (32000
+// bytes a second). The prompt is
 // 1 + ⌈len(prompt)/4⌉ + 50×⌈seconds⌉ tokens (50 audio tokens a second, as
 // Whisper's encoder). A transcription's JSON answer reports usage as vLLM
 // does, {"type":"duration","seconds":⌈seconds⌉}; a translation's has none.
