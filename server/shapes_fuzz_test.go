@@ -24,13 +24,15 @@ func FuzzShapesReserveWhatTheEngineBills(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Add(uint8(2), uint16(0b11), []byte{200, 3, 1, 40})           // queries + documents
-	f.Add(uint8(2), uint16(0b101), []byte{255, 1, 1, 250})         // queries + items
-	f.Add(uint8(2), uint16(0b1111111), []byte{9, 9, 9, 9, 9, 9})   // every member at once
-	f.Add(uint8(1), uint16(0b11), []byte{120, 1, 1, 200})          // rerank
-	f.Add(uint8(0), uint16(0b1), []byte{30, 20})                   // embeddings input
-	f.Add(uint8(2), uint16(0b11000), []byte{100, 1, 0, 5, 2, 1})   // data_1 + data_2
-	f.Add(uint8(2), uint16(0b1100000), []byte{1, 2, 1, 50, 60, 7}) // text_1 + text_2
+	// Seeds the engine accepts (one member each) and one naming them all.
+	f.Add(uint8(2), uint16(0b11), []byte{3, 50, 20, 10})                                    // queries + documents
+	f.Add(uint8(2), uint16(0b101), []byte{3, 50, 0, 0, 20, 10})                             // queries + items
+	f.Add(uint8(2), uint16(0b11000), []byte{0, 0, 0, 0, 0, 0, 3, 50, 20, 10})               // data_1 + data_2
+	f.Add(uint8(2), uint16(0b1100000), []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 50, 20, 10}) // text_1 + text_2
+	f.Add(uint8(2), uint16(0b1111111), []byte{9, 9, 9, 9, 9, 9})                            // every member at once
+	f.Add(uint8(1), uint16(0b11), []byte{3, 50, 20, 10})                                    // rerank
+	f.Add(uint8(0), uint16(0b1), []byte{20, 10})                                            // embeddings input
+	f.Add(uint8(0), uint16(0b10), []byte{0, 0, 30, 20})                                     // embeddings messages
 	f.Fuzz(func(t *testing.T, which uint8, mask uint16, sizes []byte) {
 		sh := &shapes[int(which)%len(shapes)]
 		var keys []string
