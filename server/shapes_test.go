@@ -257,6 +257,13 @@ func flacFile(seconds int) []byte {
 	return append(out, bytes.Repeat([]byte{0xff, 0xf8, 0, 0}, 64)...)
 }
 
+// mp3File is seconds of MPEG-1 Layer III frames at 32 kbit/s, 44.1 kHz.
+func mp3File(seconds int) []byte {
+	frame := make([]byte, 144*32000/44100)
+	binary.BigEndian.PutUint32(frame, 0xfffb1000)
+	return bytes.Repeat(frame, seconds*44100/1152+1)
+}
+
 // postAudio posts a transcription or translation of file.
 func postAudio(h *servertest.Gateway, path, secret string, file []byte, fields ...string) reply {
 	var b bytes.Buffer
@@ -289,6 +296,7 @@ func TestAudioContainersAreReservedForTheirLength(t *testing.T) {
 		{"junk-first wav", wavFile(600, true)},
 		{"ogg opus 16 kbit/s", oggOpus(600)},
 		{"flac", flacFile(600)},
+		{"mp3 32 kbit/s", mp3File(600)},
 		{"unread container", bytes.Repeat([]byte{0x11}, 600*16000/8)}, // 600 s at 16 kbit/s
 	} {
 		t.Run(tc.name, func(t *testing.T) {
