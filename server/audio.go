@@ -165,8 +165,8 @@ func readAudio(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsed
 // audioDuration is the length of the audio the engine decodes from f, in
 // seconds: from a WAV's fmt and data chunks, a FLAC's STREAMINFO, an Ogg
 // Opus stream's packets (their TOC bytes), an Ogg Vorbis stream's packets
-// (each at most half its long block) or an MP3 file's frames; any other
-// container at
+// (each at most half its long block), an MP3 file's frames or an MP4/M4A
+// file's AAC frames; any other container at
 // audioFloorBytesPerSecond. A WAV or FLAC file that does not state its
 // length is refused.
 func audioDuration(f []byte) (float64, error) {
@@ -177,6 +177,10 @@ func audioDuration(f []byte) (float64, error) {
 		return flacDuration(f)
 	case len(f) >= 4 && string(f[:4]) == "OggS":
 		if s, ok := oggDuration(f); ok {
+			return s, nil
+		}
+	case len(f) >= 8 && string(f[4:8]) == "ftyp":
+		if s, ok := mp4Duration(f); ok {
 			return s, nil
 		}
 	case len(f) >= 10 && string(f[:3]) == "ID3", len(f) >= 4 && f[0] == 0xff && f[1]&0xe0 == 0xe0:
@@ -413,4 +417,212 @@ func mp3Frame(h uint32) (n, samples, rate int, ok bool) {
 		n = 0
 	}
 	return n, samples, rate, true
+}
+
+// mp4Boxes calls fn with the type and payload of each box in b, until fn
+// returns false; a box whose size runs past b ends the walk.
+func mp4Boxes(b []byte, fn func(typ string, body []byte) bool) {
+	for len(b) >= 8 {
+		size, head := uint64(binary.BigEndian.Uint32(b)), uint64(8)
+		switch size {
+		case 0:
+			size = uint64(len(b))
+		case 1:
+			if len(b) < 16 {
+				return
+			}
+			size, head = binary.BigEndian.Uint64(b[8:]), 16
+		}
+		if size < head || size > uint64(len(b)) {
+			return
+		}
+		if !fn(string(b[4:8]), b[head:size]) {
+			return
+		}
+		b = b[size:]
+	}
+}
+
+// mp4Duration is the length of an MP4/M4A file's AAC track as a decoder
+// outputs it: every frame the sample tables list (the larger of stsz's and
+// stts's counts) decodes to 1024 samples at the rate its
+// AudioSpecificConfig states — not the timestamps the file claims. ok is
+// false for a fragmented file, another codec, or no AAC track.
+func mp4Duration(f []byte) (float64, bool) {
+	var seconds float64
+	found, fragmented := false, false
+	mp4Boxes(f, func(typ string, moov []byte) bool {
+		switch typ {
+		case "moof":
+			fragmented = true
+		case "moov":
+			mp4Boxes(moov, func(typ string, trak []byte) bool {
+				if typ != "trak" {
+					return true
+				}
+				if s, ok := mp4AACTrack(trak); ok {
+					seconds += s
+					found = true
+				}
+				return true
+			})
+		}
+		return true
+	})
+	return seconds, found && !fragmented
+}
+
+// mp4AACTrack is an AAC sound track's decoded length; ok is false for any
+// other track.
+func mp4AACTrack(trak []byte) (float64, bool) {
+	var stbl []byte
+	sound := false
+	mp4Boxes(trak, func(typ string, mdia []byte) bool {
+		if typ == "mdia" {
+			mp4Boxes(mdia, func(typ string, b []byte) bool {
+				switch typ {
+				case "hdlr":
+					sound = len(b) >= 12 && string(b[8:12]) == "soun"
+				case "minf":
+					mp4Boxes(b, func(typ string, b []byte) bool {
+						if typ == "stbl" {
+							stbl = b
+						}
+						return true
+					})
+				}
+				return true
+			})
+		}
+		return true
+	})
+	if !sound || stbl == nil {
+		return 0, false
+	}
+	var frames uint64
+	rate := 0
+	mp4Boxes(stbl, func(typ string, b []byte) bool {
+		switch typ {
+		case "stsz":
+			if len(b) >= 12 {
+				frames = max(frames, uint64(binary.BigEndian.Uint32(b[8:])))
+			}
+		case "stts":
+			if len(b) >= 8 {
+				var n uint64
+				for i, k := 0, int(binary.BigEndian.Uint32(b[4:])); i < k && 8+8*i+8 <= len(b); i++ {
+					n += uint64(binary.BigEndian.Uint32(b[8+8*i:]))
+				}
+				frames = max(frames, n)
+			}
+		case "stsd":
+			rate = mp4AACRate(b)
+		}
+		return true
+	})
+	if rate == 0 || frames == 0 {
+		return 0, false
+	}
+	return float64(frames) * 1024 / float64(rate), true
+}
+
+// aacRates are the AudioSpecificConfig's sampling frequency indexes.
+var aacRates = [...]int{96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000, 7350}
+
+// mp4AACRate reads an stsd box's first entry: an mp4a sample entry's esds,
+// its AudioSpecificConfig's (core) sampling rate; 0 for anything else.
+func mp4AACRate(stsd []byte) int {
+	if len(stsd) < 8+36 || string(stsd[12:16]) != "mp4a" {
+		return 0
+	}
+	entry := stsd[8:]
+	if size := int(binary.BigEndian.Uint32(entry)); size >= 36 && size <= len(entry) {
+		entry = entry[:size]
+	}
+	children := 36 // a version 0 sound sample entry
+	switch binary.BigEndian.Uint16(entry[16:]) {
+	case 1:
+		children += 16
+	case 2:
+		children += 36
+	}
+	if children > len(entry) {
+		return 0
+	}
+	rate := 0
+	mp4Boxes(entry[children:], func(typ string, esds []byte) bool {
+		if typ == "esds" && len(esds) > 4 {
+			rate = aacConfigRate(esds[4:])
+			return false
+		}
+		return true
+	})
+	return rate
+}
+
+// aacConfigRate walks MPEG-4 descriptors (ES, DecoderConfig,
+// DecoderSpecificInfo) to the AudioSpecificConfig and returns its sampling
+// rate; 0 if it finds none it can read.
+func aacConfigRate(d []byte) int {
+	for len(d) >= 2 {
+		tag := d[0]
+		n, i := 0, 1
+		for {
+			if i >= len(d) || i > 4 {
+				return 0
+			}
+			c := d[i]
+			i++
+			n = n<<7 | int(c&0x7f)
+			if c&0x80 == 0 {
+				break
+			}
+		}
+		if n > len(d)-i {
+			return 0
+		}
+		body := d[i : i+n]
+		switch tag {
+		case 3: // ES_Descriptor: ES_ID, flags, optional fields, then descriptors
+			if len(body) < 3 {
+				return 0
+			}
+			flags, skip := body[2], 3
+			if flags&0x80 != 0 {
+				skip += 2
+			}
+			if flags&0x40 != 0 && skip < len(body) {
+				skip += 1 + int(body[skip])
+			}
+			if flags&0x20 != 0 {
+				skip += 2
+			}
+			if skip > len(body) {
+				return 0
+			}
+			return aacConfigRate(body[skip:])
+		case 4: // DecoderConfigDescriptor: 13 bytes, then descriptors
+			if len(body) < 13 {
+				return 0
+			}
+			return aacConfigRate(body[13:])
+		case 5: // DecoderSpecificInfo: the AudioSpecificConfig
+			if len(body) < 2 || body[0]>>3 == 31 {
+				return 0
+			}
+			idx := int(body[0]&7)<<1 | int(body[1]>>7)
+			if idx == 15 {
+				if len(body) < 5 {
+					return 0
+				}
+				return int(body[1]&0x7f)<<17 | int(body[2])<<9 | int(body[3])<<1 | int(body[4]>>7)
+			}
+			if idx >= len(aacRates) {
+				return 0
+			}
+			return aacRates[idx]
+		}
+		d = d[i+n:]
+	}
+	return 0
 }

@@ -81,6 +81,9 @@ func TestAudioDurationIsWhatTheEngineDecodes(t *testing.T) {
 		{"mp3, MPEG-1 Layer III 128 kbit/s", mp3Frames(100, 0xfffb9000, 417), 100 * 1152 / 44100.0, false},
 		{"mp3 after an ID3v2 tag and garbage", append(append([]byte("ID3\x04\x00\x00\x00\x00\x00\x05hello"), 1, 2, 3), mp3Frames(10, 0xffe31800, 72)...), 10 * 0.072, false},
 		{"mp3 of free-format frames at 6 kbit/s", mp3Frames(10, 0xfffb0000, 100), 1000 / 750.0, false},
+		{"m4a, AAC-LC at 16 kHz", m4aFile(9375, 9000, []byte{0x14, 0x08}), 600, false},
+		{"m4a whose timestamps claim less than its frames", m4aFile(9375, 10, []byte{0x14, 0x08}), 600, false},
+		{"m4a of another codec at 6 kbit/s", bytes.Replace(m4aFile(10, 10, []byte{0x14, 0x08}), []byte("mp4a"), []byte("alac"), 1), float64(len(m4aFile(10, 10, []byte{0x14, 0x08}))) / 750, false},
 		{"another container at 6 kbit/s", pcm(7500), 10, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,4 +129,28 @@ func mp3Frames(n int, h uint32, size int) []byte {
 		b = append(b, frame...)
 	}
 	return b
+}
+
+// box is an MP4 box of typ holding the payloads.
+func box(typ string, payloads ...[]byte) []byte {
+	body := bytes.Join(payloads, nil)
+	b := binary.BigEndian.AppendUint32(nil, uint32(8+len(body)))
+	return append(append(b, typ...), body...)
+}
+
+// m4aFile is an MP4 file with one AAC track of frames frames (stsz), whose
+// stts lists sttsFrames, and the AudioSpecificConfig asc.
+func m4aFile(frames, sttsFrames uint32, asc []byte) []byte {
+	u32 := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+	dsi := append([]byte{5, byte(len(asc))}, asc...)
+	dcd := append(append([]byte{4, byte(13 + len(dsi)), 0x40, 0x15}, make([]byte, 11)...), dsi...)
+	es := append([]byte{3, byte(3 + len(dcd)), 0, 1, 0}, dcd...)
+	esds := box("esds", u32(0), es)
+	entry := box("mp4a", make([]byte, 6), []byte{0, 1}, make([]byte, 8), []byte{0, 1, 0, 16, 0, 0, 0, 0}, u32(16000<<16), esds)
+	stsd := box("stsd", u32(0), u32(1), entry)
+	stts := box("stts", u32(0), u32(1), u32(sttsFrames), u32(1024))
+	stsz := box("stsz", u32(0), u32(0), u32(frames), make([]byte, 4*frames))
+	hdlr := box("hdlr", u32(0), u32(0), []byte("soun"), make([]byte, 12))
+	moov := box("moov", box("trak", box("mdia", hdlr, box("minf", box("stbl", stsd, stts, stsz)))))
+	return append(box("ftyp", []byte("M4A "), u32(0)), moov...)
 }
