@@ -552,7 +552,7 @@ func mp4AACRate(stsd []byte) int {
 	rate := 0
 	mp4Boxes(entry[children:], func(typ string, esds []byte) bool {
 		if typ == "esds" && len(esds) > 4 {
-			rate = aacConfigRate(esds[4:])
+			rate = aacConfigRate(esds[4:], 3) // ES, DecoderConfig, DecoderSpecificInfo
 			return false
 		}
 		return true
@@ -562,9 +562,9 @@ func mp4AACRate(stsd []byte) int {
 
 // aacConfigRate walks MPEG-4 descriptors (ES, DecoderConfig,
 // DecoderSpecificInfo) to the AudioSpecificConfig and returns its sampling
-// rate; 0 if it finds none it can read.
-func aacConfigRate(d []byte) int {
-	for len(d) >= 2 {
+// rate; 0 if it finds none it can read within depth nested descriptors.
+func aacConfigRate(d []byte, depth int) int {
+	for len(d) >= 2 && depth > 0 {
 		tag := d[0]
 		n, i := 0, 1
 		for {
@@ -600,12 +600,12 @@ func aacConfigRate(d []byte) int {
 			if skip > len(body) {
 				return 0
 			}
-			return aacConfigRate(body[skip:])
+			return aacConfigRate(body[skip:], depth-1)
 		case 4: // DecoderConfigDescriptor: 13 bytes, then descriptors
 			if len(body) < 13 {
 				return 0
 			}
-			return aacConfigRate(body[13:])
+			return aacConfigRate(body[13:], depth-1)
 		case 5: // DecoderSpecificInfo: the AudioSpecificConfig
 			if len(body) < 2 || body[0]>>3 == 31 {
 				return 0

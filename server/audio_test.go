@@ -154,3 +154,17 @@ func m4aFile(frames, sttsFrames uint32, asc []byte) []byte {
 	moov := box("moov", box("trak", box("mdia", hdlr, box("minf", box("stbl", stsd, stts, stsz)))))
 	return append(box("ftyp", []byte("M4A "), u32(0)), moov...)
 }
+
+// FuzzAudioDurationNeverPanics: the length readers run on uploaded bytes.
+func FuzzAudioDurationNeverPanics(f *testing.F) {
+	f.Add(riff("fmt ", fmtChunk(1, 1, 8000, 8000, 8), "data", make([]byte, 10)))
+	f.Add(m4aFile(3, 3, []byte{0x14, 0x08}))
+	f.Add(mp3Frames(3, 0xfffb9000, 417))
+	f.Add(append(oggPage(1, []byte("OpusHead")), oggPage(1, []byte{1, 2})...))
+	f.Add([]byte("fLaC\x00\x00\x00\x22"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if s, err := audioDuration(b); err == nil && (s < 0 || math.IsNaN(s)) {
+			t.Fatalf("length %v", s)
+		}
+	})
+}
