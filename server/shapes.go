@@ -204,7 +204,8 @@ func (sh *endpointShape) checkFields(m *shapeMember, v gjson.Result) error {
 			err = apierr.BadRequest(name, "%s is not served through the gateway: %s", name, why)
 			return false
 		}
-		if !contains(m.keys, name) && !contains(m.fields, name) && !contains(sh.options, name) && name != "stream" {
+		// stream and priority: read by readJSONObject on every endpoint.
+		if !contains(m.keys, name) && !contains(m.fields, name) && !contains(sh.options, name) && name != "stream" && name != "priority" {
 			err = apierr.BadRequest(name, "%s is not a field of %s (%s) that the gateway reads; remove it", name, m.model, sh.source)
 			return false
 		}
