@@ -63,6 +63,11 @@ scripts/conformance.sh
 # (golang/go#75804, fixed in Go 1.27).
 go test -run '^$' -fuzz '^FuzzGatewayAndEngineReadBodiesAlike$' -fuzztime 100000x -timeout 5m ./server/
 go test -run '^$' -fuzz '^FuzzGatewayAndEngineReadFormsAlike$' -fuzztime 50000x -timeout 5m ./server/
+# Bodies mixing the members of each endpoint's request union: the gateway
+# refuses them or reserves at least what the engine bills (about 15 s).
+go test -run '^$' -fuzz '^FuzzShapesReserveWhatTheEngineBills$' -fuzztime 3000x -timeout 5m ./server/
+# The audio length readers over arbitrary uploads (about 25 s).
+go test -run '^$' -fuzz '^FuzzAudioDurationNeverPanics$' -fuzztime 100000x -timeout 5m ./server/
 go test -run '^$' -fuzz '^FuzzCheckAgreesWithEncodingJSON$' -fuzztime 300000x -timeout 5m ./server/strictjson/
 # The commit log's decoder over arbitrary file contents (about 10 s).
 go test -run '^$' -fuzz '^FuzzCommitLogDecode$' -fuzztime 200000x -timeout 5m ./data/commitlog/

@@ -1,9 +1,6 @@
 package server
 
 import (
-	"bytes"
-	"encoding/binary"
-	"strings"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -49,14 +46,14 @@ var endpoints = []endpoint{
 	{path: "/v1/responses", read: readResponses, events: sse.ResponseEvents, stream: true, capField: "max_output_tokens", generates: true},
 	{path: "/v1/messages", read: readMessages, events: sse.MessageEvents, stream: true, capField: "max_tokens", generates: true},
 	{path: "/v1/messages/count_tokens", read: readCountTokens},
-	{path: "/v1/embeddings", read: readInputs},
-	{path: "/v1/rerank", read: readPairs},
-	{path: "/rerank", read: readPairs},
-	{path: "/v2/rerank", read: readPairs},
-	{path: "/v1/score", read: readPairs},
-	{path: "/score", read: readPairs},
-	{path: "/tokenize", read: readInputs},
-	{path: "/detokenize", read: readInputs},
+	{path: "/v1/embeddings", read: readShaped},
+	{path: "/v1/rerank", read: readShaped},
+	{path: "/rerank", read: readShaped},
+	{path: "/v2/rerank", read: readShaped},
+	{path: "/v1/score", read: readShaped},
+	{path: "/score", read: readShaped},
+	{path: "/tokenize", read: readShaped},
+	{path: "/detokenize", read: readShaped},
 	{path: "/v1/audio/transcriptions", read: readAudio, form: true, stream: true, generates: true},
 	{path: "/v1/audio/translations", read: readAudio, form: true, stream: true, generates: true},
 }
@@ -216,145 +213,6 @@ func readMessages(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedR
 	}
 	pr.session = sessionName(v.Get("metadata.user_id"))
 	return pr, nil
-}
-
-// readInputs reads an endpoint that only reads its input (embeddings,
-// tokenize, detokenize): every input token is a byte of the body at least,
-// so the body's size bounds them all.
-func readInputs(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedRequest, error) {
-	pr, _, err := readJSONObject(ep, body, lim)
-	return pr, err
-}
-
-// pairOverhead is the tokens an engine's template adds to each query–document
-// pair (special tokens, separators): room, as parseRequest's 16 for a prompt.
-const pairOverhead = 16
-
-// readPairs reads a rerank or score request. vLLM scores each query–document
-// pair as one prompt (the query repeated in each), so the prompt reserved
-// is the query's size times the documents, plus every document's: a long
-// query over many short documents is billed many times its body's size
-// (vllm/entrypoints/openai/serving_score.py, _cross_encoding_score: one
-// tokenized prompt per pair).
-func readPairs(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedRequest, error) {
-	pr, v, err := readJSONObject(ep, body, lim)
-	if err != nil {
-		return nil, err
-	}
-	size := func(r gjson.Result) (n, bytes int64) {
-		switch {
-		case r.IsArray():
-			r.ForEach(func(_, d gjson.Result) bool {
-				n++
-				bytes += int64(len(d.Raw))
-				return true
-			})
-		case r.Exists() && r.Type != gjson.Null:
-			n, bytes = 1, int64(len(r.Raw))
-		}
-		return n, bytes
-	}
-	var queries, qBytes, docs, dBytes int64
-	if q := v.Get("query"); q.Exists() { // rerank
-		queries, qBytes = size(q)
-		docs, dBytes = size(v.Get("documents"))
-	} else { // score: text_1 against text_2 (or queries against documents)
-		a, b := v.Get("text_1"), v.Get("text_2")
-		if !a.Exists() {
-			a, b = v.Get("queries"), v.Get("documents")
-		}
-		queries, qBytes = size(a)
-		docs, dBytes = size(b)
-	}
-	pairs := max(docs, queries, 1)
-	// Each pair holds (at most) the longest query and its document.
-	bound := qBytes*pairs + dBytes + pairs*pairOverhead
-	if queries > 1 { // paired one to one: each query once
-		bound = qBytes + dBytes + pairs*pairOverhead
-	}
-	pr.promptBound = max(pr.promptBound, bound)
-	pr.promptEstimate = max(pr.promptEstimate, bound/4+1)
-	return pr, nil
-}
-
-// readAudio reads a transcription or translation form once, strictly, and
-// forwards a form the gateway wrote itself. A stream always asks the engine
-// for usage on every chunk (stripped back out as the client asked); the
-// prompt reserved is the audio's duration in Whisper's encoder tokens.
-func readAudio(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsedRequest, error) {
-	f, err := readForm(body, ctype)
-	if err != nil {
-		return nil, err
-	}
-	pr := &parsedRequest{sequences: 1}
-	if p := f.part("model"); p != nil && p.file {
-		return nil, apierr.BadRequest("model", "model must be a text field, not a file")
-	}
-	model, _ := f.value("model")
-	if pr.model = model; pr.model == "" {
-		return nil, apierr.BadRequest("model", "you must provide a model parameter (the gateway routes by it)")
-	}
-	formBool := func(name string) (bool, error) {
-		p := f.part(name)
-		if p == nil {
-			return false, nil
-		}
-		v, _ := f.value(name)
-		switch {
-		case p.file:
-			return false, apierr.BadRequest(name, "%s must be a text field, not a file", name)
-		case strings.EqualFold(v, "true"):
-			f.set(name, "true")
-			return true, nil
-		case strings.EqualFold(v, "false"):
-			f.set(name, "false")
-			return false, nil
-		}
-		return false, apierr.BadRequest(name, "%s must be true or false, not %q", name, v)
-	}
-	if pr.stream, err = formBool("stream"); err != nil {
-		return nil, err
-	}
-	if pr.wantUsage, err = formBool("stream_include_usage"); err != nil {
-		return nil, err
-	}
-	cont, err := formBool("stream_continuous_usage_stats")
-	if err != nil {
-		return nil, err
-	}
-	pr.wantContinuous = pr.wantUsage && cont
-	f.del("priority")
-	if pr.stream {
-		f.set("stream", "true")
-		f.set("stream_include_usage", "true")
-		f.set("stream_continuous_usage_stats", "true")
-	}
-	pr.body, pr.ctype = f.encode()
-	seconds := audioSeconds(f.file())
-	prompt, _ := f.value("prompt")
-	pr.promptBound = audioTokensPerSecond*seconds + int64(len(prompt)) + 16
-	pr.promptEstimate = audioTokensPerSecond*seconds + int64(len(prompt))/4 + 1
-	pr.maxTokens = lim.defaultMax(pr.model)
-	return pr, nil
-}
-
-// audioTokensPerSecond is Whisper's encoder: 1500 positions for 30 s.
-const audioTokensPerSecond = 50
-
-// assumedAudioBytesPerSecond is the rate assumed for audio without a WAV
-// header (compressed formats): 64 kbit/s, low for speech codecs, so the
-// duration reserved is rarely short of the real one.
-const assumedAudioBytesPerSecond = 8000
-
-// audioSeconds is a file's duration, rounded up: from its WAV header (byte
-// rate and data size), else at assumedAudioBytesPerSecond.
-func audioSeconds(f []byte) int64 {
-	if len(f) >= 44 && bytes.Equal(f[0:4], []byte("RIFF")) && bytes.Equal(f[8:12], []byte("WAVE")) {
-		if rate := int64(binary.LittleEndian.Uint32(f[28:32])); rate > 0 {
-			return (int64(len(f)) - 44 + rate - 1) / rate
-		}
-	}
-	return (int64(len(f)) + assumedAudioBytesPerSecond - 1) / assumedAudioBytesPerSecond
 }
 
 // reportedUsage reads the usage an engine reports in an answer or an event,

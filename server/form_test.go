@@ -17,7 +17,11 @@ func formPartOf(headers, data string) string { return "--B\r\n" + headers + "\r\
 
 func dispo(params string) string { return "Content-Disposition: form-data; " + params }
 
-var formFile = formPartOf(dispo(`name="file"; filename="a.wav"`)+"\r\nContent-Type: audio/wav", "RIFF....WAVE")
+var formFile = formPartOf(dispo(`name="file"; filename="a.wav"`)+"\r\nContent-Type: audio/wav", tinyWAV)
+
+// tinyWAV is a valid WAV file of no samples: RIFF, WAVE, fmt (16 kHz 16-bit
+// mono PCM) and an empty data chunk.
+const tinyWAV = "RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\x80\x3e\x00\x00\x00\x7d\x00\x00\x02\x00\x10\x00data\x00\x00\x00\x00"
 
 // formSeeds are forms once read one way by the gateway and another by the
 // engine (issue 27), plus ordinary ones.
@@ -89,7 +93,7 @@ func FuzzGatewayAndEngineReadFormsAlike(f *testing.F) {
 		// The fields the gateway decides: the rest go as they came.
 		decides := func(name string) bool {
 			switch name {
-			case "model", "stream", "stream_include_usage", "stream_continuous_usage_stats", "priority":
+			case "model", "stream", "stream_include_usage", "stream_continuous_usage_stats", "priority", "max_completion_tokens":
 				return true
 			}
 			return false
@@ -186,7 +190,7 @@ func TestMultipartAmbiguitiesAreRefused(t *testing.T) {
 	if err != nil || pr.model != "m" || !pr.stream || !strings.HasPrefix(ctype, "multipart/form-data; boundary=tailgate-") {
 		t.Fatalf("an ordinary form: %v %+v %q", err, pr, ctype)
 	}
-	if !bytes.Contains(pr.body, []byte("name=\"stream\"\r\n\r\ntrue\r\n")) || !bytes.Contains(pr.body, []byte("RIFF....WAVE")) {
+	if !bytes.Contains(pr.body, []byte("name=\"stream\"\r\n\r\ntrue\r\n")) || !bytes.Contains(pr.body, []byte(tinyWAV)) {
 		t.Fatalf("forwarded %q", pr.body)
 	}
 }
@@ -223,7 +227,7 @@ func TestFormEditsAndEncodes(t *testing.T) {
 	if v, ok := g.value("model"); !ok || v != "other" {
 		t.Fatalf("model %q", v)
 	}
-	if p := g.part("file"); p == nil || !p.file || p.filename != "a.wav" || p.ctype != "audio/wav" || string(p.value) != "RIFF....WAVE" {
+	if p := g.part("file"); p == nil || !p.file || p.filename != "a.wav" || p.ctype != "audio/wav" || string(p.value) != tinyWAV {
 		t.Fatalf("file %+v", p)
 	}
 }

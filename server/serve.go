@@ -444,17 +444,22 @@ func (cl *call) billable() policy.Usage {
 // and never less output than the pieces relayed (an engine that reports
 // usage only at the end — Responses, Messages — was cut before it did, or
 // reported less than it sent); the prompt estimated where the engine said
-// nothing of it.
+// nothing of it (an audio answer's is its decoded duration). A client that
+// left before the first token, once its request reached an engine, is
+// billed the prompt that engine was given to prefill.
 func (cl *call) used() policy.Usage {
 	u := policy.Usage{}
 	if cl.gotUsage {
 		u = cl.usage
 	}
-	if cl.firstToken && cl.relayedTokens > u.CompletionTokens {
-		u.CompletionTokens = cl.relayedTokens
+	switch {
+	case cl.firstToken:
+		u.CompletionTokens = max(u.CompletionTokens, cl.relayedTokens)
 		if u.PromptTokens == 0 {
 			u.PromptTokens = cl.req.promptEstimate
 		}
+	case !cl.gotUsage && cl.outcome == data.OutcomeClientCancelled && cl.tries.reachedEngine():
+		u.PromptTokens = cl.req.promptEstimate
 	}
 	return u
 }

@@ -93,6 +93,19 @@ func (t *tryLog) aborted(i int) {
 	}
 }
 
+// reachedEngine reports whether any attempt's request was written to its
+// replica (it produced a token, or failed or was cancelled after the write).
+func (t *tryLog) reachedEngine() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range t.recs {
+		if r.att != nil || router.IsNoToken(r.err) {
+			return true
+		}
+	}
+	return false
+}
+
 // maxReason bounds a stored failure reason.
 const maxReason = 200
 

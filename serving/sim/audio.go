@@ -15,8 +15,9 @@ import (
 // with the audio file and answer a deterministic transcript: two words per
 // second of audio (at least one), drawn from the file's bytes, produced
 // like any answer (TTFT, then one word per TPOT; streamed when the form
-// says stream=true). The duration is read from a WAV header, else taken as
-// 16 kHz 16-bit mono (32000 bytes a second). The prompt is
+// says stream=true). A WAV's duration is read from its RIFF chunks (see
+// audioSeconds); any other file is taken as 16 kHz 16-bit mono (32000
+// bytes a second). The prompt is
 // 1 + ⌈len(prompt)/4⌉ + 50×⌈seconds⌉ tokens (50 audio tokens a second, as
 // Whisper's encoder). A transcription's JSON answer reports usage as vLLM
 // does, {"type":"duration","seconds":⌈seconds⌉}; a translation's has none.
@@ -133,7 +134,10 @@ func (e *Engine) parseAudio(w http.ResponseWriter, r *http.Request, translate bo
 	if len(file) == 0 {
 		return nil, badRequest("file", "Invalid or empty audio file.")
 	}
-	seconds := audioSeconds(file)
+	seconds, ok := audioSeconds(file)
+	if !ok {
+		return nil, badRequest("", "Invalid or unsupported audio file.")
+	}
 	secs := int(seconds)
 	if float64(secs) < seconds {
 		secs++
@@ -154,6 +158,9 @@ func (e *Engine) parseAudio(w http.ResponseWriter, r *http.Request, translate bo
 		return nil, badRequest("input_tokens", fmt.Sprintf("The audio is %d prompt tokens; the model's context length is only %d tokens.", j.promptTokens, e.cfg.MaxModelLen))
 	}
 	j.limit = min(e.cfg.DefaultMaxTokens, e.cfg.MaxModelLen-j.promptTokens)
+	if v, err := strconv.Atoi(strings.TrimSpace(fields["max_completion_tokens"])); err == nil && v > 0 {
+		j.limit = min(j.limit, v) // get_max_tokens: the request's cap, within the context
+	}
 	if stream {
 		j.includeUsage = formBool(fields["stream_include_usage"])
 		j.continuousUsage = j.includeUsage && formBool(fields["stream_continuous_usage_stats"])
@@ -175,25 +182,36 @@ func formBool(v string) bool {
 	return false
 }
 
-// audioSeconds returns a file's duration: from its WAV header (byte rate
-// and data size), else at audioBytesPerSecond.
-func audioSeconds(f []byte) float64 {
+// audioSeconds returns a file's duration as libsndfile decodes a WAV: the
+// RIFF chunks walked (JUNK, LIST, bext may precede fmt) to fmt and data,
+// the data's frames (channels × bits per sample each, not the header's
+// byte-rate field) over the sample rate; ok is false for a WAV without fmt
+// and data (librosa fails on it). Other files are taken at
+// audioBytesPerSecond.
+func audioSeconds(f []byte) (seconds float64, ok bool) {
 	if len(f) >= 12 && string(f[:4]) == "RIFF" && string(f[8:12]) == "WAVE" {
-		var byteRate uint32
+		var rate uint32
+		var frame int
 		for off := 12; off+8 <= len(f); {
-			id, size := string(f[off:off+4]), binary.LittleEndian.Uint32(f[off+4:off+8])
+			id, size := string(f[off:off+4]), int(binary.LittleEndian.Uint32(f[off+4:off+8]))
 			body := off + 8
 			switch {
-			case id == "fmt " && body+12 <= len(f):
-				byteRate = binary.LittleEndian.Uint32(f[body+8 : body+12])
-			case id == "data" && byteRate > 0:
-				n := min(int(size), len(f)-body)
-				return float64(n) / float64(byteRate)
+			case id == "fmt " && body+16 <= len(f):
+				channels := int(binary.LittleEndian.Uint16(f[body+2:]))
+				rate = binary.LittleEndian.Uint32(f[body+4 : body+8])
+				frame = channels * ((int(binary.LittleEndian.Uint16(f[body+14:])) + 7) / 8)
+			case id == "data" && rate > 0 && frame > 0:
+				n := min(size, len(f)-body)
+				return float64(n/frame) / float64(rate), true
 			}
-			off = body + int(size) + int(size&1)
+			if size < 0 || body+size+size&1 > len(f) {
+				break
+			}
+			off = body + size + size&1
 		}
+		return 0, false
 	}
-	return float64(len(f)) / audioBytesPerSecond
+	return float64(len(f)) / audioBytesPerSecond, true
 }
 
 // audioEncoder renders transcripts and translations.

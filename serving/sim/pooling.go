@@ -125,6 +125,47 @@ func (e *Engine) checkLength(in []poolInput) *apiError {
 	return nil
 }
 
+// embeddingChatSpecs: EmbeddingChatRequest, the union's second member
+// (vllm/entrypoints/pooling/embed/protocol.py@ff8d577a): one input, the
+// conversation as its chat template renders it.
+var embeddingChatSpecs = []fspec{
+	{name: "model", typ: tStr, nullable: true},
+	{name: "messages", typ: tList, required: true},
+	{name: "encoding_format", typ: tStr},
+	{name: "dimensions", typ: tInt, nullable: true},
+	{name: "user", typ: tStr, nullable: true},
+	{name: "truncate_prompt_tokens", typ: tInt, nullable: true},
+	{name: "add_generation_prompt", typ: tBool},
+	{name: "continue_final_message", typ: tBool},
+	{name: "add_special_tokens", typ: tBool},
+	{name: "normalize", typ: tBool, nullable: true},
+	{name: "embed_dtype", typ: tStr},
+	{name: "endianness", typ: tStr},
+}
+
+// readChatInput reads an EmbeddingChatRequest's messages as one input: the
+// role markers and text of each message, as /tokenize counts them.
+func (r *reader) readChatInput() []poolInput {
+	r.check(embeddingChatSpecs)
+	msgs := r.checkMessages()
+	if len(r.errs) > 0 {
+		return nil
+	}
+	var text []byte
+	tokens := 0
+	for i, m := range msgs {
+		var h uint32
+		if _, aerr := messageContent(m.content, i, &h, nil); aerr != nil {
+			r.errs = append(r.errs, pyErr{typ: "value_error", loc: r.loc + ".messages", msg: aerr.msg, input: "list"})
+			return nil
+		}
+		t := contentText(m.content)
+		text = append(text, t...)
+		tokens += 4 + TextPromptTokens(t)
+	}
+	return []poolInput{{text: string(text), tokens: tokens, hash: fnvString(fnvOffset, string(text))}}
+}
+
 // embeddingSpecs: EmbeddingCompletionRequest
 // (vllm/entrypoints/pooling/embed/protocol.py@ff8d577a).
 var embeddingSpecs = []fspec{
@@ -150,8 +191,13 @@ func (e *Engine) handlePostEmbeddings(w http.ResponseWriter, r *http.Request) {
 	if aerr == nil {
 		var rd *reader
 		if rd, aerr = readJSONBody(body); aerr == nil {
-			rd.check(embeddingSpecs)
-			inputs := rd.readInputs("input")
+			var inputs []poolInput
+			if _, hasInput := rd.raw["input"]; !hasInput && rd.raw["messages"] != nil {
+				inputs = rd.readChatInput()
+			} else {
+				rd.check(embeddingSpecs)
+				inputs = rd.readInputs("input")
+			}
 			format, _ := rd.str("encoding_format")
 			switch {
 			case len(rd.errs) > 0:
