@@ -66,5 +66,6 @@ func readCountTokens(ep endpoint, body []byte, _ string, lim parseLimits) (*pars
 	if !v.Get("messages").IsArray() {
 		return nil, apierr.BadRequest("messages", "messages must be a list of messages")
 	}
+	pr.promptEstimate = 0 // nothing runs on the model (as /tokenize in shapes.go)
 	return pr, nil
 }
