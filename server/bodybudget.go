@@ -151,6 +151,13 @@ func (b *bodyBudget) reserve(ctx context.Context, tenant, n int64) error {
 	return errBodyBudget(b.max)
 }
 
+// force books n bytes to tenant whether they fit or not.
+func (b *bodyBudget) force(tenant, n int64) {
+	b.mu.Lock()
+	b.take(b.owner(tenant), n)
+	b.mu.Unlock()
+}
+
 // leave takes a waiter that gave up out of its tenant's queue; b.mu held.
 func (b *bodyBudget) leave(tenant int64, o *bodyOwner, w *bodyWaiter) {
 	i := slices.Index(o.waiters, w)
@@ -288,6 +295,12 @@ func (s *Server) reserveCopy(ctx context.Context, cl *call, body []byte, pr *par
 	}
 	tenant := cl.principal.TenantID
 	switch d := want - cl.copyAhead; {
+	case d > 0 && cl.copyAhead > 0:
+		// The copy was reserved ahead and came out a little longer (a
+		// form's new boundary): booked, not waited for, so two requests
+		// that filled the budget between them cannot stop each other.
+		s.bodies.force(tenant, d)
+		cl.bodyHeld += d
 	case d > 0:
 		if err := s.bodies.reserve(ctx, tenant, d); err != nil {
 			return err
