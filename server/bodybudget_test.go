@@ -105,15 +105,17 @@ func TestBodyBudgetBoundsUploadsInFlight(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 
-	// A third upload finds the budget full: 503 with Retry-After once the wait passed.
-	r := h.Do(http.MethodPost, "/v1/audio/transcriptions", secret, ctype, strings.NewReader(form))
+	// A third upload (another tenant's: its own share is free) finds the
+	// budget full: 503 with Retry-After once the wait passed.
+	other := h.Key(policy.KeyOptions{Tenant: "other"})
+	r := h.Do(http.MethodPost, "/v1/audio/transcriptions", other, ctype, strings.NewReader(form))
 	code, _, _ := decodeError(t, r)
 	r.Body.Close()
 	if r.StatusCode != http.StatusServiceUnavailable || code != "body_budget_exhausted" || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("an upload past the budget: %d %q Retry-After %q", r.StatusCode, code, r.Header.Get("Retry-After"))
 	}
 	// A chunked one too (it reserves as it reads).
-	r = h.Do(http.MethodPost, "/v1/audio/transcriptions", secret, ctype, io.MultiReader(strings.NewReader(form)))
+	r = h.Do(http.MethodPost, "/v1/audio/transcriptions", other, ctype, io.MultiReader(strings.NewReader(form)))
 	code, _, _ = decodeError(t, r)
 	r.Body.Close()
 	if r.StatusCode != http.StatusServiceUnavailable || code != "body_budget_exhausted" {
