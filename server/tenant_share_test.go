@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -191,20 +190,18 @@ func TestOneTenantCannotTakeAnothersHoldSlots(t *testing.T) {
 	}
 }
 
-// bodies records the JSON bodies an engine gets, by x-request-id, with
-// the replica that got them.
+// bodies records the JSON bodies engines get, by x-request-id.
 type bodies struct {
 	mu   sync.Mutex
 	seen map[string]seenBody
 }
 
 type seenBody struct {
-	replica string
-	body    map[string]any
-	raw     string
+	body map[string]any
+	raw  string
 }
 
-func (b *bodies) wrap(replica string, h http.Handler) http.Handler {
+func (b *bodies) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			raw, _ := io.ReadAll(r.Body)
@@ -212,7 +209,7 @@ func (b *bodies) wrap(replica string, h http.Handler) http.Handler {
 			var m map[string]any
 			_ = json.Unmarshal(raw, &m)
 			b.mu.Lock()
-			b.seen[r.Header.Get("X-Request-Id")] = seenBody{replica: replica, body: m, raw: string(raw)}
+			b.seen[r.Header.Get("X-Request-Id")] = seenBody{body: m, raw: string(raw)}
 			b.mu.Unlock()
 		}
 		h.ServeHTTP(w, r)
@@ -228,13 +225,15 @@ func TestTenantsPromptsAreSaltedAndLandByTenant(t *testing.T) {
 	rec := &bodies{seen: map[string]seenBody{}}
 	var fleet []servertest.Sim
 	for i := range 4 {
-		eng, err := sim.New(sim.Config{Seed: int64(i + 1)}, nil)
+		// One fixed latency, long beside loopback's jitter: the replica a
+		// prefix hashes to never scores worse than another by the slack.
+		eng, err := sim.New(sim.Config{Seed: int64(i + 1), TTFT: 50 * time.Millisecond, TTFTSigma: -1}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		srv := httptest.NewUnstartedServer(nil)
 		srv.Config = eng.NewServer(nil)
-		srv.Config.Handler = rec.wrap("fleet-"+strconv.Itoa(i), srv.Config.Handler)
+		srv.Config.Handler = rec.wrap(srv.Config.Handler)
 		srv.Start()
 		t.Cleanup(srv.Close)
 		fleet = append(fleet, servertest.Sim{Engine: eng, Server: srv})
@@ -250,12 +249,24 @@ func TestTenantsPromptsAreSaltedAndLandByTenant(t *testing.T) {
 		`{"model":"tailgate-sim","prompt":"You are the assistant of a company","max_tokens":2,"cache_salt":"mine"}`,
 	}
 	ids := map[string][]string{}
+	landed := map[string]map[string]bool{} // tenant → replicas its chat requests were answered by
 	for _, tenant := range []string{"acme", "globex"} {
+		landed[tenant] = map[string]bool{}
 		for _, b := range bodiesSent {
 			path := "/v1/chat/completions"
 			if strings.Contains(b, `"prompt"`) {
 				path = "/v1/completions"
 			}
+			// The last request's replica slot is free (it counts in the
+			// load scores until its handler has ended).
+			testkit.WaitWithin(t, 5*time.Second, "every replica idle", func() bool {
+				for _, rep := range h.Reg.Replicas() {
+					if rep.Inflight() != 0 {
+						return false
+					}
+				}
+				return true
+			})
 			resp := h.Post(path, keys[tenant], b)
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -263,12 +274,17 @@ func TestTenantsPromptsAreSaltedAndLandByTenant(t *testing.T) {
 				t.Fatalf("%s %s: %d", tenant, b, resp.StatusCode)
 			}
 			ids[tenant] = append(ids[tenant], resp.Header.Get("X-Request-Id"))
+			if path == "/v1/chat/completions" {
+				landed[tenant][resp.Header.Get("X-Tailgate-Replica")] = true
+			}
+		}
+		if len(landed[tenant]) != 1 {
+			t.Errorf("%s's identical prompts landed on %v, want one replica", tenant, landed[tenant])
 		}
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	salts := map[string]string{}
-	chatReplica := map[string]string{}
 	for tenant, list := range ids {
 		for i, id := range list {
 			got, ok := rec.seen[id]
@@ -286,12 +302,6 @@ func TestTenantsPromptsAreSaltedAndLandByTenant(t *testing.T) {
 				t.Errorf("%s has two salts: %q and %q", tenant, prev, salt)
 			}
 			salts[tenant] = salt
-			if i < 4 { // the chat requests share their prompt's start
-				if prev, ok := chatReplica[tenant]; ok && prev != got.replica {
-					t.Errorf("%s's identical prompts landed on %s and %s", tenant, prev, got.replica)
-				}
-				chatReplica[tenant] = got.replica
-			}
 		}
 	}
 	if salts["acme"] == salts["globex"] {
