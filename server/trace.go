@@ -134,7 +134,7 @@ func (a stageSpan) admitted(cl *call, ok bool) {
 	result := "admitted"
 	if !ok {
 		result = "refused"
-		a.span.SetStatus(codes.Error, string(cl.class))
+		a.span.SetStatus(codes.Error, boundString(string(cl.class)))
 	}
 	a.span.SetAttributes(attribute.String("tailgate.admission", result), attribute.String("tailgate.priority", cl.priority.String()))
 	if cl.queueWait >= 0 {
@@ -242,11 +242,12 @@ func (t *callTrace) end(cl *call) {
 		}
 	})
 	sp.SetAttributes(attrs...)
+	// A class may be an engine's own error code (relayed): bounded.
 	if cl.class != "" {
-		sp.SetAttributes(attribute.String("error.type", string(cl.class)))
+		sp.SetAttributes(attribute.String("error.type", boundString(string(cl.class))))
 	}
 	if cl.status >= 500 || cl.outcome == data.OutcomeMidstream {
-		sp.SetStatus(codes.Error, string(cl.class))
+		sp.SetStatus(codes.Error, boundString(string(cl.class)))
 	}
 	sp.End()
 }
