@@ -128,7 +128,8 @@ func (e *Entry) Leave() {
 // AdmitEntered admits a request that passed [Gate.Enter]: as Admit, but
 // its concurrency slot and its request are the entry's, not checked or
 // taken again. An admitted request's Ticket takes the entry over; a
-// refused one keeps it, for the caller to Leave.
+// refused one keeps it, for the caller to Leave. A nil Entry admits as
+// Admit does.
 func (g *Gate) AdmitEntered(p *Principal, e *Entry, r Request) (*Ticket, RateState, error) {
 	return g.admit(p, e, r)
 }

@@ -293,17 +293,11 @@ func (s *Server) admit(ctx context.Context, cl *call, pr *parsedRequest, out sin
 		return nil
 	}
 	cl.mm = s.m.model(pr.model)
-	preq := policy.Request{Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.reservedCompletion()}
-	var (
-		ticket *policy.Ticket
-		rs     policy.RateState
-		err    error
-	)
-	if cl.entry != nil {
-		ticket, rs, err = s.gate.AdmitEntered(cl.principal, cl.entry, preq)
-	} else {
-		ticket, rs, err = s.gate.Admit(cl.principal, preq)
-	}
+	// The key's slot and request were taken before the body (a batch
+	// line's, without an entry, are taken here).
+	ticket, rs, err := s.gate.AdmitEntered(cl.principal, cl.entry, policy.Request{
+		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.reservedCompletion(),
+	})
 	out.rateLimits(rs)
 	if err != nil {
 		s.reject(cl, out, err)
