@@ -418,11 +418,15 @@ func TestForwardedClientsGetTheirOwnShare(t *testing.T) {
 			h.Srv.SetClients(lim)
 			secret := h.Key(policy.KeyOptions{})
 			release := make(chan struct{})
+			var once sync.Once
+			free := func() { once.Do(func() { close(release) }) }
+			defer free()
 			var held []<-chan int
 			for range 2 {
 				held = append(held, forwardedUpload(t, h, secret, "203.0.113.7", upload, release))
 			}
-			testkit.WaitWithin(t, 5*time.Second, "the two uploads in flight", func() bool { return bodyBytesInFlight(h) >= 2*upload })
+			// Each holds its form twice (as read, and its copy ahead).
+			testkit.WaitWithin(t, 5*time.Second, "the two uploads in flight", func() bool { return bodyBytesInFlight(h) >= 4*upload })
 			third := forwardedPost(t, h, secret, "203.0.113.7")
 			other := forwardedPost(t, h, secret, "198.51.100.9")
 			if other != http.StatusOK {
@@ -434,7 +438,7 @@ func TestForwardedClientsGetTheirOwnShare(t *testing.T) {
 			case !tc.refused && third != http.StatusOK:
 				t.Fatalf("a spoofed X-Forwarded-For from an untrusted peer: %d, want 200", third)
 			}
-			close(release)
+			free()
 			for _, st := range held {
 				if code := <-st; code != http.StatusOK {
 					t.Fatalf("a held upload: %d", code)
