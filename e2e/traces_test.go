@@ -72,14 +72,15 @@ func (rc *otlpReceiver) inTrace(id string) []otlpSpan {
 
 // TestUpExportsOneTraceFromClientToSidecar: `up --otlp-endpoint` sends the
 // gateway's and its workers' spans to the collector; one request's trace
-// goes from the client's traceparent through the gateway's request and
-// attempt spans to the worker's sidecar span, the attempt's child.
+// goes from the client's traceparent (loopback is trusted with it,
+// --trust-trace-from) through the gateway's request and attempt spans to
+// the worker's sidecar span, the attempt's child.
 func TestUpExportsOneTraceFromClientToSidecar(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the tailgate binary")
 	}
 	rc, collector := startOTLPReceiver(t)
-	p := startUp(t, "--replicas", "1", "--sim-ttft", "5ms", "--sim-tpot", "1ms", "--otlp-endpoint", collector)
+	p := startUp(t, "--replicas", "1", "--sim-ttft", "5ms", "--sim-tpot", "1ms", "--otlp-endpoint", collector, "--trust-trace-from", "127.0.0.0/8")
 
 	const traceID = "0af7651916cd43dd8448eb211c80319c"
 	req, _ := http.NewRequest(http.MethodPost, p.api+"/chat/completions", strings.NewReader(

@@ -63,10 +63,86 @@ type Ticket struct {
 // Ticket is settled. A rejected request takes nothing. The RateState is the
 // key's state after the decision, for rate-limit headers.
 func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
+	return g.admit(p, nil, r)
+}
+
+// Entry is a request's place in its key's concurrency and requests-per-
+// minute limits, taken by [Gate.Enter] before its body is read: what the
+// key may do is decided before the request takes any shared resource.
+// Admit it with [Gate.AdmitEntered], or give it back with Leave.
+type Entry struct {
+	key  *keyState
+	rpm  int64 // the RPM limit one request was taken from (0: none)
+	done bool  // admitted (its Ticket holds the slot) or left
+}
+
+// Enter checks p's concurrency and requests-per-minute limits (in that
+// order, *LimitError) and takes one of each: a request that waits for its
+// body already counts against its key, so a key's slow uploads are bounded
+// by its own limits. The RateState is the key's state after the decision.
+func (g *Gate) Enter(p *Principal) (*Entry, RateState, error) {
+	ks := p.key
+	if ks == nil {
+		ks = g.keyFor(p.KeyID)
+	}
+	rpm, tpm, conc := g.share(p.RPM), g.share(p.TPM), g.share(p.MaxConcurrency)
+	now := g.now()
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if rpm > 0 {
+		ks.requests.refill(now, rpm)
+	}
+	if tpm > 0 {
+		ks.tokens.refill(now, tpm)
+	}
+	if conc > 0 && ks.inflight >= conc {
+		return nil, ks.state(rpm, tpm), &LimitError{Limit: "concurrency"}
+	}
+	if rpm > 0 {
+		if ok, wait := ks.requests.check(1, rpm); !ok {
+			return nil, ks.state(rpm, tpm), &LimitError{Limit: "requests", RetryAfter: wait}
+		}
+		ks.requests.take(1)
+	}
+	ks.inflight++
+	return &Entry{key: ks, rpm: rpm}, ks.state(rpm, tpm), nil
+}
+
+// Leave gives back what Enter took, for a request that ends before it is
+// admitted (its body could not be read, it was refused): it took nothing.
+// It does nothing once the request was admitted, or on a nil Entry.
+func (e *Entry) Leave() {
+	if e == nil || e.done {
+		return
+	}
+	e.done = true
+	ks := e.key
+	ks.mu.Lock()
+	ks.inflight--
+	if e.rpm > 0 {
+		ks.requests.give(1, e.rpm)
+	}
+	ks.mu.Unlock()
+}
+
+// AdmitEntered admits a request that passed [Gate.Enter]: as Admit, but
+// its concurrency slot and its request are the entry's, not checked or
+// taken again. An admitted request's Ticket takes the entry over; a
+// refused one keeps it, for the caller to Leave. A nil Entry admits as
+// Admit does.
+func (g *Gate) AdmitEntered(p *Principal, e *Entry, r Request) (*Ticket, RateState, error) {
+	return g.admit(p, e, r)
+}
+
+func (g *Gate) admit(p *Principal, e *Entry, r Request) (*Ticket, RateState, error) {
 	if !p.Allows(r.Model) {
 		return nil, RateState{}, ErrModelNotAllowed
 	}
+	entered := e != nil && !e.done
 	ks, ts := p.key, p.tenant
+	if entered {
+		ks = e.key
+	}
 	if ks == nil {
 		ks = g.keyFor(p.KeyID)
 	}
@@ -94,12 +170,12 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 	if tpm > 0 {
 		ks.tokens.refill(now, tpm)
 	}
-	if conc > 0 && ks.inflight >= conc {
+	if conc > 0 && ks.inflight >= conc && !entered {
 		rs := ks.state(rpm, tpm)
 		ks.mu.Unlock()
 		return nil, rs, &LimitError{Limit: "concurrency"}
 	}
-	if rpm > 0 {
+	if rpm > 0 && !entered {
 		if ok, wait := ks.requests.check(1, rpm); !ok {
 			rs := ks.state(rpm, tpm)
 			ks.mu.Unlock()
@@ -131,9 +207,13 @@ func (g *Gate) Admit(p *Principal, r Request) (*Ticket, RateState, error) {
 		}
 		return nil, rs, err
 	}
-	ks.inflight++
-	if rpm > 0 {
-		ks.requests.take(1)
+	if entered {
+		e.done = true // the ticket holds its slot now
+	} else {
+		ks.inflight++
+		if rpm > 0 {
+			ks.requests.take(1)
+		}
 	}
 	t := &Ticket{g: g, key: ks, tenant: ts, tenantID: p.TenantID, held: held, start: start, price: price, reserved: [2]int64{bound, micros}}
 	if tpm > 0 {

@@ -24,6 +24,13 @@ type QueueConfig struct {
 	// MaxQueue bounds the requests waiting per class and model; past it a
 	// request is refused with a [QueueError] (Full). 0 means 256.
 	MaxQueue int
+	// MaxQueuePerTenant bounds one tenant's share of each MaxQueue; past
+	// it the tenant's request is refused with a [QueueError] (Full) while
+	// other tenants still queue. 0 means a quarter of MaxQueue, at least
+	// 1: a tenant's burst takes at most a quarter of the places, and
+	// waiters are served tenant by tenant, so another tenant's request is
+	// never behind more than one of its waiters.
+	MaxQueuePerTenant int
 	// MaxWait bounds how long a request waits for its turn; past it, it is
 	// refused with a [QueueError]. 0 means 30s.
 	MaxWait time.Duration
@@ -77,6 +84,10 @@ func NewQueue(cfg QueueConfig) *AdmissionQueue {
 	if cfg.MaxQueue <= 0 {
 		cfg.MaxQueue = DefaultMaxQueue
 	}
+	if cfg.MaxQueuePerTenant <= 0 {
+		cfg.MaxQueuePerTenant = max(cfg.MaxQueue/4, 1)
+	}
+	cfg.MaxQueuePerTenant = min(cfg.MaxQueuePerTenant, cfg.MaxQueue)
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
@@ -120,7 +131,7 @@ func (q *AdmissionQueue) Wait(ctx context.Context, model string, c Class, tenant
 		return &Slot{mq: mq}, nil
 	}
 	cq := &mq.classes[r]
-	if cq.n >= q.cfg.MaxQueue {
+	if cq.n >= q.cfg.MaxQueue || len(cq.tenants[tenant]) >= q.cfg.MaxQueuePerTenant {
 		mq.mu.Unlock()
 		return nil, &QueueError{Class: c, Full: true}
 	}

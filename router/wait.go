@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -45,6 +46,12 @@ type HoldOptions struct {
 	// Queue bounds how many requests wait per model; past it the request is
 	// refused with [ErrHoldFull]. 0 or less: nothing waits.
 	Queue int
+	// PerTenant bounds how many of them one tenant's requests may be
+	// (Tenant names the request's); past it the request is refused with
+	// [ErrHoldFull] too, so one tenant's burst leaves the rest of the
+	// queue to others. 0 or less: the whole queue.
+	PerTenant int
+	Tenant    int64
 	// Timeout bounds the wait; past it the request is refused with
 	// [ErrHoldTimeout]. 0 or less: nothing waits.
 	Timeout time.Duration
@@ -61,6 +68,9 @@ type HoldOptions struct {
 var (
 	// ErrHoldFull: the model's hold queue is full.
 	ErrHoldFull = errors.New("hold queue full")
+	// ErrHoldShare: the request's tenant holds its share of the model's
+	// hold queue (HoldOptions.PerTenant); it is an ErrHoldFull too.
+	ErrHoldShare = fmt.Errorf("%w: the tenant's share", ErrHoldFull)
 	// ErrHoldTimeout: no replica became ready within the hold timeout.
 	ErrHoldTimeout = errors.New("no replica became ready in time")
 )
@@ -73,14 +83,16 @@ type holds struct {
 }
 
 type holdQueue struct {
-	byClass [numClasses][]*holdWaiter
-	n       int
+	byClass  [numClasses][]*holdWaiter
+	n        int
+	byTenant map[int64]int // waiters per tenant
 }
 
 type holdWaiter struct {
-	class Class
-	ready chan struct{}
-	order int // release order, 1-based; 0 while waiting
+	class  Class
+	tenant int64
+	ready  chan struct{}
+	order  int // release order, 1-based; 0 while waiting
 }
 
 func newHolds(reg prometheus.Registerer, r *Registry) (*holds, error) {
@@ -251,13 +263,17 @@ func (r *Registry) Hold(ctx context.Context, model string, c Class, opt HoldOpti
 	if opt.Queue <= 0 || opt.Timeout <= 0 {
 		return ErrNoReplica
 	}
-	w := &holdWaiter{class: c, ready: make(chan struct{})}
+	w := &holdWaiter{class: c, tenant: opt.Tenant, ready: make(chan struct{})}
 	h := r.holds
 	h.mu.Lock()
 	q := h.models[model]
 	if q == nil {
-		q = &holdQueue{}
+		q = &holdQueue{byTenant: map[int64]int{}}
 		h.models[model] = q
+	}
+	if opt.PerTenant > 0 && q.byTenant[opt.Tenant] >= opt.PerTenant {
+		h.mu.Unlock()
+		return ErrHoldShare
 	}
 	if q.n >= opt.Queue {
 		h.mu.Unlock()
@@ -265,6 +281,7 @@ func (r *Registry) Hold(ctx context.Context, model string, c Class, opt HoldOpti
 	}
 	q.byClass[c.slot()] = append(q.byClass[c.slot()], w)
 	q.n++
+	q.byTenant[opt.Tenant]++
 	prov := h.prov
 	h.mu.Unlock()
 	if prov != nil {
@@ -325,6 +342,9 @@ func (r *Registry) leave(model string, w *holdWaiter) bool {
 	}
 	q.byClass[s] = slices.Delete(q.byClass[s], i, i+1)
 	q.n--
+	if q.byTenant[w.tenant]--; q.byTenant[w.tenant] <= 0 {
+		delete(q.byTenant, w.tenant)
+	}
 	return true
 }
 
@@ -347,6 +367,7 @@ func (r *Registry) release(model string) {
 		q.byClass[s] = nil
 	}
 	q.n = 0
+	clear(q.byTenant)
 }
 
 // replicaReady is called when rep became ready: the requests waiting for

@@ -122,6 +122,7 @@ func readAudio(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsed
 	}
 	pr.wantContinuous = pr.wantUsage && cont
 	f.del("priority")
+	f.del("cache_salt") // the prefix cache is the gateway's to key (salt.go)
 	if pr.stream {
 		f.set("stream", "true")
 		f.set("stream_include_usage", "true")

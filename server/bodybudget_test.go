@@ -30,14 +30,15 @@ func bodyBytesInFlight(h *servertest.Gateway) int64 {
 	return -1
 }
 
-// TestBodyBudgetBoundsUploadsInFlight: with a budget of two uploads, two
-// large uploads in flight hold it whole and never more; a third waits, and
+// TestBodyBudgetBoundsUploadsInFlight: with a budget of two uploads (each
+// counted twice: as read and as the form forwarded), two large uploads in
+// flight hold it whole and never more; a third waits, and
 // once the wait has passed gets 503 with Retry-After; after the two finish
 // the budget is given back and the next uploads are served.
 func TestBodyBudgetBoundsUploadsInFlight(t *testing.T) {
 	const upload = 1 << 20
 	h := servertest.Start(t, servertest.Options{Replicas: 1, Server: server.Config{
-		MaxBodyBytes: upload, MaxAudioBytes: upload, MaxBodyBytesInFlight: 2 * upload,
+		MaxBodyBytes: upload, MaxAudioBytes: upload, MaxBodyBytesInFlight: 4 * upload, MaxBodyBytesPerTenant: 4 * upload,
 		BodyBudgetWait: 200 * time.Millisecond, BodyTimeout: time.Minute,
 	}})
 	secret := h.Key(policy.KeyOptions{})
@@ -97,22 +98,24 @@ func TestBodyBudgetBoundsUploadsInFlight(t *testing.T) {
 		}
 		holders = append(holders, hd)
 	}
-	for deadline := time.Now().Add(10 * time.Second); bodyBytesInFlight(h) < 2*upload; {
+	for deadline := time.Now().Add(10 * time.Second); bodyBytesInFlight(h) < 4*upload; {
 		if time.Now().After(deadline) {
-			t.Fatalf("the two uploads hold %d bytes, want %d", bodyBytesInFlight(h), 2*upload)
+			t.Fatalf("the two uploads hold %d bytes, want %d", bodyBytesInFlight(h), 4*upload)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 
-	// A third upload finds the budget full: 503 with Retry-After once the wait passed.
-	r := h.Do(http.MethodPost, "/v1/audio/transcriptions", secret, ctype, strings.NewReader(form))
+	// A third upload (another tenant's: its own share is free) finds the
+	// budget full: 503 with Retry-After once the wait passed.
+	other := h.Key(policy.KeyOptions{Tenant: "other"})
+	r := h.Do(http.MethodPost, "/v1/audio/transcriptions", other, ctype, strings.NewReader(form))
 	code, _, _ := decodeError(t, r)
 	r.Body.Close()
 	if r.StatusCode != http.StatusServiceUnavailable || code != "body_budget_exhausted" || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("an upload past the budget: %d %q Retry-After %q", r.StatusCode, code, r.Header.Get("Retry-After"))
 	}
 	// A chunked one too (it reserves as it reads).
-	r = h.Do(http.MethodPost, "/v1/audio/transcriptions", secret, ctype, io.MultiReader(strings.NewReader(form)))
+	r = h.Do(http.MethodPost, "/v1/audio/transcriptions", other, ctype, io.MultiReader(strings.NewReader(form)))
 	code, _, _ = decodeError(t, r)
 	r.Body.Close()
 	if r.StatusCode != http.StatusServiceUnavailable || code != "body_budget_exhausted" {
@@ -148,8 +151,10 @@ func TestBodyBudgetBoundsUploadsInFlight(t *testing.T) {
 	}
 	close(stop)
 	<-sampled
-	if p := peak.Load(); p > 2*upload {
-		t.Fatalf("%d body bytes held at once, over the budget of %d", p, 2*upload)
+	// A re-encoded form may be a few bytes longer than the one read (its
+	// new boundary); those are booked past the budget, not waited for.
+	if p := peak.Load(); p > 4*upload+1024 {
+		t.Fatalf("%d body bytes held at once, over the budget of %d", p, 4*upload)
 	}
 	// A handler gives its bytes back as its request ends, which can be a
 	// moment after the client has the whole answer.

@@ -47,50 +47,66 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 			return nil
 		}
 
+		// The key's own limits come before any shared resource: a request
+		// its key may not make now takes no body bytes, hold or queue slot.
+		entry, rs, err := s.gate.Enter(p)
+		if err != nil {
+			out.rateLimits(rs)
+			s.reject(cl, out, err)
+			return nil
+		}
+		cl.entry = entry
+		defer entry.Leave() // nothing once admitted: the ticket holds it
+
 		limit := s.cfg.MaxBodyBytes
 		if ep.form {
 			limit = s.cfg.MaxAudioBytes
 		}
 		cl.ctype = r.Header.Get("Content-Type")
+		cl.budgeted = true
+		defer func() { s.bodies.release(p.TenantID, cl.bodyHeld) }()
 		body, ok := s.readBody(c, cl, out, limit)
 		if !ok {
 			return nil
 		}
-		defer s.bodies.release(int64(len(body)))
 		s.serve(r.Context(), cl, body, out)
 		return nil
 	}
 }
 
 // readBody reads the request body once, at most limit bytes, under the body
-// deadline and within the budget of body bytes in flight; a body that fails
-// is refused (and recorded) for cl, and false returned. On failure the
-// deadline stays in force, so the server's own drain of the unread body
-// fails fast too and the connection is closed. On success the body holds
-// len(body) bytes of the budget: the handler gives them back with
-// s.bodies.release(len(body)) when its request ends.
+// deadline and within its tenant's share of the budget of body bytes in
+// flight; a body that fails is refused (and recorded) for cl, and false
+// returned. On failure the deadline stays in force, so the server's own
+// drain of the unread body fails fast too and the connection is closed.
+// What the body holds of the budget is in cl.bodyHeld (a multipart form
+// with a Content-Length reserves its re-encoded copy ahead, cl.copyAhead):
+// the handler gives it back when its request ends.
 func (s *Server) readBody(c echo.Context, cl *call, out sink, limit int64) ([]byte, bool) {
 	r := c.Request()
-	var held int64
+	tenant := cl.principal.TenantID
 	var grow *budgetedBody
 	if n := r.ContentLength; n > 0 && n <= limit {
-		if err := s.bodies.reserve(r.Context(), n); err != nil {
+		need := n
+		if cl.ep.form {
+			need += n // the form is encoded again for the engine
+		}
+		if err := s.bodies.reserve(r.Context(), tenant, need); err != nil {
 			s.reject(cl, out, bodyError(err))
 			return nil, false
 		}
-		held = n
+		cl.bodyHeld, cl.copyAhead = need, need-n
 	} else {
-		grow = &budgetedBody{ReadCloser: r.Body, b: s.bodies, ctx: r.Context()}
+		grow = &budgetedBody{ReadCloser: r.Body, b: s.bodies, ctx: r.Context(), tenant: tenant}
 		r.Body = grow
 	}
 	rc := http.NewResponseController(c.Response())
 	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
 	body, err := serving.ReadBody(c.Response(), r, limit)
 	if grow != nil {
-		held = grow.held
+		cl.bodyHeld = grow.held
 	}
 	if err != nil {
-		s.bodies.release(held)
 		s.reject(cl, out, bodyError(err))
 		return nil, false
 	}

@@ -23,6 +23,12 @@ type HoldConfig struct {
 	// 0 means DefaultHold's; negative turns holding off (503 no_replica
 	// at once, as before).
 	Queue int
+	// PerTenant bounds one tenant's share of each model's Queue; past it
+	// the tenant's next request gets 429 queue_full while other tenants
+	// are still held. 0 means a quarter of Queue, at least 1: a tenant's
+	// burst during a cold start takes at most a quarter of the places, so
+	// three more tenants at their share still leave room.
+	PerTenant int
 	// Timeout bounds one request's hold; past it, 503 no_replica with
 	// Retry-After. 0 means DefaultHold's.
 	Timeout time.Duration
@@ -44,6 +50,10 @@ func (c *HoldConfig) setDefaults() {
 	if c.Queue == 0 {
 		c.Queue = DefaultHold.Queue
 	}
+	if c.PerTenant <= 0 {
+		c.PerTenant = max(c.Queue/4, 1)
+	}
+	c.PerTenant = min(c.PerTenant, max(c.Queue, 1))
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultHold.Timeout
 	}
@@ -67,7 +77,10 @@ func (s *Server) hold(ctx context.Context, cl *call, w *sseWriter) error {
 	if s.cfg.Hold.Queue < 0 || s.reg.ReadyFor(model) || !s.reg.Holdable(model) {
 		return nil // ready, or nothing is coming: routing answers as it always did
 	}
-	opt := router.HoldOptions{Queue: s.cfg.Hold.Queue, Timeout: s.cfg.Hold.Timeout}
+	opt := router.HoldOptions{Queue: s.cfg.Hold.Queue, Timeout: s.cfg.Hold.Timeout, PerTenant: s.cfg.Hold.PerTenant}
+	if cl.principal != nil {
+		opt.Tenant = cl.principal.TenantID
+	}
 	if w != nil {
 		name := commentSafe(model)
 		opt.Every = s.cfg.Hold.Progress
@@ -107,6 +120,11 @@ func (s *Server) refuseHeld(ctx context.Context, cl *call, out sink, w *sseWrite
 
 // holdError is the client's error for a hold that ended without a replica.
 func holdError(err error, model string) *apierr.Error {
+	if errors.Is(err, router.ErrHoldShare) {
+		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "queue_full",
+			Message:    fmt.Sprintf("no replica of the model %q is ready yet and this tenant's requests hold its share of the queue of waiting requests; retry later", model),
+			RetryAfter: retryHold}
+	}
 	if errors.Is(err, router.ErrHoldFull) {
 		return &apierr.Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "queue_full",
 			Message:    fmt.Sprintf("no replica of the model %q is ready yet and its queue of waiting requests is full; retry later", model),

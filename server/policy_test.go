@@ -70,7 +70,9 @@ func TestTokensPerMinuteLimit(t *testing.T) {
 }
 
 func TestConcurrencyLimit(t *testing.T) {
-	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TTFT: 300 * time.Millisecond, TTFTSigma: -1}})
+	// A first token a second out: the two stay in flight while the third
+	// is sent, however slow the race detector makes their authentication.
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TTFT: time.Second, TTFTSigma: -1}})
 	secret := h.Key(policy.KeyOptions{MaxConcurrency: 2})
 	var wg sync.WaitGroup
 	results := make(chan int, 2)

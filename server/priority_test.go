@@ -249,7 +249,7 @@ func TestTenantsTakeTurnsWithinAClass(t *testing.T) {
 // refused at once with 429 queue_full and a Retry-After; those that waited
 // run once capacity frees.
 func TestFullQueueIsRefusedWith429(t *testing.T) {
-	g := busyGateway(t, policy.QueueConfig{MaxQueue: 2, MaxWait: time.Minute})
+	g := busyGateway(t, policy.QueueConfig{MaxQueue: 2, MaxQueuePerTenant: 2, MaxWait: time.Minute})
 	key := g.Key(policy.KeyOptions{})
 	release := block(t, g, key)
 	results := make(chan answer, 2)

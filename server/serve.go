@@ -34,6 +34,14 @@ type call struct {
 	queueWait time.Duration // how long it waited for that; -1 until it reached the queue
 	req       *parsedRequest
 	mm        *modelMetrics
+	// The key's concurrency slot and request, taken before the body was
+	// read (nil for a batch line): admission completes it.
+	entry *policy.Entry
+	// budgeted: the body was read under the body budget (the public API),
+	// and bodyHeld bytes of it are the call's, copyAhead of them for the
+	// copy of the body forwarded (bodybudget.go).
+	budgeted            bool
+	bodyHeld, copyAhead int64
 
 	// What happened: set while routing and relaying.
 	stages        data.Stages
@@ -101,6 +109,14 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 		s.reject(cl, out, err)
 		return
 	}
+	if err := s.saltRequest(cl, pr); err != nil {
+		s.reject(cl, out, err)
+		return
+	}
+	if err := s.reserveCopy(ctx, cl, body, pr); err != nil {
+		s.reject(cl, out, bodyError(err))
+		return
+	}
 	// An answer that generates nothing never waits in the admission queue;
 	// one relayed whole has no first token to hedge on.
 	cl.noQueue = !cl.ep.generates
@@ -128,7 +144,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	}
 	// Stream: every answer the engine streams, JSON assembled here included,
 	// is hedged on its time to first token.
-	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: pr.prefix, Session: cl.sessionKey(pr)}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group, Class: routerClass(cl.priority)}
+	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: cl.prefixKey(pr), Session: cl.sessionKey(pr)}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group, Class: routerClass(cl.priority)}
 	var (
 		c     *router.Call
 		prior int // attempts of a first pass every replica declined
@@ -277,7 +293,9 @@ func (s *Server) admit(ctx context.Context, cl *call, pr *parsedRequest, out sin
 		return nil
 	}
 	cl.mm = s.m.model(pr.model)
-	ticket, rs, err := s.gate.Admit(cl.principal, policy.Request{
+	// The key's slot and request were taken before the body (a batch
+	// line's, without an entry, are taken here).
+	ticket, rs, err := s.gate.AdmitEntered(cl.principal, cl.entry, policy.Request{
 		Model: pr.model, PromptEstimate: pr.promptEstimate, PromptBound: pr.promptBound, MaxTokens: pr.reservedCompletion(),
 	})
 	out.rateLimits(rs)

@@ -36,12 +36,14 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,6 +62,7 @@ import (
 	"github.com/tailgate-dev/tailgate/router"
 	"github.com/tailgate-dev/tailgate/server/apierr"
 	"github.com/tailgate-dev/tailgate/server/batch"
+	"github.com/tailgate-dev/tailgate/server/connlimit"
 	"github.com/tailgate-dev/tailgate/server/slo"
 	"github.com/tailgate-dev/tailgate/server/strictjson"
 	"github.com/tailgate-dev/tailgate/serving"
@@ -119,15 +122,29 @@ type Config struct {
 	// MaxBodyBytesInFlight bounds the request-body bytes held at once over
 	// all requests (a body is held until its request ends); a request past
 	// it waits up to BodyBudgetWait for others to finish, then gets 503 with
-	// Retry-After. 0 means 256 MiB: ten full-size audio uploads or 64
-	// full-size JSON bodies at once, while ordinary requests (kilobytes)
-	// never come near it, and a flood of large uploads stays a fraction of
-	// a small box's memory. It is at least the larger of MaxBodyBytes and
-	// MaxAudioBytes, so any one allowed body fits.
+	// Retry-After. Every copy counts: a multipart form is held twice (as
+	// read, and encoded again for the engine), a JSON body the gateway
+	// adds fields to too. 0 means 256 MiB: five full-size audio uploads or
+	// 32 full-size JSON bodies at once, while ordinary requests
+	// (kilobytes) never come near it, and a flood of large uploads stays a
+	// fraction of a small box's memory. It is at least twice the larger of
+	// MaxBodyBytes and MaxAudioBytes, so any one allowed body fits with
+	// its copy.
 	MaxBodyBytesInFlight int64
+	// MaxBodyBytesPerTenant is one tenant's share of MaxBodyBytesInFlight
+	// (requests are refused with 429 past it); 0 means a quarter of it,
+	// at least twice the larger of MaxBodyBytes and MaxAudioBytes (a
+	// largest body and the copy the gateway forwards): with the defaults
+	// 64 MiB, so no tenant — not one with a 1-token budget sending slow
+	// uploads — holds more than a quarter, and three tenants at their
+	// share still leave a quarter to everyone else.
+	MaxBodyBytesPerTenant int64
 	// BodyBudgetWait bounds a request's wait for MaxBodyBytesInFlight; 0
 	// means 2s.
 	BodyBudgetWait time.Duration
+	// CacheSaltSecret derives each tenant's cache_salt (salt.go); empty
+	// means a random secret for this process's life.
+	CacheSaltSecret []byte
 	// ClientWriteTimeout bounds how long one write to a client may block: a
 	// client that stops reading its stream (or a large answer) for longer
 	// is cut, and its concurrency slot, budget reservation and replica slot
@@ -175,6 +192,13 @@ type Config struct {
 	// Hold bounds how requests wait through a cold start (see hold.go);
 	// its zero value is [DefaultHold].
 	Hold HoldConfig
+	// TrustedProxies are the networks of proxies whose X-Forwarded-For
+	// names the client (client.go); none: the peer is the client.
+	TrustedProxies []netip.Prefix
+	// TraceFrom are the networks of clients whose traceparent the
+	// gateway continues (trace.go); none: every request starts its own
+	// trace, sampled as the operator set.
+	TraceFrom []netip.Prefix
 }
 
 func (c *Config) setDefaults() {
@@ -208,7 +232,12 @@ func (c *Config) setDefaults() {
 	if c.MaxBodyBytesInFlight <= 0 {
 		c.MaxBodyBytesInFlight = 256 << 20
 	}
-	c.MaxBodyBytesInFlight = max(c.MaxBodyBytesInFlight, c.MaxBodyBytes, c.MaxAudioBytes)
+	largest := 2 * max(c.MaxBodyBytes, c.MaxAudioBytes)
+	c.MaxBodyBytesInFlight = max(c.MaxBodyBytesInFlight, largest)
+	if c.MaxBodyBytesPerTenant <= 0 {
+		c.MaxBodyBytesPerTenant = max(c.MaxBodyBytesInFlight/4, largest)
+	}
+	c.MaxBodyBytesPerTenant = min(max(c.MaxBodyBytesPerTenant, largest), c.MaxBodyBytesInFlight)
 	if c.BodyBudgetWait <= 0 {
 		c.BodyBudgetWait = 2 * time.Second
 	}
@@ -273,7 +302,9 @@ type Server struct {
 	hist      *history   // the dashboard's last hour
 	live      *liveCalls // requests being served, for the dashboard
 	queue     *policy.AdmissionQueue
-	bodies    *bodyBudget // request-body bytes in flight
+	bodies    *bodyBudget        // request-body bytes in flight
+	salts     cacheSalts         // tenants' cache_salt (salt.go)
+	clients   *connlimit.Limiter // the public listener's shares (client.go)
 
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -334,7 +365,12 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, err
 	}
 	s.m = m
-	s.bodies = newBodyBudget(s.cfg.MaxBodyBytesInFlight, s.cfg.BodyBudgetWait, m.bodyBytes)
+	s.bodies = newBodyBudget(s.cfg.MaxBodyBytesInFlight, s.cfg.MaxBodyBytesPerTenant, s.cfg.BodyBudgetWait, m.bodyBytes)
+	s.salts.secret = cfg.CacheSaltSecret
+	if len(s.salts.secret) == 0 {
+		s.salts.secret = make([]byte, 32)
+		_, _ = rand.Read(s.salts.secret)
+	}
 	if s.auth, err = newAuthFailures(d.Registerer, d.Log); err != nil {
 		return nil, err
 	}
@@ -401,6 +437,7 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 // Public returns the handler of the OpenAI-compatible API.
 func (s *Server) Public() http.Handler {
 	e := s.newEcho(publicSide)
+	e.Use(s.forwardedClient)
 	e.GET("/healthz", s.handleGetHealthz)
 	e.GET(serving.RegionStatusPath, s.handleGetRegionStatus)
 	v1 := e.Group("/v1")

@@ -65,3 +65,23 @@ func (cl *call) sessionKey(pr *parsedRequest) uint64 {
 	h.Write([]byte(pr.model))
 	return h.Sum64() | 1 // never 0: that means no session
 }
+
+// prefixKey is the router's Hint.Prefix of cl: its prompt's leading part,
+// scoped to its tenant (0 when the prompt has none). Engines keep one
+// tenant's cached prefixes from another's (cache_salt, salt.go), so two
+// tenants' identical system prompts share no cache to meet at, and
+// affinity keeps each tenant's on its own replica.
+func (cl *call) prefixKey(pr *parsedRequest) uint64 {
+	if pr.prefix == 0 || cl.principal == nil {
+		return pr.prefix
+	}
+	// FNV-1a inline: the hash package's would allocate on the hot path.
+	h := uint64(14695981039346656037)
+	for _, v := range [2]uint64{pr.prefix, uint64(cl.principal.TenantID)} {
+		for range 8 {
+			h = (h ^ (v & 0xff)) * 1099511628211
+			v >>= 8
+		}
+	}
+	return h | 1
+}

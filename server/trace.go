@@ -25,6 +25,15 @@ import (
 // key or secret goes into any attribute: what is recorded is what the
 // ledger row and the metrics already say.
 //
+// Nothing a client sends decides what is recorded. Attribute values are
+// the gateway's own or known to it: a model name is one the gateway serves,
+// else "unknown" (a 4 MiB name would otherwise sit in every span the
+// exporter queues, and break its batches for everyone). A client's
+// traceparent is continued only from the networks the operator named
+// (Config.TraceFrom); from anywhere else the request starts its own trace
+// and the operator's sampling decides. Its tracestate and baggage are
+// never taken: they would ride on to the engine.
+//
 // With tracing off (no Deps.Tracer) a call's trace is nil and every hook
 // below returns at its first line: no span, no context, no allocation.
 
@@ -42,6 +51,8 @@ type callTrace struct {
 	ctx  context.Context // holds the request's span
 	span trace.Span
 
+	known func(model string) bool // the models a span may name
+
 	mu    sync.Mutex
 	tries []trace.Span // by the call's attempt index (tryLog's)
 }
@@ -53,7 +64,11 @@ func (s *Server) traceCall(r *http.Request, cl *call) *callTrace {
 		return nil
 	}
 	op := operationName(cl.ep.path)
-	ctx, span := s.tracer.Start(tracing.Extract(context.Background(), r.Header), op,
+	parent := context.Background()
+	if s.trustsTrace(r) {
+		parent = tracing.ExtractParent(parent, r.Header)
+	}
+	ctx, span := s.tracer.Start(parent, op,
 		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(cl.start),
 		trace.WithAttributes(
 			attribute.String("gen_ai.operation.name", op),
@@ -63,7 +78,20 @@ func (s *Server) traceCall(r *http.Request, cl *call) *callTrace {
 			attribute.String("tailgate.request_id", cl.id),
 			attribute.Int64("tailgate.tenant_id", cl.principal.TenantID),
 		))
-	return &callTrace{tr: s.tracer, ctx: ctx, span: span}
+	return &callTrace{tr: s.tracer, ctx: ctx, span: span, known: s.knownModel}
+}
+
+// knownModel reports whether the gateway serves model: a replica of it is
+// registered, or the fleet controller can start one.
+func (s *Server) knownModel(model string) bool { return s.reg.Known(model) || s.reg.Startable(model) }
+
+// spanModel is a model name as a span may carry it: one the gateway
+// serves, else "unknown".
+func (t *callTrace) spanModel(model string) string {
+	if t.known != nil && t.known(model) {
+		return model
+	}
+	return "unknown"
 }
 
 // operationName is gen_ai.operation.name for an endpoint: the conventions'
@@ -90,9 +118,9 @@ func (t *callTrace) admission(cl *call, pr *parsedRequest) stageSpan {
 	if t == nil {
 		return stageSpan{}
 	}
-	op := operationName(cl.ep.path)
-	t.span.SetName(op + " " + pr.model)
-	t.span.SetAttributes(attribute.String("gen_ai.request.model", pr.model), attribute.Bool("tailgate.stream", pr.stream))
+	op, model := operationName(cl.ep.path), t.spanModel(pr.model)
+	t.span.SetName(op + " " + model)
+	t.span.SetAttributes(attribute.String("gen_ai.request.model", model), attribute.Bool("tailgate.stream", pr.stream))
 	_, span := t.tr.Start(t.ctx, "admission")
 	return stageSpan{span}
 }
@@ -106,7 +134,7 @@ func (a stageSpan) admitted(cl *call, ok bool) {
 	result := "admitted"
 	if !ok {
 		result = "refused"
-		a.span.SetStatus(codes.Error, string(cl.class))
+		a.span.SetStatus(codes.Error, boundString(string(cl.class)))
 	}
 	a.span.SetAttributes(attribute.String("tailgate.admission", result), attribute.String("tailgate.priority", cl.priority.String()))
 	if cl.queueWait >= 0 {
@@ -206,7 +234,7 @@ func (t *callTrace) end(cl *call) {
 	}
 	if cl.req != nil && cl.outcome == data.OutcomeOK {
 		// The replica answered for the model it was routed by.
-		attrs = append(attrs, attribute.String("gen_ai.response.model", cl.req.model))
+		attrs = append(attrs, attribute.String("gen_ai.response.model", t.spanModel(cl.req.model)))
 	}
 	cl.stages.Each(func(_ int, name string, d time.Duration) {
 		if d >= 0 {
@@ -214,11 +242,12 @@ func (t *callTrace) end(cl *call) {
 		}
 	})
 	sp.SetAttributes(attrs...)
+	// A class may be an engine's own error code (relayed): bounded.
 	if cl.class != "" {
-		sp.SetAttributes(attribute.String("error.type", string(cl.class)))
+		sp.SetAttributes(attribute.String("error.type", boundString(string(cl.class))))
 	}
 	if cl.status >= 500 || cl.outcome == data.OutcomeMidstream {
-		sp.SetStatus(codes.Error, string(cl.class))
+		sp.SetStatus(codes.Error, boundString(string(cl.class)))
 	}
 	sp.End()
 }

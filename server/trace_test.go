@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/tailgate-dev/tailgate/policy"
 	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
 	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 	"github.com/tailgate-dev/tailgate/serving/sim"
 )
@@ -147,6 +149,8 @@ func TestTraceOfAHedgedRequest(t *testing.T) {
 	h := servertest.Start(t, servertest.Options{
 		Fleet:  fleet,
 		Tracer: tp,
+		// The client (loopback) is trusted to continue its own trace.
+		Server: server.Config{TraceFrom: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
 		Router: router.Config{
 			Rand:  func(int) int { return 0 }, // the slow fleet-0 is tried first
 			Hedge: router.HedgeConfig{Enabled: true, MinSamples: 5, Min: time.Millisecond},

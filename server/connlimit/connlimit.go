@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -38,6 +39,11 @@ type Config struct {
 	// counts like any address); one more is closed at once, unless an idle
 	// one of the same address can make room. 0: Max/8, at least 1.
 	PerAddress int
+	// Trusted are the networks of proxies that forward many clients'
+	// requests (an edge, a load balancer): their connections count
+	// against Max only, and the clients they name are held to
+	// PerAddress request by request instead ([Limiter.EnterForwarded]).
+	Trusted []netip.Prefix
 }
 
 // Validate reports a limit that cannot work.
@@ -172,7 +178,7 @@ func (l *Limiter) admit(nc net.Conn, done <-chan struct{}) *conn {
 		l.mu.Lock()
 		var victim *conn
 		switch {
-		case l.byAddr[addr] >= l.cfg.PerAddress:
+		case l.byAddr[addr] >= l.cfg.PerAddress && !l.Trusts(addr):
 			if victim = l.oldestIdle(addr); victim == nil {
 				l.mu.Unlock()
 				_ = nc.Close()
@@ -305,4 +311,56 @@ func (c *conn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() { c.l.release(c) })
 	return err
+}
+
+// Trusts reports whether addr (an IP address) is in a Trusted network.
+func (l *Limiter) Trusts(addr string) bool {
+	return Contains(l.cfg.Trusted, addr)
+}
+
+// Contains reports whether the IP address addr is in one of nets.
+func Contains(nets []netip.Prefix, addr string) bool {
+	if len(nets) == 0 {
+		return false
+	}
+	ip, err := netip.ParseAddr(addr)
+	if err != nil {
+		return false
+	}
+	ip = ip.Unmap()
+	for _, n := range nets {
+		if n.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// EnterForwarded counts one request that a trusted proxy forwarded for the
+// client at addr against addr's share (PerAddress, with the connections
+// addr holds itself): false when addr holds its share already, and the
+// request must be refused. leave gives the place back when the request
+// ends. Behind an edge every client is one connection's address; this is
+// how each still gets a share of its own.
+func (l *Limiter) EnterForwarded(addr string) (leave func(), ok bool) {
+	l.mu.Lock()
+	if l.byAddr[addr] >= l.cfg.PerAddress {
+		l.mu.Unlock()
+		l.m.refused.WithLabelValues(l.cfg.Listener, "per_address_forwarded").Inc()
+		l.logs.warn(l.cfg.Listener+"/per_address_forwarded", "forwarded request refused: its client address holds its share of the connection cap",
+			"listener", l.cfg.Listener, "addr", addr, "per_address", l.cfg.PerAddress)
+		return nil, false
+	}
+	l.byAddr[addr]++
+	l.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			if l.byAddr[addr]--; l.byAddr[addr] <= 0 {
+				delete(l.byAddr, addr)
+			}
+			l.mu.Unlock()
+		})
+	}, true
 }

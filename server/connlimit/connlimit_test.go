@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -204,5 +205,48 @@ func TestHandshakeErrorsAreCountedAndLoggedOnceAMinute(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 2 || !strings.Contains(lines[0], "TLS handshake failed") || !strings.Contains(lines[1], "Accept error") {
 		t.Errorf("log lines:\n%s\nwant one handshake line and the accept error", buf.String())
+	}
+}
+
+// TestTrustedProxyHoldsMoreThanAShare: a trusted proxy's connections count
+// against the cap only (it carries many clients, and its health polls
+// must not be refused for its address's share); each client it forwards
+// is held to the share request by request.
+func TestTrustedProxyHoldsMoreThanAShare(t *testing.T) {
+	cfg := Config{Listener: "public", Max: 8, PerAddress: 2, Trusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}}
+	addr, _ := serve(t, cfg)
+	var conns []net.Conn
+	for range 4 {
+		conns = append(conns, dialFrom(t, "127.0.0.2", addr))
+	}
+	for i, c := range conns {
+		if !get(t, c, bufio.NewReader(c)) {
+			t.Fatalf("the trusted proxy's connection %d was closed with a share of 2", i+1)
+		}
+	}
+	l, err := New(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leaves []func()
+	for range 2 {
+		leave, ok := l.EnterForwarded("203.0.113.7")
+		if !ok {
+			t.Fatal("a forwarded client refused within its share")
+		}
+		leaves = append(leaves, leave)
+	}
+	if _, ok := l.EnterForwarded("203.0.113.7"); ok {
+		t.Fatal("a forwarded client's third request admitted with a share of 2")
+	}
+	if leave, ok := l.EnterForwarded("198.51.100.9"); !ok {
+		t.Fatal("another forwarded client refused")
+	} else {
+		leave()
+	}
+	leaves[0]()
+	leaves[0]() // twice is once
+	if _, ok := l.EnterForwarded("203.0.113.7"); !ok {
+		t.Fatal("a forwarded client refused after one of its requests ended")
 	}
 }

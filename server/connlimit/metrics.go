@@ -19,7 +19,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Client connections open, by listener and state (new: no request yet, active, idle: kept alive between requests)."},
 			[]string{"listener", "state"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tailgate_connections_refused_total",
-			Help: "Connections closed as soon as accepted, by reason (per_address: their address held its share of the cap)."},
+			Help: "Connections closed as soon as accepted, by reason (per_address: their address held its share of the cap), and requests a trusted proxy forwarded that were refused (per_address_forwarded: their client address held its share)."},
 			[]string{"listener", "reason"}),
 		idleClosed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tailgate_connections_idle_closed_total",
 			Help: "Idle keep-alive connections closed to make room for a new one at a connection cap."},

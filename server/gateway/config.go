@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"regexp"
@@ -64,7 +65,15 @@ type Config struct {
 	DefaultMaxTokens int64                  `yaml:"default_max_tokens"` // --default-max-tokens; 0: 1024
 	Models           map[string]ModelConfig `yaml:"models"`             // the catalog; --price adds prices
 
-	MaxBodyInFlight int64 `yaml:"-"` // --max-body-bytes-in-flight; 0: 256 MiB
+	MaxBodyInFlight  int64 `yaml:"-"` // --max-body-bytes-in-flight; 0: 256 MiB
+	MaxBodyPerTenant int64 `yaml:"-"` // --max-body-bytes-per-tenant; 0: a quarter of it
+	HoldPerTenant    int   `yaml:"-"` // --hold-queue-per-tenant; 0: a quarter of --hold-queue
+	AdmitPerTenant   int   `yaml:"-"` // --admit-queue-per-tenant; 0: a quarter of --admit-queue
+
+	// --trusted-proxy: proxies whose X-Forwarded-For names the client;
+	// --trust-trace-from: clients whose traceparent is continued.
+	TrustedProxies []netip.Prefix `yaml:"-"`
+	TraceFrom      []netip.Prefix `yaml:"-"`
 
 	MaxBody   int64         `yaml:"-"` // --max-body; 0: 4 MiB
 	KeepAlive time.Duration `yaml:"-"` // --sse-keepalive; 0: 10s
@@ -190,6 +199,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.DefaultMaxTokens, "default-max-tokens", 1024, "max_tokens applied when a request sets none")
 	fs.Int64Var(&c.MaxBody, "max-body", 4<<20, "largest request body in bytes (larger: 413)")
 	fs.Int64Var(&c.MaxBodyInFlight, "max-body-bytes-in-flight", 256<<20, "request-body bytes held at once over all requests; past it a request waits up to 2s, then gets 503 (0: 256 MiB)")
+	fs.Int64Var(&c.MaxBodyPerTenant, "max-body-bytes-per-tenant", 0, "one tenant's share of --max-body-bytes-in-flight; past it its requests get 429 while other tenants' still fit (0: a quarter, at least two of the largest body)")
+	fs.IntVar(&c.HoldPerTenant, "hold-queue-per-tenant", 0, "one tenant's share of each model's --hold-queue; past it its requests get 429 queue_full while other tenants' are still held (0: a quarter of --hold-queue)")
+	fs.IntVar(&c.AdmitPerTenant, "admit-queue-per-tenant", 0, "one tenant's share of each --admit-queue (per class and model); past it its requests get 429 queue_full while other tenants' still queue (0: a quarter of --admit-queue)")
+	fs.Func("trusted-proxy", "a proxy network (CIDR, e.g. 10.0.0.0/8, or one address) whose X-Forwarded-For names the client: its connections count against --max-connections only, and each client it forwards gets its own --max-connections-per-address share (repeatable, or comma-separated)", prefixesTo(&c.TrustedProxies))
+	fs.Func("trust-trace-from", "a client network (CIDR or one address) whose traceparent the gateway continues; from anywhere else a request starts its own trace, sampled by --otlp-sample-ratio (repeatable, or comma-separated)", prefixesTo(&c.TraceFrom))
 	fs.DurationVar(&c.KeepAlive, "sse-keepalive", 10*time.Second, "send an SSE comment when a stream is silent this long")
 	fs.IntVar(&c.HoldQueue, "hold-queue", server.DefaultHold.Queue, "requests held per model while no replica of it is ready but one is starting or can be started; past it 429 queue_full (-1: hold nothing, 503 no_replica at once)")
 	fs.DurationVar(&c.HoldTimeout, "hold-timeout", server.DefaultHold.Timeout, "how long a request is held for a replica of its model to become ready; past it 503 no_replica with Retry-After")
@@ -252,6 +266,29 @@ func (c *Config) RegisterMeshFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.MeshAllowPeers, "mesh-allow-peers", "", "with --mesh: only tailnet peers with one of these tags or host names may register as workers (comma-separated), besides the cluster token")
 	fs.BoolVar(&c.MeshTLS, "mesh-tls", false, "with --mesh: also serve the public API on the tailnet over HTTPS at port 443, with the node's Tailscale certificate (https://NODE.TAILNET.ts.net/v1); the tailnet must have HTTPS certificates enabled")
 	fs.BoolVar(&c.MeshFunnel, "mesh-funnel", false, "with --mesh: also serve the public API (never the admin routes) on the internet through Tailscale Funnel at https://NODE.TAILNET.ts.net/v1, over the node's outbound connection (no inbound port); the tailnet must allow Funnel (the funnel node attribute) and HTTPS certificates")
+}
+
+// prefixesTo is a repeatable flag's setter of networks: CIDRs or single
+// addresses, comma-separated.
+func prefixesTo(list *[]netip.Prefix) func(string) error {
+	return func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			f = strings.TrimSpace(f)
+			if f == "" {
+				continue
+			}
+			p, err := netip.ParsePrefix(f)
+			if err != nil {
+				a, aerr := netip.ParseAddr(f)
+				if aerr != nil {
+					return fmt.Errorf("%q: want a network like 10.0.0.0/8 or an address", f)
+				}
+				p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+			}
+			*list = append(*list, p.Masked())
+		}
+		return nil
+	}
 }
 
 // appendTo is a repeatable flag's setter.
@@ -338,6 +375,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--media-part-tokens %d: want a positive number of tokens (0: 16384)", c.MediaPartTokens)
 	case c.MaxConnections < 0:
 		return fmt.Errorf("--max-connections %d: want a positive count (0: 4096)", c.MaxConnections)
+	case c.MaxBodyPerTenant < 0 || c.HoldPerTenant < 0 || c.AdmitPerTenant < 0:
+		return errors.New("--max-body-bytes-per-tenant, --hold-queue-per-tenant and --admit-queue-per-tenant want a positive share (0: a quarter)")
 	case c.MaxConnsPerIP < 0:
 		return fmt.Errorf("--max-connections-per-address %d: want a positive count (0: 1/8 of --max-connections)", c.MaxConnsPerIP)
 	case c.AdminMaxConns < 0:
@@ -494,15 +533,16 @@ func (c *Config) setup() (*parts, error) {
 	st := &parts{
 		srvCfg: server.Config{
 			DefaultMaxTokens: c.DefaultMaxTokens, MaxBodyBytes: c.MaxBody, KeepAlive: c.KeepAlive,
-			Hold:         server.HoldConfig{Queue: c.HoldQueue, Timeout: c.HoldTimeout, Progress: c.HoldProgress},
+			Hold:         server.HoldConfig{Queue: c.HoldQueue, PerTenant: c.HoldPerTenant, Timeout: c.HoldTimeout, Progress: c.HoldProgress},
 			TTFTDeadline: c.TTFTDeadline, IdleDeadline: c.IdleDeadline, JSONDeadline: c.JSONDeadline,
 			ClientWriteTimeout: c.ClientWriteTimeout, MaxJSONDepth: c.MaxJSONDepth, MediaPartTokens: c.MediaPartTokens,
 			RejectedRows: c.RejectedRows, OpenRegistration: c.OpenRegistration, MaxBodyBytesInFlight: c.MaxBodyInFlight,
+			MaxBodyBytesPerTenant: c.MaxBodyPerTenant, TrustedProxies: c.TrustedProxies, TraceFrom: c.TraceFrom,
 			MaxTokensByModel: map[string]int64{}, TTFTDeadlineByModel: map[string]time.Duration{},
 			IdleDeadlineByModel: map[string]time.Duration{},
 			SLO:                 c.sloConfig.config(c.Models),
 			AdmitCapacity:       c.AdmitCapacity, AdmitCapacityByModel: map[string]int64{},
-			Admission: policy.QueueConfig{Headroom: c.AdmitHeadroom, MaxQueue: c.AdmitQueue, MaxWait: c.AdmitWait},
+			Admission: policy.QueueConfig{Headroom: c.AdmitHeadroom, MaxQueue: c.AdmitQueue, MaxQueuePerTenant: c.AdmitPerTenant, MaxWait: c.AdmitWait},
 		},
 		prices: map[string]policy.Price{},
 	}

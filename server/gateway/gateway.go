@@ -119,6 +119,9 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		return nil, err
 	}
 	gw.adminToken = adminToken
+	if setup.srvCfg.CacheSaltSecret, err = ensureCacheSaltKey(cfg.DataDir); err != nil {
+		return nil, err
+	}
 	db, err := gatewayDatabase(cfg.DataDir, cfg.Database)
 	if err != nil {
 		return nil, err
@@ -228,7 +231,12 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		l, _ := connlimit.New(connlimit.Config{Listener: name, Max: most, PerAddress: perIP}, conns, log) // validated with the flags
 		return l
 	}
-	pubLimit, adminLimit := limit("public", cfg.MaxConnections, cfg.MaxConnsPerIP), limit("admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
+	public := func() *connlimit.Limiter {
+		l, _ := connlimit.New(connlimit.Config{Listener: "public", Max: cfg.MaxConnections, PerAddress: cfg.MaxConnsPerIP, Trusted: cfg.TrustedProxies}, conns, log)
+		return l
+	}
+	pubLimit, adminLimit := public(), limit("admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
+	srv.SetClients(pubLimit)
 	gw.publicLn = pubLimit.Listen(gw.publicLn)
 	if gw.tls != nil {
 		gw.publicLn = tls.NewListener(gw.publicLn, gw.tls.config)

@@ -98,3 +98,16 @@ func ensureSecretFile(path, prefix string) (string, error) {
 	}
 	return tok, f.Close()
 }
+
+// ensureCacheSaltKey creates DIR/cache_salt.key (mode 0600) on first start
+// and returns it: the secret each tenant's cache_salt is derived from
+// (server.Config.CacheSaltSecret). Gateways that share a database should
+// share it too (copy the file), so a tenant's requests share their cache
+// through every gateway; a new key only makes engines' caches cold once.
+func ensureCacheSaltKey(dir string) ([]byte, error) {
+	tok, err := ensureSecretFile(filepath.Join(dir, "cache_salt.key"), "tgs-")
+	if err != nil {
+		return nil, err
+	}
+	return []byte(tok), nil
+}

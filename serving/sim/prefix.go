@@ -19,7 +19,12 @@ import (
 // parent's, as vllm/v1/core/kv_cache_utils.py's hash_block_tokens hashes
 // (parent_block_hash, block_token_ids, extra_keys): a block hits only
 // after the same whole prefix. The request's cache_salt is the first
-// block's extra key, as there, so differently salted prompts share nothing.
+// block's extra key, as there (generate_block_hash_extra_keys adds
+// request.cache_salt when start_token_idx == 0), so differently salted
+// prompts share nothing: the gateway salts each tenant's requests with its
+// own, so tenants share no cached block. The salt is read on chat and
+// completions requests, a non-empty string or refused as vLLM refuses it
+// (vllm/entrypoints/openai/protocol.py, check_cache_salt_support).
 // The hash is FNV-1a over 64 bits (vLLM's is sha256 or xxhash; only
 // equality matters here). A partial last block is never cached.
 //

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config says where spans go and how many.
@@ -31,9 +32,11 @@ type Config struct {
 	// one with a path is used as given. "" turns tracing off.
 	Endpoint string
 	// SampleRatio is the share of new traces recorded (--otlp-sample-ratio),
-	// in [0, 1]; a request whose client sent a traceparent follows the
-	// client's decision. The flags' default is 1 (every request); 0 records
-	// only the traces a client asked for.
+	// in [0, 1]. A request continues its client's trace, and follows the
+	// client's sampling decision, only where the role trusts the client
+	// to (the gateway: --trust-trace-from; the sidecar: its gateway);
+	// every other request is a new trace. The flags' default is 1 (every
+	// request); 0 records only the traces trusted clients asked for.
 	SampleRatio float64
 	// Service is the service.name of the spans ("tailgate-gateway",
 	// "tailgate-worker"); OTEL_SERVICE_NAME, when set, wins.
@@ -44,7 +47,7 @@ type Config struct {
 // same on every role that makes spans.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "otlp-endpoint", "", "send OpenTelemetry traces to this collector's OTLP/HTTP URL, e.g. http://127.0.0.1:4318 (/v1/traces is added to a URL without a path); empty: no traces")
-	fs.Float64Var(&c.SampleRatio, "otlp-sample-ratio", 1, "share of requests traced, between 0 and 1, when the client sent no traceparent (one that did is traced as it says)")
+	fs.Float64Var(&c.SampleRatio, "otlp-sample-ratio", 1, "share of requests traced, between 0 and 1; a request whose client is trusted with its trace context (the gateway's --trust-trace-from) and sent a traceparent is traced as that says")
 }
 
 // Args returns the flags that give another tailgate process (a worker
@@ -128,6 +131,19 @@ func New(c Config) (*sdktrace.TracerProvider, error) {
 // (and tracestate), if it carries a valid one.
 func Extract(ctx context.Context, h http.Header) context.Context {
 	return propagation.TraceContext{}.Extract(ctx, propagation.HeaderCarrier(h))
+}
+
+// ExtractParent returns ctx with the remote span context of h's W3C
+// traceparent alone, if it carries a valid one: its tracestate (a list
+// of vendors' values, up to 32 of them) is dropped, so nothing a client
+// wrote rides on to the spans' children and the engine. Baggage is never
+// read. For requests from outside the deployment.
+func ExtractParent(ctx context.Context, h http.Header) context.Context {
+	sc := trace.SpanContextFromContext(Extract(ctx, h))
+	if !sc.IsValid() {
+		return ctx
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc.WithTraceState(trace.TraceState{}))
 }
 
 // Inject sets h's traceparent (and tracestate) to ctx's span, the W3C

@@ -1,0 +1,77 @@
+package server
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"strconv"
+	"sync"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/tailgate-dev/tailgate/server/apierr"
+)
+
+// Tenants share no prefix cache.
+//
+// An engine with automatic prefix caching answers a prompt whose start it
+// has cached sooner: a tenant could time its own requests to learn whether
+// another tenant sent a given system prompt. vLLM closes this with the
+// request field cache_salt (vllm/entrypoints/openai/protocol.py: on chat,
+// completions and responses requests, "must be a non-empty string if
+// provided"): it is an extra key of the first block's hash
+// (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys: the
+// salt when start_token_idx == 0), and every later block chains that hash,
+// so differently salted prompts share no cached block.
+//
+// The gateway sets cache_salt on every JSON request it forwards to the
+// tenant's own salt — an HMAC of the tenant's id under a gateway secret
+// (Config.CacheSaltSecret, DIR/cache_salt.key) — replacing whatever the
+// client sent: a client cannot choose another tenant's salt, nor learn its
+// own. A tenant's requests still share their cache with each other. An
+// engine that does not know the field ignores it (vLLM's request models
+// allow extra fields; its Anthropic /v1/messages model drops unknown ones,
+// so there the engine's cache stays shared: see docs/operations.md). A
+// multipart audio form is forwarded without a client's cache_salt field.
+
+// cacheSalts derives and remembers tenants' salts.
+type cacheSalts struct {
+	secret []byte
+	m      sync.Map // tenant id → string
+}
+
+// of returns the tenant's salt: 22 characters of base64url.
+func (c *cacheSalts) of(tenant int64) string {
+	if v, ok := c.m.Load(tenant); ok {
+		return v.(string)
+	}
+	mac := hmac.New(sha256.New, c.secret)
+	mac.Write([]byte("tailgate cache_salt\x00"))
+	mac.Write(strconv.AppendInt(nil, tenant, 10))
+	salt := base64.RawURLEncoding.EncodeToString(mac.Sum(nil)[:16])
+	c.m.Store(tenant, salt)
+	return salt
+}
+
+// saltRequest sets the forwarded JSON body's cache_salt to cl's tenant's
+// salt (a batch line's too), replacing the client's; a body it cannot edit
+// is refused rather than forwarded with the client's salt.
+func (s *Server) saltRequest(cl *call, pr *parsedRequest) error {
+	if cl.principal == nil || pr.ctype != "" || len(pr.body) == 0 {
+		return nil
+	}
+	salt := s.salts.of(cl.principal.TenantID)
+	if gjson.GetBytes(pr.body, "cache_salt").Exists() {
+		b, err := sjson.SetBytes(pr.body, "cache_salt", salt)
+		if err != nil {
+			return apierr.BadRequest("cache_salt", "request body cannot be edited: %v", err)
+		}
+		pr.body = b
+		return nil
+	}
+	var buf [64]byte
+	field := append(append(append(buf[:0], `,"cache_salt":"`...), salt...), '"')
+	pr.body = appendFields(pr.body, field)
+	return nil
+}
