@@ -36,7 +36,7 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		defer cl.trace.end(cl)
 		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
 		cl.group = boundString(r.Header.Get("X-Tailgate-Group"))
-		cl.session = hashString(r.Header.Get(sessionHeader))
+		cl.session = hashString(agentSession(r.Header))
 		cl.source = s.sourceOf(r)
 		s.live.track(cl)
 		defer s.live.untrack(cl)
