@@ -19,9 +19,13 @@
 //
 // The Worker forwards the request untouched (method, headers, body bytes):
 // it never reads a key or bills. It reads a JSON body's "model" from at most
-// MAX_PEEK bytes. A request whose connection to a region fails (fetch
-// throws before an answer) goes to the next region at once when its body
-// was held whole. Answers carry X-Tailgate-Region.
+// MAX_PEEK bytes. A request whose connection to a region fails before an
+// answer (fetch throws: the dial failed, or the region died before its
+// response headers) goes to the next region at once when its body was
+// held whole, as does one a region refused with a 503; serving/edge
+// follows the same rule. A model a region reports no TTFT samples for is
+// unknown, not fastest: it counts the slowest median other regions report
+// (serving/edge/select.go's rule). Answers carry X-Tailgate-Region.
 
 const STATUS_PATH = "/edge/v1/status";
 const RTT_ALPHA = 0.3;
@@ -87,24 +91,42 @@ async function pollAll(st) {
   reroute(st, true);
 }
 
-function modelCost(m, queueWeight) {
+// modelCost is the model's median TTFT plus its queue penalty; a model
+// without a median (no samples yet: a fresh or restarted region) is
+// unknown, not fast, and counts unknown[id], the slowest median the other
+// regions report for it (serving/edge/select.go's rule).
+function modelCost(m, queueWeight, unknown) {
   let ahead = m.waiting || 0;
   if (m.slots > 0) ahead = Math.max(ahead, (m.inflight || 0) - m.slots);
   const queued = m.ready_replicas > 0 ? Math.max(ahead, 0) / m.ready_replicas : 0;
-  const p50 = m.ttft_p50_seconds || 0;
+  const p50 = m.ttft_p50_seconds > 0 ? m.ttft_p50_seconds : unknown.get(m.id) || 0;
   return p50 + queueWeight * queued * p50;
+}
+
+// unknownMedians maps each model to the slowest median of the regions
+// that may take its requests and have one (none: 0, and the round trips
+// and queues decide alone).
+function unknownMedians(st) {
+  const out = new Map();
+  for (const r of st.regions) {
+    if (!r.healthy || r.draining) continue;
+    for (const m of (r.status && r.status.models) || []) {
+      if (m.ttft_p50_seconds > 0 && m.ready_replicas > 0 && m.ttft_p50_seconds > (out.get(m.id) || 0)) out.set(m.id, m.ttft_p50_seconds);
+    }
+  }
+  return out;
 }
 
 // expected returns a request's expected first-token time in r, or null
 // when r may not take it.
-function expected(r, model, queueWeight) {
+function expected(r, model, queueWeight, unknown) {
   if (!r.healthy || r.draining) return null;
   const models = (r.status && r.status.models) || [];
   if (model === "") {
     let best = null;
     for (const m of models) {
       if (m.ready_replicas > 0) {
-        const c = modelCost(m, queueWeight);
+        const c = modelCost(m, queueWeight, unknown);
         if (best === null || c < best) best = c;
       }
     }
@@ -112,13 +134,14 @@ function expected(r, model, queueWeight) {
   }
   const m = models.find((x) => x.id === model);
   if (!m || m.ready_replicas === 0) return null;
-  return r.rtt + modelCost(m, queueWeight);
+  return r.rtt + modelCost(m, queueWeight, unknown);
 }
 
 function rank(st, model) {
   const out = [];
+  const unknown = unknownMedians(st);
   for (const r of st.regions) {
-    const score = expected(r, model, st.cfg.queueWeight);
+    const score = expected(r, model, st.cfg.queueWeight, unknown);
     if (score !== null) out.push({ idx: r.idx, score });
   }
   const eff = (x) => (x.idx === st.cfg.prefer ? x.score * (1 - TIE_MARGIN) : x.score);

@@ -19,10 +19,10 @@
 // once for streams): it never reads a key or bills; authorization, quotas
 // and metering stay in the gateways. It peeks at a JSON body's "model"
 // (the first MaxPeek bytes, forwarded byte for byte). A request whose
-// connection to a region fails before anything was sent (the dial failed)
-// goes to the next region at once, when its body is held whole (at most
-// MaxPeek bytes); so does one a region refused with a 503 (it ran
-// nothing there). Answers carry X-Tailgate-Region. It must not import
+// connection to a region fails before an answer (the dial failed, or the
+// region died before its response headers) goes to the next region at
+// once, when its body is held whole (at most MaxPeek bytes); so does one a
+// region refused with a 503 (it ran nothing there). Answers carry X-Tailgate-Region. It must not import
 // package server: the wire contract is package serving's.
 package edge
 
@@ -375,10 +375,13 @@ func (e *Edge) newProxy(r *region) *httputil.ReverseProxy {
 }
 
 // ServeHTTP forwards the request to the best region for its model, and to
-// the next one at once when nothing of it ran: the connection could not be
-// made, or the region refused it with a 503 (no ready replica, draining,
-// ledger unavailable: the gateway answers 503 only for what it did not
-// run). The last region's refusal reaches the client as it was.
+// the next one at once when nothing of it reached the client and its body
+// is held whole: the connection could not be made, the region failed
+// before answering (killed mid-request: the connection closed before the
+// response headers), or it refused the request with a 503 (no ready
+// replica, draining, ledger unavailable: the gateway answers 503 only for
+// what it did not run). deploy/cloudflare/worker.js follows the same rule.
+// The last region's refusal reaches the client as it was.
 func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, whole, model, err := e.peek(r)
 	if err != nil {
@@ -433,12 +436,19 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			e.m.retries.WithLabelValues(reg.name, "refused").Inc()
 			continue
 		}
+		reason := "connect"
 		if !notSent(aw.err) {
-			e.m.requests.WithLabelValues(reg.name, "502").Inc()
-			writeError(w, http.StatusBadGateway, "server_error", "region_failed", "region "+reg.name+" failed: "+aw.err.Error())
-			return
+			if !whole {
+				e.m.requests.WithLabelValues(reg.name, "502").Inc()
+				writeError(w, http.StatusBadGateway, "server_error", "region_failed", "region "+reg.name+" failed: "+aw.err.Error())
+				return
+			}
+			// The region failed before answering (killed, connection
+			// reset): nothing reached the client and the body is held, so
+			// the next region takes it, as the Worker does.
+			reason = "failed"
 		}
-		e.m.retries.WithLabelValues(reg.name, "connect").Inc()
+		e.m.retries.WithLabelValues(reg.name, reason).Inc()
 		e.markDown(reg, aw.err)
 	}
 	e.m.requests.WithLabelValues("none", "502").Inc()

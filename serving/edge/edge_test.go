@@ -260,3 +260,66 @@ func TestH2CMovesTrafficOverTheWarmConnection(t *testing.T) {
 		}
 	}
 }
+
+// A region that reports no TTFT samples for the model (fresh or just
+// restarted: p50 0) is unknown, not fastest: the preferred region with
+// samples keeps the route through many polls (issue 49: 568 of 572
+// requests went to the sample-less region).
+func TestRegionWithoutSamplesIsNotFastest(t *testing.T) {
+	// b is 40 ms farther and has no TTFT samples: counted as fastest (p50
+	// 0) it would win every poll.
+	a := newFakeRegion(t, "a", idle(0.5))
+	b := newFakeRegion(t, "b", idle(0))
+	bURL := delayProxy(t, b.srv.Listener.Addr().String(), 20*time.Millisecond)
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: bURL}}, Prefer: "a"})
+	waitRoute(t, e, model, "a")
+	polls := func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.protos) // one a poll while no request is sent
+	}
+	start := polls()
+	for polls() < start+10 { // ten poll rounds, five times the switch's polls
+		if r := e.Route(model); r[0] != "a" {
+			t.Fatalf("after %d polls the route is %v: the region without samples took it", polls()-start, r)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for range 5 {
+		if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "a" {
+			t.Fatalf("answer %d from %q, want 200 from the preferred a", code, reg)
+		}
+	}
+	// Unknown is not slowest either: with samples nowhere, round trips and
+	// the preference decide, and b takes traffic when a leaves.
+	a.set(func(st *serving.RegionStatus) { st.Draining = true })
+	waitRoute(t, e, model, "b")
+}
+
+// A region killed while it runs a JSON request (the connection closes
+// before any answer) does not fail the request: the edge holds the body
+// and sends it to the next region, as the Worker does.
+func TestResendsInFlightRequestOfKilledRegion(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
+	e := startEdge(t, edge.Config{
+		Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a",
+		PollInterval: time.Hour, // the first poll only: the edge learns of a's death from the request
+	})
+	waitRoute(t, e, model, "a")
+	a.mu.Lock()
+	a.kill = true
+	a.mu.Unlock()
+	if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "b" {
+		t.Fatalf("a killed mid-request: answer %d from %q, want 200 from b", code, reg)
+	}
+	if got := a.requests(); len(got) != 1 {
+		t.Fatalf("a got %d requests, want 1 (it died running it)", len(got))
+	}
+	if got := b.requests(); len(got) != 1 || string(got[0].body) != chat {
+		t.Fatalf("b got %+v, want the request's body as sent", got)
+	}
+	if r := e.Route(model); len(r) != 1 || r[0] != "b" {
+		t.Fatalf("route after a died = %v, want [b]", r)
+	}
+}

@@ -27,6 +27,7 @@ type fakeRegion struct {
 	status serving.RegionStatus
 	down   bool // status answers 503
 	refuse bool // requests are answered 503 no_replica (and recorded)
+	kill   bool // requests are read, recorded and their connection closed unanswered: a region killed mid-request
 	got    []recorded
 	conns  int // connections accepted
 	protos []string
@@ -53,6 +54,9 @@ func newFakeRegion(t *testing.T, name string, m serving.RegionModel) *fakeRegion
 		}
 		body, _ := io.ReadAll(r.Body)
 		f.got = append(f.got, recorded{r.Header.Get("Authorization"), body})
+		if f.kill {
+			panic(http.ErrAbortHandler) // closes the connection without an answer
+		}
 		w.Header().Set("Content-Type", "application/json")
 		if f.refuse {
 			w.WriteHeader(http.StatusServiceUnavailable)
