@@ -35,7 +35,7 @@ func TestEdgeInFrontOfTwoRegions(t *testing.T) {
 	if err := os.CopyFS(dirB, os.DirFS(dirA)); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"admin.token", "cluster.token"} {
+	for _, f := range []string{"admin.token", "cluster.token", "edge.token"} {
 		if err := os.Chmod(filepath.Join(dirB, f), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +54,8 @@ func TestEdgeInFrontOfTwoRegions(t *testing.T) {
 	}
 
 	edge := startProc(t, "edge", true, "edge", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--region", "A="+baseA, "--region", "B="+baseB, "--prefer", "A", "--poll-interval", "200ms", "--h2c")
+		"--region", "A="+baseA, "--region", "B="+baseB, "--prefer", "A", "--poll-interval", "200ms", "--h2c",
+		"--edge-token-file", filepath.Join(dirA, "edge.token")) // copied to B with the rest of the directory
 	var edgeURL, edgeAdmin string
 	edgeLine := regexp.MustCompile(`tailgate edge: (http://\S+) .* admin (http://\S+)`)
 	edge.scanUntil(func(line string) bool {

@@ -11,6 +11,8 @@
 //   SWITCH_POLLS   polls in a row it must be (default 3)
 //   QUEUE_WEIGHT   median TTFTs per request queued ahead per replica (default 1)
 //   MAX_PEEK       bytes of a body held to read its model and retry (default 1048576)
+//   EDGE_TOKEN     the regions' edge token (a gateway's DIR/edge.token), sent on
+//                  the status polls; a secret: npx wrangler secret put EDGE_TOKEN
 //
 // A Worker has no background loop: the first request of an isolate polls
 // every region and waits for it; later requests poll in the background
@@ -52,6 +54,7 @@ function config(env) {
     switchPolls: num(env.SWITCH_POLLS, 3),
     queueWeight: num(env.QUEUE_WEIGHT, 1),
     maxPeek: num(env.MAX_PEEK, 1 << 20),
+    edgeToken: String(env.EDGE_TOKEN || "").trim(),
   };
 }
 
@@ -71,7 +74,7 @@ async function pollOne(st, r) {
   try {
     const resp = await fetch(r.base + STATUS_PATH, {
       signal: AbortSignal.timeout(st.cfg.pollTimeoutMs),
-      headers: { accept: "application/json" },
+      headers: { accept: "application/json", authorization: "Bearer " + st.cfg.edgeToken },
     });
     if (resp.status !== 200) throw new Error("status " + resp.status);
     const s = await resp.json();
@@ -247,6 +250,7 @@ export default {
     if (!state) state = init(env);
     const st = state;
     if (st.regions.length === 0) return apiError(500, "no_region_configured", "set REGIONS to NAME=URL,... in the Worker's vars");
+    if (!st.cfg.edgeToken) return apiError(500, "no_edge_token", "set the EDGE_TOKEN secret to the regions' edge token (a gateway's DIR/edge.token): npx wrangler secret put EDGE_TOKEN");
     if (st.polledAt === 0) {
       st.polling = st.polling || pollAll(st).finally(() => (st.polling = null));
       await st.polling;
@@ -259,6 +263,13 @@ export default {
     const regions = order(st, model);
     if (regions.length === 0) return apiError(503, "no_region", "no healthy region can take the request now; try again shortly");
     const url = new URL(request.url);
+    // X-Forwarded-For names the client (Cloudflare's CF-Connecting-IP; a
+    // client's own is dropped), as tailgate edge sends it: a region
+    // trusting its edges applies its per-address shares to the client.
+    const headers = new Headers(request.headers);
+    headers.delete("x-forwarded-for");
+    const client = request.headers.get("cf-connecting-ip");
+    if (client) headers.set("x-forwarded-for", client);
     let lastErr = null;
     for (let n = 0; n < regions.length; n++) {
       if (n > 0 && !whole) break;
@@ -268,7 +279,7 @@ export default {
       try {
         const resp = await fetch(target, {
           method: request.method,
-          headers: request.headers,
+          headers,
           body: body instanceof Uint8Array ? body.slice() : body, // a fetch may detach the buffer it sent
           redirect: "manual",
         });

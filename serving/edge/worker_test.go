@@ -60,12 +60,13 @@ const edge :Workerd.Worker = (
   bindings = [
     (name = "REGIONS", text = %q),
     (name = "PREFER", text = %q),
+    (name = "EDGE_TOKEN", text = %q),
     (name = "POLL_MS", text = "30"),
     (name = "SWITCH_POLLS", text = "2"),
     (name = "MAX_PEEK", text = "4096"), # the long body of the untouched test streams past it
   ],
 );
-`, addr, regions, prefer)
+`, addr, regions, prefer, edgeToken)
 	cfgPath := filepath.Join(dir, "edge.capnp")
 	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
