@@ -103,7 +103,7 @@ func TestWorkersInviteAndApprove(t *testing.T) {
 		}
 	}
 
-	if err := st.NotePending(ctx, "gpu-3", "http://10.0.0.3:9000", ""); err != nil {
+	if err := st.NotePending(ctx, "gpu-3", data.Asked{Address: "http://10.0.0.3:9000"}); err != nil {
 		t.Fatal(err)
 	}
 	out, err = workers("list", "--data", dir)

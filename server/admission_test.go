@@ -156,7 +156,7 @@ func TestRevokedWorkerCannotComeBackByItself(t *testing.T) {
 	if h.Reg.Get("w1") != nil {
 		t.Fatal("the revoked worker is routed")
 	}
-	if _, _, err := h.Store.ApproveWorker(context.Background(), "w1"); err != nil { // `tailgate workers approve w1`
+	if _, _, err := h.Store.ApproveWorker(context.Background(), "w1", serving.ApprovalCode(testWorkerKey)); err != nil { // `tailgate workers approve w1`
 		t.Fatal(err)
 	}
 	if resp, _, code, msg := beatWith(h, servertest.ClusterToken, nil, readyBeat("w1", engine.URL)); resp.StatusCode != 200 {
