@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -25,6 +27,8 @@ const workersUsage = `Usage:
   tailgate workers approve --data DIR ID --code CODE  (ID: a pending or revoked replica id, or a revoked worker's id;
                                               CODE: the approval code that worker prints)
   tailgate workers revoke  --data DIR WORKER  (WORKER: worker id, or the replica id it registered)
+  tailgate workers code    --worker-data DIR  (prints the approval code of the worker whose --data is DIR, making its key;
+                                              approve it before it first starts)
 
 A new worker joins with a join token (invite) or an approval of the code it prints while it waits
 (only the worker holding that code's key is admitted, not any holder of the cluster token).
@@ -38,6 +42,7 @@ func cmdWorkers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		{"invite", cmdWorkersInvite},
 		{"approve", cmdWorkersApprove},
 		{"revoke", cmdWorkersRevoke},
+		{"code", cmdWorkersCode},
 	}, args, stdout, stderr)
 }
 
@@ -200,5 +205,25 @@ func cmdWorkersRevoke(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	fmt.Fprintf(stdout, "revoked %s (replica %s at %s); a running gateway refuses its next heartbeat and drops it from routing when its lease ends (DELETE /admin/v1/workers/%s drops it at once); replica id %s stays out until `tailgate workers approve %s` or an invite\n",
 		w.ID, w.ReplicaID, w.Address, w.ID, w.ReplicaID, w.ReplicaID)
+	return nil
+}
+
+func cmdWorkersCode(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("workers code", "workers code --worker-data DIR", stderr)
+	dir := fs.String("worker-data", "", "the worker's --data directory (its key is DIR/worker.key, made if missing); required")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return errors.New("--worker-data is required: the worker's --data directory, where its key is kept")
+	}
+	if err := os.MkdirAll(*dir, 0o700); err != nil {
+		return fmt.Errorf("--worker-data: %w", err)
+	}
+	key, err := serving.LoadWorkerKey(filepath.Join(*dir, "worker.key"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, serving.ApprovalCode(key))
 	return nil
 }
