@@ -208,13 +208,15 @@ func TestAdmissionMigrationKeepsExistingWorkers(t *testing.T) {
 	})
 }
 
-// Two gateways sharing a database that admit the same approved replica id
-// at once issue exactly one live credential: the database holds one per
-// id, in the transaction that issues it (a bounded race loop, on both
-// engines); revoking the id revokes it.
+// Two gateways sharing a database (two stores on it) that admit the same
+// approved replica id at once issue exactly one live credential: the
+// database holds one per id, in the transaction that issues it (a bounded
+// race loop, on both engines); revoking the id revokes it.
 func TestOneLiveCredentialPerReplicaID(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, e engineCase) {
 		a := e.open(t)
+		b := openAt(t, a.Path())
+		stores := []*Store{a, b}
 		ctx := context.Background()
 		for round := range 20 {
 			id := fmt.Sprintf("gpu-%d", round)
@@ -225,7 +227,7 @@ func TestOneLiveCredentialPerReplicaID(t *testing.T) {
 			errs := make([]error, 2)
 			for i := range 2 {
 				wg.Go(func() {
-					_, errs[i] = a.AdmitWorker(ctx, Worker{ReplicaID: id, Address: "http://10.0.0.1:9000", Hash: hashOf(fmt.Sprint(id, i))}, Admit{Code: "CODE-A", Open: true})
+					_, errs[i] = stores[i].AdmitWorker(ctx, Worker{ReplicaID: id, Address: "http://10.0.0.1:9000", Hash: hashOf(fmt.Sprint(id, i))}, Admit{Code: "CODE-A", Open: true})
 				})
 			}
 			wg.Wait()
@@ -251,6 +253,34 @@ func TestOneLiveCredentialPerReplicaID(t *testing.T) {
 			if _, err := a.ActiveWorkerFor(ctx, id); !errors.Is(err, ErrNotFound) {
 				t.Fatalf("round %d: after revoking %s: %v, want no live credential", round, id, err)
 			}
+		}
+	})
+}
+
+// One source asking under many replica ids fills its own share of the
+// pending list, not the list: another source's request is still listed.
+func TestPendingCappedPerSource(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		for i := range 300 {
+			if err := s.NotePending(ctx, fmt.Sprintf("junk-%d", i), Asked{Address: "http://10.6.6.6:9000", Source: "10.6.6.6"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.NotePending(ctx, "gpu-1", Asked{Address: "http://10.0.0.1:9000", Code: "ABCD-EFGH-IJKL", Source: "10.0.0.1"}); err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.PendingWorkers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bySource := map[string]int{}
+		for _, a := range p {
+			bySource[a.Source]++
+		}
+		if bySource["10.6.6.6"] != maxPendingPerSource || bySource["10.0.0.1"] != 1 {
+			t.Fatalf("pending by source %v; want %d from the junk source and the other one's request", bySource, maxPendingPerSource)
 		}
 	})
 }
