@@ -38,7 +38,7 @@ func cmdEdge(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Int64Var(&cfg.MaxPeek, "max-peek", 1<<20, "bytes of a body held to read its model and to send it to the next region when a connection fails")
 	fs.Int64Var(&cfg.MaxPeekInFlight, "max-peek-in-flight", 256<<20, "body bytes held at once over all requests; past it a request waits up to 2s, then gets 503 body_budget_exhausted")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", 4096, "client connections open at once; at the cap idle keep-alive ones are closed first, then new ones wait")
-	fs.IntVar(&cfg.MaxConnsPerIP, "max-conns-per-ip", 0, "client connections one address may hold open (0: 1/8 of --max-connections)")
+	fs.IntVar(&cfg.MaxConnsPerIP, "max-connections-per-address", 0, "client connections one address may hold open (0: 1/8 of --max-connections)")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", 120*time.Second, "a kept-alive client connection idle this long is closed")
 	fs.DurationVar(&cfg.BodyTimeout, "body-timeout", 30*time.Second, "time a client has to send a request body, plus one second per --body-min-rate bytes; a slower one gets 408")
 	fs.Int64Var(&cfg.BodyMinRate, "body-min-rate", 64<<10, "slowest a request body may arrive after its first --body-timeout, in bytes per second")
