@@ -369,7 +369,17 @@ func (e *Edge) Run(ctx context.Context) error {
 	}
 	serve(e.public, e.publicLn)
 	serve(e.admin, e.adminLn)
-	return g.Wait()
+	err := g.Wait()
+	// The connections to the regions end with the edge, not at their idle
+	// timeout.
+	for _, r := range e.regions {
+		for _, t := range []http.RoundTripper{r.transport, r.polls} {
+			if c, ok := t.(interface{ CloseIdleConnections() }); ok {
+				c.CloseIdleConnections()
+			}
+		}
+	}
+	return err
 }
 
 // Close releases the listeners; it is safe twice and after Run.
