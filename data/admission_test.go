@@ -284,3 +284,48 @@ func TestPendingCappedPerSource(t *testing.T) {
 		}
 	})
 }
+
+// TestOneLiveCredentialMigration: a database that gave one replica id two
+// live credentials (before the index) keeps the newest live; the older is
+// revoked at the time the newer was issued.
+func TestOneLiveCredentialMigration(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		for _, q := range []string{`DROP INDEX worker_credentials_live`, `DELETE FROM schema_migrations WHERE version = 16`} {
+			if _, err := s.write.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		old, err := s.CreateWorker(ctx, Worker{ReplicaID: "gpu-1", Address: "http://a", Hash: hashOf("old")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		newer, err := s.CreateWorker(ctx, Worker{ReplicaID: "gpu-1", Address: "http://b", Hash: hashOf("new")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, err := loadMigrations(s.engine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.version == 16 {
+				if err := applyMigration(ctx, s.write, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		live, err := s.ActiveWorkerFor(ctx, "gpu-1")
+		if err != nil || live.ID != newer.ID {
+			t.Fatalf("live credential after the migration: %+v, %v; want the newer %s", live, err, newer.ID)
+		}
+		o, err := s.WorkerByHash(ctx, hashOf("old"))
+		if err != nil || !o.Revoked() || !o.RevokedAt.Equal(newer.CreatedAt) {
+			t.Fatalf("the older credential %s after the migration: %+v, %v; want revoked at %s", old.ID, o, err, newer.CreatedAt)
+		}
+		if _, err := s.CreateWorker(ctx, Worker{ReplicaID: "gpu-1", Address: "http://c", Hash: hashOf("third")}); err == nil {
+			t.Fatal("a second live credential after the migration")
+		}
+	})
+}
