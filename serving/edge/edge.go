@@ -22,8 +22,12 @@
 // connection to a region fails before an answer (the dial failed, or the
 // region died before its response headers) goes to the next region at
 // once, when its body is held whole (at most MaxPeek bytes); so does one a
-// region refused with a 503 (it ran nothing there). Answers carry X-Tailgate-Region. It must not import
-// package server: the wire contract is package serving's.
+// region refused with a 503 (it ran nothing there). Answers carry
+// X-Tailgate-Region; requests carry the client's address in
+// X-Forwarded-For. A client holds what its limits allow (limits.go):
+// connections, time per body, bytes held. It must not import package
+// server (server/connlimit is a leaf it shares with the gateway): the wire
+// contract is package serving's.
 package edge
 
 import (
@@ -476,7 +480,7 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", "1")
 			writeError(w, http.StatusServiceUnavailable, "server_error", "body_budget_exhausted",
 				fmt.Sprintf("the edge holds as many request bodies as it may (%d MiB, --max-peek-in-flight); try again shortly", e.cfg.MaxPeekInFlight>>20))
-		case paced != nil && paced.timedOut:
+		case paced != nil && paced.timedOut.Load():
 			writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", e.slowBody())
 		default:
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "edge_body_unreadable", "the request body could not be read: "+err.Error())
@@ -533,7 +537,7 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		reason := "connect"
 		if !notSent(aw.err) {
-			if !whole && paced != nil && paced.timedOut {
+			if !whole && paced != nil && paced.timedOut.Load() {
 				e.m.requests.WithLabelValues(reg.name, "408").Inc()
 				writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", e.slowBody())
 				return

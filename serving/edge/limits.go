@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -103,7 +104,7 @@ type pacedBody struct {
 
 	n        int64
 	set      time.Time
-	timedOut bool
+	timedOut atomic.Bool // read by the handler, set by whoever reads: the transport's writer too
 
 	mu   sync.Mutex // the deadline is set from the handler and the transport's writer
 	done bool       // the body was read whole, or the handler ended: no more deadlines
@@ -124,7 +125,7 @@ func (p *pacedBody) Read(b []byte) (int, error) {
 	case err != nil:
 		var te interface{ Timeout() bool }
 		if errors.As(err, &te) && te.Timeout() {
-			p.timedOut = true
+			p.timedOut.Store(true)
 		}
 	default:
 		p.move()
