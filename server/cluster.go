@@ -160,6 +160,10 @@ func (s *Server) admitWorker(c echo.Context, id, addr, peer string) (data.Worker
 	w, err := s.store.AdmitWorker(ctx, data.Worker{ReplicaID: id, Address: addr, Peer: peer, Hash: hashWorkerSecret(secret)}, adm)
 	letIn := fmt.Sprintf("tailgate workers approve --data DIR %s --code %s (the code this worker prints; or POST /admin/v1/workers/%s/approve?code=%s), "+
 		"or start the worker with --join-token from: tailgate workers invite --data DIR --replica-id %s", id, code, id, code, id)
+	if code == "" { // a worker that sends no key (an older build) cannot be approved: an invite lets it in
+		letIn = fmt.Sprintf("this worker sends no key (X-Tailgate-Worker-Key), so no approval can name it: start it with --join-token from: "+
+			"tailgate workers invite --data DIR --replica-id %s", id)
+	}
 	switch {
 	case err == nil:
 		how := "approval"
