@@ -132,7 +132,7 @@ func TestReplicaIDBelongsToItsCredentialUntilRevoked(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden || !strings.Contains(msg, "tailgate workers approve --data DIR w1") {
 		t.Fatalf("token-only registration of a revoked id: %d %q; want 403 saying how to approve it", resp.StatusCode, msg)
 	}
-	if code, body := admin(t, h, http.MethodPost, "/admin/v1/workers/w1/approve"); code != 200 {
+	if code, body := admin(t, h, http.MethodPost, "/admin/v1/workers/w1/approve?code="+serving.ApprovalCode(testWorkerKey)); code != 200 {
 		t.Fatalf("approve: %d %s", code, body)
 	}
 	resp, fresh, msg := beat(h, servertest.ClusterToken, "", readyBeat("w1", moved.URL))
