@@ -24,14 +24,11 @@ func cmpOr(s, or string) string {
 const workersUsage = `Usage:
   tailgate workers list    --data DIR [--json]
   tailgate workers invite  --data DIR --replica-id ID [--expires 1h]   (prints a one-time join token for the worker ID)
-  tailgate workers approve --data DIR ID --code CODE  (ID: a pending or revoked replica id, or a revoked worker's id;
-                                              CODE: the approval code that worker prints)
+  tailgate workers approve --data DIR ID --code CODE  (admits the worker under ID whose approval code is CODE)
   tailgate workers revoke  --data DIR WORKER  (WORKER: worker id, or the replica id it registered)
-  tailgate workers code    --worker-data DIR  (prints the approval code of the worker whose --data is DIR, making its key;
-                                              approve it before it first starts)
+  tailgate workers code    --worker-data DIR  (the approval code of the worker whose --data is DIR)
 
-A new worker joins with a join token (invite) or an approval of the code it prints while it waits
-(only the worker holding that code's key is admitted, not any holder of the cluster token).
+A new worker joins with a join token (invite) or an approval of the code it prints while it waits.
 
 Run 'tailgate workers SUBCOMMAND -h' for its flags.
 `
