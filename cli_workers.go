@@ -5,19 +5,30 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
 	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/serving"
 )
+
+func cmpOr(s, or string) string {
+	if s == "" {
+		return or
+	}
+	return s
+}
 
 const workersUsage = `Usage:
   tailgate workers list    --data DIR [--json]
   tailgate workers invite  --data DIR --replica-id ID [--expires 1h]   (prints a one-time join token for the worker ID)
-  tailgate workers approve --data DIR ID      (ID: a pending or revoked replica id, or a revoked worker's id)
+  tailgate workers approve --data DIR ID --code CODE  (admits the worker under ID whose approval code is CODE)
   tailgate workers revoke  --data DIR WORKER  (WORKER: worker id, or the replica id it registered)
+  tailgate workers code    --worker-data DIR  (the approval code of the worker whose --data is DIR)
 
-A new worker joins with a join token (invite) or, once listed pending, an approval.
+A new worker joins with a join token (invite) or an approval of the code it prints while it waits.
 
 Run 'tailgate workers SUBCOMMAND -h' for its flags.
 `
@@ -28,6 +39,7 @@ func cmdWorkers(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		{"invite", cmdWorkersInvite},
 		{"approve", cmdWorkersApprove},
 		{"revoke", cmdWorkersRevoke},
+		{"code", cmdWorkersCode},
 	}, args, stdout, stderr)
 }
 
@@ -43,6 +55,10 @@ type workerJSON struct {
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
 	// RequestedAt is when a pending replica id last asked to register.
 	RequestedAt *time.Time `json:"requested_at,omitempty"`
+	// Code and Source are a pending id's last request's approval code and
+	// source address.
+	Code   string `json:"code,omitempty"`
+	Source string `json:"source,omitempty"`
 }
 
 func cmdWorkersList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -73,7 +89,8 @@ func cmdWorkersList(ctx context.Context, args []string, stdout, stderr io.Writer
 		out = append(out, j)
 	}
 	for _, a := range pending {
-		out = append(out, workerJSON{ReplicaID: a.ReplicaID, Address: a.Address, Peer: a.Peer, Status: data.AdmissionPending, RequestedAt: &a.RequestedAt})
+		out = append(out, workerJSON{ReplicaID: a.ReplicaID, Address: a.Address, Peer: a.Peer, Status: data.AdmissionPending, RequestedAt: &a.RequestedAt,
+			Code: a.AskedCode, Source: a.Source})
 	}
 	if *asJSON {
 		return writeJSON(stdout, out)
@@ -93,7 +110,8 @@ func cmdWorkersList(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		status := j.Status
 		if status == data.AdmissionPending {
-			status = "pending (asked " + j.RequestedAt.Format(time.RFC3339) + "; tailgate workers approve " + j.ReplicaID + ")"
+			status = "pending (asked " + j.RequestedAt.Format(time.RFC3339) + " from " + cmpOr(j.Source, "?") + " with code " + cmpOr(j.Code, "none") +
+				"; tailgate workers approve " + j.ReplicaID + " --code CODE-THE-WORKER-PRINTS)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", id, j.ReplicaID, j.Address, peer, when, status)
 	}
@@ -137,27 +155,32 @@ func cmdWorkersInvite(ctx context.Context, args []string, stdout, stderr io.Writ
 }
 
 func cmdWorkersApprove(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("workers approve", "workers approve --data DIR ID   (ID: a pending or revoked replica id, or a revoked worker's id)", stderr)
+	fs := newFlagSet("workers approve", "workers approve --data DIR ID --code CODE   (ID: a pending or revoked replica id, or a revoked worker's id)", stderr)
 	dir := fs.String("data", "tailgate-data", "data directory")
+	code := fs.String("code", "", "the approval code the worker prints while it waits (XXXX-XXXX-XXXX); required: the approval admits that worker only")
 	st, ref, err := openCommand(fs, stderr, args, dir, "replica ID to approve")
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	before, after, err := st.ApproveWorker(ctx, ref)
+	if *code == "" {
+		return errors.New("--code is required: the waiting worker prints its approval code (`tailgate workers list` shows the code each pending id asked with; check it against the worker's own log)")
+	}
+	before, after, err := st.ApproveWorker(ctx, ref, serving.NormalizeApprovalCode(*code))
 	if err != nil {
 		return err
 	}
 	switch before.State {
 	case data.AdmissionPending:
-		fmt.Fprintf(stdout, "approved replica %s (it asked from %s); its worker registers at its next heartbeat\n", after.ReplicaID, before.Address)
+		fmt.Fprintf(stdout, "approved replica %s for the worker with code %s (the last to ask did from %s with code %s); it registers at its next heartbeat\n",
+			after.ReplicaID, after.ApprovedCode, before.Address, cmpOr(before.AskedCode, "none"))
 	case data.AdmissionRevoked:
 		fmt.Fprintf(stdout, "approved replica %s again (it was revoked); its worker registers at its next heartbeat\n", after.ReplicaID)
 	case data.AdmissionApproved:
 		fmt.Fprintf(stdout, "replica %s was approved already\n", after.ReplicaID)
 	default:
-		fmt.Fprintf(stdout, "approved replica %s; no worker has asked under that id yet: the first to register as %s is admitted (check the id: `tailgate workers list` shows who is waiting)\n",
-			after.ReplicaID, after.ReplicaID)
+		fmt.Fprintf(stdout, "approved replica %s for the worker with code %s; no worker has asked under that id yet\n",
+			after.ReplicaID, after.ApprovedCode)
 	}
 	return nil
 }
@@ -179,5 +202,25 @@ func cmdWorkersRevoke(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 	fmt.Fprintf(stdout, "revoked %s (replica %s at %s); a running gateway refuses its next heartbeat and drops it from routing when its lease ends (DELETE /admin/v1/workers/%s drops it at once); replica id %s stays out until `tailgate workers approve %s` or an invite\n",
 		w.ID, w.ReplicaID, w.Address, w.ID, w.ReplicaID, w.ReplicaID)
+	return nil
+}
+
+func cmdWorkersCode(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("workers code", "workers code --worker-data DIR", stderr)
+	dir := fs.String("worker-data", "", "the worker's --data directory (its key is DIR/worker.key, made if missing); required")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *dir == "" {
+		return errors.New("--worker-data is required: the worker's --data directory, where its key is kept")
+	}
+	if err := os.MkdirAll(*dir, 0o700); err != nil {
+		return fmt.Errorf("--worker-data: %w", err)
+	}
+	key, err := serving.LoadWorkerKey(filepath.Join(*dir, "worker.key"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, serving.ApprovalCode(key))
 	return nil
 }

@@ -103,17 +103,17 @@ func TestWorkersInviteAndApprove(t *testing.T) {
 		}
 	}
 
-	if err := st.NotePending(ctx, "gpu-3", "http://10.0.0.3:9000", ""); err != nil {
+	if err := st.NotePending(ctx, "gpu-3", data.Asked{Address: "http://10.0.0.3:9000"}); err != nil {
 		t.Fatal(err)
 	}
 	out, err = workers("list", "--data", dir)
 	if err != nil || !strings.Contains(out, "pending") || !strings.Contains(out, "tailgate workers approve gpu-3") {
 		t.Fatalf("list with a pending id: %v\n%s", err, out)
 	}
-	if out, err = workers("approve", "--data", dir, "gpu-3"); err != nil || !strings.Contains(out, "approved replica gpu-3 (it asked from http://10.0.0.3:9000)") {
+	if out, err = workers("approve", "--data", dir, "gpu-3", "--code", "abcd-efgh-ijkl"); err != nil || !strings.Contains(out, "approved replica gpu-3 for the worker with code ABCD-EFGH-IJKL (the last to ask did from http://10.0.0.3:9000") {
 		t.Fatalf("approve: %v %q", err, out)
 	}
-	if out, err = workers("approve", "--data", dir, "gpu-4"); err != nil || !strings.Contains(out, "no worker has asked") {
+	if out, err = workers("approve", "--data", dir, "gpu-4", "--code", "ABCD-EFGH-IJKL"); err != nil || !strings.Contains(out, "no worker has asked") {
 		t.Fatalf("approve before asking: %v %q", err, out)
 	}
 	out, err = workers("list", "--data", dir, "--json")
@@ -121,7 +121,7 @@ func TestWorkersInviteAndApprove(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(out), &list) != nil || len(list) != 1 || list[0].ReplicaID != "gpu-1" || list[0].Status != "active" {
 		t.Fatalf("list --json after the approvals: %v %s; want gpu-1 alone, active", err, out)
 	}
-	if _, err := st.AdmitWorker(ctx, data.Worker{ReplicaID: "gpu-3", Address: "http://10.0.0.3:9000", Hash: []byte("h3")}, data.Admit{}); err != nil {
+	if _, err := st.AdmitWorker(ctx, data.Worker{ReplicaID: "gpu-3", Address: "http://10.0.0.3:9000", Hash: []byte("h3")}, data.Admit{Code: "ABCD-EFGH-IJKL"}); err != nil {
 		t.Errorf("gpu-3 after the approval: %v", err)
 	}
 }

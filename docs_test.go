@@ -173,7 +173,7 @@ var commandNames = map[string][]string{
 	"up": nil, "gateway": nil, "worker": nil, "sim": nil, "usage": nil, "bench": nil, "backup": nil,
 	"restore": nil, "version": nil, "healthcheck": nil, "init": nil, "help": nil, "edge": nil,
 	"keys": {"create", "list", "edit", "revoke", "rotate"}, "tenants": {"list", "show", "set"},
-	"workers": {"list", "invite", "approve", "revoke"},
+	"workers": {"list", "invite", "approve", "revoke", "code"},
 }
 
 // docCommand is one tailgate command line a document shows.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"database/sql"
 	"encoding/hex"
 	"errors"
@@ -28,6 +29,10 @@ const (
 type Admission struct {
 	ReplicaID string
 	State     string // AdmissionPending, AdmissionApproved or AdmissionRevoked
+	// ApprovedCode is the approval code an approval binds (only the
+	// worker whose key has it is admitted); AskedCode and Source are the
+	// code and source address of the last refused registration.
+	ApprovedCode, AskedCode, Source string
 	// Address and Peer are those of the last refused registration, and
 	// RequestedAt its time (zero if none was refused).
 	Address, Peer string
@@ -55,11 +60,15 @@ var (
 	// ErrInviteInvalid: the join token is unknown, used, expired, or bound
 	// to another replica id; the error says which.
 	ErrInviteInvalid = errors.New("join token not valid")
+	// ErrReplicaTaken: the replica id has a live credential already (the
+	// database holds one per id: another gateway issued it first).
+	ErrReplicaTaken = errors.New("replica id has a live credential")
 )
 
-// maxPending bounds the pending admissions kept, so that a box holding the
-// cluster token cannot fill the database by asking under many names.
-const maxPending = 256
+// maxPendingPerSource bounds the pending admissions one source address
+// leaves, so that a box holding the cluster token cannot fill the list by
+// asking under many names, and others' requests are still listed.
+const maxPendingPerSource = 16
 
 // CheckReplicaID reports whether id can name a replica: a short name
 // without spaces or quotes.
@@ -119,12 +128,12 @@ func (s *Store) CreateInvite(ctx context.Context, replicaID string, ttl time.Dur
 	return inv, token, nil
 }
 
-const admissionCols = `replica_id, state, address, peer, requested_at, updated_at`
+const admissionCols = `replica_id, state, address, peer, requested_at, updated_at, approved_code, asked_code, source`
 
 func scanAdmission(r rowScanner) (Admission, error) {
 	var a Admission
 	var requested, updated int64
-	if err := r.Scan(&a.ReplicaID, &a.State, &a.Address, &a.Peer, &requested, &updated); err != nil {
+	if err := r.Scan(&a.ReplicaID, &a.State, &a.Address, &a.Peer, &requested, &updated, &a.ApprovedCode, &a.AskedCode, &a.Source); err != nil {
 		return Admission{}, err
 	}
 	if requested != 0 {
@@ -170,16 +179,23 @@ func (s *Store) PendingWorkers(ctx context.Context) ([]Admission, error) {
 	return as, nil
 }
 
-// NotePending records that a worker asked to register replicaID from
-// address (and tailnet peer) and was refused for want of an admission: a
-// new id becomes pending (unless maxPending are already), a pending one
-// keeps the latest address and time; an approved or revoked one is left
-// as it is.
-func (s *Store) NotePending(ctx context.Context, replicaID, address, peer string) error {
+// Asked is a refused registration as [Store.NotePending] records it.
+type Asked struct {
+	Address, Peer string // the sidecar address and tailnet peer it gave
+	Code          string // its approval code ("" for a worker that sent no key)
+	Source        string // the address the request came from
+}
+
+// NotePending records that a worker asked to register replicaID and was
+// refused for want of an admission: a new id becomes pending (unless its
+// source has maxPendingPerSource pending already), a pending one keeps
+// the latest request; an approved or revoked one is left as it is.
+func (s *Store) NotePending(ctx context.Context, replicaID string, a Asked) error {
 	t := toMicros(now())
+	address, peer := a.Address, a.Peer
 	err := s.writeTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE worker_admissions SET address = ?, peer = ?, requested_at = ?
-			WHERE replica_id = ? AND state = ?`, address, peer, t, replicaID, AdmissionPending)
+		res, err := tx.ExecContext(ctx, `UPDATE worker_admissions SET address = ?, peer = ?, requested_at = ?, asked_code = ?, source = ?
+			WHERE replica_id = ? AND state = ?`, address, peer, t, a.Code, a.Source, replicaID, AdmissionPending)
 		if err != nil {
 			return err
 		}
@@ -187,14 +203,14 @@ func (s *Store) NotePending(ctx context.Context, replicaID, address, peer string
 			return nil
 		}
 		var pending int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM worker_admissions WHERE state = ?`, AdmissionPending).Scan(&pending); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM worker_admissions WHERE state = ? AND source = ?`, AdmissionPending, a.Source).Scan(&pending); err != nil {
 			return err
 		}
-		if pending >= maxPending {
+		if pending >= maxPendingPerSource {
 			return nil
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO worker_admissions (replica_id, state, address, peer, requested_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (replica_id) DO NOTHING`, replicaID, AdmissionPending, address, peer, t, t)
+		_, err = tx.ExecContext(ctx, `INSERT INTO worker_admissions (replica_id, state, address, peer, requested_at, updated_at, asked_code, source)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (replica_id) DO NOTHING`, replicaID, AdmissionPending, address, peer, t, t, a.Code, a.Source)
 		return err
 	})
 	if err != nil {
@@ -203,11 +219,17 @@ func (s *Store) NotePending(ctx context.Context, replicaID, address, peer string
 	return nil
 }
 
-// ApproveWorker admits a replica id: ref is the id, or the id of a worker
+// ApproveWorker admits the worker asking to register a replica id and
+// holding the key whose approval code is code (serving.ApprovalCode; the
+// worker prints it while it waits): ref is the id, or the id of a worker
 // credential issued for it (a revoked worker is let back by its worker id
-// too). It returns the admission as it was before (State "" for an id
-// never seen) and as it is now.
-func (s *Store) ApproveWorker(ctx context.Context, ref string) (before, after Admission, err error) {
+// too). Another worker asking under the same id, with the cluster token
+// alone, is not admitted. It returns the admission as it was before
+// (State "" for an id never seen) and as it is now.
+func (s *Store) ApproveWorker(ctx context.Context, ref, code string) (before, after Admission, err error) {
+	if code == "" {
+		return Admission{}, Admission{}, errors.New("approve worker: an approval binds the worker that asked: give the approval code it prints")
+	}
 	err = s.writeTx(ctx, func(tx *sql.Tx) error {
 		id := ref
 		var rid string
@@ -229,8 +251,12 @@ func (s *Store) ApproveWorker(ctx context.Context, ref string) (before, after Ad
 			return err
 		}
 		after = before
-		after.State, after.UpdatedAt = AdmissionApproved, now()
-		return setAdmission(ctx, tx, id, AdmissionApproved, after.UpdatedAt)
+		after.State, after.UpdatedAt, after.ApprovedCode = AdmissionApproved, now(), code
+		if err := setAdmission(ctx, tx, id, AdmissionApproved, after.UpdatedAt); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE worker_admissions SET approved_code = ? WHERE replica_id = ?`, code, id)
+		return err
 	})
 	if err != nil {
 		return Admission{}, Admission{}, fmt.Errorf("approve worker %s: %w", ref, err)
@@ -238,10 +264,11 @@ func (s *Store) ApproveWorker(ctx context.Context, ref string) (before, after Ad
 	return before, after, nil
 }
 
-// setAdmission sets replicaID's admission state at t, creating its row.
+// setAdmission sets replicaID's admission state at t, creating its row;
+// the code an approval bound is cleared (ApproveWorker sets it after).
 func setAdmission(ctx context.Context, tx *sql.Tx, replicaID, state string, t time.Time) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO worker_admissions (replica_id, state, updated_at) VALUES (?, ?, ?)
-		ON CONFLICT (replica_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`,
+		ON CONFLICT (replica_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at, approved_code = ''`,
 		replicaID, state, toMicros(t))
 	return err
 }
@@ -255,6 +282,9 @@ type Admit struct {
 	// pending): the gateway runs with open registration, or the tailnet
 	// peer is on its allow list. A revoked id stays out even so.
 	Open bool
+	// Code is the approval code of the key the worker sent ("" for none):
+	// an approved id admits only the worker whose code was approved.
+	Code string
 }
 
 // AdmitWorker stores the first credential of a worker (as [Store.CreateWorker])
@@ -276,14 +306,15 @@ func (s *Store) AdmitWorker(ctx context.Context, w Worker, adm Admit) (Worker, e
 				return err
 			}
 		} else {
-			var state string
-			switch err := tx.QueryRowContext(ctx, `SELECT state FROM worker_admissions WHERE replica_id = ?`, w.ReplicaID).Scan(&state); {
+			var state, approved string
+			switch err := tx.QueryRowContext(ctx, `SELECT state, approved_code FROM worker_admissions WHERE replica_id = ?`, w.ReplicaID).Scan(&state, &approved); {
 			case errors.Is(err, sql.ErrNoRows):
 			case err != nil:
 				return err
 			}
 			switch {
-			case state == AdmissionApproved:
+			case state == AdmissionApproved && approved != "" && subtle.ConstantTimeCompare([]byte(approved), []byte(adm.Code)) == 1:
+			case state == AdmissionApproved && adm.Open:
 			case state == AdmissionRevoked:
 				return ErrAdmissionRevoked
 			case !adm.Open:
@@ -293,7 +324,15 @@ func (s *Store) AdmitWorker(ctx context.Context, w Worker, adm Admit) (Worker, e
 		if err := setAdmission(ctx, tx, w.ReplicaID, AdmissionApproved, w.CreatedAt); err != nil {
 			return err
 		}
-		return insertWorker(ctx, tx, w)
+		// One live credential per replica id: the index refuses a second,
+		// also one another gateway on the same database issues at once.
+		if err := insertWorker(ctx, tx, w); err != nil {
+			if isUniqueViolation(err) {
+				return ErrReplicaTaken
+			}
+			return err
+		}
+		return nil
 	})
 	if err != nil {
 		return Worker{}, fmt.Errorf("admit worker %s: %w", w.ReplicaID, err)

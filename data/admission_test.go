@@ -3,7 +3,9 @@ package data
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -82,22 +84,22 @@ func TestNewReplicaIDNeedsApprovalAndRevokedStaysOut(t *testing.T) {
 		s := e.open(t)
 		ctx := context.Background()
 		admit := func(id, hash string, open bool) (Worker, error) {
-			return s.AdmitWorker(ctx, Worker{ReplicaID: id, Address: "http://10.0.0.1:9000", Hash: hashOf(hash)}, Admit{Open: open})
+			return s.AdmitWorker(ctx, Worker{ReplicaID: id, Address: "http://10.0.0.1:9000", Hash: hashOf(hash)}, Admit{Open: open, Code: "CODE-A"})
 		}
 		if _, err := admit("gpu-1", "a", false); !errors.Is(err, ErrNotApproved) {
 			t.Fatalf("a new id with the token alone: %v, want ErrNotApproved", err)
 		}
-		if err := s.NotePending(ctx, "gpu-1", "http://10.0.0.1:9000", "box1"); err != nil {
+		if err := s.NotePending(ctx, "gpu-1", Asked{Address: "http://10.0.0.1:9000", Peer: "box1"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.NotePending(ctx, "gpu-1", "http://10.0.0.1:9001", "box1"); err != nil {
+		if err := s.NotePending(ctx, "gpu-1", Asked{Address: "http://10.0.0.1:9001", Peer: "box1"}); err != nil {
 			t.Fatal(err)
 		}
 		p, err := s.PendingWorkers(ctx)
 		if err != nil || len(p) != 1 || p[0].ReplicaID != "gpu-1" || p[0].Address != "http://10.0.0.1:9001" || p[0].Peer != "box1" || p[0].RequestedAt.IsZero() {
 			t.Fatalf("PendingWorkers = %+v, %v", p, err)
 		}
-		before, after, err := s.ApproveWorker(ctx, "gpu-1")
+		before, after, err := s.ApproveWorker(ctx, "gpu-1", "CODE-A")
 		if err != nil || before.State != AdmissionPending || after.State != AdmissionApproved {
 			t.Fatalf("ApproveWorker = %+v, %+v, %v", before, after, err)
 		}
@@ -120,14 +122,14 @@ func TestNewReplicaIDNeedsApprovalAndRevokedStaysOut(t *testing.T) {
 				t.Errorf("the revoked id again (open %v): %v, want ErrAdmissionRevoked", open, err)
 			}
 		}
-		if err := s.NotePending(ctx, "gpu-1", "http://10.0.0.1:9000", ""); err != nil {
+		if err := s.NotePending(ctx, "gpu-1", Asked{Address: "http://10.0.0.1:9000", Peer: ""}); err != nil {
 			t.Fatal(err)
 		}
 		if a, _ := s.AdmissionOf(ctx, "gpu-1"); a.State != AdmissionRevoked {
 			t.Errorf("a refused beat turned the revoked id %s", a.State)
 		}
 		// Approved again by the revoked worker's id.
-		if before, after, err := s.ApproveWorker(ctx, w.ID); err != nil || before.State != AdmissionRevoked || after.ReplicaID != "gpu-1" {
+		if before, after, err := s.ApproveWorker(ctx, w.ID, "CODE-A"); err != nil || before.State != AdmissionRevoked || after.ReplicaID != "gpu-1" {
 			t.Fatalf("approving by worker id = %+v, %+v, %v", before, after, err)
 		}
 		if _, err := admit("gpu-1", "b", false); err != nil {
@@ -141,7 +143,7 @@ func TestNewReplicaIDNeedsApprovalAndRevokedStaysOut(t *testing.T) {
 		if a, err := s.AdmissionOf(ctx, "gpu-2"); err != nil || a.State != AdmissionApproved {
 			t.Errorf("admission after open registration: %+v, %v", a, err)
 		}
-		if _, _, err := s.ApproveWorker(ctx, "bad id"); err == nil {
+		if _, _, err := s.ApproveWorker(ctx, "bad id", "CODE-A"); err == nil {
 			t.Error("approved a replica id with a space")
 		}
 	})
@@ -188,12 +190,142 @@ func TestAdmissionMigrationKeepsExistingWorkers(t *testing.T) {
 				}
 			}
 		}
+		for _, q := range []string{ // 0016's columns, which the new table lacks
+			`ALTER TABLE worker_admissions ADD COLUMN approved_code TEXT NOT NULL DEFAULT ''`,
+			`ALTER TABLE worker_admissions ADD COLUMN asked_code TEXT NOT NULL DEFAULT ''`,
+			`ALTER TABLE worker_admissions ADD COLUMN source TEXT NOT NULL DEFAULT ''`} {
+			if _, err := s.write.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
 		s.Close()
 		s = openAt(t, path)
 		for id, want := range map[string]string{"gpu-1": AdmissionApproved, "gpu-2": AdmissionRevoked} {
 			if a, err := s.AdmissionOf(ctx, id); err != nil || a.State != want {
 				t.Errorf("%s after the migration: %+v, %v; want %s", id, a, err, want)
 			}
+		}
+	})
+}
+
+// Two gateways sharing a database (two stores on it) that admit the same
+// approved replica id at once issue exactly one live credential: the
+// database holds one per id, in the transaction that issues it (a bounded
+// race loop, on both engines); revoking the id revokes it.
+func TestOneLiveCredentialPerReplicaID(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		a := e.open(t)
+		b := openAt(t, a.Path())
+		stores := []*Store{a, b}
+		ctx := context.Background()
+		for round := range 20 {
+			id := fmt.Sprintf("gpu-%d", round)
+			if _, _, err := a.ApproveWorker(ctx, id, "CODE-A"); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for i := range 2 {
+				wg.Go(func() {
+					_, errs[i] = stores[i].AdmitWorker(ctx, Worker{ReplicaID: id, Address: "http://10.0.0.1:9000", Hash: hashOf(fmt.Sprint(id, i))}, Admit{Code: "CODE-A", Open: true})
+				})
+			}
+			wg.Wait()
+			live := 0
+			ws, err := a.Workers(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range ws {
+				if w.ReplicaID == id && !w.Revoked() {
+					live++
+				}
+			}
+			if live != 1 {
+				t.Fatalf("round %d: %d live credentials for %s (errors %v), want 1", round, live, id, errs)
+			}
+			if (errs[0] == nil) == (errs[1] == nil) || !(errors.Is(errs[0], ErrReplicaTaken) || errors.Is(errs[1], ErrReplicaTaken)) {
+				t.Fatalf("round %d: errors %v, want one nil and one ErrReplicaTaken", round, errs)
+			}
+			if _, err := a.RevokeWorker(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.ActiveWorkerFor(ctx, id); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("round %d: after revoking %s: %v, want no live credential", round, id, err)
+			}
+		}
+	})
+}
+
+// One source asking under many replica ids fills its own share of the
+// pending list, not the list: another source's request is still listed.
+func TestPendingCappedPerSource(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		for i := range 300 {
+			if err := s.NotePending(ctx, fmt.Sprintf("junk-%d", i), Asked{Address: "http://10.6.6.6:9000", Source: "10.6.6.6"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.NotePending(ctx, "gpu-1", Asked{Address: "http://10.0.0.1:9000", Code: "ABCD-EFGH-IJKL", Source: "10.0.0.1"}); err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.PendingWorkers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bySource := map[string]int{}
+		for _, a := range p {
+			bySource[a.Source]++
+		}
+		if bySource["10.6.6.6"] != maxPendingPerSource || bySource["10.0.0.1"] != 1 {
+			t.Fatalf("pending by source %v; want %d from the junk source and the other one's request", bySource, maxPendingPerSource)
+		}
+	})
+}
+
+// TestOneLiveCredentialMigration: a database that gave one replica id two
+// live credentials (before the index) keeps the newest live; the older is
+// revoked at the time the newer was issued.
+func TestOneLiveCredentialMigration(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e engineCase) {
+		s := e.open(t)
+		ctx := context.Background()
+		for _, q := range []string{`DROP INDEX worker_credentials_live`, `DELETE FROM schema_migrations WHERE version = 16`} {
+			if _, err := s.write.ExecContext(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		old, err := s.CreateWorker(ctx, Worker{ReplicaID: "gpu-1", Address: "http://a", Hash: hashOf("old")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		newer, err := s.CreateWorker(ctx, Worker{ReplicaID: "gpu-1", Address: "http://b", Hash: hashOf("new")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, err := loadMigrations(s.engine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.version == 16 {
+				if err := applyMigration(ctx, s.write, m); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		live, err := s.ActiveWorkerFor(ctx, "gpu-1")
+		if err != nil || live.ID != newer.ID {
+			t.Fatalf("live credential after the migration: %+v, %v; want the newer %s", live, err, newer.ID)
+		}
+		o, err := s.WorkerByHash(ctx, hashOf("old"))
+		if err != nil || !o.Revoked() || !o.RevokedAt.Equal(newer.CreatedAt) {
+			t.Fatalf("the older credential %s after the migration: %+v, %v; want revoked at %s", old.ID, o, err, newer.CreatedAt)
+		}
+		if _, err := s.CreateWorker(ctx, Worker{ReplicaID: "gpu-1", Address: "http://c", Hash: hashOf("third")}); err == nil {
+			t.Fatal("a second live credential after the migration")
 		}
 	})
 }

@@ -106,11 +106,12 @@ func (s *Store) Workers(ctx context.Context) ([]Worker, error) {
 	return ws, nil
 }
 
-// RevokeWorker revokes the credential with id ref, or else the active
-// credential issued for replica id ref, and returns it; revoking a revoked
-// credential returns it unchanged. The replica id's admission is revoked
-// with it: until an approval or an invite, the id cannot be registered
-// again. No match is [ErrNotFound].
+// RevokeWorker revokes the credential with id ref, or else every active
+// credential issued for replica id ref, and returns the one revoked (the
+// newest, when an id had several); revoking a revoked credential returns
+// it unchanged. The replica id's admission is revoked with it: until an
+// approval or an invite, the id cannot be registered again. No match is
+// [ErrNotFound].
 func (s *Store) RevokeWorker(ctx context.Context, ref string) (Worker, error) {
 	var out Worker
 	err := s.writeTx(ctx, func(tx *sql.Tx) error {
@@ -128,7 +129,10 @@ func (s *Store) RevokeWorker(ctx context.Context, ref string) (Worker, error) {
 		}
 		w.RevokedAt = now()
 		out = w
-		if _, err = tx.ExecContext(ctx, `UPDATE worker_credentials SET revoked_at = ? WHERE id = ?`, toMicros(w.RevokedAt), w.ID); err != nil {
+		// Every live credential of the id: the index allows one, but a
+		// database migrated from before it may have held more.
+		if _, err = tx.ExecContext(ctx, `UPDATE worker_credentials SET revoked_at = ? WHERE (id = ? OR replica_id = ?) AND revoked_at IS NULL`,
+			toMicros(w.RevokedAt), w.ID, w.ReplicaID); err != nil {
 			return err
 		}
 		// The id stays out: the cluster token alone cannot register it again.

@@ -124,7 +124,7 @@ func TestCommandLineMistakesAreUsageErrors(t *testing.T) {
 		{"keys create with a bad expiry", []string{"keys", "create", "--data", dir, "--tenant", "acme", "--expires", "30x"},
 			`tailgate keys create: --expires: expiry "30x": want a duration from now (30d, 720h), a time in RFC 3339 (2027-01-31T00:00:00Z) or never`},
 		{"workers with an unknown subcommand", []string{"workers", "rm"},
-			`tailgate workers: unknown subcommand "rm" (want list, invite, approve or revoke)`},
+			`tailgate workers: unknown subcommand "rm" (want list, invite, approve, revoke or code)`},
 		{"tenants with an unknown subcommand", []string{"tenants", "rm"},
 			`tailgate tenants: unknown subcommand "rm" (want list, show or set)`},
 		{"tenants list with a stray word", []string{"tenants", "list", "--data", dir, "acme"},

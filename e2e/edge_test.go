@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -35,7 +37,7 @@ func TestEdgeInFrontOfTwoRegions(t *testing.T) {
 	if err := os.CopyFS(dirB, os.DirFS(dirA)); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"admin.token", "cluster.token"} {
+	for _, f := range []string{"admin.token", "cluster.token", "edge.token"} {
 		if err := os.Chmod(filepath.Join(dirB, f), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +56,8 @@ func TestEdgeInFrontOfTwoRegions(t *testing.T) {
 	}
 
 	edge := startProc(t, "edge", true, "edge", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--region", "A="+baseA, "--region", "B="+baseB, "--prefer", "A", "--poll-interval", "200ms", "--h2c")
+		"--region", "A="+baseA, "--region", "B="+baseB, "--prefer", "A", "--poll-interval", "200ms", "--h2c",
+		"--edge-token-file", filepath.Join(dirA, "edge.token")) // copied to B with the rest of the directory
 	var edgeURL, edgeAdmin string
 	edgeLine := regexp.MustCompile(`tailgate edge: (http://\S+) .* admin (http://\S+)`)
 	edge.scanUntil(func(line string) bool {
@@ -206,4 +209,77 @@ func usageRequests(t *testing.T, dir string) int64 {
 		n += u.Requests
 	}
 	return n
+}
+
+// TestSlowUploadsThroughTheEdgeDoNotStarveTheRegion: one address trickling
+// uploads through `tailgate edge` (bodies past --max-peek, then stalled)
+// holds only its share of the edge's connections, each cut at the body
+// deadline; the region behind it (a gateway at --max-connections 50, so 6
+// connections an address, the edge's included) keeps answering the edge's
+// polls and serves another client throughout.
+func TestSlowUploadsThroughTheEdgeDoNotStarveTheRegion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the binary")
+	}
+	dir := t.TempDir()
+	tailgate(t, "init", "--data", dir)
+	key := testkit.LastLine(tailgate(t, "keys", "create", "--data", dir, "--tenant", "calm"))
+	a := startUpIn(t, dir, "--region", "A", "--replicas", "1", "--max-connections", "50")
+	edge := startProc(t, "edge", true, "edge", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--region", "A="+strings.TrimSuffix(a.api, "/v1"), "--poll-interval", "100ms", "--edge-token-file", filepath.Join(dir, "edge.token"),
+		"--max-connections", "32", "--max-peek", "65536", "--body-timeout", "3s", "--body-min-rate", "65536")
+	var edgeURL, edgeAdmin string
+	edgeLine := regexp.MustCompile(`tailgate edge: (http://\S+) .* admin (http://\S+)`)
+	edge.scanUntil(func(line string) bool {
+		if m := edgeLine.FindStringSubmatch(line); m != nil {
+			edgeURL, edgeAdmin = m[1], m[2]
+		}
+		return edgeURL != ""
+	})
+	if edgeURL == "" {
+		t.Fatalf("edge printed no address; stderr:\n%s", edge.stderr.String())
+	}
+	testkit.WaitFor(t, "the edge routes to A", func() bool { return slices.Equal(edgeRoute(t, edgeAdmin), []string{"A"}) })
+
+	// The attacker, from 127.0.0.2: 12 uploads of a declared 4 MiB, 128 KiB
+	// sent (past the peek: each opens a connection to the region), then
+	// nothing.
+	var wg sync.WaitGroup
+	var ended sync.WaitGroup
+	for range 12 {
+		wg.Add(1)
+		ended.Add(1)
+		go func() {
+			defer ended.Done()
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+			c, err := d.Dial("tcp", strings.TrimPrefix(edgeURL, "http://"))
+			if err != nil {
+				wg.Done()
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n", key, 4<<20)
+			_, _ = c.Write(make([]byte, 128<<10))
+			wg.Done()
+			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_, _ = io.Copy(io.Discard, c)
+		}()
+	}
+	wg.Wait()
+	// For 3 s, another client is served and the region stays routed.
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if code, region, body := chatVia(t, edgeURL, key); code != 200 || region != "A" {
+			t.Fatalf("another client during the uploads: %d from %q: %s; want 200 from A", code, region, body)
+		}
+		if r := edgeRoute(t, edgeAdmin); !slices.Equal(r, []string{"A"}) {
+			t.Fatalf("the edge's route during the uploads = %v: the region refused its polls", r)
+		}
+	}
+	done := make(chan struct{})
+	go func() { ended.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("trickled uploads still open 20 s after they stalled")
+	}
 }

@@ -135,7 +135,7 @@ func TestVLLMThatCannotStartSaysWhy(t *testing.T) {
 	record := filepath.Join(t.TempDir(), "vllm.jsonl")
 	t.Setenv("FAKE_VLLM_RECORD", record)
 	g := startGateway(t)
-	tailgate(t, "workers", "approve", "--data", g.dir, "w1")
+	g.approve("w1", filepath.Join(g.dir, "w1"))
 	w := startProc(t, "worker w1", false, "worker", "--gateway", g.admin,
 		"--cluster-token-file", filepath.Join(g.dir, "cluster.token"), "--listen", "127.0.0.1:0", "--replica-id", "w1",
 		"--data", filepath.Join(g.dir, "w1"), "--engine", "vllm", "--vllm-binary", vllm, "--model", "org/fake-model",

@@ -91,7 +91,7 @@ func TestMeshFunnelServesAPIOnTheInternet(t *testing.T) {
 		t.Fatalf("stream through Funnel: %d %s", resp.StatusCode, body)
 	}
 	// What an edge polls is there too.
-	if resp, body = do(http.MethodGet, "/edge/v1/status", "", ""); resp.StatusCode != http.StatusOK || !strings.Contains(body, "tailgate-sim") {
+	if resp, body = do(http.MethodGet, "/edge/v1/status", readToken(t, filepath.Join(g.dir, "edge.token")), ""); resp.StatusCode != http.StatusOK || !strings.Contains(body, "tailgate-sim") {
 		t.Fatalf("the region status through Funnel: %d %s", resp.StatusCode, body)
 	}
 	// Keys are checked there as anywhere.

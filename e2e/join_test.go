@@ -70,7 +70,12 @@ func TestNewWorkerJoinsWithAnInviteOrAnApproval(t *testing.T) {
 		t.Errorf("w2 said it waits %d times; want once:\n%s", n, w2.stderr.String())
 	}
 
-	out := tailgate(t, "workers", "approve", "--data", g.dir, "w2")
+	// The code w2 prints is the one its key has, and what the list shows.
+	approval := testkit.LastLine(tailgate(t, "workers", "code", "--worker-data", filepath.Join(g.dir, "w2")))
+	if !strings.Contains(w2.stderr.String(), says+" --code "+approval) {
+		t.Fatalf("w2 does not print its approval code %s:\n%s", approval, w2.stderr.String())
+	}
+	out := g.approve("w2", filepath.Join(g.dir, "w2"))
 	if !strings.Contains(out, "approved replica w2") {
 		t.Fatalf("approve printed %q", out)
 	}

@@ -330,12 +330,21 @@ func (g *gatewayProcess) startFleet(n int, extra ...string) []*process {
 	return ws
 }
 
-// startWorker approves replica id (`tailgate workers approve`) and starts
-// `tailgate worker --engine sim` registering with g under it.
+// startWorker approves replica id for the worker it starts (`tailgate
+// workers approve --code`, the code of the key in the worker's --data,
+// DIR/ID) and starts `tailgate worker --engine sim` registering with g
+// under it.
 func (g *gatewayProcess) startWorker(id string, extra ...string) *process {
 	g.t.Helper()
-	tailgate(g.t, "workers", "approve", "--data", g.dir, id)
+	g.approve(id, filepath.Join(g.dir, id))
 	return g.startUnapprovedWorker(id, extra...)
+}
+
+// approve approves replica id for the worker whose --data is workerDir.
+func (g *gatewayProcess) approve(id, workerDir string) string {
+	g.t.Helper()
+	code := testkit.LastLine(tailgate(g.t, "workers", "code", "--worker-data", workerDir))
+	return tailgate(g.t, "workers", "approve", "--data", g.dir, id, "--code", code)
 }
 
 // startUnapprovedWorker starts a worker as startWorker does, without

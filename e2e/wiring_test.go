@@ -99,7 +99,7 @@ func TestWiringMistakesGetAHint(t *testing.T) {
 
 	t.Run("a worker pointed at the public port", func(t *testing.T) {
 		dir := t.TempDir()
-		tailgate(t, "workers", "approve", "--data", g.dir, "w9")
+		g.approve("w9", dir)
 		code, stderr := runToExit(t, 60*time.Second, "worker", "--gateway", public,
 			"--cluster-token-file", filepath.Join(g.dir, "cluster.token"), "--engine", "sim", "--listen", "127.0.0.1:0",
 			"--replica-id", "w9", "--data", dir, "--warmup", "0")

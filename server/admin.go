@@ -33,14 +33,14 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 			return next(c)
 		}
 	}
-	e.POST(serving.HeartbeatPath, s.handlePostHeartbeat) // cluster token, not admin token
-	e.GET("/readyz", s.handleGetReadyz)                  // no token: probes and health checks
+	e.POST(serving.HeartbeatPath, s.handlePostHeartbeat, s.bodyDeadline) // cluster token, not admin token
+	e.GET("/readyz", s.handleGetReadyz)                                  // no token: probes and health checks
 
 	metrics := promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{})
 	e.GET("/metrics", echo.WrapHandler(metrics), guard)
 	s.profileRoutes(e, guard)
 
-	a := e.Group("/admin/v1", guard)
+	a := e.Group("/admin/v1", s.bodyDeadline, guard)
 	a.GET("/keys", s.handleGetKeys)
 	a.POST("/keys", s.handlePostKeys)
 	a.DELETE("/keys/:ref", s.handleDeleteKey)
@@ -67,6 +67,43 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 		e.GET("/ui", func(c echo.Context) error { return c.Redirect(http.StatusFound, "/ui/") })
 		e.GET("/ui/*", echo.WrapHandler(ui), dashboardHeaders)
 	}
+}
+
+// bodyDeadline bounds reading an admin or heartbeat request's body by
+// Config.BodyTimeout (the token does not make a trickled body harmless:
+// each holds a connection and a goroutine). The deadline stays after the
+// handler, so an unread rest is not drained for ever, and is lifted once
+// the body is read whole (a handler that then works long is not cut); the
+// server sets the connection's next deadline when it reads the next
+// request.
+func (s *Server) bodyDeadline(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		if r.Body == nil || r.Body == http.NoBody {
+			return next(c)
+		}
+		rc := http.NewResponseController(c.Response())
+		_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
+		r.Body = &liftAtEOF{ReadCloser: r.Body, rc: rc}
+		return next(c)
+	}
+}
+
+// liftAtEOF lifts the connection's read deadline once the body it reads
+// has ended.
+type liftAtEOF struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool
+}
+
+func (b *liftAtEOF) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }
 
 // dashboardCSP lets the dashboard run its own files and call the admin API

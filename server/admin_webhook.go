@@ -26,7 +26,8 @@ type BudgetWebhookConfig struct {
 	URL string
 	// Secret signs each POST: X-Tailgate-Signature is "sha256=" and the hex
 	// HMAC-SHA256, under Secret, of the X-Tailgate-Timestamp header's value,
-	// a ".", and the body. The gateway passes its cluster token.
+	// a ".", and the body. The gateway passes DIR/webhook.secret: a secret
+	// of its own, which the receiver keeps and which opens nothing else.
 	Secret []byte
 	// Client sends the POSTs; nil: a client with a 10 s timeout.
 	Client *http.Client

@@ -65,7 +65,7 @@ func TestClusterTokenAloneCannotRegisterANewReplica(t *testing.T) {
 	if st := workerList(t, h)["gpu-9"]; st != "pending" {
 		t.Fatalf("gpu-9 in the workers list: %q, want pending", st)
 	}
-	if code, body := admin(t, h, http.MethodPost, "/admin/v1/workers/gpu-9/approve"); code != 200 || !strings.Contains(body, `"was":"pending"`) {
+	if code, body := admin(t, h, http.MethodPost, "/admin/v1/workers/gpu-9/approve?code="+serving.ApprovalCode(testWorkerKey)); code != 200 || !strings.Contains(body, `"was":"pending"`) {
 		t.Fatalf("approve: %d %s", code, body)
 	}
 	resp, reply, code, msg := beatWith(h, servertest.ClusterToken, nil, readyBeat("gpu-9", engine.URL))
@@ -156,7 +156,7 @@ func TestRevokedWorkerCannotComeBackByItself(t *testing.T) {
 	if h.Reg.Get("w1") != nil {
 		t.Fatal("the revoked worker is routed")
 	}
-	if _, _, err := h.Store.ApproveWorker(context.Background(), "w1"); err != nil { // `tailgate workers approve w1`
+	if _, _, err := h.Store.ApproveWorker(context.Background(), "w1", serving.ApprovalCode(testWorkerKey)); err != nil { // `tailgate workers approve w1`
 		t.Fatal(err)
 	}
 	if resp, _, code, msg := beatWith(h, servertest.ClusterToken, nil, readyBeat("w1", engine.URL)); resp.StatusCode != 200 {

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -153,11 +154,16 @@ func (s *Server) admitWorker(c echo.Context, id, addr, peer string) (data.Worker
 	if err != nil {
 		return data.Worker{}, "", errInternal
 	}
+	code := serving.ApprovalCode(c.Request().Header.Get(serving.HeaderWorkerKey))
 	adm := data.Admit{JoinToken: c.Request().Header.Get(serving.HeaderJoinToken),
-		Open: s.cfg.OpenRegistration || s.cfg.PeerCheck != nil}
+		Open: s.cfg.OpenRegistration || s.cfg.PeerCheck != nil, Code: code}
 	w, err := s.store.AdmitWorker(ctx, data.Worker{ReplicaID: id, Address: addr, Peer: peer, Hash: hashWorkerSecret(secret)}, adm)
-	letIn := fmt.Sprintf("tailgate workers approve --data DIR %s (or POST /admin/v1/workers/%s/approve), "+
-		"or start the worker with --join-token from: tailgate workers invite --data DIR --replica-id %s", id, id, id)
+	letIn := fmt.Sprintf("tailgate workers approve --data DIR %s --code %s (the code this worker prints; or POST /admin/v1/workers/%s/approve?code=%s), "+
+		"or start the worker with --join-token from: tailgate workers invite --data DIR --replica-id %s", id, code, id, code, id)
+	if code == "" { // a worker that sends no key (an older build) cannot be approved: an invite lets it in
+		letIn = fmt.Sprintf("this worker sends no key (X-Tailgate-Worker-Key), so no approval can name it: start it with --join-token from: "+
+			"tailgate workers invite --data DIR --replica-id %s", id)
+	}
 	switch {
 	case err == nil:
 		how := "approval"
@@ -169,8 +175,12 @@ func (s *Server) admitWorker(c echo.Context, id, addr, peer string) (data.Worker
 		}
 		s.log.Info("worker credential issued", "worker", w.ID, "replica", id, "address", addr, "peer", peer, "admitted_by", how)
 		return w, secret, nil
+	case errors.Is(err, data.ErrReplicaTaken):
+		s.warnRefused("registration refused: replica id owned by another worker", "replica", id, "address", addr, "remote", c.Request().RemoteAddr)
+		return data.Worker{}, "", errWorkerRefused("replica_taken", fmt.Sprintf(
+			"registration refused: replica id %q has a live credential (issued just now, perhaps by another gateway on the same database)", id))
 	case errors.Is(err, data.ErrNotApproved):
-		s.notePending(ctx, id, addr, peer)
+		s.notePending(ctx, id, data.Asked{Address: addr, Peer: peer, Code: code, Source: remoteHost(c.Request())})
 		s.warnRefused("registration refused: new replica id not approved; run: tailgate workers approve --data DIR "+id,
 			"replica", id, "address", addr, "peer", peer, "remote", c.Request().RemoteAddr)
 		return data.Worker{}, "", errWorkerRefused("worker_not_approved", fmt.Sprintf(
@@ -195,15 +205,23 @@ func (s *Server) admitWorker(c echo.Context, id, addr, peer string) (data.Worker
 	}
 }
 
+// remoteHost is the address a request came from, without its port.
+func remoteHost(r *http.Request) string {
+	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return h
+	}
+	return r.RemoteAddr
+}
+
 // notePending lists a refused replica id as pending, writing at most every
 // pendingNoteEvery for a worker that keeps asking from the same place.
-func (s *Server) notePending(ctx context.Context, id, addr, peer string) {
+func (s *Server) notePending(ctx context.Context, id string, asked data.Asked) {
 	a, err := s.store.AdmissionOf(ctx, id)
 	if err == nil && (a.State != data.AdmissionPending ||
-		a.Address == addr && a.Peer == peer && time.Since(a.RequestedAt) < pendingNoteEvery) {
+		a.Address == asked.Address && a.Peer == asked.Peer && a.AskedCode == asked.Code && time.Since(a.RequestedAt) < pendingNoteEvery) {
 		return
 	}
-	if err := s.store.NotePending(ctx, id, addr, peer); err != nil {
+	if err := s.store.NotePending(ctx, id, asked); err != nil {
 		s.log.Error("pending worker not noted", "replica", id, "err", err)
 	}
 }
@@ -296,10 +314,15 @@ func (s *Server) handleDeleteWorker(c echo.Context) error {
 	return c.JSON(http.StatusOK, workerView(w))
 }
 
-// handlePostApproveWorker admits a replica id (or a revoked worker's, by
-// its worker id): its worker's next heartbeat registers it.
+// handlePostApproveWorker admits the worker asking under a replica id (or
+// a revoked worker's, by its worker id) whose approval code is ?code=:
+// its next heartbeat registers it.
 func (s *Server) handlePostApproveWorker(c echo.Context) error {
-	before, after, err := s.store.ApproveWorker(c.Request().Context(), c.Param("id"))
+	code := serving.NormalizeApprovalCode(c.QueryParam("code"))
+	if code == "" {
+		return apierr.Reply(c, apierr.BadRequest("code", "an approval binds the worker that asked: give ?code= the approval code it prints (tailgate workers list shows the code each pending id asked with)"))
+	}
+	before, after, err := s.store.ApproveWorker(c.Request().Context(), c.Param("id"), code)
 	if err != nil {
 		if bad := data.CheckReplicaID(c.Param("id")); bad != nil {
 			return apierr.Reply(c, apierr.BadRequest("id", "want a replica id or a worker id: %v", bad))
@@ -350,7 +373,7 @@ func workerView(w data.Worker) map[string]any {
 // admissionView is a replica id's admission as the admin API shows it.
 func admissionView(a data.Admission) map[string]any {
 	v := map[string]any{"replica_id": a.ReplicaID, "status": a.State, "address": a.Address, "peer": a.Peer,
-		"updated_at": a.UpdatedAt}
+		"updated_at": a.UpdatedAt, "asked_code": a.AskedCode, "source": a.Source}
 	if !a.RequestedAt.IsZero() {
 		v["requested_at"] = a.RequestedAt
 	}

@@ -56,12 +56,40 @@ func beat(h *servertest.Gateway, token, credential string, hb serving.Heartbeat)
 // beatWith sends one heartbeat with the cluster token and the headers
 // given, and returns the answer, the reply of a 200 and the error code and
 // message of anything else.
+// testWorkerKey is the key the tests' worker sends; approvals bind its code.
+const testWorkerKey = "tgk_test-worker"
+
+// A rogue holding the cluster token cannot take an approval: the approval
+// binds the code of the worker that asked, and a beat under the same
+// replica id with another key (or none) is refused; the worker itself is
+// admitted.
+func TestApprovalBindsTheWorkerThatAsked(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{})
+	engine := tokenCheckingEngine(t)
+	if resp, _, code, _ := beatWith(h, servertest.ClusterToken, nil, readyBeat("w1", engine.URL)); resp.StatusCode != http.StatusForbidden || code != "worker_not_approved" {
+		t.Fatalf("before the approval: %d %s", resp.StatusCode, code)
+	}
+	if _, _, err := h.Store.ApproveWorker(t.Context(), "w1", serving.ApprovalCode(testWorkerKey)); err != nil {
+		t.Fatal(err)
+	}
+	for _, rogue := range []string{"tgk_rogue", ""} {
+		resp, reply, code, _ := beatWith(h, servertest.ClusterToken, http.Header{serving.HeaderWorkerKey: {rogue}}, readyBeat("w1", engine.URL))
+		if resp.StatusCode != http.StatusForbidden || code != "worker_not_approved" || reply.Credential != "" {
+			t.Fatalf("a rogue with the cluster token (key %q) after the approval: %d %s, credential %v", rogue, resp.StatusCode, code, reply.Credential != "")
+		}
+	}
+	if resp, reply, code, msg := beatWith(h, servertest.ClusterToken, nil, readyBeat("w1", engine.URL)); resp.StatusCode != 200 || reply.Credential == "" {
+		t.Fatalf("the approved worker: %d %s %s", resp.StatusCode, code, msg)
+	}
+}
+
 func beatWith(h *servertest.Gateway, token string, hdr http.Header, hb serving.Heartbeat) (*http.Response, serving.HeartbeatReply, string, string) {
 	h.T.Helper()
 	body, _ := json.Marshal(hb)
 	req, _ := http.NewRequest(http.MethodPost, h.Admin.URL+serving.HeartbeatPath, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set(serving.HeaderWorkerKey, testWorkerKey) // the worker's own key, unless hdr says otherwise
 	for k, v := range hdr {
 		req.Header[k] = v
 	}
@@ -402,7 +430,7 @@ func TestReadyzDoesNotWaitForAReplica(t *testing.T) {
 		t.Fatalf("/readyz with no replica: %d, want 200", code)
 	}
 	// And a worker (approved) can register through it at once.
-	if _, _, err := h.Store.ApproveWorker(t.Context(), "w1"); err != nil {
+	if _, _, err := h.Store.ApproveWorker(t.Context(), "w1", serving.ApprovalCode(testWorkerKey)); err != nil {
 		t.Fatal(err)
 	}
 	engine := tokenCheckingEngine(t)

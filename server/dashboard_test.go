@@ -292,7 +292,7 @@ func TestDashboardShowsAnOutageOnItsFirstScreen(t *testing.T) {
 	}
 	// The only replicas: a registered worker, which then dies (its lease
 	// ends), and a static one that is ejected.
-	if _, _, err := d.h.Store.ApproveWorker(t.Context(), "w1"); err != nil {
+	if _, _, err := d.h.Store.ApproveWorker(t.Context(), "w1", serving.ApprovalCode(testWorkerKey)); err != nil {
 		t.Fatal(err)
 	}
 	engine := tokenCheckingEngine(t)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"net/http"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tailgate-dev/tailgate/policy"
 	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/apierr"
 	"github.com/tailgate-dev/tailgate/serving"
 )
 
@@ -45,9 +47,16 @@ func (s *Server) SetDraining(on bool) {
 	s.region.cacheAt.Store(0)
 }
 
+var errBadEdgeToken = &apierr.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_edge_token",
+	Message: "the regional status is served to edges only: send the gateway's edge token (DIR/edge.token) as a bearer token (tailgate edge --edge-token-file, the Worker's EDGE_TOKEN)"}
+
 // handleGetRegionStatus serves [serving.RegionStatusPath] from a cache refreshed
 // at most every regionCacheTTL.
 func (s *Server) handleGetRegionStatus(c echo.Context) error {
+	// Edges only: the status lists every model and its load.
+	if tok := bearer(c.Request()); s.cfg.EdgeToken == "" || tok == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.EdgeToken)) != 1 {
+		return apierr.Reply(c, errBadEdgeToken)
+	}
 	body := s.regionStatusJSON(time.Now())
 	h := c.Response().Header()
 	h.Set("Cache-Control", "no-store")

@@ -18,7 +18,9 @@ import (
 
 func getRegionStatus(t *testing.T, base string) (serving.RegionStatus, string) {
 	t.Helper()
-	resp, err := http.Get(base + serving.RegionStatusPath) // no key: public by design
+	req, _ := http.NewRequest(http.MethodGet, base+serving.RegionStatusPath, nil)
+	req.Header.Set("Authorization", "Bearer "+servertest.EdgeToken) // no key: an edge's token
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +120,7 @@ func BenchmarkRegionStatus(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			req := httptest.NewRequest(http.MethodGet, serving.RegionStatusPath, nil)
+			req.Header.Set("Authorization", "Bearer "+servertest.EdgeToken)
 			for pb.Next() {
 				w := httptest.NewRecorder()
 				pub.ServeHTTP(w, req)
@@ -130,10 +133,35 @@ func BenchmarkRegionStatus(b *testing.B) {
 	b.Run("uncached", func(b *testing.B) {
 		b.ReportAllocs()
 		req := httptest.NewRequest(http.MethodGet, serving.RegionStatusPath, nil)
+		req.Header.Set("Authorization", "Bearer "+servertest.EdgeToken)
 		for b.Loop() {
 			h.Srv.SetDraining(false) // drops the cache
 			w := httptest.NewRecorder()
 			pub.ServeHTTP(w, req)
 		}
 	})
+}
+
+// The status lists every model and its load: it is served to edges only,
+// holding the gateway's edge token, not to a client, a key holder or the
+// cluster token's holder.
+func TestRegionStatusIsForEdgesOnly(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	key := h.Key(policy.KeyOptions{})
+	for _, auth := range []string{"", "Bearer " + key, "Bearer " + servertest.ClusterToken, "Bearer " + servertest.EdgeToken + "x"} {
+		req, _ := http.NewRequest(http.MethodGet, h.Public.URL+serving.RegionStatusPath, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(raw), `"invalid_edge_token"`) || strings.Contains(string(raw), "models") {
+			t.Fatalf("status with %q: %d %s, want 401 invalid_edge_token", auth, resp.StatusCode, raw)
+		}
+	}
+	getRegionStatus(t, h.Public.URL) // with the edge token: 200
 }

@@ -85,6 +85,10 @@ type Config struct {
 	// ClusterToken is what workers present to register, and what the gateway
 	// presents to their sidecars. Empty disables worker registration.
 	ClusterToken string
+	// EdgeToken is what edges present (Authorization: Bearer) to read the
+	// regional status (serving.RegionStatusPath); a poll without it is
+	// refused with 401. Empty refuses every poll.
+	EdgeToken string
 	// Lease is how long a registered replica stays routable without a
 	// heartbeat; 0 means 3.5s (about three missed one-second beats).
 	Lease time.Duration

@@ -3,10 +3,13 @@ package server_test
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tailgate-dev/tailgate/policy"
 	"github.com/tailgate-dev/tailgate/server"
@@ -129,7 +132,7 @@ func TestReplicaIDBelongsToItsCredentialUntilRevoked(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden || !strings.Contains(msg, "tailgate workers approve --data DIR w1") {
 		t.Fatalf("token-only registration of a revoked id: %d %q; want 403 saying how to approve it", resp.StatusCode, msg)
 	}
-	if code, body := admin(t, h, http.MethodPost, "/admin/v1/workers/w1/approve"); code != 200 {
+	if code, body := admin(t, h, http.MethodPost, "/admin/v1/workers/w1/approve?code="+serving.ApprovalCode(testWorkerKey)); code != 200 {
 		t.Fatalf("approve: %d %s", code, body)
 	}
 	resp, fresh, msg := beat(h, servertest.ClusterToken, "", readyBeat("w1", moved.URL))
@@ -212,6 +215,30 @@ func TestWorkerCredentialIsStoredHashedAndNeverShown(t *testing.T) {
 		code, body := admin(t, h, http.MethodGet, path)
 		if code != 200 || strings.Contains(body, reply.Credential) || !strings.Contains(body, reply.WorkerID) {
 			t.Errorf("%s: %d, shows the secret or not the worker id: %s", path, code, body)
+		}
+	}
+}
+
+// An admin or heartbeat body sent with a valid token and then trickled
+// (here: stalled) is cut at the body timeout, not held open for ever.
+func TestAdminAndHeartbeatBodiesHaveADeadline(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Server: server.Config{BodyTimeout: 300 * time.Millisecond}})
+	addr := strings.TrimPrefix(h.Admin.URL, "http://")
+	for _, tc := range []struct{ path, token string }{
+		{"/admin/v1/keys", servertest.AdminToken},
+		{serving.HeartbeatPath, servertest.ClusterToken},
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"", tc.path, tc.token)
+		start := time.Now()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = io.ReadAll(c) // an answer, then the close; or the close alone
+		c.Close()
+		if took := time.Since(start); err != nil || took > 5*time.Second {
+			t.Fatalf("%s: a stalled body held the connection %s (%v); want it cut after the 300ms body timeout", tc.path, took, err)
 		}
 	}
 }

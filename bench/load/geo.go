@@ -216,10 +216,13 @@ func startGeo(ctx context.Context, o Options, bin, dbURL, model string) (*geoFle
 		edges: &Local{cfg: LocalConfig{Binary: bin}, dir: dir}}
 	startup := orDefault(o.StartupTimeout, time.Minute)
 	replicas := orDefault(o.Replicas, geoReplicas)
+	// One edge token for every region, as docs/edge.md sets them up: each
+	// gateway makes the file if it is missing and reads it otherwise.
+	edgeToken := filepath.Join(dir, "edge.token")
 	for _, name := range geoRegions {
 		l, err := StartLocal(ctx, LocalConfig{
 			Binary: bin, Dir: filepath.Join(dir, name), Keep: true, Replicas: replicas, Model: model, ReplicaPrefix: name + "-",
-			GatewayArgs:    append([]string{"--region", name, "--database", dbURL}, strings.Fields(o.A.GatewayArgs)...),
+			GatewayArgs:    append([]string{"--region", name, "--database", dbURL, "--edge-token-file", edgeToken}, strings.Fields(o.A.GatewayArgs)...),
 			WorkerArgs:     append(append([]string{}, geoSimArgs...), strings.Fields(o.A.WorkerArgs)...),
 			StartupTimeout: startup, Log: o.Stderr,
 		})
@@ -232,7 +235,7 @@ func startGeo(ctx context.Context, o Options, bin, dbURL, model string) (*geoFle
 	seed := uint64(o.Seed)
 	for si, s := range geoSources {
 		var links []*link
-		args := []string{"edge", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--prefer", s.near, "--h2c"}
+		args := []string{"edge", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--prefer", s.near, "--h2c", "--edge-token-file", edgeToken}
 		for ri, name := range geoRegions {
 			d := s.oneWay[ri]
 			ln, err := newLink(strings.TrimPrefix(strings.TrimSuffix(f.regions[ri].api, "/v1"), "http://"), d, time.Duration(geoJitter*float64(d)), seed+uint64(10*si+ri))

@@ -11,6 +11,8 @@
 //   SWITCH_POLLS   polls in a row it must be (default 3)
 //   QUEUE_WEIGHT   median TTFTs per request queued ahead per replica (default 1)
 //   MAX_PEEK       bytes of a body held to read its model and retry (default 1048576)
+//   EDGE_TOKEN     the regions' edge token (a gateway's DIR/edge.token), sent on
+//                  the status polls; a secret: npx wrangler secret put EDGE_TOKEN
 //
 // A Worker has no background loop: the first request of an isolate polls
 // every region and waits for it; later requests poll in the background
@@ -19,9 +21,13 @@
 //
 // The Worker forwards the request untouched (method, headers, body bytes):
 // it never reads a key or bills. It reads a JSON body's "model" from at most
-// MAX_PEEK bytes. A request whose connection to a region fails (fetch
-// throws before an answer) goes to the next region at once when its body
-// was held whole. Answers carry X-Tailgate-Region.
+// MAX_PEEK bytes. A request whose connection to a region fails before an
+// answer (fetch throws: the dial failed, or the region died before its
+// response headers) goes to the next region at once when its body was
+// held whole, as does one a region refused with a 503; serving/edge
+// follows the same rule. A model a region reports no TTFT samples for is
+// unknown, not fastest: it counts the slowest median other regions report
+// (serving/edge/select.go's rule). Answers carry X-Tailgate-Region.
 
 const STATUS_PATH = "/edge/v1/status";
 const RTT_ALPHA = 0.3;
@@ -48,6 +54,7 @@ function config(env) {
     switchPolls: num(env.SWITCH_POLLS, 3),
     queueWeight: num(env.QUEUE_WEIGHT, 1),
     maxPeek: num(env.MAX_PEEK, 1 << 20),
+    edgeToken: String(env.EDGE_TOKEN || "").trim(),
   };
 }
 
@@ -67,7 +74,7 @@ async function pollOne(st, r) {
   try {
     const resp = await fetch(r.base + STATUS_PATH, {
       signal: AbortSignal.timeout(st.cfg.pollTimeoutMs),
-      headers: { accept: "application/json" },
+      headers: { accept: "application/json", authorization: "Bearer " + st.cfg.edgeToken },
     });
     if (resp.status !== 200) throw new Error("status " + resp.status);
     const s = await resp.json();
@@ -87,24 +94,42 @@ async function pollAll(st) {
   reroute(st, true);
 }
 
-function modelCost(m, queueWeight) {
+// modelCost is the model's median TTFT plus its queue penalty; a model
+// without a median (no samples yet: a fresh or restarted region) is
+// unknown, not fast, and counts unknown[id], the slowest median the other
+// regions report for it (serving/edge/select.go's rule).
+function modelCost(m, queueWeight, unknown) {
   let ahead = m.waiting || 0;
   if (m.slots > 0) ahead = Math.max(ahead, (m.inflight || 0) - m.slots);
   const queued = m.ready_replicas > 0 ? Math.max(ahead, 0) / m.ready_replicas : 0;
-  const p50 = m.ttft_p50_seconds || 0;
+  const p50 = m.ttft_p50_seconds > 0 ? m.ttft_p50_seconds : unknown.get(m.id) || 0;
   return p50 + queueWeight * queued * p50;
+}
+
+// unknownMedians maps each model to the slowest median of the regions
+// that may take its requests and have one (none: 0, and the round trips
+// and queues decide alone).
+function unknownMedians(st) {
+  const out = new Map();
+  for (const r of st.regions) {
+    if (!r.healthy || r.draining) continue;
+    for (const m of (r.status && r.status.models) || []) {
+      if (m.ttft_p50_seconds > 0 && m.ready_replicas > 0 && m.ttft_p50_seconds > (out.get(m.id) || 0)) out.set(m.id, m.ttft_p50_seconds);
+    }
+  }
+  return out;
 }
 
 // expected returns a request's expected first-token time in r, or null
 // when r may not take it.
-function expected(r, model, queueWeight) {
+function expected(r, model, queueWeight, unknown) {
   if (!r.healthy || r.draining) return null;
   const models = (r.status && r.status.models) || [];
   if (model === "") {
     let best = null;
     for (const m of models) {
       if (m.ready_replicas > 0) {
-        const c = modelCost(m, queueWeight);
+        const c = modelCost(m, queueWeight, unknown);
         if (best === null || c < best) best = c;
       }
     }
@@ -112,13 +137,14 @@ function expected(r, model, queueWeight) {
   }
   const m = models.find((x) => x.id === model);
   if (!m || m.ready_replicas === 0) return null;
-  return r.rtt + modelCost(m, queueWeight);
+  return r.rtt + modelCost(m, queueWeight, unknown);
 }
 
 function rank(st, model) {
   const out = [];
+  const unknown = unknownMedians(st);
   for (const r of st.regions) {
-    const score = expected(r, model, st.cfg.queueWeight);
+    const score = expected(r, model, st.cfg.queueWeight, unknown);
     if (score !== null) out.push({ idx: r.idx, score });
   }
   const eff = (x) => (x.idx === st.cfg.prefer ? x.score * (1 - TIE_MARGIN) : x.score);
@@ -224,6 +250,7 @@ export default {
     if (!state) state = init(env);
     const st = state;
     if (st.regions.length === 0) return apiError(500, "no_region_configured", "set REGIONS to NAME=URL,... in the Worker's vars");
+    if (!st.cfg.edgeToken) return apiError(500, "no_edge_token", "set the EDGE_TOKEN secret to the regions' edge token (a gateway's DIR/edge.token): npx wrangler secret put EDGE_TOKEN");
     if (st.polledAt === 0) {
       st.polling = st.polling || pollAll(st).finally(() => (st.polling = null));
       await st.polling;
@@ -236,6 +263,13 @@ export default {
     const regions = order(st, model);
     if (regions.length === 0) return apiError(503, "no_region", "no healthy region can take the request now; try again shortly");
     const url = new URL(request.url);
+    // X-Forwarded-For names the client (Cloudflare's CF-Connecting-IP; a
+    // client's own is dropped), as tailgate edge sends it: a region
+    // trusting its edges applies its per-address shares to the client.
+    const headers = new Headers(request.headers);
+    headers.delete("x-forwarded-for");
+    const client = request.headers.get("cf-connecting-ip");
+    if (client) headers.set("x-forwarded-for", client);
     let lastErr = null;
     for (let n = 0; n < regions.length; n++) {
       if (n > 0 && !whole) break;
@@ -245,7 +279,7 @@ export default {
       try {
         const resp = await fetch(target, {
           method: request.method,
-          headers: request.headers,
+          headers,
           body: body instanceof Uint8Array ? body.slice() : body, // a fetch may detach the buffer it sent
           redirect: "manual",
         });

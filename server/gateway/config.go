@@ -131,6 +131,7 @@ type Config struct {
 	ForgetLost time.Duration `yaml:"-"` // --forget-lost; 0: 24h
 
 	BudgetWebhook string `yaml:"-"` // --budget-webhook; "": none
+	EdgeTokenFile string `yaml:"-"` // --edge-token-file; "": DIR/edge.token
 
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
@@ -192,7 +193,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Database, "database", "", "where the gateway stores keys, budgets, the ledger and batches: a postgres://USER:PASSWORD@HOST/DB URL (the database must exist), or empty for SQLite in --data (DIR/tailgate.db)")
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
 	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
-	fs.StringVar(&c.BudgetWebhook, "budget-webhook", "", "POST a signed JSON alert to this URL when a tenant's budget use crosses its alert percent or 100%, once per tenant, period and threshold (X-Tailgate-Signature: HMAC-SHA256 under the cluster token)")
+	fs.StringVar(&c.BudgetWebhook, "budget-webhook", "", "POST a signed JSON alert to this URL when a tenant's budget use crosses its alert percent or 100%, once per tenant, period and threshold (X-Tailgate-Signature: HMAC-SHA256 under DIR/webhook.secret, made on first use)")
 	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let a worker holding the cluster token alone register a new replica id (off: it needs tailgate workers invite or tailgate workers approve); a revoked id stays out either way")
 	fs.Func("upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)", appendTo(&c.upstreamFlags))
 	fs.StringVar(&c.ConfigFile, "config", "", "YAML config file (upstreams, per-model max_tokens, prices, deadlines, hedging); flags given here win over it, --upstream and --price add to it")
@@ -211,6 +212,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Func("price", "price of a model as MODEL=INPUT,OUTPUT per million tokens, e.g. llama=0.2,0.6 (repeatable)", appendTo(&c.priceFlags))
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (0: none)")
 	fs.StringVar(&c.Region, "region", "", "this gateway's region name, as edges (tailgate edge, the Cloudflare Worker) read it at GET "+serving.RegionStatusPath)
+	fs.StringVar(&c.EdgeTokenFile, "edge-token-file", "", "file holding the token edges send to read GET "+serving.RegionStatusPath+" (made, mode 0600, if missing; \"\": DIR/edge.token); point every region at the same token")
 	fs.DurationVar(&c.DrainNotice, "drain-notice", 0, "on SIGTERM, how long the gateway keeps taking requests while "+serving.RegionStatusPath+" says draining, so edges move new traffic first (e.g. 3s with edges polling every second; 0: none)")
 	fs.StringVar(&c.UpstreamClient, "upstream-client", string(hop.Hop), "HTTP client to replicas: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.StringVar(&c.Policy, "policy", "p2c", "replica selection: p2c (load and latency aware) or round-robin (baseline)")

@@ -154,7 +154,12 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	}
 	pcfg := policy.Config{Prices: setup.prices}
 	if cfg.BudgetWebhook != "" {
-		if gw.webhook, err = server.NewBudgetWebhook(server.BudgetWebhookConfig{URL: cfg.BudgetWebhook, Secret: []byte(clusterToken), Log: log}); err != nil {
+		// Its own secret: the receiver keeps it, and it opens nothing else.
+		secret, err := ensureSecretFile(filepath.Join(cfg.DataDir, "webhook.secret"), "tgh-")
+		if err != nil {
+			return nil, err
+		}
+		if gw.webhook, err = server.NewBudgetWebhook(server.BudgetWebhookConfig{URL: cfg.BudgetWebhook, Secret: []byte(secret), Log: log}); err != nil {
 			return nil, err
 		}
 		pcfg.OnBudgetAlert = gw.webhook.Notify
@@ -206,6 +211,9 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	}
 	setup.srvCfg.Batch = bcfg
 	setup.srvCfg.ClusterToken = clusterToken
+	if setup.srvCfg.EdgeToken, err = ensureSecretFile(cmp.Or(cfg.EdgeTokenFile, filepath.Join(cfg.DataDir, "edge.token")), "tge-"); err != nil {
+		return nil, err
+	}
 	deps := server.Deps{
 		Gate: gw.gate, Registry: gw.reg, Store: gw.store, Ledger: gw.ledger,
 		Registerer: promReg, Gatherer: promReg, Log: log, Transport: transport,

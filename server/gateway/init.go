@@ -32,6 +32,9 @@ func Prepare(dir, database string) (Prepared, error) {
 	if _, _, err := ensureTokens(dir); err != nil {
 		return p, err
 	}
+	if _, err := ensureSecretFile(filepath.Join(dir, "edge.token"), "tge-"); err != nil { // copies of dir share it: one token for every region
+		return p, err
+	}
 	db, err := gatewayDatabase(dir, database)
 	if err != nil {
 		return p, err

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/tailgate-dev/tailgate/policy"
 	"github.com/tailgate-dev/tailgate/router"
 	"github.com/tailgate-dev/tailgate/server"
+	"github.com/tailgate-dev/tailgate/serving"
 	"github.com/tailgate-dev/tailgate/serving/fleet"
 )
 
@@ -53,11 +55,22 @@ func (gw *Gateway) ReadyReplicas() int {
 // gateway instead of reporting it unreachable. Call it before Run.
 func (gw *Gateway) StopWorkersWith(stop func()) { gw.stopWorkers = stop }
 
-// ApproveWorkers admits the replica ids of workers `up` starts itself: the
-// cluster token is all they need (one revoked comes back with the next up).
+// ApproveWorkers admits the workers `up` starts itself, each id's worker
+// bound by the key in its data directory (DIR/ID/worker.key, made here if
+// missing; the worker reads the same file): the cluster token is all they
+// need, and another holder of it cannot take their ids (one revoked comes
+// back with the next up).
 func (gw *Gateway) ApproveWorkers(ctx context.Context, ids ...string) error {
 	for _, id := range ids {
-		if _, _, err := gw.store.ApproveWorker(ctx, id); err != nil {
+		dir := filepath.Join(gw.cfg.DataDir, id)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("approve %s: %w", id, err)
+		}
+		key, err := serving.LoadWorkerKey(filepath.Join(dir, "worker.key"))
+		if err != nil {
+			return fmt.Errorf("approve %s: %w", id, err)
+		}
+		if _, _, err := gw.store.ApproveWorker(ctx, id, serving.ApprovalCode(key)); err != nil {
 			return fmt.Errorf("approve %s: %w", id, err)
 		}
 	}

@@ -19,11 +19,15 @@
 // once for streams): it never reads a key or bills; authorization, quotas
 // and metering stay in the gateways. It peeks at a JSON body's "model"
 // (the first MaxPeek bytes, forwarded byte for byte). A request whose
-// connection to a region fails before anything was sent (the dial failed)
-// goes to the next region at once, when its body is held whole (at most
-// MaxPeek bytes); so does one a region refused with a 503 (it ran
-// nothing there). Answers carry X-Tailgate-Region. It must not import
-// package server: the wire contract is package serving's.
+// connection to a region fails before an answer (the dial failed, or the
+// region died before its response headers) goes to the next region at
+// once, when its body is held whole (at most MaxPeek bytes); so does one a
+// region refused with a 503 (it ran nothing there). Answers carry
+// X-Tailgate-Region; requests carry the client's address in
+// X-Forwarded-For. A client holds what its limits allow (limits.go):
+// connections, time per body, bytes held. It must not import package
+// server (server/connlimit is a leaf it shares with the gateway): the wire
+// contract is package serving's.
 package edge
 
 import (
@@ -39,6 +43,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +54,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/tidwall/gjson"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/tailgate-dev/tailgate/server/connlimit"
 )
 
 // HeaderRegion names the region that answered.
@@ -88,6 +95,27 @@ type Config struct {
 	// MaxPeek is how many bytes of a body the edge holds to read its model
 	// and to send it again to another region; 0 means 1 MiB.
 	MaxPeek int64
+	// MaxPeekInFlight bounds the body bytes held over all requests; past
+	// it a request waits up to PeekWait for bytes to come back, then gets
+	// 503 body_budget_exhausted. 0 means 256 MiB; PeekWait 0 means 2s.
+	MaxPeekInFlight int64
+	PeekWait        time.Duration
+	// MaxConnections caps the client connections open at once and
+	// MaxConnsPerIP one address's share (server/connlimit, as on a
+	// gateway's public listener: idle keep-alive connections make room
+	// first). 0 means connlimit.DefaultMax and MaxConnections/8.
+	MaxConnections, MaxConnsPerIP int
+	// IdleTimeout closes a kept-alive client connection idle this long;
+	// 0 means 120s.
+	IdleTimeout time.Duration
+	// BodyTimeout and BodyMinRate bound how long a client may take to send
+	// a body: BodyTimeout plus one second per BodyMinRate bytes received;
+	// a slower client gets 408 request_timeout. 0 means 30s and 64 KiB/s.
+	BodyTimeout time.Duration
+	BodyMinRate int64
+	// StatusToken is sent as a bearer token on the status polls: a region
+	// serves its status to edges only (the gateway's DIR/edge.token).
+	StatusToken string
 	// H2C speaks HTTP/2 without TLS (prior knowledge) to http:// regions:
 	// one multiplexed connection per region, kept warm by the status
 	// polls, so traffic moving to a region opens no connection (a round
@@ -128,6 +156,21 @@ func (c *Config) setDefaults() {
 	if c.MaxPeek <= 0 {
 		c.MaxPeek = 1 << 20
 	}
+	if c.MaxPeekInFlight <= 0 {
+		c.MaxPeekInFlight = 256 << 20
+	}
+	if c.PeekWait <= 0 {
+		c.PeekWait = 2 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 120 * time.Second
+	}
+	if c.BodyTimeout <= 0 {
+		c.BodyTimeout = 30 * time.Second
+	}
+	if c.BodyMinRate <= 0 {
+		c.BodyMinRate = 64 << 10
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -153,6 +196,9 @@ func (c *Config) Validate() error {
 	if c.Prefer != "" && !seen[c.Prefer] {
 		return fmt.Errorf("--prefer %s: no --region of that name", c.Prefer)
 	}
+	if err := (connlimit.Config{Max: c.MaxConnections, PerAddress: c.MaxConnsPerIP}).Validate(); err != nil {
+		return fmt.Errorf("--max-connections: %w", err)
+	}
 	if c.SwitchMargin >= 1 || c.TieMargin >= 1 {
 		return errors.New("--switch-margin and the tie margin are fractions below 1, e.g. 0.2")
 	}
@@ -167,6 +213,7 @@ type Edge struct {
 	proxies []*httputil.ReverseProxy
 	prefer  int
 	m       *metrics
+	peeks   *peekBudget
 
 	routeMu sync.Mutex
 	routes  map[string]*route
@@ -191,7 +238,7 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 		reg := prometheus.NewRegistry()
 		cfg.Registerer, cfg.Gatherer = reg, reg
 	}
-	var h2c http.RoundTripper
+	var h2c, polls http.RoundTripper
 	if cfg.Transport == nil {
 		t := &http.Transport{
 			Proxy:               nil,
@@ -203,6 +250,13 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 			DisableCompression:  true, // streams must flush per event
 		}
 		cfg.Transport = t
+		// Over HTTP/1 every request in flight holds a connection; the
+		// polls have one of their own, so a region's per-address share
+		// filled by data (slow uploads) does not take them too. Over
+		// HTTP/2 one multiplexed connection carries both.
+		p := t.Clone()
+		p.MaxConnsPerHost, p.MaxIdleConnsPerHost = 1, 1
+		polls = p
 		if cfg.H2C {
 			t2 := t.Clone()
 			t2.Protocols = new(http.Protocols)
@@ -214,13 +268,16 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Edge{cfg: cfg, log: log, prefer: -1, m: m, routes: map[string]*route{}}
+	e := &Edge{cfg: cfg, log: log, prefer: -1, m: m, routes: map[string]*route{}, peeks: newPeekBudget(cfg.MaxPeekInFlight, cfg.PeekWait)}
 	empty := map[string][]int{}
 	e.table.Store(&empty)
 	for i, rc := range cfg.Regions {
-		r := &region{idx: i, name: rc.Name, base: strings.TrimRight(rc.URL, "/"), transport: cfg.Transport}
-		if h2c != nil && strings.HasPrefix(r.base, "http://") {
-			r.transport = h2c
+		r := &region{idx: i, name: rc.Name, base: strings.TrimRight(rc.URL, "/"), transport: cfg.Transport, polls: cfg.Transport}
+		switch {
+		case h2c != nil && strings.HasPrefix(r.base, "http://"):
+			r.transport, r.polls = h2c, h2c
+		case polls != nil && strings.HasPrefix(r.base, "http://"):
+			r.polls = polls
 		}
 		e.regions = append(e.regions, r)
 		e.proxies = append(e.proxies, e.newProxy(r))
@@ -239,16 +296,28 @@ func Open(cfg Config, log *slog.Logger) (*Edge, error) {
 	if err != nil {
 		return nil, err
 	}
+	conns := connlimit.NewMetrics(e.cfg.Registerer)
+	pubLimit, err := connlimit.New(connlimit.Config{Listener: "public", Max: e.cfg.MaxConnections, PerAddress: e.cfg.MaxConnsPerIP}, conns, e.log)
+	if err != nil {
+		return nil, err
+	}
 	if e.publicLn, err = net.Listen("tcp", e.cfg.Listen); err != nil {
 		return nil, fmt.Errorf("--listen %s: %w", e.cfg.Listen, err)
 	}
-	e.public = &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	e.publicLn = pubLimit.Listen(e.publicLn)
+	// No ReadTimeout/WriteTimeout: they would cut long streams. Headers
+	// have a deadline here, bodies one that moves as they arrive (peek).
+	e.public = &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: e.cfg.IdleTimeout}
+	pubLimit.Apply(e.public)
 	if e.cfg.AdminListen != "" {
+		adminLimit, _ := connlimit.New(connlimit.Config{Listener: "admin", Max: 256}, conns, e.log)
 		if e.adminLn, err = net.Listen("tcp", e.cfg.AdminListen); err != nil {
 			e.Close()
 			return nil, fmt.Errorf("--admin-listen %s: %w", e.cfg.AdminListen, err)
 		}
-		e.admin = &http.Server{Handler: e.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+		e.adminLn = adminLimit.Listen(e.adminLn)
+		e.admin = &http.Server{Handler: e.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: e.cfg.IdleTimeout}
+		adminLimit.Apply(e.admin)
 	}
 	return e, nil
 }
@@ -304,7 +373,17 @@ func (e *Edge) Run(ctx context.Context) error {
 	}
 	serve(e.public, e.publicLn)
 	serve(e.admin, e.adminLn)
-	return g.Wait()
+	err := g.Wait()
+	// The connections to the regions end with the edge, not at their idle
+	// timeout.
+	for _, r := range e.regions {
+		for _, t := range []http.RoundTripper{r.transport, r.polls} {
+			if c, ok := t.(interface{ CloseIdleConnections() }); ok {
+				c.CloseIdleConnections()
+			}
+		}
+	}
+	return err
 }
 
 // Close releases the listeners; it is safe twice and after Run.
@@ -343,6 +422,10 @@ func (e *Edge) newProxy(r *region) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
+			// X-Forwarded-For names the client (a client's own are
+			// dropped), so a region trusting this edge (--trusted-proxy)
+			// applies its per-address shares to the client, not the edge.
+			pr.SetXForwarded()
 			pr.Out.Host = pr.In.Host // the gateway sees the host the client asked for
 			if target.Scheme == "https" {
 				pr.Out.Host = target.Host // a TLS front (a tunnel, a CDN) routes by its own name
@@ -375,14 +458,33 @@ func (e *Edge) newProxy(r *region) *httputil.ReverseProxy {
 }
 
 // ServeHTTP forwards the request to the best region for its model, and to
-// the next one at once when nothing of it ran: the connection could not be
-// made, or the region refused it with a 503 (no ready replica, draining,
-// ledger unavailable: the gateway answers 503 only for what it did not
-// run). The last region's refusal reaches the client as it was.
+// the next one at once when nothing of it reached the client and its body
+// is held whole: the connection could not be made, the region failed
+// before answering (killed mid-request: the connection closed before the
+// response headers), or it refused the request with a 503 (no ready
+// replica, draining, ledger unavailable: the gateway answers 503 only for
+// what it did not run). deploy/cloudflare/worker.js follows the same rule.
+// The last region's refusal reaches the client as it was.
 func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, whole, model, err := e.peek(r)
+	var paced *pacedBody
+	if r.Body != nil && r.Body != http.NoBody {
+		paced = newPacedBody(r.Body, w, e.cfg.BodyTimeout, e.cfg.BodyMinRate)
+		r.Body = paced
+		defer paced.end()
+	}
+	body, whole, model, held, err := e.peek(r)
+	defer e.peeks.release(held)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "edge_body_unreadable", "the request body could not be read: "+err.Error())
+		switch {
+		case errors.Is(err, errPeekBudget):
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "server_error", "body_budget_exhausted",
+				fmt.Sprintf("the edge holds as many request bodies as it may (%d MiB, --max-peek-in-flight); try again shortly", e.cfg.MaxPeekInFlight>>20))
+		case paced != nil && paced.timedOut.Load():
+			writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", e.slowBody())
+		default:
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "edge_body_unreadable", "the request body could not be read: "+err.Error())
+		}
 		return
 	}
 	order := e.order(model)
@@ -433,12 +535,24 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			e.m.retries.WithLabelValues(reg.name, "refused").Inc()
 			continue
 		}
+		reason := "connect"
 		if !notSent(aw.err) {
-			e.m.requests.WithLabelValues(reg.name, "502").Inc()
-			writeError(w, http.StatusBadGateway, "server_error", "region_failed", "region "+reg.name+" failed: "+aw.err.Error())
-			return
+			if !whole && paced != nil && paced.timedOut.Load() {
+				e.m.requests.WithLabelValues(reg.name, "408").Inc()
+				writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", e.slowBody())
+				return
+			}
+			if !whole {
+				e.m.requests.WithLabelValues(reg.name, "502").Inc()
+				writeError(w, http.StatusBadGateway, "server_error", "region_failed", "region "+reg.name+" failed: "+aw.err.Error())
+				return
+			}
+			// The region failed before answering (killed, connection
+			// reset): nothing reached the client and the body is held, so
+			// the next region takes it, as the Worker does.
+			reason = "failed"
 		}
-		e.m.retries.WithLabelValues(reg.name, "connect").Inc()
+		e.m.retries.WithLabelValues(reg.name, reason).Inc()
 		e.markDown(reg, aw.err)
 	}
 	e.m.requests.WithLabelValues("none", "502").Inc()
@@ -481,23 +595,52 @@ func notSent(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
+// slowBody is the message of a body that arrived too slowly.
+func (e *Edge) slowBody() string {
+	return fmt.Sprintf("the request body arrived too slowly: the edge gives a body %s plus one second per %d KiB", e.cfg.BodyTimeout, e.cfg.BodyMinRate>>10)
+}
+
+// peekStep is how much of a body is reserved from the peek budget at a
+// time, so what is reserved ahead of what arrived stays small.
+const peekStep = 64 << 10
+
 // peek returns the request's body for each attempt, whether it is held
 // whole (so it may be sent again), and the model a JSON body names. The
-// bytes forwarded are the bytes received.
-func (e *Edge) peek(r *http.Request) (body func() io.ReadCloser, whole bool, model string, err error) {
+// bytes forwarded are the bytes received. held is what it reserved of the
+// peek budget, to give back when the request ends.
+func (e *Edge) peek(r *http.Request) (body func() io.ReadCloser, whole bool, model string, held int64, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return func() io.ReadCloser { return http.NoBody }, true, "", nil
+		return func() io.ReadCloser { return http.NoBody }, true, "", 0, nil
 	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, e.cfg.MaxPeek+1))
-	if err != nil {
-		return nil, false, "", err
+	limit := e.cfg.MaxPeek + 1
+	if r.ContentLength >= 0 && r.ContentLength < limit {
+		limit = r.ContentLength + 1 // +1 sees the end
 	}
+	var buf []byte
+	for int64(len(buf)) < limit {
+		step := min(limit-int64(len(buf)), peekStep)
+		if err := e.peeks.reserve(r.Context(), step); err != nil {
+			return nil, false, "", held, err
+		}
+		held += step
+		buf = slices.Grow(buf, int(step))
+		n, rerr := io.ReadFull(r.Body, buf[len(buf):len(buf)+int(step)])
+		buf = buf[:len(buf)+n]
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return nil, false, "", held, rerr
+		}
+	}
+	e.peeks.release(held - int64(len(buf)))
+	held = int64(len(buf))
 	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == "application/json" || ct == "" {
 		model = gjson.GetBytes(buf, "model").String()
 	}
 	if int64(len(buf)) <= e.cfg.MaxPeek {
 		_ = r.Body.Close()
-		return func() io.ReadCloser { return io.NopCloser(bytes.NewReader(buf)) }, true, model, nil
+		return func() io.ReadCloser { return io.NopCloser(bytes.NewReader(buf)) }, true, model, held, nil
 	}
 	rest := r.Body
 	return func() io.ReadCloser {
@@ -505,7 +648,7 @@ func (e *Edge) peek(r *http.Request) (body func() io.ReadCloser, whole bool, mod
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(buf), rest), rest}
-	}, false, model, nil
+	}, false, model, held, nil
 }
 
 // writeError answers in OpenAI's error shape, as the gateways do.

@@ -1,7 +1,9 @@
 package edge_test
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -258,5 +260,147 @@ func TestH2CMovesTrafficOverTheWarmConnection(t *testing.T) {
 		if p != "HTTP/2.0" {
 			t.Fatalf("b got a request over %s, want HTTP/2.0", p)
 		}
+	}
+}
+
+// A region that reports no TTFT samples for the model (fresh or just
+// restarted: p50 0) is unknown, not fastest: the preferred region with
+// samples keeps the route through many polls (issue 49: 568 of 572
+// requests went to the sample-less region).
+func TestRegionWithoutSamplesIsNotFastest(t *testing.T) {
+	// b is 40 ms farther and has no TTFT samples: counted as fastest (p50
+	// 0) it would win every poll.
+	a := newFakeRegion(t, "a", idle(0.5))
+	b := newFakeRegion(t, "b", idle(0))
+	bURL := delayProxy(t, b.srv.Listener.Addr().String(), 20*time.Millisecond)
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: bURL}}, Prefer: "a"})
+	waitRoute(t, e, model, "a")
+	polls := func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.polls
+	}
+	start := polls()
+	for polls() < start+10 { // ten poll rounds, five times the switch's polls
+		if r := e.Route(model); r[0] != "a" {
+			t.Fatalf("after %d polls the route is %v: the region without samples took it", polls()-start, r)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for range 5 {
+		if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "a" {
+			t.Fatalf("answer %d from %q, want 200 from the preferred a", code, reg)
+		}
+	}
+	// Unknown is not slowest either: with samples nowhere, round trips and
+	// the preference decide, and b takes traffic when a leaves.
+	a.set(func(st *serving.RegionStatus) { st.Draining = true })
+	waitRoute(t, e, model, "b")
+}
+
+// A region killed while it runs a JSON request (the connection closes
+// before any answer) does not fail the request: the edge holds the body
+// and sends it to the next region, as the Worker does.
+func TestResendsInFlightRequestOfKilledRegion(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
+	e := startEdge(t, edge.Config{
+		Regions: []edge.Region{{Name: "a", URL: a.srv.URL}, {Name: "b", URL: b.srv.URL}}, Prefer: "a",
+		PollInterval: time.Hour, // the first poll only: the edge learns of a's death from the request
+	})
+	waitRoute(t, e, model, "a")
+	a.mu.Lock()
+	a.kill = true
+	a.mu.Unlock()
+	if code, reg := post(t, e, "Bearer k", chat); code != 200 || reg != "b" {
+		t.Fatalf("a killed mid-request: answer %d from %q, want 200 from b", code, reg)
+	}
+	if got := a.requests(); len(got) != 1 {
+		t.Fatalf("a got %d requests, want 1 (it died running it)", len(got))
+	}
+	if got := b.requests(); len(got) != 1 || string(got[0].body) != chat {
+		t.Fatalf("b got %+v, want the request's body as sent", got)
+	}
+	if r := e.Route(model); len(r) != 1 || r[0] != "b" {
+		t.Fatalf("route after a died = %v, want [b]", r)
+	}
+}
+
+// One address trickling uploads through the edge holds at most its share
+// of the edge's connections, each cut with 408 once it falls behind the
+// minimum rate; meanwhile another client is served, the region stays in
+// the route, and the region sees each client's own address in
+// X-Forwarded-For (a client's own value is dropped), so a region trusting
+// the edge applies its per-address shares to the client, not the edge.
+func TestSlowUploadsThroughTheEdgeHoldOnlyTheirShare(t *testing.T) {
+	a := newFakeRegion(t, "a", idle(0.05))
+	e := startEdge(t, edge.Config{Regions: []edge.Region{{Name: "a", URL: a.srv.URL}},
+		MaxConnections: 32, // 4 an address
+		BodyTimeout:    300 * time.Millisecond, BodyMinRate: 64 << 10, MaxPeek: 64 << 10})
+	waitRoute(t, e, model, "a")
+	addr := strings.TrimPrefix(e.URL(), "http://")
+
+	// The attacker, from 127.0.0.2: 20 uploads of a declared 1 MiB, 1 KiB sent.
+	type answer struct {
+		status string
+		err    error
+	}
+	answers := make(chan answer, 20)
+	for range 20 {
+		go func() {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+			c, err := d.Dial("tcp", addr)
+			if err != nil {
+				answers <- answer{err: err}
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", 1<<20)
+			_, _ = c.Write(make([]byte, 1<<10))
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			line, err := bufio.NewReader(c).ReadString('\n')
+			answers <- answer{status: strings.TrimSpace(line), err: err}
+		}()
+	}
+	// Meanwhile another client is served, its address forwarded.
+	req, _ := http.NewRequest(http.MethodPost, e.URL()+"/v1/chat/completions", strings.NewReader(chat))
+	req.Header.Set("X-Forwarded-For", "6.6.6.6") // a client's claim: dropped
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("another client during the uploads: %d, want 200", resp.StatusCode)
+	}
+	got := a.requests()
+	if len(got) != 1 || got[0].xff != "127.0.0.1" {
+		t.Fatalf("the region got %+v, want one request with X-Forwarded-For 127.0.0.1 (the client's own address)", got)
+	}
+
+	timedOut, closed := 0, 0
+	for range 20 {
+		select {
+		case ans := <-answers:
+			switch {
+			case strings.HasPrefix(ans.status, "HTTP/1.1 408"):
+				timedOut++
+			case ans.err != nil:
+				closed++ // refused: over the address's share
+			default:
+				t.Fatalf("an upload was answered %q", ans.status)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("uploads still open after 10 s: %d answered 408, %d closed", timedOut, closed)
+		}
+	}
+	if timedOut != 4 || closed != 16 {
+		t.Fatalf("uploads: %d answered 408, %d closed at once; want 4 (the address's share) and 16", timedOut, closed)
+	}
+	if r := e.Route(model); len(r) != 1 || r[0] != "a" {
+		t.Fatalf("route after the uploads = %v, want [a]", r)
+	}
+	if n := len(a.requests()); n != 1 {
+		t.Fatalf("the region got %d requests, want the other client's only (trickled bodies stay at the edge)", n)
 	}
 }

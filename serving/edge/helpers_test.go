@@ -27,13 +27,16 @@ type fakeRegion struct {
 	status serving.RegionStatus
 	down   bool // status answers 503
 	refuse bool // requests are answered 503 no_replica (and recorded)
+	kill   bool // requests are read, recorded and their connection closed unanswered: a region killed mid-request
 	got    []recorded
 	conns  int // connections accepted
+	polls  int // status polls received
 	protos []string
 }
 
 type recorded struct {
 	auth string
+	xff  string // X-Forwarded-For
 	body []byte
 }
 
@@ -44,6 +47,11 @@ func newFakeRegion(t *testing.T, name string, m serving.RegionModel) *fakeRegion
 		defer f.mu.Unlock()
 		f.protos = append(f.protos, r.Proto)
 		if r.URL.Path == serving.RegionStatusPath {
+			f.polls++
+			if r.Header.Get("Authorization") != "Bearer "+edgeToken {
+				http.Error(w, `{"error":{"code":"invalid_edge_token"}}`, http.StatusUnauthorized)
+				return
+			}
 			if f.down {
 				http.Error(w, "down", http.StatusServiceUnavailable)
 				return
@@ -52,7 +60,10 @@ func newFakeRegion(t *testing.T, name string, m serving.RegionModel) *fakeRegion
 			return
 		}
 		body, _ := io.ReadAll(r.Body)
-		f.got = append(f.got, recorded{r.Header.Get("Authorization"), body})
+		f.got = append(f.got, recorded{r.Header.Get("Authorization"), r.Header.Get("X-Forwarded-For"), body})
+		if f.kill {
+			panic(http.ErrAbortHandler) // closes the connection without an answer
+		}
 		w.Header().Set("Content-Type", "application/json")
 		if f.refuse {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -136,10 +147,17 @@ func delayProxy(t *testing.T, target string, delay time.Duration) string {
 	return "http://" + ln.Addr().String()
 }
 
+// edgeToken is the regions' edge token in these tests: a fakeRegion
+// refuses a status poll without it, as a gateway does.
+const edgeToken = "tge-test-edge"
+
 // startEdge opens and runs an edge on loopback until the test ends.
 func startEdge(t *testing.T, cfg edge.Config) *edge.Edge {
 	t.Helper()
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	if cfg.StatusToken == "" {
+		cfg.StatusToken = edgeToken
+	}
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 30 * time.Millisecond
 	}

@@ -22,7 +22,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"region", "code"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tailgate_edge_retries_total",
-			Help: "Requests sent on to the next region because this one did not run them, by reason: connect (the connection could not be made), refused (it answered 503).",
+			Help: "Requests sent on to the next region because this one did not run them, by reason: connect (the connection could not be made), failed (the region failed before answering: killed, connection reset), refused (it answered 503).",
 		}, []string{"region", "reason"}),
 		rtt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tailgate_edge_region_rtt_seconds",

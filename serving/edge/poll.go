@@ -17,9 +17,10 @@ type region struct {
 	idx  int
 	name string
 	base string // URL without a trailing slash
-	// transport carries its requests and polls: the same connections, so
-	// the polls keep them warm.
-	transport http.RoundTripper
+	// transport carries its requests; polls carries the status polls: the
+	// same over HTTP/2 (one multiplexed connection the polls keep warm), a
+	// connection of their own over HTTP/1 (data traffic cannot hold it).
+	transport, polls http.RoundTripper
 
 	mu       sync.Mutex
 	healthy  bool
@@ -81,7 +82,10 @@ func (e *Edge) fetchStatus(ctx context.Context, r *region) (serving.RegionStatus
 	if err != nil {
 		return st, err
 	}
-	resp, err := r.transport.RoundTrip(req)
+	if e.cfg.StatusToken != "" {
+		req.Header.Set("Authorization", "Bearer "+e.cfg.StatusToken)
+	}
+	resp, err := r.polls.RoundTrip(req)
 	if err != nil {
 		return st, err
 	}

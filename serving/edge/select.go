@@ -20,25 +20,28 @@ type modelView struct {
 	ready   int
 	p50     time.Duration
 	queued  float64 // requests that would wait ahead of a new one, per ready replica
-	unknown bool    // no TTFT yet
+	unknown bool    // no TTFT samples yet: p50 is 0 and means nothing
 }
 
 // expected returns a request's expected time to first token in r for
 // model ("" for a request that names none): the round trip, the region's
 // recent median TTFT and a penalty of one median per request queued ahead
-// on each replica. ok is false when r may not take it: unhealthy,
-// draining, or no ready replica of the model.
-func (r regionView) expected(model string, queueWeight float64) (time.Duration, bool) {
+// on each replica. A model without a median in r (no samples yet: a fresh
+// or restarted region) is unknown, not fast: it counts the slowest median
+// the other regions report for it (unknown), so the round trip and the
+// queues decide, never the want of data. ok is false when r may not take
+// it: unhealthy, draining, or no ready replica of the model.
+func (r regionView) expected(model string, queueWeight float64, unknown map[string]time.Duration) (time.Duration, bool) {
 	if !r.healthy || r.draining {
 		return 0, false
 	}
 	if model == "" {
 		var best time.Duration = -1
-		for _, m := range r.models {
+		for id, m := range r.models {
 			if m.ready == 0 {
 				continue
 			}
-			if d := m.cost(queueWeight); best < 0 || d < best {
+			if d := m.cost(queueWeight, unknown[id]); best < 0 || d < best {
 				best = d
 			}
 		}
@@ -51,11 +54,36 @@ func (r regionView) expected(model string, queueWeight float64) (time.Duration, 
 	if !ok || m.ready == 0 {
 		return 0, false
 	}
-	return r.rtt + m.cost(queueWeight), true
+	return r.rtt + m.cost(queueWeight, unknown[model]), true
 }
 
-func (m modelView) cost(queueWeight float64) time.Duration {
-	return m.p50 + time.Duration(queueWeight*m.queued*float64(m.p50))
+// cost is the model's median TTFT plus its queue penalty; an unknown
+// median counts as unknownP50.
+func (m modelView) cost(queueWeight float64, unknownP50 time.Duration) time.Duration {
+	p50 := m.p50
+	if m.unknown {
+		p50 = unknownP50
+	}
+	return p50 + time.Duration(queueWeight*m.queued*float64(p50))
+}
+
+// unknownMedians returns, for each model, what a region without a median
+// of its own counts: the slowest median of the regions that may take the
+// model's requests and have one (0 when none has: the round trips and
+// queues decide alone).
+func unknownMedians(views []regionView) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, v := range views {
+		if !v.healthy || v.draining {
+			continue
+		}
+		for id, m := range v.models {
+			if !m.unknown && m.ready > 0 && m.p50 > out[id] {
+				out[id] = m.p50
+			}
+		}
+	}
+	return out
 }
 
 // ranked is a route's regions best first, each with its score.
@@ -69,8 +97,9 @@ type ranked struct {
 // wins a near tie (geography as the tie-breaker), then the flags' order.
 func rank(views []regionView, model string, queueWeight float64, prefer int, tieMargin float64) []ranked {
 	var out []ranked
+	unknown := unknownMedians(views)
 	for _, v := range views {
-		d, ok := v.expected(model, queueWeight)
+		d, ok := v.expected(model, queueWeight, unknown)
 		if !ok {
 			continue
 		}

@@ -60,12 +60,13 @@ const edge :Workerd.Worker = (
   bindings = [
     (name = "REGIONS", text = %q),
     (name = "PREFER", text = %q),
+    (name = "EDGE_TOKEN", text = %q),
     (name = "POLL_MS", text = "30"),
     (name = "SWITCH_POLLS", text = "2"),
     (name = "MAX_PEEK", text = "4096"), # the long body of the untouched test streams past it
   ],
 );
-`, addr, regions, prefer)
+`, addr, regions, prefer, edgeToken)
 	cfgPath := filepath.Join(dir, "edge.capnp")
 	if err := os.WriteFile(cfgPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -174,6 +175,39 @@ func TestWorkerSelection(t *testing.T) {
 		}
 		if len(a.requests()) != 1 || len(b.requests()) != 1 {
 			t.Fatalf("a got %d, b %d requests; want 1 each (a first, then b)", len(a.requests()), len(b.requests()))
+		}
+	})
+	t.Run("a region without samples is not fastest", func(t *testing.T) {
+		// b is 40 ms farther and has no TTFT samples (fresh, restarted):
+		// counted as fastest (p50 0) it would win every poll.
+		a := newFakeRegion(t, "a", idle(0.5))
+		b := newFakeRegion(t, "b", idle(0))
+		bURL := delayProxy(t, b.srv.Listener.Addr().String(), 20*time.Millisecond)
+		w := startWorker(t, "a="+a.srv.URL+",b="+bURL, "a")
+		for i := range 40 { // POLL_MS 30, SWITCH_POLLS 2: many rounds
+			if code, reg, body := postTo(t, w, "Bearer k", chat); code != 200 || reg != "a" {
+				t.Fatalf("request %d: %d from %q (%s), want 200 from the preferred a", i, code, reg, body)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := len(b.requests()); n != 0 {
+			t.Fatalf("the region without samples got %d requests", n)
+		}
+	})
+	t.Run("resends an in-flight request of a killed region", func(t *testing.T) {
+		a := newFakeRegion(t, "a", idle(0.05))
+		b := newFakeRegion(t, "b", idle(0.1)) // a clearly first
+		w := startWorker(t, "a="+a.srv.URL+",b="+b.srv.URL, "a")
+		waitAnswerFrom(t, w, "a")
+		a.mu.Lock()
+		a.kill = true
+		a.mu.Unlock()
+		before := len(a.requests())
+		if code, reg, body := postTo(t, w, "Bearer k", chat); code != 200 || reg != "b" {
+			t.Fatalf("a killed mid-request: %d from %q (%s), want 200 from b", code, reg, body)
+		}
+		if n := len(a.requests()) - before; n != 1 {
+			t.Fatalf("a got %d requests, want 1 (it died running it)", n)
 		}
 	})
 	t.Run("Authorization and body untouched", func(t *testing.T) {

@@ -37,6 +37,10 @@ type HeartbeatConfig struct {
 	// credential: with it the gateway admits a new replica id without an
 	// operator's approval. "" sends none.
 	JoinToken string
+	// Key is the worker's key (serving.LoadWorkerKey), sent while the
+	// heartbeater has no credential: an approval binds its approval code,
+	// which the heartbeater logs while it waits. "" sends none.
+	Key string
 	// Interval is the time between beats; 0 means 1s. The gateway drops a
 	// replica that misses about three.
 	Interval time.Duration
@@ -306,8 +310,13 @@ func (h *Heartbeater) send(ctx context.Context, hb *serving.Heartbeat) error {
 	req.Header.Set("Authorization", "Bearer "+h.cfg.ClusterToken)
 	if h.credential != "" {
 		req.Header.Set(serving.HeaderWorkerCredential, h.credential)
-	} else if h.cfg.JoinToken != "" {
-		req.Header.Set(serving.HeaderJoinToken, h.cfg.JoinToken)
+	} else {
+		if h.cfg.JoinToken != "" {
+			req.Header.Set(serving.HeaderJoinToken, h.cfg.JoinToken)
+		}
+		if h.cfg.Key != "" {
+			req.Header.Set(serving.HeaderWorkerKey, h.cfg.Key)
+		}
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
@@ -380,8 +389,8 @@ func (h *Heartbeater) record(hb *serving.Heartbeat, err error) {
 		msg = "gateway does not know this worker's credential: registering afresh"
 	case errors.Is(err, ErrNotApproved):
 		msg = fmt.Sprintf("waiting for the operator to admit this worker (retrying every %s): on the gateway's box run "+
-			"`tailgate workers approve --data DIR %s`, or restart this worker with --join-token-file holding the token of "+
-			"`tailgate workers invite --data DIR --replica-id %s`", h.cfg.Interval, hb.ReplicaID, hb.ReplicaID)
+			"`tailgate workers approve --data DIR %s --code %s`, or restart this worker with --join-token-file holding the token of "+
+			"`tailgate workers invite --data DIR --replica-id %s`", h.cfg.Interval, hb.ReplicaID, serving.ApprovalCode(h.cfg.Key), hb.ReplicaID)
 	case errors.Is(err, ErrRefused):
 		msg = "gateway refused this worker's registration"
 	case errors.Is(err, ErrGatewayUnreachable):

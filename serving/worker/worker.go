@@ -105,10 +105,21 @@ func New(cfg Config) (*Worker, error) {
 			return nil, fmt.Errorf("worker: --data: %w", err)
 		}
 	}
+	// The worker's key: an operator's approval binds its code (kept in
+	// --data, so a restart keeps the code; in memory without one).
+	keyFile := filepath.Join(cfg.DataDir, "worker.key")
+	if cfg.DataDir == "" {
+		keyFile = filepath.Join(os.TempDir(), fmt.Sprintf("tailgate-worker-%d.key", os.Getpid()))
+		defer os.Remove(keyFile)
+	}
+	key, err := serving.LoadWorkerKey(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
 	var legacy string // a one-gateway worker's credential, offered to each of several
 	for _, g := range cfg.Gateways {
 		hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(g, "/"), ClusterToken: cfg.ClusterToken,
-			JoinToken: cfg.JoinToken, Build: w.heartbeat, Log: cfg.Log, Borrow: w.credentials, Registering: &w.registering}
+			JoinToken: cfg.JoinToken, Key: key, Build: w.heartbeat, Log: cfg.Log, Borrow: w.credentials, Registering: &w.registering}
 		if cfg.DataDir != "" {
 			hc.CredentialFile = filepath.Join(cfg.DataDir, "credential-"+url.PathEscape(w.id))
 			if len(cfg.Gateways) > 1 {

@@ -38,6 +38,9 @@ const (
 	SimModel = "tailgate-sim"
 	// ClusterToken is the gateway's cluster token unless Options.Server sets one.
 	ClusterToken = "tgc-test-cluster"
+	// EdgeToken is what edges send to read the regional status, unless
+	// Options.Server sets one.
+	EdgeToken = "tge-test-edge"
 	// AdminToken guards the admin API.
 	AdminToken = "tga-test-admin"
 )
@@ -165,6 +168,9 @@ func Start(t testing.TB, o Options) *Gateway {
 	}
 
 	o.Server.AdminToken = AdminToken
+	if o.Server.EdgeToken == "" {
+		o.Server.EdgeToken = EdgeToken
+	}
 	if o.Server.ClusterToken == "" {
 		o.Server.ClusterToken = ClusterToken
 	}
