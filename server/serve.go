@@ -104,7 +104,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	// An answer that generates nothing never waits in the admission queue;
 	// one relayed whole has no first token to hedge on.
 	cl.noQueue = !cl.ep.generates
-	if cl.ep.read != nil && !pr.stream {
+	if !pr.stream && !pr.wholeHedge {
 		cl.noHedge = true
 	}
 	adm := cl.trace.admission(cl, pr)
