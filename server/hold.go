@@ -118,31 +118,6 @@ func holdError(err error, model string) *apierr.Error {
 	return &e
 }
 
-// comment sends an SSE comment line (which clients ignore) at once,
-// committing the stream's headers if it was the first write.
-func (w *sseWriter) comment(line string) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.failed != nil {
-		return w.failed
-	}
-	if w.closed {
-		return errStreamClosed
-	}
-	now := time.Now()
-	w.deadlineLocked(now)
-	w.commitLocked()
-	if _, err := w.rw.Write([]byte(line)); err != nil {
-		w.failed = &clientError{err}
-		return w.failed
-	}
-	if err := w.flushLocked(); err != nil {
-		return err
-	}
-	w.lastWrite = now
-	return nil
-}
-
 // commentSafe keeps a client-chosen name on one comment line.
 func commentSafe(s string) string {
 	return strings.Map(func(r rune) rune {
