@@ -238,9 +238,20 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	gw.srv = srv
 	srv.SetRegion(cfg.Region)
 
+	if err := gw.listen(cfg, srv, promReg); err != nil {
+		return nil, err
+	}
+	return gw, nil
+}
+
+// listen binds the gateway's listeners and makes their servers: public and
+// admin, each with its cap on connections, and with --mesh the admin routes
+// on the tailnet, --mesh-tls and --mesh-funnel.
+func (gw *Gateway) listen(cfg Config, srv *server.Server, promReg prometheus.Registerer) error {
+	log := gw.log
 	publicLn, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
+		return fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
 	// Caps on open client connections, in total and per address; idle
 	// keep-alive ones make room first (connlimit). Connections that send no
@@ -258,7 +269,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	public := gw.bind("public", publicLn, false)
 	adminLn, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
-		return nil, fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
+		return fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
 	}
 	admin := gw.bind("admin", adminLimit.Listen(adminLn), true)
 	gw.publicAddr, gw.adminAddr = public.ln.Addr().String(), admin.ln.Addr().String()
@@ -285,7 +296,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		_, port, _ := net.SplitHostPort(gw.adminAddr)
 		meshLn, err := gw.node.Listen("tcp", ":"+port)
 		if err != nil {
-			return nil, fmt.Errorf("mesh listen :%s: %w", port, err)
+			return fmt.Errorf("mesh listen :%s: %w", port, err)
 		}
 		meshLimit := limit("mesh_admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
 		meshAdmin := gw.bind("mesh_admin", meshLimit.Listen(meshLn), true)
@@ -296,7 +307,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	}
 	if cfg.MeshTLS {
 		if err := gw.listenMeshTLS(srv.Public()); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if cfg.MeshFunnel {
@@ -304,10 +315,10 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		// address would cap the internet as one client: the total only.
 		most := cmp.Or(cfg.MaxConnections, connlimit.DefaultMax)
 		if err := gw.listenFunnel(srv.Public(), limit("funnel", most, most)); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return gw, nil
+	return nil
 }
 
 // nodeCerts returns the keeper of the node's HTTPS certificate, shared by
