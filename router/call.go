@@ -432,6 +432,7 @@ func (c *Call) drain() {
 			if o.att != nil {
 				o.att.Abort()
 			}
+			c.reg.pushedBack(o.rep, o.err)
 			o.release()
 			c.lose(o.lost())
 		}
@@ -474,12 +475,28 @@ func (r *Registry) blame(rep *Replica, err error) {
 	case IsNotSent(err):
 		r.Eject(rep, "connect")
 	case IsDeclined(err):
+		r.pushedBack(rep, err)
 	case IsNoToken(err):
 		if why := noTokenEject(err); why != "" {
 			r.Eject(rep, why)
 		} else {
 			rep.markFailure(r.cfg.Now())
 		}
+	}
+}
+
+// pushedBack takes a [Declined] refusal's pushback out on its replica: out
+// of selection for its RetryAfter, drained when it said it is draining.
+func (r *Registry) pushedBack(rep *Replica, err error) {
+	var d *Declined
+	if !errors.As(err, &d) {
+		return
+	}
+	if d.RetryAfter > 0 {
+		rep.BackOff(r.cfg.Now().Add(d.RetryAfter))
+	}
+	if d.Draining {
+		r.Drain(rep, "draining (told by the replica)")
 	}
 }
 

@@ -191,7 +191,7 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 	u.resp = resp
 	tr.stages(u)
 	if resp.StatusCode != http.StatusOK {
-		return nil, s.upstreamStatus(rep, resp, u.noToken)
+		return nil, upstreamStatus(resp, u.noToken)
 	}
 	if !cl.req.upstreamStream() {
 		body, err := readAnswer(resp)
@@ -236,19 +236,15 @@ func (u *upstream) firstToken(cl *call) error {
 }
 
 // upstreamStatus classifies a non-200 answer.
-func (s *Server) upstreamStatus(rep *router.Replica, resp *http.Response, fail func(error) error) error {
+func upstreamStatus(resp *http.Response, fail func(error) error) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	status := resp.StatusCode
 	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
 		err := &upstreamStatusError{status: status, retryAfter: min(parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()), time.Minute)}
-		if err.retryAfter > 0 {
-			rep.BackOff(time.Now().Add(err.retryAfter))
-		}
-		if gjson.GetBytes(body, "error.code").String() == "replica_draining" {
-			s.reg.Drain(rep, "draining (told by the replica)")
-		}
-		// Overloaded, draining or not ready: nothing ran; go elsewhere.
-		return router.ErrDeclined(err)
+		// Overloaded, draining or not ready: nothing ran; the router backs
+		// the replica off or drains it as it asked, and goes elsewhere.
+		return &router.Declined{Err: err, RetryAfter: err.retryAfter,
+			Draining: gjson.GetBytes(body, "error.code").String() == "replica_draining"}
 	}
 	if status >= 400 && status < 500 {
 		return &relayError{status: status, body: body}
