@@ -56,34 +56,34 @@ func (c *HoldConfig) setDefaults() {
 // capacity was starting: a replica on its way is usually seconds out.
 const retryHold = 5 * time.Second
 
-// hold waits, before routing, until a replica of the call's model is ready
-// when none is but one is coming (see router.Registry.Hold). A stream (w
-// not nil) is sent a progress comment every HoldConfig.Progress, which
-// commits its 200 before routing: a failure after that is an in-band error
-// event. The wait is the call's hold stage; it bills nothing and is not
-// part of any attempt's TTFT deadline. nil: route now.
-func (s *Server) hold(ctx context.Context, cl *call, w *sseWriter) error {
-	model := cl.req.model
-	if s.cfg.Hold.Queue < 0 || s.reg.ReadyFor(model) || !s.reg.Holdable(model) {
-		return nil // ready, or nothing is coming: routing answers as it always did
+// holdOptions are how a call waits, before routing, until a replica of its
+// model is ready when none is but one is coming (router.Request.Hold; nil
+// when holding is off). A stream (w not nil) is sent a progress comment
+// every HoldConfig.Progress, which commits its 200 before routing: a
+// failure after that is an in-band error event. The wait is the call's
+// hold stage; it bills nothing and is not part of any attempt's TTFT
+// deadline.
+//
+// The options are the server's (s.hold, whose Then fails closed after the
+// wait as before it: nothing starts that the ledger could not record), and
+// a stream's own only when its model has no ready replica now: a stream
+// whose ready replicas all decline waits once more with keep-alives but
+// without progress comments, so that no request that routes at once pays
+// for a progress callback.
+func (s *Server) holdOptions(cl *call, w *sseWriter) *router.HoldOptions {
+	if s.cfg.Hold.Queue < 0 {
+		return nil
 	}
-	opt := router.HoldOptions{Queue: s.cfg.Hold.Queue, Timeout: s.cfg.Hold.Timeout}
-	if w != nil {
-		name := commentSafe(model)
-		opt.Every = s.cfg.Hold.Progress
-		opt.Progress = func(state string, waited time.Duration) {
-			_ = w.comment(fmt.Sprintf(": waiting for a replica of %s: %s, %d s\n\n", name, state, int(waited.Seconds())))
-		}
+	if w == nil || s.reg.ReadyFor(cl.req.model) {
+		return &s.hold
 	}
-	start := time.Now()
-	err := s.reg.Hold(ctx, model, routerClass(cl.priority), opt)
-	cl.stages.Hold = max(cl.stages.Hold, 0) + time.Since(start) // a second hold adds to the first
-	if err != nil {
-		return err
+	cl.hold = s.hold
+	name := commentSafe(cl.req.model)
+	cl.hold.Every = s.cfg.Hold.Progress
+	cl.hold.Progress = func(state string, waited time.Duration) {
+		_ = w.comment(fmt.Sprintf(": waiting for a replica of %s: %s, %d s\n\n", name, state, int(waited.Seconds())))
 	}
-	// Fail closed after the wait as before it: nothing starts that the
-	// ledger could not record.
-	return s.ledger.Healthy()
+	return &cl.hold
 }
 
 // refuseHeld answers and records a call whose hold ended without a ready

@@ -263,6 +263,7 @@ type Server struct {
 	// lim are the request-reading settings, made once: built per request,
 	// its method values would escape through an endpoint's reader.
 	lim       parseLimits
+	hold      router.HoldOptions // a call's wait for capacity, but a stream's progress (holdOptions)
 	store     *data.Store
 	ledger    *data.LedgerWriter
 	gatherer  prometheus.Gatherer
@@ -360,6 +361,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	for _, r := range s.Public().(*echo.Echo).Routes() {
 		s.publicRoutes = append(s.publicRoutes, routeKey{r.Method, r.Path})
 	}
+	s.hold = router.HoldOptions{Queue: s.cfg.Hold.Queue, Timeout: s.cfg.Hold.Timeout, Then: s.ledger.Healthy}
 	s.lim = parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen, alternatives: s.reg.Alternatives}
 	return s, nil
 }
