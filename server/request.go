@@ -385,13 +385,14 @@ func (p *parsedRequest) readStreamOptions(opts gjson.Result) error {
 // is rewritten unless its bytes already say it in the one canonical way.
 // size is the body's length as the client sent it.
 func (p *parsedRequest) rewrite(f *genFields, media, size int64, lim parseLimits) error {
-	var tail [128]byte // what is added fits: no allocation
-	e := bodyEdit{body: p.body, tail: tail[:0]}
+	var buf [128]byte // what is added fits: no allocation
+	tail := buf[:0]   // members to add, each starting with a comma
+	e := bodyEdit{body: p.body}
 	model, stream, n := f[fModel], f[fStream], f[fN]
 	e.set("model", model.Raw, p.model, strconv.Quote(p.model))
 	switch {
 	case p.assemble && !stream.Exists():
-		e.add("stream", "true")
+		tail = appendMember(tail, "stream", "true")
 	case p.assemble:
 		e.set("stream", stream.Raw, true, "true")
 	case stream.Exists():
@@ -400,14 +401,18 @@ func (p *parsedRequest) rewrite(f *genFields, media, size int64, lim parseLimits
 	if present(n) {
 		e.set("n", n.Raw, int64(n.Num), strconv.FormatInt(int64(n.Num), 10))
 	}
-	p.capOutput(&e, f[fMaxTokens], f[fMaxCompletionTokens], media, size, lim)
-	p.askUsage(&e, f[fStreamOptions])
+	if v := p.capOutput(&e, f[fMaxTokens], f[fMaxCompletionTokens], media, size, lim); v != "" {
+		tail = appendMember(tail, "max_tokens", v)
+	}
+	if p.askUsage(&e, f[fStreamOptions]) {
+		tail = appendMember(tail, "stream_options", usageOptions)
+	}
 	if f[fPriority].Exists() {
 		// The engine's priority would let a request jump its queue past
 		// the gateway's classes: the order is the admission queue's.
 		e.del("priority")
 	}
-	body, err := e.done()
+	body, err := e.done(tail)
 	if err != nil {
 		return apierr.BadRequest("", "request body cannot be edited: %v", err)
 	}
@@ -422,8 +427,9 @@ func (p *parsedRequest) rewrite(f *genFields, media, size int64, lim parseLimits
 // rarely more than a token per two bytes). Where it may not, max_tokens
 // goes as null: the engine gives the rest of the context, as to a client
 // that set none (vLLM's completions would otherwise stop at 16), and the
-// whole context is reserved.
-func (p *parsedRequest) capOutput(e *bodyEdit, maxTok, maxCompl gjson.Result, media, size int64, lim parseLimits) {
+// whole context is reserved. It returns the max_tokens to add to a body
+// that lacks the member ("" for none).
+func (p *parsedRequest) capOutput(e *bodyEdit, maxTok, maxCompl gjson.Result, media, size int64, lim parseLimits) string {
 	if p.maxTokens != 0 {
 		if present(maxTok) {
 			e.set("max_tokens", maxTok.Raw, int64(maxTok.Num), strconv.FormatInt(int64(maxTok.Num), 10))
@@ -431,7 +437,7 @@ func (p *parsedRequest) capOutput(e *bodyEdit, maxTok, maxCompl gjson.Result, me
 		if present(maxCompl) {
 			e.set("max_completion_tokens", maxCompl.Raw, int64(maxCompl.Num), strconv.FormatInt(int64(maxCompl.Num), 10))
 		}
-		return
+		return ""
 	}
 	p.maxTokens = lim.defaultMax(p.model)
 	var contextLen int64
@@ -445,8 +451,9 @@ func (p *parsedRequest) capOutput(e *bodyEdit, maxTok, maxCompl gjson.Result, me
 	case maxTok.Exists():
 		e.set("max_tokens", "", p.maxTokens, "-")
 	default:
-		e.add("max_tokens", strconv.FormatInt(p.maxTokens, 10))
+		return strconv.FormatInt(p.maxTokens, 10)
 	}
+	return ""
 }
 
 // usageOptions asks a stream for usage on every chunk: an aborted stream
@@ -454,11 +461,12 @@ func (p *parsedRequest) capOutput(e *bodyEdit, maxTok, maxCompl gjson.Result, me
 // not estimated.
 const usageOptions = `{"include_usage":true,"continuous_usage_stats":true}`
 
-// askUsage makes every stream the engine sends carry usage on every chunk.
-func (p *parsedRequest) askUsage(e *bodyEdit, opts gjson.Result) {
+// askUsage makes every stream the engine sends carry usage on every chunk;
+// add: stream_options is to be added to a body that lacks it.
+func (p *parsedRequest) askUsage(e *bodyEdit, opts gjson.Result) (add bool) {
 	switch {
 	case p.upstreamStream() && !opts.Exists():
-		e.add("stream_options", usageOptions)
+		return true
 	case p.assemble:
 		// null: a JSON request has no other stream_options (refused).
 		e.setRaw("stream_options", usageOptions)
@@ -466,14 +474,15 @@ func (p *parsedRequest) askUsage(e *bodyEdit, opts gjson.Result) {
 		e.set("stream_options.include_usage", opts.Get("include_usage").Raw, true, "true")
 		e.set("stream_options.continuous_usage_stats", opts.Get("continuous_usage_stats").Raw, true, "true")
 	}
+	return false
 }
 
 // bodyEdit edits a JSON body: a member the body has is rewritten in place;
-// members it lacks are added together at its end, in one copy (each edit
-// in place copies the whole body). The first error stops every later edit.
+// members it lacks are added together at its end (done), in one copy (each
+// edit in place copies the whole body). The first error stops every later
+// edit.
 type bodyEdit struct {
 	body []byte
-	tail []byte // members to add, each starting with a comma
 	err  error
 }
 
@@ -498,15 +507,16 @@ func (e *bodyEdit) del(path string) {
 	}
 }
 
-// add adds the member key, a JSON value raw, at the body's end.
-func (e *bodyEdit) add(key, raw string) {
-	e.tail = append(append(append(append(e.tail, ",\""...), key...), "\":"...), raw...)
+// appendMember appends the member key, a JSON value raw, to members to add
+// (see bodyEdit.done).
+func appendMember(tail []byte, key, raw string) []byte {
+	return append(append(append(append(tail, ",\""...), key...), "\":"...), raw...)
 }
 
-// done returns the edited body.
-func (e *bodyEdit) done() ([]byte, error) {
-	if e.err == nil && len(e.tail) > 0 {
-		e.body = appendFields(e.body, e.tail)
+// done returns the edited body, with the members of tail added.
+func (e *bodyEdit) done(tail []byte) ([]byte, error) {
+	if e.err == nil && len(tail) > 0 {
+		e.body = appendFields(e.body, tail)
 	}
 	return e.body, e.err
 }
