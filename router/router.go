@@ -30,7 +30,11 @@
 // its [OpenFunc], reads answers, and reports what it saw — progress
 // ([Call.Progress]), how a relayed answer ended ([Call.End], an [ErrBroke]
 // error for one that broke or went quiet) — and never ejects a replica
-// itself. [Registry.Do] is NewCall and Start in one. The caller ends every
+// itself: a replica's refusal is a [Declined] error whose pushback
+// (Retry-After, draining) the call takes apart where it decides the retry.
+// With [Request.Hold] set, [Call.Start] also waits for capacity that is
+// coming, before its first pass and once more when every replica declined
+// it. [Registry.Do] is NewCall and Start in one. The caller ends every
 // call with [Call.Finish], which gives the winner's in-flight slot back.
 //
 //	       Start
