@@ -457,3 +457,206 @@ func githubSlug(h string) string {
 	}
 	return b.String()
 }
+
+// moduleIndex is what the module's Go code declares, for checking the
+// names the documentation gives: by package name (the last element of its
+// directory, or its package clause) the top-level names; by type name the
+// methods and fields; and every .go file by its path.
+type moduleIndex struct {
+	pkgs    map[string]map[string]bool // package name → its top-level names, methods as Type.Method
+	members map[string]map[string]bool // type name → its methods and fields
+	files   map[string]bool            // slash-separated paths of .go files
+	base    map[string]bool            // base names of .go files
+	dirs    map[string]bool            // top-level directories
+	docs    map[string]string          // package directory → its package doc
+}
+
+func indexModule(t *testing.T) *moduleIndex {
+	t.Helper()
+	ix := &moduleIndex{pkgs: map[string]map[string]bool{}, members: map[string]map[string]bool{},
+		files: map[string]bool{}, base: map[string]bool{}, dirs: map[string]bool{}, docs: map[string]string{}}
+	add := func(m map[string]map[string]bool, k, v string) {
+		if m[k] == nil {
+			m[k] = map[string]bool{}
+		}
+		m[k][v] = true
+	}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != "." && (name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+				return filepath.SkipDir
+			}
+			if path != "." && !strings.Contains(path, string(filepath.Separator)) {
+				ix.dirs[name] = true
+			}
+			return nil
+		}
+		if !strings.HasSuffix(name, ".go") {
+			return nil
+		}
+		ix.files[filepath.ToSlash(path)], ix.base[name] = true, true
+		if strings.HasSuffix(name, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ParseComments|parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		pkg := f.Name.Name
+		if f.Doc != nil {
+			ix.docs[filepath.Dir(path)] += f.Doc.Text()
+		}
+		for _, decl := range f.Decls {
+			switch decl := decl.(type) {
+			case *ast.FuncDecl:
+				if decl.Recv == nil || len(decl.Recv.List) != 1 {
+					add(ix.pkgs, pkg, decl.Name.Name)
+					continue
+				}
+				typ := decl.Recv.List[0].Type
+				if s, ok := typ.(*ast.StarExpr); ok {
+					typ = s.X
+				}
+				if g, ok := typ.(*ast.IndexExpr); ok {
+					typ = g.X
+				}
+				if id, ok := typ.(*ast.Ident); ok {
+					add(ix.pkgs, pkg, id.Name+"."+decl.Name.Name)
+					add(ix.members, id.Name, decl.Name.Name)
+				}
+			case *ast.GenDecl:
+				for _, s := range decl.Specs {
+					switch s := s.(type) {
+					case *ast.TypeSpec:
+						add(ix.pkgs, pkg, s.Name.Name)
+						if st, ok := s.Type.(*ast.StructType); ok {
+							for _, fl := range st.Fields.List {
+								for _, n := range fl.Names {
+									add(ix.members, s.Name.Name, n.Name)
+									add(ix.pkgs, pkg, s.Name.Name+"."+n.Name)
+								}
+							}
+						}
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							add(ix.pkgs, pkg, n.Name)
+						}
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ix
+}
+
+var (
+	goFileName   = regexp.MustCompile(`(?:^|[\s(,\x60])((?:[a-z0-9_]+/)*[a-z0-9][a-z0-9_]*\.go)\b`)
+	qualifiedID  = regexp.MustCompile(`^\*?([A-Za-z_][A-Za-z0-9_]*)\.([A-Z][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?(?:\(\))?$`)
+	docLink      = regexp.MustCompile(`\[(\*?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*){0,2})\]`)
+	foreignRepos = regexp.MustCompile(`[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+ (?:\x60|[A-Za-z0-9_./-]+\.go)`) // owner/repo file.go
+)
+
+// fileExists reports whether a .go file a document names is this module's:
+// a path under one of its top-level directories must exist as written; a
+// bare name must be some package's file. A path under a directory the
+// module does not have is another repository's (vLLM's, tailscale's).
+func (ix *moduleIndex) fileExists(name, pkgDir string) bool {
+	if !strings.Contains(name, "/") {
+		if pkgDir != "" {
+			return ix.files[filepath.ToSlash(filepath.Join(pkgDir, name))]
+		}
+		return ix.base[name]
+	}
+	first, _, _ := strings.Cut(name, "/")
+	if !ix.dirs[first] {
+		return true // another repository's
+	}
+	return ix.files[name]
+}
+
+// nameExists reports whether pkg.Name[.Member] or Type.Member is declared
+// in the module; known is false when the first part is neither one of the
+// module's package names nor one of its types (http.Server, time.Duration:
+// not the module's to check).
+func (ix *moduleIndex) nameExists(first, second, third string) (exists, known bool) {
+	if names, ok := ix.pkgs[first]; ok {
+		if third != "" {
+			return names[second+"."+third], true
+		}
+		return names[second], true
+	}
+	if members, ok := ix.members[first]; ok && third == "" {
+		return members[second], true
+	}
+	return false, false
+}
+
+// TestDocsNameWhatExists: the Go names and files the documentation names
+// exist — in the docs pages and the README, every code span that names a
+// .go file of the module or a qualified name (`router.Call`,
+// `Registry.NewCall`, `server/upstream.go`); in every package doc, the .go
+// files it names (in its own directory unless given with a path) and its
+// doc links ([Name], [Type.Method], [pkg.Name] of the module). A file
+// renamed or a function removed fails here until its docs follow.
+func TestDocsNameWhatExists(t *testing.T) {
+	ix := indexModule(t)
+	for file, text := range userDocs(t) {
+		for _, m := range codeSpan.FindAllStringSubmatchIndex(text, -1) {
+			span := text[m[2]:m[3]]
+			line := strings.Count(text[:m[0]], "\n") + 1
+			if strings.HasSuffix(span, ".go") && !strings.ContainsAny(span, " *") {
+				// A foreign repository's file is written after its name.
+				lineStart := strings.LastIndexByte(text[:m[0]], '\n') + 1
+				if foreignRepos.MatchString(text[lineStart:m[1]]) && !ix.files[span] {
+					continue
+				}
+				if !ix.fileExists(span, "") {
+					t.Errorf("%s:%d: names `%s`, which is no file of this module", file, line, span)
+				}
+				continue
+			}
+			q := qualifiedID.FindStringSubmatch(span)
+			if q == nil {
+				continue
+			}
+			if exists, known := ix.nameExists(q[1], q[2], q[3]); known && !exists {
+				t.Errorf("%s:%d: names `%s`, which the module does not declare", file, line, span)
+			}
+		}
+	}
+	for dir, doc := range ix.docs {
+		pkgNames := ix.pkgs[filepath.Base(dir)]
+		for _, m := range goFileName.FindAllStringSubmatch(doc, -1) {
+			if !ix.fileExists(m[1], dir) {
+				t.Errorf("%s: the package doc names %s, which is not there", dir, m[1])
+			}
+		}
+		for _, m := range docLink.FindAllStringSubmatch(doc, -1) {
+			parts := strings.Split(strings.TrimPrefix(m[1], "*"), ".")
+			switch {
+			case len(parts) == 1 && ix.pkgs[parts[0]] != nil:
+				// [pkg]: a package of the module.
+			case len(parts) == 1 || unicode.IsUpper(rune(parts[0][0])):
+				// [Name] or [Type.Method] of the package itself.
+				if pkgNames != nil && !pkgNames[strings.Join(parts, ".")] && !pkgNames[parts[0]] {
+					t.Errorf("%s: the package doc links [%s], which the package does not declare", dir, m[1])
+				}
+				if len(parts) > 1 && pkgNames[parts[0]] && !pkgNames[strings.Join(parts, ".")] {
+					t.Errorf("%s: the package doc links [%s], which the package does not declare", dir, m[1])
+				}
+			default:
+				if exists, known := ix.nameExists(parts[0], parts[1], strings.Join(parts[2:], ".")); known && !exists {
+					t.Errorf("%s: the package doc links [%s], which the module does not declare", dir, m[1])
+				}
+			}
+		}
+	}
+}

@@ -70,6 +70,14 @@ type Request struct {
 	// attempts go to the best-scored replica of all, not the better of two
 	// drawn at random, so it finds the free slot batch work left.
 	Class Class
+	// Hold, when set, lets the call wait for capacity with these options
+	// ([Registry.Hold]) when its model has no ready replica but one is
+	// coming — before its first pass, and once more when every replica of
+	// that pass declined or none was left while capacity is on its way:
+	// nothing ran, so it waits as a request that found no replica does.
+	// nil: the call never waits. A wait that ends without capacity ends
+	// the call with a [HoldError].
+	Hold *HoldOptions
 	// Exclude are replicas this request must not go to, for any attempt —
 	// first, retry or hedge — however well they score; nil for none. The
 	// call never changes the slice.

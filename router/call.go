@@ -26,6 +26,7 @@ type Call struct {
 	Reason   AttemptReason // why the winner was made; ReasonRetry for the retry of a broken answer
 	Attempts int           // attempts started
 	Hedged   bool          // a hedge was started
+	Held     time.Duration // how long Start waited for capacity (Request.Hold); 0 if it did not
 
 	reg   *Registry
 	req   Request
@@ -86,8 +87,46 @@ func (r *Registry) Do(ctx context.Context, req Request, open OpenFunc) (*Call, e
 // the budget when it reached the replica but produced no output; and, when
 // hedging is on for the model and no output came within the hedge delay,
 // opens a second attempt on another replica — the first to produce output
-// wins and the other is cancelled.
+// wins and the other is cancelled. With Request.Hold it first waits for
+// capacity that is coming, and waits once more and starts a second pass
+// when every replica declined the first (the last began draining or going
+// to sleep as the request reached it).
 func (c *Call) Start(ctx context.Context) error {
+	if err := c.hold(ctx); err != nil {
+		return err
+	}
+	err := c.startPass(ctx)
+	if c.req.Hold == nil || !(errors.Is(err, ErrNoReplica) || IsDeclined(err)) || ctx.Err() != nil || !c.reg.Holdable(c.req.Model) {
+		return err
+	}
+	if err := c.hold(ctx); err != nil {
+		return err
+	}
+	c.tried = slices.Clip(c.req.Exclude)
+	return c.startPass(ctx)
+}
+
+// hold waits, with Request.Hold, until a replica of the model is ready when
+// none is but one is coming; nil: route now.
+func (c *Call) hold(ctx context.Context) error {
+	r, h := c.reg, c.req.Hold
+	if h == nil || r.ReadyFor(c.req.Model) || !r.Holdable(c.req.Model) {
+		return nil
+	}
+	start := r.cfg.Now()
+	err := r.Hold(ctx, c.req.Model, c.req.Class, *h)
+	c.Held += r.cfg.Now().Sub(start)
+	if err == nil && h.Then != nil {
+		err = h.Then()
+	}
+	if err != nil {
+		return &HoldError{Err: err}
+	}
+	return nil
+}
+
+// startPass is one pass of attempts up to a first output (see Start).
+func (c *Call) startPass(ctx context.Context) error {
 	r, req := c.reg, c.req
 	r.budget.Deposit()
 	c.p = pass{hs: r.hedges.settings(req.Model), hb: r.hedges.budget(req.Model)}
@@ -432,6 +471,7 @@ func (c *Call) drain() {
 			if o.att != nil {
 				o.att.Abort()
 			}
+			c.reg.pushedBack(o.rep, o.err)
 			o.release()
 			c.lose(o.lost())
 		}
@@ -474,12 +514,28 @@ func (r *Registry) blame(rep *Replica, err error) {
 	case IsNotSent(err):
 		r.Eject(rep, "connect")
 	case IsDeclined(err):
+		r.pushedBack(rep, err)
 	case IsNoToken(err):
 		if why := noTokenEject(err); why != "" {
 			r.Eject(rep, why)
 		} else {
 			rep.markFailure(r.cfg.Now())
 		}
+	}
+}
+
+// pushedBack takes a [Declined] refusal's pushback out on its replica: out
+// of selection for its RetryAfter, drained when it said it is draining.
+func (r *Registry) pushedBack(rep *Replica, err error) {
+	var d *Declined
+	if !errors.As(err, &d) {
+		return
+	}
+	if d.RetryAfter > 0 {
+		rep.BackOff(r.cfg.Now().Add(d.RetryAfter))
+	}
+	if d.Draining {
+		r.Drain(rep, "draining (told by the replica)")
 	}
 }
 

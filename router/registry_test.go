@@ -287,6 +287,54 @@ func TestDoRetriesDeclinedElsewhereWithoutEjecting(t *testing.T) {
 	}
 }
 
+// TestDeclinedPushbackIsTheRoutersToTakeApart: a replica that declines
+// with a Retry-After is left out of selection for that long, one that says
+// it is draining is drained — by the call, where it decides the retry, not
+// by the caller — and the request is served by the other replica.
+func TestDeclinedPushbackIsTheRoutersToTakeApart(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		decline Declined
+		state   State
+		out     bool // out of selection afterwards
+	}{
+		{"retry after", Declined{Err: errors.New("429"), RetryAfter: time.Hour}, StateReady, true},
+		{"draining", Declined{Err: errors.New("503"), Draining: true}, StateDraining, true},
+		{"no pushback", Declined{Err: errors.New("503")}, StateReady, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := newRegistry(t, Config{Selector: &RoundRobin{}})
+			a := reg.Add(readyReplica("a", "m"))
+			reg.Add(readyReplica("b", "m"))
+			res, err := reg.Do(context.Background(), hint("m"), func(_ context.Context, rep *Replica, _ int, _ AttemptReason) (Attempt, error) {
+				if rep == a {
+					d := tc.decline
+					return nil, &d
+				}
+				return &fakeAttempt{}, nil
+			})
+			if err != nil || res.Replica.ID != "b" {
+				t.Fatalf("Do = %+v, %v; want it served by b", res, err)
+			}
+			res.Finish()
+			if a.State() != tc.state {
+				t.Errorf("a is %s after declining; want %s", a.State(), tc.state)
+			}
+			picked := map[string]bool{}
+			for range 4 {
+				rep, err := reg.Pick(Hint{Model: "m"}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				picked[rep.ID] = true
+			}
+			if picked["a"] == tc.out {
+				t.Errorf("a picked afterwards: %v; want %v", picked["a"], !tc.out)
+			}
+		})
+	}
+}
+
 func TestInflightReturnsToZeroOnEveryOutcome(t *testing.T) {
 	for _, tc := range []struct {
 		name string

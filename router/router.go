@@ -30,7 +30,11 @@
 // its [OpenFunc], reads answers, and reports what it saw — progress
 // ([Call.Progress]), how a relayed answer ended ([Call.End], an [ErrBroke]
 // error for one that broke or went quiet) — and never ejects a replica
-// itself. [Registry.Do] is NewCall and Start in one. The caller ends every
+// itself: a replica's refusal is a [Declined] error whose pushback
+// (Retry-After, draining) the call takes apart where it decides the retry.
+// With [Request.Hold] set, [Call.Start] also waits for capacity that is
+// coming, before its first pass and once more when every replica declined
+// it. [Registry.Do] is NewCall and Start in one. The caller ends every
 // call with [Call.Finish], which gives the winner's in-flight slot back.
 //
 //	       Start
@@ -71,6 +75,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Errors returned by selection.
@@ -99,21 +104,29 @@ func IsNotSent(err error) bool {
 	return errors.As(err, &ns)
 }
 
-// declinedError marks an attempt the replica refused before doing any work.
-type declinedError struct{ err error }
+// Declined is a replica's refusal of an attempt before it did any work (an
+// engine's 429 or 503: overloaded, draining, not ready), with what the
+// replica asked for. The request is retried on another replica at once, and
+// the replica is not ejected — it is healthy, just not taking work. The
+// call takes the refusal apart where it decides (Registry.blame): a
+// replica that asked for RetryAfter is left out of selection that long,
+// one that said it is Draining is drained. grpc-go's retry owner reads a
+// server's pushback the same way (stream.go, csAttempt.shouldRetry).
+type Declined struct {
+	Err        error         // what the replica answered
+	RetryAfter time.Duration // how long it asked to be left alone; 0: no pushback
+	Draining   bool          // it said it is draining
+}
 
-func (e *declinedError) Error() string { return fmt.Sprintf("declined: %v", e.err) }
-func (e *declinedError) Unwrap() error { return e.err }
+func (e *Declined) Error() string { return fmt.Sprintf("declined: %v", e.Err) }
+func (e *Declined) Unwrap() error { return e.Err }
 
-// ErrDeclined wraps err to say the replica answered but refused the request
-// before doing any work (it is draining or not ready): the request is retried
-// on another replica at once, and the replica is not ejected — it is healthy,
-// just not taking work.
-func ErrDeclined(err error) error { return &declinedError{err: err} }
+// ErrDeclined wraps err as a [Declined] refusal with no pushback.
+func ErrDeclined(err error) error { return &Declined{Err: err} }
 
 // IsDeclined reports whether err says the replica declined the request.
 func IsDeclined(err error) bool {
-	var d *declinedError
+	var d *Declined
 	return errors.As(err, &d)
 }
 

@@ -62,7 +62,19 @@ type HoldOptions struct {
 	// model's capacity is doing ("starting", "warming", "sleeping", "provisioning")
 	// and how long the request has waited.
 	Progress func(state string, waited time.Duration)
+	// Then, if set, is called when a call's wait ended with a replica
+	// ready (see Request.Hold): its error ends the call as the wait's (the
+	// caller can no longer serve it, e.g. its ledger went down meanwhile).
+	Then func() error
 }
+
+// HoldError ends a call whose wait for capacity (Request.Hold) ended
+// without it: Err is [ErrHoldFull], [ErrHoldTimeout], [ErrNoReplica], the
+// context's error or HoldOptions.Then's.
+type HoldError struct{ Err error }
+
+func (e *HoldError) Error() string { return "hold: " + e.Err.Error() }
+func (e *HoldError) Unwrap() error { return e.Err }
 
 // Errors of [Registry.Hold].
 var (

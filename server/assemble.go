@@ -1,14 +1,10 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -16,6 +12,7 @@ import (
 
 	"github.com/tailgate-dev/tailgate/data"
 	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
 	"github.com/tailgate-dev/tailgate/serving/sse"
 )
 
@@ -544,86 +541,76 @@ func appendQuotedRaw(b, escaped []byte) []byte {
 	return append(b, '"')
 }
 
+// Answers the client sees only whole. A JSON answer is assembled from the
+// engine's stream and nothing of it reaches the client before it is whole,
+// so the router's call (router.Call.Whole) may race a pace hedge against an
+// attempt that falls behind its model's decode pace and start one that
+// broke once more elsewhere. The server only reads: assembleAttempt reads
+// one attempt's answer and tells the router its progress and how it ended.
+
+// assembleAttempt reads u's answer whole (see assembleJSON) into u.body,
+// telling progress of each token after the first, and returns how it
+// ended, as the router classifies it (see routerEnd).
+func (s *Server) assembleAttempt(ctx context.Context, cl *call, u *upstream, progress func(int64, time.Time)) error {
+	body, err := s.assembleJSON(ctx, cl, u, progress)
+	u.body = body
+	return routerEnd(err)
+}
+
+// routerEnd tells the router how an answer that had its first token ended:
+// one that broke or went quiet is a router.ErrBroke (an idle one's replica
+// is ejected; see router.Call.End and Call.Whole); any other failure — an
+// error event, a deadline, the client going away — is the answer's own.
+func routerEnd(err error) error {
+	var me *midstreamError
+	if errors.As(err, &me) {
+		switch me.class {
+		case data.ClassMidstream:
+			return router.ErrBroke(err, false)
+		case data.ClassIdleDeadline:
+			return router.ErrBroke(err, true)
+		}
+	}
+	return err
+}
+
 // assembleJSON reads the winning attempt's stream to its end — the events
-// it buffered up to its first token, then the rest — and returns the JSON
-// answer. Nothing reaches the client meanwhile: a failure here is still a
-// plain HTTP error for it. The inter-token idle deadline and the whole-answer
-// deadline (Config.JSONDeadline, from the attempt's start) both apply. A
-// non-nil progress is told of every token after the first, which holds the
-// attempt to its model's decode pace (see assembleAttempt).
+// it buffered up to its first token, then the rest (read by
+// [upstream.next]) — and returns the JSON answer. Nothing reaches the client
+// meanwhile: a failure here is still a plain HTTP error for it. The
+// inter-token idle deadline and the whole-answer deadline
+// (Config.JSONDeadline, from the attempt's start) both apply. A non-nil
+// progress is told of every token after the first, which holds the attempt
+// to its model's decode pace (see assembleAttempt).
 func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, progress func(int64, time.Time)) ([]byte, error) {
 	a := newAssembler(cl.ep, cl.req.forcedTool)
-	add := func(kind eventKind, ev []byte) error {
-		switch kind {
-		case evError:
-			return &midstreamError{class: data.ClassErrorEvent, err: fmt.Errorf("error event: %s", bytes.TrimSpace(ev))}
-		case evToken, evOther:
-			a.add(sse.Data(ev))
-		}
-		return nil
-	}
 	for _, ev := range u.pending {
-		_ = add(evOther, ev) // no error event is ever pending
+		a.add(sse.Data(ev)) // no error event is ever pending
 	}
 	u.pending = nil
 	if u.done {
 		return a.body(u.usage), nil
 	}
-
-	// One timer for both deadlines: it is due at the earlier one, and says
-	// which it was when it fires.
-	var idleFired, tooLong atomic.Bool
-	idle := s.idleDeadline(cl.req.model)
-	whole := u.sentAt.Add(s.cfg.JSONDeadline)
-	due := func() time.Duration { return min(idle, time.Until(whole)) }
-	timer := time.AfterFunc(due(), func() {
-		if time.Now().Before(whole) {
-			idleFired.Store(true)
-		} else {
-			tooLong.Store(true)
-		}
-		u.cancel()
-	})
-	defer timer.Stop()
-	var buf []byte
+	u.follow(ctx, s.idleDeadline(cl.req.model), u.sentAt.Add(s.cfg.JSONDeadline))
+	defer u.unfollow()
 	for {
-		raw, err := sse.ReadEvent(u.br, buf)
+		kind, ev, err := u.next(cl)
 		if err != nil {
-			switch {
-			case ctx.Err() != nil:
-				return nil, ctx.Err() // the client went away
-			case tooLong.Load():
-				return nil, errJSONDeadline
-			case idleFired.Load(): // the router ejects the replica
-				return nil, &midstreamError{class: data.ClassIdleDeadline, err: errors.New("no token within the inter-token deadline")}
-			case errors.Is(err, io.EOF):
-				err = errors.New("upstream stream ended before [DONE]")
-			}
-			return nil, &midstreamError{class: data.ClassMidstream, err: err}
+			return nil, err
 		}
-		buf = raw
-		timer.Reset(due())
-		// Lighter than inspect: nothing is relayed. The running usage is
-		// kept, for an attempt that loses its race or breaks.
-		switch sse.Classify(raw) {
-		case sse.Comment:
-			if bytes.HasPrefix(raw, timingPrefix) || bytes.HasPrefix(raw, simQueue) {
-				parseTiming(&u.stages, bytes.TrimRight(raw, "\r\n"))
-			}
-		case sse.Done:
-			u.ended = true
+		switch kind {
+		case evDone:
 			if us, ok := a.totals(); ok {
 				u.usage, u.gotUsage = us, true
 			}
 			return a.body(u.usage), nil
-		case sse.Error:
-			return nil, add(evError, raw)
-		default:
-			d := sse.Data(raw)
-			// What reached the client, should the engine report no usage.
-			u.tokens += int64(sse.Pieces(d))
-			u.lastAt = time.Now()
-			cu := a.add(d)
+		case evError:
+			return nil, u.errorEventEnd()
+		case evToken, evOther:
+			// The assembler's parse of the chunk is the only one: the
+			// running usage is kept, for an attempt that loses its race or
+			// breaks.
+			cu := a.add(sse.Data(ev))
 			u.takeUsage(cl, cu.usage, cu.usageOnly, cu.index)
 			if progress != nil {
 				progress(u.tokens-1, u.lastAt)

@@ -20,8 +20,7 @@ import (
 type endpoint struct {
 	path string // public and upstream path, e.g. /v1/chat/completions
 	chat bool
-	// read parses and checks a body (nil: chat and completions, read by
-	// parseRequest itself).
+	// read parses and checks a body.
 	read func(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsedRequest, error)
 	// events is the dialect of its streamed answers.
 	events sse.Dialect
@@ -35,8 +34,8 @@ type endpoint struct {
 }
 
 var (
-	chatEndpoint       = endpoint{path: "/v1/chat/completions", chat: true, stream: true, generates: true}
-	completionEndpoint = endpoint{path: "/v1/completions", stream: true, generates: true}
+	chatEndpoint       = endpoint{path: "/v1/chat/completions", read: readChat, chat: true, stream: true, generates: true}
+	completionEndpoint = endpoint{path: "/v1/completions", read: readCompletions, stream: true, generates: true}
 )
 
 // endpoints are the public POST endpoints, each served by [Server.serve].

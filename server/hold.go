@@ -66,37 +66,39 @@ func (c *HoldConfig) setDefaults() {
 // capacity was starting: a replica on its way is usually seconds out.
 const retryHold = 5 * time.Second
 
-// hold waits, before routing, until a replica of the call's model is ready
-// when none is but one is coming (see router.Registry.Hold). A stream (w
-// not nil) is sent a progress comment every HoldConfig.Progress, which
-// commits its 200 before routing: a failure after that is an in-band error
-// event. The wait is the call's hold stage; it bills nothing and is not
-// part of any attempt's TTFT deadline. nil: route now.
-func (s *Server) hold(ctx context.Context, cl *call, w *sseWriter) error {
-	model := cl.req.model
-	if s.cfg.Hold.Queue < 0 || s.reg.ReadyFor(model) || !s.reg.Holdable(model) {
-		return nil // ready, or nothing is coming: routing answers as it always did
+// holdOptions are how a call waits, before routing, until a replica of its
+// model is ready when none is but one is coming (router.Request.Hold; nil
+// when holding is off). A stream (w not nil) is sent a progress comment
+// every HoldConfig.Progress, which commits its 200 before routing: a
+// failure after that is an in-band error event. The wait is the call's
+// hold stage; it bills nothing and is not part of any attempt's TTFT
+// deadline.
+//
+// The options are the server's (s.hold, whose Then fails closed after the
+// wait as before it: nothing starts that the ledger could not record), and
+// a stream's own only when its model has no ready replica now: a stream
+// whose ready replicas all decline waits once more with keep-alives but
+// without progress comments, so that no request that routes at once pays
+// for a progress callback.
+func (s *Server) holdOptions(cl *call, w *sseWriter) *router.HoldOptions {
+	if s.cfg.Hold.Queue < 0 {
+		return nil
 	}
-	opt := router.HoldOptions{Queue: s.cfg.Hold.Queue, Timeout: s.cfg.Hold.Timeout, PerTenant: s.cfg.Hold.PerTenant}
+	// Each call's own copy: the tenant's share of the queue is counted by
+	// its tenant (router.HoldOptions.PerTenant).
+	cl.hold = s.hold
 	if cl.principal != nil {
-		opt.Tenant = cl.principal.TenantID
+		cl.hold.Tenant = cl.principal.TenantID
 	}
-	if w != nil {
-		name := commentSafe(model)
-		opt.Every = s.cfg.Hold.Progress
-		opt.Progress = func(state string, waited time.Duration) {
-			_ = w.comment(fmt.Sprintf(": waiting for a replica of %s: %s, %d s\n\n", name, state, int(waited.Seconds())))
-		}
+	if w == nil || s.reg.ReadyFor(cl.req.model) {
+		return &cl.hold
 	}
-	start := time.Now()
-	err := s.reg.Hold(ctx, model, routerClass(cl.priority), opt)
-	cl.stages.Hold = max(cl.stages.Hold, 0) + time.Since(start) // a second hold adds to the first
-	if err != nil {
-		return err
+	name := commentSafe(cl.req.model)
+	cl.hold.Every = s.cfg.Hold.Progress
+	cl.hold.Progress = func(state string, waited time.Duration) {
+		_ = w.comment(fmt.Sprintf(": waiting for a replica of %s: %s, %d s\n\n", name, state, int(waited.Seconds())))
 	}
-	// Fail closed after the wait as before it: nothing starts that the
-	// ledger could not record.
-	return s.ledger.Healthy()
+	return &cl.hold
 }
 
 // refuseHeld answers and records a call whose hold ended without a ready
@@ -134,31 +136,6 @@ func holdError(err error, model string) *apierr.Error {
 	e.Message = fmt.Sprintf("no replica of the model %q became ready in time (one is starting); retry shortly", model)
 	e.RetryAfter = retryHold
 	return &e
-}
-
-// comment sends an SSE comment line (which clients ignore) at once,
-// committing the stream's headers if it was the first write.
-func (w *sseWriter) comment(line string) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.failed != nil {
-		return w.failed
-	}
-	if w.closed {
-		return errStreamClosed
-	}
-	now := time.Now()
-	w.deadlineLocked(now)
-	w.commitLocked()
-	if _, err := w.rw.Write([]byte(line)); err != nil {
-		w.failed = &clientError{err}
-		return w.failed
-	}
-	if err := w.flushLocked(); err != nil {
-		return err
-	}
-	w.lastWrite = now
-	return nil
 }
 
 // commentSafe keeps a client-chosen name on one comment line.

@@ -60,6 +60,9 @@ type parsedRequest struct {
 	// session hashes the session the body names (prompt_cache_key, user,
 	// metadata.user_id; see session.go); 0 for none.
 	session uint64
+	// wholeHedge: a JSON answer relayed whole may still be hedged on its
+	// time (chat, completions); the other endpoints' are not.
+	wholeHedge bool
 }
 
 // Bounds on what one request may ask for.
@@ -124,232 +127,406 @@ func members(obj gjson.Result, names []string, out []gjson.Result) {
 	})
 }
 
-// parseRequest validates body for ep and prepares what is sent upstream:
-// the body must be JSON that reads one way only (no repeated key, bounded
-// nesting); the fields the gateway acts on are checked and rewritten in
-// canonical form; the default max_tokens is applied when the client set
-// none, and streams always ask upstream for usage (stripped again if the
-// client did not ask).
+// Indices of readFields' result.
+const (
+	fModel = iota
+	fStream
+	fMaxTokens
+	fMaxCompletionTokens
+	fStreamOptions
+	fMessages
+	fPrompt
+	fN
+	fBestOf
+	fBeamSearch
+	fPromptLogprobs
+	fToolChoice
+	fPriority
+	fPromptCacheKey
+	fUser
+)
+
+// genFields are a generation request's members, as readFields returns them.
+type genFields = [len(requestFields)]gjson.Result
+
+// parseRequest validates body for ep and prepares what is sent upstream,
+// through the endpoint's reader: the body must read one way only (no
+// repeated key, bounded nesting); the fields the gateway acts on are checked
+// and rewritten in canonical form; the default output cap is applied when
+// the client set none, and streams always ask upstream for usage (stripped
+// again if the client did not ask).
 func parseRequest(ep endpoint, body []byte, ctype string, lim parseLimits) (*parsedRequest, error) {
-	if ep.read != nil {
-		return ep.read(ep, body, ctype, lim)
-	}
-	if len(body) == 0 {
-		return nil, apierr.BadRequest("", "request body is empty; send a JSON object")
-	}
-	if err := checkJSON(body, lim.maxDepth); err != nil {
+	return ep.read(ep, body, ctype, lim)
+}
+
+// readChat reads a chat completion request: the fields every generation
+// request shares (readGeneration, finishGeneration) around its messages.
+func readChat(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedRequest, error) {
+	p, f, err := readGeneration(body, lim)
+	if err != nil {
 		return nil, err
 	}
+	media, err := readChatMessages(f[fMessages])
+	if err != nil {
+		return nil, err
+	}
+	if err := p.finishGeneration(ep, &f, media, lim); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// readCompletions reads a completion request: as readChat, around its
+// prompt (or list of prompts).
+func readCompletions(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedRequest, error) {
+	p, f, err := readGeneration(body, lim)
+	if err != nil {
+		return nil, err
+	}
+	if p.sequences, err = readPrompts(f[fPrompt]); err != nil {
+		return nil, err
+	}
+	if err := p.finishGeneration(ep, &f, 0, lim); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// readGeneration checks a chat or completion body (one reading only,
+// bounded nesting, an object), reads its members in one walk, and decides
+// what the engine is asked for: model, stream, and whether a JSON answer is
+// assembled from a stream (see parsedRequest.assemble) — the adapter's
+// choice, made here.
+func readGeneration(body []byte, lim parseLimits) (*parsedRequest, genFields, error) {
+	var f genFields
+	if len(body) == 0 {
+		return nil, f, apierr.BadRequest("", "request body is empty; send a JSON object")
+	}
+	if err := checkJSON(body, lim.maxDepth); err != nil {
+		return nil, f, err
+	}
 	if body[firstNonSpace(body)] != '{' {
-		return nil, apierr.BadRequest("", "request body must be a JSON object")
+		return nil, f, apierr.BadRequest("", "request body must be a JSON object")
 	}
 	// gjson over a string view of the body: results alias it instead of
 	// copying (a 4 MiB messages array would otherwise be copied whole).
-	fields := readFields(unsafe.String(unsafe.SliceData(body), len(body)))
-	model, stream, maxTok, maxCompl, streamOpts, messages, prompt, n, bestOf := fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7], fields[8]
-	beam, promptLogprobs, toolChoice, priority := fields[9], fields[10], fields[11], fields[12]
-
-	p := &parsedRequest{body: body, sequences: 1}
-	switch {
+	f = readFields(unsafe.String(unsafe.SliceData(body), len(body)))
+	p := &parsedRequest{body: body, sequences: 1, wholeHedge: true}
+	switch model := f[fModel]; {
 	case !model.Exists():
-		return nil, apierr.BadRequest("model", "you must provide a model parameter")
+		return nil, f, apierr.BadRequest("model", "you must provide a model parameter")
 	case model.Type != gjson.String || model.Str == "":
-		return nil, apierr.BadRequest("model", "model must be a non-empty string")
+		return nil, f, apierr.BadRequest("model", "model must be a non-empty string")
+	default:
+		p.model = model.Str
 	}
-	p.model = model.Str
-	if stream.Exists() && !isBool(stream) && stream.Type != gjson.Null {
-		return nil, apierr.BadRequest("stream", "stream must be a boolean")
+	if stream := f[fStream]; present(stream) && !isBool(stream) {
+		return nil, f, apierr.BadRequest("stream", "stream must be a boolean")
 	}
-	p.stream = stream.Type == gjson.True
-	p.assemble = !p.stream && beam.Type != gjson.True && promptLogprobs.Type == gjson.Null &&
+	p.stream = f[fStream].Type == gjson.True
+	p.assemble = !p.stream && f[fBeamSearch].Type != gjson.True && f[fPromptLogprobs].Type == gjson.Null &&
 		(lim.alternatives == nil || lim.alternatives(p.model))
-	p.forcedTool = toolChoice.IsObject() || toolChoice.Type == gjson.String && toolChoice.Str == "required"
-	var media int64
-	if ep.chat {
-		if !messages.Exists() {
-			return nil, apierr.BadRequest("messages", "you must provide a messages parameter")
-		}
-		if !messages.IsArray() {
-			return nil, apierr.BadRequest("messages", "messages must be a non-empty array")
-		}
-		i := 0
-		var bad error
-		messages.ForEach(func(_, m gjson.Result) bool {
-			var rc [2]gjson.Result // role, content; none for a non-object
-			members(m, roleContent[:], rc[:])
-			if !m.IsObject() || rc[0].Type != gjson.String {
-				bad = apierr.BadRequest("messages", "messages[%d] must be an object with a string role", i)
-				return false
-			}
-			if c := rc[1]; c.IsArray() {
-				c.ForEach(func(_, part gjson.Result) bool {
-					switch part.Get("type").Str {
-					case "text", "refusal", "":
-					default: // image_url, input_audio, audio_url, video_url, file, …
-						media++
-					}
-					return true
-				})
-			}
-			i++
-			return true
-		})
-		if bad != nil {
-			return nil, bad
-		}
-		if i == 0 {
-			return nil, apierr.BadRequest("messages", "messages must be a non-empty array")
-		}
-	} else {
-		if !prompt.Exists() {
-			return nil, apierr.BadRequest("prompt", "you must provide a prompt parameter")
-		}
-		if prompt.Type != gjson.String && !prompt.IsArray() {
-			return nil, apierr.BadRequest("prompt", "prompt must be a string or an array")
-		}
-		if prompt.IsArray() {
-			// A list of strings or of token-id lists is one request per
-			// prompt; a flat list of token ids is one prompt.
-			if first := prompt.Get("0"); first.Type == gjson.String || first.IsArray() {
-				k := int64(len(prompt.Array()))
-				if k > maxPrompts {
-					return nil, apierr.BadRequest("prompt", "at most %d prompts in one request", maxPrompts)
-				}
-				p.sequences = max(k, 1)
-			}
-		}
+	tc := f[fToolChoice]
+	p.forcedTool = tc.IsObject() || tc.Type == gjson.String && tc.Str == "required"
+	return p, f, nil
+}
+
+// readChatMessages checks a chat request's messages (a non-empty array of
+// objects with a string role) and counts their media parts (images, audio,
+// video, files), each reserved as Config.MediaPartTokens of prompt.
+func readChatMessages(messages gjson.Result) (media int64, err error) {
+	if !messages.Exists() {
+		return 0, apierr.BadRequest("messages", "you must provide a messages parameter")
 	}
-	if n.Exists() && n.Type != gjson.Null {
-		if n.Type != gjson.Number || n.Num != float64(int64(n.Num)) || n.Num < 1 || n.Num > maxN {
-			return nil, apierr.BadRequest("n", "n must be an integer from 1 to %d", maxN)
+	if !messages.IsArray() {
+		return 0, apierr.BadRequest("messages", "messages must be a non-empty array")
+	}
+	i := 0
+	messages.ForEach(func(_, m gjson.Result) bool {
+		var rc [2]gjson.Result // role, content; none for a non-object
+		members(m, roleContent[:], rc[:])
+		if !m.IsObject() || rc[0].Type != gjson.String {
+			err = apierr.BadRequest("messages", "messages[%d] must be an object with a string role", i)
+			return false
+		}
+		if c := rc[1]; c.IsArray() {
+			media += mediaParts(c)
+		}
+		i++
+		return true
+	})
+	if err == nil && i == 0 {
+		err = apierr.BadRequest("messages", "messages must be a non-empty array")
+	}
+	return media, err
+}
+
+// mediaParts counts the parts of a chat message's content that are not
+// text (image_url, input_audio, audio_url, video_url, file, …).
+func mediaParts(content gjson.Result) (n int64) {
+	content.ForEach(func(_, part gjson.Result) bool {
+		switch part.Get("type").Str {
+		case "text", "refusal", "":
+		default:
+			n++
+		}
+		return true
+	})
+	return n
+}
+
+// readPrompts checks a completion request's prompt and returns how many
+// prompts it holds: a list of strings or of token-id lists is one request
+// per prompt; a string or a flat list of token ids is one prompt.
+func readPrompts(prompt gjson.Result) (int64, error) {
+	if !prompt.Exists() {
+		return 0, apierr.BadRequest("prompt", "you must provide a prompt parameter")
+	}
+	if prompt.Type != gjson.String && !prompt.IsArray() {
+		return 0, apierr.BadRequest("prompt", "prompt must be a string or an array")
+	}
+	if !prompt.IsArray() {
+		return 1, nil
+	}
+	if first := prompt.Get("0"); first.Type != gjson.String && !first.IsArray() {
+		return 1, nil
+	}
+	k := int64(len(prompt.Array()))
+	if k > maxPrompts {
+		return 0, apierr.BadRequest("prompt", "at most %d prompts in one request", maxPrompts)
+	}
+	return max(k, 1), nil
+}
+
+// finishGeneration reads what chat and completions share after their
+// prompt — n, best_of, the output caps, stream_options — rewrites the body
+// to say what was decided, and sizes the prompt (media parts reserved as
+// lim.mediaPart each).
+func (p *parsedRequest) finishGeneration(ep endpoint, f *genFields, media int64, lim parseLimits) error {
+	size := int64(len(p.body)) // as the client sent it
+	if err := p.readN(f[fN], f[fBestOf]); err != nil {
+		return err
+	}
+	if err := p.readMaxTokens(f[fMaxTokens], f[fMaxCompletionTokens]); err != nil {
+		return err
+	}
+	if err := p.readStreamOptions(f[fStreamOptions]); err != nil {
+		return err
+	}
+	if err := p.rewrite(f, media, size, lim); err != nil {
+		return err
+	}
+	p.prefix = prefixHash(ep, f[fMessages], f[fPrompt])
+	p.session = sessionName(f[fPromptCacheKey], f[fUser])
+	p.promptBound = size + 16 + media*lim.mediaPart
+	p.promptEstimate = size/4 + 1 + media*lim.mediaPart/4
+	return nil
+}
+
+// readN reads n (completions per prompt) into the sequences generated;
+// best_of is refused unless 1.
+func (p *parsedRequest) readN(n, bestOf gjson.Result) error {
+	if present(n) {
+		if !isCount(n, maxN) {
+			return apierr.BadRequest("n", "n must be an integer from 1 to %d", maxN)
 		}
 		p.sequences *= int64(n.Num)
 	}
-	if bestOf.Exists() && bestOf.Type != gjson.Null && !(bestOf.Type == gjson.Number && bestOf.Num == 1) {
-		return nil, apierr.BadRequest("best_of", "best_of is not supported")
+	if present(bestOf) && !(bestOf.Type == gjson.Number && bestOf.Num == 1) {
+		return apierr.BadRequest("best_of", "best_of is not supported")
 	}
-	for _, f := range []struct {
+	return nil
+}
+
+// readMaxTokens reads max_tokens and max_completion_tokens: the larger one
+// set is the cap per sequence (0 when neither is).
+func (p *parsedRequest) readMaxTokens(maxTok, maxCompl gjson.Result) error {
+	for _, f := range [...]struct {
 		name string
 		v    gjson.Result
 	}{{"max_tokens", maxTok}, {"max_completion_tokens", maxCompl}} {
-		if f.v.Exists() && f.v.Type != gjson.Null {
-			if f.v.Type != gjson.Number || f.v.Num != float64(int64(f.v.Num)) || f.v.Num < 1 || f.v.Num > 1<<31 {
-				return nil, apierr.BadRequest(f.name, "%s must be a positive integer", f.name)
-			}
-			p.maxTokens = max(p.maxTokens, int64(f.v.Num))
+		if !present(f.v) {
+			continue
 		}
+		if !isCount(f.v, 1<<31) {
+			return apierr.BadRequest(f.name, "%s must be a positive integer", f.name)
+		}
+		p.maxTokens = max(p.maxTokens, int64(f.v.Num))
 	}
-	if streamOpts.Exists() && streamOpts.Type != gjson.Null {
-		if !streamOpts.IsObject() {
-			return nil, apierr.BadRequest("stream_options", "stream_options must be an object")
-		}
-		if !p.stream {
-			return nil, apierr.BadRequest("stream_options", "stream_options is only allowed when stream is true")
-		}
-		iu := streamOpts.Get("include_usage")
-		if iu.Exists() && !isBool(iu) && iu.Type != gjson.Null {
-			return nil, apierr.BadRequest("stream_options", "stream_options.include_usage must be a boolean")
-		}
-		p.wantUsage = iu.Type == gjson.True
-		cu := streamOpts.Get("continuous_usage_stats")
-		if cu.Exists() && !isBool(cu) && cu.Type != gjson.Null {
-			return nil, apierr.BadRequest("stream_options", "stream_options.continuous_usage_stats must be a boolean")
-		}
-		p.wantContinuous = p.wantUsage && cu.Type == gjson.True
-	}
+	return nil
+}
 
-	// Forward exactly what was decided: each field the gateway acts on is
-	// rewritten unless its bytes already say it in the one canonical way.
-	// Fields the body lacks are added together at its end, in one copy
-	// (each edit in place copies the whole body).
-	var (
-		err     error
-		tailBuf [128]byte
-		tail    = tailBuf[:0] // what parseRequest adds fits: no allocation
-	)
-	set := func(path string, raw string, want any, canonical string) {
-		if err != nil || raw == canonical {
-			return
-		}
-		p.body, err = sjson.SetBytes(p.body, path, want)
+// readStreamOptions reads stream_options (only with stream: true): whether
+// the client wants the usage chunk, and usage on every chunk too.
+func (p *parsedRequest) readStreamOptions(opts gjson.Result) error {
+	if !present(opts) {
+		return nil
 	}
-	add := func(key, raw string) {
-		tail = append(append(append(append(tail, ",\""...), key...), "\":"...), raw...)
+	if !opts.IsObject() {
+		return apierr.BadRequest("stream_options", "stream_options must be an object")
 	}
-	set("model", model.Raw, p.model, strconv.Quote(p.model))
+	if !p.stream {
+		return apierr.BadRequest("stream_options", "stream_options is only allowed when stream is true")
+	}
+	iu := opts.Get("include_usage")
+	if present(iu) && !isBool(iu) {
+		return apierr.BadRequest("stream_options", "stream_options.include_usage must be a boolean")
+	}
+	p.wantUsage = iu.Type == gjson.True
+	cu := opts.Get("continuous_usage_stats")
+	if present(cu) && !isBool(cu) {
+		return apierr.BadRequest("stream_options", "stream_options.continuous_usage_stats must be a boolean")
+	}
+	p.wantContinuous = p.wantUsage && cu.Type == gjson.True
+	return nil
+}
+
+// rewrite forwards exactly what was decided: each field the gateway acts on
+// is rewritten unless its bytes already say it in the one canonical way.
+// size is the body's length as the client sent it.
+func (p *parsedRequest) rewrite(f *genFields, media, size int64, lim parseLimits) error {
+	var buf [128]byte // what is added fits: no allocation
+	tail := buf[:0]   // members to add, each starting with a comma
+	e := bodyEdit{body: p.body}
+	model, stream, n := f[fModel], f[fStream], f[fN]
+	e.set("model", model.Raw, p.model, strconv.Quote(p.model))
 	switch {
 	case p.assemble && !stream.Exists():
-		add("stream", "true")
+		tail = appendMember(tail, "stream", "true")
 	case p.assemble:
-		set("stream", stream.Raw, true, "true")
+		e.set("stream", stream.Raw, true, "true")
 	case stream.Exists():
-		set("stream", stream.Raw, p.stream, strconv.FormatBool(p.stream))
+		e.set("stream", stream.Raw, p.stream, strconv.FormatBool(p.stream))
 	}
-	if n.Exists() && n.Type != gjson.Null {
-		set("n", n.Raw, int64(n.Num), strconv.FormatInt(int64(n.Num), 10))
+	if present(n) {
+		e.set("n", n.Raw, int64(n.Num), strconv.FormatInt(int64(n.Num), 10))
 	}
-	if p.maxTokens == 0 {
-		p.maxTokens = lim.defaultMax(p.model)
-		var contextLen int64
-		if lim.contextLen != nil {
-			contextLen = lim.contextLen(p.model)
-		}
-		// The engine refuses a prompt that leaves less room than
-		// max_tokens in its context, so the default is sent only where it
-		// surely fits (a prompt is very rarely more than a token per two
-		// bytes). Where it may not, max_tokens goes as null: the engine
-		// gives the rest of the context, as to a client that set none
-		// (vLLM's completions would otherwise stop at 16), and the whole
-		// context is reserved.
-		if likely := int64(len(body))/2 + 16 + media*lim.mediaPart; contextLen > 0 && likely+p.maxTokens > contextLen {
-			p.maxTokens = contextLen
-			if err == nil {
-				p.body, err = sjson.SetRawBytes(p.body, "max_tokens", []byte("null"))
-			}
-		} else if maxTok.Exists() {
-			set("max_tokens", "", p.maxTokens, "-")
-		} else {
-			add("max_tokens", strconv.FormatInt(p.maxTokens, 10))
-		}
-	} else {
-		for _, f := range []struct {
-			name string
-			v    gjson.Result
-		}{{"max_tokens", maxTok}, {"max_completion_tokens", maxCompl}} {
-			if f.v.Exists() && f.v.Type != gjson.Null {
-				set(f.name, f.v.Raw, int64(f.v.Num), strconv.FormatInt(int64(f.v.Num), 10))
-			}
-		}
+	if v := p.capOutput(&e, f[fMaxTokens], f[fMaxCompletionTokens], media, size, lim); v != "" {
+		tail = appendMember(tail, "max_tokens", v)
 	}
-	// Usage on every chunk: an aborted stream and a cancelled hedge are
-	// billed from the engine's own running count, not estimated.
-	const usageOptions = `{"include_usage":true,"continuous_usage_stats":true}`
-	switch {
-	case p.upstreamStream() && !streamOpts.Exists():
-		add("stream_options", usageOptions)
-	case p.assemble && err == nil:
-		// null: a JSON request has no other stream_options (refused above).
-		p.body, err = sjson.SetRawBytes(p.body, "stream_options", []byte(usageOptions))
-	case p.stream:
-		set("stream_options.include_usage", streamOpts.Get("include_usage").Raw, true, "true")
-		set("stream_options.continuous_usage_stats", streamOpts.Get("continuous_usage_stats").Raw, true, "true")
+	if p.askUsage(&e, f[fStreamOptions]) {
+		tail = appendMember(tail, "stream_options", usageOptions)
 	}
-	if priority.Exists() && err == nil {
+	if f[fPriority].Exists() {
 		// The engine's priority would let a request jump its queue past
 		// the gateway's classes: the order is the admission queue's.
-		p.body, err = sjson.DeleteBytes(p.body, "priority")
+		e.del("priority")
 	}
-	if err == nil && len(tail) > 0 {
-		p.body = appendFields(p.body, tail)
-	}
+	body, err := e.done(tail)
 	if err != nil {
-		return nil, apierr.BadRequest("", "request body cannot be edited: %v", err)
+		return apierr.BadRequest("", "request body cannot be edited: %v", err)
 	}
-	p.prefix = prefixHash(ep, messages, prompt)
-	p.session = sessionName(fields[13], fields[14])
-	p.promptBound = int64(len(body)) + 16 + media*lim.mediaPart
-	p.promptEstimate = int64(len(body))/4 + 1 + media*lim.mediaPart/4
-	return p, nil
+	p.body = body
+	return nil
+}
+
+// capOutput writes the output cap in force: the client's, canonical; else
+// the model's default where it surely fits in the context. The engine
+// refuses a prompt that leaves less room than max_tokens in its context,
+// so the default is sent only where it surely fits (a prompt is very
+// rarely more than a token per two bytes). Where it may not, max_tokens
+// goes as null: the engine gives the rest of the context, as to a client
+// that set none (vLLM's completions would otherwise stop at 16), and the
+// whole context is reserved. It returns the max_tokens to add to a body
+// that lacks the member ("" for none).
+func (p *parsedRequest) capOutput(e *bodyEdit, maxTok, maxCompl gjson.Result, media, size int64, lim parseLimits) string {
+	if p.maxTokens != 0 {
+		if present(maxTok) {
+			e.set("max_tokens", maxTok.Raw, int64(maxTok.Num), strconv.FormatInt(int64(maxTok.Num), 10))
+		}
+		if present(maxCompl) {
+			e.set("max_completion_tokens", maxCompl.Raw, int64(maxCompl.Num), strconv.FormatInt(int64(maxCompl.Num), 10))
+		}
+		return ""
+	}
+	p.maxTokens = lim.defaultMax(p.model)
+	var contextLen int64
+	if lim.contextLen != nil {
+		contextLen = lim.contextLen(p.model)
+	}
+	switch likely := size/2 + 16 + media*lim.mediaPart; {
+	case contextLen > 0 && likely+p.maxTokens > contextLen:
+		p.maxTokens = contextLen
+		e.setRaw("max_tokens", "null")
+	case maxTok.Exists():
+		e.set("max_tokens", "", p.maxTokens, "-")
+	default:
+		return strconv.FormatInt(p.maxTokens, 10)
+	}
+	return ""
+}
+
+// usageOptions asks a stream for usage on every chunk: an aborted stream
+// and a cancelled hedge are billed from the engine's own running count,
+// not estimated.
+const usageOptions = `{"include_usage":true,"continuous_usage_stats":true}`
+
+// askUsage makes every stream the engine sends carry usage on every chunk;
+// add: stream_options is to be added to a body that lacks it.
+func (p *parsedRequest) askUsage(e *bodyEdit, opts gjson.Result) (add bool) {
+	switch {
+	case p.upstreamStream() && !opts.Exists():
+		return true
+	case p.assemble:
+		// null: a JSON request has no other stream_options (refused).
+		e.setRaw("stream_options", usageOptions)
+	case p.stream:
+		e.set("stream_options.include_usage", opts.Get("include_usage").Raw, true, "true")
+		e.set("stream_options.continuous_usage_stats", opts.Get("continuous_usage_stats").Raw, true, "true")
+	}
+	return false
+}
+
+// bodyEdit edits a JSON body: a member the body has is rewritten in place;
+// members it lacks are added together at its end (done), in one copy (each
+// edit in place copies the whole body). The first error stops every later
+// edit.
+type bodyEdit struct {
+	body []byte
+	err  error
+}
+
+// set writes want at path unless raw (its bytes now) is canonical already.
+func (e *bodyEdit) set(path, raw string, want any, canonical string) {
+	if e.err != nil || raw == canonical {
+		return
+	}
+	e.body, e.err = sjson.SetBytes(e.body, path, want)
+}
+
+// setRaw writes the JSON value raw at path.
+func (e *bodyEdit) setRaw(path, raw string) {
+	if e.err == nil {
+		e.body, e.err = sjson.SetRawBytes(e.body, path, []byte(raw))
+	}
+}
+
+func (e *bodyEdit) del(path string) {
+	if e.err == nil {
+		e.body, e.err = sjson.DeleteBytes(e.body, path)
+	}
+}
+
+// appendMember appends the member key, a JSON value raw, to members to add
+// (see bodyEdit.done).
+func appendMember(tail []byte, key, raw string) []byte {
+	return append(append(append(append(tail, ",\""...), key...), "\":"...), raw...)
+}
+
+// done returns the edited body, with the members of tail added.
+func (e *bodyEdit) done(tail []byte) ([]byte, error) {
+	if e.err == nil && len(tail) > 0 {
+		e.body = appendFields(e.body, tail)
+	}
+	return e.body, e.err
+}
+
+// present reports whether a member is set: it exists and is not null.
+func present(r gjson.Result) bool { return r.Exists() && r.Type != gjson.Null }
+
+// isCount reports whether r is an integer from 1 to most.
+func isCount(r gjson.Result, most float64) bool {
+	return r.Type == gjson.Number && r.Num == float64(int64(r.Num)) && r.Num >= 1 && r.Num <= most
 }
 
 // checkJSON runs the strict check on a request body and turns its verdict

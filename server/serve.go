@@ -69,6 +69,8 @@ type call struct {
 
 	// Its spans (trace.go); nil when tracing is off.
 	trace *callTrace
+	// hold is its stream's wait for capacity (see holdOptions).
+	hold router.HoldOptions
 }
 
 func (s *Server) newCall(ep endpoint, p *policy.Principal) *call {
@@ -120,7 +122,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	// An answer that generates nothing never waits in the admission queue;
 	// one relayed whole has no first token to hedge on.
 	cl.noQueue = !cl.ep.generates
-	if cl.ep.read != nil && !pr.stream {
+	if !pr.stream && !pr.wholeHedge {
 		cl.noHedge = true
 	}
 	adm := cl.trace.admission(cl, pr)
@@ -144,35 +146,27 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 	}
 	// Stream: every answer the engine streams, JSON assembled here included,
 	// is hedged on its time to first token.
-	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: cl.prefixKey(pr), Session: cl.sessionKey(pr)}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group, Class: routerClass(cl.priority)}
-	var (
-		c     *router.Call
-		prior int // attempts of a first pass every replica declined
-	)
-	for pass := 0; ; pass++ {
-		if err = s.hold(ctx, cl, w); err != nil {
-			s.refuseHeld(ctx, cl, out, w, ticket, err)
-			return
+	rreq := router.Request{Hint: router.Hint{Model: pr.model, Prefix: cl.prefixKey(pr), Session: cl.sessionKey(pr)}, Stream: pr.upstreamStream(), NoHedge: cl.noHedge, Group: cl.group, Class: routerClass(cl.priority),
+		Hold: s.holdOptions(cl, w)}
+	cl.stages.Gateway = time.Since(cl.start)
+	cl.routed = true
+	c := s.reg.NewCall(rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
+		return s.open(ctx, cl, rep, n, reason)
+	})
+	// The call waits for capacity that is coming (see hold.go), before it
+	// routes and once more if every replica declined its first pass.
+	err = c.Start(ctx)
+	cl.attempts, cl.hedged = c.Attempts, c.Hedged
+	if c.Held > 0 {
+		cl.stages.Hold = c.Held
+	}
+	if he, ok := errors.AsType[*router.HoldError](err); ok {
+		if c.Attempts == 0 { // it never routed
+			cl.routed, cl.stages.Gateway = false, -1
 		}
-		if cl.stages.Gateway < 0 {
-			cl.stages.Gateway = time.Since(cl.start) - max(cl.stages.Hold, 0)
-		}
-		cl.routed = true
-		c = s.reg.NewCall(rreq, func(ctx context.Context, rep *router.Replica, n int, reason router.AttemptReason) (router.Attempt, error) {
-			return s.open(ctx, cl, rep, n, reason)
-		})
-		err = c.Start(ctx)
-		cl.attempts, cl.hedged = prior+c.Attempts, c.Hedged
-		// Every replica declined — the last one began draining (a
-		// preemption notice) or going to sleep as the request reached it —
-		// while capacity is on its way: nothing ran, so the request waits
-		// for it as one that found no replica does, once.
-		if pass == 0 && (errors.Is(err, router.ErrNoReplica) || router.IsDeclined(err)) && ctx.Err() == nil && s.reg.Holdable(pr.model) {
-			c.Finish()
-			prior = c.Attempts
-			continue
-		}
-		break
+		c.Finish()
+		s.refuseHeld(ctx, cl, out, w, ticket, he.Err)
+		return
 	}
 	if c.Replica != nil {
 		cl.replica = c.Replica.ID
@@ -223,7 +217,7 @@ func (s *Server) serve(ctx context.Context, cl *call, body []byte, out sink) {
 			err = c.Whole(ctx, func(ctx context.Context, att router.Attempt, progress func(int64, time.Time)) error {
 				return s.assembleAttempt(ctx, cl, att.(*upstream), progress)
 			})
-			cl.attempts, cl.hedged = prior+c.Attempts, c.Hedged
+			cl.attempts, cl.hedged = c.Attempts, c.Hedged
 			s.markBroken(cl, c)
 			if won, ok := c.Attempt.(*upstream); ok && won != u {
 				u = won

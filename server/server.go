@@ -18,12 +18,14 @@
 //
 // A request flows through one pipeline, whatever its endpoint:
 //
-//	handler (generate.go, proxy.go)   authenticate, read the body once (request.go)
-//	  → admission (admission.go)      the key's limits, the tenant's budget, the priority queue
-//	  → serve (serve.go)              route through router's Registry: attempts, retries, hedges
+//	handler (generate.go)             authenticate, read the body once (readBody)
+//	  → read (endpoint.go, request.go) the endpoint's adapter: parse, check, rewrite the body
+//	  → admit (serve.go)              the key's limits, the tenant's budget, the priority queue
+//	  → serve (serve.go)              route through router's Call: attempts, retries, hedges
 //	  → attempt (attempt.go, tries.go) one upstream call per replica tried, through the transport
+//	  → upstream (upstream.go)        the one reader of an engine's answer, usagejson.go its usage
 //	  → relay (stream.go, assemble.go) SSE to the client as it comes, or one JSON answer
-//	  → settle                        real usage to the Ticket, one ledger row (fail closed)
+//	  → settle (serve.go)             real usage to the Ticket, one ledger row (fail closed)
 //
 // An endpoint is an adapter onto that pipeline (read, reserve, meter,
 // relay), never a second path: the Batch API (package server/batch) runs its
@@ -294,6 +296,7 @@ type Server struct {
 	// lim are the request-reading settings, made once: built per request,
 	// its method values would escape through an endpoint's reader.
 	lim       parseLimits
+	hold      router.HoldOptions // a call's wait for capacity, but a stream's progress (holdOptions)
 	store     *data.Store
 	ledger    *data.LedgerWriter
 	gatherer  prometheus.Gatherer
@@ -398,6 +401,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 	for _, r := range s.Public().(*echo.Echo).Routes() {
 		s.publicRoutes = append(s.publicRoutes, routeKey{r.Method, r.Path})
 	}
+	s.hold = router.HoldOptions{Queue: s.cfg.Hold.Queue, Timeout: s.cfg.Hold.Timeout, PerTenant: s.cfg.Hold.PerTenant, Then: s.ledger.Healthy}
 	s.lim = parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen, alternatives: s.reg.Alternatives}
 	return s, nil
 }

@@ -214,8 +214,6 @@ func (sh *endpointShape) checkFields(m *shapeMember, v gjson.Result) error {
 	return err
 }
 
-func present(r gjson.Result) bool { return r.Exists() && r.Type != gjson.Null }
-
 func contains(list []string, s string) bool {
 	for _, x := range list {
 		if x == s {
@@ -243,7 +241,7 @@ func readSide(r gjson.Result, single bool) inputSide {
 	one := func(x gjson.Result) {
 		s.n++
 		s.bytes += int64(len(x.Raw))
-		s.media += mediaParts(x)
+		s.media += nestedMediaParts(x)
 	}
 	switch {
 	case r.IsArray() && !single && !isPartList(r):
@@ -273,9 +271,9 @@ var mediaTypes = map[string]bool{
 	"video_url": true, "video": true, "file": true, "input_file": true,
 }
 
-// mediaParts counts the media parts anywhere in v (parts nest in messages'
+// nestedMediaParts counts the media parts anywhere in v (parts nest in messages'
 // content and in multimodal score inputs).
-func mediaParts(v gjson.Result) int64 {
+func nestedMediaParts(v gjson.Result) int64 {
 	var n int64
 	var walk func(x gjson.Result, depth int)
 	walk = func(x gjson.Result, depth int) {

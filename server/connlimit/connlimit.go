@@ -4,7 +4,7 @@
 // request is never kept out while an idle connection could make room.
 //
 // It also turns an http.Server's error log into something clients cannot
-// flood (see [ErrorLog]). It knows nothing of requests or credentials: the
+// flood (see [Limiter.ErrorLog]). It knows nothing of requests or credentials: the
 // deadlines and the closing of refused requests belong to the handlers.
 //
 // Use: wrap the listener with [Limiter.Listen] and let [Limiter.Apply] set

@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,26 +55,21 @@ import (
 // Gateway is an open gateway role: the listeners are bound, nothing is
 // served until Run.
 type Gateway struct {
-	cfg        Config
-	log        *slog.Logger
-	store      *data.Store
-	ledger     *data.LedgerWriter
-	gate       *policy.Gate
-	reg        *router.Registry
-	health     *router.HealthChecker
-	public     *http.Server
-	admin      *http.Server
-	publicLn   net.Listener
-	adminLn    net.Listener
-	srv        *server.Server
-	node       *mesh.Node
-	meshAdmin  *http.Server // the admin routes on the tailnet
-	meshLn     net.Listener
-	meshCerts  *mesh.Certs  // --mesh-tls, --mesh-funnel: the node's HTTPS certificate
-	meshPublic *http.Server // --mesh-tls: the public API on the tailnet, HTTPS
-	meshPubLn  net.Listener
-	funnel     *http.Server // --mesh-funnel: the public API on the internet through Funnel
-	funnelLn   net.Listener
+	cfg       Config
+	log       *slog.Logger
+	store     *data.Store
+	ledger    *data.LedgerWriter
+	gate      *policy.Gate
+	reg       *router.Registry
+	health    *router.HealthChecker
+	srv       *server.Server
+	node      *mesh.Node
+	meshCerts *mesh.Certs // --mesh-tls, --mesh-funnel: the node's HTTPS certificate
+	// listeners are the HTTP servers and what they serve, in the order
+	// bound: public, admin, and with --mesh the admin routes on the
+	// tailnet, the public API there over HTTPS (--mesh-tls) and through
+	// Funnel (--mesh-funnel). Run serves and stops them in loops.
+	listeners  []*listener
 	tls        *publicTLS // nil: plain HTTP on the public listener
 	publicAddr string
 	publicURL  string // the API's base URL, http(s)://…/v1
@@ -91,6 +87,31 @@ type Gateway struct {
 	closeOnce   sync.Once
 
 	tracer *sdktrace.TracerProvider // nil: tracing off
+}
+
+// listener is one of the gateway's HTTP servers and the listener it serves.
+type listener struct {
+	name string // for logs and errors: public, admin, mesh_admin, mesh_public, funnel
+	ln   net.Listener
+	srv  *http.Server
+	// admin: it serves the admin routes, where workers heartbeat while
+	// they drain, so it stops after them; the others stop before.
+	admin bool
+}
+
+// bind adds a bound listener to the table, which Close closes; its server
+// is set once made.
+func (gw *Gateway) bind(name string, ln net.Listener, admin bool) *listener {
+	l := &listener{name: name, ln: ln, admin: admin}
+	gw.listeners = append(gw.listeners, l)
+	return l
+}
+
+// httpServer is a server of h with the gateway's timeouts. No ReadTimeout
+// or WriteTimeout: they would cut long streams. Headers have a deadline
+// here; bodies get one per request in the handler.
+func httpServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 }
 
 // Open checks cfg, opens the gateway's database and binds its listeners;
@@ -228,8 +249,20 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 	gw.srv = srv
 	srv.SetRegion(cfg.Region)
 
-	if gw.publicLn, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return nil, fmt.Errorf("--listen %s: %w", cfg.Listen, err)
+	if err := gw.listen(cfg, srv, promReg); err != nil {
+		return nil, err
+	}
+	return gw, nil
+}
+
+// listen binds the gateway's listeners and makes their servers: public and
+// admin, each with its cap on connections, and with --mesh the admin routes
+// on the tailnet, --mesh-tls and --mesh-funnel.
+func (gw *Gateway) listen(cfg Config, srv *server.Server, promReg prometheus.Registerer) error {
+	log := gw.log
+	publicLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
 	// Caps on open client connections, in total and per address; idle
 	// keep-alive ones make room first (connlimit). Connections that send no
@@ -239,57 +272,55 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		l, _ := connlimit.New(connlimit.Config{Listener: name, Max: most, PerAddress: perIP}, conns, log) // validated with the flags
 		return l
 	}
-	public := func() *connlimit.Limiter {
-		l, _ := connlimit.New(connlimit.Config{Listener: "public", Max: cfg.MaxConnections, PerAddress: cfg.MaxConnsPerIP, Trusted: cfg.TrustedProxies}, conns, log)
-		return l
-	}
-	pubLimit, adminLimit := public(), limit("admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
+	pubLimit, _ := connlimit.New(connlimit.Config{Listener: "public", Max: cfg.MaxConnections, PerAddress: cfg.MaxConnsPerIP, Trusted: cfg.TrustedProxies}, conns, log) // validated with the flags
+	adminLimit := limit("admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
 	srv.SetClients(pubLimit)
-	gw.publicLn = pubLimit.Listen(gw.publicLn)
+	publicLn = pubLimit.Listen(publicLn)
 	if gw.tls != nil {
-		gw.publicLn = tls.NewListener(gw.publicLn, gw.tls.config)
+		publicLn = tls.NewListener(publicLn, gw.tls.config)
 	}
-	if gw.adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-		return nil, fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
+	public := gw.bind("public", publicLn, false)
+	adminLn, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		return fmt.Errorf("--admin-listen %s: %w", cfg.AdminListen, err)
 	}
-	gw.adminLn = adminLimit.Listen(gw.adminLn)
-	gw.publicAddr, gw.adminAddr = gw.publicLn.Addr().String(), gw.adminLn.Addr().String()
+	admin := gw.bind("admin", adminLimit.Listen(adminLn), true)
+	gw.publicAddr, gw.adminAddr = public.ln.Addr().String(), admin.ln.Addr().String()
 	gw.publicURL = gw.tls.url(gw.publicAddr)
 	srv.SetAddresses(gw.publicURL, "http://"+gw.adminAddr) // for the hints of a request on the wrong listener
-	// No ReadTimeout/WriteTimeout: they would cut long streams. Headers have
-	// a deadline here; bodies get one per request in the handler.
-	gw.public = &http.Server{Handler: srv.Public(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	public.srv = httpServer(srv.Public())
 	// HTTP/2 without TLS too (prior knowledge, `tailgate edge --h2c`): an
 	// edge then holds one multiplexed connection its polls keep warm, so
 	// moving traffic here opens none (bench --scenario geo).
-	gw.public.Protocols = new(http.Protocols)
-	gw.public.Protocols.SetHTTP1(true)
-	gw.public.Protocols.SetHTTP2(true)
-	gw.public.Protocols.SetUnencryptedHTTP2(true)
-	pubLimit.Apply(gw.public)
+	public.srv.Protocols = new(http.Protocols)
+	public.srv.Protocols.SetHTTP1(true)
+	public.srv.Protocols.SetHTTP2(true)
+	public.srv.Protocols.SetUnencryptedHTTP2(true)
+	pubLimit.Apply(public.srv)
 	if gw.tls != nil {
-		gw.public.TLSConfig = gw.tls.config
+		public.srv.TLSConfig = gw.tls.config
 	}
 	adminHandler := srv.Admin(web.Handler())
-	gw.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
-	adminLimit.Apply(gw.admin)
+	admin.srv = httpServer(adminHandler)
+	adminLimit.Apply(admin.srv)
 	if gw.node != nil {
 		// The same admin routes on the tailnet, at the same port number, so
 		// workers register at http://<gateway tailnet name>:<admin port>.
 		_, port, _ := net.SplitHostPort(gw.adminAddr)
-		if gw.meshLn, err = gw.node.Listen("tcp", ":"+port); err != nil {
-			return nil, fmt.Errorf("mesh listen :%s: %w", port, err)
+		meshLn, err := gw.node.Listen("tcp", ":"+port)
+		if err != nil {
+			return fmt.Errorf("mesh listen :%s: %w", port, err)
 		}
 		meshLimit := limit("mesh_admin", cmp.Or(cfg.AdminMaxConns, 256), 0)
-		gw.meshLn = meshLimit.Listen(gw.meshLn)
-		gw.meshAdmin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-			ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, viaMesh{}, true) }}
-		meshLimit.Apply(gw.meshAdmin)
+		meshAdmin := gw.bind("mesh_admin", meshLimit.Listen(meshLn), true)
+		meshAdmin.srv = httpServer(adminHandler)
+		meshAdmin.srv.ConnContext = func(ctx context.Context, _ net.Conn) context.Context { return context.WithValue(ctx, viaMesh{}, true) }
+		meshLimit.Apply(meshAdmin.srv)
 		log.Info("admin routes on the tailnet", "url", fmt.Sprintf("http://%s:%s", gw.node.Hostname(), port))
 	}
 	if cfg.MeshTLS {
 		if err := gw.listenMeshTLS(srv.Public()); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if cfg.MeshFunnel {
@@ -297,10 +328,10 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		// address would cap the internet as one client: the total only.
 		most := cmp.Or(cfg.MaxConnections, connlimit.DefaultMax)
 		if err := gw.listenFunnel(srv.Public(), limit("funnel", most, most)); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return gw, nil
+	return nil
 }
 
 // nodeCerts returns the keeper of the node's HTTPS certificate, shared by
@@ -327,11 +358,13 @@ func (gw *Gateway) listenMeshTLS(public http.Handler) error {
 	if err != nil {
 		return err
 	}
-	if gw.meshPubLn, err = certs.ListenTLS(":443", "http/1.1"); err != nil {
+	ln, err := certs.ListenTLS(":443", "http/1.1")
+	if err != nil {
 		return fmt.Errorf("--mesh-tls: %w", err)
 	}
-	gw.meshPublic = &http.Server{Handler: public, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		ErrorLog: slog.NewLogLogger(gw.log.Handler(), slog.LevelWarn)}
+	l := gw.bind("mesh_public", ln, false)
+	l.srv = httpServer(public)
+	l.srv.ErrorLog = slog.NewLogLogger(gw.log.Handler(), slog.LevelWarn)
 	gw.log.Info("public API on the tailnet over HTTPS; its certificate is obtained in the background (the first can take a minute)",
 		"url", gw.MeshURL())
 	return nil
@@ -350,10 +383,10 @@ func (gw *Gateway) listenFunnel(public http.Handler, limit *connlimit.Limiter) e
 	if err != nil {
 		return fmt.Errorf("--mesh-funnel: %w; or leave --mesh-funnel off and put cloudflared in front of the public listener (docs/edge.md)", err)
 	}
-	gw.funnelLn = limit.Listen(ln)
-	gw.funnel = &http.Server{Handler: public, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		ErrorLog: slog.NewLogLogger(gw.log.Handler(), slog.LevelWarn)}
-	limit.Apply(gw.funnel)
+	l := gw.bind("funnel", limit.Listen(ln), false)
+	l.srv = httpServer(public)
+	l.srv.ErrorLog = slog.NewLogLogger(gw.log.Handler(), slog.LevelWarn)
+	limit.Apply(l.srv)
 	gw.log.Info("public API on the internet through Tailscale Funnel; its certificate is obtained in the background (the first can take a minute)",
 		"url", gw.FunnelURL())
 	return nil
@@ -377,7 +410,7 @@ func (gw *Gateway) MeshURL() string {
 // FunnelURL is the public API's base URL on the internet through Tailscale
 // Funnel (--mesh-funnel), "" without.
 func (gw *Gateway) FunnelURL() string {
-	if gw.funnel == nil {
+	if !slices.ContainsFunc(gw.listeners, func(l *listener) bool { return l.name == "funnel" }) {
 		return ""
 	}
 	return "https://" + gw.meshCerts.Domain() + "/v1"
@@ -427,17 +460,13 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	if gw.fleet != nil {
 		g.Go(func() error { return gw.fleet.Run(gctx) })
 	}
-	serveErr := make(chan error, 5) // one per listener
-	go func() { serveErr <- gw.public.Serve(gw.publicLn) }()
-	if gw.meshPublic != nil {
-		go func() { serveErr <- gw.meshPublic.Serve(gw.meshPubLn) }()
-	}
-	if gw.funnel != nil {
-		go func() { serveErr <- gw.funnel.Serve(gw.funnelLn) }()
-	}
-	go func() { serveErr <- gw.admin.Serve(gw.adminLn) }()
-	if gw.meshAdmin != nil {
-		go func() { serveErr <- gw.meshAdmin.Serve(gw.meshLn) }()
+	// Every server's Serve is awaited before Run returns; the first to
+	// fail stops the gateway.
+	serveErr := make(chan error, len(gw.listeners))
+	var serving sync.WaitGroup
+	defer serving.Wait()
+	for _, l := range gw.listeners {
+		serving.Go(func() { serveErr <- fmt.Errorf("%s: %w", l.name, l.srv.Serve(l.ln)) })
 	}
 	gw.log.Info("gateway serving", "api", gw.publicURL, "admin", "http://"+gw.adminAddr)
 
@@ -456,18 +485,13 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	}
 	sctx, scancel := context.WithTimeout(context.Background(), gw.cfg.ShutdownGrace)
 	defer scancel()
-	if err := gw.public.Shutdown(sctx); err != nil {
-		gw.log.Warn("public listener: in-flight requests cut at the end of the grace period", "err", err)
-		_ = gw.public.Close()
-	}
-	if gw.meshPublic != nil {
-		if err := gw.meshPublic.Shutdown(sctx); err != nil {
-			_ = gw.meshPublic.Close()
+	for _, l := range gw.listeners {
+		if l.admin {
+			continue
 		}
-	}
-	if gw.funnel != nil {
-		if err := gw.funnel.Shutdown(sctx); err != nil {
-			_ = gw.funnel.Close()
+		if err := l.srv.Shutdown(sctx); err != nil {
+			gw.log.Warn(l.name+" listener: in-flight requests cut at the end of the grace period", "err", err)
+			_ = l.srv.Close()
 		}
 	}
 	cancel() // stop gate, health, batches; the ledger writer drains what it holds
@@ -481,9 +505,10 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	}
 	actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer acancel()
-	_ = gw.admin.Shutdown(actx)
-	if gw.meshAdmin != nil {
-		_ = gw.meshAdmin.Shutdown(actx)
+	for _, l := range gw.listeners {
+		if l.admin {
+			_ = l.srv.Shutdown(actx)
+		}
 	}
 	if err := gw.ledger.Close(); err != nil && runErr == nil {
 		runErr = fmt.Errorf("ledger: %w", err)
@@ -500,26 +525,14 @@ func (gw *Gateway) Close() { gw.closeOnce.Do(gw.close) }
 func (gw *Gateway) close() {
 	gw.tls.close()
 	gw.closeTracing()
-	if gw.publicLn != nil {
-		_ = gw.publicLn.Close()
-	}
-	if gw.adminLn != nil {
-		_ = gw.adminLn.Close()
+	for _, l := range gw.listeners {
+		_ = l.ln.Close()
 	}
 	if gw.ledger != nil {
 		_ = gw.ledger.Close()
 	}
 	if gw.store != nil {
 		_ = gw.store.Close()
-	}
-	if gw.meshLn != nil {
-		_ = gw.meshLn.Close()
-	}
-	if gw.meshPubLn != nil {
-		_ = gw.meshPubLn.Close()
-	}
-	if gw.funnelLn != nil {
-		_ = gw.funnelLn.Close()
 	}
 	if gw.node != nil {
 		_ = gw.node.Close()
