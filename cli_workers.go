@@ -11,25 +11,17 @@ import (
 	"github.com/tailgate-dev/tailgate/data"
 )
 
-const workersUsage = `Usage:
-  tailgate workers list    --data DIR [--json]
-  tailgate workers invite  --data DIR --replica-id ID [--expires 1h]   (prints a one-time join token for the worker ID)
-  tailgate workers approve --data DIR ID      (ID: a pending or revoked replica id, or a revoked worker's id)
-  tailgate workers revoke  --data DIR WORKER  (WORKER: worker id, or the replica id it registered)
-
-A new worker joins with a join token (invite) or, once listed pending, an approval.
-
-Run 'tailgate workers SUBCOMMAND -h' for its flags.
-`
-
-func cmdWorkers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return dispatch(ctx, "workers", workersUsage, []subcommand{
-		{"list", cmdWorkersList},
-		{"invite", cmdWorkersInvite},
-		{"approve", cmdWorkersApprove},
-		{"revoke", cmdWorkersRevoke},
-	}, args, stdout, stderr)
+// workersCommands are the verbs of `tailgate workers`.
+func workersCommands() []command {
+	return []command{
+		{name: "list", run: cmdWorkersList, synopsis: "--data DIR [--json]"},
+		{name: "invite", run: cmdWorkersInvite, synopsis: "--data DIR --replica-id ID [--expires 1h]", short: "prints a one-time join token for the worker ID"},
+		{name: "approve", run: cmdWorkersApprove, synopsis: "--data DIR ID", short: "ID: a pending or revoked replica id, or a revoked worker's id"},
+		{name: "revoke", run: cmdWorkersRevoke, synopsis: "--data DIR WORKER", short: "WORKER: worker id, or the replica id it registered"},
+	}
 }
+
+const workersNotes = "A new worker joins with a join token (invite) or, once listed pending, an approval.\n"
 
 // workerJSON is a worker credential as `workers list --json` prints it:
 // never its hash.
