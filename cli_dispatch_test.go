@@ -92,3 +92,22 @@ func TestMistypedCommandsAreSuggested(t *testing.T) {
 		}
 	}
 }
+
+// TestHelpAllPrintsEveryFlagCleanly: --help-all of each command with flags
+// lists them without the flag package's "panic calling String method"
+// lines (a duration flag that takes days printed one for each).
+func TestHelpAllPrintsEveryFlagCleanly(t *testing.T) {
+	for _, c := range commands() {
+		if c.subs != nil || c.name == "help" || c.name == "version" {
+			continue
+		}
+		var out bytes.Buffer
+		err := run(context.Background(), []string{c.name, "--help-all"}, &out, &out)
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("%s --help-all: %v", c.name, err)
+		}
+		if strings.Contains(out.String(), "panic") {
+			t.Errorf("%s --help-all:\n%s", c.name, out.String())
+		}
+	}
+}

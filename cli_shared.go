@@ -141,6 +141,15 @@ func parseDuration(s string) (time.Duration, error) {
 // package's own value, so defaults, -h and flag.Visit stay as they are.
 type dayDuration struct{ flag.Value }
 
+// String is the wrapped value's; the flag package calls it on a zero
+// dayDuration (no value) to learn a flag's zero default, hence the nil check.
+func (d dayDuration) String() string {
+	if d.Value == nil {
+		return ""
+	}
+	return d.Value.String()
+}
+
 func (d dayDuration) Set(s string) error {
 	v, err := parseDuration(s)
 	if err != nil {
