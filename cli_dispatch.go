@@ -8,11 +8,11 @@ import (
 	"strings"
 )
 
-// One table of commands drives dispatch, the usage text, the did-you-mean
-// for a mistyped command and the command list of `tailgate help`, as
-// tailscale's cmd/tailscale/cli/cli.go and caddy's cmd/commands.go do; a
-// command added here is listed, dispatched and suggested, and
-// TestUsageNamesEveryCommand fails for one printed nowhere.
+// One table of commands (commands, in main.go) drives dispatch, the usage
+// text, the did-you-mean for a mistyped command and the command list of
+// `tailgate help`, as tailscale's cmd/tailscale/cli/cli.go and caddy's
+// cmd/commands.go do; a command added there is listed, dispatched and
+// suggested, and TestUsageNamesEveryCommand fails for one printed nowhere.
 
 // runFunc is what a command or subcommand runs with the arguments after its
 // name.
@@ -28,29 +28,6 @@ type command struct {
 	run      runFunc  // nil for a command with subs
 	subs     []command
 	notes    string // a paragraph after the subcommands' lines
-}
-
-// commands is the table, in the order the usage lists it. It is a function,
-// not a variable, because help reads the table it is in.
-func commands() []command {
-	return []command{
-		{name: "up", synopsis: "[flags]", short: "gateway + N local workers on one machine, simulated engine by default (start here)", run: cmdUp},
-		{name: "gateway", synopsis: "[flags]", short: "the gateway alone, in front of --upstream servers and registered workers", run: cmdGateway},
-		{name: "worker", synopsis: "[flags]", short: "one GPU box: launches vLLM (or the sim), fronts it, registers with a gateway", run: cmdWorker},
-		{name: "sim", synopsis: "[flags]", short: "the simulated engine alone (vLLM-compatible HTTP)", run: cmdSim},
-		{name: "edge", synopsis: "[flags]", short: "in front of regional gateways: each request to the region with the best expected first token", run: cmdEdge},
-		{name: "keys", short: "manage API keys in a data directory", subs: keysCommands()},
-		{name: "tenants", short: "tenants' budgets and what they spent", subs: tenantsCommands(), notes: tenantsNotes},
-		{name: "workers", short: "worker credentials: list, invite, approve, revoke", subs: workersCommands(), notes: workersNotes},
-		{name: "usage", synopsis: "[flags]", short: "usage totals per tenant, key and model", run: cmdUsage},
-		{name: "backup", synopsis: "[flags] FILE", short: "consistent copy of the database while a gateway runs", run: cmdBackup},
-		{name: "restore", synopsis: "[flags] FILE", short: "put a backup in place of the database (gateway stopped)", run: cmdRestore},
-		{name: "bench", synopsis: "[flags]", short: "matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)", run: cmdBench},
-		{name: "version", aliases: []string{"--version", "-version"}, short: "version, commit, Go and tailscale versions of this binary (also --version)", run: cmdVersion},
-		{name: "healthcheck", synopsis: "[flags]", short: "exit 0/1: a gateway's or worker's health endpoint (container health checks)", run: cmdHealthcheck},
-		{name: "init", synopsis: "[flags]", short: "prepare a data directory (tokens, database) before a gateway first starts", run: cmdInit},
-		{name: "help", synopsis: "[TOPIC]", short: "the documentation offline: the topics, or one page (tailgate help commands)", run: cmdHelp},
-	}
 }
 
 // run dispatches args to the command of the table that args[0] names.

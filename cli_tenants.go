@@ -15,13 +15,13 @@ import (
 	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
-// tenantsCommands are the verbs of `tailgate tenants`.
-func tenantsCommands() []command {
-	return []command{
+// cmdTenants is `tailgate tenants` and its verbs.
+func cmdTenants() command {
+	return command{name: "tenants", short: "tenants' budgets and what they spent", notes: tenantsNotes, subs: []command{
 		{name: "list", run: cmdTenantsList, synopsis: "--data DIR [--json]"},
 		{name: "show", run: cmdTenantsShow, synopsis: "--data DIR NAME [--json]"},
 		{name: "set", run: cmdTenantsSet, synopsis: "--data DIR NAME [--budget-tokens N] [--budget AMOUNT] [--budget-period daily|weekly|monthly|none] [--budget-alert-percent P]"},
-	}
+	}}
 }
 
 const tenantsNotes = `Budgets are totals (0: unlimited) over the tenant's life, or over each calendar

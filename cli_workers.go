@@ -11,14 +11,14 @@ import (
 	"github.com/tailgate-dev/tailgate/data"
 )
 
-// workersCommands are the verbs of `tailgate workers`.
-func workersCommands() []command {
-	return []command{
+// cmdWorkers is `tailgate workers` and its verbs.
+func cmdWorkers() command {
+	return command{name: "workers", short: "worker credentials: list, invite, approve, revoke", notes: workersNotes, subs: []command{
 		{name: "list", run: cmdWorkersList, synopsis: "--data DIR [--json]"},
 		{name: "invite", run: cmdWorkersInvite, synopsis: "--data DIR --replica-id ID [--expires 1h]", short: "prints a one-time join token for the worker ID"},
 		{name: "approve", run: cmdWorkersApprove, synopsis: "--data DIR ID", short: "ID: a pending or revoked replica id, or a revoked worker's id"},
 		{name: "revoke", run: cmdWorkersRevoke, synopsis: "--data DIR WORKER", short: "WORKER: worker id, or the replica id it registered"},
-	}
+	}}
 }
 
 const workersNotes = "A new worker joins with a join token (invite) or, once listed pending, an approval.\n"

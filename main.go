@@ -29,3 +29,27 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// commands is the table of cli_dispatch.go, in the order the usage lists
+// it: each command's entry point (cmdNAME), or its table of subcommands. It is a function,
+// not a variable, because help reads the table it is in.
+func commands() []command {
+	return []command{
+		{name: "up", synopsis: "[flags]", short: "gateway + N local workers on one machine, simulated engine by default (start here)", run: cmdUp},
+		{name: "gateway", synopsis: "[flags]", short: "the gateway alone, in front of --upstream servers and registered workers", run: cmdGateway},
+		{name: "worker", synopsis: "[flags]", short: "one GPU box: launches vLLM (or the sim), fronts it, registers with a gateway", run: cmdWorker},
+		{name: "sim", synopsis: "[flags]", short: "the simulated engine alone (vLLM-compatible HTTP)", run: cmdSim},
+		{name: "edge", synopsis: "[flags]", short: "in front of regional gateways: each request to the region with the best expected first token", run: cmdEdge},
+		cmdKeys(),
+		cmdTenants(),
+		cmdWorkers(),
+		{name: "usage", synopsis: "[flags]", short: "usage totals per tenant, key and model", run: cmdUsage},
+		{name: "backup", synopsis: "[flags] FILE", short: "consistent copy of the database while a gateway runs", run: cmdBackup},
+		{name: "restore", synopsis: "[flags] FILE", short: "put a backup in place of the database (gateway stopped)", run: cmdRestore},
+		{name: "bench", synopsis: "[flags]", short: "matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)", run: cmdBench},
+		{name: "version", aliases: []string{"--version", "-version"}, short: "version, commit, Go and tailscale versions of this binary (also --version)", run: cmdVersion},
+		{name: "healthcheck", synopsis: "[flags]", short: "exit 0/1: a gateway's or worker's health endpoint (container health checks)", run: cmdHealthcheck},
+		{name: "init", synopsis: "[flags]", short: "prepare a data directory (tokens, database) before a gateway first starts", run: cmdInit},
+		{name: "help", synopsis: "[TOPIC]", short: "the documentation offline: the topics, or one page (tailgate help commands)", run: cmdHelp},
+	}
+}
