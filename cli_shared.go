@@ -375,3 +375,13 @@ func isTerminal(w io.Writer) bool {
 	st, err := fl.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
+
+// undoNewDir returns what removes dir again if it does not exist now: a
+// start that fails (a busy port) leaves no data directory it made behind,
+// so the next try is a first start again. One that exists is never touched.
+func undoNewDir(dir string) (undo func()) {
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		return func() {}
+	}
+	return func() { _ = os.RemoveAll(dir) }
+}

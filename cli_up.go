@@ -79,6 +79,12 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := cfg.Load(fs); err != nil {
 		return err
 	}
+	undo, opened := undoNewDir(cfg.DataDir), false
+	defer func() {
+		if !opened {
+			undo() // after the screen closed its log in the directory
+		}
+	}()
 	screen, err := newUpScreen(lf, stderr, cfg.DataDir, *verbose)
 	if err != nil {
 		return err
@@ -90,6 +96,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	opened = true
 	defer gw.Close()
 
 	keyPath := filepath.Join(cfg.DataDir, "demo.key")
