@@ -49,6 +49,22 @@ func (gw *Gateway) ReadyReplicas() int {
 	return ready
 }
 
+// ReplicaCounts returns how many replicas are ready and how many are
+// registered and not lost (up's own and any other worker's).
+func (gw *Gateway) ReplicaCounts() (ready, total int) {
+	for _, r := range gw.reg.Replicas() {
+		switch r.State() {
+		case router.StateReady:
+			ready++
+			total++
+		case router.StateLost:
+		default:
+			total++
+		}
+	}
+	return ready, total
+}
+
 // StopWorkersWith sets how the workers this process started are stopped:
 // Run calls stop once no request is left for them and before the admin
 // listener closes, so their last heartbeat (draining) still reaches the
