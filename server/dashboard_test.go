@@ -216,6 +216,14 @@ func TestDashboardPanelsLiveAndDrivesKeysAndBudgets(t *testing.T) {
 	if code := d.status(t, secret, hiBody); code != http.StatusOK {
 		t.Fatalf("the key created in the UI: status %d", code)
 	}
+	// Copy puts it on the clipboard, or selects it where the page may not.
+	var copied string
+	b.eval(`(async () => { document.querySelector("#secret-copy").click(); await new Promise(r => setTimeout(r, 200));
+		let c = ""; try { c = await navigator.clipboard.readText() } catch {}
+		return c || getSelection().toString() })()`, &copied)
+	if strings.TrimSpace(copied) != secret {
+		t.Errorf("after Copy the clipboard or selection holds %q, want the secret", copied)
+	}
 	b.eval(`document.querySelector("#secret-done").click()`, nil)
 	var shown string
 	b.eval(`document.body.innerText`, &shown)

@@ -579,7 +579,25 @@ $("#key-form").addEventListener("submit", async (ev) => {
   refresh();
 });
 
+// Copy puts the secret on the clipboard; where the page may not (plain
+// http off localhost is no secure context) it selects the secret for Ctrl-C.
+$("#secret-copy").addEventListener("click", async () => {
+  const b = $("#secret-copy");
+  try {
+    await navigator.clipboard.writeText($("#secret-value").textContent);
+    b.textContent = "Copied";
+  } catch {
+    const r = document.createRange();
+    r.selectNodeContents($("#secret-value"));
+    const sel = getSelection();
+    sel.removeAllRanges();
+    sel.addRange(r);
+    b.textContent = "Selected: press Ctrl-C";
+  }
+});
+
 $("#secret-done").addEventListener("click", () => {
+  $("#secret-copy").textContent = "Copy";
   $("#secret-value").textContent = "";
   $("#new-secret").hidden = true;
 });
