@@ -192,11 +192,15 @@ func TestDashboardPanelsLiveAndDrivesKeysAndBudgets(t *testing.T) {
 	}
 	// A request's detail shows its stages and attempts.
 	b.eval(`document.querySelector("#requests tbody tr.clickable").click()`, nil)
-	var detail string
+	var detail, prefix string
 	b.eval(`document.querySelector("#request-detail").innerText`, &detail)
-	for _, w := range []string{"attempts: 1", "engine_ttft", "upstream_ttft", "total"} {
+	b.eval(`document.querySelector("#keys tbody tr td").textContent`, &prefix) // the seed key's, the only one
+	if !strings.HasPrefix(prefix, "tg-") {
+		t.Fatalf("the keys table's first cell is %q, want the seed key's prefix", prefix)
+	}
+	for _, w := range []string{"attempts: 1", "engine_ttft", "upstream_ttft", "total", "key " + prefix, time.Now().Format("2006")} {
 		if !strings.Contains(detail, w) {
-			t.Errorf("request detail lacks %q:\n%s", w, detail)
+			t.Errorf("request detail lacks %q (its time and key among them):\n%s", w, detail)
 		}
 	}
 	// A replica's detail shows its state history.
