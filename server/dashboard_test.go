@@ -464,6 +464,13 @@ func TestDashboardFirstScreenKPIsSidePanelAndTooltips(t *testing.T) {
 		t.Errorf("hovering the request-rate chart shows %q, want the requests per second at that time", tip)
 	}
 	b.shot("dashboard-tooltip.png", false)
+	// The 2 s refresh redraws the charts; the tooltip under the resting
+	// pointer stays.
+	var loaded string
+	b.eval(`document.body.dataset.loaded`, &loaded)
+	b.waitFor("a refresh", `document.body.dataset.loaded !== "`+loaded+`"`)
+	b.waitFor("the tooltip after the refresh", `(() => { const f = [...document.querySelectorAll("#charts figure")].find(f => f.querySelector("rect.hover"));
+		const t = f.querySelector(".tooltip"); return !t.hidden && t.innerText.includes("requests"); })()`)
 }
 
 // TestDashboardSignInScreen: without a token the dashboard shows a sign-in
