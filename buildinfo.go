@@ -63,8 +63,16 @@ func readBuildInfo() buildInfo {
 }
 
 func (b buildInfo) String() string {
-	return fmt.Sprintf("tailgate %s\n  revision   %s\n  go         %s\n  tailscale  %s\n  platform   %s/%s\n",
+	s := fmt.Sprintf("tailgate %s\n  revision   %s\n  go         %s\n  tailscale  %s\n  platform   %s/%s\n",
 		b.Version, b.Revision, b.GoVersion, b.Tailscale, runtime.GOOS, runtime.GOARCH)
+	switch {
+	case b.Revision == "unknown":
+		s += "  note       built without version control stamping (from a source archive, with -buildvcs=false, or by go run), so neither the release nor the commit is known; " +
+			"a release archive's binary says both, and `go build` in a git checkout records the commit\n"
+	case b.Version == "devel":
+		s += "  note       an unreleased build of the commit above (a release build sets its version: -ldflags \"-X main.version=v1.2.3\")\n"
+	}
+	return s
 }
 
 // collector is the tailgate_build_info gauge: always 1, its labels say

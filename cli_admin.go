@@ -17,25 +17,16 @@ import (
 	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
-const keysUsage = `Usage:
-  tailgate keys create --data DIR --tenant NAME [--name N] [--owner O] [--note TEXT] [--rpm N] [--tpm N] [--max-concurrency N]
-                       [--budget-tokens N] [--budget AMOUNT] [--budget-period daily|weekly|monthly|none] [--models a,b] [--expires 30d|720h|RFC3339]
-  tailgate keys list   --data DIR [--tenant NAME] [--json]
-  tailgate keys edit   --data DIR KEY [--name N] [--owner O] [--note TEXT] [--rpm N] [--tpm N] [--max-concurrency N] [--models a,b | --all-models] [--expires 30d|720h|RFC3339|never]
-  tailgate keys rotate --data DIR KEY [--grace 24h]   (a new secret, same key; the old one works for the grace)
-  tailgate keys revoke --data DIR KEY   (KEY: key id, display prefix, tenant/name, or the secret)
-
-Run 'tailgate keys SUBCOMMAND -h' for its flags.
-`
-
-func cmdKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return dispatch(ctx, "keys", keysUsage, []subcommand{
-		{"create", cmdKeysCreate},
-		{"list", cmdKeysList},
-		{"edit", cmdKeysEdit},
-		{"rotate", cmdKeysRotate},
-		{"revoke", cmdKeysRevoke},
-	}, args, stdout, stderr)
+// cmdKeys is `tailgate keys` and its verbs.
+func cmdKeys() command {
+	return command{name: "keys", short: "manage API keys in a data directory", subs: []command{
+		{name: "create", run: cmdKeysCreate, synopsis: "--data DIR --tenant NAME [--name N] [--owner O] [--note TEXT] [--rpm N] [--tpm N] [--max-concurrency N]\n" +
+			"                       [--budget-tokens N] [--budget AMOUNT] [--budget-period daily|weekly|monthly|none] [--models a,b] [--expires 30d|720h|RFC3339]"},
+		{name: "list", run: cmdKeysList, synopsis: "--data DIR [--tenant NAME] [--json]"},
+		{name: "edit", run: cmdKeysEdit, synopsis: "--data DIR KEY [--name N] [--owner O] [--note TEXT] [--rpm N] [--tpm N] [--max-concurrency N] [--models a,b | --all-models] [--expires 30d|720h|RFC3339|never]"},
+		{name: "rotate", run: cmdKeysRotate, synopsis: "--data DIR KEY [--grace 24h]", short: "a new secret, same key; the old one works for the grace"},
+		{name: "revoke", run: cmdKeysRevoke, synopsis: "--data DIR KEY", short: "KEY: key id, display prefix, tenant/name, or the secret"},
+	}}
 }
 
 func cmdKeysCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/tailgate-dev/tailgate/data"
 	"github.com/tailgate-dev/tailgate/server/gateway"
@@ -68,7 +69,7 @@ func cmdBackup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
-const restoreSynopsis = `restore --data DIR FILE
+const restoreSynopsis = `restore --data DIR [--forget-workers] FILE
 
 Puts FILE, a copy made by 'tailgate backup', in place of DIR/tailgate.db.
 Stop the gateway first: restore refuses while one runs on DIR. FILE must be
@@ -78,6 +79,7 @@ DIR/tailgate.db.replaced-TIME (with its -wal and commit-log files)`
 func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("restore", restoreSynopsis, stderr)
 	dir := fs.String("data", "tailgate-data", "data directory whose database (tailgate.db) is replaced")
+	forget := fs.Bool("forget-workers", false, "revoke the worker credentials the backup holds: on a new box, or for a second region, whose workers start with empty --data directories (approve their replica ids again: tailgate workers approve)")
 	pos, err := parseArgs(fs, args, 1)
 	if err != nil {
 		return err
@@ -105,5 +107,48 @@ func cmdRestore(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			fmt.Fprintf(stdout, "moved with it: %s\n", f)
 		}
 	}
+	return restoredWorkers(ctx, *dir, *forget, stdout)
+}
+
+// restoredWorkers says which worker credentials the restored database
+// holds, and with forget revokes them: a replica id belongs to the worker
+// holding its credential, and on a new box that worker is not there.
+func restoredWorkers(ctx context.Context, dir string, forget bool, stdout io.Writer) error {
+	st, err := openStore(dir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	var active []data.Worker
+	if forget {
+		if active, err = st.ForgetWorkers(ctx); err != nil {
+			return err
+		}
+	} else {
+		ws, err := st.Workers(ctx)
+		if err != nil {
+			return err
+		}
+		for _, w := range ws {
+			if !w.Revoked() {
+				active = append(active, w)
+			}
+		}
+	}
+	if len(active) == 0 {
+		return nil
+	}
+	ids := make([]string, len(active))
+	for i, w := range active {
+		ids[i] = w.ReplicaID + " (" + w.ID + ")"
+	}
+	if forget {
+		fmt.Fprintf(stdout, "forgot %d worker credential(s) of the backup's box, now revoked: %s\n", len(active), strings.Join(ids, ", "))
+		fmt.Fprintf(stdout, "a worker joins again once its replica id is approved (tailgate workers approve --data %s ID) or invited; tailgate up's own workers are approved when it starts\n", dir)
+		return nil
+	}
+	fmt.Fprintf(stdout, "the backup holds %d active worker credential(s): %s\n", len(active), strings.Join(ids, ", "))
+	fmt.Fprintf(stdout, "workers that kept their --data directories reconnect with them; tailgate up adopts its own worker-N ids; "+
+		"on a new box whose workers start fresh, restore with --forget-workers (or tailgate workers revoke --data %s WORKER)\n", dir)
 	return nil
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 
+	"github.com/tailgate-dev/tailgate/data"
 	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
@@ -27,12 +29,11 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := cfg.Load(fs); err != nil {
 		return err
 	}
-	if len(cfg.Upstreams) == 0 && !cfg.Fleet.Enabled() {
-		log.Warn("no upstream configured: add --upstream URL (or upstreams in --config); /healthz stays 503 until one is ready")
-	}
 	cfg.BuildInfo = readBuildInfo().collector()
+	undo := undoNewDir(cfg.DataDir)
 	gw, err := gateway.Open(ctx, cfg, log)
 	if err != nil {
+		undo()
 		return err
 	}
 	defer gw.Close()
@@ -47,6 +48,7 @@ func cmdGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if u := gw.FunnelURL(); u != "" {
 		fmt.Fprintf(stdout, "tailgate gateway: API on the internet through Tailscale Funnel %s\n", u)
 	}
+	firstSteps(ctx, stdout, cfg, gw.AdminAddr())
 	return gw.Run(ctx)
 }
 
@@ -58,4 +60,26 @@ func gatewayFlagSet(cfg *gateway.Config, lf *logFlags, stderr io.Writer) *flag.F
 	cfg.RegisterMeshFlags(fs)
 	lf.register(fs)
 	return fs
+}
+
+// firstSteps says what a gateway started alone lacks, as next steps: a
+// replica (workers register with it; /healthz is 503 until one is ready)
+// and an API key.
+func firstSteps(ctx context.Context, stdout io.Writer, cfg gateway.Config, admin string) {
+	dir := cfg.DataDir
+	if len(cfg.Upstreams) == 0 && !cfg.Fleet.Enabled() {
+		fmt.Fprintf(stdout, "tailgate gateway: no replica yet (/healthz is 503 until one is ready). Workers register at http://%s:\n"+
+			"  tailgate workers invite --data %s --replica-id gpu-a   (prints the worker's join token; or approve it once it is listed pending)\n"+
+			"  tailgate worker --gateway http://%s --cluster-token-file %s --replica-id gpu-a --model MODEL   (on the GPU box)\n"+
+			"  or an OpenAI-compatible server: --upstream URL\n",
+			admin, dir, admin, filepath.Join(dir, "cluster.token"))
+	}
+	st, err := openStore(dir)
+	if err != nil {
+		return
+	}
+	defer st.Close()
+	if keys, err := st.Keys(ctx, ""); err == nil && !slices.ContainsFunc(keys, func(k data.Key) bool { return !k.Revoked() }) {
+		fmt.Fprintf(stdout, "tailgate gateway: no API key yet; make the first: tailgate keys create --data %s --tenant NAME\n", dir)
+	}
 }

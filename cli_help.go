@@ -36,7 +36,7 @@ var helpTopics = []struct{ name, about string }{
 // cmdHelp prints the command list and the topics, or one topic's page.
 func cmdHelp(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stdout, usageText)
+		fmt.Fprint(stdout, usageText(commands()))
 		fmt.Fprint(stdout, "\nTopics (tailgate help TOPIC prints the page, as in docs/TOPIC.md):\n")
 		for _, t := range helpTopics {
 			fmt.Fprintf(stdout, "  %-13s %s\n", t.name, t.about)

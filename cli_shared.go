@@ -141,6 +141,15 @@ func parseDuration(s string) (time.Duration, error) {
 // package's own value, so defaults, -h and flag.Visit stay as they are.
 type dayDuration struct{ flag.Value }
 
+// String is the wrapped value's; the flag package calls it on a zero
+// dayDuration (no value) to learn a flag's zero default, hence the nil check.
+func (d dayDuration) String() string {
+	if d.Value == nil {
+		return ""
+	}
+	return d.Value.String()
+}
+
 func (d dayDuration) Set(s string) error {
 	v, err := parseDuration(s)
 	if err != nil {
@@ -365,4 +374,14 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := fl.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// undoNewDir returns what removes dir again if it does not exist now: a
+// start that fails (a busy port) leaves no data directory it made behind,
+// so the next try is a first start again. One that exists is never touched.
+func undoNewDir(dir string) (undo func()) {
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		return func() {}
+	}
+	return func() { _ = os.RemoveAll(dir) }
 }

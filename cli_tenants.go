@@ -15,27 +15,22 @@ import (
 	"github.com/tailgate-dev/tailgate/server/gateway"
 )
 
-const tenantsUsage = `Usage:
-  tailgate tenants list --data DIR [--json]
-  tailgate tenants show --data DIR NAME [--json]
-  tailgate tenants set  --data DIR NAME [--budget-tokens N] [--budget AMOUNT] [--budget-period daily|weekly|monthly|none] [--budget-alert-percent P]
+// cmdTenants is `tailgate tenants` and its verbs.
+func cmdTenants() command {
+	return command{name: "tenants", short: "tenants' budgets and what they spent", notes: tenantsNotes, subs: []command{
+		{name: "list", run: cmdTenantsList, synopsis: "--data DIR [--json]"},
+		{name: "show", run: cmdTenantsShow, synopsis: "--data DIR NAME [--json]"},
+		{name: "set", run: cmdTenantsSet, synopsis: "--data DIR NAME [--budget-tokens N] [--budget AMOUNT] [--budget-period daily|weekly|monthly|none] [--budget-alert-percent P]"},
+	}}
+}
 
-Budgets are totals (0: unlimited) over the tenant's life, or over each calendar
+const tenantsNotes = `Budgets are totals (0: unlimited) over the tenant's life, or over each calendar
 day, week (from Monday) or month in UTC with --budget-period; in-flight
 reservations: GET /admin/v1/tenants.
-Run 'tailgate tenants SUBCOMMAND -h' for its flags.
 `
 
 // reservedNote says why the CLI shows no reserved amounts.
 const reservedNote = "note: reserved (in-flight) amounts are known only to a running gateway: GET /admin/v1/tenants on its admin listener shows them"
-
-func cmdTenants(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return dispatch(ctx, "tenants", tenantsUsage, []subcommand{
-		{"list", cmdTenantsList},
-		{"show", cmdTenantsShow},
-		{"set", cmdTenantsSet},
-	}, args, stdout, stderr)
-}
 
 // tenantViews reads the tenants (all, or the one named) with what the
 // ledger says they spent; reserved is unknown here.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/tailgate-dev/tailgate/serving/fleet"
 	"github.com/tailgate-dev/tailgate/serving/launcher"
 	"github.com/tailgate-dev/tailgate/serving/sim"
+	"github.com/tailgate-dev/tailgate/serving/worker"
 )
 
 func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -77,6 +79,12 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := cfg.Load(fs); err != nil {
 		return err
 	}
+	undo, opened := undoNewDir(cfg.DataDir), false
+	defer func() {
+		if !opened {
+			undo() // after the screen closed its log in the directory
+		}
+	}()
 	screen, err := newUpScreen(lf, stderr, cfg.DataDir, *verbose)
 	if err != nil {
 		return err
@@ -88,6 +96,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	opened = true
 	defer gw.Close()
 
 	keyPath := filepath.Join(cfg.DataDir, "demo.key")
@@ -101,7 +110,15 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("worker-%d", i+1)
 	}
-	if err := gw.ApproveWorkers(ctx, ids...); err != nil {
+	// The ids are this box's: a credential for one that its worker's
+	// directory does not hold (a database restored from another box) is
+	// revoked, not left to refuse the worker forever.
+	held := func(id string) string {
+		b, _ := os.ReadFile(worker.CredentialFile(filepath.Join(cfg.DataDir, id), id))
+		return strings.TrimSpace(string(b))
+	}
+	adopt := func(ctx context.Context, ids ...string) error { return gw.AdoptWorkers(ctx, held, ids...) }
+	if err := adopt(ctx, ids...); err != nil {
 		return err
 	}
 	self, err := os.Executable()
@@ -138,7 +155,7 @@ func cmdUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// demand comes: child workers (--fleet-provider local), or the
 	// operator's scripts.
 	var n atomic.Int64
-	local := &fleet.Local{Log: log, Approve: func(ctx context.Context, id string) error { return gw.ApproveWorkers(ctx, id) },
+	local := &fleet.Local{Log: log, Approve: func(ctx context.Context, id string) error { return adopt(ctx, id) },
 		Argv: func(model, id string) []string { return argv(int(n.Add(1)), id, model) }}
 	if err := gw.UseConfiguredFleet(local); err != nil {
 		return err

@@ -67,7 +67,8 @@ func newUpScreen(lf logFlags, stderr io.Writer, dataDir string, verbose bool) (*
 		termLevel = level
 	}
 	termH, _, _ := lf.handler(con)
-	both := slog.NewMultiHandler(fileH, minLevel{shortAttrs{termH, maxTermAttr}, termLevel})
+	term := repeatLimit{shortAttrs{termH, maxTermAttr}, newRepeats(time.Minute, time.Now)}
+	both := slog.NewMultiHandler(fileH, minLevel{term, termLevel})
 	return &upScreen{log: slog.New(childlog.NewHandler(both, level)),
 		children: slog.New(childlog.NewHandler(quietChild{both, level}, level)),
 		con:      con, logPath: path, file: f}, nil
@@ -207,6 +208,65 @@ func (h shortAttrs) WithGroup(name string) slog.Handler {
 	return shortAttrs{h.Handler.WithGroup(name), h.max}
 }
 
+// repeats is what a repeatLimit handler remembers: when each message was
+// last shown and how many like it were held back since.
+type repeats struct {
+	every time.Duration
+	now   func() time.Time
+	mu    sync.Mutex
+	seen  map[string]*repeated // by level and message: a bounded set (messages are constants)
+}
+
+type repeated struct {
+	shown time.Time
+	held  int
+}
+
+func newRepeats(every time.Duration, now func() time.Time) *repeats {
+	return &repeats{every: every, now: now, seen: map[string]*repeated{}}
+}
+
+// repeatLimit shows a message at most once every r.every on the terminal:
+// the next one after that carries how many were held back (repeated=N), so
+// an hour of refused keys, scrape timeouts or no_replica answers is a line
+// a minute, not a screen that scrolls the ready line away. up.log keeps
+// every one.
+type repeatLimit struct {
+	slog.Handler
+	r *repeats
+}
+
+func (h repeatLimit) Handle(ctx context.Context, rec slog.Record) error {
+	key := rec.Level.String() + " " + rec.Message
+	now := h.r.now()
+	h.r.mu.Lock()
+	st := h.r.seen[key]
+	if st != nil && now.Sub(st.shown) < h.r.every {
+		st.held++
+		h.r.mu.Unlock()
+		return nil
+	}
+	held := 0
+	if st == nil {
+		st = &repeated{}
+		h.r.seen[key] = st
+	}
+	held, st.shown, st.held = st.held, now, 0
+	h.r.mu.Unlock()
+	if held > 0 {
+		rec = rec.Clone()
+		rec.AddAttrs(slog.Int("repeated", held), slog.String("since", h.r.every.String()+" ago, all in "+upLogName))
+	}
+	return h.Handler.Handle(ctx, rec)
+}
+
+func (h repeatLimit) WithAttrs(as []slog.Attr) slog.Handler {
+	return repeatLimit{h.Handler.WithAttrs(as), h.r}
+}
+func (h repeatLimit) WithGroup(name string) slog.Handler {
+	return repeatLimit{h.Handler.WithGroup(name), h.r}
+}
+
 // readiness reports how many of up's replicas are ready: a log record
 // whenever that changes (and every 15 s while some are still starting); on
 // a terminal, the progress line; once all are, the ready line (on the
@@ -232,26 +292,29 @@ func (p *readiness) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ready := p.gw.ReadyReplicas()
+		ready, total := p.gw.ReplicaCounts()
+		// Outside workers may join up's: the count is of all, never more
+		// ready than there are.
+		want := max(p.want, total)
 		changed := ready != last
-		if changed || (ready < p.want && time.Since(lastLog) > 15*time.Second) {
-			p.log.Info("replicas ready", "ready", ready, "of", p.want)
+		if changed || (ready < want && time.Since(lastLog) > 15*time.Second) {
+			p.log.Info("replicas ready", "ready", ready, "of", want)
 			lastLog = time.Now()
 		}
 		last = ready
 		switch {
 		case !shown && ready >= p.want:
 			shown = true
-			line := fmt.Sprintf("ready: %d/%d replicas — %s", ready, p.want, p.what)
+			line := fmt.Sprintf("ready: %d/%d replicas — %s", ready, want, p.what)
 			if p.con != nil {
 				p.con.println(line)
 			} else {
 				fmt.Fprintln(p.stdout, line)
 			}
 		case !shown && p.con != nil:
-			p.con.setStatus(fmt.Sprintf("starting replicas: %d/%d ready (%s)", ready, p.want, time.Since(start).Round(time.Second)))
+			p.con.setStatus(fmt.Sprintf("starting replicas: %d/%d ready (%s)", ready, want, time.Since(start).Round(time.Second)))
 		case shown && changed && p.con != nil:
-			p.con.println(fmt.Sprintf("replicas: %d/%d ready", ready, p.want))
+			p.con.println(fmt.Sprintf("replicas: %d/%d ready", ready, want))
 		}
 	}
 }

@@ -21,27 +21,18 @@ func cmpOr(s, or string) string {
 	return s
 }
 
-const workersUsage = `Usage:
-  tailgate workers list    --data DIR [--json]
-  tailgate workers invite  --data DIR --replica-id ID [--expires 1h]   (prints a one-time join token for the worker ID)
-  tailgate workers approve --data DIR ID --code CODE  (admits the worker under ID whose approval code is CODE)
-  tailgate workers revoke  --data DIR WORKER  (WORKER: worker id, or the replica id it registered)
-  tailgate workers code    --worker-data DIR  (the approval code of the worker whose --data is DIR)
-
-A new worker joins with a join token (invite) or an approval of the code it prints while it waits.
-
-Run 'tailgate workers SUBCOMMAND -h' for its flags.
-`
-
-func cmdWorkers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return dispatch(ctx, "workers", workersUsage, []subcommand{
-		{"list", cmdWorkersList},
-		{"invite", cmdWorkersInvite},
-		{"approve", cmdWorkersApprove},
-		{"revoke", cmdWorkersRevoke},
-		{"code", cmdWorkersCode},
-	}, args, stdout, stderr)
+// cmdWorkers is `tailgate workers` and its verbs.
+func cmdWorkers() command {
+	return command{name: "workers", short: "worker credentials: list, invite, approve, revoke, code", notes: workersNotes, subs: []command{
+		{name: "list", run: cmdWorkersList, synopsis: "--data DIR [--json]"},
+		{name: "invite", run: cmdWorkersInvite, synopsis: "--data DIR --replica-id ID [--expires 1h]", short: "prints a one-time join token for the worker ID"},
+		{name: "approve", run: cmdWorkersApprove, synopsis: "--data DIR ID --code CODE", short: "admits the worker under ID whose approval code is CODE"},
+		{name: "revoke", run: cmdWorkersRevoke, synopsis: "--data DIR WORKER", short: "WORKER: worker id, or the replica id it registered"},
+		{name: "code", run: cmdWorkersCode, synopsis: "--worker-data DIR", short: "the approval code of the worker whose --data is DIR"},
+	}}
 }
+
+const workersNotes = "A new worker joins with a join token (invite) or an approval of the code it prints while it waits.\n"
 
 // workerJSON is a worker credential as `workers list --json` prints it:
 // never its hash.

@@ -1,7 +1,8 @@
 // Command tailgate carries an LLM request from a client to a GPU and back
 // inside a tail-latency budget: an OpenAI-compatible gateway with keys,
 // quotas and exact metering, a replica router, and a simulated engine, in one
-// binary. Run `tailgate help` for the commands.
+// binary. Run `tailgate help` for the commands; the table of them is in
+// cli_dispatch.go.
 package main
 
 import (
@@ -9,7 +10,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -30,49 +30,26 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usageText)
-		return errUsage
+// commands is the table of cli_dispatch.go, in the order the usage lists
+// it: each command's entry point (cmdNAME), or its table of subcommands. It is a function,
+// not a variable, because help reads the table it is in.
+func commands() []command {
+	return []command{
+		{name: "up", synopsis: "[flags]", short: "gateway + N local workers on one machine, simulated engine by default (start here)", run: cmdUp},
+		{name: "gateway", synopsis: "[flags]", short: "the gateway alone, in front of --upstream servers and registered workers", run: cmdGateway},
+		{name: "worker", synopsis: "[flags]", short: "one GPU box: launches vLLM (or the sim), fronts it, registers with a gateway", run: cmdWorker},
+		{name: "sim", synopsis: "[flags]", short: "the simulated engine alone (vLLM-compatible HTTP)", run: cmdSim},
+		{name: "edge", synopsis: "[flags]", short: "in front of regional gateways: each request to the region with the best expected first token", run: cmdEdge},
+		cmdKeys(),
+		cmdTenants(),
+		cmdWorkers(),
+		{name: "usage", synopsis: "[flags]", short: "usage totals per tenant, key and model", run: cmdUsage},
+		{name: "backup", synopsis: "[flags] FILE", short: "consistent copy of the database while a gateway runs", run: cmdBackup},
+		{name: "restore", synopsis: "[flags] FILE", short: "put a backup in place of the database (gateway stopped)", run: cmdRestore},
+		{name: "bench", synopsis: "[flags]", short: "matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)", run: cmdBench},
+		{name: "version", aliases: []string{"--version", "-version"}, short: "version, commit, Go and tailscale versions of this binary (also --version)", run: cmdVersion},
+		{name: "healthcheck", synopsis: "[flags]", short: "exit 0/1: a gateway's or worker's health endpoint (container health checks)", run: cmdHealthcheck},
+		{name: "init", synopsis: "[flags]", short: "prepare a data directory (tokens, database) before a gateway first starts", run: cmdInit},
+		{name: "help", synopsis: "[TOPIC]", short: "the documentation offline: the topics, or one page (tailgate help commands)", run: cmdHelp},
 	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "up":
-		return cmdUp(ctx, rest, stdout, stderr)
-	case "gateway":
-		return cmdGateway(ctx, rest, stdout, stderr)
-	case "sim":
-		return cmdSim(ctx, rest, stdout, stderr)
-	case "edge":
-		return cmdEdge(ctx, rest, stdout, stderr)
-	case "worker":
-		return cmdWorker(ctx, rest, stdout, stderr)
-	case "keys":
-		return cmdKeys(ctx, rest, stdout, stderr)
-	case "tenants":
-		return cmdTenants(ctx, rest, stdout, stderr)
-	case "workers":
-		return cmdWorkers(ctx, rest, stdout, stderr)
-	case "usage":
-		return cmdUsage(ctx, rest, stdout, stderr)
-	case "bench":
-		return cmdBench(ctx, rest, stdout, stderr)
-	case "backup":
-		return cmdBackup(ctx, rest, stdout, stderr)
-	case "restore":
-		return cmdRestore(ctx, rest, stdout, stderr)
-	case "version", "--version", "-version":
-		return cmdVersion(ctx, rest, stdout, stderr)
-	case "healthcheck":
-		return cmdHealthcheck(ctx, rest, stdout, stderr)
-	case "init":
-		return cmdInit(ctx, rest, stdout, stderr)
-	case "help":
-		return cmdHelp(ctx, rest, stdout, stderr)
-	case "-h", "--help":
-		fmt.Fprint(stdout, usageText)
-		return nil
-	}
-	fmt.Fprintf(stderr, "%s\ntailgate: unknown command %q%s\n", usageText, cmd, suggestCommand(cmd))
-	return errUsage
 }

@@ -181,3 +181,51 @@ func copyBeside(src, dst string) (_ string, err error) {
 	}
 	return out.Name(), out.Close()
 }
+
+// AdoptReplicaID gives replicaID to the worker holding the credential whose
+// hash is held (nil: one with no credential yet): an active credential for
+// the id that is not that one — one a restored database brought from
+// another box, whose worker is not here — is revoked and returned (zero
+// [Worker] when there was none to revoke). The id's admission is left
+// revoked as [Store.RevokeWorker] leaves it: approve it again to let the
+// worker register.
+func (s *Store) AdoptReplicaID(ctx context.Context, replicaID string, held []byte) (Worker, error) {
+	w, err := s.ActiveWorkerFor(ctx, replicaID)
+	if errors.Is(err, ErrNotFound) {
+		return Worker{}, nil
+	}
+	if err != nil {
+		return Worker{}, fmt.Errorf("adopt %s: %w", replicaID, err)
+	}
+	if held != nil && string(w.Hash) == string(held) {
+		return Worker{}, nil
+	}
+	w, err = s.RevokeWorker(ctx, w.ID)
+	if err != nil {
+		return Worker{}, fmt.Errorf("adopt %s: %w", replicaID, err)
+	}
+	return w, nil
+}
+
+// ForgetWorkers revokes every active worker credential, as a database
+// restored on a new box, or copied to start a second region, wants when
+// its workers start fresh: their replica ids are free for new workers once
+// approved (`tailgate workers approve`) or invited. It returns the
+// credentials it revoked.
+func (s *Store) ForgetWorkers(ctx context.Context) ([]Worker, error) {
+	ws, err := s.Workers(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("forget workers: %w", err)
+	}
+	var out []Worker
+	for _, w := range ws {
+		if w.Revoked() {
+			continue
+		}
+		if w, err = s.RevokeWorker(ctx, w.ID); err != nil {
+			return out, fmt.Errorf("forget workers: %w", err)
+		}
+		out = append(out, w)
+	}
+	return out, nil
+}

@@ -23,8 +23,11 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 FROM vllm/vllm-openai:v0.25.1
 COPY --from=build /out/tailgate /usr/local/bin/tailgate
 # A user of its own; /data holds the worker's state, the tailnet node's and the model cache.
-RUN useradd --system --uid 10001 --home-dir /data --create-home --shell /usr/sbin/nologin tailgate
-USER 10001:10001
+# The uid is the gateway image's (deploy/Dockerfile): a worker beside the gateway reads the
+# cluster token the gateway wrote (mode 0600) from its volume, as compose.yaml's does.
+RUN groupadd --system --gid 65532 tailgate && \
+  useradd --system --uid 65532 --gid 65532 --home-dir /data --create-home --shell /usr/sbin/nologin tailgate
+USER 65532:65532
 ENV HOME=/data HF_HOME=/data/huggingface
 VOLUME /data
 EXPOSE 9000

@@ -615,7 +615,8 @@ func TestKubernetesManifestsAreConsistent(t *testing.T) {
 			} `yaml:"template"`
 		} `yaml:"spec"`
 	}
-	known := map[string]string{"Secret": "v1", "Service": "v1", "PersistentVolumeClaim": "v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1"}
+	known := map[string]string{"Secret": "v1", "Service": "v1", "PersistentVolumeClaim": "v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1",
+		"NetworkPolicy": "networking.k8s.io/v1", "PodDisruptionBudget": "policy/v1"}
 	var objs []object
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	for {

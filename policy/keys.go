@@ -292,10 +292,10 @@ func RotateKey(ctx context.Context, st *data.Store, ref string, grace time.Durat
 	if err != nil {
 		return "", data.Key{}, fmt.Errorf("rotate key: %w", err)
 	}
-	var until time.Time
-	if grace > 0 {
-		until = now.Add(grace).UTC()
-	}
+	// With no grace the old secret is kept too, ending now: a client still
+	// sending it is told the key was rotated (rotated_api_key), not that
+	// the secret is unknown.
+	until := now.Add(grace).UTC()
 	id, oldHash := keyRef(ref)
 	k, err := st.RotateKey(ctx, id, oldHash, hash, prefix, until)
 	if err != nil {

@@ -310,8 +310,8 @@ func TestRotateKeyGrace(t *testing.T) {
 	if err := g.refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.Authenticate(ctx, secret); !errors.Is(err, ErrInvalidKey) {
-		t.Fatalf("secret rotated without grace: %v, want refused", err)
+	if _, err := g.Authenticate(ctx, secret); !errors.As(err, &exp) || !exp.Rotated || !errors.Is(err, ErrInvalidKey) {
+		t.Fatalf("secret rotated without grace: %v, want a rotated-key refusal (rotated_api_key), not an unknown key", err)
 	}
 	authenticate(t, g, newer)
 }

@@ -192,11 +192,15 @@ func TestDashboardPanelsLiveAndDrivesKeysAndBudgets(t *testing.T) {
 	}
 	// A request's detail shows its stages and attempts.
 	b.eval(`document.querySelector("#requests tbody tr.clickable").click()`, nil)
-	var detail string
+	var detail, prefix string
 	b.eval(`document.querySelector("#request-detail").innerText`, &detail)
-	for _, w := range []string{"attempts: 1", "engine_ttft", "upstream_ttft", "total"} {
+	b.eval(`document.querySelector("#keys tbody tr td").textContent`, &prefix) // the seed key's, the only one
+	if !strings.HasPrefix(prefix, "tg-") {
+		t.Fatalf("the keys table's first cell is %q, want the seed key's prefix", prefix)
+	}
+	for _, w := range []string{"attempts: 1", "engine_ttft", "upstream_ttft", "total", "key " + prefix, time.Now().Format("2006")} {
 		if !strings.Contains(detail, w) {
-			t.Errorf("request detail lacks %q:\n%s", w, detail)
+			t.Errorf("request detail lacks %q (its time and key among them):\n%s", w, detail)
 		}
 	}
 	// A replica's detail shows its state history.
@@ -215,6 +219,14 @@ func TestDashboardPanelsLiveAndDrivesKeysAndBudgets(t *testing.T) {
 	b.eval(`document.querySelector("#secret-value").textContent`, &secret)
 	if code := d.status(t, secret, hiBody); code != http.StatusOK {
 		t.Fatalf("the key created in the UI: status %d", code)
+	}
+	// Copy puts it on the clipboard, or selects it where the page may not.
+	var copied string
+	b.eval(`(async () => { document.querySelector("#secret-copy").click(); await new Promise(r => setTimeout(r, 200));
+		let c = ""; try { c = await navigator.clipboard.readText() } catch {}
+		return c || getSelection().toString() })()`, &copied)
+	if strings.TrimSpace(copied) != secret {
+		t.Errorf("after Copy the clipboard or selection holds %q, want the secret", copied)
 	}
 	b.eval(`document.querySelector("#secret-done").click()`, nil)
 	var shown string
@@ -452,6 +464,13 @@ func TestDashboardFirstScreenKPIsSidePanelAndTooltips(t *testing.T) {
 		t.Errorf("hovering the request-rate chart shows %q, want the requests per second at that time", tip)
 	}
 	b.shot("dashboard-tooltip.png", false)
+	// The 2 s refresh redraws the charts; the tooltip under the resting
+	// pointer stays.
+	var loaded string
+	b.eval(`document.body.dataset.loaded`, &loaded)
+	b.waitFor("a refresh", `document.body.dataset.loaded !== "`+loaded+`"`)
+	b.waitFor("the tooltip after the refresh", `(() => { const f = [...document.querySelectorAll("#charts figure")].find(f => f.querySelector("rect.hover"));
+		const t = f.querySelector(".tooltip"); return !t.hidden && t.innerText.includes("requests"); })()`)
 }
 
 // TestDashboardSignInScreen: without a token the dashboard shows a sign-in

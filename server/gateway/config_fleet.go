@@ -39,6 +39,12 @@ type FleetConfig struct {
 		GatewayURL string `yaml:"gateway_url"`
 	} `yaml:"exec"`
 	Models map[string]fleet.Model `yaml:"models"`
+	// Autoscaled are the models an autoscaler outside the gateway (KEDA,
+	// an HPA) scales from zero, when no fleet controller runs: requests for
+	// them are held while none of their replicas is ready (see
+	// fleet.Outside). "*" holds for every model a replica has served.
+	// --autoscaled-models.
+	Autoscaled []string `yaml:"autoscaled_models"`
 
 	flags struct{ provider, start, stop, gatewayURL string }
 }
@@ -47,6 +53,16 @@ func (c *FleetConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.flags.provider, "fleet-provider", "", "where the fleet controller gets replicas: local (child workers, up only) or exec (--fleet-exec-start and --fleet-exec-stop scripts; default when a start script is given); fleet.provider in --config")
 	fs.StringVar(&c.flags.start, "fleet-exec-start", "", "executable run to start a replica, with MODEL, REPLICA_ID, JOIN_TOKEN, GATEWAY_URL and CLUSTER_TOKEN_FILE in its environment; it returns once the machine is on its way (fleet.exec.start)")
 	fs.StringVar(&c.flags.stop, "fleet-exec-stop", "", "executable run to stop a replica, with MODEL, REPLICA_ID and GATEWAY_URL in its environment (fleet.exec.stop)")
+	fs.Func("autoscaled-models", "models an autoscaler outside the gateway (KEDA, an HPA) scales from zero, comma-separated: at zero replicas a request for one is held (tailgate_model_waiting_requests rises) instead of answered 503 no_replica; * adds every model a replica has served (fleet.autoscaled_models)",
+		func(s string) error {
+			c.Autoscaled = nil
+			for m := range strings.SplitSeq(s, ",") {
+				if m = strings.TrimSpace(m); m != "" {
+					c.Autoscaled = append(c.Autoscaled, m)
+				}
+			}
+			return nil
+		})
 	fs.StringVar(&c.flags.gatewayURL, "fleet-gateway-url", "", "GATEWAY_URL the exec scripts pass a new worker's --gateway (default: the admin listener's address; fleet.exec.gateway_url)")
 }
 
@@ -101,6 +117,9 @@ func (c *FleetConfig) validate() error {
 		if _, _, err := ParseUpstream(u); err != nil {
 			return fmt.Errorf("--fleet-gateway-url (fleet.exec.gateway_url) %q: want the admin URL a worker registers at, e.g. http://gateway-host:8081", u)
 		}
+	}
+	if len(c.Autoscaled) > 0 && c.Enabled() {
+		return errors.New("--autoscaled-models (fleet.autoscaled_models) is for a gateway whose replicas an outside autoscaler adds; with fleet.models the fleet controller holds the requests itself")
 	}
 	names := make([]string, 0, len(c.Models))
 	for name := range c.Models {

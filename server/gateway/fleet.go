@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/tailgate-dev/tailgate/data"
@@ -20,12 +21,19 @@ const joinTokenTTL = time.Hour
 // it names models: with the exec provider the operator's scripts, with
 // local the provider given (`up`'s child workers). A gateway alone passes
 // nil, and local is then refused: it has no workers of its own to start.
+// Without models but with Autoscaled, the registry holds requests for
+// those models for an outside autoscaler (fleet.Outside).
 // Call it before Run.
 func (gw *Gateway) UseConfiguredFleet(local fleet.Provider) error {
 	fc := gw.cfg.Fleet
 	if !fc.Enabled() {
 		if fc.Provider == "exec" {
 			return errors.New("--fleet-provider exec: no model to manage; list them under fleet.models in --config (or use up --fleet-max N)")
+		}
+		if len(fc.Autoscaled) > 0 {
+			o := &fleet.Outside{Registry: gw.reg, AnyServed: slices.Contains(fc.Autoscaled, "*")}
+			o.Listed = slices.DeleteFunc(slices.Clone(fc.Autoscaled), func(m string) bool { return m == "*" })
+			gw.reg.SetProvisioner(o)
 		}
 		return nil
 	}

@@ -2,10 +2,12 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/tailgate-dev/tailgate/policy"
 	"github.com/tailgate-dev/tailgate/router"
@@ -49,6 +51,22 @@ func (gw *Gateway) ReadyReplicas() int {
 	return ready
 }
 
+// ReplicaCounts returns how many replicas are ready and how many are
+// registered and not lost (up's own and any other worker's).
+func (gw *Gateway) ReplicaCounts() (ready, total int) {
+	for _, r := range gw.reg.Replicas() {
+		switch r.State() {
+		case router.StateReady:
+			ready++
+			total++
+		case router.StateLost:
+		default:
+			total++
+		}
+	}
+	return ready, total
+}
+
 // StopWorkersWith sets how the workers this process started are stopped:
 // Run calls stop once no request is left for them and before the admin
 // listener closes, so their last heartbeat (draining) still reaches the
@@ -75,6 +93,31 @@ func (gw *Gateway) ApproveWorkers(ctx context.Context, ids ...string) error {
 		}
 	}
 	return nil
+}
+
+// AdoptWorkers gives each replica id of ids to the worker `up` starts for
+// it, whose credential held(id) returns ("" for a worker with none yet): a
+// credential for the id the worker does not hold — one a database restored
+// from another box brought — is revoked and logged, so the local worker
+// registers instead of being refused as another worker's. The ids are then
+// approved as [Gateway.ApproveWorkers] does.
+func (gw *Gateway) AdoptWorkers(ctx context.Context, held func(id string) string, ids ...string) error {
+	for _, id := range ids {
+		var hash []byte
+		if secret := held(id); secret != "" {
+			sum := sha256.Sum256([]byte(secret))
+			hash = sum[:]
+		}
+		w, err := gw.store.AdoptReplicaID(ctx, id, hash)
+		if err != nil {
+			return err
+		}
+		if w.ID != "" {
+			gw.log.Warn("replica id adopted by this box's worker: the database's credential for it was another worker's (a restored backup?), now revoked",
+				"replica", id, "revoked_worker", w.ID, "registered", w.CreatedAt.UTC().Format(time.RFC3339), "address", w.Address)
+		}
+	}
+	return gw.ApproveWorkers(ctx, ids...)
 }
 
 // UseFleet runs a fleet controller of cfg's models beside the gateway,

@@ -121,7 +121,7 @@ func New(cfg Config) (*Worker, error) {
 		hc := sidecar.HeartbeatConfig{GatewayURL: strings.TrimSuffix(g, "/"), ClusterToken: cfg.ClusterToken,
 			JoinToken: cfg.JoinToken, Key: key, Build: w.heartbeat, Log: cfg.Log, Borrow: w.credentials, Registering: &w.registering}
 		if cfg.DataDir != "" {
-			hc.CredentialFile = filepath.Join(cfg.DataDir, "credential-"+url.PathEscape(w.id))
+			hc.CredentialFile = CredentialFile(cfg.DataDir, w.id)
 			if len(cfg.Gateways) > 1 {
 				if b, err := os.ReadFile(hc.CredentialFile); err == nil {
 					legacy = strings.TrimSpace(string(b))
@@ -294,4 +294,11 @@ func (w *Worker) drain(why string) {
 	if err := w.side.Drain(dctx); err != nil {
 		w.log.Warn("drain grace over; cutting in-flight requests", "inflight", w.side.Inflight())
 	}
+}
+
+// CredentialFile is where a worker with data directory dir keeps the
+// credential of replica id (of its one gateway; with several, one file a
+// gateway, named after this one and the gateway's host).
+func CredentialFile(dir, id string) string {
+	return filepath.Join(dir, "credential-"+url.PathEscape(id))
 }

@@ -373,6 +373,16 @@ function renderRequests(requests, inflight) {
   renderRequestDetail(requests);
 }
 
+// keyNames maps a key id to how the keys table shows the key, for the
+// request detail (a request row carries the key's id only).
+let keyNames = new Map();
+
+function keyLabel(id) {
+  const k = keyNames.get(id);
+  if (!k) return id || "none";
+  return k.name ? `${k.name} (${k.prefix})` : k.prefix;
+}
+
 const STAGES = ["gateway", "connect", "upstream_ttft", "engine_queue", "engine_ttft", "network", "ttft", "total"];
 
 // renderRequestDetail shows the open request in the side panel beside the
@@ -394,6 +404,9 @@ function renderRequestDetail(requests) {
   close.addEventListener("click", () => { openRequest = ""; renderRequestDetail(requests); });
   const h = document.createElement("h3");
   h.textContent = `request ${r.id}`;
+  const when = document.createElement("p");
+  when.className = "when";
+  when.textContent = `${new Date(r.time).toLocaleString()} · key ${keyLabel(r.key_id)}`;
   const facts = document.createElement("p");
   facts.textContent = `${r.stream ? "stream" : "JSON answer"} · tenant ${r.tenant} · model ${r.model} · status ${r.status} (${r.outcome})` +
     (r.error ? ` · error: ${r.error}` : "") + ` · tokens ${r.prompt_tokens} in, ${r.completion_tokens} out` +
@@ -421,7 +434,7 @@ function renderRequestDetail(requests) {
     tr.append(cell(s === "ttft" && !r.stream ? "ttft (whole answer)" : s), cell(ms(r.stages_ms[s])));
     return tr;
   }));
-  box.replaceChildren(close, h, facts, att, at, st);
+  box.replaceChildren(close, h, when, facts, att, at, st);
 }
 
 // ---- tenants and keys ----
@@ -579,7 +592,25 @@ $("#key-form").addEventListener("submit", async (ev) => {
   refresh();
 });
 
+// Copy puts the secret on the clipboard; where the page may not (plain
+// http off localhost is no secure context) it selects the secret for Ctrl-C.
+$("#secret-copy").addEventListener("click", async () => {
+  const b = $("#secret-copy");
+  try {
+    await navigator.clipboard.writeText($("#secret-value").textContent);
+    b.textContent = "Copied";
+  } catch {
+    const r = document.createRange();
+    r.selectNodeContents($("#secret-value"));
+    const sel = getSelection();
+    sel.removeAllRanges();
+    sel.addRange(r);
+    b.textContent = "Selected: press Ctrl-C";
+  }
+});
+
 $("#secret-done").addEventListener("click", () => {
+  $("#secret-copy").textContent = "Copy";
   $("#secret-value").textContent = "";
   $("#new-secret").hidden = true;
 });
@@ -698,6 +729,7 @@ async function refresh() {
     ]);
     const range = $("#usage-form").since.value.trim() ? usageQuery("day") : "since=30d&" + usageQuery("day");
     renderUsageChart((await loadUsage(range)).data);
+    keyNames = new Map(keys.data.map((k) => [k.id, k]));
     renderHistory(hist);
     renderReplicas(replicas.data);
     renderRequests(requests.data, inflight.data);

@@ -70,10 +70,16 @@ export function lineChart(title, times, series, unit) {
   return fig;
 }
 
+// pointer is where the pointer rests on a line chart (its title and the
+// last mousemove), so a chart redrawn by the 2 s refresh shows its tooltip
+// again at once instead of dropping it.
+let pointer = null;
+
 // hover shows, under the pointer, a cursor line and each series' value at
 // the nearest point in time.
 function hover(fig, svg, times, series, unit, x, W, top, bottom) {
   if (!times.length) return;
+  const title = fig.querySelector("figcaption").textContent;
   const cursor = el("line", { y1: top, y2: bottom, class: "cursor", visibility: "hidden" });
   const overlay = el("rect", { x: 0, y: 0, width: W, height: bottom, fill: "transparent", class: "hover" });
   svg.append(cursor, overlay);
@@ -82,6 +88,7 @@ function hover(fig, svg, times, series, unit, x, W, top, bottom) {
   tip.hidden = true;
   fig.append(tip);
   overlay.addEventListener("mousemove", (ev) => {
+    pointer = { title, clientX: ev.clientX, clientY: ev.clientY };
     const box = svg.getBoundingClientRect();
     const px = ((ev.clientX - box.left) * W) / box.width;
     let j = 0;
@@ -110,9 +117,17 @@ function hover(fig, svg, times, series, unit, x, W, top, bottom) {
     tip.style.top = (ev.clientY - fig.getBoundingClientRect().top + 12) + "px";
   });
   overlay.addEventListener("mouseleave", () => {
+    if (pointer && pointer.title === title) pointer = null;
     tip.hidden = true;
     cursor.setAttribute("visibility", "hidden");
   });
+  if (pointer && pointer.title === title) {
+    const { clientX, clientY } = pointer;
+    // Once the redrawn figure is in the page (the caller puts it there).
+    requestAnimationFrame(() => {
+      if (fig.isConnected) overlay.dispatchEvent(new MouseEvent("mousemove", { clientX, clientY, bubbles: true }));
+    });
+  }
 }
 
 function fmt(v) {
