@@ -81,7 +81,7 @@ func TestMistypedCommandsAreSuggested(t *testing.T) {
 		{[]string{"gatway"}, `tailgate: unknown command "gatway" (did you mean gateway?)`},
 		{[]string{"--verison"}, `tailgate: unknown command "--verison" (did you mean version?)`},
 		{[]string{"keys", "rotat"}, `tailgate keys: unknown subcommand "rotat" (want create, list, edit, rotate or revoke) (did you mean rotate?)`},
-		{[]string{"workers", "aprove"}, `tailgate workers: unknown subcommand "aprove" (want list, invite, approve or revoke) (did you mean approve?)`},
+		{[]string{"workers", "aprove"}, `tailgate workers: unknown subcommand "aprove" (want list, invite, approve, revoke or code) (did you mean approve?)`},
 	} {
 		var out bytes.Buffer
 		if err := run(context.Background(), tc.args, &out, &out); !errors.Is(err, errUsage) {
