@@ -215,6 +215,7 @@ Usage:
   tailgate backup   [flags] FILE   consistent copy of the database while a gateway runs
   tailgate restore  [flags] FILE   put a backup in place of the database (gateway stopped)
   tailgate bench    [flags]   matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)
+  tailgate tune     [flags]   try engine configurations against a latency target; write the cheapest that holds it (--check revalidates)
   tailgate version            version, commit, Go and tailscale versions of this binary (also --version)
   tailgate healthcheck [flags]  exit 0/1: a gateway's or worker's health endpoint (container health checks)
   tailgate init     [flags]   prepare a data directory (tokens, database) before a gateway first starts

@@ -57,6 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return cmdUsage(ctx, rest, stdout, stderr)
 	case "bench":
 		return cmdBench(ctx, rest, stdout, stderr)
+	case "tune":
+		return cmdTune(ctx, rest, stdout, stderr)
 	case "backup":
 		return cmdBackup(ctx, rest, stdout, stderr)
 	case "restore":
