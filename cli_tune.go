@@ -733,6 +733,9 @@ func readWorkerConfig(path string) ([]string, error) {
 // withWorkerConfig returns args with the flags of the --config FILE it
 // names (if any) put first, so those on the command line win.
 func withWorkerConfig(args []string) ([]string, error) {
+	if slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }) {
+		return args, nil // the flags' help, whatever the file holds
+	}
 	for i, a := range args {
 		if a == "--" {
 			break
