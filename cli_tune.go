@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -112,6 +113,12 @@ Examples:
   tailgate tune --check tuned-worker.conf --ttft-p99 300ms --rate 5   # exit status 1 when it misses`
 
 func cmdTune(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return tune(ctx, args, stdout, stderr, false)
+}
+
+// tune runs `tailgate tune`; recorded says whether args already hold the
+// target recorded in the --check file.
+func tune(ctx context.Context, args []string, stdout, stderr io.Writer, recorded bool) error {
 	fs := newFlagSet("tune", tuneSynopsis, stderr)
 	var (
 		tf tuneFlags
@@ -125,6 +132,15 @@ func cmdTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if tf.check != "" && !recorded {
+		// The target and workload the file was tuned for, under those the
+		// command line gives.
+		target, err := readTuneTarget(tf.check)
+		if err != nil {
+			return err
+		}
+		return tune(ctx, append(target, args...), stdout, stderr, true)
 	}
 	rates, err := parseRates(tf.rates)
 	if err != nil {
@@ -186,7 +202,7 @@ func cmdTune(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if best == nil {
 		return fmt.Errorf("tune: no candidate held the target at %g req/s", rates[0])
 	}
-	if err := writeWorkerConfig(tf.out, best, rates[0]); err != nil {
+	if err := writeWorkerConfig(tf.out, best, rates[0], tuneTarget(fs, rates[0])); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "\nwrote %s: tailgate worker --config %s --gateway ... --cluster-token-file ...\n", tf.out, tf.out)
@@ -325,6 +341,81 @@ type tuneRate struct {
 	checks []load.SLOCheck
 	ok     bool
 	why    string
+	// engine is the engine's own split of the time, from its /metrics
+	// histograms over the replay: the mean queue wait and prefill, in ms;
+	// nil when the engine did not answer.
+	engine map[string]float64
+}
+
+// engineStages are the vLLM histograms whose means the report gives per
+// rate: queueing apart from model execution.
+var engineStages = []struct{ name, metric string }{
+	{"queue", "vllm:request_queue_time_seconds"},
+	{"prefill", "vllm:request_prefill_time_seconds"},
+	{"decode", "vllm:request_decode_time_seconds"},
+}
+
+// scrapeEngine reads the sums and counts of engineStages from the engine's
+// /metrics (summed over label sets); nil when it does not answer.
+func scrapeEngine(ctx context.Context, base string) map[string][2]float64 {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	out := map[string][2]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		for _, st := range engineStages {
+			rest, ok := strings.CutPrefix(line, st.metric)
+			if !ok {
+				continue
+			}
+			i := -1
+			switch {
+			case strings.HasPrefix(rest, "_sum"):
+				i = 0
+			case strings.HasPrefix(rest, "_count"):
+				i = 1
+			}
+			f := strings.Fields(rest)
+			if i < 0 || len(f) < 2 {
+				continue
+			}
+			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+				sc := out[st.name]
+				sc[i] += v
+				out[st.name] = sc
+			}
+		}
+	}
+	return out
+}
+
+// engineMeans returns each stage's mean in ms between two scrapes.
+func engineMeans(before, after map[string][2]float64) map[string]float64 {
+	if before == nil || after == nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for name, a := range after {
+		b := before[name]
+		if n := a[1] - b[1]; n > 0 {
+			out[name] = 1000 * (a[0] - b[0]) / n
+		}
+	}
+	return out
 }
 
 func (c *tuneCandidate) passed() bool { return c.held > 0 }
@@ -495,7 +586,10 @@ func (r *tuneRun) replay(ctx context.Context, t load.Target, wcfg load.WorkloadC
 			var wl *load.Workload
 			if wl, err = load.NewWorkload(wcfg); err == nil {
 				var res *load.Result
+				engine := strings.TrimSuffix(t.BaseURL, "/v1")
+				before := scrapeEngine(ctx, engine)
 				res, err = load.Run(ctx, load.Config{Target: t, Workload: wl, Plan: plan, Rate: rate, Seed: r.flags.seed, Timeout: r.flags.timeout})
+				tr.engine = engineMeans(before, scrapeEngine(ctx, engine))
 				if res != nil {
 					tr.rep = load.Analyze(res, 10*time.Second)
 				}
@@ -619,6 +713,15 @@ func (r *tuneRun) runLines(b *strings.Builder, c *tuneCandidate) {
 		a := tr.rep.All
 		fmt.Fprintf(b, "    %6g req/s  %s  ttft p50/p95/p99 %.0f/%.0f/%.0fms  e2e p50/p95/p99 %.0f/%.0f/%.0fms  %.1f req/s  %.0f tok/s  errors %d/%d\n",
 			tr.rate, verdict, a.TTFT.P50, a.TTFT.P95, a.TTFT.P99, a.Total.P50, a.Total.P95, a.Total.P99, a.Throughput, a.OutputTokensPerS, a.Errors, a.Requests)
+		if len(tr.engine) > 0 {
+			b.WriteString("             engine (its /metrics, means):")
+			for _, st := range engineStages {
+				if v, ok := tr.engine[st.name]; ok {
+					fmt.Fprintf(b, " %s %.0fms", st.name, v)
+				}
+			}
+			b.WriteString("\n")
+		}
 		for _, name := range slices.Sorted(mapsKeys(a.Stages)) {
 			s := a.Stages[name]
 			fmt.Fprintf(b, "             %s p50/p95/p99 %.0f/%.0f/%.0fms\n", name, s.P50, s.P95, s.P99)
@@ -700,14 +803,55 @@ func (r *tuneRun) checkReport(c *tuneCandidate, rate float64) string {
 // line; blank lines and lines starting with # are skipped. Flags given on
 // the worker's command line override the file's.
 
-func writeWorkerConfig(path string, c *tuneCandidate, rate float64) error {
+func writeWorkerConfig(path string, c *tuneCandidate, rate float64, target []string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# tailgate worker --config %s\n# written by tailgate tune on %s (%s): held the target at %g req/s, up to %g req/s\n# candidate: %s\n",
 		path, time.Now().UTC().Format(time.RFC3339), hostCPU(), rate, c.held, c.name)
+	b.WriteString("# the target and workload, for tailgate tune --check (flags on its command line win):\n")
+	for _, a := range target {
+		b.WriteString(tuneTargetPrefix + a + "\n")
+	}
 	for _, a := range c.args {
 		b.WriteString(a + "\n")
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// tuneTargetPrefix starts the comment lines of a worker config file that
+// record the target and workload it was tuned for.
+const tuneTargetPrefix = "#tune "
+
+// tuneTarget returns tune's own flags given on its command line that
+// describe the target and the workload, the rate being the target rate
+// alone.
+func tuneTarget(fs *flag.FlagSet, rate float64) []string {
+	var own tuneFlags
+	mine := flag.NewFlagSet("tune", flag.ContinueOnError)
+	own.register(mine)
+	skip := []string{"out", "report", "check", "space", "max-candidates", "max-duration", "rate"}
+	out := []string{"--rate=" + strconv.FormatFloat(rate, 'g', -1, 64)}
+	fs.Visit(func(f *flag.Flag) {
+		if mine.Lookup(f.Name) != nil && !slices.Contains(skip, f.Name) {
+			out = append(out, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	return out
+}
+
+// readTuneTarget returns the target and workload flags recorded in a
+// worker config file by tune.
+func readTuneTarget(path string) ([]string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--check: %w", err)
+	}
+	var out []string
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if a, ok := strings.CutPrefix(strings.TrimSpace(line), tuneTargetPrefix); ok {
+			out = append(out, strings.TrimSpace(a))
+		}
+	}
+	return out, nil
 }
 
 func readWorkerConfig(path string) ([]string, error) {
