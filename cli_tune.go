@@ -519,13 +519,20 @@ func (r *tuneRun) try(ctx context.Context, c *tuneCandidate, rates []float64) {
 	engCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	ready := make(chan struct{})
+	failed := make(chan string, 1) // the first failure's reason: no second start is waited for
 	var once sync.Once
 	l, err := launcher.New(launcher.Config{
 		Command: cmd, Model: model, StartupTimeout: wf.startupTimeout,
 		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, StartFailures: 1, Log: r.log,
-		OnState: func(state launcher.State, _ string) {
-			if state == serving.StateReady {
+		OnState: func(state launcher.State, reason string) {
+			switch state {
+			case serving.StateReady:
 				once.Do(func() { close(ready) })
+			case serving.StateFailed:
+				select {
+				case failed <- reason:
+				default:
+				}
 			}
 		},
 	})
@@ -542,6 +549,9 @@ func (r *tuneRun) try(ctx context.Context, c *tuneCandidate, rates []float64) {
 		c.start = time.Since(began)
 	case err := <-done:
 		c.why = fmt.Sprintf("the engine did not start: %v", err)
+		return
+	case reason := <-failed:
+		c.why = "the engine did not start: " + reason
 		return
 	case <-time.After(wf.startupTimeout):
 		_, reason := l.State()
