@@ -1,6 +1,9 @@
 package sim
 
 import (
+	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -42,5 +45,43 @@ func TestPrefillLaneChunksPromptsFirstComeFirstServed(t *testing.T) {
 	tp := newPrefillLane(cfg)
 	if got, want := tp.take(10, 0, now), 8333333*time.Nanosecond; got != want {
 		t.Errorf("tp 2: step %v, want %v", got, want)
+	}
+}
+
+// Two long prompts sent at once: without a step budget each prefills on its
+// own, in parallel; with one (--sim-max-num-batched-tokens) they share the
+// engine's steps first come first served, so the later one's answer comes
+// about one prefill later — the queueing a tune sees when it turns the
+// budget.
+func TestBatchedTokensBudgetSerializesPrefills(t *testing.T) {
+	body := `{"messages":[{"role":"user","content":"` + strings.Repeat("abcd", 2000) + `"}],"max_tokens":1}`
+	slowest := func(budget int) time.Duration {
+		_, srv := start(t, Config{Model: "m", TTFT: time.Millisecond, TTFTSigma: -1, TPOT: time.Millisecond,
+			PrefillPerToken: 250 * time.Microsecond, PrefixCacheBlocks: -1, MaxNumBatchedTokens: budget})
+		var (
+			wg   sync.WaitGroup
+			mu   sync.Mutex
+			tail time.Duration
+		)
+		for range 2 {
+			wg.Go(func() {
+				began := time.Now()
+				if status, _, b := post(t, srv.URL+"/v1/chat/completions", body); status != http.StatusOK {
+					t.Errorf("status %d: %s", status, b)
+				}
+				mu.Lock()
+				tail = max(tail, time.Since(began))
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		return tail
+	}
+	// About 2,000 prompt tokens: 0.5 s of prefill each.
+	if got := slowest(0); got >= 900*time.Millisecond {
+		t.Errorf("no budget: the slower of two prompts took %v, want them prefilled side by side (~0.5s)", got)
+	}
+	if got := slowest(8192); got < 900*time.Millisecond {
+		t.Errorf("budget 8192: the slower of two prompts took %v, want it behind the other (~1s)", got)
 	}
 }
