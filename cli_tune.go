@@ -330,6 +330,7 @@ type tuneCandidate struct {
 	args  []string // the worker flags that start it
 	gpus  int
 	start time.Duration // start-up to ready (warm-up included)
+	mem   string        // GPU memory in use once ready (nvidia-smi); "" without one
 	runs  []tuneRate
 	held  float64 // the highest rate that met the target; 0: none
 	why   string  // why it passed or failed
@@ -547,6 +548,9 @@ func (r *tuneRun) try(ctx context.Context, c *tuneCandidate, rates []float64) {
 	select {
 	case <-ready:
 		c.start = time.Since(began)
+		if wf.engine != "sim" {
+			c.mem = gpuMemoryUsed()
+		}
 	case err := <-done:
 		c.why = fmt.Sprintf("the engine did not start: %v", err)
 		return
@@ -682,6 +686,17 @@ func hostCPU() string {
 	return "unknown"
 }
 
+// gpuMemoryUsed returns the memory in use on each GPU, as nvidia-smi says,
+// or "" without an answer. vLLM claims its share (--gpu-memory-utilization)
+// at start-up, so this is read once the engine is ready.
+func gpuMemoryUsed() string {
+	out, err := exec.Command("nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.Join(strings.Split(strings.TrimSpace(string(out)), "\n"), "; ")
+}
+
 // hostGPUs returns the GPUs nvidia-smi lists, or "none found".
 func hostGPUs() string {
 	out, err := exec.Command("nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader").Output()
@@ -784,6 +799,9 @@ func (r *tuneRun) report(cs []*tuneCandidate, best *tuneCandidate, rates []float
 		fmt.Fprintf(&b, "%s %d. %s — %d GPU(s)", mark, i+1, c.name, max(c.gpus, 1))
 		if c.start > 0 {
 			fmt.Fprintf(&b, ", ready in %.1fs", c.start.Seconds())
+		}
+		if c.mem != "" {
+			fmt.Fprintf(&b, ", GPU memory in use %s", c.mem)
 		}
 		fmt.Fprintf(&b, "\n     %s\n", c.why)
 		r.runLines(&b, c)
