@@ -24,6 +24,10 @@ import (
 	"github.com/tailgate-dev/tailgate/serving/launcher"
 )
 
+// `tailgate tune` lives with the worker's files: it runs on a worker's box
+// and starts the engine from the worker's own flags (workerFlags,
+// engineCommand), as `tailgate worker` would.
+
 // tuneFlags are the flags of `tailgate tune`; the worker's own flags (the
 // engine, the model, the --sim-* knobs, vLLM's flags) are registered beside
 // them, and those given are the base of every candidate and of the written
@@ -50,7 +54,7 @@ type tuneFlags struct {
 }
 
 func (t *tuneFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&t.sloFile, "slo", "", "the latency target: budgets of this YAML file (a gateway --config file's slo and models.NAME.slo keys, as `tailgate bench --slo` reads it)")
+	fs.StringVar(&t.sloFile, "slo", "", "the latency target: budgets of the YAML FILE (a gateway --config file's slo and models.NAME.slo keys, as bench --slo reads it)")
 	fs.DurationVar(&t.ttftP99, "ttft-p99", 0, "the latency target: 99 % of streams have their first token within this (beside or instead of --slo)")
 	fs.DurationVar(&t.totalP99, "e2e-p99", 0, "the latency target: 99 % of non-streaming answers are complete within this (beside or instead of --slo)")
 	fs.Float64Var(&t.maxErrorRate, "max-error-rate", 0.01, "the target: at most this share of requests fail")
@@ -59,7 +63,7 @@ func (t *tuneFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&t.duration, "duration", time.Minute, "how long each rate is replayed")
 	fs.IntVar(&t.maxCandidates, "max-candidates", 8, "at most this many candidates are started (the engine's configuration as given counts as one)")
 	fs.DurationVar(&t.maxDuration, "max-duration", 30*time.Minute, "no candidate is started after this long")
-	fs.StringVar(&t.out, "out", "tuned-worker.conf", "write the chosen configuration here, a file of worker flags that `tailgate worker --config` takes")
+	fs.StringVar(&t.out, "out", "tuned-worker.conf", "write the chosen configuration to this FILE: worker flags that tailgate worker --config takes")
 	fs.StringVar(&t.reportFile, "report", "", "also write the text report to this file")
 	fs.StringVar(&t.check, "check", "", "revalidate: replay the workload at the target rate against the worker configuration in this file and exit 1 when it misses the target")
 	fs.StringVar(&t.promptTokens, "prompt-tokens", "lognormal:256:0.5", "prompt length distribution: N, lognormal:MEDIAN:SPREAD or uniform:MIN:MAX (as bench's)")
