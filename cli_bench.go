@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/tailgate-dev/tailgate/bench/load"
-	"github.com/tailgate-dev/tailgate/server/gateway"
-	"github.com/tailgate-dev/tailgate/server/slo"
 )
 
 // benchFlags are the flags of `tailgate bench`. Most are bound straight to
@@ -165,30 +161,4 @@ func (f *benchFlags) options(fs *flag.FlagSet) (load.Options, error) {
 		o.SLO, o.SLOFrom = s, f.sloFile
 	}
 	return o, nil
-}
-
-// readBenchSLO reads the latency budgets of a gateway config file (its slo
-// and models.NAME.slo keys over the defaults, as the gateway reads them)
-// for the bench.
-func readBenchSLO(path string) (*load.SLO, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--slo: %w", err)
-	}
-	cfg, err := gateway.LoadSLO(raw)
-	if err != nil {
-		return nil, fmt.Errorf("--slo %s: %w", path, err)
-	}
-	objs := func(model string) []load.Objective {
-		var out []load.Objective
-		for _, d := range slo.Docs(cfg.Objectives(model)) {
-			out = append(out, load.Objective{Kind: string(d.Kind), Stage: d.Stage, Name: d.Objective, Target: d.Target, BudgetMS: d.BudgetMS})
-		}
-		return out
-	}
-	s := &load.SLO{Default: objs(""), Models: map[string][]load.Objective{}}
-	for name := range cfg.Models {
-		s.Models[name] = objs(name)
-	}
-	return s, nil
 }

@@ -26,6 +26,7 @@ var helpTopics = []struct{ name, about string }{
 	{"mesh", "the mesh: workers over a tailnet with Tailscale or Headscale, no public port"},
 	{"routing", "hedging and routing: replica selection, retries, hedges, admission queue"},
 	{"benchmarking", "tailgate bench: scenarios, fan-out, priority, a deployment, comparing, the report"},
+	{"tuning", "tuning a worker for a latency target: tailgate tune, from a token profile to a deployed config"},
 	{"operations", "operations: admin API, metrics, alerts, dashboard, probes, latency budgets, backups"},
 	{"capacity", "capacity that follows demand: held requests, the fleet controller, autoscaling"},
 	{"edge", "the edge in front of regional gateways: tailgate edge, the Cloudflare Worker"},

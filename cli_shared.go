@@ -14,8 +14,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tailgate-dev/tailgate/bench/load"
 	"github.com/tailgate-dev/tailgate/data"
 	"github.com/tailgate-dev/tailgate/server/gateway"
+	"github.com/tailgate-dev/tailgate/server/slo"
 	"github.com/tailgate-dev/tailgate/serving/childlog"
 )
 
@@ -384,4 +386,30 @@ func undoNewDir(dir string) (undo func()) {
 		return func() {}
 	}
 	return func() { _ = os.RemoveAll(dir) }
+}
+
+// readBenchSLO reads the latency budgets of a gateway config file (its slo
+// and models.NAME.slo keys over the defaults, as the gateway reads them)
+// for the bench.
+func readBenchSLO(path string) (*load.SLO, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--slo: %w", err)
+	}
+	cfg, err := gateway.LoadSLO(raw)
+	if err != nil {
+		return nil, fmt.Errorf("--slo %s: %w", path, err)
+	}
+	objs := func(model string) []load.Objective {
+		var out []load.Objective
+		for _, d := range slo.Docs(cfg.Objectives(model)) {
+			out = append(out, load.Objective{Kind: string(d.Kind), Stage: d.Stage, Name: d.Objective, Target: d.Target, BudgetMS: d.BudgetMS})
+		}
+		return out
+	}
+	s := &load.SLO{Default: objs(""), Models: map[string][]load.Objective{}}
+	for name := range cfg.Models {
+		s.Models[name] = objs(name)
+	}
+	return s, nil
 }

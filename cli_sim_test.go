@@ -33,6 +33,7 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 		"--sim-keep-alive", "3s", "--sim-stream-interval", "4", "--sim-kv-cache-tokens", "40000",
 		"--sim-prefill-per-token", "25us", "--sim-prefix-cache-blocks", "128",
 		"--sim-seeded-latency", "--sim-start-delay", "40s",
+		"--sim-max-num-batched-tokens", "2048", "--sim-tensor-parallel-size", "2",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +50,7 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 		t.Errorf("child config %+v\nwant %+v", got, want)
 	}
 	if got.ReasoningTokens != 12 || got.ReasoningField != "both" || got.RetryAfter != 2500*time.Millisecond || got.HangRate != 0.02 || got.KeepAlive != 3*time.Second || got.StreamInterval != 4 || got.KVCacheTokens != 40000 || !got.LatencyFromContent ||
-		got.PrefillPerToken != 25*time.Microsecond || got.PrefixCacheBlocks != 128 {
+		got.PrefillPerToken != 25*time.Microsecond || got.PrefixCacheBlocks != 128 || got.MaxNumBatchedTokens != 2048 || got.TensorParallelSize != 2 {
 		t.Errorf("knobs lost on the way: %+v", got)
 	}
 	if err := got.Validate(); err != nil {

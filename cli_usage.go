@@ -37,6 +37,8 @@ func named(ns ...string) func(string) bool {
 // flagGroups are the headings, in the order shown; a flag goes under the
 // first group that names it in first or owns it, else under "Other".
 var flagGroups = []flagGroup{
+	{name: "Tuning", first: []string{"ttft-p99", "e2e-p99", "slo", "rate", "duration", "space", "replay", "out", "check"},
+		owns: named("max-error-rate", "max-candidates", "max-duration", "report", "prompt-tokens", "output-tokens", "stream-fraction")},
 	{name: "Common", first: []string{"data", "replicas", "engine", "model", "gateway", "cluster-token-file", "join-token-file",
 		"replica-id", "upstream", "config", "database", "verbose", "log-level"},
 		owns: named("log-format", "cluster-token", "join-token", "price", "served-model-name")},

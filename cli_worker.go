@@ -81,6 +81,7 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&w.preemptURL, "preempt-url", "", "preemption notice polled every second: an answer 200 that is neither empty nor FALSE drains as --preempt-file does, e.g. http://metadata.google.internal/computeMetadata/v1/instance/preempted")
 	fs.StringVar(&w.upstreamClient, "upstream-client", string(hop.Hop), "HTTP client of the sidecar to the engine: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.BoolVar(&w.sleepMode, "sleep-mode", false, "let the gateway's fleet controller put the engine to sleep when idle and wake it on demand: vllm gets --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 (on its private socket), sim gets --sim-sleep-mode")
+	fs.String("config", "", "file of worker flags, one --name=value a line (# comments), as tailgate tune writes it; flags on the command line win over the file's")
 	w.sim.Register(fs)
 	w.mesh.Register(fs, "")
 	w.tracing.RegisterFlags(fs)
@@ -93,6 +94,10 @@ func cmdWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		lf logFlags
 	)
 	wf.register(fs)
+	args, err := withWorkerConfig(args) // --config FILE: its flags first (see cli_worker_tune.go)
+	if err != nil {
+		return err
+	}
 	log, err := lf.parse(fs, args, stderr)
 	if err != nil {
 		return err

@@ -172,6 +172,7 @@ var (
 var commandNames = map[string][]string{
 	"up": nil, "gateway": nil, "worker": nil, "sim": nil, "usage": nil, "bench": nil, "backup": nil,
 	"restore": nil, "version": nil, "healthcheck": nil, "init": nil, "help": nil, "edge": nil,
+	"tune": nil,
 	"keys": {"create", "list", "edit", "revoke", "rotate"}, "tenants": {"list", "show", "set"},
 	"workers": {"list", "invite", "approve", "revoke", "code"},
 }
@@ -337,9 +338,10 @@ var foreignFlags = map[string]string{
 	"reusable": "headscale", "expiration": "headscale", "only": "scripts/release.sh", "images": "scripts/release.sh",
 	"out": "scripts/release.sh", "help": "scripts/gpu-check.sh", "gpus": "docker", "profile": "docker compose",
 	"flag": "a placeholder (--flag or -flag)", "no-enable-prefix-caching": "vLLM", "otlp-traces-endpoint": "vLLM", "version": "tailgate --version, the version command",
-	"enable-sleep-mode":  "vLLM (worker --sleep-mode sets it)",
-	"metadata-from-file": "gcloud compute instances create (docs/capacity.md, preemption notices)",
-	"show":               "bench/tailtrace (docs/operations.md, profiling the gateway)",
+	"enable-sleep-mode":       "vLLM (worker --sleep-mode sets it)",
+	"metadata-from-file":      "gcloud compute instances create (docs/capacity.md, preemption notices)",
+	"show":                    "bench/tailtrace (docs/operations.md, profiling the gateway)",
+	"kv-sharing-fast-prefill": "vLLM (docs/tuning.md, passed with --vllm-arg)",
 }
 
 // TestDocumentedFlagsExist: a flag named anywhere in the README and docs/

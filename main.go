@@ -47,6 +47,7 @@ func commands() []command {
 		{name: "backup", synopsis: "[flags] FILE", short: "consistent copy of the database while a gateway runs", run: cmdBackup},
 		{name: "restore", synopsis: "[flags] FILE", short: "put a backup in place of the database (gateway stopped)", run: cmdRestore},
 		{name: "bench", synopsis: "[flags]", short: "matched-workload benchmark: steady, burst, replica kill, scale-out (try --scenario failover)", run: cmdBench},
+		{name: "tune", synopsis: "[flags]", short: "try engine configurations against a latency target; write the cheapest that holds it (--check revalidates)", run: cmdTune},
 		{name: "version", aliases: []string{"--version", "-version"}, short: "version, commit, Go and tailscale versions of this binary (also --version)", run: cmdVersion},
 		{name: "healthcheck", synopsis: "[flags]", short: "exit 0/1: a gateway's or worker's health endpoint (container health checks)", run: cmdHealthcheck},
 		{name: "init", synopsis: "[flags]", short: "prepare a data directory (tokens, database) before a gateway first starts", run: cmdInit},

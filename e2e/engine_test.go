@@ -329,7 +329,8 @@ func runGPUCheck(t *testing.T, env ...string) (int, string) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "../scripts/gpu-check.sh")
 	cmd.Env = append(os.Environ(), append([]string{"TAILGATE=" + binPath, "VLLM_BINARY=" + vllm, "OUT=" + t.TempDir(),
-		"MODEL=org/fake-model", "TOOL_CALL_PARSER=hermes", "BENCH_SECONDS=3", "DRAIN_TOKENS=200", "FAKE_VLLM_TPOT=10ms"}, env...)...)
+		"MODEL=org/fake-model", "TOOL_CALL_PARSER=hermes", "BENCH_SECONDS=3", "DRAIN_TOKENS=200", "FAKE_VLLM_TPOT=10ms",
+		"TUNE_SECONDS=2", "TUNE_RATES=2", "TUNE_SEQS=4"}, env...)...)
 	// The script's own trap stops `tailgate up`; a SIGTERM lets it run.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 30 * time.Second
@@ -367,10 +368,10 @@ func TestGPUCheckScript(t *testing.T) {
 	t.Run("all checks pass", func(t *testing.T) {
 		t.Parallel()
 		code, out := runGPUCheck(t)
-		if code != 0 || !strings.HasSuffix(out, "\n10 passed, 0 failed\n") {
-			t.Fatalf("exit status %d, output:\n%s\nwant exit 0 and \"10 passed, 0 failed\" last", code, out)
+		if code != 0 || !strings.HasSuffix(out, "\n11 passed, 0 failed\n") {
+			t.Fatalf("exit status %d, output:\n%s\nwant exit 0 and \"11 passed, 0 failed\" last", code, out)
 		}
-		want := []string{"ready", "warm-up", "stream-chat", "completion", "tool-call", "metrics", "abort", "drain", "sigkill", "bench"}
+		want := []string{"ready", "warm-up", "stream-chat", "completion", "tool-call", "metrics", "abort", "drain", "sigkill", "bench", "tune"}
 		got := checks(out)
 		for _, name := range want {
 			if got[name] != "PASS" {

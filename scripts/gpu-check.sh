@@ -4,7 +4,7 @@
 #
 #   tailgate up --engine vllm --model $MODEL --replicas 1
 #
-# and checks, in about 10 minutes with a small model: readiness and warm-up,
+# and checks, in about 10 minutes with a small model (a few more for the tune step): readiness and warm-up,
 # a streamed chat and a completion through the gateway, a tool call (or
 # reasoning), abort on client disconnect, the scraped engine metrics in
 # /admin/v1/replicas, a drain on SIGTERM with requests in flight, a SIGKILL of
@@ -37,6 +37,14 @@
 #   CURL_TIMEOUT       seconds one request may take (default 60)
 #   DRAIN_TOKENS       tokens of each stream in flight at SIGTERM (default
 #                      1000: long enough to still run when the signal comes)
+#   TUNE               0 skips the last step: `tailgate tune` on the freed GPU
+#                      (the configuration as given and max-num-seqs from
+#                      TUNE_SEQS, default 16,64; at most 3 candidates), then
+#                      `tailgate tune --check` on the file it wrote
+#   TUNE_RATES         its rates, requests per second (default 2,4)
+#   TUNE_SECONDS       how long each rate is replayed (default 30)
+#   TUNE_TTFT_P99      its TTFT p99 target (default 5s: the step checks the
+#                      process, not a deployment's target)
 set -u -o pipefail
 
 while [ $# -gt 0 ]; do
@@ -367,6 +375,31 @@ else
 		pass "bench ($requests requests, report $OUT/bench.txt)"
 	else
 		fail bench "$requests requests, $errors errors (see $OUT/bench.txt)"
+	fi
+fi
+
+# --- tune ----------------------------------------------------------------------------
+if [ "${TUNE:-1}" = 0 ]; then
+	skip tune "TUNE=0"
+else
+	stop_up # tune starts its own engines on the GPU
+	TUNE_SECONDS="${TUNE_SECONDS:-30}" TUNE_RATES="${TUNE_RATES:-2,4}"
+	tune_args=(tune --engine vllm --model "$MODEL" --startup-timeout "${READY_TIMEOUT}s"
+		--ttft-p99 "${TUNE_TTFT_P99:-5s}" --rate "$TUNE_RATES" --duration "${TUNE_SECONDS}s"
+		--space "max-num-seqs=${TUNE_SEQS:-16,64}" --max-candidates 3
+		--prompt-tokens lognormal:256:0.5 --output-tokens lognormal:64:0.5)
+	[ -n "${VLLM_BINARY:-}" ] && tune_args+=(--vllm-binary "$VLLM_BINARY")
+	for a in "${vllm_args[@]}"; do tune_args+=("--vllm-arg=$a"); done
+	note "tune: up to 3 candidates, ${TUNE_SECONDS}s a rate; report in $OUT/tune.txt"
+	bound=$((3 * (READY_TIMEOUT + 2 * TUNE_SECONDS + 60)))
+	if ! timeout "$bound" "$TAILGATE" "${tune_args[@]}" --out "$OUT/tuned-worker.conf" >"$OUT/tune.txt" 2>"$OUT/tune.err"; then
+		fail tune "tailgate tune failed: $(tail -n 3 "$OUT/tune.err" | tr '\n' ' ')"
+	elif ! timeout $((READY_TIMEOUT + 2 * TUNE_SECONDS + 60)) "$TAILGATE" tune --check "$OUT/tuned-worker.conf" \
+		--ttft-p99 "${TUNE_TTFT_P99:-5s}" --rate "${TUNE_RATES%%,*}" --duration "${TUNE_SECONDS}s" \
+		--prompt-tokens lognormal:256:0.5 --output-tokens lognormal:64:0.5 >"$OUT/tune-check.txt" 2>&1; then
+		fail tune "tune --check failed on the configuration tune wrote: $(tail -n 2 "$OUT/tune-check.txt" | tr '\n' ' ')"
+	else
+		pass "tune (chose $(grep -m1 '^# candidate:' "$OUT/tuned-worker.conf" | cut -d: -f2-), report $OUT/tune.txt)"
 	fi
 fi
 

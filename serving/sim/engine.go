@@ -104,6 +104,18 @@ type Config struct {
 	// comes the queue time, the TTFT draw and the uncached tokens' prefill
 	// after arrival (see prefix.go). 0 means prefill is free.
 	PrefillPerToken time.Duration
+	// MaxNumBatchedTokens is the token budget of one engine step, as
+	// vLLM's --max-num-batched-tokens with chunked prefill (see sched.go's
+	// prefillLane): prompts are prefilled first come first served, at most
+	// the budget less the running decodes a step, a step lasting at least
+	// TPOT, so concurrent prefills queue behind one another. 0 means no
+	// budget: each request's prefill takes PrefillPerToken a token, in
+	// parallel with the others'.
+	MaxNumBatchedTokens int
+	// TensorParallelSize is the GPUs the simulated model is split over, as
+	// vLLM's --tensor-parallel-size: prefill and TPOT are divided by
+	// [TPSpeedup]. 0 means 1.
+	TensorParallelSize int
 	// PrefixCacheBlocks bounds the automatic prefix cache, in blocks of 16
 	// tokens; the least recently used are forgotten first. 0 means
 	// KVCacheTokens/16 when a KV cache is simulated, else 65536; a negative
@@ -224,6 +236,10 @@ func (c Config) Validate() error {
 		return errors.New("sim: max seqs must not be negative")
 	case c.PrefillPerToken < 0:
 		return errors.New("sim: prefill per token must not be negative")
+	case c.MaxNumBatchedTokens < 0:
+		return errors.New("sim: max num batched tokens must not be negative")
+	case c.TensorParallelSize < 0 || c.TensorParallelSize > 64:
+		return errors.New("sim: tensor parallel size must be between 0 (one GPU) and 64")
 	case c.KVCacheTokens < 0:
 		return errors.New("sim: kv cache tokens must not be negative")
 	case c.DefaultMaxTokens < 0:
@@ -341,6 +357,7 @@ type Engine struct {
 	lat     *latencyModel
 	faults  *faultModel
 	sched   *scheduler
+	lane    *prefillLane
 	prefix  *prefixCache
 	metrics *metrics
 	sleep   *sleeper // nil unless Config.SleepMode
@@ -381,6 +398,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 		metrics:     m,
 	}
 	e.sched = newScheduler(cfg.MaxSeqs, cfg.KVCacheTokens, m.setLoad)
+	e.lane = newPrefillLane(cfg)
 	if cfg.SleepMode {
 		e.sleep = newSleeper(cfg, m)
 	}

@@ -31,6 +31,8 @@ type Flags struct {
 	streamInterval  int
 	kvCacheTokens   int
 	prefillPerToken time.Duration
+	batchedTokens   int
+	tensorParallel  int
 	prefixBlocks    int
 	sleepMode       bool
 	wakeDelay       time.Duration
@@ -61,6 +63,8 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	// FLOP a token at roughly 40 % of the GPU's 989 TFLOP/s bf16 peak,
 	// some 25,000 prompt tokens a second.
 	fs.DurationVar(&f.prefillPerToken, "sim-prefill-per-token", 40*time.Microsecond, "simulated engine: prefill time per prompt token the prefix cache does not hold, added to the time to first token (0: prefill is free)")
+	fs.IntVar(&f.batchedTokens, "sim-max-num-batched-tokens", 0, "simulated engine: token budget of one engine step, as vLLM's --max-num-batched-tokens with chunked prefill: prompts are prefilled first come first served, at most the budget less the running decodes a step, a step lasting at least --sim-tpot (0: no budget, each prompt prefills on its own at --sim-prefill-per-token)")
+	fs.IntVar(&f.tensorParallel, "sim-tensor-parallel-size", 1, "simulated engine: GPUs the model is split over, as vLLM's --tensor-parallel-size: prefill and TPOT are divided by N less 10 % a doubling (2: 1.8x, 4: 3.24x), a modelling assumption")
 	fs.IntVar(&f.prefixBlocks, "sim-prefix-cache-blocks", 0, "simulated engine: automatic prefix cache size in blocks of 16 tokens, least recently used evicted first (0: the KV cache's blocks with --sim-kv-cache-tokens, else 65536; -1: no prefix caching)")
 	fs.IntVar(&f.streamInterval, "sim-stream-interval", 1, "simulated engine: tokens merged into one chat or completions stream chunk, as vLLM's --stream-interval (a request's stream_interval may raise it)")
 	fs.BoolVar(&f.sleepMode, "sim-sleep-mode", false, "simulated engine: serve vLLM's sleep mode endpoints (POST /sleep?level=1|2, POST /wake_up, GET /is_sleeping), as vllm serve --enable-sleep-mode with VLLM_SERVER_DEV_MODE=1; a generation request waits while the engine sleeps")
@@ -79,6 +83,7 @@ func (f *Flags) Config(model string) Config {
 		ErrorRate: f.errorRate, RateLimitRate: f.rateLimitRate, RetryAfter: f.retryAfter, HangRate: f.hangRate,
 		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval, KVCacheTokens: f.kvCacheTokens,
 		PrefillPerToken: f.prefillPerToken, PrefixCacheBlocks: f.prefixBlocks,
+		MaxNumBatchedTokens: f.batchedTokens, TensorParallelSize: f.tensorParallel,
 		SleepMode: f.sleepMode, WakeDelay: f.wakeDelay, WakeDelayLevel2: f.wakeDelay2,
 	}
 }
@@ -119,5 +124,6 @@ func (f *Flags) Args() []string {
 		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat), "--sim-start-delay", f.startDelay.String(),
 		"--sim-sleep-mode=" + fmt.Sprint(f.sleepMode), "--sim-wake-delay", f.wakeDelay.String(),
 		"--sim-wake-delay-level2", f.wakeDelay2.String(),
+		"--sim-max-num-batched-tokens", fmt.Sprint(f.batchedTokens), "--sim-tensor-parallel-size", fmt.Sprint(f.tensorParallel),
 	}
 }

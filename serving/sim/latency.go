@@ -39,7 +39,7 @@ func newLatencyModel(cfg Config) *latencyModel {
 	seed := uint64(cfg.Seed)
 	return &latencyModel{
 		ttft:        cfg.TTFT,
-		tpot:        cfg.TPOT,
+		tpot:        time.Duration(float64(cfg.TPOT) / TPSpeedup(cfg.TensorParallelSize)),
 		sigma:       cfg.TTFTSigma,
 		stallProb:   cfg.StallProb,
 		stallFactor: cfg.StallFactor,

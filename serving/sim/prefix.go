@@ -211,5 +211,6 @@ func (e *Engine) prefill(j *job) time.Duration {
 		hits = e.prefix.query(j.blocks, j.promptTokens)
 		e.metrics.scheduled(j.promptTokens, hits)
 	}
-	return scale(e.cfg.PrefillPerToken, j.promptTokens-hits)
+	running, _ := e.sched.load()
+	return e.lane.take(j.promptTokens-hits, running-1, time.Now())
 }
