@@ -17,6 +17,7 @@ func registerMultiturn(fs *flag.FlagSet, o *load.MultiturnOptions) {
 	fs.IntVar(&o.Agents, "agents", 0, "multiturn: different system prompts the conversations share (default 4)")
 	fs.DurationVar(&o.Think, "think", 0, "multiturn: mean pause between an answer and the next turn (default 300ms)")
 	fs.DurationVar(&o.Duration, "multiturn-duration", 0, "multiturn: how long each affinity mode runs (default 20s)")
+	fs.StringVar(&o.SessionHeader, "session-header", "", "multiturn: name each conversation by a coding agent's session header, claude-code, codex or opencode, instead of prompt_cache_key (default none)")
 	fs.Func("affinity-modes", "multiturn: gateway --affinity modes to run, comma-separated (default off,prefix,session)", func(s string) error {
 		o.Modes = nil
 		for m := range strings.SplitSeq(s, ",") {

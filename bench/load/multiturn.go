@@ -56,6 +56,26 @@ type MultiturnOptions struct {
 	// Modes are the gateway --affinity modes run, in order; nil means off,
 	// prefix, session.
 	Modes []string
+	// SessionHeader is the coding agent whose session header names each
+	// conversation (agentSessionHeaders below): claude-code, codex or
+	// opencode, the body's prompt_cache_key then left out; "" or "none"
+	// means no header, the session named by prompt_cache_key as OpenAI's
+	// clients name it.
+	SessionHeader string
+}
+
+// agentSessionHeaders are the headers each coding agent names its
+// conversation by, on every request, as the gateway reads them
+// (server/agentsession.go, which cites each agent's source):
+//
+//   - claude-code: X-Claude-Code-Session-Id;
+//   - codex: session_id (Codex CLI's conversation id; sent in lower case,
+//     as codex-rs/codex-api/src/requests/headers.rs sends it);
+//   - opencode: x-session-affinity and X-Session-Id, both the session id.
+var agentSessionHeaders = map[string][]string{
+	"claude-code": {"X-Claude-Code-Session-Id"},
+	"codex":       {"session_id"},
+	"opencode":    {"x-session-affinity", "X-Session-Id"},
 }
 
 func (m MultiturnOptions) withDefaults() MultiturnOptions {
@@ -95,6 +115,9 @@ func (m MultiturnOptions) validate() (multiturnDists, error) {
 		if mode != "off" && mode != "prefix" && mode != "session" {
 			return d, fmt.Errorf("--affinity-modes: %q: want off, prefix or session, comma-separated", mode)
 		}
+	}
+	if _, ok := agentSessionHeaders[m.SessionHeader]; !ok && m.SessionHeader != "" && m.SessionHeader != "none" {
+		return d, fmt.Errorf("--session-header %q: want claude-code, codex, opencode or none", m.SessionHeader)
 	}
 	if d.turns, err = ParseDist(m.Turns); err != nil {
 		return d, fmt.Errorf("--turns: %w", err)
@@ -174,8 +197,12 @@ func mainMultiturn(ctx context.Context, o Options) error {
 	replicas := orDefault(o.Replicas, multiturnReplicas)
 	model := orDefault(o.A.Model, "tailgate-sim")
 	w := orWriter(o.Stdout)
-	fmt.Fprintf(w, "multiturn: %d conversations at once for %v per mode, turns %s, +%s tokens a turn after a first of %s, %d agents' system prompts of %d tokens, think %v; %d replicas; seed %d\n",
-		m.Conversations, m.Duration, dists.turns, dists.growth, dists.first, m.Agents, m.System, m.Think, replicas, o.Seed)
+	names := "prompt_cache_key"
+	if hs := agentSessionHeaders[m.SessionHeader]; hs != nil {
+		names = m.SessionHeader + "'s " + strings.Join(hs, " and ") + " header"
+	}
+	fmt.Fprintf(w, "multiturn: %d conversations at once for %v per mode, turns %s, +%s tokens a turn after a first of %s, %d agents' system prompts of %d tokens, think %v, sessions named by %s; %d replicas; seed %d\n",
+		m.Conversations, m.Duration, dists.turns, dists.growth, dists.first, m.Agents, m.System, m.Think, names, replicas, o.Seed)
 	var modes []multiturnMode
 	for _, mode := range m.Modes {
 		fmt.Fprintf(orWriter(o.Progress), "bench: multiturn --affinity=%s…\n", mode)
@@ -250,6 +277,7 @@ func runMultiturnMode(ctx context.Context, o Options, m MultiturnOptions, d mult
 			for n := 0; time.Now().Before(deadline) && ctx.Err() == nil; n++ {
 				r := rand.New(rand.NewPCG(uint64(o.Seed), uint64(slot)<<32|uint64(n)))
 				conv := newConversation(r, d, m, model, fmt.Sprintf("s%d-c%d-%d", o.Seed, slot, n))
+				conv.agent = m.SessionHeader
 				// Slots start spread over the first think times, not at once.
 				pause := time.Duration(r.ExpFloat64() * float64(m.Think))
 				for k := 0; k < conv.turns && time.Now().Before(deadline); k++ {
@@ -258,7 +286,7 @@ func runMultiturnMode(ctx context.Context, o Options, m MultiturnOptions, d mult
 						return
 					case <-time.After(pause):
 					}
-					ttft, err := c.turn(ctx, conv.body(k))
+					ttft, err := c.turn(ctx, conv.body(k), conv.header())
 					mu.Lock()
 					if err != nil {
 						res.Errors[errClass(err.Error())]++
@@ -342,6 +370,7 @@ func (a *admin) cacheCounters(ctx context.Context) (map[string][2]float64, error
 // each turn adds.
 type conversation struct {
 	model, session, system string
+	agent                  string // MultiturnOptions.SessionHeader
 	turns                  int
 	adds                   []string // what turn k adds: the first message, then answer + tool result
 }
@@ -359,7 +388,8 @@ func newConversation(r *rand.Rand, d multiturnDists, m MultiturnOptions, model, 
 
 // body is turn k's request: the system prompt, then for each earlier turn
 // the user's message and the assistant's answer, then this turn's message.
-// The session is named by prompt_cache_key, as OpenAI's clients name it.
+// The session is named by prompt_cache_key, as OpenAI's clients name it,
+// unless an agent's header names it (header).
 func (c *conversation) body(k int) []byte {
 	type msg struct {
 		Role    string `json:"role"`
@@ -372,11 +402,28 @@ func (c *conversation) body(k int) []byte {
 			msgs = append(msgs, msg{"assistant", "done: step " + strconv.Itoa(i)})
 		}
 	}
-	b, _ := json.Marshal(map[string]any{
+	body := map[string]any{
 		"model": c.model, "messages": msgs, "stream": true, "max_tokens": multiturnOutput, "ignore_eos": true,
-		"prompt_cache_key": c.session,
-	})
+	}
+	if agentSessionHeaders[c.agent] == nil {
+		body["prompt_cache_key"] = c.session
+	}
+	b, _ := json.Marshal(body)
 	return b
+}
+
+// header is what each of the conversation's requests carries besides
+// auth: its agent's session headers, nil when none.
+func (c *conversation) header() http.Header {
+	names := agentSessionHeaders[c.agent]
+	if names == nil {
+		return nil
+	}
+	h := http.Header{}
+	for _, name := range names {
+		h[name] = []string{c.session} // as the agent spells it, not canonicalized
+	}
+	return h
 }
 
 // text returns n tokens of words, as the simulated engine counts them
@@ -394,13 +441,16 @@ func text(r *rand.Rand, n int) string {
 }
 
 // turn sends one streamed turn and returns the ms to its first event.
-func (c *fanoutClient) turn(ctx context.Context, body []byte) (float64, error) {
+func (c *fanoutClient) turn(ctx context.Context, body []byte, header http.Header) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	t0 := time.Now()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return 0, err
+	}
+	for name, v := range header {
+		req.Header[name] = v
 	}
 	req.Header.Set("Content-Type", "application/json")
 	c.auth(req)

@@ -2,10 +2,14 @@ package load
 
 import (
 	"encoding/json"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestMultiturnConversationRepeatsItsHistory: a seeded conversation's turn
@@ -113,5 +117,75 @@ func TestMultiturnVerdict(t *testing.T) {
 				t.Errorf("error %v does not name prefix's 3 timeouts", err)
 			}
 		})
+	}
+}
+
+// TestMultiturnSessionHeader: with --session-header AGENT each turn carries
+// that agent's session header, spelled as the agent sends it, naming the
+// conversation, and no prompt_cache_key (the header alone names the
+// session); with none, no agent header and the body's prompt_cache_key.
+func TestMultiturnSessionHeader(t *testing.T) {
+	type seen struct {
+		header http.Header
+		key    string
+	}
+	got := make(chan seen, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			PromptCacheKey string `json:"prompt_cache_key"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		got <- seen{header: r.Header.Clone(), key: body.PromptCacheKey}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	c := &fanoutClient{hc: srv.Client(), base: srv.URL + "/v1", key: "k", model: "tailgate-sim", timeout: 10 * time.Second}
+
+	for _, tc := range []struct {
+		agent string
+		want  []string // the headers that must name the session
+	}{
+		{"claude-code", []string{"X-Claude-Code-Session-Id"}},
+		{"codex", []string{"Session_id"}},
+		{"opencode", []string{"X-Session-Affinity", "X-Session-Id"}},
+		{"none", nil},
+	} {
+		t.Run(tc.agent, func(t *testing.T) {
+			m := MultiturnOptions{Turns: "uniform:3:3", SessionHeader: tc.agent}.withDefaults()
+			d, err := m.validate()
+			if err != nil {
+				t.Fatal(err)
+			}
+			conv := newConversation(rand.New(rand.NewPCG(1, 0)), d, m, "tailgate-sim", "s1-c0-0")
+			conv.agent = m.SessionHeader
+			for k := range conv.turns {
+				if _, err := c.turn(t.Context(), conv.body(k), conv.header()); err != nil {
+					t.Fatalf("turn %d: %v", k+1, err)
+				}
+				s := <-got
+				for _, name := range tc.want {
+					if v := s.header.Get(name); v != "s1-c0-0" {
+						t.Errorf("turn %d: %s = %q, want the conversation's session s1-c0-0", k+1, name, v)
+					}
+				}
+				if tc.want != nil && s.key != "" {
+					t.Errorf("turn %d: prompt_cache_key %q sent with %s's header, want the header alone", k+1, s.key, tc.agent)
+				}
+				if tc.want == nil {
+					if s.key != "s1-c0-0" {
+						t.Errorf("turn %d: prompt_cache_key %q, want s1-c0-0", k+1, s.key)
+					}
+					for _, name := range []string{"X-Claude-Code-Session-Id", "Session_id", "X-Session-Affinity", "X-Session-Id"} {
+						if v := s.header.Get(name); v != "" {
+							t.Errorf("turn %d: %s: %q sent with no agent named", k+1, name, v)
+						}
+					}
+				}
+			}
+		})
+	}
+	if _, err := (MultiturnOptions{SessionHeader: "cursor"}).withDefaults().validate(); err == nil || !strings.Contains(err.Error(), "--session-header") {
+		t.Errorf("an unknown agent: error %v, want one naming --session-header", err)
 	}
 }
