@@ -2,11 +2,15 @@ package server
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -120,9 +124,48 @@ func (t *callTrace) admission(cl *call, pr *parsedRequest) stageSpan {
 	}
 	op, model := operationName(cl.ep.path), t.spanModel(pr.model)
 	t.span.SetName(op + " " + model)
-	t.span.SetAttributes(attribute.String("gen_ai.request.model", model), attribute.Bool("tailgate.stream", pr.stream))
+	t.span.SetAttributes(requestAttributes(model, pr)...)
 	_, span := t.tr.Start(t.ctx, "admission")
 	return stageSpan{span}
+}
+
+// samplingFields are the request's sampling parameters a span records,
+// under the conventions' names (samplingNames).
+var (
+	samplingFields = []string{"temperature", "top_p"}
+	samplingNames  = []string{"gen_ai.request.temperature", "gen_ai.request.top_p"}
+)
+
+// requestAttributes are the request span's attributes known once the
+// request is read: its model, whether it streams, and the GenAI
+// conventions' request parameters (OpenTelemetry semantic conventions
+// v1.37.0, docs/gen-ai/gen-ai-spans.md, inference span): max_tokens is
+// the completion cap in force (the client's or the gateway's default);
+// temperature and top_p only when the body sent upstream has them as
+// numbers in the range vLLM accepts (vllm/sampling_params.py,
+// _verify_args: temperature ≥ 0, top_p in (0, 1]) — a number, so bounded,
+// and nothing else a client writes there is recorded.
+func requestAttributes(model string, pr *parsedRequest) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 5)
+	attrs = append(attrs, attribute.String("gen_ai.request.model", model), attribute.Bool("tailgate.stream", pr.stream))
+	if pr.maxTokens > 0 {
+		attrs = append(attrs, attribute.Int64("gen_ai.request.max_tokens", pr.maxTokens))
+	}
+	if len(pr.body) == 0 || (pr.ctype != "" && !strings.HasPrefix(pr.ctype, "application/json")) {
+		return attrs
+	}
+	var f [2]gjson.Result
+	members(gjson.Parse(unsafe.String(unsafe.SliceData(pr.body), len(pr.body))), samplingFields, f[:])
+	for i, v := range f {
+		if v.Type != gjson.Number {
+			continue
+		}
+		x := v.Float()
+		if i == 0 && x >= 0 && !math.IsInf(x, 1) || i == 1 && x > 0 && x <= 1 {
+			attrs = append(attrs, attribute.Float64(samplingNames[i], x))
+		}
+	}
+	return attrs
 }
 
 // admitted ends the admission span: admitted, or refused with the status

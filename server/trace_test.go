@@ -167,7 +167,7 @@ func TestTraceOfAHedgedRequest(t *testing.T) {
 		t.Fatal("no hedge delay learnt")
 	}
 
-	resp := postTraced(t, h, secret, `{"model":"tailgate-sim","max_tokens":4,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"`+tracedPrompt+`"}]}`)
+	resp := postTraced(t, h, secret, `{"model":"tailgate-sim","max_tokens":4,"temperature":0.5,"top_p":0.9,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"`+tracedPrompt+`"}]}`)
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Tailgate-Winner") != "hedge" {
@@ -194,6 +194,10 @@ func TestTraceOfAHedgedRequest(t *testing.T) {
 	}
 	if attr(root, "http.response.status_code").AsInt64() != 200 || !attr(root, "tailgate.hedged").AsBool() {
 		t.Errorf("request span status %v hedged %v", attr(root, "http.response.status_code").Emit(), attr(root, "tailgate.hedged").Emit())
+	}
+	if attr(root, "gen_ai.request.max_tokens").AsInt64() != 4 || attr(root, "gen_ai.request.temperature").AsFloat64() != 0.5 || attr(root, "gen_ai.request.top_p").AsFloat64() != 0.9 {
+		t.Errorf("request parameters max_tokens %s temperature %s top_p %s, want the 4, 0.5 and 0.9 sent",
+			attr(root, "gen_ai.request.max_tokens").Emit(), attr(root, "gen_ai.request.temperature").Emit(), attr(root, "gen_ai.request.top_p").Emit())
 	}
 	if attr(root, "gen_ai.usage.input_tokens").AsInt64() <= 0 || attr(root, "gen_ai.usage.output_tokens").AsInt64() != 4 {
 		t.Errorf("usage %s in / %s out, want some prompt and the 4 tokens asked for",
