@@ -200,6 +200,9 @@ func mainMultiturn(ctx context.Context, o Options) error {
 	names := "prompt_cache_key"
 	if hs := agentSessionHeaders[m.SessionHeader]; hs != nil {
 		names = m.SessionHeader + "'s " + strings.Join(hs, " and ") + " header"
+		if len(hs) > 1 {
+			names += "s"
+		}
 	}
 	fmt.Fprintf(w, "multiturn: %d conversations at once for %v per mode, turns %s, +%s tokens a turn after a first of %s, %d agents' system prompts of %d tokens, think %v, sessions named by %s; %d replicas; seed %d\n",
 		m.Conversations, m.Duration, dists.turns, dists.growth, dists.first, m.Agents, m.System, m.Think, names, replicas, o.Seed)
