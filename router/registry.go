@@ -23,6 +23,8 @@ type Registry struct {
 
 	mu   sync.Mutex // serialises writers of list
 	list atomic.Pointer[[]*Replica]
+
+	onLoss atomic.Pointer[func(LossEvent)] // see OnLoss
 }
 
 // New returns an empty registry, or an error for a configuration Validate
