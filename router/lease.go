@@ -126,7 +126,7 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 		}
 		if cur == StateReady && u.State == StateFailed {
 			rep.signalEjected()
-			r.m.ejections.WithLabelValues(rep.ID, "engine").Inc()
+			r.countEjection(rep.ID, "engine")
 			r.log.Warn("replica out of routing: its engine failed", "replica", u.ID, "reason", u.Reason)
 			break
 		}
@@ -171,7 +171,7 @@ func (r *Registry) ExpireLeases(now time.Time) []string {
 		loss := &Loss{Reason: why, At: time.Unix(0, exp), Was: cur}
 		rep.lastLoss.Store(loss)
 		if cur == StateReady {
-			r.m.ejections.WithLabelValues(rep.ID, "lost").Inc()
+			r.countEjection(rep.ID, "lost")
 		}
 		r.lossChanged(rep, loss)
 		r.log.Warn("replica lost: its lease ended, it takes no traffic until its worker is heard again", "replica", rep.ID,
@@ -248,7 +248,7 @@ func (r *Registry) replaced(old *Replica, u Update, now time.Time) *Loss {
 		why = "worker re-registered with another credential (was " + cur.String() + ")"
 	}
 	if cur == StateReady {
-		r.m.ejections.WithLabelValues(old.ID, "restarted").Inc()
+		r.countEjection(old.ID, "restarted")
 	}
 	r.log.Warn("replica replaced", "replica", old.ID, "reason", why)
 	return &Loss{Reason: why, At: now, Was: cur}

@@ -587,6 +587,7 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 			// Why it last went away, kept after it comes back.
 			row["last_loss"] = map[string]any{"reason": l.Reason, "at": l.At.UTC(), "was": l.Was.String()}
 		}
+		row["ejections"] = s.reg.Ejections(r.ID)
 		if e := r.ProbeError(); e != "" {
 			row["probe_error"] = e
 		}
