@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -132,5 +133,41 @@ func TestKilledWorkerIsListedLostWithWhyAcrossARestart(t *testing.T) {
 	g3 := startGatewayIn(t, g.dir)
 	if st := g3.state("w1"); st != "gone" {
 		t.Fatalf("a forgotten replica is back as %q after a restart", st)
+	}
+}
+
+// TestUpSaysWhyAKilledWorkerWentAway: `up` replaces a SIGKILLed worker (at
+// a new address, under the same replica id); the replica's row then says
+// why its predecessor went away (last_loss) and counts the ejection,
+// instead of reading "starting: waiting for the engine" with none.
+func TestUpSaysWhyAKilledWorkerWentAway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary")
+	}
+	p := startUp(t, "--replicas", "2", "--sim-ttft", "5ms", "--sim-tpot", "1ms", "--warmup", "1")
+	g := &gatewayProcess{t: t, admin: p.admin, api: p.api, key: p.demoKey, token: readToken(t, filepath.Join(p.dir, "admin.token"))}
+	g.waitReady("worker-1", "worker-2")
+	before := g.replica("worker-2").Address
+	pid := childPID(t, p.PID(), "worker-2")
+	if pid == 0 {
+		t.Fatal("no worker-2 child process found")
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitWithin(t, 30*time.Second, "replacement worker ready", func() bool {
+		r := g.replica("worker-2")
+		return r.State == "ready" && r.Address != before
+	})
+	r := g.lossRow("worker-2")
+	t.Logf("replaced: ejections %v, last_loss %+v", r.Ejections, r.LastLoss)
+	if r.Ejections == nil || *r.Ejections < 1 {
+		t.Errorf("ejections of the killed worker's replica: %v, want ≥ 1", r.Ejections)
+	}
+	if r.LastLoss == nil || r.LastLoss.Reason == "" {
+		t.Fatalf("the replaced replica does not say why its predecessor went away: %+v", r.LastLoss)
+	}
+	if !strings.Contains(r.LastLoss.Reason, "connection refused") && !strings.Contains(r.LastLoss.Reason, "worker restarted") {
+		t.Errorf("last_loss reason %q names neither the refused connection nor the restart", r.LastLoss.Reason)
 	}
 }

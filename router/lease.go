@@ -247,6 +247,9 @@ func (r *Registry) replaced(old *Replica, u Update, now time.Time) *Loss {
 	if old.URL == u.URL {
 		why = "worker re-registered with another credential (was " + cur.String() + ")"
 	}
+	if e := old.ProbeError(); e != "" {
+		why += "; its last probe: " + e
+	}
 	if cur == StateReady {
 		r.countEjection(old.ID, "restarted")
 	}
