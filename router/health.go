@@ -79,10 +79,7 @@ func NewHealthChecker(reg *Registry, p Prober, cfg HealthConfig) *HealthChecker 
 // noteFailure logs a failed probe of rep unless the same reason was logged
 // less than LogEvery ago.
 func (h *HealthChecker) noteFailure(rep *Replica, err error, now time.Time) {
-	reason := err.Error()
-	if errors.Is(err, context.DeadlineExceeded) {
-		reason = fmt.Sprintf("no answer within %v", h.cfg.Timeout)
-	}
+	reason := probeReason(err, h.cfg.Timeout)
 	h.mu.Lock()
 	f := h.failing[rep.ID]
 	if f == nil {
@@ -174,6 +171,8 @@ func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
 	now := h.reg.cfg.Now()
 	if err != nil {
 		h.noteFailure(rep, err, now)
+		perr := probeReason(err, h.cfg.Timeout)
+		rep.probeErr.Store(&perr)
 		switch cur := rep.State(); cur {
 		case StateReady:
 			h.reg.Eject(rep, "probe")
@@ -184,6 +183,7 @@ func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
 		return
 	}
 	rep.markOK(now)
+	rep.probeErr.Store(nil)
 	h.noteOK(rep)
 	if !rep.Static {
 		// A registered replica's state is its worker's to report; a good
@@ -199,4 +199,13 @@ func (h *HealthChecker) probe(ctx context.Context, rep *Replica) {
 	if cur := rep.State(); cur != StateReady && cur != StateDraining && rep.transition(cur, StateReady, "", now) {
 		h.reg.log.Info("replica ready", "replica", rep.ID, "models", models)
 	}
+}
+
+// probeReason says why a probe failed, in the words the log and a lost
+// replica's reason use.
+func probeReason(err error, timeout time.Duration) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Sprintf("no answer within %v", timeout)
+	}
+	return err.Error()
 }

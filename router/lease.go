@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -77,11 +78,22 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 	if rep != nil && rep.Static {
 		return nil
 	}
+	wasLost := rep != nil && rep.State() == StateLost
 	if rep == nil || rep.URL != u.URL || rep.Worker != u.Worker {
+		old := rep
 		rep = NewReplica(u.ID, u.URL)
 		rep.Worker = u.Worker
+		if old != nil {
+			rep.lastLoss.Store(r.replaced(old, u, now))
+		}
 		r.log.Info("replica registered", "replica", u.ID, "address", u.URL, "engine", u.Engine)
 		r.Add(rep)
+		if old != nil {
+			old.signalEjected()
+		}
+	}
+	if wasLost {
+		r.lossChanged(rep, nil)
 	}
 	if !slices.Equal(rep.Models(), u.Models) {
 		rep.SetModels(u.Models)
@@ -114,7 +126,7 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 		}
 		if cur == StateReady && u.State == StateFailed {
 			rep.signalEjected()
-			r.m.ejections.WithLabelValues(rep.ID, "engine").Inc()
+			r.countEjection(rep.ID, "engine")
 			r.log.Warn("replica out of routing: its engine failed", "replica", u.ID, "reason", u.Reason)
 			break
 		}
@@ -141,19 +153,27 @@ func (r *Registry) ExpireLeases(now time.Time) []string {
 		if cur == StateLost {
 			if now.Sub(time.Unix(0, exp)) > r.cfg.ForgetLost {
 				r.Remove(rep.ID)
+				r.lossChanged(rep, nil)
 				r.log.Info("lost replica forgotten", "replica", rep.ID, "lost_for", now.Sub(time.Unix(0, exp)).Round(time.Second))
 				forgot = append(forgot, rep.ID)
 			}
 			continue
 		}
 		ago := now.Sub(rep.LastOK()).Round(time.Millisecond)
-		if !rep.transition(cur, StateLost, "no heartbeat for "+ago.String()+" (lease ended; was "+cur.String()+")", now) {
+		why := lossReason(rep.ProbeError(), ago, cur)
+		if !rep.transition(cur, StateLost, why, now) {
 			continue // a heartbeat or an ejection came first: judged at the next sweep
 		}
 		rep.signalEjected()
+		// Its last heartbeat's load is no longer true: a lost engine runs
+		// and queues nothing the gateway could count on.
+		rep.load.Store(&Load{})
+		loss := &Loss{Reason: why, At: time.Unix(0, exp), Was: cur}
+		rep.lastLoss.Store(loss)
 		if cur == StateReady {
-			r.m.ejections.WithLabelValues(rep.ID, "lost").Inc()
+			r.countEjection(rep.ID, "lost")
 		}
+		r.lossChanged(rep, loss)
 		r.log.Warn("replica lost: its lease ended, it takes no traffic until its worker is heard again", "replica", rep.ID,
 			"last_heartbeat_ago", ago, "forgotten_in", r.cfg.ForgetLost)
 	}
@@ -176,6 +196,7 @@ func (r *Registry) Forget(id string) (bool, error) {
 		return true, fmt.Errorf("replica %q is %s: %w", id, st, ErrNotLost)
 	}
 	r.Remove(id)
+	r.lossChanged(rep, nil)
 	r.log.Info("lost replica forgotten by an operator", "replica", id)
 	return true, nil
 }
@@ -188,9 +209,96 @@ func (r *Registry) RemoveWorker(worker string) []string {
 		if worker != "" && rep.Worker == worker && !rep.Static {
 			r.Remove(rep.ID)
 			rep.signalEjected()
+			if rep.State() == StateLost {
+				r.lossChanged(rep, nil)
+			}
 			r.log.Warn("replica out of routing: its worker was revoked", "replica", rep.ID, "worker", worker)
 			gone = append(gone, rep.ID)
 		}
 	}
 	return gone
+}
+
+// lossReason says why a replica whose lease ended went away: what its last
+// failed probe said (a refused connection: the worker's process is gone or
+// its sidecar stopped), and how long no heartbeat came.
+func lossReason(probeErr string, ago time.Duration, was State) string {
+	lease := "no heartbeat for " + ago.String() + " (lease ended; was " + was.String() + ")"
+	switch {
+	case probeErr == "":
+		return "heartbeat lease expired: " + lease
+	case strings.Contains(probeErr, "connection refused"):
+		return "worker unreachable: connection refused (its process died or its sidecar stopped); " + lease
+	default:
+		return "worker unreachable: " + probeErr + "; " + lease
+	}
+}
+
+// replaced is why old went away when a heartbeat registers its id afresh
+// (a restarted worker at another address, or another credential). A ready
+// one is counted as an ejection with reason "restarted": attempts waiting
+// there go elsewhere, and the table's ejections say it happened.
+func (r *Registry) replaced(old *Replica, u Update, now time.Time) *Loss {
+	cur := old.State()
+	if cur == StateLost {
+		return old.LastLoss()
+	}
+	why := "worker restarted: its sidecar moved from " + old.URL + " to " + u.URL + " (was " + cur.String() + ")"
+	if old.URL == u.URL {
+		why = "worker re-registered with another credential (was " + cur.String() + ")"
+	}
+	if e := old.ProbeError(); e != "" {
+		why += "; its last probe: " + e
+	}
+	if cur == StateReady {
+		r.countEjection(old.ID, "restarted")
+	}
+	r.log.Warn("replica replaced", "replica", old.ID, "reason", why)
+	return &Loss{Reason: why, At: now, Was: cur}
+}
+
+// LossEvent says a registered replica was lost (Loss set) or is no longer
+// lost (Loss nil: its worker was heard again, or it was forgotten or
+// revoked).
+type LossEvent struct {
+	ID, Worker, URL string
+	Models          []string
+	Loss            *Loss
+}
+
+// OnLoss has f called, synchronously, whenever a registered replica is
+// lost or stops being lost, so that the caller can keep lost replicas
+// across a restart (see [Registry.RestoreLost]). Set it before replicas
+// register.
+func (r *Registry) OnLoss(f func(LossEvent)) { r.onLoss.Store(&f) }
+
+func (r *Registry) lossChanged(rep *Replica, loss *Loss) {
+	if f := r.onLoss.Load(); f != nil {
+		(*f)(LossEvent{ID: rep.ID, Worker: rep.Worker, URL: rep.URL, Models: rep.Models(), Loss: loss})
+	}
+}
+
+// RestoreLost lists a replica lost before a restart as lost again, with
+// its reason, so alerts on tailgate_replica_lost keep firing until its
+// worker is heard again, an operator forgets it, or Config.ForgetLost
+// passes since it was lost. An id already registered is left alone; it
+// reports whether it added one.
+func (r *Registry) RestoreLost(ev LossEvent) bool {
+	if ev.Loss == nil || r.Get(ev.ID) != nil {
+		return false
+	}
+	rep := NewReplica(ev.ID, ev.URL)
+	rep.Worker = ev.Worker
+	rep.SetModels(ev.Models)
+	loss := *ev.Loss
+	rep.transition(StateStarting, StateLost, loss.Reason, loss.At)
+	at := loss.At.UnixNano()
+	if at == 0 {
+		at = 1
+	}
+	rep.lease.Store(at)
+	rep.lastOK.Store(at)
+	rep.lastLoss.Store(&loss)
+	r.Add(rep)
+	return true
 }

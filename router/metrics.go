@@ -56,7 +56,7 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 			Name: "tailgate_request_attempts", Help: "Upstream attempts per routed request.", Buckets: []float64{1, 2, 3, 4},
 		}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tailgate_ejections_total", Help: "Replicas taken out of routing, by reason.",
+			Name: "tailgate_ejections_total", Help: "Replicas taken out of routing, by reason: connect, probe, ttft_deadline, idle_deadline, midstream (after failures); lost (its lease ended while ready); engine (its worker reported the engine failed); restarted (its worker came back at another address while it was ready).",
 		}, []string{"replica", "reason"}),
 		ejectDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tailgate_ejection_delay_seconds", Help: "Time from a replica's first failure to its ejection.", Buckets: latencyBuckets,
@@ -110,15 +110,6 @@ func (m *metrics) routed(attempts int) {
 	if attempts > 0 {
 		m.attemptsPer.Observe(float64(attempts))
 	}
-}
-
-// ejected counts a replica taken out of routing: reason is a short, bounded
-// label ("connect", "probe", "ttft_deadline", "idle_deadline", "midstream";
-// the lease sweep counts "lost" and a failed engine "engine" directly), delay the
-// time since the first failure of the streak.
-func (m *metrics) ejected(replica, reason string, delay time.Duration) {
-	m.ejections.WithLabelValues(replica, reason).Inc()
-	m.ejectDelay.Observe(delay.Seconds())
 }
 
 // replicaCollector reads each replica's selection inputs, the budgets'

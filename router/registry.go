@@ -23,6 +23,9 @@ type Registry struct {
 
 	mu   sync.Mutex // serialises writers of list
 	list atomic.Pointer[[]*Replica]
+
+	onLoss    atomic.Pointer[func(LossEvent)] // see OnLoss
+	ejectedBy sync.Map                        // replica id → *atomic.Int64 (Ejections)
 }
 
 // New returns an empty registry, or an error for a configuration Validate
@@ -193,7 +196,28 @@ func (r *Registry) Eject(rep *Replica, reason string) {
 		delay = now.Sub(time.Unix(0, f))
 	}
 	r.log.Warn("replica ejected", "replica", rep.ID, "reason", reason, "since_first_failure", delay.Round(time.Millisecond))
-	r.m.ejected(rep.ID, reason, delay)
+	r.countEjection(rep.ID, reason)
+	r.m.ejectDelay.Observe(delay.Seconds())
+}
+
+// countEjection counts one ejection of replica id with reason, in
+// tailgate_ejections_total{replica,reason} and in [Registry.Ejections].
+func (r *Registry) countEjection(id, reason string) {
+	r.m.ejections.WithLabelValues(id, reason).Inc()
+	n, _ := r.ejectedBy.LoadOrStore(id, new(atomic.Int64))
+	n.(*atomic.Int64).Add(1)
+}
+
+// Ejections returns how often replica id was taken out of routing by the
+// gateway since it started, for any reason (tailgate_ejections_total
+// summed over reasons): ejected after failures, lost when its lease ended
+// while ready, out when its engine failed, or replaced by its restarted
+// worker while ready. It counts across re-registrations of the id.
+func (r *Registry) Ejections(id string) int64 {
+	if n, ok := r.ejectedBy.Load(id); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 // Drain takes a ready replica out of routing because it said it is

@@ -103,6 +103,9 @@ type Replica struct {
 
 	engineLog atomic.Pointer[[]string] // engine error lines from the last heartbeat
 
+	lastLoss atomic.Pointer[Loss]   // why the replica last went away; nil: never
+	probeErr atomic.Pointer[string] // why its last probe failed; nil after a good one
+
 	idHash       uint64                   // for rendezvous hashing
 	ttftBits     atomic.Uint64            // EWMA of time to first token, float64 nanoseconds
 	backoffUntil atomic.Int64             // unix nanos: the replica pushed back (429/503 Retry-After)
@@ -264,6 +267,34 @@ func (r *Replica) EngineLog() []string {
 		return *l
 	}
 	return nil
+}
+
+// Loss is why a registered replica went away and when: its lease ended
+// (the worker stopped sending heartbeats, with what the last probe said),
+// or its worker came back from a restart at another address.
+type Loss struct {
+	Reason string
+	At     time.Time
+	// Was is the state the replica was in when it went away.
+	Was State
+}
+
+// LastLoss returns why the replica last went away, or nil if it never did
+// (a replica that came back keeps it, so an operator sees what happened).
+func (r *Replica) LastLoss() *Loss {
+	if l := r.lastLoss.Load(); l != nil {
+		c := *l
+		return &c
+	}
+	return nil
+}
+
+// ProbeError is why the replica's last probe failed; "" after a good one.
+func (r *Replica) ProbeError() string {
+	if e := r.probeErr.Load(); e != nil {
+		return *e
+	}
+	return ""
 }
 
 // LeaseExpiry returns when a registered replica's lease ends (zero for static ones).

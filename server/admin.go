@@ -583,6 +583,14 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 		if r.State() == router.StateLost {
 			row["lost_for_seconds"] = now.Sub(r.LeaseExpiry()).Seconds()
 		}
+		if l := r.LastLoss(); l != nil {
+			// Why it last went away, kept after it comes back.
+			row["last_loss"] = map[string]any{"reason": l.Reason, "at": l.At.UTC(), "was": l.Was.String()}
+		}
+		row["ejections"] = s.reg.Ejections(r.ID)
+		if e := r.ProbeError(); e != "" {
+			row["probe_error"] = e
+		}
 		if !r.Static {
 			row["last_heartbeat_age_seconds"] = age
 			row["lease_expires_in_seconds"] = r.LeaseExpiry().Sub(now).Seconds()

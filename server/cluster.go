@@ -400,3 +400,39 @@ func clipEngineLog(lines []string) []string {
 	}
 	return out
 }
+
+// keepLostReplicas lists the replicas the store says were lost before this
+// gateway started as lost again, with why, and keeps the store in step
+// with the registry from then on: a replica lost is saved, one heard again,
+// forgotten or revoked is deleted. So a restart does not clear
+// tailgate_replica_lost (and the TailgateReplicaLost alert) for a worker
+// that is still gone.
+func (s *Server) keepLostReplicas() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lost, err := s.store.LostReplicas(ctx)
+	if err != nil {
+		s.log.Error("lost replicas not restored", "err", err)
+	}
+	for _, l := range lost {
+		was, _ := router.ParseState(l.Was)
+		if s.reg.RestoreLost(router.LossEvent{ID: l.ReplicaID, Worker: l.WorkerID, URL: l.Address, Models: l.Models,
+			Loss: &router.Loss{Reason: l.Reason, At: l.LostAt, Was: was}}) {
+			s.log.Warn("replica still lost since before this start", "replica", l.ReplicaID, "lost_at", l.LostAt.UTC().Format(time.RFC3339), "reason", l.Reason)
+		}
+	}
+	s.reg.OnLoss(func(ev router.LossEvent) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var err error
+		if ev.Loss != nil {
+			err = s.store.SaveLostReplica(ctx, data.LostReplica{ReplicaID: ev.ID, WorkerID: ev.Worker, Address: ev.URL,
+				Models: ev.Models, Reason: ev.Loss.Reason, Was: ev.Loss.Was.String(), LostAt: ev.Loss.At})
+		} else {
+			err = s.store.DeleteLostReplica(ctx, ev.ID)
+		}
+		if err != nil {
+			s.log.Error("lost replica not stored; a restart may not list it", "replica", ev.ID, "err", err)
+		}
+	})
+}

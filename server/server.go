@@ -402,6 +402,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		s.publicRoutes = append(s.publicRoutes, routeKey{r.Method, r.Path})
 	}
 	s.hold = router.HoldOptions{Queue: s.cfg.Hold.Queue, Timeout: s.cfg.Hold.Timeout, PerTenant: s.cfg.Hold.PerTenant, Then: s.ledger.Healthy}
+	s.keepLostReplicas()
 	s.lim = parseLimits{maxDepth: s.cfg.MaxJSONDepth, mediaPart: s.cfg.MediaPartTokens, defaultMax: s.maxTokensFor, contextLen: s.reg.ContextLen, alternatives: s.reg.Alternatives}
 	return s, nil
 }

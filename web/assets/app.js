@@ -244,11 +244,23 @@ function renderHistory(h) {
 
 let openReplica = "";
 
-function ejectionsOf(id) {
-  // Ejections are counted by reason fleet-wide; a replica's own are its
-  // transitions into "ejected".
-  const t = (lastHistory && lastHistory.transitions && lastHistory.transitions[id]) || [];
+function ejectionsOf(r) {
+  // The gateway counts each replica's ejections (every reason of
+  // tailgate_ejections_total); an older gateway only has the transitions
+  // into "ejected".
+  if (typeof r.ejections === "number") return r.ejections;
+  const t = (lastHistory && lastHistory.transitions && lastHistory.transitions[r.id]) || [];
   return t.filter((x) => x.to === "ejected").length;
+}
+
+// whyOut is the table's reason cell: the state's reason, and for a replica
+// that is back, why it last went away.
+function whyOut(r) {
+  const why = r.reason || "";
+  const l = r.last_loss;
+  if (!l || r.state === "lost") return why;
+  const last = `last lost ${new Date(l.at).toLocaleTimeString()}: ${l.reason}`;
+  return why ? why + " · " + last : last;
 }
 
 function renderReplicas(replicas) {
@@ -259,10 +271,10 @@ function renderReplicas(replicas) {
     tr.className = "clickable";
     tr.addEventListener("click", () => { openReplica = openReplica === r.id ? "" : r.id; renderReplicaDetail(replicas); });
     return [
-      cell(r.id), cell(r.state, "state-" + r.state), cell(r.reason || "", "wrap"), cell(r.engine || (r.static ? "static" : "")),
+      cell(r.id), cell(r.state, "state-" + r.state), cell(whyOut(r), "wrap"), cell(r.engine || (r.static ? "static" : "")),
       cell((r.models || []).join(", "), "wrap"), cell(r.inflight), cell(r.engine_waiting), cell(r.engine_running),
       cell(r.kv_cache_usage === undefined ? null : (100 * r.kv_cache_usage).toFixed(0) + " %"),
-      cell(r.ttft_estimate_ms ? ms(r.ttft_estimate_ms) : null), cell(ago(r.last_ok_age_seconds)), cell(ejectionsOf(r.id)),
+      cell(r.ttft_estimate_ms ? ms(r.ttft_estimate_ms) : null), cell(ago(r.last_ok_age_seconds)), cell(ejectionsOf(r)),
     ];
   });
   renderReplicaDetail(replicas);
