@@ -42,7 +42,9 @@ func TestBudgetWebhookIsSignedWithItsOwnSecret(t *testing.T) {
 	defer rcv.Close()
 	p := startUp(t, "--replicas", "1", "--budget-webhook", rcv.URL)
 	key := testkit.LastLine(tailgate(t, "keys", "create", "--data", p.dir, "--tenant", "hooked"))
-	tailgate(t, "tenants", "set", "--data", p.dir, "hooked", "--budget-tokens", "5")
+	// A budget the request fits (its worst case is reserved before it runs)
+	// with an alert at 1 %: its spend crosses the alert, so one is posted.
+	tailgate(t, "tenants", "set", "--data", p.dir, "hooked", "--budget-tokens", "200", "--budget-alert-percent", "1")
 	if code, _, body := chatVia(t, strings.TrimSuffix(p.api, "/v1"), key); code != 200 {
 		t.Fatalf("chat: %d %s", code, body)
 	}

@@ -30,7 +30,7 @@ func (s *Server) Generate(ctx context.Context, p *policy.Principal, path string,
 		return batch.Answer{Status: ae.Status, Body: ae.Body(), Code: ae.Code}
 	}
 	cl := s.newCall(ep, p)
-	cl.id, cl.prepaid, cl.group = line.IDPrefix+cl.id, line.Prepaid, line.Group
+	cl.id, cl.prepaid, cl.group, cl.batchLine = line.IDPrefix+cl.id, line.Prepaid, line.Group, true
 	cl.priority = p.Class.Cap(policy.ClassBatch) // behind live traffic
 	out := &lineSink{}
 	s.serve(ctx, cl, body, out)

@@ -60,6 +60,9 @@ type call struct {
 	// that was then lost; what this run uses is overhead, not billed.
 	prepaid       bool
 	prepaidTokens int64 // what a prepaid call used, set when it is settled
+	// batchLine: a batch line, cancelled only by its executor's stop, which
+	// runs the line again; such a cancel is the gateway's, never billed.
+	batchLine bool
 
 	// How it ended: set once, by conclude (or reject).
 	recorded bool // the ledger row is written (or committed)
@@ -458,7 +461,8 @@ func (cl *call) billable() policy.Usage {
 // reported less than it sent); the prompt estimated where the engine said
 // nothing of it (an audio answer's is its decoded duration). A client that
 // left before the first token, once its request reached an engine, is
-// billed the prompt that engine was given to prefill.
+// billed the prompt that engine was given to prefill (a batch line the
+// executor's stop cancelled is not: the line runs again).
 func (cl *call) used() policy.Usage {
 	u := policy.Usage{}
 	if cl.gotUsage {
@@ -470,7 +474,7 @@ func (cl *call) used() policy.Usage {
 		if u.PromptTokens == 0 {
 			u.PromptTokens = cl.req.promptEstimate
 		}
-	case !cl.gotUsage && cl.outcome == data.OutcomeClientCancelled && cl.tries.reachedEngine():
+	case !cl.gotUsage && cl.outcome == data.OutcomeClientCancelled && !cl.batchLine && cl.tries.reachedEngine():
 		u.PromptTokens = cl.req.promptEstimate
 	}
 	return u
