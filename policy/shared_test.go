@@ -55,6 +55,7 @@ func TestTwoGatewaysNeverExceedSharedBudget(t *testing.T) {
 	// could spend the whole budget alone (seen once in a full run).
 	principals := [2]*Principal{authenticate(t, gates[0], secret), authenticate(t, gates[1], secret)}
 	start := make(chan struct{})
+	round := newBarrier(2 * workers)
 	for w := range 2 * workers {
 		i := w % 2
 		g, st, p := gates[i], []*data.Store{stA, stB}[i], principals[i]
@@ -62,13 +63,17 @@ func TestTwoGatewaysNeverExceedSharedBudget(t *testing.T) {
 			<-start
 			rng := rand.New(rand.NewPCG(uint64(w), 2))
 			for range rounds {
+				// Every round starts together on both gateways: a worker that
+				// ran ahead could spend the whole budget before the other
+				// gateway's first request (seen twice in full runs).
+				round.wait()
 				r := Request{Model: "m", PromptEstimate: 20, PromptBound: 30 + rng.Int64N(30), MaxTokens: 1 + rng.Int64N(40)}
 				tk, _, err := g.Admit(p, r)
 				if err != nil {
 					var qe *QuotaError
 					if !errors.As(err, &qe) {
 						t.Errorf("Admit: %v", err)
-						return
+						continue
 					}
 					rejected[i].Add(1)
 					continue
@@ -82,7 +87,7 @@ func TestTwoGatewaysNeverExceedSharedBudget(t *testing.T) {
 					CompletionTokens: u.CompletionTokens, CostMicros: c, Status: 200, Outcome: data.OutcomeOK, Stages: data.UnknownStages()}
 				if err := st.InsertLedger(context.Background(), []data.LedgerRow{row}); err != nil {
 					t.Errorf("ledger: %v", err)
-					return
+					continue
 				}
 			}
 		})
@@ -238,4 +243,28 @@ func TestSpareBudgetSavesRoundTrips(t *testing.T) {
 		}
 		return h.Tokens == requests*30
 	})
+}
+
+// barrier lets n goroutines wait for each other, round after round.
+type barrier struct {
+	mu      sync.Mutex
+	n, in   int
+	release chan struct{}
+}
+
+func newBarrier(n int) *barrier { return &barrier{n: n, release: make(chan struct{})} }
+
+// wait returns once all n goroutines called it in this round.
+func (b *barrier) wait() {
+	b.mu.Lock()
+	b.in++
+	if b.in == b.n {
+		close(b.release)
+		b.in, b.release = 0, make(chan struct{})
+		b.mu.Unlock()
+		return
+	}
+	ch := b.release
+	b.mu.Unlock()
+	<-ch
 }
