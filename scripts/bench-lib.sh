@@ -54,7 +54,12 @@ need_tools() {
 		VEGETA="$(go env GOPATH)/bin/vegeta"
 		if [[ ! -x "$VEGETA" ]]; then
 			log "installing vegeta $VEGETA_VERSION"
-			go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION"
+			# GOPROXY=on|off is bench-ab.sh's switch for the bare Go hop, not
+			# a module proxy: go install must not read it as one.
+			case "${GOPROXY:-}" in
+			on | off) env -u GOPROXY go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION" ;;
+			*) go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION" ;;
+			esac
 		fi
 	fi
 }
