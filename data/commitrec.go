@@ -85,6 +85,8 @@ func appendRecord(b []byte, r *LedgerRow) []byte {
 	b = append(b, `,"Priority":`...)
 	b = appendString(b, r.Priority)
 	b = appendInt(b, `,"QueueWait":`, int64(r.QueueWait))
+	b = append(b, `,"ReplayOf":`...)
+	b = appendString(b, r.ReplayOf)
 	return append(b, '}')
 }
 

@@ -167,6 +167,12 @@ type LedgerRow struct {
 	// queue (negative: it did not reach the queue).
 	Priority  string
 	QueueWait time.Duration
+
+	// ReplayOf is the id of the request whose answer this one was given
+	// again (an Idempotency-Key replay or a stream resumed: billed 0), or
+	// which it ran again after the gateway running it died (billed only
+	// what that one was not); "" for every other row.
+	ReplayOf string
 }
 
 // UsageFilter selects ledger rows for [Store.Usage]. Zero fields do not filter.

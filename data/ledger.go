@@ -20,7 +20,7 @@ var ledgerCols = [...]string{
 	"status", "outcome", "error", "attempts", "hedged",
 	"gateway_us", "connect_us", "upstream_ttft_us", "engine_queue_us",
 	"engine_ttft_us", "network_us", "ttft_us", "total_us", "priority", "queue_us", "gateway",
-	"attempt_log", "hold_us",
+	"attempt_log", "hold_us", "replay_of",
 }
 
 // ledgerChunks are the row counts of the prepared multi-row INSERTs. A batch
@@ -289,7 +289,7 @@ func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) 
 		int64(r.Status), r.Outcome, r.Error, int64(r.Attempts), boolInt(r.Hedged),
 		stageArg(st.Gateway), stageArg(st.Connect), stageArg(st.UpstreamTTFT), stageArg(st.EngineQueue),
 		stageArg(st.EngineTTFT), stageArg(st.Network), stageArg(st.TTFT), stageArg(st.Total),
-		r.Priority, stageArg(r.QueueWait), gateway, log, stageArg(st.Hold),
+		r.Priority, stageArg(r.QueueWait), gateway, log, stageArg(st.Hold), r.ReplayOf,
 	), nil
 }
 

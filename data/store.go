@@ -50,6 +50,11 @@ type Store struct {
 	// refreshStmts[i] refreshes ledgerChunks[i] open rows at once.
 	refreshStmts [len(ledgerChunks)]*sql.Stmt
 
+	// idemOwner owns this process's pending idempotency records on
+	// SQLite (see IdemOwner).
+	idemOnce  sync.Once
+	idemOwner string
+
 	closed    atomic.Bool // set once Close starts; lets writers stop retrying
 	closeOnce sync.Once
 	closeErr  error

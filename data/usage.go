@@ -361,7 +361,7 @@ const ledgerSelect = `SELECT COALESCE(t.name, ''), l.id, l.ts, l.tenant_id, l.ke
 	COALESCE(v.hedge_overhead_tokens, l.hedge_overhead_tokens), COALESCE(v.cost_micros, l.cost_micros),
 	l.status, l.outcome, l.error, l.attempts, l.hedged,
 	l.gateway_us, l.connect_us, l.upstream_ttft_us, l.engine_queue_us,
-	l.engine_ttft_us, l.network_us, l.ttft_us, l.total_us, l.priority, l.queue_us, l.hold_us
+	l.engine_ttft_us, l.network_us, l.ttft_us, l.total_us, l.priority, l.queue_us, l.hold_us, l.replay_of
 	FROM ledger l LEFT JOIN tenants t ON t.id = l.tenant_id
 	LEFT JOIN ledger_live v ON v.id = l.id AND l.outcome = 'open'`
 
@@ -372,7 +372,7 @@ func scanLedger(r rowScanner) (LedgerRow, error) {
 	err := r.Scan(&l.Tenant, &l.ID, &ts, &l.TenantID, &l.KeyID, &l.Model, &l.Upstream, &l.Stream,
 		&l.PromptTokens, &l.CompletionTokens, &l.HedgeOverheadTokens, &l.CostMicros,
 		&l.Status, &l.Outcome, &l.Error, &l.Attempts, &l.Hedged,
-		&stages[0], &stages[1], &stages[2], &stages[3], &stages[4], &stages[5], &stages[6], &stages[7], &l.Priority, &stages[8], &stages[9])
+		&stages[0], &stages[1], &stages[2], &stages[3], &stages[4], &stages[5], &stages[6], &stages[7], &l.Priority, &stages[8], &stages[9], &l.ReplayOf)
 	if err != nil {
 		return LedgerRow{}, err
 	}

@@ -69,6 +69,10 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		if !ok {
 			return nil
 		}
+		if key := r.Header.Get(idemHeader); key != "" && keyedEndpoint(ep) {
+			s.serveKeyed(c, cl, key, body, out)
+			return nil
+		}
 		s.serve(r.Context(), cl, body, out)
 		return nil
 	}

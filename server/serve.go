@@ -63,6 +63,9 @@ type call struct {
 	// batchLine: a batch line, cancelled only by its executor's stop, which
 	// runs the line again; such a cancel is the gateway's, never billed.
 	batchLine bool
+	// replayOf: the request a keyed request runs again, its gateway having
+	// died running it (idempotency.go).
+	replayOf string
 
 	// How it ended: set once, by conclude (or reject).
 	recorded bool // the ledger row is written (or committed)
@@ -628,6 +631,7 @@ func (s *Server) row(cl *call, usage policy.Usage, cost int64) data.LedgerRow {
 		row.Model, row.Stream = boundString(cl.req.model), cl.req.stream
 	}
 	row.HedgeOverheadTokens += cl.prepaidTokens
+	row.ReplayOf = cl.replayOf
 	return row
 }
 

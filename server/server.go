@@ -205,6 +205,17 @@ type Config struct {
 	// gateway continues (trace.go); none: every request starts its own
 	// trace, sampled as the operator set.
 	TraceFrom []netip.Prefix
+	// Idempotency-Key (idempotency.go): IdempotencyRetention is how long a
+	// key's answer is kept for its retries (0: 24h); IdempotencyMaxBytes
+	// the largest answer kept (0: 1 MiB; a larger one is answered, and its
+	// retries get 409); IdempotencyMaxKeys the most records a tenant keeps
+	// (0: 10,000; its oldest beyond are removed every minute);
+	// IdempotencyAbandon how long a keyed request runs on with no client
+	// reading its answer (0: 1m).
+	IdempotencyRetention time.Duration
+	IdempotencyMaxBytes  int64
+	IdempotencyMaxKeys   int
+	IdempotencyAbandon   time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -264,6 +275,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.HistoryInterval <= 0 {
 		c.HistoryInterval = 10 * time.Second
+	}
+	if c.IdempotencyRetention <= 0 {
+		c.IdempotencyRetention = DefaultIdempotencyRetention
+	}
+	if c.IdempotencyMaxBytes <= 0 {
+		c.IdempotencyMaxBytes = DefaultIdempotencyMaxBytes
+	}
+	if c.IdempotencyMaxKeys <= 0 {
+		c.IdempotencyMaxKeys = DefaultIdempotencyMaxKeys
+	}
+	if c.IdempotencyAbandon <= 0 {
+		c.IdempotencyAbandon = DefaultIdempotencyAbandon
 	}
 	c.Hold.setDefaults()
 }
@@ -331,6 +354,8 @@ type Server struct {
 	revokedWorkers map[string]bool
 
 	tracer trace.Tracer // the requests' spans (trace.go); nil: tracing off
+
+	idem flights // keyed requests running here (idempotency.go)
 
 	region regionState // what edges poll (region.go)
 	fleet  fleetState  // the fleet controller, if any (admin_fleet.go)

@@ -85,6 +85,13 @@ type Config struct {
 	TTFTDeadline time.Duration `yaml:"-"` // --ttft-deadline; 0: 30s
 	IdleDeadline time.Duration `yaml:"-"` // --idle-deadline; 0: 30s
 	JSONDeadline time.Duration `yaml:"-"` // --json-deadline; 0: 10m
+	// --idempotency-retention, --idempotency-max-bytes,
+	// --idempotency-max-keys, --idempotency-abandon (server.Config's
+	// Idempotency* fields).
+	IdemRetention time.Duration `yaml:"-"`
+	IdemMaxBytes  int64         `yaml:"-"`
+	IdemMaxKeys   int           `yaml:"-"`
+	IdemAbandon   time.Duration `yaml:"-"`
 
 	ClientWriteTimeout time.Duration `yaml:"-"` // --client-write-timeout; 0: 30s
 	MaxJSONDepth       int           `yaml:"-"` // --max-json-depth; 0: 64
@@ -225,6 +232,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TTFTDeadline, "ttft-deadline", 30*time.Second, "an attempt with no first token by then is abandoned and its replica ejected")
 	fs.DurationVar(&c.IdleDeadline, "idle-deadline", 30*time.Second, "a stream silent this long between tokens is cut and its replica ejected")
 	fs.DurationVar(&c.JSONDeadline, "json-deadline", 10*time.Minute, "how long a request that is not streamed may wait for its answer")
+	fs.DurationVar(&c.IdemRetention, "idempotency-retention", server.DefaultIdempotencyRetention, "how long the answer of a request sent with an Idempotency-Key is kept for its retries")
+	fs.Int64Var(&c.IdemMaxBytes, "idempotency-max-bytes", server.DefaultIdempotencyMaxBytes, "largest answer kept for an Idempotency-Key's retries (a larger one is answered; its retries get 409)")
+	fs.IntVar(&c.IdemMaxKeys, "idempotency-max-keys", server.DefaultIdempotencyMaxKeys, "most Idempotency-Key records a tenant keeps; its oldest beyond are removed every minute")
+	fs.DurationVar(&c.IdemAbandon, "idempotency-abandon", server.DefaultIdempotencyAbandon, "how long a request sent with an Idempotency-Key runs on with no client reading its answer (a client that reconnects meanwhile resumes it)")
 	fs.DurationVar(&c.ClientWriteTimeout, "client-write-timeout", 30*time.Second, "a client that does not read its answer for this long is cut, and what it held is released")
 	fs.IntVar(&c.MaxJSONDepth, "max-json-depth", 64, "deepest nesting of objects and arrays in a request body (deeper: 400)")
 	fs.Int64Var(&c.MediaPartTokens, "media-part-tokens", 16384, "prompt tokens reserved against the budget for each image, audio or video part of a chat message")
@@ -407,6 +418,7 @@ func (c *Config) Validate() error {
 		{"--ttft-deadline", c.TTFTDeadline}, {"--idle-deadline", c.IdleDeadline}, {"--json-deadline", c.JSONDeadline},
 		{"--client-write-timeout", c.ClientWriteTimeout}, {"--admit-wait", c.AdmitWait},
 		{"--forget-lost", c.ForgetLost}, {"--drain-notice", c.DrainNotice},
+		{"--idempotency-retention", c.IdemRetention}, {"--idempotency-abandon", c.IdemAbandon},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s %v: want a positive duration", d.flag, d.v)
@@ -537,6 +549,7 @@ func (c *Config) setup() (*parts, error) {
 			DefaultMaxTokens: c.DefaultMaxTokens, MaxBodyBytes: c.MaxBody, KeepAlive: c.KeepAlive,
 			Hold:         server.HoldConfig{Queue: c.HoldQueue, PerTenant: c.HoldPerTenant, Timeout: c.HoldTimeout, Progress: c.HoldProgress},
 			TTFTDeadline: c.TTFTDeadline, IdleDeadline: c.IdleDeadline, JSONDeadline: c.JSONDeadline,
+			IdempotencyRetention: c.IdemRetention, IdempotencyMaxBytes: c.IdemMaxBytes, IdempotencyMaxKeys: c.IdemMaxKeys, IdempotencyAbandon: c.IdemAbandon,
 			ClientWriteTimeout: c.ClientWriteTimeout, MaxJSONDepth: c.MaxJSONDepth, MediaPartTokens: c.MediaPartTokens,
 			RejectedRows: c.RejectedRows, OpenRegistration: c.OpenRegistration, MaxBodyBytesInFlight: c.MaxBodyInFlight,
 			MaxBodyBytesPerTenant: c.MaxBodyPerTenant, TrustedProxies: c.TrustedProxies, TraceFrom: c.TraceFrom,

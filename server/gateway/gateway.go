@@ -453,6 +453,7 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	g.Go(func() error { return gw.health.Run(gctx) })
 	g.Go(func() error { return gw.srv.RunBatches(gctx) })
 	g.Go(func() error { return gw.srv.RunHistory(gctx) })
+	g.Go(func() error { return gw.srv.RunIdempotency(gctx) })
 	g.Go(func() error { return gw.tls.Run(gctx) })
 	if gw.meshCerts != nil {
 		g.Go(func() error { return gw.meshCerts.Run(gctx) })

@@ -120,7 +120,7 @@ func Start(t testing.TB, o Options) *Gateway {
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
 	}
-	g := &Gateway{T: t, Dir: o.Dir, done: make(chan struct{}, 3), batchesDone: make(chan struct{})}
+	g := &Gateway{T: t, Dir: o.Dir, done: make(chan struct{}, 4), batchesDone: make(chan struct{})}
 	log := slog.New(slog.DiscardHandler)
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -186,6 +186,7 @@ func Start(t testing.TB, o Options) *Gateway {
 
 	go func() { _ = g.Gate.Run(ctx); g.done <- struct{}{} }()
 	go func() { _ = g.Ledger.Run(ctx); g.done <- struct{}{} }()
+	go func() { _ = g.Srv.RunIdempotency(ctx); g.done <- struct{}{} }()
 	if o.Health > 0 {
 		hc := router.NewHealthChecker(g.Reg, &server.Prober{Transport: http.DefaultTransport, ClusterToken: ClusterToken},
 			router.HealthConfig{Interval: o.Health, Timeout: o.Health})
