@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -197,3 +198,124 @@ func TestIdempotencyConcurrentRetryWaits(t *testing.T) {
 		t.Fatalf("%d billed rows and %d replays, want 1 and 1", len(billed), len(replays))
 	}
 }
+
+// sseEvent is one event of a stream as a client parses it.
+type sseEvent struct{ id, data string }
+
+// readEvents parses SSE events from r until it ends, or until stop says so
+// after an event.
+func readEvents(t *testing.T, r io.Reader, stop func([]sseEvent) bool) []sseEvent {
+	t.Helper()
+	var evs []sseEvent
+	var cur sseEvent
+	buf := make([]byte, 0, 4096)
+	tmp := make([]byte, 4096)
+	for {
+		n, err := r.Read(tmp)
+		buf = append(buf, tmp[:n]...)
+		for {
+			i := strings.Index(string(buf), "\n")
+			if i < 0 {
+				break
+			}
+			line := string(buf[:i])
+			buf = buf[i+1:]
+			switch {
+			case line == "":
+				if cur.data != "" {
+					evs = append(evs, cur)
+					if stop != nil && stop(evs) {
+						return evs
+					}
+				}
+				cur = sseEvent{}
+			case strings.HasPrefix(line, "id: "):
+				cur.id = line[4:]
+			case strings.HasPrefix(line, "data: "):
+				cur.data = line[6:]
+			}
+		}
+		if err != nil {
+			return evs
+		}
+	}
+}
+
+func keyedStream(t *testing.T, ctx context.Context, h *servertest.Gateway, secret, key, lastID string) *http.Response {
+	t.Helper()
+	body := `{"model":"tailgate-sim","messages":[{"role":"user","content":"stream and resume"}],"max_tokens":24,"stream":true,"stream_options":{"include_usage":true}}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.Public.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Idempotency-Key", key)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("stream: %d %s", resp.StatusCode, b)
+	}
+	return resp
+}
+
+// A keyed stream cut mid-way runs on; the client that reconnects with the
+// same key and Last-Event-ID gets every event after that one, live, and
+// the stream is billed once, generated once. Once it is whole, the same key
+// replays it from its record, ids and all.
+func TestIdempotencyStreamResumesAfterCut(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TPOT: 30 * time.Millisecond}})
+	key := h.Key(policy.KeyOptions{})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	resp := keyedStream(t, ctx, h, key, "s-1", "")
+	head := readEvents(t, resp.Body, func(evs []sseEvent) bool { return len(evs) == 3 })
+	cancel()
+	resp.Body.Close()
+	if len(head) != 3 || head[2].id == "" {
+		t.Fatalf("first events %+v", head)
+	}
+	reqID := resp.Header.Get("X-Request-Id")
+	if head[2].id != reqID+":3" {
+		t.Fatalf("event id %q, want %s:3", head[2].id, reqID)
+	}
+
+	resp = keyedStream(t, context.Background(), h, key, "s-1", head[2].id)
+	tail := readEvents(t, resp.Body, nil)
+	resp.Body.Close()
+	if resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("resumed stream not marked: %v", resp.Header)
+	}
+	all := append(head, tail...)
+	for i, ev := range all {
+		if want := reqID + ":" + strconv.Itoa(i+1); ev.id != want {
+			t.Fatalf("event %d has id %q, want %q (events %+v)", i, ev.id, want, all)
+		}
+	}
+	if all[len(all)-1].data != "[DONE]" {
+		t.Fatalf("resumed stream ends with %q", all[len(all)-1].data)
+	}
+	if st := h.Engines[0].Stats(); st.Completed != 1 || st.Aborted != 0 {
+		t.Fatalf("engine stats %+v, want one generation, none aborted", st)
+	}
+
+	// Whole now: the same key replays the record from the start.
+	resp = keyedStream(t, context.Background(), h, key, "s-1", "")
+	again := readEvents(t, resp.Body, nil)
+	resp.Body.Close()
+	if len(again) != len(all) {
+		t.Fatalf("replay has %d events, the stream %d", len(again), len(all))
+	}
+	for i := range all {
+		if again[i] != all[i] {
+			t.Fatalf("replay event %d = %+v, stream %+v", i, again[i], all[i])
+		}
+	}
+	billed, replays := billedRows(h.LedgerRows())
+	if len(billed) != 1 || len(replays) != 2 || billed[0].ID != reqID || billed[0].Outcome != data.OutcomeOK {
+		t.Fatalf("%d billed rows (%+v) and %d replays, want 1 (%s, ok) and 2", len(billed), billed, len(replays), reqID)
+	}
+}
+
