@@ -318,4 +318,3 @@ func TestIdempotencyStreamResumesAfterCut(t *testing.T) {
 		t.Fatalf("%d billed rows (%+v) and %d replays, want 1 (%s, ok) and 2", len(billed), billed, len(replays), reqID)
 	}
 }
-
