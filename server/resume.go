@@ -207,6 +207,12 @@ func (s *Server) deliver(c echo.Context, log *answerLog, from int, replay bool) 
 			}
 			if v.stream {
 				h.Del("Content-Length")
+			} else {
+				n := 0
+				for _, ev := range v.events {
+					n += len(ev)
+				}
+				h.Set("Content-Length", strconv.Itoa(n))
 			}
 			rw.WriteHeader(v.status)
 			committed = true
