@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
 	"github.com/tailgate-dev/tailgate/e2e/testkit"
 )
 
@@ -147,5 +148,117 @@ func TestIdempotencyOnTheBinary(t *testing.T) {
 	}
 	if billed != 2 { // the docs' first answer and the interrupted stream
 		t.Fatalf("%d billed rows, want 2: %+v", billed, rows)
+	}
+}
+
+// TestIdempotencyAcrossGatewaysOnPostgres: two gateways share PostgreSQL. A
+// retry that lands on the other gateway gets the first one's answer; one
+// that arrives while the first gateway still runs the stream waits for it
+// and gets the same events; one whose first gateway was SIGKILLed
+// mid-stream takes the key over once that gateway's lease ran out, and the
+// key is billed once.
+func TestIdempotencyAcrossGatewaysOnPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the tailgate binary and a PostgreSQL server")
+	}
+	url := pgtest.NewDatabase(t)
+	sim := startSim(t, "--sim-ttft", "5ms", "--sim-tpot", "20ms")
+	gA, gB := startGatewayPair(t, url, "--upstream", "http://"+sim)
+	key := gA.key
+	body := `{"model":"tailgate-sim","stream":true,"max_tokens":60,"ignore_eos":true,"messages":[{"role":"user","content":"across gateways"}]}`
+	send := func(api, idem string) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, api+"/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Idempotency-Key", idem)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	testkit.WaitWithin(t, 10*time.Second, "both gateways know the key", func() bool {
+		r := send(gB.api, "warm-up")
+		r.Body.Close()
+		return r.StatusCode == 200
+	})
+	events := func(r *http.Response, n int) []string {
+		var evs []string
+		sc := bufio.NewScanner(r.Body)
+		var id string
+		for (n == 0 || len(evs) < n) && sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "id: "); ok {
+				id = v
+			}
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				evs = append(evs, id+" "+d)
+			}
+		}
+		return evs
+	}
+
+	// Running on A when its retry reaches B: B waits and gives A's events.
+	a := send(gA.api, "live-1")
+	head := events(a, 3)
+	b := send(gB.api, "live-1")
+	fromB := events(b, 0)
+	b.Body.Close()
+	fromA := append(head, events(a, 0)...)
+	a.Body.Close()
+	if b.Header.Get("Idempotent-Replayed") != "true" || len(fromB) != len(fromA) || len(fromA) < 60 {
+		t.Fatalf("B gave %d events (replayed %q), A %d", len(fromB), b.Header.Get("Idempotent-Replayed"), len(fromA))
+	}
+	for i := range fromA {
+		if fromA[i] != fromB[i] {
+			t.Fatalf("event %d: A %q, B %q", i, fromA[i], fromB[i])
+		}
+	}
+
+	// A killed mid-stream: B takes the key over once A's lease ran out.
+	a = send(gA.api, "dead-1")
+	dead := a.Header.Get("X-Request-Id")
+	events(a, 15)
+	if err := gA.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-gA.Done()
+	a.Body.Close()
+	b = send(gB.api, "dead-1")
+	rerun := b.Header.Get("X-Request-Id")
+	all := events(b, 0)
+	b.Body.Close()
+	if len(all) == 0 || !strings.HasSuffix(all[len(all)-1], " [DONE]") {
+		t.Fatalf("B's retry ended with %v", all)
+	}
+
+	st, err := data.Open(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var rows map[string]data.LedgerRow
+	testkit.WaitWithin(t, 30*time.Second, "the rows of both keys settled", func() bool {
+		list, err := st.LedgerRows(t.Context(), data.UsageFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = map[string]data.LedgerRow{}
+		for _, r := range list {
+			rows[r.ID] = r
+		}
+		return rows[rerun].Outcome == data.OutcomeOK && rows[dead].Outcome == data.OutcomeInterrupted
+	})
+	var billedLive, replays int
+	for _, r := range rows {
+		switch {
+		case r.ReplayOf != "":
+			replays++
+		case r.PromptTokens+r.CompletionTokens > 0 && r.ID != dead:
+			billedLive++
+		}
+	}
+	// warm-up (1 run and its replays), live-1 (1 run), dead-1 (the
+	// interrupted run; its rerun is a replay_of row billed 0).
+	if billedLive != 2 || rows[rerun].ReplayOf != dead || rows[rerun].CostMicros+rows[rerun].CompletionTokens != 0 || rows[dead].CompletionTokens == 0 {
+		t.Fatalf("billed runs %d (want warm-up and live-1), rerun %+v, interrupted %+v", billedLive, rows[rerun], rows[dead])
 	}
 }
