@@ -318,3 +318,66 @@ func TestIdempotencyStreamResumesAfterCut(t *testing.T) {
 		t.Fatalf("%d billed rows (%+v) and %d replays, want 1 (%s, ok) and 2", len(billed), billed, len(replays), reqID)
 	}
 }
+
+// Every generating endpoint honours the key: the second request is the
+// first's answer replayed, byte for byte, and the engine is asked once. An
+// audio form is the same request whatever boundary its client drew. On the
+// Messages API a reused key is refused in Anthropic's error shape.
+func TestIdempotencyOnEveryGeneratingEndpoint(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	var got []string
+	fakeEngine(t, h, "vllm", vllmLike(t, &got))
+	secret := h.Key(policy.KeyOptions{})
+	send := func(path, ctype, key string, body []byte) (*http.Response, string) {
+		req, _ := http.NewRequest(http.MethodPost, h.Public.URL+path, strings.NewReader(string(body)))
+		req.Header.Set("Authorization", "Bearer "+secret)
+		req.Header.Set("Content-Type", ctype)
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(raw)
+	}
+	form := func(boundary string) []byte {
+		var b strings.Builder
+		for _, p := range [][2]string{{`name="model"`, "broken"}, {`name="file"; filename="a.wav"`, strings.Repeat("\x01", 512)}} {
+			b.WriteString("--" + boundary + "\r\nContent-Disposition: form-data; " + p[0] + "\r\n\r\n" + p[1] + "\r\n")
+		}
+		b.WriteString("--" + boundary + "--\r\n")
+		return []byte(b.String())
+	}
+	for i, tc := range []struct{ path, body string }{
+		{"/v1/embeddings", `{"model":"broken","input":"hello"}`},
+		{"/v1/responses", `{"model":"broken","input":"hi"}`},
+		{"/v1/responses", `{"model":"broken","input":"hi","stream":true}`},
+		{"/v1/rerank", `{"model":"broken","query":"q","documents":["a","b"]}`},
+		{"/v1/score", `{"model":"broken","text_1":"a","text_2":"b"}`},
+		{"/v1/messages", `{"model":"broken","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/audio/transcriptions", ""},
+	} {
+		key := "ep-" + strconv.Itoa(i)
+		ctype, body, again := "application/json", []byte(tc.body), []byte(tc.body)
+		if tc.body == "" {
+			ctype, body, again = "multipart/form-data; boundary=first", form("first"), form("second")
+		}
+		before := len(got)
+		r1, b1 := send(tc.path, ctype, key, body)
+		if tc.body == "" {
+			ctype = "multipart/form-data; boundary=second"
+		}
+		r2, b2 := send(tc.path, ctype, key, again)
+		if r1.StatusCode != 200 || r2.StatusCode != 200 || b1 != b2 || b1 == "" || r2.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("%s: %d %q then %d %q (replayed %q)", tc.path, r1.StatusCode, b1, r2.StatusCode, b2, r2.Header.Get("Idempotent-Replayed"))
+		}
+		if len(got) != before+1 {
+			t.Fatalf("%s: the engine was asked %d times, want once", tc.path, len(got)-before)
+		}
+	}
+	r, body := send("/v1/messages", "application/json", "ep-5", []byte(`{"model":"broken","max_tokens":9,"messages":[{"role":"user","content":"other"}]}`))
+	if r.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(body, `"type":"error"`) || !strings.Contains(body, "Idempotency-Key") {
+		t.Fatalf("messages, reused key: %d %s", r.StatusCode, body)
+	}
+}
