@@ -416,6 +416,9 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if bcfg.BodyTimeout == 0 {
 		bcfg.BodyTimeout = cfg.BodyTimeout
 	}
+	if bcfg.IdempotencyRetention == 0 {
+		bcfg.IdempotencyRetention = cfg.IdempotencyRetention
+	}
 	s.batches, err = batch.New(bcfg, batch.Deps{
 		Store: d.Store, Gate: d.Gate, Generator: s, Authenticate: s.authenticate,
 		APIError: func(err error) *apierr.Error { return toAPIError(err, "") }, Log: d.Log,

@@ -297,16 +297,6 @@ func batchObject(b data.Batch) batchJSON {
 // handlePostBatch creates a batch in status validating; the executor
 // validates its lines and runs them.
 func (s *Batches) handlePostBatch(c echo.Context, p *policy.Principal) error {
-	var req struct {
-		InputFileID        string            `json:"input_file_id"`
-		Endpoint           string            `json:"endpoint"`
-		CompletionWindow   string            `json:"completion_window"`
-		Metadata           map[string]string `json:"metadata"`
-		OutputExpiresAfter *struct {
-			Anchor  string      `json:"anchor"`
-			Seconds json.Number `json:"seconds"`
-		} `json:"output_expires_after"`
-	}
 	r := c.Request()
 	rc := http.NewResponseController(c.Response())
 	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
@@ -327,50 +317,74 @@ func (s *Batches) handlePostBatch(c echo.Context, p *policy.Principal) error {
 		return apierr.BadRequest("", "could not read the request body")
 	}
 	_ = rc.SetReadDeadline(time.Time{})
+	if key := r.Header.Get(idemHeader); key != "" {
+		return s.createKeyed(c, p, key, body, func() (batchJSON, error) { return s.createBatch(c, p, body) })
+	}
+	b, err := s.createBatch(c, p, body)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, b)
+}
+
+// createBatch creates the batch body asks for.
+func (s *Batches) createBatch(c echo.Context, p *policy.Principal, body []byte) (batchJSON, error) {
+	var req struct {
+		InputFileID        string            `json:"input_file_id"`
+		Endpoint           string            `json:"endpoint"`
+		CompletionWindow   string            `json:"completion_window"`
+		Metadata           map[string]string `json:"metadata"`
+		OutputExpiresAfter *struct {
+			Anchor  string      `json:"anchor"`
+			Seconds json.Number `json:"seconds"`
+		} `json:"output_expires_after"`
+	}
+	r := c.Request()
 	if err := json.Unmarshal(body, &req); err != nil {
-		return apierr.BadRequest("", "the body must be a JSON object with input_file_id, endpoint and completion_window: %v", err)
+		return batchJSON{}, apierr.BadRequest("", "the body must be a JSON object with input_file_id, endpoint and completion_window: %v", err)
 	}
 	switch {
 	case req.InputFileID == "":
-		return apierr.BadRequest("input_file_id", "input_file_id is required")
+		return batchJSON{}, apierr.BadRequest("input_file_id", "input_file_id is required")
 	case req.Endpoint != EndpointChat && req.Endpoint != EndpointCompletions:
-		return apierr.BadRequest("endpoint", "endpoint must be %s or %s", EndpointChat, EndpointCompletions)
+		return batchJSON{}, apierr.BadRequest("endpoint", "endpoint must be %s or %s", EndpointChat, EndpointCompletions)
 	case req.CompletionWindow != "24h":
-		return apierr.BadRequest("completion_window", "completion_window must be '24h'")
+		return batchJSON{}, apierr.BadRequest("completion_window", "completion_window must be '24h'")
 	case len(req.Metadata) > maxMetadataKeys:
-		return apierr.BadRequest("metadata", "metadata may hold at most %d keys", maxMetadataKeys)
+		return batchJSON{}, apierr.BadRequest("metadata", "metadata may hold at most %d keys", maxMetadataKeys)
 	}
 	for k, v := range req.Metadata {
 		if len(k) > 64 || len(v) > 512 {
-			return apierr.BadRequest("metadata", "metadata keys are at most 64 characters and values at most 512")
+			return batchJSON{}, apierr.BadRequest("metadata", "metadata keys are at most 64 characters and values at most 512")
 		}
 	}
 	var outputTTL time.Duration
+	var err error
 	if oe := req.OutputExpiresAfter; oe != nil {
 		if outputTTL, err = expiresAfter("output_expires_after", oe.Anchor, cmp.Or(oe.Seconds.String(), "missing"), 0); err != nil {
-			return err
+			return batchJSON{}, err
 		}
 	}
 	f, err := s.liveFile(c, p, req.InputFileID, "input_file_id")
 	if err != nil {
-		return err
+		return batchJSON{}, err
 	}
 	if f.Purpose != purposeBatch {
-		return apierr.BadRequest("input_file_id", "the input file must have purpose 'batch', not %q", f.Purpose)
+		return batchJSON{}, apierr.BadRequest("input_file_id", "the input file must have purpose 'batch', not %q", f.Purpose)
 	}
 	b, err := s.store.CreateBatch(r.Context(), data.Batch{
 		ID: newID("batch_"), TenantID: p.TenantID, KeyID: p.KeyID, Endpoint: req.Endpoint, InputFileID: f.ID,
 		CompletionWindow: req.CompletionWindow, Metadata: req.Metadata, OutputExpiresAfter: outputTTL,
 	}, batchWindow)
 	if errors.Is(err, data.ErrNotFound) {
-		return errNoSuch("File", req.InputFileID, "input_file_id") // deleted meanwhile
+		return batchJSON{}, errNoSuch("File", req.InputFileID, "input_file_id") // deleted meanwhile
 	}
 	if err != nil {
-		return err
+		return batchJSON{}, err
 	}
 	s.log.Info("batch created", "batch", b.ID, "tenant", p.Tenant, "key", p.KeyPrefix, "endpoint", b.Endpoint, "input_file", f.ID)
 	s.wakeExecutor()
-	return c.JSON(http.StatusOK, batchObject(b))
+	return batchObject(b), nil
 }
 
 func (s *Batches) batchOf(c echo.Context, p *policy.Principal) (data.Batch, error) {

@@ -65,6 +65,9 @@ type Config struct {
 	// start of an upload, so a client that trickles its body cannot hold a
 	// handler: it gets 408. 0 means 30s (the public API's default).
 	BodyTimeout time.Duration
+	// IdempotencyRetention is how long POST /v1/batches keeps its answer
+	// for a retry with the same Idempotency-Key; 0 means 24h.
+	IdempotencyRetention time.Duration
 	// UploadMinRate is the slowest an upload may arrive, in bytes per
 	// second, after its first BodyTimeout: an upload of n bytes may take
 	// BodyTimeout + n/UploadMinRate, and never more than UploadTimeout.
@@ -102,6 +105,9 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
+	if c.IdempotencyRetention <= 0 {
+		c.IdempotencyRetention = 24 * time.Hour
+	}
 	if c.MaxFileBytes == 0 {
 		c.MaxFileBytes = 100 << 20
 	}
