@@ -19,6 +19,7 @@ import (
 	"github.com/tailgate-dev/tailgate/data"
 	"github.com/tailgate-dev/tailgate/e2e/testkit"
 	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/server"
 	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 	"github.com/tailgate-dev/tailgate/serving/sim"
 )
@@ -379,5 +380,33 @@ func TestIdempotencyOnEveryGeneratingEndpoint(t *testing.T) {
 	r, body := send("/v1/messages", "application/json", "ep-5", []byte(`{"model":"broken","max_tokens":9,"messages":[{"role":"user","content":"other"}]}`))
 	if r.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(body, `"type":"error"`) || !strings.Contains(body, "Idempotency-Key") {
 		t.Fatalf("messages, reused key: %d %s", r.StatusCode, body)
+	}
+}
+
+// A keyed stream nobody reads any more is cancelled once
+// IdempotencyAbandon passed (499, the engine aborts it), and its key is
+// given up: the next request with it runs anew.
+func TestIdempotencyAbandonedStreamIsCancelled(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Sim: sim.Config{TPOT: 50 * time.Millisecond},
+		Server: server.Config{IdempotencyAbandon: 200 * time.Millisecond}})
+	key := h.Key(policy.KeyOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	resp := keyedStream(t, ctx, h, key, "gone", "")
+	first := resp.Header.Get("X-Request-Id")
+	readEvents(t, resp.Body, func(evs []sseEvent) bool { return len(evs) == 2 })
+	cancel()
+	resp.Body.Close()
+	testkit.WaitWithin(t, 10*time.Second, "the engine aborting the abandoned stream", func() bool { return h.Engines[0].Stats().Aborted == 1 })
+	resp = keyedStream(t, context.Background(), h, key, "gone", "")
+	all := readEvents(t, resp.Body, nil)
+	resp.Body.Close()
+	if resp.Header.Get("Idempotent-Replayed") != "" || len(all) == 0 || all[len(all)-1].data != "[DONE]" {
+		t.Fatalf("the retry of an abandoned stream: replayed %q, %d events", resp.Header.Get("Idempotent-Replayed"), len(all))
+	}
+	rows := h.LedgerRows()
+	for _, r := range rows {
+		if r.ID == first && (r.Outcome != data.OutcomeClientCancelled || r.Status != 499) {
+			t.Fatalf("the abandoned stream's row %+v", r)
+		}
 	}
 }
