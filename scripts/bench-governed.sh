@@ -38,7 +38,7 @@
 # Environment (all optional; QUICK=1 changes the defaults marked *):
 #   ROUNDS=3* C1_DURATION=5s* RATE=1000 RATE_DURATION=5s* BIG_BYTES=262144 BIG_DURATION=4s*
 #   SWEEP="1 2 4 8 16 32 64 128"* SWEEP_DURATION=4s* MAX_SECONDS=600*
-#   STREAMS=500* CHUNKS=100* PACE=50ms WARMUP=2s VEGETA_MAX_CONNS=512
+#   STREAMS=500* CHUNKS=100* PACE=50ms STREAM_ROUNDS=1 WARMUP=2s VEGETA_MAX_CONNS=512
 #   GATEWAY_BIN=path   a tailgate binary built already (default: build the working tree)
 #   NGINX=auto|off     RESULT=path prefix of the result files (default ./bench-governed-UTCSTAMP)
 #   KEEP_TMP=1
@@ -50,7 +50,7 @@ set -euo pipefail
 
 # The command as run: the knobs set in the environment, then the script.
 CMD=
-for v in QUICK ROUNDS C1_DURATION RATE RATE_DURATION BIG_BYTES BIG_DURATION SWEEP SWEEP_DURATION MAX_SECONDS STREAMS CHUNKS PACE GATEWAY_BIN NGINX; do
+for v in QUICK ROUNDS C1_DURATION RATE RATE_DURATION BIG_BYTES BIG_DURATION SWEEP SWEEP_DURATION MAX_SECONDS STREAMS CHUNKS PACE STREAM_ROUNDS GATEWAY_BIN NGINX; do
 	if [[ "${!v:-}" == *" "* ]]; then CMD+="$v=\"${!v}\" "; elif [[ -n "${!v:-}" ]]; then CMD+="$v=${!v} "; fi
 done
 CMD+=scripts/bench-governed.sh
@@ -73,6 +73,7 @@ MAX_SECONDS=${MAX_SECONDS:-600}
 STREAMS=${STREAMS:-500}
 CHUNKS=${CHUNKS:-100}
 PACE=${PACE:-50ms}
+STREAM_ROUNDS=${STREAM_ROUNDS:-1}
 WARMUP=${WARMUP:-2s}
 VEGETA_MAX_CONNS=${VEGETA_MAX_CONNS:-512}
 NGINX=${NGINX:-auto}
@@ -90,7 +91,7 @@ source "$ROOT/scripts/bench-lib.sh"
 trap stop_all EXIT
 trap 'exit 130' INT TERM
 
-for v in ROUNDS RATE BIG_BYTES MAX_SECONDS STREAMS CHUNKS; do
+for v in ROUNDS RATE BIG_BYTES MAX_SECONDS STREAMS CHUNKS STREAM_ROUNDS; do
 	[[ "${!v}" =~ ^[1-9][0-9]*$ ]] || die "$v=${!v}: want a positive number"
 done
 for c in $SWEEP; do [[ "$c" =~ ^[1-9][0-9]*$ ]] || die "SWEEP=\"$SWEEP\": want concurrencies like \"1 2 4\""; done
@@ -114,7 +115,7 @@ START=$SECONDS
 # to, so a hop that served the sweep first would hold the streams in memory
 # it already has (Busbar starts each memory cell cold too).
 log "streams: $STREAMS at once per hop, $CHUNKS chunks $PACE apart (scripts/bench-streams.sh)"
-BIN_DIR=$TMP STREAMS_JSON="$RES/streams.json" STREAMS=$STREAMS CHUNKS=$CHUNKS PACE=$PACE ROUNDS=1 BURST=0 NGINX=$NGINX \
+BIN_DIR=$TMP STREAMS_JSON="$RES/streams.json" STREAMS=$STREAMS CHUNKS=$CHUNKS PACE=$PACE ROUNDS=$STREAM_ROUNDS BURST=0 NGINX=$NGINX \
 	GOPROXY=on bash "$ROOT/scripts/bench-streams.sh" >"$RES/streams.txt" || die "the streams phase failed"
 
 # --- engine and hops -----------------------------------------------------------
