@@ -15,8 +15,14 @@
 # received: `tailgate usage --json` shows at least those tokens and less than
 # the cap), a 429 the client retries by itself (its key's one concurrency
 # slot held meanwhile), a wrong model and a wrong key (the client's own
-# error type, parsed from the answer). Prints one matrix, client × feature;
-# a failing or missing cell fails the script. About a minute.
+# error type, parsed from the answer). The clients reach the gateway through
+# e2e/conformance/specproxy.mjs, which records every exchange; the column
+# "schema" is schema.mjs's judgement of a row's requests and answers (JSON
+# bodies and each streamed event) against the published OpenAPI specs in
+# e2e/conformance/testdata/openapi (OpenAI's, and a curated MIT-licensed
+# Messages API spec; SOURCE.md there says where each comes from). Prints one
+# matrix, client × feature; a failing or missing cell fails the script.
+# About a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -33,7 +39,11 @@ fi
 
 work=$(mktemp -d)
 up_pid=""
+proxy_pid=""
 cleanup() {
+	# CONFORMANCE_RECORDS=FILE keeps the recorded exchanges (for schema.mjs by hand).
+	if [ -n "${CONFORMANCE_RECORDS:-}" ] && [ -f "$work/records.jsonl" ]; then cp "$work/records.jsonl" "$CONFORMANCE_RECORDS"; fi
+	if [ -n "$proxy_pid" ]; then kill "$proxy_pid" 2>/dev/null || true; wait "$proxy_pid" 2>/dev/null || true; fi
 	if [ -n "$up_pid" ]; then kill "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true; fi
 	rm -rf "$work"
 }
@@ -55,17 +65,31 @@ for _ in $(seq 1 120); do
 done
 curl -sf "http://127.0.0.1:$port/healthz" >/dev/null || { echo "conformance.sh: tailgate up never became healthy" >&2; cat "$work/up.log" >&2; exit 1; }
 
-export TG_BASE="http://127.0.0.1:$port" TG_KEY="$(cat "$work/data/demo.key")" TG_BIN="$work/tailgate" TG_DATA="$work/data"
+# The recording proxy in front of the gateway: every client goes through it.
+records="$work/records.jsonl"
+(cd e2e/conformance && exec node specproxy.mjs "http://127.0.0.1:$port" "$records" "$work/proxy.port") &
+proxy_pid=$!
+for _ in $(seq 1 100); do
+	[ -s "$work/proxy.port" ] && break
+	kill -0 "$proxy_pid" 2>/dev/null || { echo "conformance.sh: specproxy.mjs exited" >&2; exit 1; }
+	sleep 0.1
+done
+[ -s "$work/proxy.port" ] || { echo "conformance.sh: specproxy.mjs never listened" >&2; exit 1; }
+
+export TG_BASE="http://127.0.0.1:$(cat "$work/proxy.port")" TG_KEY="$(cat "$work/data/demo.key")" TG_BIN="$work/tailgate" TG_DATA="$work/data"
 cells="$work/cells.jsonl"
 status=0
 (cd e2e/conformance && timeout 300 node openai.mjs) >>"$cells" || status=1
 (cd e2e/conformance && timeout 300 node anthropic.mjs) >>"$cells" || status=1
 timeout 300 "$work/goclients" >>"$cells" || status=1
+# The schema column: every row's recorded exchanges against the specs.
+(cd e2e/conformance && timeout 120 node schema.mjs "$records" "openai (npm)" "@ai-sdk/openai chat" "@ai-sdk/openai responses" \
+	"@langchain/openai" "@anthropic-ai/sdk 0.x" "@anthropic-ai/sdk 1.x" "@ai-sdk/anthropic" "openai-go/v3" "anthropic-sdk-go") >>"$cells" || status=1
 
 # The matrix, and every cell the kit expects.
 node --input-type=module - "$cells" <<'JS' || status=1
 import { readFileSync } from "node:fs";
-const features = ["plain", "stream", "tools", "structured", "embeddings", "abort", "retry_429", "wrong_model", "wrong_key"];
+const features = ["plain", "stream", "tools", "structured", "embeddings", "abort", "retry_429", "wrong_model", "wrong_key", "schema"];
 const noEmbeddings = new Set(["@ai-sdk/openai responses", "@anthropic-ai/sdk 0.x", "@anthropic-ai/sdk 1.x", "@ai-sdk/anthropic", "anthropic-sdk-go"]);
 const clients = ["openai (npm)", "@ai-sdk/openai chat", "@ai-sdk/openai responses", "@langchain/openai",
   "@anthropic-ai/sdk 0.x", "@anthropic-ai/sdk 1.x", "@ai-sdk/anthropic", "openai-go/v3", "anthropic-sdk-go"];

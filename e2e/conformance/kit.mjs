@@ -113,6 +113,8 @@ export const FEATURES = ["plain", "stream", "tools", "structured", "embeddings",
 
 // A row: run each feature's check, print one JSON line per cell.
 export async function row(client, checks) {
+  // specproxy.mjs tags what follows with this client, for schema.mjs.
+  await fetch(`${env.base}/_kit/row`, { method: "POST", body: client });
   for (const f of FEATURES) {
     const check = checks[f];
     if (check === undefined) continue; // not in the client's API

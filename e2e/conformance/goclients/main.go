@@ -39,6 +39,10 @@ var features = []string{"plain", "stream", "tools", "structured", "embeddings", 
 type check func(ctx context.Context) error
 
 func row(client string, checks map[string]check) {
+	// specproxy.mjs tags what follows with this client, for schema.mjs.
+	if res, err := http.Post(base+"/_kit/row", "text/plain", strings.NewReader(client)); err == nil {
+		res.Body.Close()
+	}
 	for _, f := range features {
 		c, ok := checks[f]
 		if !ok {
