@@ -8,7 +8,10 @@
 #   @langchain/openai, @anthropic-ai/sdk 0.x and 1.x (npm aliases),
 #   @ai-sdk/anthropic;
 #   Go (e2e/conformance/goclients, from the Go module proxy through go.mod):
-#   github.com/openai/openai-go/v3, github.com/anthropics/anthropic-sdk-go.
+#   github.com/openai/openai-go/v3, github.com/anthropics/anthropic-sdk-go;
+#   a coding agent (e2e/conformance/agents.mjs): Claude Code's npm release,
+#   headless (`claude -p`), set up through its environment as the README's
+#   Clients section shows — one plain turn, billed to its key.
 #
 # Each client: a plain call, a stream, tools, structured output, embeddings
 # where its API has them, a stream aborted after three pieces (billed what was
@@ -82,9 +85,10 @@ status=0
 (cd e2e/conformance && timeout 300 node openai.mjs) >>"$cells" || status=1
 (cd e2e/conformance && timeout 300 node anthropic.mjs) >>"$cells" || status=1
 timeout 300 "$work/goclients" >>"$cells" || status=1
+(cd e2e/conformance && timeout 300 node agents.mjs) >>"$cells" || status=1
 # The schema column: every row's recorded exchanges against the specs.
 (cd e2e/conformance && timeout 120 node schema.mjs "$records" "openai (npm)" "@ai-sdk/openai chat" "@ai-sdk/openai responses" \
-	"@langchain/openai" "@anthropic-ai/sdk 0.x" "@anthropic-ai/sdk 1.x" "@ai-sdk/anthropic" "openai-go/v3" "anthropic-sdk-go") >>"$cells" || status=1
+	"@langchain/openai" "@anthropic-ai/sdk 0.x" "@anthropic-ai/sdk 1.x" "@ai-sdk/anthropic" "openai-go/v3" "anthropic-sdk-go" "claude-code") >>"$cells" || status=1
 
 # The matrix, and every cell the kit expects.
 node --input-type=module - "$cells" <<'JS' || status=1
@@ -92,7 +96,9 @@ import { readFileSync } from "node:fs";
 const features = ["plain", "stream", "tools", "structured", "embeddings", "abort", "retry_429", "wrong_model", "wrong_key", "schema"];
 const noEmbeddings = new Set(["@ai-sdk/openai responses", "@anthropic-ai/sdk 0.x", "@anthropic-ai/sdk 1.x", "@ai-sdk/anthropic", "anthropic-sdk-go"]);
 const clients = ["openai (npm)", "@ai-sdk/openai chat", "@ai-sdk/openai responses", "@langchain/openai",
-  "@anthropic-ai/sdk 0.x", "@anthropic-ai/sdk 1.x", "@ai-sdk/anthropic", "openai-go/v3", "anthropic-sdk-go"];
+  "@anthropic-ai/sdk 0.x", "@anthropic-ai/sdk 1.x", "@ai-sdk/anthropic", "openai-go/v3", "anthropic-sdk-go", "claude-code"];
+// The coding agent's row: one headless turn (it streams), and the schema of what it was answered.
+const only = { "claude-code": new Set(["plain", "schema"]) };
 const got = new Map();
 for (const line of readFileSync(process.argv[2], "utf8").split("\n")) {
   if (!line.startsWith("{")) continue;
@@ -105,6 +111,7 @@ let failed = [];
 for (const client of clients) {
   const cells = features.map((f) => {
     if (f === "embeddings" && noEmbeddings.has(client)) return "-".padEnd(11);
+    if (only[client] && !only[client].has(f)) return "-".padEnd(11);
     const c = got.get(`${client}\t${f}`);
     if (!c) { failed.push(`${client} ${f}: no result`); return "MISSING".padEnd(11); }
     if (!c.pass) { failed.push(`${client} ${f}: ${c.error}`); return "FAIL".padEnd(11); }
