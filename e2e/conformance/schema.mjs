@@ -55,42 +55,41 @@ const apis = [
 // what is read as allowed there: `nulls`, JSON paths (* any key or index)
 // where a null stands for a field the spec makes optional and non-null, read
 // as absent; `absent`, required properties left out. Nothing else is: a
-// wrong type at these paths, or any other difference, still fails. Each
-// one seen is listed on stderr when the kit runs.
+// wrong type at these paths, or any other difference, still fails. How
+// many kinds were seen goes to stderr; SCHEMA_KNOWN=1 lists them.
 const KNOWN = [
   {
-    // vLLM's ChatMessage (annotations, function_call) and UsageInfo
-    // (prompt_tokens_details, completion_tokens_details) declare them
-    // Optional = None and dump them unset; serving/sim/chat.go, from
-    // vllm/entrypoints/openai/chat_completion/protocol.py and
-    // vllm/entrypoints/serve/engine/protocol.py.
+    // ChatMessage's annotations and function_call, UsageInfo's two details:
+    // null in serving/sim/chat.go, after the vLLM models it cites
+    // (vllm/entrypoints/openai/chat_completion/protocol.py,
+    // vllm/entrypoints/serve/engine/protocol.py).
     op: "POST /v1/chat/completions",
     part: "answer",
     nulls: ["/choices/*/message/annotations", "/choices/*/message/function_call", "/usage/prompt_tokens_details", "/usage/completion_tokens_details"],
   },
   ...["", "/response"].map((at) => ({
-    // vLLM's ResponsesResponse: user, text, usage (None until the end of a
-    // stream) are Optional = None; its output_text's logprobs (required,
-    // a list) and a function call's namespace likewise; it has no `error`
-    // field and its
-    // input_tokens_details no cache_write_tokens. serving/sim/responses.go
-    // and responses_events.go, from vllm/entrypoints/openai/responses/protocol.py.
+    // The response object (the answer, and inside response.* events): user,
+    // text and, until the stream ends, usage null; an output_text's logprobs
+    // (a required list) and a function call's namespace null; no `error`,
+    // no input_tokens_details.cache_write_tokens. serving/sim/responses.go
+    // and responses_events.go, after the vLLM model they cite
+    // (vllm/entrypoints/openai/responses/protocol.py).
     op: "POST /v1/responses",
     part: at ? "event response.*" : "answer",
     nulls: [`${at}/user`, `${at}/text`, `${at}/usage`, `${at}/output/*/content/*/logprobs`, `${at}/output/*/namespace`],
     absent: [`${at}/error`, `${at}/usage/input_tokens_details/cache_write_tokens`, `${at}/output/*/content/*/logprobs`],
   })),
   {
-    // An output item or content part as a stream event carries it.
+    // The same output item and content part as stream events carry them.
     op: "POST /v1/responses",
     part: "event response.*",
     nulls: ["/part/logprobs", "/item/content/*/logprobs", "/item/namespace"],
     absent: ["/part/logprobs", "/item/content/*/logprobs"],
   },
   {
-    // vLLM writes its stream events with model_dump_json(exclude_unset=True),
-    // so message_start's message has no role (nor type); Anthropic's SDKs
-    // fill them in. serving/sim/messages.go, from
+    // Stream events are model_dump_json(exclude_unset=True), so
+    // message_start's message has no role (nor type); Anthropic's SDKs fill
+    // them in. serving/sim/messages.go, after
     // vllm/entrypoints/anthropic/serving.py.
     op: "POST /v1/messages",
     part: "event message_start",
@@ -371,3 +370,4 @@ for (const client of clients) {
   console.log(JSON.stringify(cell));
 }
 if (seenKnown.size) console.error(`schema.mjs: known differences from the specs (vLLM's bodies, see KNOWN in schema.mjs) seen: ${seenKnown.size} kinds`);
+if (process.env.SCHEMA_KNOWN === "1") for (const k of [...seenKnown].sort()) console.error(`  ${k}`);
