@@ -25,7 +25,8 @@
 # e2e/conformance/testdata/openapi (OpenAI's, and a curated MIT-licensed
 # Messages API spec; SOURCE.md there says where each comes from). Prints one
 # matrix, client × feature; a failing or missing cell fails the script.
-# About a minute.
+# About two minutes once npm's cache holds the packages (the first `npm ci`
+# fetches about 600 MB, most of it Claude Code's native binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
