@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/anthropics/anthropic-sdk-go"
 	"github.com/anthropics/anthropic-sdk-go/option"
@@ -15,6 +16,7 @@ import (
 	"github.com/tailgate-dev/tailgate/data"
 	"github.com/tailgate-dev/tailgate/policy"
 	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
 	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
@@ -165,5 +167,21 @@ func TestMessagesStreamBrokenMidwayEndsWithAnthropicsErrorEvent(t *testing.T) {
 	}
 	if rows := h.LedgerRows(); len(rows) != 1 || rows[0].Outcome != data.OutcomeMidstream {
 		t.Fatalf("ledger %+v, want one midstream row", rows)
+	}
+}
+
+// TestMessagesStreamHeldTooLongIsOverloaded: a Messages stream held for a
+// replica that does not come in time (its 200 committed by the progress
+// comments) ends with Anthropic's overloaded_error event, which the SDK
+// raises as its error type.
+func TestMessagesStreamHeldTooLongIsOverloaded(t *testing.T) {
+	g, _, key := coldGateway(t, server.HoldConfig{Timeout: 200 * time.Millisecond, Progress: 10 * time.Millisecond})
+	stream := anthropicClient(g, key).Messages.NewStreaming(t.Context(), anthropic.MessageNewParams{Model: servertest.SimModel, MaxTokens: 4,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}})
+	for stream.Next() {
+	}
+	var ae *anthropic.Error
+	if err := stream.Err(); !errors.As(err, &ae) || string(ae.Type()) != "overloaded_error" || ae.StatusCode != http.StatusOK {
+		t.Fatalf("stream ended with %v; want an anthropic.Error overloaded_error on the stream's 200", err)
 	}
 }
