@@ -597,6 +597,7 @@ func (s *Server) observe(cl *call, cost int64) (data.LedgerRow, bool) {
 	if cl.overhead > 0 {
 		mm.overhead.Add(float64(cl.overhead))
 	}
+	s.m.observeGenAI(cl)
 	s.observeSLO(cl)
 	if cl.principal == nil {
 		return data.LedgerRow{}, false
