@@ -72,6 +72,8 @@ type upstream struct {
 
 	log *tryLog // the call's attempt log, and this attempt's index in it
 	try int
+
+	tr attemptTrace // how far the request got (httptrace)
 }
 
 var (
