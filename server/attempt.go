@@ -169,14 +169,22 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 	if ctype == "" {
 		ctype = "application/json"
 	}
-	req.Header.Set("Content-Type", ctype)
-	req.Header.Set("X-Request-Id", cl.id)
+	// The values live in u: Header.Set allocates a one-element slice for
+	// each. Keys are in canonical form.
+	nh := 0
+	set := func(key, v string) {
+		u.hdr[nh] = v
+		req.Header[key] = u.hdr[nh : nh+1 : nh+1]
+		nh++
+	}
+	set("Content-Type", ctype)
+	set("X-Request-Id", cl.id)
 	markReplayable(req, cl)
 	if !rep.Static && s.cfg.ClusterToken != "" {
-		req.Header.Set("Authorization", "Bearer "+s.cfg.ClusterToken)
+		set("Authorization", "Bearer "+s.cfg.ClusterToken)
 	}
 	if cl.req.upstreamStream() {
-		req.Header.Set("Accept", "text/event-stream")
+		set("Accept", "text/event-stream")
 	}
 	cl.trace.inject(ctx, req.Header)
 
@@ -314,5 +322,7 @@ var attemptSeq atomic.Uint64
 // the engine read it (vLLM closes idle ones after 5 s; Go resends no POST
 // without such a key). Nothing is resent once an answer byte arrived.
 func markReplayable(req *http.Request, cl *call) {
-	req.Header.Set("X-Idempotency-Key", cl.id+"-"+strconv.FormatUint(attemptSeq.Add(1), 36))
+	var buf [64]byte
+	b := append(append(buf[:0], cl.id...), '-')
+	req.Header.Set("X-Idempotency-Key", string(strconv.AppendUint(b, attemptSeq.Add(1), 36)))
 }

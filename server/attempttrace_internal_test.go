@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/tailgate-dev/tailgate/serving/hop"
@@ -54,5 +55,27 @@ func TestAttemptTraceConnectStage(t *testing.T) {
 				t.Errorf("connect stage %v on a reused connection, want 0", u.stages.Connect)
 			}
 		})
+	}
+}
+
+// TestIdempotencyKeyIsTheRequestsAndUniquePerAttempt: every upstream request
+// carries a key made of the request's id and the attempt's sequence number
+// (what lets the transport send it again on a fresh connection), different
+// for each attempt of one request.
+func TestIdempotencyKeyIsTheRequestsAndUniquePerAttempt(t *testing.T) {
+	cl := &call{id: "req_0123456789abcdef"}
+	keys := map[string]bool{}
+	for range 3 {
+		req, _ := http.NewRequest(http.MethodPost, "http://engine/v1/chat/completions", http.NoBody)
+		markReplayable(req, cl)
+		k := req.Header.Get("X-Idempotency-Key")
+		if !strings.HasPrefix(k, cl.id+"-") || len(k) == len(cl.id)+1 || keys[k] {
+			t.Fatalf("key %q: want %s-<attempt>, new for each attempt (had %v)", k, cl.id, keys)
+		}
+		keys[k] = true
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://engine/v1/chat/completions", http.NoBody)
+	if n := testing.AllocsPerRun(100, func() { markReplayable(req, cl) }); n > 2 {
+		t.Errorf("the key costs %.0f allocations, want 2 (its string and the header's value slice)", n)
 	}
 }

@@ -73,7 +73,8 @@ type upstream struct {
 	log *tryLog // the call's attempt log, and this attempt's index in it
 	try int
 
-	tr attemptTrace // how far the request got (httptrace)
+	tr  attemptTrace // how far the request got (httptrace)
+	hdr [4]string    // the request's header values (openAttempt)
 }
 
 var (
