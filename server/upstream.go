@@ -78,6 +78,9 @@ type upstream struct {
 	// traced.
 	respID   string
 	finishes []string
+
+	tr  attemptTrace // how far the request got (httptrace)
+	hdr [4]string    // the request's header values (openAttempt)
 }
 
 var (
