@@ -37,7 +37,7 @@ type UsageEvent struct {
 }
 
 // MaxUsageEvents is the most events one [Store.UsageEvents] call returns.
-const MaxUsageEvents = 1000
+const MaxUsageEvents = 5000
 
 // usageSeqLockID is the PostgreSQL advisory lock that makes numbering
 // usage events a single-writer step across gateways.
