@@ -131,13 +131,14 @@ type Config struct {
 	ForgetLost time.Duration `yaml:"-"` // --forget-lost; 0: 24h
 
 	BudgetWebhook string `yaml:"-"` // --budget-webhook; "": none
-	UsageWebhook  string `yaml:"-"` // --usage-webhook; "": none
+	EdgeTokenFile string `yaml:"-"` // --edge-token-file; "": DIR/edge.token
+
+	UsageWebhook string `yaml:"-"` // --usage-webhook; "": none
 	// UsageWebhookPoll is how often the usage webhook looks for new events
 	// (--usage-webhook-poll; 0: 1 s) and UsageWebhookBackoff its first wait
 	// after a failed POST (0: 1 s, doubled up to a minute).
 	UsageWebhookPoll    time.Duration `yaml:"-"`
 	UsageWebhookBackoff time.Duration `yaml:"-"`
-	EdgeTokenFile string `yaml:"-"` // --edge-token-file; "": DIR/edge.token
 
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
