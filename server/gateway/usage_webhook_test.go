@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/data/pgtest"
 	"github.com/tailgate-dev/tailgate/e2e/testkit"
 	"github.com/tailgate-dev/tailgate/server"
 )
@@ -73,17 +74,23 @@ func (r *usageReceiver) setFailing(on bool) {
 	r.mu.Unlock()
 }
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.Stop()
+	os.Exit(code)
+}
+
 // startUsageGateway opens and runs a gateway on dir delivering usage events
-// to url; stop ends it and waits for Run.
-func startUsageGateway(t *testing.T, dir, url string) (stop func()) {
+// to url; stop ends it and waits for Run. extra flags follow.
+func startUsageGateway(t *testing.T, dir, url string, extra ...string) (stop func()) {
 	t.Helper()
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var cfg Config
 	cfg.RegisterFlags(fs)
 	cfg.RegisterMeshFlags(fs)
-	if err := fs.Parse([]string{"--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--shutdown-grace", "2s",
-		"--usage-webhook", url, "--usage-webhook-poll", "20ms"}); err != nil {
+	if err := fs.Parse(append([]string{"--data", dir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--shutdown-grace", "2s",
+		"--usage-webhook", url, "--usage-webhook-poll", "20ms"}, extra...)); err != nil {
 		t.Fatal(err)
 	}
 	if err := cfg.Load(fs); err != nil {
@@ -172,4 +179,80 @@ func TestUsageWebhookLosesNothingWhileItsReceiverFails(t *testing.T) {
 	if bad != 0 {
 		t.Errorf("%d POSTs had a bad signature or content type", bad)
 	}
+}
+
+// TestUsageWebhookOfGatewaysSharingPostgreSQL: two gateways on one
+// PostgreSQL database deliver to the same receiver, one at a time. The
+// first, which holds the sink, stops while events are billed through a
+// third Store; the other takes over from the cursor in the database: the
+// receiver has every event, in order (a batch in flight when the holder
+// stopped may come again, deduplicated by id).
+func TestUsageWebhookOfGatewaysSharingPostgreSQL(t *testing.T) {
+	db := pgtest.NewDatabase(t)
+	dirA, dirB := t.TempDir(), t.TempDir()
+	recv := &usageReceiver{dir: dirA}
+	sink := httptest.NewServer(recv)
+	defer sink.Close()
+	stopA := startUsageGateway(t, dirA, sink.URL, "--database", db)
+	// The gateways of one receiver sign with one secret.
+	secret, err := os.ReadFile(filepath.Join(dirA, "webhook.secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dirB, "webhook.secret"), secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	store, err := data.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx := context.Background()
+	tn, err := store.EnsureTenant(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	bill := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			id := fmt.Sprintf("req_%04d", i)
+			row := data.LedgerRow{ID: id, TenantID: tn.ID, KeyID: "key_x", Model: "m", PromptTokens: 1, CompletionTokens: 1,
+				Status: 200, Outcome: data.OutcomeOK, Stages: data.UnknownStages()}
+			if err := store.InsertLedger(ctx, []data.LedgerRow{row}); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, id+".v1")
+		}
+	}
+	delivered := func(n int) func() bool {
+		return func() bool { _, ids := recv.state(); return len(firstSeen(ids)) >= n }
+	}
+	bill(0, 20)
+	// A, alone so far, holds the sink.
+	testkit.WaitWithin(t, 20*time.Second, "the first events delivered", delivered(20))
+	stopB := startUsageGateway(t, dirB, sink.URL, "--database", db)
+	defer stopB()
+	bill(20, 30)
+	stopA()
+	bill(30, 40)
+	testkit.WaitWithin(t, 20*time.Second, "the rest delivered by the other gateway", delivered(40))
+	_, ids := recv.state()
+	if got := firstSeen(ids); !slices.Equal(got, want) {
+		t.Errorf("received (repeats removed) %v\nwant %v", got, want)
+	}
+}
+
+// firstSeen is ids without repeats, each where it first came.
+func firstSeen(ids []string) []string {
+	seen := make(map[string]bool, len(ids))
+	var out []string
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
 }
