@@ -134,7 +134,7 @@ type UsageSinkState struct {
 	URL         string
 	After       int64 // the Seq of the last event the sink acknowledged
 	Holder      string
-	LeaseUntil  time.Time
+	LeaseUntil  time.Time // zero: released
 	DeliveredAt time.Time // the last acknowledged delivery (zero: none yet)
 	LastError   string    // the last failed delivery's error, "" once one succeeds
 }
@@ -165,7 +165,9 @@ func (s *Store) ClaimUsageSink(ctx context.Context, url, holder string, ttl time
 		var lease, delivered int64
 		err = tx.QueryRowContext(ctx, `SELECT url, after_seq, holder, lease_until, delivered_at, last_error FROM usage_sinks WHERE url = ?`, url).
 			Scan(&st.URL, &st.After, &st.Holder, &lease, &delivered, &st.LastError)
-		st.LeaseUntil = fromMicros(lease)
+		if lease != 0 {
+			st.LeaseUntil = fromMicros(lease)
+		}
 		if delivered != 0 {
 			st.DeliveredAt = fromMicros(delivered)
 		}
@@ -205,4 +207,33 @@ func (s *Store) ReleaseUsageSink(ctx context.Context, url, holder string) error 
 		return fmt.Errorf("release usage sink: %w", err)
 	}
 	return nil
+}
+
+// UsageSinks returns the delivery state of every usage webhook the database
+// has seen, by URL.
+func (s *Store) UsageSinks(ctx context.Context) ([]UsageSinkState, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT url, after_seq, holder, lease_until, delivered_at, last_error FROM usage_sinks ORDER BY url`)
+	if err != nil {
+		return nil, fmt.Errorf("usage sinks: %w", err)
+	}
+	defer rows.Close()
+	var out []UsageSinkState
+	for rows.Next() {
+		var st UsageSinkState
+		var lease, delivered int64
+		if err := rows.Scan(&st.URL, &st.After, &st.Holder, &lease, &delivered, &st.LastError); err != nil {
+			return nil, fmt.Errorf("usage sinks: %w", err)
+		}
+		if lease != 0 {
+			st.LeaseUntil = fromMicros(lease)
+		}
+		if delivered != 0 {
+			st.DeliveredAt = fromMicros(delivered)
+		}
+		out = append(out, st)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("usage sinks: %w", err)
+	}
+	return out, nil
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -133,4 +134,42 @@ func (s *Server) handleGetUsageEvents(c echo.Context) error {
 		page.NextCursor = formatUsageCursor(evs[len(evs)-1].Seq)
 	}
 	return c.JSON(http.StatusOK, page)
+}
+
+// UsageSinkView is a usage webhook's delivery state as GET
+// /admin/v1/usage/sinks shows it.
+type UsageSinkView struct {
+	URL         string     `json:"url"`         // without a password
+	Cursor      string     `json:"cursor"`      // the last event acknowledged; the pull API's cursor
+	Holder      string     `json:"holder"`      // the gateway delivering to it
+	LeaseUntil  *time.Time `json:"lease_until"` // null: released
+	DeliveredAt *time.Time `json:"delivered_at"`
+	LastError   string     `json:"last_error"` // the last failed delivery's, "" once one succeeded
+}
+
+// handleGetUsageSinks answers GET /admin/v1/usage/sinks: where each usage
+// webhook the database has seen stands — is it keeping up, is it failing.
+func (s *Server) handleGetUsageSinks(c echo.Context) error {
+	sinks, err := s.store.UsageSinks(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	out := make([]UsageSinkView, 0, len(sinks))
+	for _, st := range sinks {
+		v := UsageSinkView{URL: st.URL, Cursor: formatUsageCursor(st.After), Holder: st.Holder, LastError: st.LastError,
+			LeaseUntil: timeOrNil(st.LeaseUntil), DeliveredAt: timeOrNil(st.DeliveredAt)}
+		if u, err := url.Parse(st.URL); err == nil {
+			v.URL = u.Redacted()
+		}
+		out = append(out, v)
+	}
+	return c.JSON(http.StatusOK, map[string]any{"object": "list", "data": out})
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
 }

@@ -82,7 +82,7 @@ func TestMain(m *testing.M) {
 
 // startUsageGateway opens and runs a gateway on dir delivering usage events
 // to url; stop ends it and waits for Run. extra flags follow.
-func startUsageGateway(t *testing.T, dir, url string, extra ...string) (stop func()) {
+func startUsageGateway(t *testing.T, dir, url string, extra ...string) (stop func(), admin string) {
 	t.Helper()
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -110,7 +110,28 @@ func startUsageGateway(t *testing.T, dir, url string, extra ...string) (stop fun
 			t.Errorf("Run: %v", err)
 		}
 		gw.Close()
+	}, "http://" + gw.AdminAddr()
+}
+
+// usageSinks reads GET /admin/v1/usage/sinks.
+func usageSinks(t *testing.T, admin, dir string) []server.UsageSinkView {
+	t.Helper()
+	tok, err := os.ReadFile(filepath.Join(dir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	req, _ := http.NewRequest(http.MethodGet, admin+"/admin/v1/usage/sinks", nil)
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var page struct{ Data []server.UsageSinkView }
+	if err := json.NewDecoder(resp.Body).Decode(&page); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /admin/v1/usage/sinks: %d %v", resp.StatusCode, err)
+	}
+	return page.Data
 }
 
 // TestUsageWebhookLosesNothingWhileItsReceiverFails: the receiver takes
@@ -127,7 +148,7 @@ func TestUsageWebhookLosesNothingWhileItsReceiverFails(t *testing.T) {
 	sink := httptest.NewServer(recv)
 	defer sink.Close()
 
-	stop := startUsageGateway(t, dir, sink.URL)
+	stop, _ := startUsageGateway(t, dir, sink.URL)
 	db, err := data.Open(filepath.Join(dir, "tailgate.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -161,14 +182,21 @@ func TestUsageWebhookLosesNothingWhileItsReceiverFails(t *testing.T) {
 
 	bill(5, 8) // while no gateway runs
 	failed, _ := recv.state()
-	stop = startUsageGateway(t, dir, sink.URL)
+	stop, admin := startUsageGateway(t, dir, sink.URL)
 	defer func() { stop() }()
 	testkit.WaitWithin(t, 10*time.Second, "the restarted gateway to retry", func() bool { n, _ := recv.state(); return n >= failed+2 })
+	if v := usageSinks(t, admin, dir); len(v) != 1 || v[0].URL != sink.URL || v[0].LastError != "status 500" || v[0].Cursor != "3" {
+		t.Errorf("sinks while the receiver fails: %+v, want its URL, cursor 3 (the events it took) and the 500", v)
+	}
 	recv.setFailing(false)
 	testkit.WaitWithin(t, 10*time.Second, "every event delivered", func() bool { _, ids := recv.state(); return len(ids) >= len(want) })
 	bill(8, 9)
 	testkit.WaitWithin(t, 10*time.Second, "the event billed after recovery", func() bool { _, ids := recv.state(); return len(ids) >= len(want) })
 
+	testkit.WaitWithin(t, 10*time.Second, "the last delivery recorded", func() bool {
+		v := usageSinks(t, admin, dir)
+		return len(v) == 1 && v[0].Cursor == "9" && v[0].LastError == "" && v[0].DeliveredAt != nil
+	})
 	_, ids := recv.state()
 	if !slices.Equal(ids, want) {
 		t.Errorf("received %v\nwant     %v", ids, want)
@@ -193,7 +221,7 @@ func TestUsageWebhookOfGatewaysSharingPostgreSQL(t *testing.T) {
 	recv := &usageReceiver{dir: dirA}
 	sink := httptest.NewServer(recv)
 	defer sink.Close()
-	stopA := startUsageGateway(t, dirA, sink.URL, "--database", db)
+	stopA, _ := startUsageGateway(t, dirA, sink.URL, "--database", db)
 	// The gateways of one receiver sign with one secret.
 	secret, err := os.ReadFile(filepath.Join(dirA, "webhook.secret"))
 	if err != nil {
@@ -232,7 +260,7 @@ func TestUsageWebhookOfGatewaysSharingPostgreSQL(t *testing.T) {
 	bill(0, 20)
 	// A, alone so far, holds the sink.
 	testkit.WaitWithin(t, 20*time.Second, "the first events delivered", delivered(20))
-	stopB := startUsageGateway(t, dirB, sink.URL, "--database", db)
+	stopB, _ := startUsageGateway(t, dirB, sink.URL, "--database", db)
 	defer stopB()
 	bill(20, 30)
 	stopA()
