@@ -67,7 +67,7 @@ func TestUsageEventsPullIsStableFromACursor(t *testing.T) {
 	if e.SpecVersion != "1.0" || e.Type != "tailgate.usage.v1" || e.Source != "tailgate" || e.Subject != "acme" ||
 		e.Data.Tenant != "acme" || e.Data.Model != "tailgate-sim" || e.Data.Status != 200 || e.Data.Outcome != "ok" ||
 		e.Data.PromptTokens == 0 || e.Data.CompletionTokens == 0 || e.Data.TotalTokens != e.Data.PromptTokens+e.Data.CompletionTokens ||
-		e.Data.KeyID == "" || e.Data.Version != 1 || e.Time.IsZero() {
+		e.Data.KeyID == "" || e.Data.Version != 1 || e.Time.IsZero() || e.Data.Endpoint != "/v1/chat/completions" {
 		t.Errorf("event: %+v", e)
 	}
 

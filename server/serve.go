@@ -623,7 +623,7 @@ func (s *Server) row(cl *call, usage policy.Usage, cost int64) data.LedgerRow {
 		Upstream: cl.replica, PromptTokens: usage.PromptTokens, CompletionTokens: usage.CompletionTokens,
 		CostMicros: cost, Status: cl.status, Outcome: cl.outcome, Error: cl.class,
 		Attempts: cl.attempts, Hedged: cl.hedged, HedgeOverheadTokens: cl.overhead, Stages: cl.stages,
-		Priority: cl.priority.String(), QueueWait: cl.queueWait,
+		Priority: cl.priority.String(), QueueWait: cl.queueWait, Endpoint: cl.ep.path,
 	}
 	if cl.req != nil {
 		row.Model, row.Stream = boundString(cl.req.model), cl.req.stream
