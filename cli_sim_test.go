@@ -28,6 +28,7 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 	err := fs.Parse([]string{
 		"--sim-ttft", "80ms", "--sim-ttft-sigma", "-1", "--sim-tpot", "3ms", "--sim-stall-prob", "0.01",
 		"--sim-stall-factor", "4", "--sim-max-seqs", "9", "--sim-default-max-tokens", "77",
+		"--sim-max-model-len", "36000",
 		"--sim-reasoning-tokens", "12", "--sim-reasoning-field", "both", "--sim-embedding-dim", "32",
 		"--sim-error-rate", "0.05", "--sim-429-rate", "0.1", "--sim-retry-after", "2500ms", "--sim-hang-rate", "0.02",
 		"--sim-keep-alive", "3s", "--sim-stream-interval", "4", "--sim-kv-cache-tokens", "40000",
@@ -50,7 +51,7 @@ func TestSimFlagsReachChildEngines(t *testing.T) {
 		t.Errorf("child config %+v\nwant %+v", got, want)
 	}
 	if got.ReasoningTokens != 12 || got.ReasoningField != "both" || got.RetryAfter != 2500*time.Millisecond || got.HangRate != 0.02 || got.KeepAlive != 3*time.Second || got.StreamInterval != 4 || got.KVCacheTokens != 40000 || !got.LatencyFromContent ||
-		got.PrefillPerToken != 25*time.Microsecond || got.PrefixCacheBlocks != 128 || got.MaxNumBatchedTokens != 2048 || got.TensorParallelSize != 2 {
+		got.PrefillPerToken != 25*time.Microsecond || got.PrefixCacheBlocks != 128 || got.MaxNumBatchedTokens != 2048 || got.TensorParallelSize != 2 || got.MaxModelLen != 36000 {
 		t.Errorf("knobs lost on the way: %+v", got)
 	}
 	if err := got.Validate(); err != nil {

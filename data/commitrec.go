@@ -32,6 +32,8 @@ func appendRecord(b []byte, r *LedgerRow) []byte {
 	b = appendString(b, r.Upstream)
 	b = append(b, `,"Stream":`...)
 	b = strconv.AppendBool(b, r.Stream)
+	b = append(b, `,"Endpoint":`...)
+	b = appendString(b, r.Endpoint)
 	b = appendInt(b, `,"PromptTokens":`, r.PromptTokens)
 	b = appendInt(b, `,"CompletionTokens":`, r.CompletionTokens)
 	b = appendInt(b, `,"HedgeOverheadTokens":`, r.HedgeOverheadTokens)

@@ -144,6 +144,10 @@ type LedgerRow struct {
 	Model    string
 	Upstream string // replica id or URL that served the request ("" if none)
 	Stream   bool
+	// Endpoint is the public path the request came in on, e.g.
+	// /v1/chat/completions ("" if not recorded). It is written, and
+	// exported with usage events, but not read back into LedgerRow.
+	Endpoint string
 
 	PromptTokens        int64
 	CompletionTokens    int64

@@ -20,13 +20,13 @@ var ledgerCols = [...]string{
 	"status", "outcome", "error", "attempts", "hedged",
 	"gateway_us", "connect_us", "upstream_ttft_us", "engine_queue_us",
 	"engine_ttft_us", "network_us", "ttft_us", "total_us", "priority", "queue_us", "gateway",
-	"attempt_log", "hold_us", "replay_of",
+	"attempt_log", "hold_us", "endpoint", "replay_of",
 }
 
 // ledgerChunks are the row counts of the prepared multi-row INSERTs. A batch
 // of n rows is written greedily with the largest that fit, so any batch size
 // needs at most a handful of statement executions beyond n/64 and nothing
-// is prepared per batch. 64 rows × 28 columns stays far below SQLite's
+// is prepared per batch. 64 rows × 30 columns stays far below SQLite's
 // limit on bound parameters.
 var ledgerChunks = [...]int{64, 16, 4, 1}
 
@@ -289,7 +289,7 @@ func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) 
 		int64(r.Status), r.Outcome, r.Error, int64(r.Attempts), boolInt(r.Hedged),
 		stageArg(st.Gateway), stageArg(st.Connect), stageArg(st.UpstreamTTFT), stageArg(st.EngineQueue),
 		stageArg(st.EngineTTFT), stageArg(st.Network), stageArg(st.TTFT), stageArg(st.Total),
-		r.Priority, stageArg(r.QueueWait), gateway, log, stageArg(st.Hold), r.ReplayOf,
+		r.Priority, stageArg(r.QueueWait), gateway, log, stageArg(st.Hold), r.Endpoint, r.ReplayOf,
 	), nil
 }
 

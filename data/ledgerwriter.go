@@ -511,7 +511,7 @@ func (w *LedgerWriter) noteStored(b *batch) {
 // most in the billable figures ledgerRefreshSQL sets.
 func sameButFigures(a, b *LedgerRow) bool {
 	return a.ID == b.ID && a.Time.Equal(b.Time) && a.TenantID == b.TenantID && a.KeyID == b.KeyID &&
-		a.Model == b.Model && a.Upstream == b.Upstream && a.Stream == b.Stream &&
+		a.Model == b.Model && a.Upstream == b.Upstream && a.Stream == b.Stream && a.Endpoint == b.Endpoint &&
 		a.Status == b.Status && a.Outcome == b.Outcome && a.Error == b.Error &&
 		a.Attempts == b.Attempts && a.Hedged == b.Hedged && a.Stages == b.Stages &&
 		len(a.AttemptLog) == 0 && len(b.AttemptLog) == 0 &&

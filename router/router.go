@@ -126,6 +126,9 @@ func ErrDeclined(err error) error { return &Declined{Err: err} }
 
 // IsDeclined reports whether err says the replica declined the request.
 func IsDeclined(err error) bool {
+	if err == nil {
+		return false // and no errors.As target on the heap: Start asks on every success
+	}
 	var d *Declined
 	return errors.As(err, &d)
 }

@@ -143,9 +143,6 @@ if [[ "$GOPROXY" == on ]]; then
 	log "goproxy: a bare Go hop at $GOPROXY_ADDR"
 fi
 
-# cpu_ticks PID: the user+system CPU PID used so far, in clock ticks.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-
 describe() {
 	local name rev desc
 	for name in "${NAMES[@]}"; do
@@ -197,11 +194,11 @@ for ((k = 1; k <= ROUNDS; k++)); do
 		mapfile -t order < <(printf '%s\n' "${PATHS[@]}" | tac)
 	fi
 	for p in "${order[@]}"; do
-		t0=$([[ -n "${PID[$p]:-}" ]] && cpu_ticks "${PID[$p]}" || echo 0)
+		t0=$([[ -n "${PID[$p]:-}" ]] && tree_ticks "${PID[$p]}" || echo 0)
 		attack "$p" "$RATE" "$DURATION" "$TMP/results/$p-r$k.csv"
 		sleep 1 # let the ledger flush and the connections go idle
 		if [[ -n "${PID[$p]:-}" ]]; then
-			echo "$p $k $(($(cpu_ticks "${PID[$p]}") - t0)) $(wc -l <"$TMP/results/$p-r$k.csv")" >>"$TMP/cpu.txt"
+			echo "$p $k $(($(tree_ticks "${PID[$p]}") - t0)) $(wc -l <"$TMP/results/$p-r$k.csv")" >>"$TMP/cpu.txt"
 		fi
 	done
 	log "round $k/$ROUNDS done"
@@ -211,7 +208,7 @@ echo "== gateway builds side by side: $RATE req/s, $ROUNDS rounds of $DURATION p
 describe
 "$TMP/overheadtable" --dir "$TMP/results" --paths "${PATHS[*]}" --rounds "$ROUNDS"
 echo
-echo "CPU per request, µs (user+system of the hop's process over its run and the second after it, /proc/PID/stat):"
+echo "CPU per request, µs (user+system of the hop's process tree over its run and the second after it, /proc/PID/stat):"
 awk -v hz="$(getconf CLK_TCK)" -v paths="${NAMES[*]} ${EXTRA[*]}" '
 	{ us[$1, $2] = $3 * 1e6 / hz / $4; n[$1]++ }
 	function median(p,   i, j, t, v, m) {

@@ -64,22 +64,50 @@ need_tools() {
 	fi
 }
 
-# attack PATH RATE DURATION OUT.csv: an open-loop vegeta run of the targets in
-# $TMP/targets-PATH.txt, its results as CSV in OUT.csv.
+# attack PATH RATE DURATION OUT.csv [FLAG...]: an open-loop vegeta run of the
+# targets in $TMP/targets-PATH.txt, its results as CSV in OUT.csv. FLAGs go
+# to vegeta attack: RATE 0 with -workers=C -max-workers=C is a closed loop of
+# C clients, each sending its next request when its answer is in.
 attack() {
-	"$VEGETA" attack -targets="$TMP/targets-$1.txt" -rate="$2/1s" -duration="$3" -keepalive=true \
-		-max-connections="$VEGETA_MAX_CONNS" -timeout=10s -max-body=0 -name="$1-$2" >"$TMP/$1-$2.bin"
-	"$VEGETA" encode --to csv "$TMP/$1-$2.bin" >"$4"
-	rm -f "$TMP/$1-$2.bin"
+	local path=$1 rate=$2 duration=$3 out=$4
+	shift 4
+	"$VEGETA" attack -targets="$TMP/targets-$path.txt" -rate="$rate/1s" -duration="$duration" -keepalive=true \
+		-max-connections="$VEGETA_MAX_CONNS" -timeout=10s -max-body=0 -name="$path-$rate" "$@" >"$TMP/$path-$rate.bin"
+	"$VEGETA" encode --to csv "$TMP/$path-$rate.bin" >"$out"
+	rm -f "$TMP/$path-$rate.bin"
 }
 
-# start_sim NAME MODEL TPOT: a simulated engine answering at once (a token
-# every TPOT); sets ADDR.
+# start_sim NAME MODEL TPOT [FLAG...]: a simulated engine answering at once
+# (no time to first token, prefill free) and then a token every TPOT, with
+# the sim FLAGs given; sets ADDR and SIM_PID.
 start_sim() {
-	"$TMP/tailgate" sim --listen 127.0.0.1:0 --announce --model "$2" --sim-ttft 0 --sim-tpot "$3" \
-		--sim-max-seqs 4096 --log-level warn >"$TMP/$1.out" 2>"$TMP/$1.log" &
-	PIDS+=($!)
-	ADDR=$(wait_for_line "$TMP/$1.out" '^TAILGATE_LISTEN ' | awk '{print $2}') || die "$1 did not start: $(cat "$TMP/$1.log")"
+	local name=$1 model=$2 tpot=$3
+	shift 3
+	"$TMP/tailgate" sim --listen 127.0.0.1:0 --announce --model "$model" --sim-ttft 0 --sim-tpot "$tpot" \
+		--sim-prefill-per-token 0 --sim-max-seqs 4096 --log-level warn "$@" >"$TMP/$name.out" 2>"$TMP/$name.log" &
+	SIM_PID=$!
+	PIDS+=("$SIM_PID")
+	ADDR=$(wait_for_line "$TMP/$name.out" '^TAILGATE_LISTEN ' | awk '{print $2}') || die "$name did not start: $(cat "$TMP/$name.log")"
+}
+
+# tree_pids PID: PID and its descendants, one a line.
+tree_pids() {
+	local c
+	echo "$1"
+	for c in $(pgrep -P "$1" 2>/dev/null); do tree_pids "$c"; done
+}
+
+# tree_ticks PID: the user+system CPU used so far by PID and its living
+# descendants (/proc/N/stat fields 14 and 15, in clock ticks of
+# `getconf CLK_TCK`), as a gateway that forks workers (nginx) spends it.
+tree_ticks() {
+	local p t=0 v
+	for p in $(tree_pids "$1"); do
+		# Fields counted after the ")" that ends the command name.
+		v=$(sed -E 's/.*\) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}') || v=0
+		t=$((t + ${v:-0}))
+	done
+	echo "$t"
 }
 
 # bench_key BIN DATA: prints a new key of tenant bench in DATA, made by BIN,
@@ -90,6 +118,13 @@ bench_key() {
 		--max-concurrency 100000 --budget-tokens 1000000000000000 2>/dev/null | tail -n1)
 	[[ -n "$key" ]] || die "keys create ($2) printed no key"
 	echo "$key"
+}
+
+# metered BIN DATA: the requests the ledger in DATA holds for tenant bench
+# (the REQUESTS column of `BIN usage`).
+metered() {
+	"$1" usage --data "$2" --tenant bench 2>/dev/null |
+		awk 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "REQUESTS") c = i; next } c { n += $c } END { print n + 0 }'
 }
 
 # chat_body FILE: the chat request both benches send to the instant engine.
@@ -159,7 +194,7 @@ start_goproxy() {
 }
 
 # start_nginx UPSTREAM: a bare nginx proxy_pass hop (buffering off, upstream
-# keep-alive) in front of UPSTREAM (host:port), when nginx is installed.
+# keep-alive, request bodies up to 1 MB in memory) in front of UPSTREAM (host:port), when nginx is installed.
 # Sets NGINX_ADDR and NGINX_PIDS (master+workers, for /proc); returns 1, with
 # the reason logged, when there is no nginx or it did not start.
 start_nginx() {
@@ -174,6 +209,10 @@ error_log $TMP/nginx/logs/error.log warn;
 events { worker_connections 16384; }
 http {
 	access_log off;
+	# Prompts are read into memory, as an operator in front of an LLM sets it
+	# (the default, 16 KB, spools a larger body to a temporary file).
+	client_body_buffer_size 1m;
+	client_max_body_size 32m;
 	client_body_temp_path $TMP/nginx/tmp/body;
 	proxy_temp_path $TMP/nginx/tmp/proxy;
 	fastcgi_temp_path $TMP/nginx/tmp/fastcgi;

@@ -6,11 +6,13 @@
 # A simulated engine answers at once and streams CHUNKS chunks PACE apart.
 # bench/streamgap opens STREAMS streams in the same instant on each target
 # in turn (ROUNDS rounds, the order alternating), one stream each, held to
-# its end, and reads each hop's processes in /proc: CPU per stream and per
-# chunk, peak resident memory above the idle size per open stream; the
-# client side gives time to first chunk (p50/p99, and added over the
-# engine), the largest gap between chunks and stalls (a gap over STALL, or
-# a failed stream). Then the burst: BURST streams of BURST_CHUNKS chunks
+# its end, and reads each hop's process tree in /proc: CPU per stream and
+# per chunk, and resident memory per open stream the way an operator sizes
+# a box — (RSS of the hop's process tree at its highest while STREAMS
+# streams are open − its RSS before the first stream) ÷ STREAMS, the idle
+# and open sizes printed beside it; the client side gives time to first
+# chunk (p50/p99, and added over the engine), the largest gap between
+# chunks and stalls (a gap over STALL, or a failed stream). Then the burst: BURST streams of BURST_CHUNKS chunks
 # opening at once, whose added time to first chunk is the cost of opening.
 # Each table ends with the ratios to the bare Go proxy, ready to paste.
 #
@@ -20,6 +22,8 @@
 #   BURST=200 BURST_CHUNKS=20 BURST_ROUNDS=3     the burst phase (BURST=0: none)
 #   STALL=1s                                     a gap over this is a stall
 #   GATEWAY_BIN=path                             a tailgate binary built already (default: build the working tree)
+#   BIN_DIR=dir                                  tailgate, streamgap and goproxy built already in dir (nothing is built)
+#   STREAMS_JSON=file                            also write the streams table's figures to file as JSON
 #   NGINX=auto|off GOPROXY=on|off KEEP_TMP=1
 #   PROFILE=10s                                  also sample the gateway with perf for this long from the
 #                                                start of the streams phase and print its hottest functions
@@ -50,12 +54,20 @@ trap stop_all EXIT
 trap 'exit 130' INT TERM
 
 command -v curl >/dev/null || die "curl is required"
-log "building tailgate and the bench helpers into $TMP"
-(cd "$ROOT" && go build -o "$TMP/streamgap" ./bench/streamgap && go build -o "$TMP/goproxy" ./bench/goproxy &&
-	if [[ -z "${GATEWAY_BIN:-}" ]]; then go build -o "$TMP/tailgate" .; fi)
+if [[ -n "${BIN_DIR:-}" ]]; then
+	for b in tailgate streamgap goproxy; do
+		[[ -x "$BIN_DIR/$b" ]] || die "BIN_DIR=$BIN_DIR has no $b"
+		ln -s "$(cd "$BIN_DIR" && pwd)/$b" "$TMP/$b"
+	done
+	GATEWAY_BIN=${GATEWAY_BIN:-$TMP/tailgate}
+else
+	log "building tailgate and the bench helpers into $TMP"
+	(cd "$ROOT" && go build -o "$TMP/streamgap" ./bench/streamgap && go build -o "$TMP/goproxy" ./bench/goproxy &&
+		if [[ -z "${GATEWAY_BIN:-}" ]]; then go build -o "$TMP/tailgate" .; fi)
+fi
 GW_BIN=${GATEWAY_BIN:-$TMP/tailgate}
 [[ -x "$GW_BIN" ]] || die "GATEWAY_BIN=$GW_BIN is not an executable"
-[[ -n "${GATEWAY_BIN:-}" ]] && ln -s "$(cd "$(dirname "$GW_BIN")" && pwd)/$(basename "$GW_BIN")" "$TMP/tailgate"
+[[ -n "${GATEWAY_BIN:-}" && ! -e "$TMP/tailgate" ]] && ln -s "$(cd "$(dirname "$GW_BIN")" && pwd)/$(basename "$GW_BIN")" "$TMP/tailgate"
 
 start_sim sim tailgate-sim "$PACE"
 SIM=$ADDR
@@ -87,7 +99,7 @@ fi
 log "cpus: $(nproc), load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== streams: $STREAMS at once, $CHUNKS chunks $PACE apart, $ROUNDS round(s), $(nproc) cpus shared =="
 "$TMP/streamgap" "${TARGETS[@]}" --key "$GW_KEY" --model tailgate-sim --streams "$STREAMS" --tokens "$CHUNKS" \
-	--rounds "$ROUNDS" --stall "$STALL"
+	--rounds "$ROUNDS" --stall "$STALL" ${STREAMS_JSON:+--json "$STREAMS_JSON"}
 if ((BURST > 0)); then
 	echo
 	echo "== burst: $BURST streams opening at once, $BURST_CHUNKS chunks $PACE apart, $BURST_ROUNDS round(s) =="

@@ -50,9 +50,11 @@ go test -race -count=1 -timeout 30m "$@" ./...
 go test -count=1 -run '^TestOpenStreamMemoryIsBounded$' ./server/
 
 # The conformance kit: the clients users bring (openai, the Vercel AI SDK,
-# LangChain, Anthropic's SDKs, the official Go SDKs), at pinned versions from
-# npm and the Go module proxy, against a real `tailgate up`; one matrix,
-# client × feature, any failing cell fails here (about two minutes).
+# LangChain, Anthropic's SDKs, the official Go SDKs, Claude Code headless), at
+# pinned versions from npm and the Go module proxy, against a real `tailgate up`;
+# every request and answer is also checked against the published OpenAPI specs
+# (e2e/conformance/testdata/openapi). One matrix, client × feature plus a schema
+# column; any failing cell fails here (two to five minutes).
 scripts/conformance.sh
 
 # The differential fuzz tests of the request readers (JSON bodies, multipart

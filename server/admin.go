@@ -51,6 +51,8 @@ func (s *Server) adminRoutes(e *echo.Echo, ui http.Handler) {
 	a.GET("/tenants/:name", s.handleGetTenant)
 	a.PATCH("/tenants/:name", s.handlePatchTenant)
 	a.GET("/usage", s.handleGetUsage)
+	a.GET("/usage/events", s.handleGetUsageEvents)
+	a.GET("/usage/sinks", s.handleGetUsageSinks)
 	a.GET("/requests", s.handleGetRequests)
 	a.GET("/requests/inflight", s.handleGetInflight)
 	a.GET("/history", s.handleGetHistory)

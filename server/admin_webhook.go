@@ -166,17 +166,25 @@ func (w *BudgetWebhook) send(ctx context.Context, a policy.BudgetAlert) error {
 }
 
 func (w *BudgetWebhook) post(ctx context.Context, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.cfg.URL, bytes.NewReader(body))
+	return postSigned(ctx, w.cfg.Client, w.cfg.URL, w.cfg.Secret, "budget.threshold", "application/json", body)
+}
+
+// postSigned POSTs body to url as one of the gateway's webhooks: event in
+// X-Tailgate-Event, the time in X-Tailgate-Timestamp (unix seconds) and
+// X-Tailgate-Signature ([SignWebhook]) under secret. A status other than
+// 2xx is an error. Budget alerts and usage events are signed here, one way.
+func postSigned(ctx context.Context, client *http.Client, url string, secret []byte, event, contentType string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", "tailgate-budget-webhook")
-	req.Header.Set("X-Tailgate-Event", "budget.threshold")
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("User-Agent", "tailgate-webhook")
+	req.Header.Set("X-Tailgate-Event", event)
 	req.Header.Set("X-Tailgate-Timestamp", ts)
-	req.Header.Set("X-Tailgate-Signature", SignWebhook(w.cfg.Secret, ts, body))
-	resp, err := w.cfg.Client.Do(req)
+	req.Header.Set("X-Tailgate-Signature", SignWebhook(secret, ts, body))
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}

@@ -589,6 +589,7 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, progre
 	}
 	u.pending = nil
 	if u.done {
+		a.traced(cl, u)
 		return a.body(u.usage), nil
 	}
 	u.follow(ctx, s.idleDeadline(cl.req.model), u.sentAt.Add(s.cfg.JSONDeadline))
@@ -603,6 +604,7 @@ func (s *Server) assembleJSON(ctx context.Context, cl *call, u *upstream, progre
 			if us, ok := a.totals(); ok {
 				u.usage, u.gotUsage = us, true
 			}
+			a.traced(cl, u)
 			return a.body(u.usage), nil
 		case evError:
 			return nil, u.errorEventEnd()

@@ -205,31 +205,51 @@ func setRouteHeaders(o *httpSink, cl *call) {
 }
 
 func setRateHeaders(o *httpSink, rs policy.RateState) {
+	// The values are cut from one string: strconv's string of a number of
+	// 100 or more is an allocation of its own, and four to seven of these
+	// headers go out with every answer.
+	var (
+		buf  [160]byte
+		keys [7]string
+		ends [7]int
+		n    int
+	)
+	b := buf[:0]
+	add := func(key string, v []byte) {
+		keys[n], ends[n] = key, len(v)
+		n++
+		b = v
+	}
 	if rs.LimitRequests > 0 {
-		o.set("X-Ratelimit-Limit-Requests", strconv.FormatInt(rs.LimitRequests, 10))
-		o.set("X-Ratelimit-Remaining-Requests", strconv.FormatInt(max(rs.RemainingRequests, 0), 10))
-		o.set("X-Ratelimit-Reset-Requests", formatReset(rs.ResetRequests))
+		add("X-Ratelimit-Limit-Requests", strconv.AppendInt(b, rs.LimitRequests, 10))
+		add("X-Ratelimit-Remaining-Requests", strconv.AppendInt(b, max(rs.RemainingRequests, 0), 10))
+		add("X-Ratelimit-Reset-Requests", appendReset(b, rs.ResetRequests))
 	}
 	if rs.LimitTokens > 0 {
-		o.set("X-Ratelimit-Limit-Tokens", strconv.FormatInt(rs.LimitTokens, 10))
-		o.set("X-Ratelimit-Remaining-Tokens", strconv.FormatInt(max(rs.RemainingTokens, 0), 10))
-		o.set("X-Ratelimit-Reset-Tokens", formatReset(rs.ResetTokens))
+		add("X-Ratelimit-Limit-Tokens", strconv.AppendInt(b, rs.LimitTokens, 10))
+		add("X-Ratelimit-Remaining-Tokens", strconv.AppendInt(b, max(rs.RemainingTokens, 0), 10))
+		add("X-Ratelimit-Reset-Tokens", appendReset(b, rs.ResetTokens))
 	}
 	if !rs.BudgetResets.IsZero() {
 		// The tenant's periodic budget: until it is whole again, as the
 		// other resets are given (and the 429's message gives the time).
-		o.set("X-Ratelimit-Reset-Budget", formatReset(time.Until(rs.BudgetResets)))
+		add("X-Ratelimit-Reset-Budget", appendReset(b, time.Until(rs.BudgetResets)))
+	}
+	all, from := string(b), 0
+	for i := range n {
+		o.set(keys[i], all[from:ends[i]])
+		from = ends[i]
 	}
 }
 
-// formatReset renders a duration as OpenAI does in x-ratelimit-reset-*
+// appendReset appends a duration as OpenAI renders it in x-ratelimit-reset-*
 // ("1s", "6m0s", "120ms").
-func formatReset(d time.Duration) string {
+func appendReset(b []byte, d time.Duration) []byte {
 	if d <= 0 {
-		return "0s"
+		return append(b, "0s"...)
 	}
 	if d < time.Second {
-		return strconv.FormatInt(int64(d/time.Millisecond)+1, 10) + "ms"
+		return append(strconv.AppendInt(b, int64(d/time.Millisecond)+1, 10), "ms"...)
 	}
-	return d.Round(time.Millisecond).String()
+	return append(b, d.Round(time.Millisecond).String()...)
 }

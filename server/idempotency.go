@@ -376,7 +376,7 @@ func (s *Server) replay(c echo.Context, cl *call, log *answerLog, orig string, f
 	cl.stages.Total = time.Since(cl.start)
 	row := data.LedgerRow{ID: cl.id, Time: cl.start, TenantID: cl.principal.TenantID, KeyID: cl.principal.KeyID,
 		Model: boundString(log.modelName()), Stream: log.isStream(), Status: http.StatusOK, Outcome: data.OutcomeOK,
-		Stages: cl.stages, Priority: cl.priority.String(), QueueWait: -1, ReplayOf: orig}
+		Stages: cl.stages, Priority: cl.priority.String(), QueueWait: -1, Endpoint: cl.ep.path, ReplayOf: orig}
 	if err := s.ledger.Commit(context.Background(), row); err != nil && errors.Is(err, data.ErrLedgerUnavailable) {
 		cl.recorded = true
 		_ = apierr.Reply(c, errLedgerUnavailable)

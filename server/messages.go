@@ -13,9 +13,14 @@ import (
 // x-api-key (how @anthropic-ai/sdk, @ai-sdk/anthropic and
 // anthropic-sdk-go send it) as well as Bearer, errors in Anthropic's shape,
 // and count_tokens. The anthropic-version and anthropic-beta headers those
-// clients send are accepted and not forwarded: vLLM's Messages routes read
-// no header (vllm/entrypoints/anthropic/api_router.py: create_messages and
-// count_tokens take the body alone).
+// clients send are accepted and not forwarded (the gateway's upstream
+// request carries its own headers only, attempt.go): vLLM reads neither.
+// Its Messages routes take the body (vllm/entrypoints/anthropic/
+// api_router.py: create_messages, count_tokens), and the raw request they
+// pass on reaches OpenAIServingChat.create_chat_completion
+// (vllm/entrypoints/anthropic/serving.py, create_messages), which reads of
+// its headers the request id and the trace context alone — both of which
+// the gateway sets itself (X-Request-Id, traceparent).
 
 // isMessagesPath reports whether path is one of the Messages API's.
 func isMessagesPath(path string) bool {

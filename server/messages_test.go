@@ -4,8 +4,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/anthropics/anthropic-sdk-go"
 	"github.com/anthropics/anthropic-sdk-go/option"
@@ -13,6 +15,8 @@ import (
 
 	"github.com/tailgate-dev/tailgate/data"
 	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server"
 	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
@@ -123,5 +127,61 @@ func TestMessagesErrorsTakeAnthropicsShape(t *testing.T) {
 	resp, v = send("/v1/chat/completions", "X-Api-Key", limited)
 	if resp.StatusCode != 401 || v.Get("error.code").Str != "invalid_api_key" || v.Get("type").Exists() {
 		t.Fatalf("x-api-key on chat: %d %s", resp.StatusCode, v.Raw)
+	}
+}
+
+// TestMessagesStreamBrokenMidwayEndsWithAnthropicsErrorEvent: a Messages
+// stream whose replica dies after its first token ends with Anthropic's
+// in-band error event ("event: error", {"type":"error","error":{…}}), which
+// Anthropic's SDK turns into its error type; OpenAI's unnamed error chunk
+// is skipped by that SDK, and the stream looked whole.
+func TestMessagesStreamBrokenMidwayEndsWithAnthropicsErrorEvent(t *testing.T) {
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"chatcmpl-1\",\"content\":[],\"model\":\""+
+			servertest.SimModel+"\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":9,\"output_tokens\":0}}}\n\n"+
+			"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"content_block\":{\"type\":\"text\",\"text\":\"\"},\"index\":0}\n\n"+
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"half\"},\"index\":0}\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the connection dies mid-answer
+	}))
+	t.Cleanup(broken.Close)
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Router: router.Config{Selector: prefer("broken")}})
+	h.AddReplica("broken", broken.URL, "")
+	c := anthropicClient(h, h.Key(policy.KeyOptions{}))
+
+	stream := c.Messages.NewStreaming(t.Context(), anthropic.MessageNewParams{Model: servertest.SimModel, MaxTokens: 16,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}})
+	var text strings.Builder
+	for stream.Next() {
+		if d, ok := stream.Current().AsAny().(anthropic.ContentBlockDeltaEvent); ok {
+			text.WriteString(d.Delta.Text)
+		}
+	}
+	var ae *anthropic.Error
+	if err := stream.Err(); !errors.As(err, &ae) || string(ae.Type()) != "api_error" || ae.RequestID == "" {
+		t.Fatalf("stream ended with %v after %q; want an anthropic.Error api_error with a request id", err, text.String())
+	}
+	if text.String() != "half" {
+		t.Fatalf("text before the error %q, want %q", text.String(), "half")
+	}
+	if rows := h.LedgerRows(); len(rows) != 1 || rows[0].Outcome != data.OutcomeMidstream {
+		t.Fatalf("ledger %+v, want one midstream row", rows)
+	}
+}
+
+// TestMessagesStreamHeldTooLongIsOverloaded: a Messages stream held for a
+// replica that does not come in time (its 200 committed by the progress
+// comments) ends with Anthropic's overloaded_error event, which the SDK
+// raises as its error type.
+func TestMessagesStreamHeldTooLongIsOverloaded(t *testing.T) {
+	g, _, key := coldGateway(t, server.HoldConfig{Timeout: 200 * time.Millisecond, Progress: 10 * time.Millisecond})
+	stream := anthropicClient(g, key).Messages.NewStreaming(t.Context(), anthropic.MessageNewParams{Model: servertest.SimModel, MaxTokens: 4,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}})
+	for stream.Next() {
+	}
+	var ae *anthropic.Error
+	if err := stream.Err(); !errors.As(err, &ae) || string(ae.Type()) != "overloaded_error" || ae.StatusCode != http.StatusOK {
+		t.Fatalf("stream ended with %v; want an anthropic.Error overloaded_error on the stream's 200", err)
 	}
 }

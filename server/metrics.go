@@ -33,6 +33,8 @@ type metrics struct {
 
 	stageObs [len(data.StageNames)]prometheus.Observer // indexed like data.StageNames
 	perModel sync.Map                                  // model → *modelMetrics
+
+	genAI genAIMetrics
 }
 
 // latencyBuckets run from 100 µs to 60 s: gateway stages live at the bottom,
@@ -81,7 +83,9 @@ func newMetrics(reg prometheus.Registerer, ledger *data.LedgerWriter, queue *pol
 	queueWait := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "tailgate_admission_wait_seconds", Help: "Time admitted generation requests waited in the admission queue, by priority class.", Buckets: latencyBuckets,
 	}, []string{"class"})
-	cs := []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.bodyBytes, m.rowsSkipped, ledgerUp, backlog, queueWait}
+	m.genAI = newGenAIMetrics()
+	cs := []prometheus.Collector{m.requests, m.stages, m.ttft, m.tokens, m.inflight, m.bodyBytes, m.rowsSkipped, ledgerUp, backlog, queueWait,
+		m.genAI.duration, m.genAI.ttft, m.genAI.tpot, m.genAI.tokens}
 	for _, c := range policy.Classes {
 		m.queueWait[c] = queueWait.WithLabelValues(c.String())
 		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -105,6 +109,7 @@ type modelMetrics struct {
 	completion  prometheus.Counter
 	overhead    prometheus.Counter
 	codes       sync.Map // int → prometheus.Counter
+	genAI       sync.Map // endpoint path → *genAIObservers
 	model       string
 	requestsVec *prometheus.CounterVec
 }

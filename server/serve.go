@@ -600,6 +600,7 @@ func (s *Server) observe(cl *call, cost int64) (data.LedgerRow, bool) {
 	if cl.overhead > 0 {
 		mm.overhead.Add(float64(cl.overhead))
 	}
+	s.m.observeGenAI(cl)
 	s.observeSLO(cl)
 	if cl.principal == nil {
 		return data.LedgerRow{}, false
@@ -625,7 +626,7 @@ func (s *Server) row(cl *call, usage policy.Usage, cost int64) data.LedgerRow {
 		Upstream: cl.replica, PromptTokens: usage.PromptTokens, CompletionTokens: usage.CompletionTokens,
 		CostMicros: cost, Status: cl.status, Outcome: cl.outcome, Error: cl.class,
 		Attempts: cl.attempts, Hedged: cl.hedged, HedgeOverheadTokens: cl.overhead, Stages: cl.stages,
-		Priority: cl.priority.String(), QueueWait: cl.queueWait,
+		Priority: cl.priority.String(), QueueWait: cl.queueWait, Endpoint: cl.ep.path,
 	}
 	if cl.req != nil {
 		row.Model, row.Stream = boundString(cl.req.model), cl.req.stream

@@ -173,8 +173,9 @@ func (w *sseWriter) keepAliveTick() {
 
 // fail ends the stream with ae and closes the writer; nothing, not even a
 // keep-alive, can follow. If nothing was sent yet the client gets a plain
-// HTTP error with ae's status; otherwise an in-band error event in OpenAI's
-// shape (the status line is long gone). It is the only way a stream ends
+// HTTP error with ae's status; otherwise an in-band error event in the
+// shape of the stream's API (apierr.Event: OpenAI's, or Anthropic's on the
+// Messages API), the status line being long gone. It is the only way a stream ends
 // badly; a second call does nothing.
 func (w *sseWriter) fail(ae *apierr.Error) {
 	w.timer.Stop()
@@ -196,8 +197,7 @@ func (w *sseWriter) fail(ae *apierr.Error) {
 		apierr.Write(w.rw, ae)
 		return
 	}
-	ev := append(append([]byte("data: "), ae.Body()...), "\n\n"...)
-	if _, err := w.rw.Write(ev); err != nil {
+	if _, err := w.rw.Write(apierr.Event(w.rw, ae)); err != nil {
 		w.failed = &clientError{err}
 		return
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/tailgate-dev/tailgate/data"
 	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/serving/sse"
 	"github.com/tailgate-dev/tailgate/serving/tracing"
 )
 
@@ -279,6 +281,14 @@ func (t *callTrace) end(cl *call) {
 		// The replica answered for the model it was routed by.
 		attrs = append(attrs, attribute.String("gen_ai.response.model", t.spanModel(cl.req.model)))
 	}
+	if u := cl.tries.winnerUpstream(); u != nil {
+		if u.respID != "" {
+			attrs = append(attrs, attribute.String("gen_ai.response.id", u.respID))
+		}
+		if len(u.finishes) > 0 {
+			attrs = append(attrs, attribute.StringSlice("gen_ai.response.finish_reasons", u.finishes))
+		}
+	}
 	cl.stages.Each(func(_ int, name string, d time.Duration) {
 		if d >= 0 {
 			attrs = append(attrs, attribute.Float64("tailgate.stage."+name+"_ms", millis(d)))
@@ -321,3 +331,118 @@ func endAttempt(span trace.Span, start time.Time, a data.Attempt, won bool) {
 }
 
 func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// How an answer ended, for the request span (gen_ai.response.id and
+// gen_ai.response.finish_reasons): learnt from what the winning attempt's
+// reader already holds — the events it inspects as they pass, the
+// assembler's parse of an answer assembled into JSON — and only for a
+// traced call. The values are the engine's (an id the gateway's request id
+// seeds, finish reasons from a small set), each bounded all the same.
+
+// maxFinishReasons bounds the finish reasons a span records: one per
+// choice, and a request has at most maxN.
+const maxFinishReasons = maxN
+
+var (
+	finishMarker  = []byte(`"finish_reason":"`) // a non-null finish reason, as vLLM and OpenAI write it
+	messageStart  = []byte(`"message_start"`)
+	messageDelta  = []byte(`"message_delta"`)
+	responseEvent = []byte(`"response":{`)
+)
+
+func (u *upstream) addFinish(reason string) {
+	if reason != "" && len(u.finishes) < maxFinishReasons {
+		u.finishes = append(u.finishes, boundString(reason))
+	}
+}
+
+func (u *upstream) setID(id gjson.Result) {
+	if u.respID == "" && id.Type == gjson.String {
+		u.respID = boundString(id.Str)
+	}
+}
+
+// traceEvent learns the response id and finish reasons an event of a
+// streamed answer carries: a chunk's id and its choices' non-null
+// finish_reason; Messages' message_start (message.id) and message_delta
+// (delta.stop_reason); a Responses final event's response (its id, and
+// its status or why it is incomplete). Only events that can hold them are
+// parsed: the first chunk, a token chunk with a finish reason, and the
+// typed events by name.
+func (u *upstream) traceEvent(d sse.Dialect, kind sse.Kind, payload []byte) {
+	switch d {
+	case sse.Chunks:
+		if u.respID == "" {
+			u.setID(gjson.GetBytes(payload, "id"))
+		}
+		if kind == sse.Token && bytes.Contains(payload, finishMarker) {
+			gjson.GetBytes(payload, "choices.#.finish_reason").ForEach(func(_, r gjson.Result) bool {
+				u.addFinish(r.Str)
+				return true
+			})
+		}
+	case sse.MessageEvents:
+		switch {
+		case u.respID == "" && bytes.Contains(payload, messageStart):
+			u.setID(gjson.GetBytes(payload, "message.id"))
+		case bytes.Contains(payload, messageDelta):
+			u.addFinish(gjson.GetBytes(payload, "delta.stop_reason").Str)
+		}
+	case sse.ResponseEvents:
+		if bytes.Contains(payload, responseEvent) {
+			r := gjson.GetManyBytes(payload, "response.id", "response.status", "response.incomplete_details.reason")
+			u.setID(r[0])
+			if kind == sse.Final {
+				u.addFinish(responseFinish(r[1], r[2]))
+			}
+		}
+	}
+}
+
+// traceAnswer learns the response id and finish reasons of a JSON answer
+// the engine sent whole: chat and completions' choices, Messages'
+// stop_reason, a Responses answer's status.
+func (u *upstream) traceAnswer(body []byte) {
+	r := gjson.GetManyBytes(body, "id", "choices.#.finish_reason", "stop_reason", "status", "incomplete_details.reason")
+	u.setID(r[0])
+	r[1].ForEach(func(_, f gjson.Result) bool {
+		u.addFinish(f.Str)
+		return true
+	})
+	u.addFinish(r[2].Str)
+	u.addFinish(responseFinish(r[3], r[4]))
+}
+
+// responseFinish is a Responses answer's finish reason: why it is
+// incomplete (max_output_tokens, content_filter), else its status.
+func responseFinish(status, reason gjson.Result) string {
+	if reason.Str != "" {
+		return reason.Str
+	}
+	return status.Str
+}
+
+// traced hands a traced call's assembled answer's id and finish reasons
+// to its attempt: the assembler parsed every chunk once already.
+func (a *assembler) traced(cl *call, u *upstream) {
+	if cl.trace == nil {
+		return
+	}
+	u.setID(gjson.Parse(a.id))
+	for _, c := range a.choices {
+		if c.seen && c.finish != "" {
+			u.addFinish(gjson.Parse(c.finish).Str)
+		}
+	}
+}
+
+// winnerUpstream is the attempt whose answer the client got, nil if none.
+func (t *tryLog) winnerUpstream() *upstream {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.winner < 0 || t.winner >= len(t.recs) {
+		return nil
+	}
+	u, _ := t.recs[t.winner].att.(*upstream)
+	return u
+}

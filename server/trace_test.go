@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -288,5 +289,61 @@ func TestNoTracesWithoutATracer(t *testing.T) {
 	}
 	if got := seen[0].last(); got != "" {
 		t.Errorf("tracing off, yet the engine got traceparent %q", got)
+	}
+}
+
+// TestSpansSayHowEachAnswerEnded: the request span carries the response id
+// the client got and the finish reasons it was told
+// (gen_ai.response.id, gen_ai.response.finish_reasons), on every way an
+// answer reaches it — streamed, assembled into JSON, relayed whole — in
+// chat's, Messages' and Responses' own words.
+func TestSpansSayHowEachAnswerEnded(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
+	h := servertest.Start(t, servertest.Options{Replicas: 1, Tracer: tp, Sim: sim.Config{TTFT: time.Millisecond, TTFTSigma: -1}})
+	secret := h.Key(policy.KeyOptions{})
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, tc := range []struct {
+		name, path, body string
+		id               string // where the client reads the id: a JSON path, in the body or in a stream's events
+		finish           string
+	}{
+		{"chat stream", "/v1/chat/completions", `{"model":"tailgate-sim","max_tokens":3,"stream":true,` + msgs + `}`, "id", "length"},
+		{"chat json", "/v1/chat/completions", `{"model":"tailgate-sim","max_tokens":3,` + msgs + `}`, "id", "length"},
+		{"completions stream", "/v1/completions", `{"model":"tailgate-sim","max_tokens":3,"stream":true,"prompt":"hi"}`, "id", "length"},
+		{"messages stream", "/v1/messages", `{"model":"tailgate-sim","max_tokens":3,"stream":true,` + msgs + `}`, "message.id", "max_tokens"},
+		{"messages json", "/v1/messages", `{"model":"tailgate-sim","max_tokens":3,` + msgs + `}`, "id", "max_tokens"},
+		{"responses stream", "/v1/responses", `{"model":"tailgate-sim","max_output_tokens":3,"stream":true,"input":"hi"}`, "response.id", "max_output_tokens"},
+		{"responses json", "/v1/responses", `{"model":"tailgate-sim","max_output_tokens":3,"input":"hi"}`, "id", "max_output_tokens"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := h.Post(tc.path, secret, tc.body)
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%d %s", resp.StatusCode, raw)
+			}
+			// The id as the client read it: the body's, or the first event's that has one.
+			id := gjson.GetBytes(raw, tc.id).Str
+			for _, line := range strings.Split(string(raw), "\n") {
+				if p, ok := strings.CutPrefix(line, "data: "); ok && id == "" {
+					id = gjson.Get(p, tc.id).Str
+				}
+			}
+			if id == "" {
+				t.Fatalf("the client got no id at %s in %s", tc.id, raw)
+			}
+			span := requestSpan(t, exp, resp.Header.Get("X-Request-Id"))
+			if got := attr(span, "gen_ai.response.id").AsString(); got != id {
+				t.Errorf("gen_ai.response.id %q, want the client's %q", got, id)
+			}
+			if got := attr(span, "gen_ai.response.finish_reasons").AsStringSlice(); len(got) != 1 || got[0] != tc.finish {
+				t.Errorf("gen_ai.response.finish_reasons %q, want [%s]", got, tc.finish)
+			}
+			if !strings.Contains(string(raw), tc.finish) {
+				t.Errorf("the client was not told %q: %s", tc.finish, raw)
+			}
+		})
 	}
 }

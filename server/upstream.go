@@ -72,6 +72,15 @@ type upstream struct {
 
 	log *tryLog // the call's attempt log, and this attempt's index in it
 	try int
+
+	// What a traced call's span says of the answer (trace.go): the
+	// engine's response id and finish reasons. Set only when the call is
+	// traced.
+	respID   string
+	finishes []string
+
+	tr  attemptTrace // how far the request got (httptrace)
+	hdr [4]string    // the request's header values (openAttempt)
 }
 
 var (
@@ -231,6 +240,9 @@ func (u *upstream) inspect(cl *call, ev []byte) (eventKind, []byte) {
 		return evError, ev
 	}
 	payload := sse.Data(ev)
+	if cl.trace != nil && !cl.req.assemble { // an assembled answer's are the assembler's
+		u.traceEvent(events, kind, payload)
+	}
 	if events != sse.Chunks {
 		// Typed events report usage in place (message_start, message_delta,
 		// response.completed): learnt, never stripped.
@@ -522,6 +534,9 @@ func (u *upstream) whole(cl *call, resp *http.Response, body []byte) {
 		u.stages.EngineQueue = v
 	}
 	u.usage, u.gotUsage = reportedUsage(body, policy.Usage{})
+	if cl.trace != nil {
+		u.traceAnswer(body)
+	}
 	if cl.ep.generates && u.usage.CompletionTokens == 0 {
 		// An engine that reports no output usage (no usage at all, or
 		// a transcription's seconds): billed its estimated prompt and

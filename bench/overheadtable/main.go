@@ -36,11 +36,20 @@ func main() {
 		minOK     = flag.Float64("min-success", 0.999, "a rate is held only when at least this share of requests succeeded")
 		minSentOf = flag.Float64("min-sent", 0.95, "a rate is held only when the load generator sent at least this share of it")
 		collapsed = flag.String("collapsed", "", "only check this one CSV file: exit 0 (and say why) when the path broke down "+
-			"there (under 99% success or p99 over 1s), so the script runs no higher rate on it; else exit 3")
+			"there (under 99% success or p99 over --collapse-p99), so the script runs no higher rate on it; else exit 3")
+		collapseP99 = flag.Duration("collapse-p99", time.Second, "with --collapsed: a p99 over this is a breakdown")
+		governedDir = flag.String("governed", "", "scripts/bench-governed.sh's report from the results in this directory (governed.go): "+
+			"the table on stdout, report.md and report.json beside the results")
 		rounds = flag.Int("rounds", 0, "A/B mode (scripts/bench-ab.sh): read PATH-rK.csv for K = 1..rounds in --dir and "+
 			"compare the paths round by round, each against the first path of the same round")
 	)
 	flag.Parse()
+	if *governedDir != "" {
+		if err := governed(*governedDir, os.Stdout); err != nil {
+			fatalf("%v", err)
+		}
+		return
+	}
 	if *rounds > 0 {
 		if *dir == "" || len(strings.Fields(*paths)) < 2 {
 			fatalf("--rounds needs --dir and at least two --paths")
@@ -53,7 +62,7 @@ func main() {
 		switch {
 		case err != nil:
 			fmt.Printf("no results (%v)\n", err)
-		case s.success < 0.99 || s.p99 > time.Second:
+		case s.success < 0.99 || s.p99 > *collapseP99:
 			fmt.Printf("ok %s, p99 %s ms\n", pctStr(s.success), ms(s.p99))
 		default:
 			os.Exit(3)

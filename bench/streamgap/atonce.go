@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -16,8 +17,11 @@ import (
 // stream: C streams opened in the same instant on each target in turn, one
 // stream each, every one held to its end. Besides what the client sees
 // (time to first chunk, the largest gap between chunks, stalls) it reads the
-// hop's own processes from /proc: CPU time over the round and peak resident
-// memory above the process's idle size.
+// hop's own process tree from /proc (the processes named and their
+// descendants, as nginx's workers): CPU time over the round, and resident
+// memory the way an operator sizes a box for C streams — the tree's
+// resident set at its highest while the streams were open, less its
+// resident set before the first stream, divided by C.
 
 // targetSpec is one --target NAME=URL[@PID[+PID...]].
 type targetSpec struct {
@@ -72,18 +76,19 @@ type atOnceResult struct {
 	failed  int
 	errs    []string
 	cpu     time.Duration // the hop's CPU time over the round
-	peakRSS int64         // bytes, highest sample during the round
+	peakRSS int64         // bytes, highest sample of the tree's VmRSS during the round
 }
 
-func runAtOnce(targets []targetSpec, body string, streams, tokens, rounds int, stall, timeout time.Duration, baseline string) {
+func runAtOnce(targets []targetSpec, body string, streams, tokens, rounds int, stall, timeout time.Duration, baseline, jsonOut string) {
 	// The idle size is taken before the first stream: a Go process keeps
 	// the memory its heap grew to for minutes, so a size taken after any
 	// load would hide the streams' memory. The warm-up then opens the
 	// connections the measured rounds reuse.
 	clients := map[string]*http.Client{}
 	idle := map[string]int64{}
-	for _, t := range targets {
-		idle[t.name] = rss(t.pids)
+	for i, t := range targets {
+		targets[i].pids = processTree(t.pids)
+		idle[t.name] = rss(targets[i].pids)
 	}
 	for _, t := range targets {
 		clients[t.name] = newClient(streams)
@@ -107,7 +112,13 @@ func runAtOnce(targets []targetSpec, body string, streams, tokens, rounds int, s
 				r+1, rounds, t.name, streams, res.failed, res.stalls, res.cpu.Round(time.Millisecond))
 		}
 	}
-	printAtOnce(targets, all, idle, streams, tokens, rounds, stall, baseline)
+	rows := printAtOnce(targets, all, idle, streams, tokens, rounds, stall, baseline)
+	if jsonOut != "" {
+		if err := writeRows(jsonOut, targets, rows, idle, streams, tokens, rounds); err != nil {
+			fmt.Fprintln(os.Stderr, "streamgap:", err)
+			os.Exit(1)
+		}
+	}
 }
 
 // atOnce starts n streams on t at the same instant and waits for them all,
@@ -168,22 +179,26 @@ func atOnce(t targetSpec, client *http.Client, body string, n int, timeout, stal
 	return res
 }
 
-func printAtOnce(targets []targetSpec, all map[string][]atOnceResult, idle map[string]int64, streams, tokens, rounds int, stall time.Duration, baseline string) {
-	type row struct {
-		cpuStream, cpuChunk, ttft50, ttft99, maxGap time.Duration
-		memStream                                   float64 // bytes
-		stalls, failed                              int
-		hasCost                                     bool
-	}
+// atOnceRow is one target's medians over the rounds.
+type atOnceRow struct {
+	cpuStream, cpuChunk, ttft50, ttft99, maxGap time.Duration
+	memStream                                   float64 // bytes: (peakRSS − idle RSS) / streams
+	peakRSS                                     int64   // bytes, the round whose memStream is the median
+	stalls, failed                              int
+	hasCost                                     bool
+}
+
+func printAtOnce(targets []targetSpec, all map[string][]atOnceResult, idle map[string]int64, streams, tokens, rounds int, stall time.Duration, baseline string) map[string]atOnceRow {
+	type row = atOnceRow
 	rows := map[string]row{}
 	for _, t := range targets {
 		var cpu, t50, t99, gap []time.Duration
-		var mem []float64
+		var peaks []int64
 		r := row{hasCost: len(t.pids) > 0}
 		for _, res := range all[t.name] {
 			done := max(len(res.ttft), 1)
 			cpu = append(cpu, res.cpu/time.Duration(done))
-			mem = append(mem, float64(res.peakRSS-idle[t.name])/float64(streams))
+			peaks = append(peaks, res.peakRSS)
 			t50 = append(t50, pct(res.ttft, 0.50))
 			t99 = append(t99, pct(res.ttft, 0.99))
 			gap = append(gap, res.maxGap)
@@ -193,35 +208,36 @@ func printAtOnce(targets []targetSpec, all map[string][]atOnceResult, idle map[s
 		r.cpuStream, r.ttft50, r.ttft99 = median(cpu), median(t50), median(t99)
 		r.cpuChunk = r.cpuStream / time.Duration(tokens)
 		r.maxGap = slices.Max(gap)
-		slices.Sort(mem)
-		r.memStream = mem[len(mem)/2]
+		slices.Sort(peaks)
+		r.peakRSS = peaks[len(peaks)/2]
+		r.memStream = float64(r.peakRSS-idle[t.name]) / float64(streams)
 		rows[t.name] = r
 	}
 	fmt.Printf("streams: %d opened at once per target, %d chunks each, %d round(s), medians over rounds; stall = a gap over %s\n",
 		streams, tokens, rounds, stall)
-	fmt.Printf("mem/stream: peak resident memory during a round minus the size before this run's first stream, per stream\n")
-	fmt.Printf("%-10s %12s %12s %12s %12s %12s %12s %12s %8s %8s\n", "target", "cpu/stream", "cpu/chunk", "mem/stream",
+	fmt.Printf("mem/stream = (open RSS − idle RSS) ÷ %d streams: RSS is VmRSS summed over the hop's process tree; idle before\n"+
+		"this run's first stream, open the highest sample (every 20 ms) while a round's %d streams were open (median round)\n", streams, streams)
+	fmt.Printf("%-10s %12s %12s %10s %10s %12s %12s %12s %12s %12s %8s %8s\n", "target", "cpu/stream", "cpu/chunk", "idle RSS", "open RSS", "mem/stream",
 		"ttfc p50", "ttfc p99", "+ttfc p50", "+ttfc p99", "max gap", "stalls")
 	direct, hasDirect := rows["direct"]
 	for _, t := range targets {
 		r := rows[t.name]
-		cpuS, cpuC, mem := "-", "-", "-"
+		cpuS, cpuC, idleS, openS, mem := "-", "-", "-", "-", "-"
 		if r.hasCost {
 			cpuS, cpuC = ms(r.cpuStream), us(r.cpuChunk)
-			if r.memStream > 0 {
-				mem = fmt.Sprintf("%.1f KB", r.memStream/1024)
-			}
+			idleS, openS = fmt.Sprintf("%.1f MB", float64(idle[t.name])/1e6), fmt.Sprintf("%.1f MB", float64(r.peakRSS)/1e6)
+			mem = fmt.Sprintf("%.1f KB", r.memStream/1024)
 		}
 		add50, add99 := "-", "-"
 		if hasDirect && t.name != "direct" {
 			add50, add99 = ms(r.ttft50-direct.ttft50), ms(r.ttft99-direct.ttft99)
 		}
-		fmt.Printf("%-10s %12s %12s %12s %12s %12s %12s %12s %8s %8d\n", t.name, cpuS, cpuC, mem,
+		fmt.Printf("%-10s %12s %12s %10s %10s %12s %12s %12s %12s %12s %8s %8d\n", t.name, cpuS, cpuC, idleS, openS, mem,
 			ms(r.ttft50), ms(r.ttft99), add50, add99, fmt.Sprintf("%.0f ms", float64(r.maxGap)/1e6), r.stalls+r.failed)
 	}
 	base, ok := rows[baseline]
 	if !ok {
-		return
+		return rows
 	}
 	fmt.Printf("\nratios vs %s (same run):\n", baseline)
 	fmt.Printf("%-10s %12s %12s %12s %12s\n", "target", "cpu/stream", "mem/stream", "+ttfc p50", "+ttfc p99")
@@ -247,6 +263,88 @@ func printAtOnce(targets []targetSpec, all map[string][]atOnceResult, idle map[s
 		}
 		fmt.Printf("%-10s %12s %12s %12s %12s\n", t.name, cpu, mem, a50, a99)
 	}
+	return rows
+}
+
+// writeRows writes each target's row as JSON for a report
+// (scripts/bench-governed.sh): sizes in bytes, times in microseconds.
+func writeRows(path string, targets []targetSpec, rows map[string]atOnceRow, idle map[string]int64, streams, tokens, rounds int) error {
+	type out struct {
+		Target         string  `json:"target"`
+		CPUPerStreamUS float64 `json:"cpu_us_per_stream,omitempty"`
+		IdleRSS        int64   `json:"idle_rss_bytes,omitempty"`
+		OpenRSS        int64   `json:"open_rss_bytes,omitempty"`
+		BytesPerStream float64 `json:"rss_bytes_per_stream,omitempty"`
+		TTFCp50US      float64 `json:"ttfc_p50_us"`
+		TTFCp99US      float64 `json:"ttfc_p99_us"`
+		Stalls         int     `json:"stalls_and_failures"`
+	}
+	doc := struct {
+		Streams int    `json:"streams"`
+		Chunks  int    `json:"chunks"`
+		Rounds  int    `json:"rounds"`
+		Method  string `json:"method"`
+		Rows    []out  `json:"targets"`
+	}{Streams: streams, Chunks: tokens, Rounds: rounds,
+		Method: "rss_bytes_per_stream = (open_rss_bytes - idle_rss_bytes) / streams; RSS = VmRSS summed over the hop's process tree, idle before the first stream, open the highest 20 ms sample while the streams were open (median round)"}
+	for _, t := range targets {
+		r := rows[t.name]
+		o := out{Target: t.name, TTFCp50US: float64(r.ttft50) / 1e3, TTFCp99US: float64(r.ttft99) / 1e3, Stalls: r.stalls + r.failed}
+		if r.hasCost {
+			o.CPUPerStreamUS, o.IdleRSS, o.OpenRSS, o.BytesPerStream = float64(r.cpuStream)/1e3, idle[t.name], r.peakRSS, r.memStream
+		}
+		doc.Rows = append(doc.Rows, o)
+	}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// processTree returns pids and all their descendants (a hop that forks
+// workers keeps its cost in them), read from /proc once.
+func processTree(pids []int) []int {
+	children := map[int][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	var out []int
+	seen := map[int]bool{}
+	var walk func(int)
+	walk = func(p int) {
+		if seen[p] {
+			return
+		}
+		seen[p] = true
+		out = append(out, p)
+		for _, c := range children[p] {
+			walk(c)
+		}
+	}
+	for _, p := range pids {
+		walk(p)
+	}
+	return out
 }
 
 func median(d []time.Duration) time.Duration {

@@ -45,6 +45,7 @@ func main() {
 		goalGap  = flag.Duration("goal-gap", 5*time.Millisecond, "goal: most extra inter-chunk gap")
 		stall    = flag.Duration("stall", time.Second, "at-once mode: a gap between chunks over this is a stall")
 		baseline = flag.String("baseline", "goproxy", "at-once mode: the target the others are compared with")
+		jsonOut  = flag.String("json", "", "at-once mode: also write each target's figures to this file as JSON")
 		targets  targetFlags
 		keys     = keyFlags{}
 	)
@@ -64,7 +65,7 @@ func main() {
 				targets[i].key = k
 			}
 		}
-		runAtOnce(targets, body, *streams, *tokens, *rounds, *stall, *timeout, *baseline)
+		runAtOnce(targets, body, *streams, *tokens, *rounds, *stall, *timeout, *baseline, *jsonOut)
 		return
 	}
 	if *direct == "" || *gateway == "" || *streams < 1 || *tokens < 2 || *rounds < 1 {

@@ -49,11 +49,14 @@ export function recordingFetch() {
 // resolves once it is admitted (its first event read); done() resolves when
 // the stream has ended. A client's request meanwhile gets 429 with
 // Retry-After: 1 (a slot frees when a request ends), retries, and succeeds.
+// 40 tokens hold it about 0.75 s (the sim's 15 ms a token): long enough for
+// the client's first try to arrive through specproxy on a busy machine,
+// short enough for its retry after a second to get in.
 export async function holdSlot(key) {
   const res = await fetch(`${env.base}/v1/chat/completions`, {
     method: "POST",
     headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/json" },
-    body: JSON.stringify({ model: env.model, stream: true, max_tokens: 20, messages: [{ role: "user", content: "hold" }] }),
+    body: JSON.stringify({ model: env.model, stream: true, max_tokens: 40, messages: [{ role: "user", content: "hold" }] }),
   });
   if (res.status !== 200) throw new Error(`holder: ${res.status} ${await res.text()}`);
   const reader = res.body.getReader();
@@ -113,6 +116,8 @@ export const FEATURES = ["plain", "stream", "tools", "structured", "embeddings",
 
 // A row: run each feature's check, print one JSON line per cell.
 export async function row(client, checks) {
+  // specproxy.mjs tags what follows with this client, for schema.mjs.
+  await fetch(`${env.base}/_kit/row`, { method: "POST", body: client });
   for (const f of FEATURES) {
     const check = checks[f];
     if (check === undefined) continue; // not in the client's API

@@ -92,3 +92,24 @@ func (e *Error) AnthropicBody(requestID string) []byte {
 	b, _ := json.Marshal(body)
 	return b
 }
+
+// Event renders e as the in-band error event that ends a stream already
+// under way (its status line long gone), in the shape w's API sends it:
+// OpenAI's error chunk, "data: {"error":{…}}", as vLLM writes it mid-stream;
+// on a writer marked by [Anthropic], the Messages API's error event,
+// "event: error" with AnthropicBody's data — Anthropic's SDKs skip an
+// event without a name, and turn this one into their error type
+// (anthropic-sdk-go packages/ssestream: Stream.Next, case "error").
+func Event(w http.ResponseWriter, e *Error) []byte {
+	if isAnthropic(w) {
+		body := e.AnthropicBody(w.Header().Get("X-Request-Id"))
+		return append(append(append(make([]byte, 0, len(anthropicEvent)+len(body)+2), anthropicEvent...), body...), "\n\n"...)
+	}
+	body := e.Body()
+	return append(append(append(make([]byte, 0, len(openAIEvent)+len(body)+2), openAIEvent...), body...), "\n\n"...)
+}
+
+const (
+	openAIEvent    = "data: "
+	anthropicEvent = "event: error\ndata: "
+)

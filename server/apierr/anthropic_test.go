@@ -46,3 +46,20 @@ func TestAnthropicShape(t *testing.T) {
 		t.Errorf("unmarked: %s", rec.Body)
 	}
 }
+
+// TestEventTakesTheStreamsShape pins the in-band error event's bytes: the
+// Messages API's named error event on a marked writer, OpenAI's error chunk
+// elsewhere.
+func TestEventTakesTheStreamsShape(t *testing.T) {
+	e := &apierr.Error{Status: 503, Type: "server_error", Code: "no_replica", Message: "no ready replica"}
+	rec := httptest.NewRecorder()
+	rec.Header().Set("X-Request-Id", "req_1")
+	if got, want := string(apierr.Event(apierr.Anthropic(rec), e)),
+		"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"no ready replica\"},\"request_id\":\"req_1\"}\n\n"; got != want {
+		t.Errorf("anthropic: %q, want %q", got, want)
+	}
+	if got, want := string(apierr.Event(rec, e)),
+		"data: {\"error\":{\"code\":\"no_replica\",\"message\":\"no ready replica\",\"param\":null,\"type\":\"server_error\"}}\n\n"; got != want {
+		t.Errorf("openai: %q, want %q", got, want)
+	}
+}

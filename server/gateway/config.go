@@ -140,6 +140,13 @@ type Config struct {
 	BudgetWebhook string `yaml:"-"` // --budget-webhook; "": none
 	EdgeTokenFile string `yaml:"-"` // --edge-token-file; "": DIR/edge.token
 
+	UsageWebhook string `yaml:"-"` // --usage-webhook; "": none
+	// UsageWebhookPoll is how often the usage webhook looks for new events
+	// (--usage-webhook-poll; 0: 1 s) and UsageWebhookBackoff its first wait
+	// after a failed POST (0: 1 s, doubled up to a minute).
+	UsageWebhookPoll    time.Duration `yaml:"-"`
+	UsageWebhookBackoff time.Duration `yaml:"-"`
+
 	// Latency budgets and request sources (config_slo.go).
 	sloConfig `yaml:",inline"`
 
@@ -201,6 +208,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:8080", "public (OpenAI-compatible) listen address")
 	fs.StringVar(&c.AdminListen, "admin-listen", "127.0.0.1:8081", "admin listen address (metrics, admin API, dashboard)")
 	fs.StringVar(&c.BudgetWebhook, "budget-webhook", "", "POST a signed JSON alert to this URL when a tenant's budget use crosses its alert percent or 100%, once per tenant, period and threshold (X-Tailgate-Signature: HMAC-SHA256 under DIR/webhook.secret, made on first use)")
+	fs.StringVar(&c.UsageWebhook, "usage-webhook", "", "POST every usage event (a final ledger row, CloudEvents JSON with a stable id) to this URL, signed like --budget-webhook, in order and at least once: failed POSTs are retried with backoff and the cursor is kept in the database across restarts")
+	fs.DurationVar(&c.UsageWebhookPoll, "usage-webhook-poll", time.Second, "how often --usage-webhook looks for new events")
 	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let a worker holding the cluster token alone register a new replica id (off: it needs tailgate workers invite or tailgate workers approve); a revoked id stays out either way")
 	fs.Func("upstream", "static OpenAI-compatible upstream: its root or base URL, e.g. http://10.0.0.5:8000 or http://10.0.0.5:8000/v1 (repeatable)", appendTo(&c.upstreamFlags))
 	fs.StringVar(&c.ConfigFile, "config", "", "YAML config file (upstreams, per-model max_tokens, prices, deadlines, hedging); flags given here win over it, --upstream and --price add to it")
@@ -374,6 +383,14 @@ func (c *Config) Validate() error {
 		if _, err := server.NewBudgetWebhook(server.BudgetWebhookConfig{URL: c.BudgetWebhook, Secret: []byte("x")}); err != nil {
 			return fmt.Errorf("--budget-webhook: %w", err)
 		}
+	}
+	if c.UsageWebhook != "" {
+		if _, err := server.NewUsageSink(server.UsageSinkConfig{URL: c.UsageWebhook, Secret: []byte("x")}, nil); err != nil {
+			return fmt.Errorf("--usage-webhook: %w", err)
+		}
+	}
+	if c.UsageWebhookPoll < 0 {
+		return fmt.Errorf("--usage-webhook-poll %s: want a positive duration", c.UsageWebhookPoll)
 	}
 	switch {
 	case c.DataDir == "":

@@ -76,6 +76,7 @@ type Gateway struct {
 	adminAddr  string
 	adminToken string                // for the dashboard link printed at start
 	webhook    *server.BudgetWebhook // --budget-webhook; nil: none
+	usageSink  *server.UsageSink     // --usage-webhook; nil: none
 
 	// stopWorkers, when set, stops the workers this process started (up);
 	// Run calls it once nothing is left for them to serve and before the
@@ -174,6 +175,16 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (_ *Gateway, err er
 		log.Warn("settled requests that were in flight when the gateway last stopped", "interrupted", n)
 	}
 	pcfg := policy.Config{Prices: setup.prices}
+	if cfg.UsageWebhook != "" {
+		secret, err := ensureSecretFile(filepath.Join(cfg.DataDir, "webhook.secret"), "tgh-")
+		if err != nil {
+			return nil, err
+		}
+		if gw.usageSink, err = server.NewUsageSink(server.UsageSinkConfig{URL: cfg.UsageWebhook, Secret: []byte(secret),
+			Poll: cfg.UsageWebhookPoll, Backoff: cfg.UsageWebhookBackoff, Log: log}, gw.store); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.BudgetWebhook != "" {
 		// Its own secret: the receiver keeps it, and it opens nothing else.
 		secret, err := ensureSecretFile(filepath.Join(cfg.DataDir, "webhook.secret"), "tgh-")
@@ -448,6 +459,9 @@ func (gw *Gateway) Run(ctx context.Context) error {
 	g.Go(func() error { return gw.gate.Run(gctx) })
 	if gw.webhook != nil {
 		g.Go(func() error { return gw.webhook.Run(gctx) })
+	}
+	if gw.usageSink != nil {
+		g.Go(func() error { return gw.usageSink.Run(gctx) })
 	}
 	g.Go(func() error { return gw.ledger.Run(gctx) })
 	g.Go(func() error { return gw.health.Run(gctx) })

@@ -19,6 +19,7 @@ type Flags struct {
 	seed        int64
 	seededLat   bool
 	maxTokens   int
+	maxModelLen int
 
 	reasoningTokens int
 	reasoningField  string
@@ -51,6 +52,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.seed, "sim-seed", 1, "simulated engine: seed of the latency draws")
 	fs.BoolVar(&f.seededLat, "sim-seeded-latency", false, "simulated engine: fix each chat/completions request's latency (jitter and stall) by its content (prompt text and seed field) and --sim-seed instead of arrival order, so A/B runs see the same latencies request for request on each replica while replicas draw independently")
 	fs.IntVar(&f.maxTokens, "sim-default-max-tokens", 256, "simulated engine: completion cap when a request sets none")
+	fs.IntVar(&f.maxModelLen, "sim-max-model-len", 0, "simulated engine: context length in tokens, as vLLM's --max-model-len: a longer prompt is refused (0: 32768)")
 	fs.IntVar(&f.reasoningTokens, "sim-reasoning-tokens", 0, "simulated engine: reasoning tokens before every chat, Responses and Messages answer (0: no reasoning phase); they last N×TPOT and count as completion tokens")
 	fs.StringVar(&f.reasoningField, "sim-reasoning-field", ReasoningFieldReasoning, "simulated engine: name of the reasoning text in chat deltas: reasoning (vLLM ≥ 0.12), reasoning_content (≤ 0.10) or both (0.11 to 0.1x)")
 	fs.IntVar(&f.embeddingDim, "sim-embedding-dim", 64, "simulated engine: length of /v1/embeddings vectors")
@@ -79,6 +81,7 @@ func (f *Flags) Config(model string) Config {
 	return Config{
 		Model: model, TTFT: f.ttft, TTFTSigma: f.ttftSigma, TPOT: f.tpot, StallProb: f.stallProb,
 		StallFactor: f.stallFactor, MaxSeqs: f.maxSeqs, Seed: f.seed, LatencyFromContent: f.seededLat, DefaultMaxTokens: f.maxTokens,
+		MaxModelLen:     f.maxModelLen,
 		ReasoningTokens: f.reasoningTokens, ReasoningField: f.reasoningField, EmbeddingDim: f.embeddingDim,
 		ErrorRate: f.errorRate, RateLimitRate: f.rateLimitRate, RetryAfter: f.retryAfter, HangRate: f.hangRate,
 		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval, KVCacheTokens: f.kvCacheTokens,
@@ -115,6 +118,7 @@ func (f *Flags) Args() []string {
 		"--sim-ttft", f.ttft.String(), "--sim-ttft-sigma", fmt.Sprint(f.ttftSigma), "--sim-tpot", f.tpot.String(),
 		"--sim-stall-prob", fmt.Sprint(f.stallProb), "--sim-stall-factor", fmt.Sprint(f.stallFactor),
 		"--sim-max-seqs", fmt.Sprint(f.maxSeqs), "--sim-default-max-tokens", fmt.Sprint(f.maxTokens),
+		"--sim-max-model-len", fmt.Sprint(f.maxModelLen),
 		"--sim-reasoning-tokens", fmt.Sprint(f.reasoningTokens), "--sim-reasoning-field", f.reasoningField,
 		"--sim-embedding-dim", fmt.Sprint(f.embeddingDim), "--sim-error-rate", fmt.Sprint(f.errorRate),
 		"--sim-429-rate", fmt.Sprint(f.rateLimitRate), "--sim-retry-after", f.retryAfter.String(),

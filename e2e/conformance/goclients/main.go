@@ -39,6 +39,10 @@ var features = []string{"plain", "stream", "tools", "structured", "embeddings", 
 type check func(ctx context.Context) error
 
 func row(client string, checks map[string]check) {
+	// specproxy.mjs tags what follows with this client, for schema.mjs.
+	if res, err := http.Post(base+"/_kit/row", "text/plain", strings.NewReader(client)); err == nil {
+		res.Body.Close()
+	}
 	for _, f := range features {
 		c, ok := checks[f]
 		if !ok {
@@ -145,7 +149,7 @@ func (r *recorder) middleware(req *http.Request, next func(*http.Request) (*http
 // while call runs: the client must see a 429 and succeed after it.
 func checkRetried(concKey string, rec *recorder, call func(ctx context.Context) error) check {
 	return func(ctx context.Context) error {
-		body := `{"model":"` + model + `","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"hold"}]}`
+		body := `{"model":"` + model + `","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"hold"}]}`
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+concKey)
 		req.Header.Set("Content-Type", "application/json")
