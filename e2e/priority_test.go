@@ -30,6 +30,9 @@ func TestInteractiveKeyOvertakesQueuedBatchInTheEngine(t *testing.T) {
 	batch := testkit.LastLine(tailgate(t, "keys", "create", "--data", g.dir, "--tenant", "jobs", "--class", "batch"))
 	g.startWorker("w1", "--engine-priority-scheduling", "--sim-max-seqs", "1", "--sim-tpot", "10ms")
 	g.waitReady("w1")
+	if !g.priorityScheduling("w1") {
+		t.Error("GET /admin/v1/replicas: w1 without priority_scheduling: true")
+	}
 
 	// The engine's one slot is held by a long batch stream.
 	hold, release := context.WithCancel(t.Context())
@@ -84,6 +87,9 @@ func TestNoPriorityToAnEngineWithoutPriorityScheduling(t *testing.T) {
 	}
 	g := startGateway(t)
 	g.startFleet(1)
+	if g.priorityScheduling("w1") {
+		t.Error("GET /admin/v1/replicas: w1 started without the flag says priority_scheduling: true")
+	}
 	for _, class := range []string{"interactive", "standard", "batch"} {
 		key := testkit.LastLine(tailgate(t, "keys", "create", "--data", g.dir, "--tenant", class, "--class", class))
 		r := g.post(t.Context(), key, `{"model":"tailgate-sim","max_tokens":1,"priority":-5,"messages":[{"role":"user","content":"hi"}]}`)
@@ -111,6 +117,24 @@ func (g *gatewayProcess) post(ctx context.Context, key, body string) *http.Respo
 // engineWaiting is the replica's engine queue as its last heartbeat said.
 func (g *gatewayProcess) engineWaiting(id string) float64 {
 	g.t.Helper()
+	return g.replicaRow(id).Waiting
+}
+
+// priorityScheduling is the replica's priority_scheduling as the admin API
+// lists it.
+func (g *gatewayProcess) priorityScheduling(id string) bool {
+	g.t.Helper()
+	return g.replicaRow(id).Priority
+}
+
+type replicaRow struct {
+	ID       string  `json:"id"`
+	Waiting  float64 `json:"engine_waiting"`
+	Priority bool    `json:"priority_scheduling"`
+}
+
+func (g *gatewayProcess) replicaRow(id string) replicaRow {
+	g.t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, g.admin+"/admin/v1/replicas", nil)
 	req.Header.Set("Authorization", "Bearer "+g.token)
 	resp, err := http.DefaultClient.Do(req)
@@ -119,18 +143,15 @@ func (g *gatewayProcess) engineWaiting(id string) float64 {
 	}
 	defer resp.Body.Close()
 	var out struct {
-		Data []struct {
-			ID      string  `json:"id"`
-			Waiting float64 `json:"engine_waiting"`
-		} `json:"data"`
+		Data []replicaRow `json:"data"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		g.t.Fatal(err)
 	}
 	for _, r := range out.Data {
 		if r.ID == id {
-			return r.Waiting
+			return r
 		}
 	}
-	return -1
+	return replicaRow{ID: id, Waiting: -1}
 }
