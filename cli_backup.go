@@ -144,7 +144,7 @@ func restoredWorkers(ctx context.Context, dir string, forget bool, stdout io.Wri
 	}
 	if forget {
 		fmt.Fprintf(stdout, "forgot %d worker credential(s) of the backup's box, now revoked: %s\n", len(active), strings.Join(ids, ", "))
-		fmt.Fprintf(stdout, "a worker joins again once its replica id is approved (tailgate workers approve --data %s ID) or invited; tailgate up's own workers are approved when it starts\n", dir)
+		fmt.Fprintf(stdout, "a worker joins again once its replica id is approved (tailgate workers approve --data %s ID --code CODE, the code the worker prints while it waits or tailgate workers code --worker-data ITS_DIR prints) or invited (tailgate workers invite); tailgate up's own workers are approved when it starts\n", dir)
 		return nil
 	}
 	fmt.Fprintf(stdout, "the backup holds %d active worker credential(s): %s\n", len(active), strings.Join(ids, ", "))

@@ -11,6 +11,6 @@ func cmdVersion(_ context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	fmt.Fprint(stdout, readBuildInfo())
+	fmt.Fprint(stdout, readBuildInfo().withBinaryHash())
 	return nil
 }

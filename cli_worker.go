@@ -48,6 +48,7 @@ type workerFlags struct {
 	preemptURL       string
 	upstreamClient   string
 	sleepMode        bool
+	enginePriority   bool
 	sim              sim.Flags
 	mesh             mesh.Flags
 	tracing          tracing.Config
@@ -81,6 +82,7 @@ func (w *workerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&w.preemptURL, "preempt-url", "", "preemption notice polled every second: an answer 200 that is neither empty nor FALSE drains as --preempt-file does, e.g. http://metadata.google.internal/computeMetadata/v1/instance/preempted")
 	fs.StringVar(&w.upstreamClient, "upstream-client", string(hop.Hop), "HTTP client of the sidecar to the engine: hop (tailgate's own HTTP/1.1 client, less CPU per request) or nethttp (Go's net/http, the way back)")
 	fs.BoolVar(&w.sleepMode, "sleep-mode", false, "let the gateway's fleet controller put the engine to sleep when idle and wake it on demand: vllm gets --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 (on its private socket), sim gets --sim-sleep-mode")
+	fs.BoolVar(&w.enginePriority, "engine-priority-scheduling", false, "the engine schedules by request priority: vllm gets --scheduling-policy priority, sim gets --sim-scheduling-policy priority, and the gateway sends each chat and completions request's priority from its key's class (interactive first, batch last) to this replica only")
 	fs.String("config", "", "file of worker flags, one --name=value a line (# comments), as tailgate tune writes it; flags on the command line win over the file's")
 	w.sim.Register(fs)
 	w.mesh.Register(fs, "")
@@ -200,7 +202,7 @@ func (wf *workerFlags) config(ctx context.Context, log *slog.Logger) (worker.Con
 		Model: wf.model, Engine: wf.engine, StartupTimeout: wf.startupTimeout,
 		Warmup: wf.warmup, NoWarmup: wf.warmup == 0, DrainGrace: wf.drainGrace, NoDrain: wf.drainGrace == 0,
 		Log: log, UpstreamClient: client, PreemptFile: wf.preemptFile, PreemptURL: wf.preemptURL,
-		SleepMode: wf.sleepMode,
+		SleepMode: wf.sleepMode, PriorityScheduling: wf.enginePriority,
 	}
 	if wf.servedModelName != "" {
 		cfg.Model = wf.servedModelName
@@ -278,6 +280,10 @@ func (wf *workerFlags) engineCommand(model string) (func(socket string) ([]strin
 	if wf.sleepMode {
 		wf.vllm.SleepMode = true
 		wf.sim.EnableSleepMode()
+	}
+	if wf.enginePriority {
+		wf.vllm.PriorityScheduling = true
+		wf.sim.EnablePriorityScheduling()
 	}
 	if wf.engine == "sim" {
 		self, err := os.Executable()

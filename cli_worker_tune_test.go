@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -69,5 +70,39 @@ func TestTuneCandidatesTurnTheEnginesFlags(t *testing.T) {
 	}
 	if _, err := parseSpace([]string{"gpu-memory-utilization=0.9"}); err == nil {
 		t.Error("an unknown knob: no error")
+	}
+}
+
+// --engine-priority-scheduling, from the command line or a line of the
+// --config file, starts vLLM with --scheduling-policy priority and the sim
+// with --sim-scheduling-policy priority.
+func TestEnginePriorityFlagReachesTheEngine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "worker.conf")
+	if err := os.WriteFile(path, []byte("--engine-priority-scheduling\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for engine, want := range map[string][]string{"vllm": {"--scheduling-policy", "priority"}, "sim": {"--sim-scheduling-policy", "priority"}} {
+		args, err := withWorkerConfig([]string{"--config", path, "--engine", engine, "--model", "m", "--vllm-binary", "/bin/sh"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wf workerFlags
+		fs := newFlagSet("worker", "", io.Discard)
+		wf.register(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		cmd, err := wf.engineCommand("m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		argv, _, err := cmd("/run/e.sock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.Index(argv, want[0])
+		if i < 0 || i+1 >= len(argv) || argv[i+1] != want[1] || !wf.enginePriority {
+			t.Errorf("%s engine argv %q: want %q", engine, argv, want)
+		}
 	}
 }

@@ -339,6 +339,7 @@ var foreignFlags = map[string]string{
 	"out": "scripts/release.sh", "help": "scripts/gpu-check.sh", "gpus": "docker", "profile": "docker compose",
 	"flag": "a placeholder (--flag or -flag)", "no-enable-prefix-caching": "vLLM", "otlp-traces-endpoint": "vLLM", "version": "tailgate --version, the version command",
 	"enable-sleep-mode":       "vLLM (worker --sleep-mode sets it)",
+	"scheduling-policy":       "vLLM (worker --engine-priority-scheduling sets it)",
 	"metadata-from-file":      "gcloud compute instances create (docs/capacity.md, preemption notices)",
 	"show":                    "bench/tailtrace (docs/operations.md, profiling the gateway)",
 	"kv-sharing-fast-prefill": "vLLM (docs/tuning.md, passed with --vllm-arg)",

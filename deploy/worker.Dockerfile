@@ -1,7 +1,7 @@
 # A GPU worker image: the official vLLM image with the tailgate binary added; the
 # container runs `tailgate worker`, which starts vLLM (`vllm` on the image's PATH) and
 # fronts it with the sidecar.
-#   docker build -f deploy/worker.Dockerfile -t tailgate-vllm --build-arg VERSION=$(git describe --always) .
+#   docker build -f deploy/worker.Dockerfile -t tailgate-vllm --build-arg VERSION=$(git describe --always) --build-arg REVISION=$(git rev-parse HEAD) .
 #   docker run --gpus all --ipc=host -v tailgate-worker:/data \
 #     -e TAILGATE_CLUSTER_TOKEN=tgc-... -e TAILGATE_MESH_AUTHKEY=tskey-auth-... \
 #     tailgate-vllm --mesh --mesh-hostname tg-gpu-a --gateway http://tg-gateway:8081 --listen :9000 \
@@ -18,7 +18,10 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=devel
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/tailgate . && mkdir -p /out/data
+# The commit, for `tailgate version`: the build context leaves .git out, so the go command
+# cannot stamp it (--build-arg REVISION=$(git rev-parse HEAD)).
+ARG REVISION=
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.revision=${REVISION}" -o /out/tailgate . && mkdir -p /out/data
 
 FROM vllm/vllm-openai:v0.25.1
 COPY --from=build /out/tailgate /usr/local/bin/tailgate

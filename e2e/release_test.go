@@ -71,11 +71,24 @@ func TestReleaseArchiveServesAStreamedAnswer(t *testing.T) {
 	platform := runtime.GOOS + "/" + runtime.GOARCH
 	build := exec.Command("../scripts/release.sh", "--only", platform, "--out", out)
 	build.Env = append(os.Environ(), "VERSION="+version)
+	var progress strings.Builder
+	build.Stderr = &progress
 	start := time.Now()
-	if msg, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("scripts/release.sh: %v\n%s", err, msg)
+	stdout, err := build.Output()
+	if err != nil {
+		t.Fatalf("scripts/release.sh: %v\n%s", err, progress.String())
 	}
 	t.Logf("release archive built in %v", time.Since(start).Round(time.Millisecond))
+	// Minutes of building are not silent: stderr says what builds and how
+	// long it took; stdout is the version alone, for scripts.
+	if got := strings.TrimSpace(string(stdout)); got != version {
+		t.Errorf("stdout %q, want the version alone", got)
+	}
+	for _, want := range []string{"[1/1] " + platform + ": go build", "[1/1] " + platform + ": built ", "done: checksums"} {
+		if !strings.Contains(progress.String(), want) {
+			t.Errorf("progress on stderr lacks %q:\n%s", want, progress.String())
+		}
+	}
 
 	name := fmt.Sprintf("tailgate_%s_%s_%s.tar.gz", version, runtime.GOOS, runtime.GOARCH)
 	archive, err := os.ReadFile(filepath.Join(out, name))

@@ -17,7 +17,10 @@ type Update struct {
 	State  State
 	Reason string
 	Engine string
-	Load   Load
+	// PriorityScheduling: the engine takes a request's priority (vLLM
+	// --scheduling-policy priority); see [Replica.PriorityScheduling].
+	PriorityScheduling bool
+	Load               Load
 	// EngineLog is the engine's last error output the worker sent (while
 	// not ready), oldest first; nil when it sent none.
 	EngineLog []string
@@ -105,6 +108,7 @@ func (r *Registry) Heartbeat(u Update) *Replica {
 		e := u.Engine
 		rep.engine.Store(&e)
 	}
+	rep.priority.Store(u.PriorityScheduling)
 	if u.EngineLog == nil {
 		rep.engineLog.Store(nil)
 	} else {

@@ -100,6 +100,7 @@ type Replica struct {
 	lease    atomic.Int64           // unix nanos when a registered replica's lease ends
 	load     atomic.Pointer[Load]   // engine load from the last heartbeat
 	engine   atomic.Pointer[string] // engine kind reported by the worker
+	priority atomic.Bool            // the engine takes a request's priority (worker-reported)
 
 	engineLog atomic.Pointer[[]string] // engine error lines from the last heartbeat
 
@@ -259,6 +260,13 @@ func (r *Replica) Engine() string {
 	}
 	return ""
 }
+
+// PriorityScheduling reports whether the replica's engine runs with
+// priority scheduling (vLLM --scheduling-policy priority), as its worker
+// said: it takes a request body's priority field. false for static
+// replicas and for engines with vLLM's default policy, which refuse a
+// priority other than 0.
+func (r *Replica) PriorityScheduling() bool { return r.priority.Load() }
 
 // EngineLog returns the engine's last error lines as the worker's last
 // heartbeat sent them (sent while the replica is not ready); nil when none.

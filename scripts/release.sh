@@ -50,17 +50,38 @@ EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 
 sha256() { if command -v sha256sum >/dev/null; then sha256sum "$@"; else shasum -a 256 "$@"; fi; }
 
+# Progress on stderr: a line as each target starts, one every 30 s while it builds (a
+# target's first build compiles every dependency for that platform: minutes on a small box),
+# and its time when done; stdout stays the version alone.
+t0=$(date +%s)
+since() { local s=$(($(date +%s) - $1)); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
+say() { echo "release.sh [$(since "$t0")] $*" >&2; }
+build() { # build GOOS GOARCH OUT: go build, with a line every 30 s while it runs
+	CGO_ENABLED=0 GOOS=$1 GOARCH=$2 go build -trimpath -ldflags "$LDFLAGS" -o "$3" . &
+	local pid=$! n=0
+	while kill -0 "$pid" 2>/dev/null; do
+		sleep 1
+		n=$((n + 1))
+		if [ $((n % 30)) -eq 0 ] && kill -0 "$pid" 2>/dev/null; then say "  still compiling $1/$2 ($(since "$start") so far)"; fi
+	done
+	wait "$pid"
+}
+
 mkdir -p "$OUT"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 archives=()
+say "building tailgate $VERSION for ${#PLATFORMS[@]} platform(s): ${PLATFORMS[*]} into $OUT/"
+i=0
 for p in "${PLATFORMS[@]}"; do
+	i=$((i + 1))
 	goos=${p%/*} goarch=${p#*/}
 	name="tailgate_${VERSION}_${goos}_${goarch}"
 	dir="$stage/$name"
 	mkdir -p "$dir/docs"
 	start=$(date +%s)
-	CGO_ENABLED=0 GOOS=$goos GOARCH=$goarch go build -trimpath -ldflags "$LDFLAGS" -o "$dir/tailgate" .
+	say "[$i/${#PLATFORMS[@]}] $p: go build (static, -trimpath)"
+	build "$goos" "$goarch" "$dir/tailgate"
 	cp README.md "$dir/"
 	cp docs/*.md "$dir/docs/"
 	for f in LICENSE LICENSE.md COPYING; do [ -f "$f" ] && cp "$f" "$dir/"; done
@@ -69,10 +90,10 @@ for p in "${PLATFORMS[@]}"; do
 		tar --null --no-recursion --owner=0 --group=0 --numeric-owner \
 			--mtime="@$EPOCH" --mode='u+rwX,go+rX,go-w' -cf - -T -) | gzip -9n >"$OUT/$name.tar.gz"
 	archives+=("$name.tar.gz")
-	echo "built $OUT/$name.tar.gz ($(($(date +%s) - start))s)" >&2
+	say "[$i/${#PLATFORMS[@]}] $p: built $OUT/$name.tar.gz in $(since "$start")"
 done
 (cd "$OUT" && sha256 "${archives[@]}" >"tailgate_${VERSION}_checksums.txt")
-echo "checksums in $OUT/tailgate_${VERSION}_checksums.txt" >&2
+say "done: checksums in $OUT/tailgate_${VERSION}_checksums.txt"
 
 # The container images, from the same commit and version (deploy/Dockerfile builds the static
 # binary inside; deploy/worker.Dockerfile adds it to the official vLLM image).

@@ -597,6 +597,7 @@ func (s *Server) handleGetReplicas(c echo.Context) error {
 			row["last_heartbeat_age_seconds"] = age
 			row["lease_expires_in_seconds"] = r.LeaseExpiry().Sub(now).Seconds()
 			row["engine_waiting"] = load.Waiting
+			row["priority_scheduling"] = r.PriorityScheduling()
 			row["engine_running"] = load.Running
 			row["kv_cache_usage"] = load.KVCacheUsage
 			if load.WaitReasons {

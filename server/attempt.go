@@ -7,14 +7,17 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 
 	"github.com/tailgate-dev/tailgate/data"
+	"github.com/tailgate-dev/tailgate/policy"
 	"github.com/tailgate-dev/tailgate/router"
 	"github.com/tailgate-dev/tailgate/server/apierr"
 	"github.com/tailgate-dev/tailgate/server/strictjson"
@@ -161,7 +164,7 @@ func (s *Server) openAttempt(ctx context.Context, cl *call, rep *router.Replica,
 
 	tr := &u.tr
 	req, err := http.NewRequestWithContext(tr.init(ctx),
-		http.MethodPost, rep.URL+cl.ep.path, bytes.NewReader(cl.req.body))
+		http.MethodPost, rep.URL+cl.ep.path, bytes.NewReader(engineBody(cl, rep)))
 	if err != nil {
 		return nil, router.ErrNotSent(err)
 	}
@@ -253,6 +256,40 @@ func (u *upstream) firstToken(cl *call) error {
 			return nil
 		}
 	}
+}
+
+// engineBody is the request body for rep: on a replica whose engine runs
+// with priority scheduling (its worker says so), a chat or completions
+// request carries its class as vLLM's priority field, a lower value served
+// first (ChatCompletionRequest.priority and CompletionRequest.priority in
+// vllm/entrypoints/openai/{chat_completion,completion}/protocol.py; the
+// waiting queue is ordered by (priority, arrival),
+// vllm/v1/core/sched/request_queue.py): interactive -1, batch 1, standard
+// none (vLLM's default, 0). The class is the key's, lowered by the request
+// if it asked; a client's own priority field was removed when the body was
+// read (request.go), so it never overrides the class. Other replicas get the
+// body as it is: an engine with the default policy (fcfs) refuses any
+// priority but 0 with 400.
+func engineBody(cl *call, rep *router.Replica) []byte {
+	body := cl.req.body
+	if !rep.PriorityScheduling() || (cl.ep.path != chatEndpoint.path && cl.ep.path != completionEndpoint.path) {
+		return body
+	}
+	var v string
+	switch cl.priority {
+	case policy.ClassInteractive:
+		v = "-1"
+	case policy.ClassBatch:
+		v = "1"
+	default:
+		return body
+	}
+	// A copy: the other attempts of the call may go to replicas without it.
+	b, err := sjson.SetRawBytes(slices.Clone(body), "priority", []byte(v))
+	if err != nil {
+		return body // not an object: the engine refuses it as it is
+	}
+	return b
 }
 
 // upstreamStatus classifies a non-200 answer.

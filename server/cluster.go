@@ -131,7 +131,7 @@ func (s *Server) handlePostHeartbeat(c echo.Context) error {
 	reply.WorkerID = w.ID
 	s.reg.Heartbeat(router.Update{
 		ID: hb.ReplicaID, URL: addr, Models: hb.Models, State: state, Reason: hb.Reason,
-		Engine: hb.Engine, Lease: s.cfg.Lease, EngineLog: clipEngineLog(hb.EngineLog), Worker: w.ID,
+		Engine: hb.Engine, PriorityScheduling: hb.PriorityScheduling, Lease: s.cfg.Lease, EngineLog: clipEngineLog(hb.EngineLog), Worker: w.ID,
 		Load: routerLoad(hb.Load),
 	})
 	s.wakeFleet(state, hb.Models)

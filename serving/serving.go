@@ -89,7 +89,13 @@ type Heartbeat struct {
 	State     string   `json:"state"`
 	Reason    string   `json:"reason,omitempty"` // why not ready, for operators
 	Engine    string   `json:"engine"`           // "vllm" or "sim"
-	Load      Load     `json:"load"`
+	// PriorityScheduling says the engine runs with priority scheduling
+	// (vllm serve --scheduling-policy priority): it takes a request body's
+	// priority field, a lower value served first. The gateway sets that
+	// field from the key's priority class on such replicas only; an engine
+	// with vLLM's default policy (fcfs) refuses any priority but 0 with 400.
+	PriorityScheduling bool `json:"priority_scheduling,omitempty"`
+	Load               Load `json:"load"`
 	// EngineLog is the engine's last error output, oldest first: what it
 	// wrote to stderr and the error lines of its log, for an operator to
 	// read why it is not ready. Workers send it only while the replica is

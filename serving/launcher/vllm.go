@@ -44,6 +44,13 @@ type VLLMOptions struct {
 	// other development endpoints; the engine listens on the worker's
 	// private Unix socket only, so only the sidecar reaches them.
 	SleepMode bool
+	// PriorityScheduling starts the engine with `--scheduling-policy
+	// priority`: its waiting queue is ordered by each request's priority
+	// field, a lower value first, then by arrival
+	// (vllm/v1/core/sched/request_queue.py, PriorityRequestQueue). The
+	// worker tells the gateway, which then sends each request's priority
+	// from its key's class.
+	PriorityScheduling bool
 	// ExtraArgs are appended verbatim after the flags above (--vllm-arg).
 	// Validate refuses the flags the launcher sets itself (--host, --port,
 	// --uds, --served-model-name, --api-key), in any spelling vLLM accepts.
@@ -75,7 +82,8 @@ func (o VLLMOptions) Validate() error {
 
 // launcherFlags are the vLLM flags the launcher sets itself, with what to do
 // instead. Passed again in ExtraArgs, vLLM would take the last value and
-// the launcher would wait for the wrong name or probe the wrong address.
+// the launcher would wait for the wrong name or probe the wrong address
+// (or the gateway would not know the engine's scheduling policy).
 var launcherFlags = map[string]string{
 	"--served-model-name": "use tailgate worker's --served-model-name instead (readiness waits for that name; tailgate up serves --model as named)",
 	"--host":              listensOnSocket,
@@ -84,6 +92,9 @@ var launcherFlags = map[string]string{
 	// The flag would win over the key the launcher gives the engine in its
 	// environment, and the launcher and sidecar would be refused.
 	"--api-key": "the API key is the launcher's: each engine start gets a random one that only the sidecar sends; clients use tailgate API keys at the gateway",
+	// The gateway must know the policy: it sends a priority only to an
+	// engine that takes one (vLLM's default, fcfs, refuses it with 400).
+	"--scheduling-policy": "use tailgate worker's --engine-priority-scheduling instead (the worker tells the gateway, which then sends each request's priority from its key's class)",
 }
 
 // listensOnSocket is why --host, --port and --uds are the launcher's.
@@ -114,7 +125,7 @@ var ErrVLLMNotFound = errors.New("vllm not found on PATH: install vLLM or pass -
 //	vllm serve MODEL --uds SOCKET [--served-model-name N]
 //	  [--tensor-parallel-size N] [--max-num-seqs N] [--max-num-batched-tokens N]
 //	  [--gpu-memory-utilization F] [--otlp-traces-endpoint URL]
-//	  [--enable-sleep-mode] [extra...]
+//	  [--enable-sleep-mode] [--scheduling-policy priority] [extra...]
 //
 // vLLM's --uds (vllm/entrypoints/openai/cli_args.py, FrontendArgs.uds: "If
 // set, host and port arguments are ignored") makes its API server bind that
@@ -166,6 +177,9 @@ func VLLMCommand(o VLLMOptions, socket string) (argv []string, env []string, err
 	}
 	if o.SleepMode {
 		argv = append(argv, "--enable-sleep-mode")
+	}
+	if o.PriorityScheduling {
+		argv = append(argv, "--scheduling-policy", "priority")
 	}
 	argv = append(argv, o.ExtraArgs...)
 

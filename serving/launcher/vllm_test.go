@@ -61,6 +61,12 @@ func TestVLLMCommandBuildsServeLine(t *testing.T) {
 			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5", "VLLM_SERVER_DEV_MODE=1"},
 		},
 		{
+			name:     "priority scheduling the gateway knows of",
+			opts:     VLLMOptions{Model: "m", PriorityScheduling: true},
+			wantArgs: []string{"serve", "m", "--uds", "/run/e/engine.sock", "--scheduling-policy", "priority"},
+			wantEnv:  []string{"VLLM_NO_USAGE_STATS=1", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5"},
+		},
+		{
 			name:     "explicit binary",
 			opts:     VLLMOptions{Binary: fakeVLLM, Model: "m", MaxNumSeqs: 1},
 			wantArgs: []string{"serve", "m", "--uds", "/run/e/engine.sock", "--max-num-seqs", "1"},
@@ -103,6 +109,7 @@ func TestVLLMCommandRejectsBadOptions(t *testing.T) {
 		{"NaN utilization", VLLMOptions{Model: "m", GPUMemoryUtilization: math.NaN()}, "/e.sock", "--gpu-memory-utilization"},
 		{"missing explicit binary", VLLMOptions{Binary: "/nonexistent/bin/vllm", Model: "m"}, "/e.sock", "/nonexistent/bin/vllm"},
 		{"no socket", VLLMOptions{Model: "m"}, "", "no socket path"},
+		{"scheduling policy behind the gateway's back", VLLMOptions{Model: "m", ExtraArgs: []string{"--scheduling-policy=priority"}}, "/e.sock", "--engine-priority-scheduling"},
 		{"own api key", VLLMOptions{Model: "m", ExtraArgs: []string{"--api-key", "k"}}, "/e.sock",
 			"vllm: --vllm-arg --api-key: the API key is the launcher's: each engine start gets a random one that only the sidecar sends; clients use tailgate API keys at the gateway"},
 		{"own api key with =", VLLMOptions{Model: "m", ExtraArgs: []string{"--api-key=k"}}, "/e.sock", "--vllm-arg --api-key: the API key is the launcher's"},

@@ -192,6 +192,17 @@ type Config struct {
 	// --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 does. false: they
 	// answer 404, as on a vLLM without dev mode.
 	SleepMode bool
+	// PriorityScheduling orders the waiting requests by their priority
+	// field, a lower value first, then by arrival, as vLLM started with
+	// --scheduling-policy priority does (vllm/v1/core/sched/request_queue.py,
+	// PriorityRequestQueue). false is vLLM's default policy, fcfs: a request
+	// whose priority is not 0 is refused with 400, as vLLM refuses it
+	// (ChatCompletionRequest.priority in
+	// vllm/entrypoints/openai/chat_completion/protocol.py: "Any priority
+	// other than 0 will raise an error if the served model does not use
+	// priority scheduling"; the engine says "Got priority … but Priority
+	// scheduling is not enabled.").
+	PriorityScheduling bool
 	// WakeDelay is how long a wake from sleep level 1 (weights offloaded to
 	// CPU memory) takes, and so a level 1 sleep; 0 means DefaultWakeDelay.
 	WakeDelay time.Duration
@@ -397,7 +408,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Engine, error) {
 		prefix:      newPrefixCache(cfg.PrefixCacheBlocks),
 		metrics:     m,
 	}
-	e.sched = newScheduler(cfg.MaxSeqs, cfg.KVCacheTokens, m.setLoad)
+	e.sched = newScheduler(cfg.MaxSeqs, cfg.KVCacheTokens, cfg.PriorityScheduling, m.setLoad)
 	e.lane = newPrefillLane(cfg)
 	if cfg.SleepMode {
 		e.sleep = newSleeper(cfg, m)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"time"
@@ -36,6 +37,7 @@ type Flags struct {
 	tensorParallel  int
 	prefixBlocks    int
 	sleepMode       bool
+	schedPolicy     string
 	wakeDelay       time.Duration
 	wakeDelay2      time.Duration
 	startDelay      time.Duration
@@ -70,6 +72,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.IntVar(&f.prefixBlocks, "sim-prefix-cache-blocks", 0, "simulated engine: automatic prefix cache size in blocks of 16 tokens, least recently used evicted first (0: the KV cache's blocks with --sim-kv-cache-tokens, else 65536; -1: no prefix caching)")
 	fs.IntVar(&f.streamInterval, "sim-stream-interval", 1, "simulated engine: tokens merged into one chat or completions stream chunk, as vLLM's --stream-interval (a request's stream_interval may raise it)")
 	fs.BoolVar(&f.sleepMode, "sim-sleep-mode", false, "simulated engine: serve vLLM's sleep mode endpoints (POST /sleep?level=1|2, POST /wake_up, GET /is_sleeping), as vllm serve --enable-sleep-mode with VLLM_SERVER_DEV_MODE=1; a generation request waits while the engine sleeps")
+	fs.StringVar(&f.schedPolicy, "sim-scheduling-policy", "fcfs", "simulated engine: fcfs, or priority as vllm serve --scheduling-policy priority: waiting requests go by their priority field, lower first, then by arrival (with fcfs a priority other than 0 is refused with 400, as vLLM refuses it)")
 	fs.DurationVar(&f.wakeDelay, "sim-wake-delay", DefaultWakeDelay, "simulated engine: time to wake from sleep level 1 (weights offloaded to CPU memory; a level 1 sleep takes as long)")
 	fs.DurationVar(&f.wakeDelay2, "sim-wake-delay-level2", DefaultWakeDelayLevel2, "simulated engine: time to wake from sleep level 2 (weights discarded and reloaded; a level 2 sleep takes a tenth)")
 	fs.DurationVar(&f.startDelay, "sim-start-delay", 0, "simulated engine: time to load before it listens, as vLLM refuses connections until its engine is loaded (0: listen at once)")
@@ -87,12 +90,16 @@ func (f *Flags) Config(model string) Config {
 		KeepAlive: f.keepAlive, StreamInterval: f.streamInterval, KVCacheTokens: f.kvCacheTokens,
 		PrefillPerToken: f.prefillPerToken, PrefixCacheBlocks: f.prefixBlocks,
 		MaxNumBatchedTokens: f.batchedTokens, TensorParallelSize: f.tensorParallel,
-		SleepMode: f.sleepMode, WakeDelay: f.wakeDelay, WakeDelayLevel2: f.wakeDelay2,
+		SleepMode: f.sleepMode, PriorityScheduling: f.schedPolicy == "priority", WakeDelay: f.wakeDelay, WakeDelayLevel2: f.wakeDelay2,
 	}
 }
 
 // EnableSleepMode turns --sim-sleep-mode on (a worker told to allow sleep).
 func (f *Flags) EnableSleepMode() { f.sleepMode = true }
+
+// EnablePriorityScheduling sets --sim-scheduling-policy priority (a worker
+// whose engine is to run with priority scheduling).
+func (f *Flags) EnablePriorityScheduling() { f.schedPolicy = "priority" }
 
 // StartDelay is --sim-start-delay: how long `sim` waits, as if loading a
 // model, before it listens.
@@ -102,6 +109,9 @@ func (f *Flags) StartDelay() time.Duration { return f.startDelay }
 // rest are Config.Validate's), so `up` and `worker` refuse it before
 // starting engines that would fail it at every start.
 func (f *Flags) Check() error {
+	if f.schedPolicy != "" && f.schedPolicy != "fcfs" && f.schedPolicy != "priority" {
+		return fmt.Errorf("--sim-scheduling-policy %q: want fcfs or priority", f.schedPolicy)
+	}
 	if f.startDelay < 0 {
 		return fmt.Errorf("--sim-start-delay %s: want 0 (listen at once) or more", f.startDelay)
 	}
@@ -126,7 +136,7 @@ func (f *Flags) Args() []string {
 		"--sim-stream-interval", fmt.Sprint(f.streamInterval), "--sim-kv-cache-tokens", fmt.Sprint(f.kvCacheTokens),
 		"--sim-prefill-per-token", f.prefillPerToken.String(), "--sim-prefix-cache-blocks", fmt.Sprint(f.prefixBlocks),
 		"--sim-seeded-latency=" + fmt.Sprint(f.seededLat), "--sim-start-delay", f.startDelay.String(),
-		"--sim-sleep-mode=" + fmt.Sprint(f.sleepMode), "--sim-wake-delay", f.wakeDelay.String(),
+		"--sim-sleep-mode=" + fmt.Sprint(f.sleepMode), "--sim-scheduling-policy", cmp.Or(f.schedPolicy, "fcfs"), "--sim-wake-delay", f.wakeDelay.String(),
 		"--sim-wake-delay-level2", f.wakeDelay2.String(),
 		"--sim-max-num-batched-tokens", fmt.Sprint(f.batchedTokens), "--sim-tensor-parallel-size", fmt.Sprint(f.tensorParallel),
 	}

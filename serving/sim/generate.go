@@ -59,7 +59,7 @@ func (e *Engine) generate(w http.ResponseWriter, r *http.Request, j *job, choice
 	// The request's KV footprint when it ends: its prompt and every token
 	// of every choice.
 	kv := j.promptTokens + total
-	if err := e.sched.acquire(ctx, kv); err != nil {
+	if err := e.sched.acquire(ctx, kv, j.priority); err != nil {
 		e.abort(0)
 		return
 	}

@@ -26,7 +26,7 @@ func (e *Engine) servePooled(w http.ResponseWriter, r *http.Request, promptToken
 	}
 	ctx := r.Context()
 	lat := e.lat.draw()
-	if err := e.sched.acquire(ctx, promptTokens); err != nil {
+	if err := e.sched.acquire(ctx, promptTokens, 0); err != nil {
 		e.abort(0)
 		return
 	}

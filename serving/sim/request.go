@@ -32,6 +32,7 @@ type job struct {
 	ignoreEOS    bool
 	n            int   // choices
 	seed         int64 // the request's seed field, 0 when absent
+	priority     int64 // the request's priority field (lower first), 0 when absent
 	fixed        int   // > 0: the answer has exactly this many tokens (a transcript)
 
 	stream          bool
@@ -101,6 +102,7 @@ var chatSpecs = []fspec{
 	{name: "skip_special_tokens", typ: tBool},
 	{name: "echo", typ: tBool},
 	{name: "stream_interval", typ: tInt, nullable: true},
+	{name: "priority", typ: tInt},
 }
 
 // completionSpecs: vLLM's CompletionRequest
@@ -131,6 +133,7 @@ var completionSpecs = []fspec{
 	{name: "min_tokens", typ: tInt},
 	{name: "skip_special_tokens", typ: tBool},
 	{name: "stream_interval", typ: tInt, nullable: true},
+	{name: "priority", typ: tInt},
 }
 
 // streamOptionSpecs: StreamOptions (vllm/entrypoints/generate/base/protocol.py@022e555d).
@@ -446,6 +449,12 @@ func (e *Engine) fill(j *job, r *reader, so *reader, limit *int, param string) *
 		j.minTokens = *v
 	}
 	j.seed, _ = r.int("seed")
+	j.priority, _ = r.int("priority")
+	if j.priority != 0 && !e.cfg.PriorityScheduling {
+		// vLLM's engine raises a ValueError, answered 400 (see
+		// Config.PriorityScheduling).
+		return badRequest("", fmt.Sprintf("Got priority %d but Priority scheduling is not enabled.", j.priority))
+	}
 	j.ignoreEOS = r.bool("ignore_eos")
 	j.stream = r.bool("stream")
 	// stream_interval "raises the server's --stream-interval for this

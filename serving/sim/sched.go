@@ -12,12 +12,21 @@ import (
 // when the engine has a KV cache of kvCap tokens, the tokens it needs in it.
 // Requests that do not fit wait in FIFO order; like vLLM's FCFS scheduler,
 // a head that does not fit blocks the ones behind it, so requests can wait
-// while slots are free. Released room passes straight to the oldest
+// while slots are free. Released room passes straight to the first
 // waiters, so a newcomer can never overtake the queue.
+//
+// With priority scheduling (vllm serve --scheduling-policy priority) the
+// waiting queue is ordered by (priority, arrival) instead, a lower
+// priority value first, as vLLM's PriorityRequestQueue orders it
+// (vllm/v1/core/sched/request_queue.py): a request of a lower value
+// overtakes the waiting requests of higher values, never a running one.
+// (vLLM also preempts a running request of a higher value when KV blocks
+// run out; the simulator does not.)
 type scheduler struct {
-	max     int
-	kvCap   int                            // 0: no KV limit
-	publish func(running, waiting, kv int) // called under mu on every change
+	max      int
+	kvCap    int                            // 0: no KV limit
+	priority bool                           // order the queue by (priority, arrival)
+	publish  func(running, waiting, kv int) // called under mu on every change
 
 	mu      sync.Mutex
 	running int
@@ -26,13 +35,14 @@ type scheduler struct {
 }
 
 type waiter struct {
-	tokens  int
-	ready   chan struct{} // closed when the slot is handed over
-	granted bool          // guarded by scheduler.mu
+	tokens   int
+	priority int64         // with priority scheduling: lower goes first
+	ready    chan struct{} // closed when the slot is handed over
+	granted  bool          // guarded by scheduler.mu
 }
 
-func newScheduler(max, kvCap int, publish func(running, waiting, kv int)) *scheduler {
-	s := &scheduler{max: max, kvCap: kvCap, publish: publish}
+func newScheduler(max, kvCap int, priority bool, publish func(running, waiting, kv int)) *scheduler {
+	s := &scheduler{max: max, kvCap: kvCap, priority: priority, publish: publish}
 	publish(0, 0, 0)
 	return s
 }
@@ -55,7 +65,9 @@ func (s *scheduler) fits(kv int) bool {
 // acquire blocks until the caller holds a slot and room for tokens in the
 // KV cache, or ctx ends. On success the caller must call release(tokens)
 // exactly once.
-func (s *scheduler) acquire(ctx context.Context, tokens int) error {
+// priority is the request's priority field; without priority scheduling
+// it is ignored (the request was refused unless it is 0).
+func (s *scheduler) acquire(ctx context.Context, tokens int, priority int64) error {
 	kv := s.need(tokens)
 	s.mu.Lock()
 	if s.queue.Len() == 0 && s.fits(kv) {
@@ -65,8 +77,11 @@ func (s *scheduler) acquire(ctx context.Context, tokens int) error {
 		s.mu.Unlock()
 		return nil
 	}
-	w := &waiter{tokens: kv, ready: make(chan struct{})}
-	el := s.queue.PushBack(w)
+	w := &waiter{tokens: kv, priority: priority, ready: make(chan struct{})}
+	el := s.enqueue(w)
+	if s.priority && el == s.queue.Front() {
+		s.admit() // it may fit where the head it overtook did not
+	}
 	s.publish(s.running, s.queue.Len(), s.kvUsed)
 	s.mu.Unlock()
 
@@ -89,8 +104,23 @@ func (s *scheduler) acquire(ctx context.Context, tokens int) error {
 	return ctx.Err()
 }
 
+// enqueue puts w in the waiting queue: last, or with priority scheduling
+// behind every waiter of the same or a lower priority value (those arrived
+// earlier). Called under mu.
+func (s *scheduler) enqueue(w *waiter) *list.Element {
+	if !s.priority {
+		return s.queue.PushBack(w)
+	}
+	for el := s.queue.Back(); el != nil; el = el.Prev() {
+		if el.Value.(*waiter).priority <= w.priority {
+			return s.queue.InsertAfter(w, el)
+		}
+	}
+	return s.queue.PushFront(w)
+}
+
 // release gives back a slot and the KV room of a request of tokens,
-// handing them to the oldest waiters that fit.
+// handing them to the first waiters that fit.
 func (s *scheduler) release(tokens int) {
 	s.mu.Lock()
 	s.running--

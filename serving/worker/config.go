@@ -93,6 +93,14 @@ type Config struct {
 	// with sleep mode (Command's business: launcher.VLLMOptions.SleepMode,
 	// or the simulator's --sim-sleep-mode).
 	SleepMode bool
+	// PriorityScheduling tells the gateway that the engine runs with
+	// priority scheduling (vllm serve --scheduling-policy priority), so the
+	// gateway sends each request's priority from its key's class
+	// (serving.Heartbeat.PriorityScheduling). The engine must run so
+	// (Command's business: launcher.VLLMOptions.PriorityScheduling, or the
+	// simulator's --sim-scheduling-policy priority); an engine that does not
+	// refuses the requests of interactive and batch keys.
+	PriorityScheduling bool
 	// PreemptFile is a path whose appearance announces that the machine is
 	// being preempted (a spot VM's metadata agent can be scripted to touch
 	// it; one already there at start counts, so keep it on a tmpfs such as

@@ -189,7 +189,7 @@ func (w *Worker) engineState(state, reason string) {
 func (w *Worker) heartbeat() serving.Heartbeat {
 	state, reason := w.side.State()
 	hb := serving.Heartbeat{ReplicaID: w.id, Address: w.addr, Models: []string{w.cfg.Model}, State: state,
-		Reason: reason, Engine: w.cfg.Engine, Load: w.side.Load()}
+		Reason: reason, Engine: w.cfg.Engine, PriorityScheduling: w.cfg.PriorityScheduling, Load: w.side.Load()}
 	if state != serving.StateReady {
 		hb.EngineLog = w.launch.EngineLog()
 	}
