@@ -343,6 +343,7 @@ var foreignFlags = map[string]string{
 	"metadata-from-file":      "gcloud compute instances create (docs/capacity.md, preemption notices)",
 	"show":                    "bench/tailtrace (docs/operations.md, profiling the gateway)",
 	"kv-sharing-fast-prefill": "vLLM (docs/tuning.md, passed with --vllm-arg)",
+	"output-format":           "claude (Claude Code headless, README Clients)",
 }
 
 // TestDocumentedFlagsExist: a flag named anywhere in the README and docs/
