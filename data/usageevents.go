@@ -34,6 +34,9 @@ type UsageEvent struct {
 	CostMicros       int64
 	Status           int
 	Outcome          Outcome
+	// ReplayOf is the request whose recorded answer this one replayed
+	// (Idempotency-Key); "" for a request that ran.
+	ReplayOf string
 }
 
 // MaxUsageEvents is the most events one [Store.UsageEvents] call returns.
@@ -68,7 +71,7 @@ func (s *Store) UsageEvents(ctx context.Context, after int64, limit int) ([]Usag
 		}
 	}
 	rows, err := s.read.QueryContext(ctx, `SELECT e.seq, e.request_id, e.version, e.ts, e.tenant_id, COALESCE(t.name, ''),
-		e.key_id, e.model, e.endpoint, e.prompt_tokens, e.completion_tokens, e.cost_micros, e.status, e.outcome
+		e.key_id, e.model, e.endpoint, e.prompt_tokens, e.completion_tokens, e.cost_micros, e.status, e.outcome, e.replay_of
 		FROM usage_events e LEFT JOIN tenants t ON t.id = e.tenant_id
 		WHERE e.seq > ? ORDER BY e.seq LIMIT ?`, after, limit)
 	if err != nil {
@@ -80,7 +83,7 @@ func (s *Store) UsageEvents(ctx context.Context, after int64, limit int) ([]Usag
 		var e UsageEvent
 		var ts int64
 		if err := rows.Scan(&e.Seq, &e.RequestID, &e.Version, &ts, &e.TenantID, &e.Tenant, &e.KeyID, &e.Model, &e.Endpoint,
-			&e.PromptTokens, &e.CompletionTokens, &e.CostMicros, &e.Status, &e.Outcome); err != nil {
+			&e.PromptTokens, &e.CompletionTokens, &e.CostMicros, &e.Status, &e.Outcome, &e.ReplayOf); err != nil {
 			return nil, fmt.Errorf("usage events: %w", err)
 		}
 		e.Time = fromMicros(ts)

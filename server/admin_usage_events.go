@@ -60,8 +60,10 @@ type UsageEventData struct {
 	Status           int    `json:"status"`      // the HTTP status the client got
 	Outcome          string `json:"outcome"`     // ok, client_cancelled, interrupted, …
 	// Replay marks an answer given again from its Idempotency-Key's record
-	// rather than run again; always false until the ledger records replays.
-	Replay bool `json:"replay"`
+	// rather than run again (it bills nothing); ReplayOf is the request
+	// whose answer it replayed.
+	Replay   bool   `json:"replay"`
+	ReplayOf string `json:"replay_of,omitempty"`
 }
 
 func usageEventJSON(e data.UsageEvent) UsageEventJSON {
@@ -73,7 +75,7 @@ func usageEventJSON(e data.UsageEvent) UsageEventJSON {
 			RequestID: e.RequestID, Version: e.Version, Tenant: e.Tenant, TenantID: e.TenantID, KeyID: e.KeyID,
 			Model: e.Model, Endpoint: e.Endpoint, PromptTokens: e.PromptTokens, CompletionTokens: e.CompletionTokens,
 			TotalTokens: e.PromptTokens + e.CompletionTokens, CostMicros: e.CostMicros, Status: e.Status,
-			Outcome: string(e.Outcome),
+			Outcome: string(e.Outcome), Replay: e.ReplayOf != "", ReplayOf: e.ReplayOf,
 		},
 	}
 }

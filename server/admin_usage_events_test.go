@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tailgate-dev/tailgate/policy"
@@ -93,5 +94,43 @@ func TestUsageEventsPullIsStableFromACursor(t *testing.T) {
 		if code, raw := adminCall(t, h, http.MethodGet, "/admin/v1/usage/events"+q, ""); code != http.StatusBadRequest {
 			t.Errorf("GET …%s: %d %s, want 400", q, code, raw)
 		}
+	}
+}
+
+// A retry answered from its Idempotency-Key's record is an event of its own
+// that bills nothing and names the request whose answer it replayed, so a
+// billing system can tell a client's retry from a second request.
+func TestUsageEventOfAReplayNamesItsOriginal(t *testing.T) {
+	h := servertest.Start(t, servertest.Options{Replicas: 1})
+	secret := h.Key(policy.KeyOptions{Tenant: "acme"})
+	var ids []string
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, h.Public.URL+"/v1/chat/completions", strings.NewReader(hiBody))
+		req.Header.Set("Authorization", "Bearer "+secret)
+		req.Header.Set("Idempotency-Key", "order-7")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("chat: %d", resp.StatusCode)
+		}
+		ids = append(ids, resp.Header.Get("x-request-id"))
+	}
+	if err := h.Ledger.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	page := usageEventsPage(t, h, "")
+	if len(page.Data) != 2 {
+		t.Fatalf("events: %v, want the run and its replay", pageIDs(page))
+	}
+	run, replay := page.Data[0].Data, page.Data[1].Data
+	if run.Replay || run.ReplayOf != "" || run.CompletionTokens == 0 {
+		t.Errorf("the run's event: %+v", run)
+	}
+	if !replay.Replay || replay.ReplayOf != run.RequestID || replay.CostMicros != 0 || replay.CompletionTokens != 0 {
+		t.Errorf("the replay's event: %+v, want replay of %s billing nothing", replay, run.RequestID)
 	}
 }

@@ -14,6 +14,9 @@
 -- variant assigns seq in a separate, serialized step instead.) Events are
 -- never deleted, so rowids are never reused.
 --
+-- replay_of names the request whose recorded answer this one replayed
+-- (Idempotency-Key, 0019): such a row bills nothing and says so.
+--
 -- The event keeps what it bills as it was then (tokens, cost, status), so
 -- reading a version again gives the same event. endpoint is new on the
 -- ledger too: the public path the request came in on.
@@ -31,17 +34,18 @@ CREATE TABLE usage_events (
 	completion_tokens INTEGER NOT NULL,
 	cost_micros       INTEGER NOT NULL,
 	status            INTEGER NOT NULL,
-	outcome           TEXT    NOT NULL
+	outcome           TEXT    NOT NULL,
+	replay_of         TEXT    NOT NULL DEFAULT ''
 );
 CREATE UNIQUE INDEX usage_events_version ON usage_events (request_id, version);
 CREATE TRIGGER ledger_usage_event AFTER INSERT ON ledger
 WHEN NEW.outcome <> 'open' AND NEW.tenant_id <> 0
 BEGIN
 	INSERT INTO usage_events (request_id, version, ts, tenant_id, key_id, model, endpoint,
-		prompt_tokens, completion_tokens, cost_micros, status, outcome)
+		prompt_tokens, completion_tokens, cost_micros, status, outcome, replay_of)
 	VALUES (NEW.id, COALESCE((SELECT MAX(version) FROM usage_events WHERE request_id = NEW.id), 0) + 1,
 		NEW.ts, NEW.tenant_id, NEW.key_id, NEW.model, NEW.endpoint,
-		NEW.prompt_tokens, NEW.completion_tokens, NEW.cost_micros, NEW.status, NEW.outcome);
+		NEW.prompt_tokens, NEW.completion_tokens, NEW.cost_micros, NEW.status, NEW.outcome, NEW.replay_of);
 END;
 CREATE TRIGGER ledger_usage_event_update AFTER UPDATE ON ledger
 WHEN NEW.outcome <> 'open' AND NEW.tenant_id <> 0 AND (OLD.outcome = 'open'
@@ -50,16 +54,16 @@ WHEN NEW.outcome <> 'open' AND NEW.tenant_id <> 0 AND (OLD.outcome = 'open'
 	OR OLD.tenant_id <> NEW.tenant_id OR OLD.key_id <> NEW.key_id OR OLD.model <> NEW.model)
 BEGIN
 	INSERT INTO usage_events (request_id, version, ts, tenant_id, key_id, model, endpoint,
-		prompt_tokens, completion_tokens, cost_micros, status, outcome)
+		prompt_tokens, completion_tokens, cost_micros, status, outcome, replay_of)
 	VALUES (NEW.id, COALESCE((SELECT MAX(version) FROM usage_events WHERE request_id = NEW.id), 0) + 1,
 		NEW.ts, NEW.tenant_id, NEW.key_id, NEW.model, NEW.endpoint,
-		NEW.prompt_tokens, NEW.completion_tokens, NEW.cost_micros, NEW.status, NEW.outcome);
+		NEW.prompt_tokens, NEW.completion_tokens, NEW.cost_micros, NEW.status, NEW.outcome, NEW.replay_of);
 END;
 -- The rows final before this migration are events too, in ledger order.
 INSERT INTO usage_events (request_id, version, ts, tenant_id, key_id, model, endpoint,
-	prompt_tokens, completion_tokens, cost_micros, status, outcome)
+	prompt_tokens, completion_tokens, cost_micros, status, outcome, replay_of)
 SELECT id, 1, ts, tenant_id, key_id, model, endpoint,
-	prompt_tokens, completion_tokens, cost_micros, status, outcome
+	prompt_tokens, completion_tokens, cost_micros, status, outcome, replay_of
 FROM ledger WHERE outcome <> 'open' AND tenant_id <> 0 ORDER BY ts, rowid;
 
 -- A usage webhook's delivery state, by its URL: after_seq is the cursor of

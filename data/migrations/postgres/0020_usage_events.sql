@@ -28,6 +28,7 @@ CREATE TABLE usage_events (
 	cost_micros       BIGINT NOT NULL,
 	status            BIGINT NOT NULL,
 	outcome           TEXT   NOT NULL,
+	replay_of         TEXT   NOT NULL DEFAULT '',
 	PRIMARY KEY (request_id, version)
 );
 CREATE UNIQUE INDEX usage_events_seq ON usage_events (seq);
@@ -35,10 +36,10 @@ CREATE INDEX usage_events_pending ON usage_events (written) WHERE seq IS NULL;
 CREATE FUNCTION ledger_usage_event() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 	INSERT INTO usage_events (request_id, version, ts, tenant_id, key_id, model, endpoint,
-		prompt_tokens, completion_tokens, cost_micros, status, outcome)
+		prompt_tokens, completion_tokens, cost_micros, status, outcome, replay_of)
 	VALUES (NEW.id, COALESCE((SELECT MAX(version) FROM usage_events WHERE request_id = NEW.id), 0) + 1,
 		NEW.ts, NEW.tenant_id, NEW.key_id, NEW.model, NEW.endpoint,
-		NEW.prompt_tokens, NEW.completion_tokens, NEW.cost_micros, NEW.status, NEW.outcome);
+		NEW.prompt_tokens, NEW.completion_tokens, NEW.cost_micros, NEW.status, NEW.outcome, NEW.replay_of);
 	RETURN NULL;
 END
 $$;
@@ -53,9 +54,9 @@ CREATE TRIGGER ledger_usage_event_update AFTER UPDATE ON ledger
 			NEW.tenant_id, NEW.key_id, NEW.model)))
 	EXECUTE FUNCTION ledger_usage_event();
 INSERT INTO usage_events (request_id, version, ts, tenant_id, key_id, model, endpoint,
-	prompt_tokens, completion_tokens, cost_micros, status, outcome)
+	prompt_tokens, completion_tokens, cost_micros, status, outcome, replay_of)
 SELECT id, 1, ts, tenant_id, key_id, model, endpoint,
-	prompt_tokens, completion_tokens, cost_micros, status, outcome
+	prompt_tokens, completion_tokens, cost_micros, status, outcome, replay_of
 FROM ledger WHERE outcome <> 'open' AND tenant_id <> 0 ORDER BY ts, rowid;
 
 CREATE TABLE usage_sinks (
