@@ -1,13 +1,11 @@
 package data
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 )
@@ -41,6 +39,16 @@ func (s *Store) prepareLedger() error {
 			return fmt.Errorf("prepare ledger refresh: %w", err)
 		}
 		s.refreshStmts[i] = st
+	}
+	for i, q := range spendSQL {
+		if i == spendHold && s.engine != enginePostgres {
+			continue // SQLite's one gateway holds no budget in the database
+		}
+		st, err := s.write.Prepare(q)
+		if err != nil {
+			return fmt.Errorf("prepare spend: %w", err)
+		}
+		s.spendStmts[i] = st
 	}
 	return nil
 }
@@ -105,8 +113,9 @@ func ledgerInsertSQL(rows int) string {
 	// re-sending a batch after an ambiguous failure (a commit whose result
 	// was lost) cannot bill a request twice, and a late open row cannot undo
 	// a final one. Rows of one statement apply in order, so this holds
-	// within a batch too. The spend triggers count a row when it is
-	// inserted final or stops being open, never twice.
+	// within a batch too. RETURNING names the rows inserted or changed,
+	// not those skipped: spend counts a row when it is inserted final or
+	// stops being open, never twice (see spend.go).
 	b.WriteString(" ON CONFLICT (id) DO UPDATE SET ")
 	for i, c := range ledgerCols[1:] {
 		if i > 0 {
@@ -114,7 +123,7 @@ func ledgerInsertSQL(rows int) string {
 		}
 		b.WriteString(c + " = excluded." + c)
 	}
-	b.WriteString(" WHERE ledger.outcome = '" + string(OutcomeOpen) + "'")
+	b.WriteString(" WHERE ledger.outcome = '" + string(OutcomeOpen) + "' RETURNING id")
 	return b.String()
 }
 
@@ -158,13 +167,16 @@ func (s *Store) writeLedger(ctx context.Context, rows, fresh []LedgerRow) (chang
 		return 0, err
 	}
 
-	if s.engine == enginePostgres {
-		rows = tenantOrder(rows)
-	}
 	stamp := now()
 	// Sized for this batch: the writer's transactions are mostly a few
 	// rows, and the largest statement's arguments are 26 KiB.
 	args := make([]any, 0, min(len(rows), ledgerChunks[0])*len(ledgerCols))
+	ids := make([]string, 0, min(len(rows), ledgerChunks[0]))
+	gateway := ""
+	if s.engine == enginePostgres {
+		gateway = s.instance // whose hold a final row's cost leaves
+	}
+	var spend spendDelta
 	for len(rows) > 0 {
 		run := distinctRun(rows)
 		rest := rows[len(run):]
@@ -174,28 +186,80 @@ func (s *Store) writeLedger(ctx context.Context, rows, fresh []LedgerRow) (chang
 			}
 			st := tx.StmtContext(ctx, s.ledgerStmts[i])
 			for len(run) >= n {
-				args = args[:0]
+				args, ids = args[:0], ids[:0]
 				for _, r := range run[:n] {
-					if args, err = appendLedgerArgs(args, r, stamp, s.instance); err != nil {
+					var id string
+					if args, id, err = appendLedgerArgs(args, r, stamp, s.instance); err != nil {
 						return 0, err
 					}
+					ids = append(ids, id)
 				}
-				res, err := st.ExecContext(ctx, args...)
+				k, err := s.execLedger(ctx, st, args, ids, run[:n], stamp, gateway, &spend)
 				if err != nil {
 					return 0, err
 				}
-				if k, err := res.RowsAffected(); err == nil {
-					changed += k
-				}
+				changed += k
 				run = run[n:]
 			}
 		}
 		rows = rest
 	}
+	if err := spend.apply(ctx, tx, &s.spendStmts); err != nil {
+		return 0, err
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, err
 	}
 	return changed, nil
+}
+
+// execLedger runs one ledger statement, st with args, for rows (whose ids
+// are ids, generated where a row had none), and adds the final rows it
+// inserted or changed to spend. It returns how many rows it inserted or
+// changed.
+func (s *Store) execLedger(ctx context.Context, st *sql.Stmt, args []any, ids []string, rows []LedgerRow,
+	stamp time.Time, gateway string, spend *spendDelta) (int64, error) {
+	res, err := st.QueryContext(ctx, args...)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Close()
+	var changed int64
+	var id sql.RawBytes
+	next := 0 // rows come back in the statement's order, as a rule
+	for res.Next() {
+		if err := res.Scan(&id); err != nil {
+			return 0, err
+		}
+		changed++
+		j := next
+		for j < len(ids) && ids[j] != string(id) {
+			j++
+		}
+		if j == len(ids) {
+			j = 0
+			for j < next && ids[j] != string(id) {
+				j++
+			}
+			if j == next {
+				return 0, fmt.Errorf("ledger statement returned id %q it was not given", id)
+			}
+		}
+		next = j + 1
+		r := &rows[j]
+		if r.Outcome == OutcomeOpen {
+			continue
+		}
+		ts := r.Time
+		if ts.IsZero() {
+			ts = stamp
+		}
+		spend.add(r.TenantID, r.KeyID, gateway, toMicros(ts), r.PromptTokens+r.CompletionTokens, r.CostMicros, r.Outcome)
+	}
+	if err := res.Err(); err != nil {
+		return 0, err
+	}
+	return changed, res.Close()
 }
 
 // refreshOpen runs the refresh statements for fresh in tx.
@@ -223,28 +287,6 @@ func (s *Store) refreshOpen(ctx context.Context, tx *sql.Tx, fresh []LedgerRow) 
 	return nil
 }
 
-// tenantOrder returns rows ordered by tenant (a copy, when they are not
-// already), keeping the order of each tenant's rows. Each row's trigger
-// locks its tenant's spend row; gateways sharing a PostgreSQL database take
-// those locks in one order so their ledger transactions cannot deadlock.
-// Rows of one id (a stream's open and final rows) have one tenant, so they
-// keep their order.
-func tenantOrder(rows []LedgerRow) []LedgerRow {
-	if slices.IsSortedFunc(rows, byTenant) {
-		return rows
-	}
-	rows = slices.Clone(rows)
-	slices.SortStableFunc(rows, byTenant)
-	return rows
-}
-
-// byTenant orders rows by tenant, then key: the spend triggers lock the
-// tenant's rows and then the key's, so two gateways' batches take their
-// locks in the same order and cannot deadlock.
-func byTenant(a, b LedgerRow) int {
-	return cmp.Or(cmp.Compare(a.TenantID, b.TenantID), cmp.Compare(a.KeyID, b.KeyID))
-}
-
 // distinctRun returns the longest head of rows in which no ID repeats. A
 // batch may hold a stream's open row and then its final one; SQLite applies
 // one statement's rows in order, but PostgreSQL refuses an upsert that
@@ -267,15 +309,17 @@ func distinctRun(rows []LedgerRow) []LedgerRow {
 	return rows
 }
 
-func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) ([]any, error) {
+// appendLedgerArgs appends r's columns to args, and returns the row's id
+// (generated if r has none).
+func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) ([]any, string, error) {
 	log, err := attemptLogArg(r)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if r.ID == "" {
 		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		r.ID = "req_" + hex.EncodeToString(b[:])
 	}
@@ -290,7 +334,7 @@ func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) 
 		stageArg(st.Gateway), stageArg(st.Connect), stageArg(st.UpstreamTTFT), stageArg(st.EngineQueue),
 		stageArg(st.EngineTTFT), stageArg(st.Network), stageArg(st.TTFT), stageArg(st.Total),
 		r.Priority, stageArg(r.QueueWait), gateway, log, stageArg(st.Hold),
-	), nil
+	), r.ID, nil
 }
 
 func boolInt(b bool) int64 {

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +50,8 @@ type Store struct {
 	ledgerStmts [len(ledgerChunks)]*sql.Stmt
 	// refreshStmts[i] refreshes ledgerChunks[i] open rows at once.
 	refreshStmts [len(ledgerChunks)]*sql.Stmt
+	// spendStmts add a batch's totals to spend (spendSQL).
+	spendStmts [spendStatements]*sql.Stmt
 
 	closed    atomic.Bool // set once Close starts; lets writers stop retrying
 	closeOnce sync.Once
@@ -215,7 +218,7 @@ func (s *Store) Close() error {
 		if s.ckpt != nil {
 			errs = append(errs, s.ckpt.Close())
 		}
-		for _, st := range append(s.ledgerStmts[:], s.refreshStmts[:]...) {
+		for _, st := range slices.Concat(s.ledgerStmts[:], s.refreshStmts[:], s.spendStmts[:]) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}
