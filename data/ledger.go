@@ -12,6 +12,17 @@ import (
 
 // ledgerCols are the ledger's columns in the order InsertLedger binds them
 // and the read queries select them (after the tenant name).
+//
+// Each column and index a row's insert pays for has a query that reads it.
+// ledgerSelect (the admin API's request log) reads every column but two:
+// attempt_log, read by fillAttempts, and gateway, read by ReapGateways
+// (PostgreSQL). The indexes, as SQLite's EXPLAIN QUERY PLAN shows:
+// ledger_ts serves FindRequests newest first (ORDER BY ts DESC, rowid
+// DESC LIMIT, no sort) and Usage over a time range; ledger_tenant_ts
+// FindRequests and Usage of one tenant, and LineBilled; the id's unique
+// index the upsert's conflict target, FindRequests by id and
+// fillAttempts; ledger_open (open rows only, so a final row's insert
+// does not touch it) SettleOpen and ReapGateways.
 var ledgerCols = [...]string{
 	"id", "ts", "tenant_id", "key_id", "model", "upstream", "stream",
 	"prompt_tokens", "completion_tokens", "hedge_overhead_tokens", "cost_micros",
