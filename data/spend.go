@@ -9,25 +9,26 @@ import (
 	"slices"
 )
 
-// Spend is kept by the transactions that write ledger rows, not by
-// triggers: a ledger statement returns the rows it inserted or changed
-// (RETURNING), and the final ones among them — a row inserted final, or an
-// open row made final — are summed per tenant, tenant and day, key, and
-// gateway's hold, then written with one statement per total in the same
-// transaction (migration 0021 dropped the triggers). A row skipped by the
-// upsert (final already: a retried batch, a commit log recovered twice) is
-// not returned, so it is never counted twice; an open row is not spend
-// until it is final. The totals are those the triggers of 0001, 0003, 0009
-// and 0013 kept, row by row: tenant_spend, tenant_daily_spend (day =
-// ts / 86400000000), key_spend (rows refused as rejected or
+// Spend is kept by the transactions that write ledger rows: a ledger
+// statement returns the rows it inserted or changed (RETURNING), and the
+// final ones among them — a row inserted final, or an open row made final —
+// are summed per tenant, tenant and day, key, and gateway's hold, then
+// written with one statement per total in the same transaction. A row the
+// upsert skipped (final already: a retried batch, a commit log recovered
+// twice) is not returned, so it is never counted twice; an open row is not
+// spend until it is final. The totals: tenant_spend, tenant_daily_spend
+// (day = ts / 86400000000), key_spend (rows refused as rejected or
 // upstream_rejected count their tokens and cost but not as requests), the
-// key's last_used_at (moved at most once a minute), and on PostgreSQL the
-// writing gateway's budget hold, less the row's tokens and cost (never
-// below zero), so that spend plus holds never counts a request twice.
+// key's last_used_at (the batch's newest row of the key, moved at most once
+// a minute), and on PostgreSQL the writing gateway's budget hold, less the
+// rows' tokens and cost and never below zero (for amounts that are not
+// negative, the batch's sum taken at once leaves what row by row would), so
+// that spend plus holds never counts a request twice.
 //
-// Three triggers fired for every final row, each an upsert or an update;
-// a batch of one key's rows now costs four statements however many rows it
-// holds.
+// Why in Go rather than in triggers (as migrations 0001 to 0013 had it,
+// until 0021): a trigger runs its statements for every final row, three
+// upserts and an update; a batch of one key's rows costs four statements
+// here however many rows it holds.
 //
 // Lock order (PostgreSQL, gateways sharing a database): the totals are
 // written table by table in the order of spendSQL, each table's rows in

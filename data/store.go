@@ -109,7 +109,7 @@ func open(path string) (_ *Store, err error) {
 	// another process writes in between, whatever the timeout.
 	//
 	// temp_store(MEMORY): the statement journal of a ledger insert (a
-	// multi-row upsert with spend triggers needs one) stays in memory; on a
+	// multi-row upsert needs one) stays in memory; on a
 	// file it was about one pwrite call in nine of the gateway's.
 	//
 	// wal_autocheckpoint(0): the writer never checkpoints (copies the WAL
