@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -46,20 +47,16 @@ func (s *Store) prepareLedger() error {
 			return fmt.Errorf("prepare ledger insert: %w", err)
 		}
 		s.ledgerStmts[i] = st
+		if s.ledgerExact[i], err = s.write.Prepare(ledgerInsertSQL(n) + " RETURNING id"); err != nil {
+			return fmt.Errorf("prepare ledger insert: %w", err)
+		}
 		if st, err = s.write.Prepare(ledgerRefreshSQL(n)); err != nil {
 			return fmt.Errorf("prepare ledger refresh: %w", err)
 		}
 		s.refreshStmts[i] = st
 	}
-	for i, q := range spendSQL {
-		if i == spendHold && s.engine != enginePostgres {
-			continue // SQLite's one gateway holds no budget in the database
-		}
-		st, err := s.write.Prepare(q)
-		if err != nil {
-			return fmt.Errorf("prepare spend: %w", err)
-		}
-		s.spendStmts[i] = st
+	if err := s.prepareSpend(); err != nil {
+		return err
 	}
 	return nil
 }
@@ -124,9 +121,8 @@ func ledgerInsertSQL(rows int) string {
 	// re-sending a batch after an ambiguous failure (a commit whose result
 	// was lost) cannot bill a request twice, and a late open row cannot undo
 	// a final one. Rows of one statement apply in order, so this holds
-	// within a batch too. RETURNING names the rows inserted or changed,
-	// not those skipped: spend counts a row when it is inserted final or
-	// stops being open, never twice (see spend.go).
+	// within a batch too. Spend counts a row when it is inserted final or
+	// stops being open, never twice (see writeLedger and spend.go).
 	b.WriteString(" ON CONFLICT (id) DO UPDATE SET ")
 	for i, c := range ledgerCols[1:] {
 		if i > 0 {
@@ -134,7 +130,7 @@ func ledgerInsertSQL(rows int) string {
 		}
 		b.WriteString(c + " = excluded." + c)
 	}
-	b.WriteString(" WHERE ledger.outcome = '" + string(OutcomeOpen) + "' RETURNING id")
+	b.WriteString(" WHERE ledger.outcome = '" + string(OutcomeOpen) + "'")
 	return b.String()
 }
 
@@ -168,7 +164,30 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) (changed int
 // each of fresh is a newer version of an open row stored already that
 // differs from it in nothing else (the caller knows; see
 // LedgerWriter.takeLocked). Rows of fresh are not counted in changed.
+//
+// Spend: a statement that inserted or changed each of its rows (its count
+// of rows changed says so) skipped none, and its final rows are counted.
+// One that skipped some (rows final already: a batch sent again after an
+// ambiguous failure, a commit log recovered twice) says which only by
+// returning the ids it changed, which costs about a microsecond a row; the
+// transaction is then rolled back and written again with the statements
+// that return them.
 func (s *Store) writeLedger(ctx context.Context, rows, fresh []LedgerRow) (changed int64, err error) {
+	changed, err = s.writeLedgerTx(ctx, rows, fresh, false)
+	if errors.Is(err, errSkipped) {
+		changed, err = s.writeLedgerTx(ctx, rows, fresh, true)
+	}
+	return changed, err
+}
+
+// errSkipped says a ledger statement skipped rows: the transaction is to
+// be written again, exact.
+var errSkipped = errors.New("ledger rows skipped")
+
+// writeLedgerTx is writeLedger's transaction; exact tells which rows each
+// ledger statement changed by the ids it returns, else it fails with
+// errSkipped when a statement changed fewer rows than it was given.
+func (s *Store) writeLedgerTx(ctx context.Context, rows, fresh []LedgerRow, exact bool) (changed int64, err error) {
 	tx, err := s.write.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
@@ -195,7 +214,11 @@ func (s *Store) writeLedger(ctx context.Context, rows, fresh []LedgerRow) (chang
 			if len(run) < n {
 				continue
 			}
-			st := tx.StmtContext(ctx, s.ledgerStmts[i])
+			st := s.ledgerStmts[i]
+			if exact {
+				st = s.ledgerExact[i]
+			}
+			st = tx.StmtContext(ctx, st)
 			for len(run) >= n {
 				args, ids = args[:0], ids[:0]
 				for _, r := range run[:n] {
@@ -205,7 +228,7 @@ func (s *Store) writeLedger(ctx context.Context, rows, fresh []LedgerRow) (chang
 					}
 					ids = append(ids, id)
 				}
-				k, err := s.execLedger(ctx, st, args, ids, run[:n], stamp, gateway, &spend)
+				k, err := s.execLedger(ctx, st, exact, args, ids, run[:n], stamp, gateway, &spend)
 				if err != nil {
 					return 0, err
 				}
@@ -215,21 +238,51 @@ func (s *Store) writeLedger(ctx context.Context, rows, fresh []LedgerRow) (chang
 		}
 		rows = rest
 	}
-	if err := spend.apply(ctx, tx, &s.spendStmts); err != nil {
+	used, err := spend.apply(ctx, tx, &s.spend)
+	if err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, err
 	}
+	s.spend.usedAt(used)
 	return changed, nil
 }
 
 // execLedger runs one ledger statement, st with args, for rows (whose ids
 // are ids, generated where a row had none), and adds the final rows it
 // inserted or changed to spend. It returns how many rows it inserted or
-// changed.
-func (s *Store) execLedger(ctx context.Context, st *sql.Stmt, args []any, ids []string, rows []LedgerRow,
+// changed. exact: st returns the ids it changed; else it fails with
+// errSkipped if st did not change every row.
+func (s *Store) execLedger(ctx context.Context, st *sql.Stmt, exact bool, args []any, ids []string, rows []LedgerRow,
 	stamp time.Time, gateway string, spend *spendDelta) (int64, error) {
+	count := func(r *LedgerRow) {
+		if r.Outcome == OutcomeOpen {
+			return
+		}
+		ts := r.Time
+		if ts.IsZero() {
+			ts = stamp
+		}
+		spend.add(r.TenantID, r.KeyID, gateway, toMicros(ts), r.PromptTokens+r.CompletionTokens, r.CostMicros, r.Outcome)
+	}
+	if !exact {
+		res, err := st.ExecContext(ctx, args...)
+		if err != nil {
+			return 0, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return 0, err
+		}
+		if n < int64(len(rows)) {
+			return 0, errSkipped
+		}
+		for i := range rows {
+			count(&rows[i])
+		}
+		return n, nil
+	}
 	res, err := st.QueryContext(ctx, args...)
 	if err != nil {
 		return 0, err
@@ -257,15 +310,7 @@ func (s *Store) execLedger(ctx context.Context, st *sql.Stmt, args []any, ids []
 			}
 		}
 		next = j + 1
-		r := &rows[j]
-		if r.Outcome == OutcomeOpen {
-			continue
-		}
-		ts := r.Time
-		if ts.IsZero() {
-			ts = stamp
-		}
-		spend.add(r.TenantID, r.KeyID, gateway, toMicros(ts), r.PromptTokens+r.CompletionTokens, r.CostMicros, r.Outcome)
+		count(&rows[j])
 	}
 	if err := res.Err(); err != nil {
 		return 0, err

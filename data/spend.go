@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
+	"sync"
 )
 
 // Spend is kept by the transactions that write ledger rows: a ledger
@@ -35,33 +37,119 @@ import (
 // key order, after all of the transaction's ledger rows. Every transaction
 // that writes them does so, so two cannot wait for each other.
 
-// spendSQL are the statements that add a batch's totals, in the order they
-// run (the lock order above).
-var spendSQL = [...]string{
-	spendDay: `INSERT INTO tenant_daily_spend (tenant_id, day, tokens, micros, requests) VALUES (?, ?, ?, ?, ?)
-		ON CONFLICT (tenant_id, day) DO UPDATE SET tokens = tenant_daily_spend.tokens + excluded.tokens,
-		micros = tenant_daily_spend.micros + excluded.micros, requests = tenant_daily_spend.requests + excluded.requests`,
-	spendKey: `INSERT INTO key_spend (key_id, tokens, micros, requests) VALUES (?, ?, ?, ?)
-		ON CONFLICT (key_id) DO UPDATE SET tokens = key_spend.tokens + excluded.tokens,
-		micros = key_spend.micros + excluded.micros, requests = key_spend.requests + excluded.requests`,
-	// The key's newest final row of the batch, unless the key was used
-	// within the minute before it.
-	spendLastUsed: `UPDATE api_keys SET last_used_at = ? WHERE id = ? AND COALESCE(last_used_at, 0) <= ?`,
-	spendTenant: `INSERT INTO tenant_spend (tenant_id, tokens, micros) VALUES (?, ?, ?)
-		ON CONFLICT (tenant_id) DO UPDATE SET tokens = tenant_spend.tokens + excluded.tokens,
-		micros = tenant_spend.micros + excluded.micros`,
-	spendHold: `UPDATE budget_holds SET tokens = GREATEST(tokens - ?, 0), micros = GREATEST(micros - ?, 0)
-		WHERE gateway = ? AND tenant_id = ?`,
+// spendTable is a spend total: its table, the columns that key it and the
+// sums a batch adds to it.
+type spendTable struct {
+	name       string
+	keys, sums []string
+}
+
+// spendTables are the totals a batch adds, in the order they are written
+// (the lock order above); a key's last_used_at and, on PostgreSQL, the
+// holds follow them.
+var spendTables = [...]spendTable{
+	spendDay:    {"tenant_daily_spend", []string{"tenant_id", "day"}, []string{"tokens", "micros", "requests"}},
+	spendKey:    {"key_spend", []string{"key_id"}, []string{"tokens", "micros", "requests"}},
+	spendTenant: {"tenant_spend", []string{"tenant_id"}, []string{"tokens", "micros"}},
 }
 
 const (
 	spendDay = iota
 	spendKey
-	spendLastUsed
 	spendTenant
-	spendHold
-	spendStatements
 )
+
+// spendChunks are the row counts of the prepared upserts of each total, as
+// ledgerChunks are the ledger's: a batch's totals of one table take a
+// statement or a few, whatever the keys and tenants it touches.
+var spendChunks = [...]int{16, 4, 1}
+
+// sql is the upsert of rows totals into t, in key order.
+func (t spendTable) sql(rows int) string {
+	cols := append(slices.Clone(t.keys), t.sums...)
+	one := "(" + strings.TrimSuffix(strings.Repeat("?, ", len(cols)), ", ") + ")"
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + t.name + " (" + strings.Join(cols, ", ") + ") VALUES ")
+	for i := range rows {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(one)
+	}
+	b.WriteString(" ON CONFLICT (" + strings.Join(t.keys, ", ") + ") DO UPDATE SET ")
+	for i, c := range t.sums {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(c + " = " + t.name + "." + c + " + excluded." + c)
+	}
+	return b.String()
+}
+
+const (
+	// lastUsedSQL moves a key's last use to its newest final row of the
+	// batch, unless the key was used within the minute before it.
+	lastUsedSQL = `UPDATE api_keys SET last_used_at = ? WHERE id = ? AND COALESCE(last_used_at, 0) <= ?`
+	holdSQL     = `UPDATE budget_holds SET tokens = GREATEST(tokens - ?, 0), micros = GREATEST(micros - ?, 0)
+		WHERE gateway = ? AND tenant_id = ?`
+)
+
+// spendStmts are the prepared statements that write spend.
+type spendStmts struct {
+	upsert   [len(spendTables)][len(spendChunks)]*sql.Stmt
+	lastUsed *sql.Stmt
+	hold     *sql.Stmt // PostgreSQL only
+
+	// lastUsed is, per key, a time its last_used_at is known to be at or
+	// past (it only ever moves forward): the time this store last set it
+	// to. A batch whose newest row of the key is within the minute after
+	// it would not move it, and skips the statement: a key in steady use
+	// costs one a minute, not one a batch.
+	mu   sync.Mutex
+	used map[string]int64
+}
+
+func (s *Store) prepareSpend() error {
+	st := &s.spend
+	for i, t := range spendTables {
+		for j, n := range spendChunks {
+			p, err := s.write.Prepare(t.sql(n))
+			if err != nil {
+				return fmt.Errorf("prepare spend: %w", err)
+			}
+			st.upsert[i][j] = p
+		}
+	}
+	var err error
+	if st.lastUsed, err = s.write.Prepare(lastUsedSQL); err != nil {
+		return fmt.Errorf("prepare spend: %w", err)
+	}
+	if s.engine == enginePostgres { // SQLite's one gateway holds no budget in the database
+		if st.hold, err = s.write.Prepare(holdSQL); err != nil {
+			return fmt.Errorf("prepare spend: %w", err)
+		}
+	}
+	st.used = make(map[string]int64)
+	return nil
+}
+
+// close closes the statements.
+func (st *spendStmts) close() []error {
+	var errs []error
+	for _, t := range st.upsert {
+		for _, p := range t {
+			if p != nil {
+				errs = append(errs, p.Close())
+			}
+		}
+	}
+	for _, p := range []*sql.Stmt{st.lastUsed, st.hold} {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
+	}
+	return errs
+}
 
 // lastUsedEvery is how often a key's last_used_at moves at most (µs).
 const lastUsedEvery = 60_000_000
@@ -128,60 +216,102 @@ func (d *spendDelta) add(tenant int64, key, gateway string, ts, tokens, micros i
 }
 
 // apply writes d in tx, table by table and each table's rows in key order
-// (the lock order), with the prepared statements st (in spendSQL's order;
-// nil: prepared in tx).
-func (d *spendDelta) apply(ctx context.Context, tx *sql.Tx, st *[spendStatements]*sql.Stmt) error {
+// (the lock order). It returns the last uses it set, to be noted with
+// usedAt once tx committed.
+func (d *spendDelta) apply(ctx context.Context, tx *sql.Tx, st *spendStmts) (map[string]int64, error) {
 	if d.tenants == nil {
+		return nil, nil
+	}
+	var args []any
+	upsert := func(table int, n int, row func(i int) []any) error {
+		for i := 0; i < n; {
+			for j, c := range spendChunks {
+				if n-i < c {
+					continue
+				}
+				args = args[:0]
+				for k := range c {
+					args = append(args, row(i+k)...)
+				}
+				if _, err := tx.StmtContext(ctx, st.upsert[table][j]).ExecContext(ctx, args...); err != nil {
+					return fmt.Errorf("add spend to %s: %w", spendTables[table].name, err)
+				}
+				i += c
+				break
+			}
+		}
 		return nil
 	}
-	exec := func(i int, args ...any) error {
-		var err error
-		if st != nil && st[i] != nil {
-			_, err = tx.StmtContext(ctx, st[i]).ExecContext(ctx, args...)
-		} else {
-			_, err = tx.ExecContext(ctx, spendSQL[i], args...)
-		}
-		if err != nil {
-			return fmt.Errorf("add spend: %w", err)
-		}
-		return nil
-	}
-	for _, k := range sortedKeys(d.days, func(a, b tenantDay) int {
+	days := sortedKeys(d.days, func(a, b tenantDay) int {
 		return cmp.Or(cmp.Compare(a.tenant, b.tenant), cmp.Compare(a.day, b.day))
-	}) {
-		c := d.days[k]
-		if err := exec(spendDay, k.tenant, k.day, c.tokens, c.micros, c.requests); err != nil {
-			return err
-		}
+	})
+	if err := upsert(spendDay, len(days), func(i int) []any {
+		c := d.days[days[i]]
+		return []any{days[i].tenant, days[i].day, c.tokens, c.micros, c.requests}
+	}); err != nil {
+		return nil, err
 	}
 	keys := sortedKeys(d.keys, cmp.Compare[string])
+	if err := upsert(spendKey, len(keys), func(i int) []any {
+		c := d.keys[keys[i]]
+		return []any{keys[i], c.tokens, c.micros, c.requests}
+	}); err != nil {
+		return nil, err
+	}
+	var used map[string]int64
+	st.mu.Lock()
 	for _, k := range keys {
-		c := d.keys[k]
-		if err := exec(spendKey, k, c.tokens, c.micros, c.requests); err != nil {
-			return err
+		if at, ok := st.used[k]; ok && d.keys[k].last-lastUsedEvery < at {
+			delete(d.keys, k) // would not move: no statement
 		}
 	}
+	st.mu.Unlock()
 	for _, k := range keys {
-		c := d.keys[k]
-		if err := exec(spendLastUsed, c.last, k, c.last-lastUsedEvery); err != nil {
-			return err
+		c, ok := d.keys[k]
+		if !ok {
+			continue
+		}
+		res, err := tx.StmtContext(ctx, st.lastUsed).ExecContext(ctx, c.last, k, c.last-lastUsedEvery)
+		if err != nil {
+			return nil, fmt.Errorf("note last use of key %s: %w", k, err)
+		}
+		if n, err := res.RowsAffected(); err == nil && n > 0 {
+			if used == nil {
+				used = make(map[string]int64)
+			}
+			used[k] = c.last
 		}
 	}
-	for _, k := range sortedKeys(d.tenants, cmp.Compare[int64]) {
-		t := d.tenants[k]
-		if err := exec(spendTenant, k, t.Tokens, t.Micros); err != nil {
-			return err
-		}
+	tenants := sortedKeys(d.tenants, cmp.Compare[int64])
+	if err := upsert(spendTenant, len(tenants), func(i int) []any {
+		t := d.tenants[tenants[i]]
+		return []any{tenants[i], t.Tokens, t.Micros}
+	}); err != nil {
+		return nil, err
 	}
 	for _, k := range sortedKeys(d.holds, func(a, b gatewayTenant) int {
 		return cmp.Or(cmp.Compare(a.gateway, b.gateway), cmp.Compare(a.tenant, b.tenant))
 	}) {
 		h := d.holds[k]
-		if err := exec(spendHold, h.Tokens, h.Micros, k.gateway, k.tenant); err != nil {
-			return err
+		if _, err := tx.StmtContext(ctx, st.hold).ExecContext(ctx, h.Tokens, h.Micros, k.gateway, k.tenant); err != nil {
+			return nil, fmt.Errorf("take spend out of holds: %w", err)
 		}
 	}
-	return nil
+	return used, nil
+}
+
+// usedAt notes the last uses a committed transaction set (apply's result).
+func (st *spendStmts) usedAt(used map[string]int64) {
+	if len(used) == 0 {
+		return
+	}
+	st.mu.Lock()
+	for k, at := range used {
+		if at > st.used[k] {
+			st.used[k] = at
+		}
+	}
+	st.mu.Unlock()
 }
 
 func sortedKeys[K comparable, V any](m map[K]V, cmp func(a, b K) int) []K {
@@ -227,5 +357,8 @@ func (s *Store) settleRows(ctx context.Context, tx *sql.Tx, q string, args ...an
 	if err := rows.Close(); err != nil {
 		return 0, err
 	}
-	return n, d.apply(ctx, tx, nil)
+	// The last uses it sets are not noted (settling is rare, and its
+	// commit is its caller's).
+	_, err = d.apply(ctx, tx, &s.spend)
+	return n, err
 }

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,10 +47,12 @@ type Store struct {
 	ckptStop, ckptDone chan struct{}
 	// ledgerStmts[i] inserts ledgerChunks[i] rows at once.
 	ledgerStmts [len(ledgerChunks)]*sql.Stmt
+	// ledgerExact[i] is ledgerStmts[i] returning the ids it changed.
+	ledgerExact [len(ledgerChunks)]*sql.Stmt
 	// refreshStmts[i] refreshes ledgerChunks[i] open rows at once.
 	refreshStmts [len(ledgerChunks)]*sql.Stmt
-	// spendStmts add a batch's totals to spend (spendSQL).
-	spendStmts [spendStatements]*sql.Stmt
+	// spend adds a batch's totals to spend (spend.go).
+	spend spendStmts
 
 	closed    atomic.Bool // set once Close starts; lets writers stop retrying
 	closeOnce sync.Once
@@ -218,11 +219,12 @@ func (s *Store) Close() error {
 		if s.ckpt != nil {
 			errs = append(errs, s.ckpt.Close())
 		}
-		for _, st := range slices.Concat(s.ledgerStmts[:], s.refreshStmts[:], s.spendStmts[:]) {
+		for _, st := range append(append(s.ledgerStmts[:], s.ledgerExact[:]...), s.refreshStmts[:]...) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}
 		}
+		errs = append(errs, s.spend.close()...)
 		if s.read != nil {
 			errs = append(errs, s.read.Close())
 		}
