@@ -12,14 +12,14 @@ import (
 	"sync"
 )
 
-// Spend is kept by the transactions that write ledger rows: a ledger
-// statement returns the rows it inserted or changed (RETURNING), and the
-// final ones among them — a row inserted final, or an open row made final —
-// are summed per tenant, tenant and day, key, and gateway's hold, then
-// written with one statement per total in the same transaction. A row the
-// upsert skipped (final already: a retried batch, a commit log recovered
-// twice) is not returned, so it is never counted twice; an open row is not
-// spend until it is final. The totals: tenant_spend, tenant_daily_spend
+// Spend is kept by the transactions that write ledger rows: the final rows
+// a ledger statement inserted or changed — a row inserted final, or an open
+// row made final — are summed per tenant, tenant and day, key, and
+// gateway's hold, then written in the same transaction: on SQLite an upsert
+// of many totals per table (spendChunks), on PostgreSQL one script of all
+// of them (applyScript). A row the upsert skipped (final already: a retried
+// batch, a commit log recovered twice) is never counted twice (see
+// writeLedger); an open row is not spend until it is final. The totals: tenant_spend, tenant_daily_spend
 // (day = ts / 86400000000), key_spend (rows refused as rejected or
 // upstream_rejected count their tokens and cost but not as requests), the
 // key's last_used_at (the batch's newest row of the key, moved at most once
@@ -30,8 +30,8 @@ import (
 //
 // Why in Go rather than in triggers (as migrations 0001 to 0013 had it,
 // until 0021): a trigger runs its statements for every final row, three
-// upserts and an update; a batch of one key's rows costs four statements
-// here however many rows it holds.
+// upserts and an update; a batch costs three upserts here (more only past
+// 16 keys or tenants), a key's last use once a minute.
 //
 // Lock order (PostgreSQL, gateways sharing a database): the totals are
 // written table by table in the order of spendSQL, each table's rows in
