@@ -20,7 +20,7 @@ import (
 // by final ledger rows) plus every gateway's hold never exceeds its budget.
 // [Store.ReserveBudget] grows a hold only if that still holds, under a lock
 // on the tenant's row; a final ledger row moves its cost from its gateway's
-// hold to spend in the transaction that writes it (a trigger);
+// hold to spend in the transaction that writes it (see spend.go);
 // [Store.ReleaseBudget] gives back what a settled request reserved beyond
 // its cost. A gateway whose lease ran out (it died) is reaped by any other
 // ([Store.ReapGateways]): its open rows are settled as interrupted, billed
@@ -111,14 +111,12 @@ func (s *Store) ReapGateways(ctx context.Context) (gateways, rows int, err error
 		}
 		n, _ := res.RowsAffected()
 		gateways = int(n)
-		res, err = tx.ExecContext(ctx, `UPDATE ledger SET `+liveFigures+`, outcome = ?, error = ?
-			WHERE outcome = ? AND gateway NOT IN (SELECT id FROM gateways)`,
+		rows, err = s.settleRows(ctx, tx, `UPDATE ledger SET `+liveFigures+`, outcome = ?, error = ?
+			WHERE outcome = ? AND gateway NOT IN (SELECT id FROM gateways)`+settledSpend,
 			OutcomeInterrupted, ClassInterrupted, OutcomeOpen)
 		if err != nil {
 			return err
 		}
-		n, _ = res.RowsAffected()
-		rows = int(n)
 		_, err = tx.ExecContext(ctx, `DELETE FROM budget_holds WHERE gateway NOT IN (SELECT id FROM gateways)`)
 		return err
 	})

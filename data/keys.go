@@ -428,7 +428,8 @@ type KeyTotal struct {
 }
 
 // KeySpend returns each key's totals, by key id, from a running total the
-// ledger's triggers keep (it costs the same however long the ledger grows).
+// ledger writer keeps (spend.go; it costs the same however long the ledger
+// grows).
 // Keys never used are missing.
 func (s *Store) KeySpend(ctx context.Context) (map[string]KeyTotal, error) {
 	rows, err := s.read.QueryContext(ctx, `SELECT key_id, requests, tokens, micros FROM key_spend`)

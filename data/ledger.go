@@ -1,19 +1,29 @@
 package data
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 )
 
 // ledgerCols are the ledger's columns in the order InsertLedger binds them
 // and the read queries select them (after the tenant name).
+//
+// Each column and index a row's insert pays for has a query that reads it.
+// ledgerSelect (the admin API's request log) reads every column but two:
+// attempt_log, read by fillAttempts, and gateway, read by ReapGateways
+// (PostgreSQL). The indexes, as SQLite's EXPLAIN QUERY PLAN shows:
+// ledger_ts serves FindRequests newest first (ORDER BY ts DESC, rowid
+// DESC LIMIT, no sort) and Usage over a time range; ledger_tenant_ts
+// FindRequests and Usage of one tenant, and LineBilled; the id's unique
+// index the upsert's conflict target, FindRequests by id and
+// fillAttempts; ledger_open (open rows only, so a final row's insert
+// does not touch it) SettleOpen and ReapGateways.
 var ledgerCols = [...]string{
 	"id", "ts", "tenant_id", "key_id", "model", "upstream", "stream",
 	"prompt_tokens", "completion_tokens", "hedge_overhead_tokens", "cost_micros",
@@ -37,10 +47,16 @@ func (s *Store) prepareLedger() error {
 			return fmt.Errorf("prepare ledger insert: %w", err)
 		}
 		s.ledgerStmts[i] = st
+		if s.ledgerExact[i], err = s.write.Prepare(ledgerInsertSQL(n) + " RETURNING id"); err != nil {
+			return fmt.Errorf("prepare ledger insert: %w", err)
+		}
 		if st, err = s.write.Prepare(ledgerRefreshSQL(n)); err != nil {
 			return fmt.Errorf("prepare ledger refresh: %w", err)
 		}
 		s.refreshStmts[i] = st
+	}
+	if err := s.prepareSpend(); err != nil {
+		return err
 	}
 	return nil
 }
@@ -105,8 +121,8 @@ func ledgerInsertSQL(rows int) string {
 	// re-sending a batch after an ambiguous failure (a commit whose result
 	// was lost) cannot bill a request twice, and a late open row cannot undo
 	// a final one. Rows of one statement apply in order, so this holds
-	// within a batch too. The spend triggers count a row when it is
-	// inserted final or stops being open, never twice.
+	// within a batch too. Spend counts a row when it is inserted final or
+	// stops being open, never twice (see writeLedger and spend.go).
 	b.WriteString(" ON CONFLICT (id) DO UPDATE SET ")
 	for i, c := range ledgerCols[1:] {
 		if i > 0 {
@@ -148,7 +164,30 @@ func (s *Store) insertLedger(ctx context.Context, rows []LedgerRow) (changed int
 // each of fresh is a newer version of an open row stored already that
 // differs from it in nothing else (the caller knows; see
 // LedgerWriter.takeLocked). Rows of fresh are not counted in changed.
+//
+// Spend: a statement that inserted or changed each of its rows (its count
+// of rows changed says so) skipped none, and its final rows are counted.
+// One that skipped some (rows final already: a batch sent again after an
+// ambiguous failure, a commit log recovered twice) says which only by
+// returning the ids it changed, which costs about a microsecond a row; the
+// transaction is then rolled back and written again with the statements
+// that return them.
 func (s *Store) writeLedger(ctx context.Context, rows, fresh []LedgerRow) (changed int64, err error) {
+	changed, err = s.writeLedgerTx(ctx, rows, fresh, false)
+	if errors.Is(err, errSkipped) {
+		changed, err = s.writeLedgerTx(ctx, rows, fresh, true)
+	}
+	return changed, err
+}
+
+// errSkipped says a ledger statement skipped rows: the transaction is to
+// be written again, exact.
+var errSkipped = errors.New("ledger rows skipped")
+
+// writeLedgerTx is writeLedger's transaction; exact tells which rows each
+// ledger statement changed by the ids it returns, else it fails with
+// errSkipped when a statement changed fewer rows than it was given.
+func (s *Store) writeLedgerTx(ctx context.Context, rows, fresh []LedgerRow, exact bool) (changed int64, err error) {
 	tx, err := s.write.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
@@ -158,13 +197,16 @@ func (s *Store) writeLedger(ctx context.Context, rows, fresh []LedgerRow) (chang
 		return 0, err
 	}
 
-	if s.engine == enginePostgres {
-		rows = tenantOrder(rows)
-	}
 	stamp := now()
 	// Sized for this batch: the writer's transactions are mostly a few
 	// rows, and the largest statement's arguments are 26 KiB.
 	args := make([]any, 0, min(len(rows), ledgerChunks[0])*len(ledgerCols))
+	ids := make([]string, 0, min(len(rows), ledgerChunks[0]))
+	gateway := ""
+	if s.engine == enginePostgres {
+		gateway = s.instance // whose hold a final row's cost leaves
+	}
+	var spend spendDelta
 	for len(rows) > 0 {
 		run := distinctRun(rows)
 		rest := rows[len(run):]
@@ -172,30 +214,108 @@ func (s *Store) writeLedger(ctx context.Context, rows, fresh []LedgerRow) (chang
 			if len(run) < n {
 				continue
 			}
-			st := tx.StmtContext(ctx, s.ledgerStmts[i])
+			st := s.ledgerStmts[i]
+			if exact {
+				st = s.ledgerExact[i]
+			}
+			st = tx.StmtContext(ctx, st)
 			for len(run) >= n {
-				args = args[:0]
+				args, ids = args[:0], ids[:0]
 				for _, r := range run[:n] {
-					if args, err = appendLedgerArgs(args, r, stamp, s.instance); err != nil {
+					var id string
+					if args, id, err = appendLedgerArgs(args, r, stamp, s.instance); err != nil {
 						return 0, err
 					}
+					ids = append(ids, id)
 				}
-				res, err := st.ExecContext(ctx, args...)
+				k, err := s.execLedger(ctx, st, exact, args, ids, run[:n], stamp, gateway, &spend)
 				if err != nil {
 					return 0, err
 				}
-				if k, err := res.RowsAffected(); err == nil {
-					changed += k
-				}
+				changed += k
 				run = run[n:]
 			}
 		}
 		rows = rest
 	}
+	used, err := spend.apply(ctx, tx, &s.spend)
+	if err != nil {
+		return 0, err
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, err
 	}
+	s.spend.usedAt(used)
 	return changed, nil
+}
+
+// execLedger runs one ledger statement, st with args, for rows (whose ids
+// are ids, generated where a row had none), and adds the final rows it
+// inserted or changed to spend. It returns how many rows it inserted or
+// changed. exact: st returns the ids it changed; else it fails with
+// errSkipped if st did not change every row.
+func (s *Store) execLedger(ctx context.Context, st *sql.Stmt, exact bool, args []any, ids []string, rows []LedgerRow,
+	stamp time.Time, gateway string, spend *spendDelta) (int64, error) {
+	count := func(r *LedgerRow) {
+		if r.Outcome == OutcomeOpen {
+			return
+		}
+		ts := r.Time
+		if ts.IsZero() {
+			ts = stamp
+		}
+		spend.add(r.TenantID, r.KeyID, gateway, toMicros(ts), r.PromptTokens+r.CompletionTokens, r.CostMicros, r.Outcome)
+	}
+	if !exact {
+		res, err := st.ExecContext(ctx, args...)
+		if err != nil {
+			return 0, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return 0, err
+		}
+		if n < int64(len(rows)) {
+			return 0, errSkipped
+		}
+		for i := range rows {
+			count(&rows[i])
+		}
+		return n, nil
+	}
+	res, err := st.QueryContext(ctx, args...)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Close()
+	var changed int64
+	var id sql.RawBytes
+	next := 0 // rows come back in the statement's order, as a rule
+	for res.Next() {
+		if err := res.Scan(&id); err != nil {
+			return 0, err
+		}
+		changed++
+		j := next
+		for j < len(ids) && ids[j] != string(id) {
+			j++
+		}
+		if j == len(ids) {
+			j = 0
+			for j < next && ids[j] != string(id) {
+				j++
+			}
+			if j == next {
+				return 0, fmt.Errorf("ledger statement returned id %q it was not given", id)
+			}
+		}
+		next = j + 1
+		count(&rows[j])
+	}
+	if err := res.Err(); err != nil {
+		return 0, err
+	}
+	return changed, res.Close()
 }
 
 // refreshOpen runs the refresh statements for fresh in tx.
@@ -223,28 +343,6 @@ func (s *Store) refreshOpen(ctx context.Context, tx *sql.Tx, fresh []LedgerRow) 
 	return nil
 }
 
-// tenantOrder returns rows ordered by tenant (a copy, when they are not
-// already), keeping the order of each tenant's rows. Each row's trigger
-// locks its tenant's spend row; gateways sharing a PostgreSQL database take
-// those locks in one order so their ledger transactions cannot deadlock.
-// Rows of one id (a stream's open and final rows) have one tenant, so they
-// keep their order.
-func tenantOrder(rows []LedgerRow) []LedgerRow {
-	if slices.IsSortedFunc(rows, byTenant) {
-		return rows
-	}
-	rows = slices.Clone(rows)
-	slices.SortStableFunc(rows, byTenant)
-	return rows
-}
-
-// byTenant orders rows by tenant, then key: the spend triggers lock the
-// tenant's rows and then the key's, so two gateways' batches take their
-// locks in the same order and cannot deadlock.
-func byTenant(a, b LedgerRow) int {
-	return cmp.Or(cmp.Compare(a.TenantID, b.TenantID), cmp.Compare(a.KeyID, b.KeyID))
-}
-
 // distinctRun returns the longest head of rows in which no ID repeats. A
 // batch may hold a stream's open row and then its final one; SQLite applies
 // one statement's rows in order, but PostgreSQL refuses an upsert that
@@ -267,15 +365,17 @@ func distinctRun(rows []LedgerRow) []LedgerRow {
 	return rows
 }
 
-func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) ([]any, error) {
+// appendLedgerArgs appends r's columns to args, and returns the row's id
+// (generated if r has none).
+func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) ([]any, string, error) {
 	log, err := attemptLogArg(r)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if r.ID == "" {
 		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		r.ID = "req_" + hex.EncodeToString(b[:])
 	}
@@ -290,7 +390,7 @@ func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) 
 		stageArg(st.Gateway), stageArg(st.Connect), stageArg(st.UpstreamTTFT), stageArg(st.EngineQueue),
 		stageArg(st.EngineTTFT), stageArg(st.Network), stageArg(st.TTFT), stageArg(st.Total),
 		r.Priority, stageArg(r.QueueWait), gateway, log, stageArg(st.Hold), r.Endpoint, r.ReplayOf,
-	), nil
+	), r.ID, nil
 }
 
 func boolInt(b bool) int64 {

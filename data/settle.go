@@ -38,13 +38,8 @@ func (s *Store) SettleOpen(ctx context.Context) (n int, err error) {
 		return n, nil
 	}
 	err = s.writeTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE ledger SET `+liveFigures+`, outcome = ?, error = ? WHERE outcome = ?`,
+		n, err = s.settleRows(ctx, tx, `UPDATE ledger SET `+liveFigures+`, outcome = ?, error = ? WHERE outcome = ?`+settledSpend,
 			OutcomeInterrupted, ClassInterrupted, OutcomeOpen)
-		if err != nil {
-			return err
-		}
-		m, err := res.RowsAffected()
-		n = int(m)
 		if err != nil {
 			return err
 		}

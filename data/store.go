@@ -47,8 +47,12 @@ type Store struct {
 	ckptStop, ckptDone chan struct{}
 	// ledgerStmts[i] inserts ledgerChunks[i] rows at once.
 	ledgerStmts [len(ledgerChunks)]*sql.Stmt
+	// ledgerExact[i] is ledgerStmts[i] returning the ids it changed.
+	ledgerExact [len(ledgerChunks)]*sql.Stmt
 	// refreshStmts[i] refreshes ledgerChunks[i] open rows at once.
 	refreshStmts [len(ledgerChunks)]*sql.Stmt
+	// spend adds a batch's totals to spend (spend.go).
+	spend spendStmts
 
 	// idemOwner owns this process's pending idempotency records on
 	// SQLite (see IdemOwner).
@@ -111,7 +115,7 @@ func open(path string) (_ *Store, err error) {
 	// another process writes in between, whatever the timeout.
 	//
 	// temp_store(MEMORY): the statement journal of a ledger insert (a
-	// multi-row upsert with spend triggers needs one) stays in memory; on a
+	// multi-row upsert needs one) stays in memory; on a
 	// file it was about one pwrite call in nine of the gateway's.
 	//
 	// wal_autocheckpoint(0): the writer never checkpoints (copies the WAL
@@ -220,11 +224,12 @@ func (s *Store) Close() error {
 		if s.ckpt != nil {
 			errs = append(errs, s.ckpt.Close())
 		}
-		for _, st := range append(s.ledgerStmts[:], s.refreshStmts[:]...) {
+		for _, st := range append(append(s.ledgerStmts[:], s.ledgerExact[:]...), s.refreshStmts[:]...) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}
 		}
+		errs = append(errs, s.spend.close()...)
 		if s.read != nil {
 			errs = append(errs, s.read.Close())
 		}

@@ -331,8 +331,8 @@ func groupUsage(totals map[usageKey]*UsageRow, by string, names usageNamesT) []U
 // TenantSpend returns, per tenant id, the prompt+completion tokens and the
 // cost of every final ledger row (hedge overhead is not billed, so not
 // counted; open rows count once they are final or settled). It reads a
-// total that triggers keep up to date, so it costs the same however long
-// the ledger grows.
+// total that the transactions writing ledger rows keep up to date
+// (spend.go), so it costs the same however long the ledger grows.
 func (s *Store) TenantSpend(ctx context.Context) (map[int64]Spend, error) {
 	rows, err := s.read.QueryContext(ctx, `SELECT tenant_id, tokens, micros FROM tenant_spend`)
 	if err != nil {

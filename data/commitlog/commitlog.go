@@ -1,8 +1,9 @@
 // Package commitlog is an append-only log of checksummed records in files
 // beside a database: a record appended here is durable against the death of
-// the process as soon as Append returns (one write system call), and the
-// records a dead process had appended are handed back to the next one that
-// opens the log. Package data uses it to make a ledger row durable before
+// the process as soon as Append returns (one write system call, shared by
+// the Appends that run at the same time: a group commit), and the records a
+// dead process had appended are handed back to the next one that opens the
+// log. Package data uses it to make a ledger row durable before
 // the SQLite transaction that carries it; commitlog knows nothing of rows —
 // a payload is bytes.
 //
@@ -57,6 +58,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -90,7 +92,15 @@ type Log struct {
 	gen     uint64
 	size    int64
 	pending map[uint64]int // records appended to file n and not yet Written
-	buf     []byte
+
+	// The group commit (see Append). qmu is held for no I/O.
+	qmu     sync.Mutex
+	writing bool     // a write is under way, or the next group's leader is being woken
+	next    *group   // the records waiting for the write under way to end
+	spare   [][]byte // groups' buffers, for the next groups
+	buf     []byte   // a lone Append's record; only the Append that set writing uses it
+
+	writes atomic.Int64
 }
 
 // Open takes the log at base (its files are base-N and base.lock) and hands
@@ -248,35 +258,118 @@ func (l *Log) startLocked() error {
 // Append makes payload durable (against the process's death) as one record
 // and returns the generation of the file it went to, for Written. On an
 // error nothing was appended (a partial record is cut off again).
+//
+// Concurrent Appends share one write (group commit, as SQLite's WAL and
+// PostgreSQL's commit do it): an Append that finds no write under way
+// writes its record at once and is the leader; those that come while it
+// writes put their records in the next group and wait. When the leader's
+// write returns, the first Append of the next group writes the whole group
+// and wakes the others with its outcome. No timer: a record waits for at
+// most the one write before its own, and each Append still returns only
+// once its record was written.
 func (l *Log) Append(payload []byte) (gen uint64, err error) {
 	if len(payload) > MaxPayload {
 		return 0, fmt.Errorf("commit log: record of %d bytes, more than %d", len(payload), MaxPayload)
 	}
+	if l.cfg.ReadOnly() {
+		return 0, ErrReadOnly
+	}
+	l.qmu.Lock()
+	if !l.writing {
+		// No write under way and (then) no group waiting: write alone.
+		l.writing = true
+		l.qmu.Unlock()
+		l.buf = AppendRecord(l.buf[:0], payload)
+		gen, err = l.write(l.buf, 1)
+		l.handOff()
+		return gen, err
+	}
+	g := l.next
+	lead := g == nil
+	if lead {
+		g = l.newGroupLocked()
+		l.next = g
+	}
+	g.buf = AppendRecord(g.buf, payload)
+	g.n++
+	l.qmu.Unlock()
+	if !lead {
+		<-g.done
+		return g.gen, g.err
+	}
+	<-g.lead // the write before this group's returned
+	l.qmu.Lock()
+	l.next = nil // later Appends start the group after this one
+	l.qmu.Unlock()
+	g.gen, g.err = l.write(g.buf, g.n)
+	l.handOff()
+	l.qmu.Lock()
+	l.spare = append(l.spare, g.buf[:0])
+	g.buf = nil
+	l.qmu.Unlock()
+	close(g.done)
+	return g.gen, g.err
+}
+
+// group is the records of Appends that came while a write was under way:
+// they go out in the next write, which their first Append makes.
+type group struct {
+	buf  []byte        // the records, in the order their Appends came
+	n    int           // how many
+	lead chan struct{} // closed when the first Append may write the group
+	done chan struct{} // closed once it did; gen and err are its outcome
+	gen  uint64
+	err  error
+}
+
+func (l *Log) newGroupLocked() *group {
+	g := &group{lead: make(chan struct{}), done: make(chan struct{})}
+	if k := len(l.spare); k > 0 {
+		g.buf, l.spare = l.spare[k-1], l.spare[:k-1]
+	}
+	return g
+}
+
+// handOff ends a write: the group waiting, if any, may be written next.
+func (l *Log) handOff() {
+	l.qmu.Lock()
+	if l.next != nil {
+		close(l.next.lead) // l.writing stays set: its leader writes now
+	} else {
+		l.writing = false
+	}
+	l.qmu.Unlock()
+}
+
+// write appends b, n whole records, to the file being appended to, with
+// one write system call, and returns the file's generation.
+func (l *Log) write(b []byte, n int) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return 0, errors.New("commit log closed")
-	}
-	if l.cfg.ReadOnly() {
-		return 0, ErrReadOnly
 	}
 	if l.size >= l.cfg.Rotate {
 		if err := l.startLocked(); err != nil {
 			return 0, err
 		}
 	}
-	l.buf = AppendRecord(l.buf[:0], payload)
-	n, err := l.f.Write(l.buf)
+	w, err := l.f.Write(b)
+	l.writes.Add(1)
 	if err != nil {
-		if n > 0 {
+		if w > 0 {
 			_ = l.f.Truncate(l.size)
 		}
 		return 0, fmt.Errorf("commit log: %w", err)
 	}
-	l.size += int64(n)
-	l.pending[l.gen]++
+	l.size += int64(w)
+	l.pending[l.gen] += n
 	return l.gen, nil
 }
+
+// Writes returns how many write system calls Appends made: with
+// concurrent Appends, fewer than the records appended.
+func (l *Log) Writes() int64 { return l.writes.Load() }
 
 // Count is how many records appended to the file of generation Gen have
 // reached the database.
