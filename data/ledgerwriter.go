@@ -515,7 +515,7 @@ func sameButFigures(a, b *LedgerRow) bool {
 		a.Status == b.Status && a.Outcome == b.Outcome && a.Error == b.Error &&
 		a.Attempts == b.Attempts && a.Hedged == b.Hedged && a.Stages == b.Stages &&
 		len(a.AttemptLog) == 0 && len(b.AttemptLog) == 0 &&
-		a.Priority == b.Priority && a.QueueWait == b.QueueWait
+		a.Priority == b.Priority && a.QueueWait == b.QueueWait && a.ReplayOf == b.ReplayOf
 }
 
 // sameFigures reports whether two versions of a row bill the same.
