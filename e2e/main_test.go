@@ -369,7 +369,11 @@ type replicaView struct {
 	EngineLog []string `json:"engine_log"`
 }
 
-func (g *gatewayProcess) replicas() []replicaView {
+func (g *gatewayProcess) replicas() []replicaView { return replicasAs[replicaView](g) }
+
+// replicasAs reads the gateway's GET /admin/v1/replicas into T, the fields a
+// test looks at.
+func replicasAs[T any](g *gatewayProcess) []T {
 	g.t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, g.admin+"/admin/v1/replicas", nil)
 	req.Header.Set("Authorization", "Bearer "+g.token)
@@ -379,7 +383,7 @@ func (g *gatewayProcess) replicas() []replicaView {
 	}
 	defer resp.Body.Close()
 	var out struct {
-		Data []replicaView `json:"data"`
+		Data []T `json:"data"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		g.t.Fatal(err)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -135,20 +134,7 @@ type replicaRow struct {
 
 func (g *gatewayProcess) replicaRow(id string) replicaRow {
 	g.t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, g.admin+"/admin/v1/replicas", nil)
-	req.Header.Set("Authorization", "Bearer "+g.token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Data []replicaRow `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		g.t.Fatal(err)
-	}
-	for _, r := range out.Data {
+	for _, r := range replicasAs[replicaRow](g) {
 		if r.ID == id {
 			return r
 		}

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -32,20 +31,7 @@ type lossRow struct {
 
 func (g *gatewayProcess) lossRow(id string) lossRow {
 	g.t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, g.admin+"/admin/v1/replicas", nil)
-	req.Header.Set("Authorization", "Bearer "+g.token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Data []lossRow `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		g.t.Fatal(err)
-	}
-	for _, r := range out.Data {
+	for _, r := range replicasAs[lossRow](g) {
 		if r.ID == id {
 			return r
 		}
