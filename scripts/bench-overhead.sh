@@ -173,6 +173,6 @@ done
 "$TMP/overheadtable" --dir "$TMP/results-json" --rates "$JSON_RATE" --paths "direct gateway" | grep -v -e '^goal' -e '^highest rate' -e '^  direct ' -e '^  gateway '
 
 # The gateway metered what it served.
-usage=$("$TMP/tailgate" usage --data "$DATA" --tenant bench 2>/dev/null | tail -n +2 | awk '{n += $4} END {print n + 0}')
+usage=$(metered "$TMP/tailgate" "$DATA")
 echo
 echo "metered by the gateway: $usage requests in the ledger for tenant bench"
