@@ -302,6 +302,21 @@ func writeRows(path string, targets []targetSpec, rows map[string]atOnceRow, idl
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
+// statFields returns the fields of /proc/PID/stat after the command name
+// (which is in parentheses and may hold spaces): f[0] is the state (field
+// 3), f[1] the parent's pid; nil when the process is gone.
+func statFields(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
+}
+
 // processTree returns pids and all their descendants (a hop that forks
 // workers keeps its cost in them), read from /proc once.
 func processTree(pids []int) []int {
@@ -312,15 +327,7 @@ func processTree(pids []int) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
+		f := statFields(pid)
 		if len(f) < 2 {
 			continue
 		}
@@ -360,16 +367,7 @@ func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/floa
 func cpuTime(pids []int) time.Duration {
 	var total time.Duration
 	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// Fields after the command name, which is in parentheses and may hold spaces.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
+		f := statFields(pid)
 		if len(f) < 13 {
 			continue
 		}
