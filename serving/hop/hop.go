@@ -464,6 +464,17 @@ func (b *body) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Wait blocks until a Read would not block: a byte of the answer is on the
+// connection, or reading it fails (the Read that follows says how). It takes
+// nothing, so a reader above that needs a buffer only while it reads (a
+// stream's relay between two events) can wait here, on the connection's own
+// read buffer. Only the goroutine that reads the body may call it.
+func (b *body) Wait() {
+	if b.state.Load() == bodyOpen {
+		_, _ = b.c.br.Peek(1)
+	}
+}
+
 // Close closes the connection unless the body was read to its end; a Read
 // waiting on another goroutine returns.
 func (b *body) Close() error {

@@ -484,3 +484,70 @@ func rawServer(t *testing.T, handle func(c net.Conn)) string {
 	}()
 	return "http://" + ln.Addr().String() + "/"
 }
+
+func TestWaitReturnsWhenTheNextByteCameAndTakesNothing(t *testing.T) {
+	next := make(chan struct{})
+	srv := newCountingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		if r.URL.Path == "/hold" { // until the request is cancelled
+			<-r.Context().Done()
+			return
+		}
+		select {
+		case <-next:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: 2\n\n")
+	})
+	tr := newTransport()
+	defer tr.CloseIdleConnections()
+	waitOn := func(resp *http.Response) { resp.Body.(interface{ Wait() }).Wait() }
+
+	resp, err := post(t, tr, context.Background(), srv.URL, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, len("data: 1\n\n"))
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "data: 1\n\n" {
+		t.Fatalf("first event %q, %v", first, err)
+	}
+	waited := make(chan struct{})
+	go func() { waitOn(resp); close(waited) }()
+	close(next) // the engine sends the rest only now: the wait ends on it
+	testkit.WaitWithin(t, 5*time.Second, "Wait returned once the next event was on the connection", func() bool {
+		select {
+		case <-waited:
+			return true
+		default:
+			return false
+		}
+	})
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != "data: 2\n\n" {
+		t.Fatalf("after Wait the body read %q, %v; want the whole second event", rest, err)
+	}
+	waitOn(resp) // read to its end: returns at once
+	resp.Body.Close()
+
+	// A cancelled request ends the wait; the read after it says so, and
+	// the connection is not kept.
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err = post(t, tr, ctx, srv.URL+"/hold", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, first); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(50*time.Millisecond, cancel)
+	waitOn(resp)
+	if _, err := resp.Body.Read(first); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the read after a cancelled wait: %v, want context.Canceled", err)
+	}
+	resp.Body.Close()
+	if n := len(tr.idle[hostPort(strings.TrimPrefix(srv.URL, "http://"))]); n != 0 {
+		t.Fatalf("%d pooled connections after a cancelled answer, want 0", n)
+	}
+}
