@@ -24,6 +24,8 @@
 #   GATEWAY_BIN=path                             a tailgate binary built already (default: build the working tree)
 #   BIN_DIR=dir                                  tailgate, streamgap and goproxy built already in dir (nothing is built)
 #   STREAMS_JSON=file                            also write the streams table's figures to file as JSON
+#   GATEWAY_ENV=VAR=VALUE,...                    the gateway's process environment (e.g. GODEBUG=gctrace=1,
+#                                                whose lines go to $TMP/gateway/gateway.log; with KEEP_TMP=1)
 #   NGINX=auto|off GOPROXY=on|off KEEP_TMP=1
 #   PROFILE=10s                                  also sample the gateway with perf for this long from the
 #                                                start of the streams phase and print its hottest functions
@@ -74,7 +76,7 @@ SIM=$ADDR
 log "engine: $SIM (first chunk at once, then one every $PACE)"
 # Room for every stream from the one loopback address.
 # shellcheck disable=SC2046 # flags, one word each
-start_gateway gateway "$GW_BIN" "" "http://$SIM" tailgate-sim $(many_conns "$GW_BIN")
+start_gateway gateway "$GW_BIN" "${GATEWAY_ENV:-}" "http://$SIM" tailgate-sim $(many_conns "$GW_BIN")
 log "gateway: $GW (pid $GW_PID)"
 TARGETS=(--target "direct=http://$SIM" --target "gateway=http://$GW@$GW_PID")
 if [[ "$GOPROXY" != off ]]; then

@@ -235,6 +235,14 @@ func printAtOnce(targets []targetSpec, all map[string][]atOnceResult, idle map[s
 		fmt.Printf("%-10s %12s %12s %10s %10s %12s %12s %12s %12s %12s %8s %8d\n", t.name, cpuS, cpuC, idleS, openS, mem,
 			ms(r.ttft50), ms(r.ttft99), add50, add99, fmt.Sprintf("%.0f ms", float64(r.maxGap)/1e6), r.stalls+r.failed)
 	}
+	// What a box must hold, as an operator sizes one: the idle process and
+	// each open stream's share, at this run's stream count and at 10,000.
+	for _, t := range targets {
+		if r := rows[t.name]; r.hasCost {
+			fmt.Printf("sizing %-10s idle RSS + streams × mem/stream: %.0f MB at %d streams, %.0f MB at 10000\n", t.name,
+				float64(idle[t.name])/1e6+float64(streams)*r.memStream/1e6, streams, float64(idle[t.name])/1e6+1e4*r.memStream/1e6)
+		}
+	}
 	base, ok := rows[baseline]
 	if !ok {
 		return rows
