@@ -272,7 +272,10 @@ func (s *Server) relayStream(ctx context.Context, w *sseWriter, cl *call, u *ups
 	u.follow(ctx, s.idleDeadline(cl.req.model), time.Time{})
 	defer u.unfollow()
 	unflushed := false
-	waiter, _ := u.resp.Body.(answerWaiter)
+	var waiter answerWaiter
+	if u.resp != nil {
+		waiter, _ = u.resp.Body.(answerWaiter)
+	}
 	for {
 		if waiter != nil && u.br.Buffered() == 0 {
 			idleWait(u, waiter)
