@@ -2,10 +2,20 @@ package server_test
 
 import (
 	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tailgate-dev/tailgate/policy"
+	"github.com/tailgate-dev/tailgate/router"
+	"github.com/tailgate-dev/tailgate/server/internal/servertest"
 )
 
 // bigPromptBytes is the user message of scripts/bench-governed.sh's large
@@ -22,25 +32,80 @@ func bigPromptBody() string {
 
 // BenchmarkLargePrompt: scripts/bench-governed.sh's 256 KB prompt, one
 // request at a time (concurrency 1, as the script sends it), straight to
-// the engine ("direct") and through the gateway with every limit on
-// ("gateway"). Client, gateway and engine share the process, so the
-// gateway's own cost is gateway − direct, in ns/op, B/op, allocs/op and
+// the engine ("direct"), through a bare httputil.ReverseProxy ("proxy",
+// bench/goproxy's hop) and through the gateway with every limit on
+// ("gateway"). Client, hop and engine share the process, so a hop's own
+// cost is its figure − direct's, in ns/op, B/op, allocs/op and
 // cpu-ns/op (the process's user+system CPU per request, from getrusage:
 // what bench-governed.sh's CPU per request measures of the gateway's
 // process tree).
+//
+// The engine is the simulated one ("sim"), or ("replay") one that reads
+// the request whole and answers with the bytes the simulated engine
+// answered it: the simulated engine decodes and hashes the prompt, about
+// 10 ms of CPU a request that the script does not count (its engine is
+// another process) and that here would bury the hop's 1 ms in its noise.
 func BenchmarkLargePrompt(b *testing.B) {
 	body := bigPromptBody()
 	cfg := benchEngine
 	cfg.MaxModelLen = bigPromptBytes/4 + 4096 // as the script's --sim-max-model-len
 	s := newBenchStack(b, cfg)
+	b.Run("sim", func(b *testing.B) { benchHops(b, s, s.direct.URL, body) })
+
+	var answer bytes.Buffer
+	if err := postAndCheck(benchClient(b), s.direct.URL+"/v1/chat/completions", s.secret, body, false, &answer); err != nil {
+		b.Fatal(err)
+	}
+	replay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(answer.Len()))
+		_, _ = w.Write(answer.Bytes())
+	}))
+	b.Cleanup(replay.Close)
+	rs := newBenchStackOn(b, servertest.Sim{Server: replay, Model: benchModel})
+	b.Run("replay", func(b *testing.B) { benchHops(b, rs, replay.URL, body) })
+}
+
+// benchHops runs body to engine directly, through the bare Go hop and
+// through s's gateway.
+func benchHops(b *testing.B, s *benchStack, engine, body string) {
+	// The bare Go hop of bench/goproxy, for scale: what copying the
+	// request through a Go process costs.
+	u, err := url.Parse(engine)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 1024, DisableCompression: true}
+	rp.FlushInterval = -1
+	proxy := httptest.NewServer(rp)
+	b.Cleanup(proxy.Close)
 	for _, target := range []struct{ name, url string }{
-		{"direct", s.direct.URL + "/v1/chat/completions"},
+		{"direct", engine + "/v1/chat/completions"},
+		{"proxy", proxy.URL + "/v1/chat/completions"},
 		{"gateway", s.Public.URL + "/v1/chat/completions"},
 	} {
 		b.Run(target.name, func(b *testing.B) {
 			runSerialPosts(b, s, target.url, body)
 		})
 	}
+}
+
+// newBenchStackOn is newBenchStack's gateway in front of engine alone.
+func newBenchStackOn(tb testing.TB, engine servertest.Sim) *benchStack {
+	tb.Helper()
+	h := servertest.Start(tb, servertest.Options{Fleet: []servertest.Sim{engine}, Production: true,
+		Router: router.Config{Hedge: router.HedgeConfig{Enabled: true}},
+		Prices: map[string]policy.Price{engine.Model: {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}})
+	huge := int64(1 << 60)
+	secret := h.Key(policy.KeyOptions{
+		Tenant: "bench", RPM: 1 << 40, TPM: 1 << 40, MaxConcurrency: 1 << 20,
+		BudgetTokens: &huge, BudgetMicros: &huge,
+	})
+	return &benchStack{Gateway: h, direct: engine.Server, secret: secret}
 }
 
 // runSerialPosts posts body to url b.N times, one after the other, and

@@ -294,15 +294,22 @@ func (c *checker) member(i int) (int, error) {
 }
 
 // str scans the string starting at the quote at i; it returns the index
-// after the closing quote and whether it held escapes. Eight bytes at a
-// time pass while none of them is a quote, a backslash or a control
-// character (a prompt is a long run of such bytes: a byte at a time, this
-// loop was the strict check's whole cost).
+// after the closing quote and whether it held escapes. Words of bytes
+// pass at once (32 bytes, then 8) while none of their bytes is a quote, a
+// backslash or a control character: a prompt is a long run of such bytes,
+// and a byte at a time this loop was the strict check's whole cost.
 func (c *checker) str(i int) (int, bool, error) {
 	b := c.b
 	escaped := false
 	for j := i + 1; j < len(b); j++ {
-		for j+8 <= len(b) && !stops(binary.LittleEndian.Uint64(b[j:])) {
+		for ; j+32 <= len(b); j += 32 {
+			w := b[j : j+32 : j+32]
+			if special(binary.LittleEndian.Uint64(w[:8]))|special(binary.LittleEndian.Uint64(w[8:16]))|
+				special(binary.LittleEndian.Uint64(w[16:24]))|special(binary.LittleEndian.Uint64(w[24:32])) != 0 {
+				break
+			}
+		}
+		for j+8 <= len(b) && special(binary.LittleEndian.Uint64(b[j:])) == 0 {
 			j += 8
 		}
 		if j >= len(b) {
@@ -340,15 +347,15 @@ const (
 	highs = 0x8080808080808080
 )
 
-// stops reports whether any of the eight bytes of x ends a run of plain
-// string bytes: a quote, a backslash or a byte below 0x20. (w-ones)&^w has
-// the high bit of a byte set where w has a zero byte, and (x-ones*0x20)&^x
-// where x has a byte below 0x20. A borrow starts only at such a byte, so
-// the result is nonzero exactly when x holds one.
-func stops(x uint64) bool {
+// special has the high bit set of each byte of x that ends a run of plain
+// string bytes — a quote, a backslash or a byte below 0x20 — and maybe of
+// bytes after it, but never of one before it, and it is 0 exactly when x
+// has none: (w-ones)&^w marks where w has a zero byte, (x-ones*0x20)&^x
+// where x has a byte below 0x20, and a borrow starts only at such a byte.
+func special(x uint64) uint64 {
 	q := x ^ ones*'"'
 	s := x ^ ones*'\\'
-	return ((q-ones)&^q|(s-ones)&^s|(x-ones*0x20)&^x)&highs != 0
+	return ((q-ones)&^q | (s-ones)&^s | (x-ones*0x20)&^x) & highs
 }
 
 func isHex(ch byte) bool {

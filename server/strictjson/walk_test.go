@@ -10,9 +10,9 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// stops must find every quote, backslash and control byte at every place
+// special must find every quote, backslash and control byte at every place
 // in a word, and nothing else.
-func TestStopsFindsExactlyTheSpecialBytes(t *testing.T) {
+func TestSpecialFindsExactlyTheSpecialBytes(t *testing.T) {
 	for _, fill := range []byte{'a', ' ', 0x7f, 0x80, 0xff, 0x21, '\\' + 1, '"' + 1} {
 		for v := range 256 {
 			for pos := range 8 {
@@ -22,8 +22,8 @@ func TestStopsFindsExactlyTheSpecialBytes(t *testing.T) {
 				}
 				w[pos] = byte(v)
 				want := v == '"' || v == '\\' || v < 0x20
-				if got := stops(binary.LittleEndian.Uint64(w[:])); got != want {
-					t.Fatalf("byte %#x at %d among %#x: stops %v, want %v", v, pos, fill, got, want)
+				if got := special(binary.LittleEndian.Uint64(w[:])) != 0; got != want {
+					t.Fatalf("byte %#x at %d among %#x: special %v, want %v", v, pos, fill, got, want)
 				}
 			}
 		}
@@ -129,4 +129,15 @@ func FuzzWalkAgreesWithGJSON(f *testing.F) {
 		}
 		compareWalk(t, string(b))
 	})
+}
+
+// BenchmarkCheckLongString: the strict check of a 256 KB prompt.
+func BenchmarkCheckLongString(b *testing.B) {
+	body := []byte(`{"messages":[{"role":"user","content":"` + strings.Repeat("The quick brown fox jumps over the lazy dog. ", 256<<10/45) + `"}]}`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if err := Check(body, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
