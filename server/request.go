@@ -3,8 +3,8 @@ package server
 import (
 	"bytes"
 	"errors"
-	"hash/fnv"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -63,6 +63,9 @@ type parsedRequest struct {
 	// wholeHedge: a JSON answer relayed whole may still be hedged on its
 	// time (chat, completions); the other endpoints' are not.
 	wholeHedge bool
+	// saltRead: the reader looked for the client's cache_salt, and
+	// saltSent says whether the body has one (saltRequest need not look).
+	saltRead, saltSent bool
 }
 
 // Bounds on what one request may ask for.
@@ -93,22 +96,55 @@ type parseLimits struct {
 // requestFields are the top-level members of a request body parseRequest
 // reads, in the order readFields returns them.
 var requestFields = [...]string{"model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "messages", "prompt", "n", "best_of",
-	"use_beam_search", "prompt_logprobs", "tool_choice", "priority", "prompt_cache_key", "user"}
-
-// roleContent are the members of a chat message parseRequest reads.
-var roleContent = [...]string{"role", "content"}
+	"use_beam_search", "prompt_logprobs", "tool_choice", "priority", "prompt_cache_key", "user", "cache_salt"}
 
 // readFields returns the members of the JSON object body named in
 // requestFields (a zero Result for one it lacks), in one walk of the
-// object. gjson.GetMany walks it once for each name, skipping every other
-// member's value each time, the messages array among them: 15 walks, 3 %
-// of the gateway's CPU at 1000 small JSON requests a second (pprof), and
-// more the longer a conversation (BenchmarkReadFields). The body was
-// checked to repeat no key.
+// object, as gjson reads them — except that of the members read only as
+// raw JSON (messages, prompt) a string's Str is left empty: decoding a
+// long prompt's escapes would copy it for nothing. The body passed
+// strictjson.Check (so no key repeats), which lets the walk step over each
+// value without checking it again: over a string with bytes.IndexByte,
+// where gjson looked at each byte (gjson.GetMany walked the body once for
+// each name: 15 walks, 3 % of the gateway's CPU at 1000 small JSON requests
+// a second; a single gjson walk still cost a 256 KB prompt 4 passes over its
+// bytes, BenchmarkBigPromptRead).
 func readFields(body string) (f [len(requestFields)]gjson.Result) {
-	members(gjson.Parse(body), requestFields[:], f[:])
+	strictjson.Members(bytesOf(body), func(key, v []byte) bool {
+		for i, n := range requestFields {
+			if string(key) == n {
+				if !f[i].Exists() {
+					f[i] = result(stringOf(v), i == fMessages || i == fPrompt)
+				}
+				break
+			}
+		}
+		return true
+	})
 	return f
 }
+
+// result is gjson's reading of raw, one value of a checked body; rawOnly
+// leaves a string's Str empty. (Index is not set: nothing here reads it.)
+func result(raw string, rawOnly bool) gjson.Result {
+	if len(raw) == 0 || raw[0] != '"' {
+		return gjson.Parse(raw) // a container's Raw is raw whole, unscanned
+	}
+	r := gjson.Result{Type: gjson.String, Raw: raw}
+	switch {
+	case rawOnly:
+	case strings.IndexByte(raw, '\\') < 0:
+		r.Str = raw[1 : len(raw)-1]
+	default:
+		r.Str = gjson.Parse(raw).Str // escapes decoded
+	}
+	return r
+}
+
+// bytesOf and stringOf view a string as bytes and bytes as a string
+// without copying; neither side is written while the view is in use.
+func bytesOf(s string) []byte  { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+func stringOf(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // members sets out[i] to obj's member names[i] (a zero Result where it has
 // none) in one walk of the object, where a Get for each name walks it once
@@ -144,6 +180,7 @@ const (
 	fPriority
 	fPromptCacheKey
 	fUser
+	fCacheSalt
 )
 
 // genFields are a generation request's members, as readFields returns them.
@@ -166,13 +203,16 @@ func readChat(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedReque
 	if err != nil {
 		return nil, err
 	}
-	media, err := readChatMessages(f[fMessages])
+	media, lead, err := readChatMessages(f[fMessages])
 	if err != nil {
 		return nil, err
 	}
 	if err := p.finishGeneration(ep, &f, media, lim); err != nil {
 		return nil, err
 	}
+	// The first message (typically the system prompt): its role, a zero
+	// byte, then its content's JSON.
+	p.prefix = prefixHash(lead.role, "\x00", lead.content)
 	return p, nil
 }
 
@@ -189,6 +229,7 @@ func readCompletions(ep endpoint, body []byte, _ string, lim parseLimits) (*pars
 	if err := p.finishGeneration(ep, &f, 0, lim); err != nil {
 		return nil, err
 	}
+	p.prefix = prefixHash("", "", f[fPrompt].Raw) // the prompt's start
 	return p, nil
 }
 
@@ -233,24 +274,38 @@ func readGeneration(body []byte, lim parseLimits) (*parsedRequest, genFields, er
 
 // readChatMessages checks a chat request's messages (a non-empty array of
 // objects with a string role) and counts their media parts (images, audio,
-// video, files), each reserved as Config.MediaPartTokens of prompt.
-func readChatMessages(messages gjson.Result) (media int64, err error) {
+// video, files), each reserved as Config.MediaPartTokens of prompt; lead
+// is the first message's role and content (its JSON), for prefixHash.
+// The body passed strictjson.Check: the walk steps over each message's
+// content instead of reading it (a 256 KB prompt was read three times).
+func readChatMessages(messages gjson.Result) (media int64, lead messageLead, err error) {
 	if !messages.Exists() {
-		return 0, apierr.BadRequest("messages", "you must provide a messages parameter")
+		return 0, lead, apierr.BadRequest("messages", "you must provide a messages parameter")
 	}
 	if !messages.IsArray() {
-		return 0, apierr.BadRequest("messages", "messages must be a non-empty array")
+		return 0, lead, apierr.BadRequest("messages", "messages must be a non-empty array")
 	}
 	i := 0
-	messages.ForEach(func(_, m gjson.Result) bool {
-		var rc [2]gjson.Result // role, content; none for a non-object
-		members(m, roleContent[:], rc[:])
-		if !m.IsObject() || rc[0].Type != gjson.String {
+	strictjson.Elements(bytesOf(messages.Raw), func(m []byte) bool {
+		var role, content []byte // nil: none
+		strictjson.Members(m, func(k, v []byte) bool {
+			switch {
+			case role == nil && string(k) == "role":
+				role = v
+			case content == nil && string(k) == "content":
+				content = v
+			}
+			return true
+		})
+		if m[0] != '{' || len(role) == 0 || role[0] != '"' {
 			err = apierr.BadRequest("messages", "messages[%d] must be an object with a string role", i)
 			return false
 		}
-		if c := rc[1]; c.IsArray() {
-			media += mediaParts(c)
+		if len(content) > 0 && content[0] == '[' {
+			media += mediaParts(content)
+		}
+		if i == 0 {
+			lead = messageLead{role: result(stringOf(role), false).Str, content: stringOf(content)}
 		}
 		i++
 		return true
@@ -258,14 +313,26 @@ func readChatMessages(messages gjson.Result) (media int64, err error) {
 	if err == nil && i == 0 {
 		err = apierr.BadRequest("messages", "messages must be a non-empty array")
 	}
-	return media, err
+	return media, lead, err
 }
 
-// mediaParts counts the parts of a chat message's content that are not
-// text (image_url, input_audio, audio_url, video_url, file, …).
-func mediaParts(content gjson.Result) (n int64) {
-	content.ForEach(func(_, part gjson.Result) bool {
-		switch part.Get("type").Str {
+// messageLead is a chat message's role and the JSON of its content.
+type messageLead struct{ role, content string }
+
+// mediaParts counts the parts of a chat message's content (a JSON array)
+// that are not text (image_url, input_audio, audio_url, video_url, file,
+// …): those whose type is not a string among "text", "refusal" and "".
+func mediaParts(content []byte) (n int64) {
+	strictjson.Elements(content, func(part []byte) bool {
+		var typ string
+		strictjson.Members(part, func(k, v []byte) bool {
+			if string(k) == "type" {
+				typ = result(stringOf(v), false).Str
+				return false
+			}
+			return true
+		})
+		switch typ {
 		case "text", "refusal", "":
 		default:
 			n++
@@ -288,10 +355,14 @@ func readPrompts(prompt gjson.Result) (int64, error) {
 	if !prompt.IsArray() {
 		return 1, nil
 	}
-	if first := prompt.Get("0"); first.Type != gjson.String && !first.IsArray() {
-		return 1, nil
-	}
-	k := int64(len(prompt.Array()))
+	var k int64 // the elements, once the first is a string or a list
+	strictjson.Elements(bytesOf(prompt.Raw), func(v []byte) bool {
+		if k == 0 && v[0] != '"' && v[0] != '[' {
+			return false
+		}
+		k++
+		return true
+	})
 	if k > maxPrompts {
 		return 0, apierr.BadRequest("prompt", "at most %d prompts in one request", maxPrompts)
 	}
@@ -316,8 +387,8 @@ func (p *parsedRequest) finishGeneration(ep endpoint, f *genFields, media int64,
 	if err := p.rewrite(f, media, size, lim); err != nil {
 		return err
 	}
-	p.prefix = prefixHash(ep, f[fMessages], f[fPrompt])
 	p.session = sessionName(f[fPromptCacheKey], f[fUser])
+	p.saltRead, p.saltSent = true, f[fCacheSalt].Exists()
 	p.promptBound = size + 16 + media*lim.mediaPart
 	p.promptEstimate = size/4 + 1 + media*lim.mediaPart/4
 	return nil
@@ -590,23 +661,27 @@ func isBool(r gjson.Result) bool { return r.Type == gjson.True || r.Type == gjso
 const prefixBytes = 256
 
 // prefixHash hashes what an engine's prefix cache would share between
-// requests: the first message (typically the system prompt) or the start of
-// a completion prompt.
-func prefixHash(ep endpoint, messages, prompt gjson.Result) uint64 {
-	var lead string
-	if ep.chat {
-		first := messages.Get("0")
-		lead = first.Get("role").Str + "\x00" + first.Get("content").Raw
-	} else {
-		lead = prompt.Raw
-	}
-	if len(lead) > prefixBytes {
-		lead = lead[:prefixBytes]
-	}
-	if lead == "" || lead == "\x00" {
+// requests: the first prefixBytes of the parts joined (of a chat request,
+// the first message's role, a zero byte and its content's JSON; of a
+// completion, the prompt's JSON), FNV-1a, 0 for nothing but the
+// separator. The parts are hashed where they are: joined first, a long
+// prompt was copied whole to hash its first 256 bytes.
+func prefixHash(role, sep, content string) uint64 {
+	if role == "" && content == "" {
 		return 0
 	}
-	h := fnv.New64a()
-	h.Write([]byte(lead))
-	return h.Sum64()
+	const (
+		offset64 = 14695981039346656037
+		prime64  = 1099511628211
+	)
+	h, left := uint64(offset64), prefixBytes
+	for _, part := range [...]string{role, sep, content} {
+		part = part[:min(len(part), left)]
+		for i := 0; i < len(part); i++ {
+			h ^= uint64(part[i])
+			h *= prime64
+		}
+		left -= len(part)
+	}
+	return h
 }

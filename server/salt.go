@@ -62,7 +62,11 @@ func (s *Server) saltRequest(cl *call, pr *parsedRequest) error {
 		return nil
 	}
 	salt := s.salts.of(cl.principal.TenantID)
-	if gjson.GetBytes(pr.body, "cache_salt").Exists() {
+	sent := pr.saltSent
+	if !pr.saltRead {
+		sent = gjson.GetBytes(pr.body, "cache_salt").Exists()
+	}
+	if sent {
 		b, err := sjson.SetBytes(pr.body, "cache_salt", salt)
 		if err != nil {
 			return apierr.BadRequest("cache_salt", "request body cannot be edited: %v", err)

@@ -13,6 +13,7 @@ package strictjson
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -293,11 +294,27 @@ func (c *checker) member(i int) (int, error) {
 }
 
 // str scans the string starting at the quote at i; it returns the index
-// after the closing quote and whether it held escapes.
+// after the closing quote and whether it held escapes. Words of bytes
+// pass at once (32 bytes, then 8) while none of their bytes is a quote, a
+// backslash or a control character: a prompt is a long run of such bytes,
+// and a byte at a time this loop was the strict check's whole cost.
 func (c *checker) str(i int) (int, bool, error) {
 	b := c.b
 	escaped := false
 	for j := i + 1; j < len(b); j++ {
+		for ; j+32 <= len(b); j += 32 {
+			w := b[j : j+32 : j+32]
+			if special(binary.LittleEndian.Uint64(w[:8]))|special(binary.LittleEndian.Uint64(w[8:16]))|
+				special(binary.LittleEndian.Uint64(w[16:24]))|special(binary.LittleEndian.Uint64(w[24:32])) != 0 {
+				break
+			}
+		}
+		for j+8 <= len(b) && special(binary.LittleEndian.Uint64(b[j:])) == 0 {
+			j += 8
+		}
+		if j >= len(b) {
+			break
+		}
 		switch ch := b[j]; {
 		case ch == '"':
 			return j + 1, escaped, nil
@@ -322,6 +339,23 @@ func (c *checker) str(i int) (int, bool, error) {
 		}
 	}
 	return 0, false, c.syntax(len(b), "unterminated string")
+}
+
+// Eight bytes in a word, for stops.
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// special has the high bit set of each byte of x that ends a run of plain
+// string bytes — a quote, a backslash or a byte below 0x20 — and maybe of
+// bytes after it, but never of one before it, and it is 0 exactly when x
+// has none: (w-ones)&^w marks where w has a zero byte, (x-ones*0x20)&^x
+// where x has a byte below 0x20, and a borrow starts only at such a byte.
+func special(x uint64) uint64 {
+	q := x ^ ones*'"'
+	s := x ^ ones*'\\'
+	return ((q-ones)&^q | (s-ones)&^s | (x-ones*0x20)&^x) & highs
 }
 
 func isHex(ch byte) bool {
