@@ -71,5 +71,7 @@ go test -run '^$' -fuzz '^FuzzShapesReserveWhatTheEngineBills$' -fuzztime 3000x 
 # The audio length readers over arbitrary uploads (about 25 s).
 go test -run '^$' -fuzz '^FuzzAudioDurationNeverPanics$' -fuzztime 100000x -timeout 5m ./server/
 go test -run '^$' -fuzz '^FuzzCheckAgreesWithEncodingJSON$' -fuzztime 300000x -timeout 5m ./server/strictjson/
+# The walker the request readers step over checked JSON with, against gjson.
+go test -run '^$' -fuzz '^FuzzWalkAgreesWithGJSON$' -fuzztime 100000x -timeout 5m ./server/strictjson/
 # The commit log's decoder over arbitrary file contents (about 10 s).
 go test -run '^$' -fuzz '^FuzzCommitLogDecode$' -fuzztime 200000x -timeout 5m ./data/commitlog/
