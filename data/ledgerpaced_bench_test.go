@@ -67,6 +67,9 @@ func BenchmarkLedgerPaced(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64((processCPU()-cpu).Nanoseconds())/1e3/float64(b.N), "cpu-µs/row")
 			b.ReportMetric(float64(w.txs.Load())/float64(b.N)*1000, "txs/1000rows")
+			if logged != 0 {
+				b.ReportMetric(float64(w.clog.Writes())/float64(b.N), "log-writes/row")
+			}
 			if err := w.Close(); err != nil {
 				b.Fatal(err)
 			}
