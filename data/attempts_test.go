@@ -2,6 +2,7 @@ package data
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"testing"
@@ -73,4 +74,53 @@ func TestAttemptsStoredWithTheirLedgerRow(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestAttemptLogJSONIsEncodingJSONs: the attempt_log column, encoded by hand
+// on the writer's path, is what json.Marshal makes of the attempts (the
+// format it had), and reads back as the attempts it was made of.
+func TestAttemptLogJSONIsEncodingJSONs(t *testing.T) {
+	logs := [][]Attempt{
+		{{N: 1, Replica: "replica-1", Role: "first", Start: 300 * time.Microsecond, TTFT: -1, End: 900 * time.Millisecond,
+			Outcome: AttemptWon, PromptTokens: 42, CompletionTokens: 128}},
+		{{N: 1, Replica: "sim-a", Role: "first", Start: 0, TTFT: 5 * time.Millisecond, End: -1, Outcome: AttemptCancelled,
+			Reason: "another attempt won", PromptTokens: 42},
+			{N: 2, Replica: "http://10.0.0.2:8000/v1 \"q\"\n\tä\x01", Role: "hedge", Start: 60 * time.Millisecond,
+				TTFT: 5 * time.Millisecond, End: 120 * time.Millisecond, Outcome: AttemptFailed, Reason: "HTTP 503",
+				PromptTokens: -1, CompletionTokens: 1 << 40}},
+	}
+	for _, log := range logs {
+		r := LedgerRow{ID: "x", Outcome: OutcomeOK, AttemptLog: log}
+		var buf []byte
+		got := attemptLogArg(&r, &buf).(string)
+		out := make([]attemptJSON, len(log))
+		for i, a := range log {
+			us := func(d time.Duration) *int64 {
+				if d < 0 {
+					return nil
+				}
+				v := d.Microseconds()
+				return &v
+			}
+			out[i] = attemptJSON{N: a.N, Replica: a.Replica, Role: a.Role, StartUS: a.Start.Microseconds(),
+				TTFTUS: us(a.TTFT), EndUS: us(a.End), Outcome: a.Outcome, Reason: a.Reason,
+				Prompt: a.PromptTokens, Completion: a.CompletionTokens}
+		}
+		want, err := json.Marshal(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != string(want) {
+			t.Errorf("attempt log\n got %s\nwant %s", got, want)
+		}
+		back, err := parseAttemptLog(got)
+		if err != nil || !reflect.DeepEqual(back, log) {
+			t.Errorf("read back as %+v (%v), want %+v", back, err, log)
+		}
+	}
+	open := LedgerRow{ID: "x", Outcome: OutcomeOpen, AttemptLog: logs[0]}
+	var buf []byte
+	if v := attemptLogArg(&open, &buf); v != nil {
+		t.Errorf("an open row's attempt log is %v, want NULL", v)
+	}
 }

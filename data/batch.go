@@ -248,8 +248,12 @@ const claimable = `(gateway = '' OR gateway = ? OR gateway NOT IN (SELECT id FRO
 // work on (validating, in_progress, finalizing or cancelling) and this
 // gateway may claim, oldest first.
 func (s *Store) UnfinishedBatches(ctx context.Context) ([]string, error) {
-	rows, err := s.read.QueryContext(ctx, `SELECT id FROM batches WHERE status IN (?, ?, ?, ?) AND `+claimable+` ORDER BY seq`,
-		BatchValidating, BatchInProgress, BatchFinalizing, BatchCancelling, s.instance, toMicros(now()))
+	// The executor polls this: prepared once (see readStmt).
+	st, err := s.readStmt(ctx, `SELECT id FROM batches WHERE status IN (?, ?, ?, ?) AND `+claimable+` ORDER BY seq`)
+	if err != nil {
+		return nil, fmt.Errorf("unfinished batches: %w", err)
+	}
+	rows, err := st.QueryContext(ctx, BatchValidating, BatchInProgress, BatchFinalizing, BatchCancelling, s.instance, toMicros(now()))
 	if err != nil {
 		return nil, fmt.Errorf("unfinished batches: %w", err)
 	}

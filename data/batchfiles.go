@@ -160,7 +160,12 @@ func (s *Store) Files(ctx context.Context, tenantID int64, purpose, after string
 }
 
 func (s *Store) queryFiles(ctx context.Context, what, q string, args ...any) ([]File, error) {
-	rows, err := s.read.QueryContext(ctx, q, args...)
+	return s.queryFilesWith(ctx, what, func() (*sql.Rows, error) { return s.read.QueryContext(ctx, q, args...) })
+}
+
+// queryFilesWith is queryFiles with the query run by query.
+func (s *Store) queryFilesWith(ctx context.Context, what string, query func() (*sql.Rows, error)) ([]File, error) {
+	rows, err := query()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -223,16 +228,26 @@ func (s *Store) DeleteFile(ctx context.Context, tenantID int64, id string) (File
 	return f, nil
 }
 
+// expiredFilesSQL is DeleteExpiredFiles's read.
+const expiredFilesSQL = `SELECT ` + fileCols + ` FROM files f
+		WHERE expires_at IS NOT NULL AND expires_at <= ?
+		AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.input_file_id = f.id AND b.status IN ` + unfinishedStatuses + `)
+		ORDER BY expires_at LIMIT ?`
+
 // DeleteExpiredFiles deletes up to limit files that expired at time at and
 // returns them, so the caller removes their bodies. A file that a batch
 // which has not finished still reads is kept until that batch finishes.
 func (s *Store) DeleteExpiredFiles(ctx context.Context, at time.Time, limit int) ([]File, error) {
 	// The read finds candidates without taking the write lock, which the
 	// executor would otherwise take every poll.
-	cands, err := s.queryFiles(ctx, "expired files", `SELECT `+fileCols+` FROM files f
-		WHERE expires_at IS NOT NULL AND expires_at <= ?
-		AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.input_file_id = f.id AND b.status IN `+unfinishedStatuses+`)
-		ORDER BY expires_at LIMIT ?`, toMicros(at), limit)
+	// The executor polls this: prepared once (see readStmt).
+	cands, err := s.queryFilesWith(ctx, "expired files", func() (*sql.Rows, error) {
+		st, err := s.readStmt(ctx, expiredFilesSQL)
+		if err != nil {
+			return nil, err
+		}
+		return st.QueryContext(ctx, toMicros(at), limit)
+	})
 	if err != nil || len(cands) == 0 {
 		return nil, err
 	}

@@ -200,3 +200,52 @@ func TestCommitLogHasOneOwner(t *testing.T) {
 		t.Error("the second writer uses a commit log")
 	}
 }
+
+// TestLoggedRowsWaitForOtherRows pins LoggedInterval: a Commit's row in the
+// commit log (durable already) waits for company instead of a transaction
+// of its own each FlushInterval, and any row that may not wait as long
+// takes it along within FlushInterval.
+func TestLoggedRowsWaitForOtherRows(t *testing.T) {
+	s := openTestStore(t)
+	ctx := context.Background()
+	w := s.NewLedgerWriter(LedgerConfig{FlushInterval: time.Millisecond, LoggedInterval: time.Hour}, nil)
+	if _, err := w.OpenCommitLog(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(ctx) }()
+
+	if err := w.Commit(ctx, streamRow("a", 1, OutcomeOK, 10, 5)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := w.txs.Load(); n != 0 {
+		t.Fatalf("%d transactions with only a logged row queued, want it held (0)", n)
+	}
+	if u, err := s.Usage(ctx, UsageFilter{}); err != nil || len(u) != 1 || u[0].Requests != 1 {
+		t.Errorf("usage with the row only in the commit log: %+v (%v), want its request", u, err)
+	}
+	w.Add(streamRow("b", 1, OutcomeOK, 10, 5)) // not logged: takes a along
+	waitTxs(t, w, 1)
+	for _, id := range []string{"a", "b"} {
+		if n := countRowsWithID(t, s, id); n != 1 {
+			t.Errorf("%s stored %d times after the first transaction, want 1", id, n)
+		}
+	}
+	// A new open row does not wait for it either.
+	if err := w.Commit(ctx, streamRow("c", 1, OutcomeOK, 10, 5)); err != nil {
+		t.Fatal(err)
+	}
+	w.Open(streamRow("d", 1, OutcomeOpen, 10, 1))
+	waitTxs(t, w, 2)
+	if n := countRowsWithID(t, s, "c"); n != 1 {
+		t.Errorf("c stored %d times, want 1", n)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	checkSpendMatchesLedger(t, s)
+}

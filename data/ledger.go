@@ -207,6 +207,7 @@ func (s *Store) writeLedgerTx(ctx context.Context, rows, fresh []LedgerRow, exac
 		gateway = s.instance // whose hold a final row's cost leaves
 	}
 	var spend spendDelta
+	var scratch []byte // the attempt log's JSON, row after row
 	for len(rows) > 0 {
 		run := distinctRun(rows)
 		rest := rows[len(run):]
@@ -223,7 +224,7 @@ func (s *Store) writeLedgerTx(ctx context.Context, rows, fresh []LedgerRow, exac
 				args, ids = args[:0], ids[:0]
 				for _, r := range run[:n] {
 					var id string
-					if args, id, err = appendLedgerArgs(args, r, stamp, s.instance); err != nil {
+					if args, id, err = appendLedgerArgs(args, &r, stamp, s.instance, &scratch); err != nil {
 						return 0, err
 					}
 					ids = append(ids, id)
@@ -366,31 +367,32 @@ func distinctRun(rows []LedgerRow) []LedgerRow {
 }
 
 // appendLedgerArgs appends r's columns to args, and returns the row's id
-// (generated if r has none).
-func appendLedgerArgs(args []any, r LedgerRow, stamp time.Time, gateway string) ([]any, string, error) {
-	log, err := attemptLogArg(r)
-	if err != nil {
-		return nil, "", err
-	}
-	if r.ID == "" {
+// (generated if r has none). scratch is attemptLogArg's. The values are
+// the driver's own types (int64, string, nil): database/sql converts any
+// other, a named string type such as Outcome, by reflection.
+func appendLedgerArgs(args []any, r *LedgerRow, stamp time.Time, gateway string, scratch *[]byte) ([]any, string, error) {
+	log := attemptLogArg(r, scratch)
+	id := r.ID
+	if id == "" {
 		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {
 			return nil, "", err
 		}
-		r.ID = "req_" + hex.EncodeToString(b[:])
+		id = "req_" + hex.EncodeToString(b[:])
 	}
-	if r.Time.IsZero() {
-		r.Time = stamp
+	ts := r.Time
+	if ts.IsZero() {
+		ts = stamp
 	}
-	st := r.Stages
+	st := &r.Stages
 	return append(args,
-		r.ID, toMicros(r.Time), r.TenantID, r.KeyID, r.Model, r.Upstream, boolInt(r.Stream),
+		id, toMicros(ts), r.TenantID, r.KeyID, r.Model, r.Upstream, boolInt(r.Stream),
 		r.PromptTokens, r.CompletionTokens, r.HedgeOverheadTokens, r.CostMicros,
-		int64(r.Status), r.Outcome, r.Error, int64(r.Attempts), boolInt(r.Hedged),
+		int64(r.Status), string(r.Outcome), string(r.Error), int64(r.Attempts), boolInt(r.Hedged),
 		stageArg(st.Gateway), stageArg(st.Connect), stageArg(st.UpstreamTTFT), stageArg(st.EngineQueue),
 		stageArg(st.EngineTTFT), stageArg(st.Network), stageArg(st.TTFT), stageArg(st.Total),
 		r.Priority, stageArg(r.QueueWait), gateway, log, stageArg(st.Hold), r.Endpoint, r.ReplayOf,
-	), r.ID, nil
+	), id, nil
 }
 
 func boolInt(b bool) int64 {

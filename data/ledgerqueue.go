@@ -148,10 +148,14 @@ func (w *LedgerWriter) put(row LedgerRow, done chan error, gen uint64) bool {
 				done = w.waitLocked(e, done)
 				nudge := done != nil
 				if e.refresh {
-					e.refresh = false // a final row waits FlushInterval at most
+					e.refresh = false // a final row waits FlushInterval (or LoggedInterval) at most
 					w.eager++
-					nudge = nudge || w.eager == 1
 				}
+				if gen != 0 {
+					w.logged++
+				}
+				// The first row that may not wait as long as the others.
+				nudge = nudge || (gen == 0 && w.eager-w.logged == 1) || (gen != 0 && w.eager == 1)
 				w.mu.Unlock()
 				if nudge {
 					w.signal()
@@ -189,17 +193,26 @@ func (w *LedgerWriter) waitLocked(e *entry, done chan error) chan error {
 
 // appendLocked adds a new entry to the queue and reports whether the writer
 // needs a nudge: the queue was empty (the writer may be asleep), holds a
-// full batch now, or holds its first entry that is not a refresh (the
-// writer may be giving refreshes RefreshInterval).
+// full batch now, or holds its first entry that may not wait as long as
+// those before it (the writer may be giving them RefreshInterval or
+// LoggedInterval; see batchWaitLocked).
 func (w *LedgerWriter) appendLocked(e entry) bool {
 	w.queue = append(w.queue, e)
 	w.nextSeq++
 	w.held++
 	w.backlog.Store(int64(w.held))
-	if !e.refresh {
+	first := false
+	switch {
+	case e.refresh:
+	case e.gen != 0:
 		w.eager++
+		w.logged++
+		first = w.eager == 1 // may wait less than refreshes only
+	default:
+		w.eager++
+		first = w.eager-w.logged == 1
 	}
-	return len(w.queue) == 1 || len(w.queue) == w.cfg.BatchSize || (!e.refresh && w.eager == 1)
+	return len(w.queue) == 1 || len(w.queue) == w.cfg.BatchSize || first
 }
 
 func (w *LedgerWriter) signal() {
