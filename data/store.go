@@ -49,8 +49,8 @@ type Store struct {
 	ledgerStmts [len(ledgerChunks)]*sql.Stmt
 	// ledgerExact[i] is ledgerStmts[i] returning the ids it changed.
 	ledgerExact [len(ledgerChunks)]*sql.Stmt
-	// refreshStmts[i] refreshes ledgerChunks[i] open rows at once.
-	refreshStmts [len(ledgerChunks)]*sql.Stmt
+	// live refreshes open rows' figures (refreshOpen).
+	live liveRefresh
 	// spend adds a batch's totals to spend (spend.go).
 	spend spendStmts
 	// polls are the read pool's prepared statements of the queries
@@ -228,7 +228,10 @@ func (s *Store) Close() error {
 		if s.ckpt != nil {
 			errs = append(errs, s.ckpt.Close())
 		}
-		for _, st := range append(append(s.ledgerStmts[:], s.ledgerExact[:]...), s.refreshStmts[:]...) {
+		s.live.mu.Lock()
+		errs = append(errs, s.live.closeLocked())
+		s.live.mu.Unlock()
+		for _, st := range append(s.ledgerStmts[:], s.ledgerExact[:]...) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}
