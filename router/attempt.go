@@ -106,7 +106,7 @@ type attempt struct {
 	reason  AttemptReason
 	ctx     context.Context // ends when the attempt is cancelled
 	cancel  context.CancelFunc
-	release func()
+	slot    inflightSlot    // its count in rep's in-flight figures
 	out     chan<- *attempt // where it goes once open returned: its pass's outcomes
 	started time.Time
 
@@ -124,6 +124,10 @@ type attempt struct {
 	broke error
 	watch *paceWatch // the pace watch holding it to its model's pace, if any
 }
+
+// release gives back the attempt's in-flight slot; only the first call
+// counts.
+func (a *attempt) release() { a.slot.release() }
 
 // run opens the attempt and records how it ended; a panic in open is an
 // error of the attempt.

@@ -292,7 +292,7 @@ func (c *Call) paceHedge(ctx context.Context, read AssembleFunc, results chan<- 
 	c.Attempts++
 	c.p.started++
 	c.Hedged = true
-	h := &attempt{n: c.p.started, rep: rep, reason: ReasonHedge, release: rep.acquire(req.Class), started: r.cfg.Now()}
+	h := c.newAttempt(rep, ReasonHedge)
 	h.ctx, h.cancel = context.WithCancel(ctx)
 	r.m.attempt(req.Model, ReasonHedge)
 	go func() {

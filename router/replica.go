@@ -468,18 +468,29 @@ func (r *Replica) markFailure(now time.Time) {
 	}
 }
 
-// acquire counts one attempt of class c in flight; the returned func gives
+// acquire counts one attempt of class c in flight in s; s.release gives
 // it back and is safe to call more than once.
-func (r *Replica) acquire(c Class) (release func()) {
+func (r *Replica) acquire(c Class, s *inflightSlot) {
 	r.inflight.Add(1)
 	r.lastUsed.Store(r.now().UnixNano())
-	cls := &r.classes[c.slot()]
-	cls.Add(1)
-	var done atomic.Bool
-	return func() {
-		if done.CompareAndSwap(false, true) {
-			cls.Add(-1)
-			r.inflight.Add(-1)
-		}
+	s.rep, s.cls = r, &r.classes[c.slot()]
+	s.cls.Add(1)
+}
+
+// inflightSlot is one attempt's count in its replica's in-flight figures
+// (see acquire). A struct, not a closure over the counters: an attempt
+// holds its own (BenchmarkGatewayOverhead's pprof: acquire's
+// closure and its done flag, 1.3 allocations a request).
+type inflightSlot struct {
+	rep  *Replica
+	cls  *atomic.Int64
+	done atomic.Bool
+}
+
+// release gives the slot back; only the first call counts.
+func (s *inflightSlot) release() {
+	if s.done.CompareAndSwap(false, true) {
+		s.cls.Add(-1)
+		s.rep.inflight.Add(-1)
 	}
 }
