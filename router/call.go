@@ -307,7 +307,7 @@ func (c *Call) launch(ctx context.Context, rep *Replica, reason AttemptReason) {
 	c.Attempts++
 	p.started++
 	a := c.newAttempt(rep, reason)
-	a.ctx, a.cancel = context.WithCancel(ctx)
+	a.withContext(ctx)
 	a.out = p.outcomes
 	p.all = append(p.all, a)
 	p.live++
@@ -394,7 +394,7 @@ func (c *Call) decide(ctx context.Context, hedgeC <-chan time.Time) error {
 				return c.win(o)
 			}
 			o.release()
-			o.cancel()
+			o.stop()
 			c.Replica = o.rep
 			c.lose(o.lost())
 			last = o.err
@@ -493,7 +493,7 @@ func (c *Call) unhold() {
 	c.p.held = nil
 	h.att.Abort()
 	h.release()
-	h.cancel()
+	h.stop()
 	c.lose(h.lost())
 }
 
@@ -503,7 +503,7 @@ func (c *Call) drain() {
 	p := &c.p
 	for _, a := range p.all {
 		if a != c.won {
-			a.cancel()
+			a.stop()
 		}
 	}
 	pending, outcomes := p.live, p.outcomes
@@ -537,7 +537,7 @@ func (c *Call) lose(l Lost) {
 func (c *Call) Finish() {
 	if a := c.won; a != nil {
 		a.release() // once only, whoever calls it
-		a.cancel()
+		a.stop()
 	}
 	if c.leave != nil {
 		c.leave()

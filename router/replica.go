@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/fnv"
 	"math"
+	"net/url"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -92,8 +93,9 @@ type Replica struct {
 	clock    atomic.Pointer[func() time.Time] // the registry's clock, once added to one
 	onReady  atomic.Pointer[func()]           // the registry's hold release, once added to one
 	inflight atomic.Int64
-	lastUsed atomic.Int64             // unix nanos when the last attempt started on it
-	classes  [numClasses]atomic.Int64 // inflight by Class
+	lastUsed atomic.Int64              // unix nanos when the last attempt started on it
+	classes  [numClasses]atomic.Int64  // inflight by Class
+	base     atomic.Pointer[parsedURL] // URL parsed (BaseURL)
 	models   atomic.Pointer[[]string]
 	failures atomic.Int64           // consecutive failed attempts or probes
 	lastOK   atomic.Int64           // unix nanos of the last good probe or heartbeat
@@ -324,6 +326,25 @@ func NewReplica(id, url string) *Replica {
 	r.models.Store(&empty)
 	r.status.Store(&status{state: StateStarting, reason: "not probed yet"})
 	return r
+}
+
+// BaseURL is URL parsed, once: the caller must not change it (an
+// attempt's request copies it; parsing rep.URL plus a path per request was
+// two allocations in BenchmarkGatewayOverhead's pprof, net/url.parse).
+func (r *Replica) BaseURL() (*url.URL, error) {
+	if b := r.base.Load(); b != nil && b.raw == r.URL {
+		return b.u, b.err
+	}
+	u, err := url.Parse(r.URL)
+	r.base.Store(&parsedURL{raw: r.URL, u: u, err: err})
+	return u, err
+}
+
+// parsedURL is a Replica's URL parsed (BaseURL).
+type parsedURL struct {
+	raw string
+	u   *url.URL
+	err error
 }
 
 // status is what a transition changes, as one value.
