@@ -38,7 +38,10 @@ func TestRequestsGoOutAsRequestWriteWritesThem(t *testing.T) {
 		{"chat", post(`{"model":"m"}`, map[string]string{"Content-Type": "application/json", "X-Request-Id": "req_1",
 			"X-Idempotency-Key": "req_1-1", "Authorization": "Bearer t", "Accept": "text/event-stream", "Traceparent": "00-ab-cd-01"}), true},
 		{"no body", post("", map[string]string{"X-Request-Id": "req_2"}), true},
-		{"get", func() *http.Request { r, _ := http.NewRequest(http.MethodGet, "http://localhost/metrics", nil); return r }, true},
+		{"get", func() *http.Request {
+			r, _ := http.NewRequest(http.MethodGet, "http://localhost/metrics", nil)
+			return r
+		}, true},
 		{"own user agent", post(`{}`, map[string]string{"User-Agent": "x"}), false},
 		{"value with a line break", post(`{}`, map[string]string{"X-A": "a\nb"}), false},
 		{"connection close", func() *http.Request { r := post(`{}`, nil)(); r.Close = true; return r }, false},
