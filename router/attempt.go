@@ -104,9 +104,11 @@ type attempt struct {
 	n       int
 	rep     *Replica
 	reason  AttemptReason
-	ctx     context.Context // ends when the attempt is cancelled
+	ctx     attemptCtx // ends when the attempt is cancelled
 	cancel  context.CancelFunc
-	release func()
+	stopped atomic.Bool     // the router cancelled it (stop)
+	parent  context.Context // its call's context
+	slot    inflightSlot    // its count in rep's in-flight figures
 	out     chan<- *attempt // where it goes once open returned: its pass's outcomes
 	started time.Time
 
@@ -125,6 +127,67 @@ type attempt struct {
 	watch *paceWatch // the pace watch holding it to its model's pace, if any
 }
 
+// withContext gives a its context, a child of ctx.
+func (a *attempt) withContext(ctx context.Context) {
+	a.ctx.a, a.parent = a, ctx
+	a.ctx.Context, a.cancel = context.WithCancel(ctx)
+}
+
+// stop is the router's cancel of a: the race is over for it (it lost, or
+// the call ended). Its opener may cancel it too ([AttemptCancel]); stopped
+// tells the two apart.
+func (a *attempt) stop() {
+	a.stopped.Store(true)
+	a.cancel()
+}
+
+// attemptCtx is an attempt's context: a cancelCtx that also carries its
+// attempt, so that the opener cancels the attempt with the router's own
+// cancel ([AttemptCancel]) instead of adding a context layer of its own
+// (BenchmarkGatewayOverhead's pprof: context.WithCancel in
+// server.(*Server).openAttempt, 5 allocations a request). It lives in the
+// attempt: no allocation of its own.
+type attemptCtx struct {
+	context.Context
+	a *attempt
+}
+
+type attemptKey struct{}
+
+func (c *attemptCtx) Value(key any) any {
+	if _, ok := key.(attemptKey); ok {
+		return c.a
+	}
+	return c.Context.Value(key)
+}
+
+// AttemptCancel returns the cancel of the attempt whose context ctx is (or
+// descends from), as given to an [OpenFunc]: the opener's way to end its
+// attempt early (a deadline, an abort) without a context of its own. The
+// router tells its own cancels apart from the opener's. nil when ctx is
+// no attempt's.
+func AttemptCancel(ctx context.Context) context.CancelFunc {
+	if a, ok := ctx.Value(attemptKey{}).(*attempt); ok {
+		return a.cancel
+	}
+	return nil
+}
+
+// AttemptCancelled reports whether the attempt whose context ctx is (or
+// descends from) was cancelled by the router (it lost a race, its call
+// ended) or its call's context, not by its opener's own cancel
+// ([AttemptCancel]). For a ctx that is no attempt's, ctx.Err() != nil.
+func AttemptCancelled(ctx context.Context) bool {
+	if a, ok := ctx.Value(attemptKey{}).(*attempt); ok {
+		return a.stopped.Load() || a.parent.Err() != nil
+	}
+	return ctx.Err() != nil
+}
+
+// release gives back the attempt's in-flight slot; only the first call
+// counts.
+func (a *attempt) release() { a.slot.release() }
+
 // run opens the attempt and records how it ended; a panic in open is an
 // error of the attempt.
 func (a *attempt) run(open OpenFunc, now func() time.Time) {
@@ -133,7 +196,7 @@ func (a *attempt) run(open OpenFunc, now func() time.Time) {
 			a.att, a.err = nil, fmt.Errorf("attempt panicked: %v", p)
 		}
 	}()
-	a.att, a.err = open(a.ctx, a.rep, a.n, a.reason)
+	a.att, a.err = open(&a.ctx, a.rep, a.n, a.reason)
 	if a.err == nil {
 		a.first = now()
 	}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,11 @@ type metrics struct {
 	ejections   *prometheus.CounterVec // tailgate_ejections_total{replica,reason}
 	ejectDelay  prometheus.Histogram   // tailgate_ejection_delay_seconds
 	sessions    *prometheus.CounterVec // tailgate_session_routes_total{outcome}
+
+	// attemptsBy caches attempts' children per model, one per reason: a
+	// label lookup per attempt (hashing both labels, the vec's lock) was
+	// prometheus.GetMetricWithLabelValues in the gateway's CPU profile.
+	attemptsBy sync.Map // model → *[3]prometheus.Counter
 }
 
 // latencyBuckets run from 100 µs to 60 s, as the gateway's other latency
@@ -78,7 +84,16 @@ func newMetrics(reg prometheus.Registerer, r *Registry) (*metrics, error) {
 }
 
 func (m *metrics) attempt(model string, reason AttemptReason) {
-	m.attempts.WithLabelValues(model, reason.String()).Inc()
+	if c, ok := m.attemptsBy.Load(model); ok {
+		c.(*[3]prometheus.Counter)[reason].Inc()
+		return
+	}
+	var c [3]prometheus.Counter
+	for r := range c {
+		c[r] = m.attempts.WithLabelValues(model, AttemptReason(r).String())
+	}
+	m.attemptsBy.Store(model, &c)
+	c[reason].Inc()
 }
 
 func (m *metrics) retry(model, class string) { m.retries.WithLabelValues(model, class).Inc() }

@@ -217,7 +217,7 @@ func (c *Call) paceRace(ctx context.Context, read AssembleFunc, u *attempt, resu
 			return nil
 		case r == h && r.err == nil && r.end == nil: // the hedge's answer is whole first
 			if broken == nil {
-				u.cancel()
+				u.stop()
 				<-results
 				// Censored: the original's pace so far, at least the
 				// threshold it fell behind.
@@ -292,8 +292,8 @@ func (c *Call) paceHedge(ctx context.Context, read AssembleFunc, results chan<- 
 	c.Attempts++
 	c.p.started++
 	c.Hedged = true
-	h := &attempt{n: c.p.started, rep: rep, reason: ReasonHedge, release: rep.acquire(req.Class), started: r.cfg.Now()}
-	h.ctx, h.cancel = context.WithCancel(ctx)
+	h := c.newAttempt(rep, ReasonHedge)
+	h.withContext(ctx)
 	r.m.attempt(req.Model, ReasonHedge)
 	go func() {
 		h.run(c.open, r.cfg.Now)
@@ -303,7 +303,7 @@ func (c *Call) paceHedge(ctx context.Context, read AssembleFunc, results chan<- 
 			rep.ObserveTTFT(now.Sub(h.started))
 			h.end = read(ctx, h.att, h.progress)
 			c.ended(h, h.end)
-		case h.ctx.Err() == nil: // not cancelled by the race's end
+		case ctx.Err() == nil && !h.stopped.Load(): // not cancelled by the race's end
 			r.blame(rep, h.err)
 		}
 		results <- h
@@ -319,7 +319,7 @@ func (c *Call) paceHedge(ctx context.Context, read AssembleFunc, results chan<- 
 func (c *Call) decidePace(h *attempt, hedgeWon bool, results <-chan *attempt, wait bool) {
 	model := c.req.Model
 	if !hedgeWon {
-		h.cancel()
+		h.stop()
 		if wait {
 			<-results
 		}
@@ -335,7 +335,7 @@ func (c *Call) decidePace(h *attempt, hedgeWon bool, results <-chan *attempt, wa
 	beaten := c.won
 	beaten.att.Abort()
 	beaten.release() // the beaten attempt's slot; the request stays in its group
-	beaten.cancel()
+	beaten.stop()
 	c.Replica, c.Attempt, c.N, c.Reason = h.rep, h.att, h.n, ReasonHedge
 	c.won = h
 	c.reg.homeSession(c.req.Session, h.rep)

@@ -80,11 +80,17 @@ type call struct {
 }
 
 func (s *Server) newCall(ep endpoint, p *policy.Principal) *call {
-	cl := &call{id: s.newRequestID(), start: time.Now(), ep: ep, principal: p, stages: data.UnknownStages(), status: http.StatusOK, queueWait: -1}
+	cl := new(call)
+	s.initCall(cl, ep, p)
+	return cl
+}
+
+// initCall makes cl a new call of ep by p.
+func (s *Server) initCall(cl *call, ep endpoint, p *policy.Principal) {
+	*cl = call{id: s.newRequestID(), start: time.Now(), ep: ep, principal: p, stages: data.UnknownStages(), status: http.StatusOK, queueWait: -1}
 	if p != nil {
 		cl.priority = p.Class
 	}
-	return cl
 }
 
 // sink is where the pipeline delivers an answer: the HTTP response of the

@@ -453,7 +453,7 @@ func NewTransport(connectTimeout time.Duration, dial func(ctx context.Context, n
 	}
 	// Below the engine's own keep-alive (vLLM closes idle connections after
 	// 5 s), so a request is rarely written on a connection the engine is
-	// closing; one that is, is sent again (markReplayable).
+	// closing; one that is, is sent again (idempotencyKey).
 	// No response-header timeout on either path: engines may hold headers
 	// until the answer; deadlines live per attempt.
 	// 2 KiB: an open stream holds one read buffer for its whole life, and

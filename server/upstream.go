@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -80,7 +81,12 @@ type upstream struct {
 	finishes []string
 
 	tr  attemptTrace // how far the request got (httptrace)
-	hdr [4]string    // the request's header values (openAttempt)
+	hdr [5]string    // the request's header values (openAttempt)
+	// The request's parts (request).
+	req  http.Request
+	url  url.URL
+	rb   requestBody
+	sent []byte
 }
 
 var (

@@ -314,7 +314,13 @@ func (c *conn) writeRequest(req *http.Request) error {
 	} else {
 		bw = bufio.NewWriterSize(c.nc, t.bufferSize())
 	}
-	err := req.Write(bw)
+	ok, err := false, error(nil)
+	if trace := httptrace.ContextClientTrace(req.Context()); trace == nil || (trace.WroteHeaderField == nil && trace.WroteHeaders == nil) {
+		ok, err = writeHead(bw, req)
+	}
+	if !ok {
+		err = req.Write(bw)
+	}
 	if err == nil {
 		err = bw.Flush()
 	}
