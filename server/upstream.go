@@ -95,7 +95,8 @@ var (
 	emptyChoices = []byte(`"choices":[]`)
 	timingPrefix = []byte(serving.TimingComment)
 	simQueue     = []byte(": sim-queue-ms=")
-	// readerPool: the readers of the engines' answers, one per open stream.
+	// readerPool: the readers of the engines' answers, one per stream that is
+	// reading (a stream waiting for its next event lends its own, idleWait).
 	// 2 KiB holds several events (a few hundred bytes each); a longer one is
 	// read whole all the same (sse.ReadEvent copies every event out of it).
 	// 16 KiB cost 14 KiB more per open stream, 4 KiB 2 KiB more
