@@ -33,13 +33,17 @@ func newBenchStack(tb testing.TB, cfg sim.Config) *benchStack {
 	h := servertest.Start(tb, servertest.Options{Replicas: 1, Sim: cfg, Production: true,
 		Router: router.Config{Hedge: router.HedgeConfig{Enabled: true}},
 		Prices: map[string]policy.Price{cfg.Model: {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}})
-	// Every limit is on (and far away), so admission does all its work.
+	return &benchStack{Gateway: h, direct: h.Upstreams[0], secret: benchKey(h)}
+}
+
+// benchKey is a key with every limit on (and far away), so admission does
+// all its work.
+func benchKey(h *servertest.Gateway) string {
 	huge := int64(1 << 60)
-	secret := h.Key(policy.KeyOptions{
+	return h.Key(policy.KeyOptions{
 		Tenant: "bench", RPM: 1 << 40, TPM: 1 << 40, MaxConcurrency: 1 << 20,
 		BudgetTokens: &huge, BudgetMicros: &huge,
 	})
-	return &benchStack{Gateway: h, direct: h.Upstreams[0], secret: secret}
 }
 
 // meteredRequests flushes the ledger and returns how many requests it holds.

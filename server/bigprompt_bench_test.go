@@ -100,12 +100,7 @@ func newBenchStackOn(tb testing.TB, engine servertest.Sim) *benchStack {
 	h := servertest.Start(tb, servertest.Options{Fleet: []servertest.Sim{engine}, Production: true,
 		Router: router.Config{Hedge: router.HedgeConfig{Enabled: true}},
 		Prices: map[string]policy.Price{engine.Model: {InputMicrosPerM: 200_000, OutputMicrosPerM: 600_000}}})
-	huge := int64(1 << 60)
-	secret := h.Key(policy.KeyOptions{
-		Tenant: "bench", RPM: 1 << 40, TPM: 1 << 40, MaxConcurrency: 1 << 20,
-		BudgetTokens: &huge, BudgetMicros: &huge,
-	})
-	return &benchStack{Gateway: h, direct: engine.Server, secret: secret}
+	return &benchStack{Gateway: h, direct: engine.Server, secret: benchKey(h)}
 }
 
 // runSerialPosts posts body to url b.N times, one after the other, and
