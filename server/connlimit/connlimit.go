@@ -21,6 +21,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // DefaultMax is the total cap when Config.Max is 0.
@@ -77,6 +79,10 @@ type Limiter struct {
 	mu     sync.Mutex
 	total  int
 	byAddr map[string]int
+	// states[s] is the connections gauge of state s on this listener,
+	// looked up the first time it is needed (ConnState runs twice a
+	// request; a label lookup hashes both labels each time).
+	states [http.StateClosed + 1]prometheus.Gauge
 	idle   list.List     // of *conn, longest idle first
 	freed  chan struct{} // a slot freed or a connection turned idle
 }
@@ -128,7 +134,7 @@ func (l *Limiter) ConnState(c net.Conn, s http.ConnState) {
 	if lc.closed {
 		return
 	}
-	l.m.conns.WithLabelValues(l.cfg.Listener, lc.state.String()).Dec()
+	l.stateGauge(lc.state).Dec()
 	if lc.idleAt != nil {
 		l.idle.Remove(lc.idleAt)
 		lc.idleAt = nil
@@ -141,7 +147,19 @@ func (l *Limiter) ConnState(c net.Conn, s http.ConnState) {
 		l.signal()
 	}
 	lc.state = s
-	l.m.conns.WithLabelValues(l.cfg.Listener, s.String()).Inc()
+	l.stateGauge(s).Inc()
+}
+
+// stateGauge is the connections gauge of state s on l's listener; l.mu
+// must be held.
+func (l *Limiter) stateGauge(s http.ConnState) prometheus.Gauge {
+	if s < 0 || int(s) >= len(l.states) {
+		return l.m.conns.WithLabelValues(l.cfg.Listener, s.String())
+	}
+	if l.states[s] == nil {
+		l.states[s] = l.m.conns.WithLabelValues(l.cfg.Listener, s.String())
+	}
+	return l.states[s]
 }
 
 // unwrap finds the connection l accepted under wrappers that expose it
@@ -193,7 +211,7 @@ func (l *Limiter) admit(nc net.Conn, done <-chan struct{}) *conn {
 			l.total++
 			l.byAddr[addr]++
 			c := &conn{Conn: nc, l: l, addr: addr, state: http.StateNew}
-			l.m.conns.WithLabelValues(l.cfg.Listener, c.state.String()).Inc()
+			l.stateGauge(c.state).Inc()
 			l.mu.Unlock()
 			return c
 		}
@@ -241,7 +259,7 @@ func (l *Limiter) release(c *conn) {
 		c.idleAt = nil
 	}
 	c.closed = true
-	l.m.conns.WithLabelValues(l.cfg.Listener, c.state.String()).Dec()
+	l.stateGauge(c.state).Dec()
 	l.total--
 	if l.byAddr[c.addr]--; l.byAddr[c.addr] <= 0 {
 		delete(l.byAddr, c.addr)
