@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -116,7 +115,7 @@ type chunkUsage struct {
 // the answer keeps of it is copied (keep, or appended to the choice's bytes).
 // It returns what the chunk said of usage, read in the same pass.
 func (a *assembler) add(payload []byte) (cu chunkUsage) {
-	v := gjson.Parse(unsafe.String(unsafe.SliceData(payload), len(payload)))
+	v := gjson.Parse(stringOf(payload))
 	if !v.IsObject() {
 		return cu
 	}

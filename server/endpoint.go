@@ -1,8 +1,6 @@
 package server
 
 import (
-	"unsafe"
-
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
@@ -67,7 +65,7 @@ func readJSONObject(ep endpoint, body []byte, lim parseLimits) (*parsedRequest, 
 	if err := checkJSON(body, lim.maxDepth); err != nil {
 		return nil, gjson.Result{}, err
 	}
-	v := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
+	v := gjson.Parse(stringOf(body))
 	if !v.IsObject() {
 		return nil, v, apierr.BadRequest("", "request body must be a JSON object")
 	}
@@ -222,7 +220,7 @@ func readMessages(ep endpoint, body []byte, _ string, lim parseLimits) (*parsedR
 func reportedUsage(payload []byte, prev policy.Usage) (policy.Usage, bool) {
 	// A string view of the payload: only numbers are read from it, so
 	// nothing aliases it afterwards (ParseBytes would copy a whole answer).
-	v := gjson.Parse(unsafe.String(unsafe.SliceData(payload), len(payload)))
+	v := gjson.Parse(stringOf(payload))
 	u := v.Get("usage")
 	if !u.IsObject() {
 		u = v.Get("response.usage")

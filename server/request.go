@@ -251,7 +251,7 @@ func readGeneration(body []byte, lim parseLimits) (*parsedRequest, genFields, er
 	}
 	// gjson over a string view of the body: results alias it instead of
 	// copying (a 4 MiB messages array would otherwise be copied whole).
-	f = readFields(unsafe.String(unsafe.SliceData(body), len(body)))
+	f = readFields(stringOf(body))
 	p := &parsedRequest{body: body, sequences: 1, wholeHedge: true}
 	switch model := f[fModel]; {
 	case !model.Exists():

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -157,7 +156,7 @@ func requestAttributes(model string, pr *parsedRequest) []attribute.KeyValue {
 		return attrs
 	}
 	var f [2]gjson.Result
-	members(gjson.Parse(unsafe.String(unsafe.SliceData(pr.body), len(pr.body))), samplingFields, f[:])
+	members(gjson.Parse(stringOf(pr.body)), samplingFields, f[:])
 	for i, v := range f {
 		if v.Type != gjson.Number {
 			continue

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -318,7 +317,7 @@ func (u *upstream) countUsage(cl *call, payload []byte) (us gjson.Result, usageO
 		// allocation per chunk and the largest allocator per stream in
 		// BenchmarkStreamRelay (1.76 of 20.7 MB allocated over 300 streams).
 		// Nothing keeps us past this chunk; its buffer is reused after it.
-		us = gjson.Get(unsafe.String(unsafe.SliceData(payload), len(payload)), "usage")
+		us = gjson.Get(stringOf(payload), "usage")
 	}
 	usageOnly = bytes.Contains(payload, emptyChoices)
 	var index int64
@@ -622,7 +621,7 @@ func parseTiming(st *data.Stages, comment []byte) {
 			continue
 		}
 		// A view, not a copy: parseMillis keeps nothing of it.
-		if d, ok := parseMillis(unsafe.String(unsafe.SliceData(v), len(v))); ok {
+		if d, ok := parseMillis(stringOf(v)); ok {
 			*dst = d
 		}
 	}

@@ -3,7 +3,6 @@ package server
 import (
 	"bytes"
 	"strings"
-	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -43,7 +42,7 @@ func usageAtEnd(payload []byte) gjson.Result {
 	if objectEnd(obj) != len(obj) {
 		return gjson.Result{}
 	}
-	return gjson.Result{Type: gjson.JSON, Raw: unsafe.String(unsafe.SliceData(obj), len(obj)), Index: vs}
+	return gjson.Result{Type: gjson.JSON, Raw: stringOf(obj), Index: vs}
 }
 
 // objectEnd returns the length of the JSON object p starts with (the index
