@@ -57,6 +57,7 @@ type pass struct {
 	started  int // attempts this pass started (numbered from 1)
 	live     int // attempts running
 	hedged   bool
+	hm       *hedgeModel // the model's hedging, looked up once a pass
 	hs       hedgeSettings
 	hb       *hedgeBudget
 	armed    bool          // a hedge may start
@@ -136,7 +137,8 @@ func (c *Call) hold(ctx context.Context) error {
 func (c *Call) startPass(ctx context.Context) error {
 	r, req := c.reg, c.req
 	r.budget.Deposit()
-	c.p = pass{hs: r.hedges.settings(req.Model), hb: r.hedges.budget(req.Model)}
+	hm := r.hedges.model(req.Model)
+	c.p = pass{hm: hm, hs: hm.s, hb: hm.budget}
 	p := &c.p
 	p.all = p.buf[:0]
 	// A request stays in its group until its answer is relayed (Finish),
@@ -162,7 +164,7 @@ func (c *Call) startPass(ctx context.Context) error {
 	if req.Group != "" {
 		size = math.MaxInt
 	}
-	delay, learnt := r.hedges.delayFor(req.Model, req.Stream, size)
+	delay, learnt := r.hedges.delayIn(hm, req.Stream, size)
 	p.delay, p.armed = delay, learnt && p.hs.enabled && !req.NoHedge
 	if !p.armed {
 		p.inline = true
@@ -373,11 +375,11 @@ func (c *Call) decide(ctx context.Context, hedgeC <-chan time.Time) error {
 				// (censored, but still above the delay, so the percentile
 				// holds instead of drifting down to the hedges' times).
 				waited := now.Sub(p.first)
-				r.hedges.observe(req.Model, req.Stream, waited)
+				r.hedges.observeIn(p.hm, req.Stream, waited)
 				if !p.armed && (req.NoHedge || !p.hs.enabled) {
 					// A hedge would have started, but for the request or
 					// the model's setting.
-					if d, ok := r.hedges.delayFor(req.Model, req.Stream, p.hb.size(req.Group)); ok && waited > d {
+					if d, ok := r.hedges.delayIn(p.hm, req.Stream, p.hb.size(req.Group)); ok && waited > d {
 						if req.NoHedge {
 							r.m.skipped(req.Model, skipOptOut)
 						} else {
@@ -386,7 +388,7 @@ func (c *Call) decide(ctx context.Context, hedgeC <-chan time.Time) error {
 					}
 				}
 				if p.hedged && o.reason != ReasonHedge && p.live > 0 {
-					if g := r.hedges.grace(req.Model, req.Stream, p.delay); g > 0 {
+					if g := r.hedges.graceIn(p.hm, req.Stream, p.delay); g > 0 {
 						p.held, p.graceC = o, c.after(g)
 						continue
 					}
@@ -451,7 +453,7 @@ func (c *Call) decide(ctx context.Context, hedgeC <-chan time.Time) error {
 		case <-hedgeC:
 			hedgeC = nil
 			if req.Group != "" {
-				if d, _ := r.hedges.delayFor(req.Model, req.Stream, p.hb.size(req.Group)); d > p.delay {
+				if d, _ := r.hedges.delayIn(p.hm, req.Stream, p.hb.size(req.Group)); d > p.delay {
 					hedgeC = c.after(d - r.cfg.Now().Sub(p.first))
 					p.delay = d
 					continue

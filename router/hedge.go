@@ -129,26 +129,57 @@ type hedger struct {
 	cfg HedgeConfig
 	now func() time.Time
 
-	mu      sync.Mutex // the maps only: every request looks its window and budget up
+	mu      sync.Mutex // the maps only
 	models  map[windowKey]*ttftWindow
 	paces   map[string]*ttftWindow  // by model: time per output token
 	budgets map[string]*hedgeBudget // by model
+
+	// routed are the models requests were routed to, each with its
+	// settings, windows and budget: a request looks its model up once, in
+	// a map no lock guards (replaced whole, under mu, when a model is
+	// added), and reads the rest from what it found.
+	routed atomic.Pointer[map[string]*hedgeModel]
+}
+
+// hedgeModel is one model's hedging as a request uses it: the settings, the
+// windows of its JSON answers and streams and of its decode pace, and its
+// hedge budget (the same windows and budget the hedger's maps hold).
+type hedgeModel struct {
+	s      hedgeSettings
+	ttft   [2]*ttftWindow // JSON answers, streams
+	pace   *ttftWindow
+	budget *hedgeBudget
+}
+
+// windowOf returns hm's first-token window of streams or JSON answers.
+func (hm *hedgeModel) windowOf(stream bool) *ttftWindow {
+	if stream {
+		return hm.ttft[1]
+	}
+	return hm.ttft[0]
 }
 
 // ttftWindow is a model's recent samples of one duration — time to first
 // token, or time per output token after it — and their percentile.
 //
-// Every request adds a sample; every few samples one of them sorts a copy
-// of the window to refresh the percentile. The sort holds no lock a request
-// waits on: with it under the hedger's one lock, a sorting goroutine
-// descheduled by a GC phase held up every request's budget lookup behind it
-// (2 ms convoys in an execution trace at 1000 req/s on 2 cores).
+// Every request adds a sample, to the ring and to the same samples kept in
+// order (a binary search and a move of the values between the sample it
+// replaces and its own); every few samples one of them copies the ordered
+// samples to refresh the percentile. (Sorting a copy of the ring on each
+// refresh instead cost 0.8 % of the gateway's CPU at 1000 req/s:
+// /work/wt/profile tg3.script, router.(*hedger).add and pdqsort under it.)
+// The copy holds no lock a request waits on but the window's own: with it
+// under the hedger's one lock, a refreshing goroutine descheduled by a GC
+// phase held up every request's budget lookup behind it (2 ms convoys in
+// an execution trace at 1000 req/s on 2 cores).
 type ttftWindow struct {
 	model  string
 	stream bool
+	p      float64 // the model's percentile: the one delay caches
 
-	mu      sync.Mutex      // samples, next, full, seen
+	mu      sync.Mutex      // samples, order, next, full, seen
 	samples []time.Duration // ring
+	order   []time.Duration // the ring's samples, ascending
 	next    int
 	full    bool
 	seen    int
@@ -199,7 +230,34 @@ func (c HedgeConfig) withDefaults() HedgeConfig {
 }
 
 func newHedger(cfg HedgeConfig, now func() time.Time) *hedger {
-	return &hedger{cfg: cfg.withDefaults(), now: now, models: map[windowKey]*ttftWindow{}, paces: map[string]*ttftWindow{}, budgets: map[string]*hedgeBudget{}}
+	h := &hedger{cfg: cfg.withDefaults(), now: now, models: map[windowKey]*ttftWindow{}, paces: map[string]*ttftWindow{}, budgets: map[string]*hedgeBudget{}}
+	h.routed.Store(&map[string]*hedgeModel{})
+	return h
+}
+
+// model returns model's hedging for a request routed to it, made (with
+// its windows and budget) the first time.
+func (h *hedger) model(model string) *hedgeModel {
+	if hm := (*h.routed.Load())[model]; hm != nil {
+		return hm
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := *h.routed.Load()
+	if hm := old[model]; hm != nil {
+		return hm
+	}
+	hm := &hedgeModel{
+		s:      h.settings(model),
+		ttft:   [2]*ttftWindow{windowIn(h, h.models, windowKey{model, false}, model, false), windowIn(h, h.models, windowKey{model, true}, model, true)},
+		pace:   windowIn(h, h.paces, model, model, false),
+		budget: h.budgetLocked(model),
+	}
+	routed := make(map[string]*hedgeModel, len(old)+1)
+	maps.Copy(routed, old)
+	routed[model] = hm
+	h.routed.Store(&routed)
+	return hm
 }
 
 // hedgeSettings is one model's hedging, the defaults and its override merged.
@@ -241,12 +299,6 @@ func (h *hedger) window(model string, stream bool) *ttftWindow {
 	return windowIn(h, h.models, windowKey{model, stream}, model, stream)
 }
 
-func (h *hedger) paceWindow(model string) *ttftWindow {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return windowIn(h, h.paces, model, model, false)
-}
-
 // windowKey names a model's window of streams or of JSON answers. (A string
 // made of both cost every request an allocation to look its window up.)
 type windowKey struct {
@@ -259,7 +311,8 @@ type windowKey struct {
 func windowIn[K comparable](h *hedger, in map[K]*ttftWindow, key K, model string, stream bool) *ttftWindow {
 	w := in[key]
 	if w == nil {
-		w = &ttftWindow{model: model, stream: stream, samples: make([]time.Duration, h.cfg.Window)}
+		w = &ttftWindow{model: model, stream: stream, p: h.settings(model).p,
+			samples: make([]time.Duration, h.cfg.Window), order: make([]time.Duration, 0, h.cfg.Window)}
 		in[key] = w
 	}
 	return w
@@ -269,6 +322,11 @@ func windowIn[K comparable](h *hedger, in map[K]*ttftWindow, key K, model string
 func (h *hedger) budget(model string) *hedgeBudget {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.budgetLocked(model)
+}
+
+// budgetLocked is budget with h.mu held.
+func (h *hedger) budgetLocked(model string) *hedgeBudget {
 	b := h.budgets[model]
 	if b == nil {
 		b = newHedgeBudget(h.settings(model).burst)
@@ -282,19 +340,33 @@ func (h *hedger) budget(model string) *hedgeBudget {
 // while hedging is off for the model, so the delay is ready when it is
 // turned on and "disabled" skips can be counted.
 func (h *hedger) observe(model string, stream bool, d time.Duration) {
-	s := h.settings(model)
-	h.add(h.window(model, stream), d, s.p, s.lo, s.hi)
+	h.observeIn(h.model(model), stream, d)
+}
+
+// observeIn is observe for a model looked up.
+func (h *hedger) observeIn(hm *hedgeModel, stream bool, d time.Duration) {
+	h.add(hm.windowOf(stream), d, hm.s.p, hm.s.lo, hm.s.hi)
 }
 
 // observePace adds an attempt's time per output token after its first.
 func (h *hedger) observePace(model string, d time.Duration) {
-	h.add(h.paceWindow(model), d, h.settings(model).p, time.Nanosecond, math.MaxInt64)
+	h.observePaceIn(h.model(model), d)
+}
+
+// observePaceIn is observePace for a model looked up.
+func (h *hedger) observePaceIn(hm *hedgeModel, d time.Duration) {
+	h.add(hm.pace, d, hm.s.p, time.Nanosecond, math.MaxInt64)
 }
 
 // add puts d in w and refreshes w's percentile p, clamped to [lo, hi],
 // every few samples.
 func (h *hedger) add(w *ttftWindow, d time.Duration, p float64, lo, hi time.Duration) {
 	w.mu.Lock()
+	if w.full {
+		w.order = replaceSorted(w.order, w.samples[w.next], d)
+	} else {
+		w.order = insertSorted(w.order, d)
+	}
 	w.samples[w.next] = d
 	w.next = (w.next + 1) % len(w.samples)
 	if w.next == 0 {
@@ -306,17 +378,16 @@ func (h *hedger) add(w *ttftWindow, d time.Duration, p float64, lo, hi time.Dura
 		n = len(w.samples)
 	}
 	// Refreshed every 8 samples while the window fills, then every 1/32
-	// of the window: a sort of the whole window per refresh, by the request
-	// whose sample made it due, for a percentile that moves slowly once it
-	// is full.
+	// of the window: a copy of the ordered window per refresh, by the
+	// request whose sample made it due, for a percentile that moves slowly
+	// once it is full.
 	every := max(8, n/32)
 	if n < h.cfg.MinSamples || (w.seen%every != 0 && w.delay.Load() != 0) || !w.refreshing.CompareAndSwap(false, true) {
 		w.mu.Unlock()
 		return
 	}
-	buf := append(w.spare[:0], w.samples[:n]...)
+	buf := append(w.spare[:0], w.order...)
 	w.mu.Unlock()
-	slices.Sort(buf)
 	w.snap.Lock()
 	w.sorted, w.spare = buf, w.sorted
 	w.lo, w.hi = lo, hi
@@ -324,6 +395,28 @@ func (h *hedger) add(w *ttftWindow, d time.Duration, p float64, lo, hi time.Dura
 	w.snap.Unlock()
 	w.delay.Store(int64(q))
 	w.refreshing.Store(false)
+}
+
+// insertSorted inserts d into the ascending s, which has room for it.
+func insertSorted(s []time.Duration, d time.Duration) []time.Duration {
+	i, _ := slices.BinarySearch(s, d)
+	return slices.Insert(s, i, d)
+}
+
+// replaceSorted replaces one old (which s holds) by d in the ascending s,
+// moving only the values between the two.
+func replaceSorted(s []time.Duration, old, d time.Duration) []time.Duration {
+	i, _ := slices.BinarySearch(s, old)
+	j, _ := slices.BinarySearch(s, d)
+	switch {
+	case d > old: // s[i+1:j] are below d: they move down one
+		copy(s[i:j-1], s[i+1:j])
+		s[j-1] = d
+	case d < old: // s[j:i] are at least d: they move up one
+		copy(s[j+1:i+1], s[j:i])
+		s[j] = d
+	}
+	return s
 }
 
 // quantileLocked returns w's percentile p as of its last refresh, clamped;
@@ -339,7 +432,7 @@ func (w *ttftWindow) quantileLocked(p float64) time.Duration {
 // at returns w's percentile p: its cached delay when p is the model's
 // percentile, else read from its last refresh; false with too few samples.
 func (h *hedger) at(w *ttftWindow, p float64) (time.Duration, bool) {
-	if p == h.settings(w.model).p {
+	if p == w.p {
 		d := w.delay.Load()
 		return time.Duration(d), d > 0
 	}
@@ -379,6 +472,11 @@ func (h *hedger) delayFor(model string, stream bool, n int) (time.Duration, bool
 	return h.at(h.window(model, stream), partPercentile(s.p, s.budget, n))
 }
 
+// delayIn is delayFor for a model looked up.
+func (h *hedger) delayIn(hm *hedgeModel, stream bool, n int) (time.Duration, bool) {
+	return h.at(hm.windowOf(stream), partPercentile(hm.s.p, hm.s.budget, n))
+}
+
 // grace returns how long a hedged request's original, whose first token
 // came while its hedge had produced none yet, is held back for the
 // hedge's: the model's median time to first token (as learnt in the same
@@ -394,11 +492,16 @@ func (h *hedger) delayFor(model string, stream bool, n int) (time.Duration, bool
 // behind; the grace costs the client at most its own length, and an
 // original that loses it its prompt and first token as hedge overhead.
 func (h *hedger) grace(model string, stream bool, delay time.Duration) time.Duration {
-	med, ok := h.at(h.window(model, stream), 0.5)
+	return h.graceIn(h.model(model), stream, delay)
+}
+
+// graceIn is grace for a model looked up.
+func (h *hedger) graceIn(hm *hedgeModel, stream bool, delay time.Duration) time.Duration {
+	med, ok := h.at(hm.windowOf(stream), 0.5)
 	if !ok {
 		return 0
 	}
-	return min(max(med, h.settings(model).lo), delay)
+	return min(max(med, hm.s.lo), delay)
 }
 
 // Pace is a model's decode pace as learnt when it was read: its percentile
@@ -420,8 +523,13 @@ func (p Pace) Due(k int64) time.Duration {
 // PaceLead tokens at the pace percentile or Min, whichever is longer; false
 // while the pace has too few samples.
 func (h *hedger) pace(model string, n int) (Pace, bool) {
-	s := h.settings(model)
-	per, ok := h.at(h.paceWindow(model), partPercentile(s.p, s.budget, n))
+	return h.paceIn(h.model(model), n)
+}
+
+// paceIn is pace for a model looked up.
+func (h *hedger) paceIn(hm *hedgeModel, n int) (Pace, bool) {
+	s := hm.s
+	per, ok := h.at(hm.pace, partPercentile(s.p, s.budget, n))
 	if !ok {
 		return Pace{}, false
 	}

@@ -54,8 +54,8 @@ func (c *Call) Pace() (Pace, bool) {
 	if c.won == nil {
 		return Pace{}, false
 	}
-	h, req := c.reg.hedges, c.req
-	return h.pace(req.Model, h.budget(req.Model).size(req.Group))
+	hm := c.hedgeModel()
+	return c.reg.hedges.paceIn(hm, hm.budget.size(c.req.Group))
 }
 
 // observePace teaches the model's decode pace an attempt whose first
@@ -67,7 +67,15 @@ func (c *Call) observePace(first, last time.Time, k int64) {
 	if k < 1 {
 		return
 	}
-	c.reg.hedges.observePace(c.req.Model, last.Sub(first)/time.Duration(k))
+	c.reg.hedges.observePaceIn(c.hedgeModel(), last.Sub(first)/time.Duration(k))
+}
+
+// hedgeModel returns the call's model's hedging: its pass's.
+func (c *Call) hedgeModel() *hedgeModel {
+	if c.p.hm != nil {
+		return c.p.hm
+	}
+	return c.reg.hedges.model(c.req.Model)
 }
 
 // Progress reports that the winner, whose answer is being relayed, has
@@ -264,7 +272,8 @@ func (c *Call) paceRace(ctx context.Context, read AssembleFunc, u *attempt, resu
 // counted in tailgate_hedges_skipped_total with its reason.
 func (c *Call) paceHedge(ctx context.Context, read AssembleFunc, results chan<- *attempt) *attempt {
 	r, req := c.reg, c.req
-	hs := r.hedges.settings(req.Model)
+	hm := c.hedgeModel()
+	hs := hm.s
 	if c.p.started >= r.cfg.MaxAttempts {
 		return nil
 	}
@@ -280,7 +289,7 @@ func (c *Call) paceHedge(ctx context.Context, read AssembleFunc, results chan<- 
 	default:
 		rep, why = r.hedgeTarget(req, c.tried)
 		if why == "" {
-			_, why = r.hedges.budget(req.Model).take(req.Group, hs.burst)
+			_, why = hm.budget.take(req.Group, hs.burst)
 		}
 	}
 	if why != "" {
