@@ -53,7 +53,11 @@ func (s *Server) observeSLO(cl *call) {
 	if cl.req.stream {
 		kind = slo.Stream
 	}
-	s.slo.Observe(slo.Request{Model: cl.mm.model, Source: cl.source, Kind: kind, Answered: cl.firstToken, Stages: cl.stages})
+	r := slo.Request{Model: cl.mm.model, Source: cl.source, Kind: kind, Answered: cl.firstToken, Stages: cl.stages}
+	if cl.stages.Total >= 0 {
+		r.End = cl.start.Add(cl.stages.Total) // the clock read once more cost 0.05 % of the gateway's CPU
+	}
+	s.slo.Observe(r)
 }
 
 // handleGetSLO serves the latency budgets' evaluation: a row per model,

@@ -333,3 +333,21 @@ func BenchmarkObserve(b *testing.B) {
 		}
 	})
 }
+
+// A request counts in the windows of when it ended, as its caller's clock
+// read it: one that ended ten minutes before it was observed is outside
+// the 5m window and inside the 30m one.
+func TestRequestCountsWhenItEnded(t *testing.T) {
+	e, c := newEval(t, Config{})
+	late := stream("m", 100*time.Millisecond, 150*time.Millisecond)
+	late.End = c.now().Add(-10 * time.Minute)
+	e.Observe(late)
+	e.Observe(stream("m", 100*time.Millisecond, 150*time.Millisecond))
+	r := find(e.Evaluate(false), "m", "", Stream, data.StageTTFT, "p95")
+	if r == nil || r.Requests != 1 {
+		t.Fatalf("ttft row %+v: want the one request that ended in the last 5 minutes", r)
+	}
+	if within := r.within["30m"]; within == nil || r.Burn["30m"] != 0 {
+		t.Fatalf("ttft row %+v: the 30m window has no request", r)
+	}
+}
