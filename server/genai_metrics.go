@@ -78,22 +78,20 @@ type genAIObservers struct {
 // genAIFor returns the children of ep's operation; an endpoint that
 // generates nothing has no output series (ttft, tpot, output tokens nil).
 func (mm *modelMetrics) genAIFor(g *genAIMetrics, ep endpoint) *genAIObservers {
-	if o, ok := mm.genAI.Load(ep.path); ok {
-		return o.(*genAIObservers)
-	}
-	op, model := operationName(ep.path), mm.model
-	o := &genAIObservers{
-		op:          op,
-		duration:    g.duration.WithLabelValues(op, model, model, ""),
-		inputTokens: g.tokens.WithLabelValues(op, "input", model, model),
-	}
-	if ep.generates {
-		o.ttft = g.ttft.WithLabelValues(op, model, model)
-		o.tpot = g.tpot.WithLabelValues(op, model, model)
-		o.outputTokens = g.tokens.WithLabelValues(op, "output", model, model)
-	}
-	actual, _ := mm.genAI.LoadOrStore(ep.path, o)
-	return actual.(*genAIObservers)
+	return mm.genAI.loadOrMake(ep.path, func() *genAIObservers {
+		op, model := operationName(ep.path), mm.model
+		o := &genAIObservers{
+			op:          op,
+			duration:    g.duration.WithLabelValues(op, model, model, ""),
+			inputTokens: g.tokens.WithLabelValues(op, "input", model, model),
+		}
+		if ep.generates {
+			o.ttft = g.ttft.WithLabelValues(op, model, model)
+			o.tpot = g.tpot.WithLabelValues(op, model, model)
+			o.outputTokens = g.tokens.WithLabelValues(op, "output", model, model)
+		}
+		return o
+	})
 }
 
 // observeGenAI counts a finished call in the GenAI metrics: one that named a

@@ -42,8 +42,8 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		cl.group = boundString(r.Header.Get("X-Tailgate-Group"))
 		cl.session = hashString(agentSession(r.Header))
 		cl.source = s.sourceOf(r)
-		s.live.track(cl)
-		defer s.live.untrack(cl)
+		live := s.live.track(cl)
+		defer s.live.untrack(live)
 		out := &pub.out
 		*out = httpSink{s: s, c: c, h: c.Response().Header()}
 		out.set("X-Request-Id", cl.id)

@@ -12,9 +12,16 @@ import (
 // the ledger row written at its end).
 //
 // It holds the calls themselves, read only for the fields fixed before they
-// are tracked (id, start, endpoint, principal): tracking a request costs its
-// map entry and nothing else.
-type liveCalls struct{ m sync.Map } // *call → struct{}
+// are tracked (id, start, endpoint, principal), each in a slot of its own
+// until it ends: tracking a request stores a pointer in a slot a request
+// that ended gave back. (A sync.Map's store and delete, with an entry
+// allocated per request, were 0.26 % of the gateway's CPU at 1000 req/s:
+// /work/wt/profile tg3.script, liveCalls.track and untrack.)
+type liveCalls struct {
+	mu    sync.Mutex
+	slots []*call // nil: free
+	free  []int   // the free slots, the latest given back last
+}
 
 // LiveCall is one request in flight.
 type LiveCall struct {
@@ -28,23 +35,43 @@ type LiveCall struct {
 
 func newLiveCalls() *liveCalls { return &liveCalls{} }
 
-// track lists cl until untrack.
-func (l *liveCalls) track(cl *call) { l.m.Store(cl, struct{}{}) }
+// track lists cl until untrack is given the slot it returns.
+func (l *liveCalls) track(cl *call) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := len(l.free); n > 0 {
+		i := l.free[n-1]
+		l.free = l.free[:n-1]
+		l.slots[i] = cl
+		return i
+	}
+	l.slots = append(l.slots, cl)
+	return len(l.slots) - 1
+}
 
-func (l *liveCalls) untrack(cl *call) { l.m.Delete(cl) }
+// untrack takes the call in slot (track's) off the list.
+func (l *liveCalls) untrack(slot int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.slots[slot] = nil
+	l.free = append(l.free, slot)
+}
 
 // list returns the requests in flight, oldest first.
 func (l *liveCalls) list() []LiveCall {
 	out := []LiveCall{}
-	l.m.Range(func(k, _ any) bool {
-		cl := k.(*call)
+	l.mu.Lock()
+	for _, cl := range l.slots {
+		if cl == nil {
+			continue
+		}
 		lc := LiveCall{ID: cl.id, Start: cl.start, Endpoint: cl.ep.path}
 		if p := cl.principal; p != nil {
 			lc.Tenant, lc.KeyID, lc.KeyPrefix = p.Tenant, p.KeyID, p.KeyPrefix
 		}
 		out = append(out, lc)
-		return true
-	})
+	}
+	l.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Start.Before(out[j].Start) })
 	return out
 }

@@ -5,7 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"strconv"
-	"sync"
+	"sync/atomic"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -35,22 +35,37 @@ import (
 // so there the engine's cache stays shared: see docs/operations.md). A
 // multipart audio form is forwarded without a client's cache_salt field.
 
-// cacheSalts derives and remembers tenants' salts.
+// cacheSalts derives and remembers tenants' salts: the latest tenant of
+// each slot (by its id), one pointer read a request while the tenants in
+// flight hold different slots; a tenant whose slot another took has its
+// salt derived again (an HMAC, about a microsecond). (A sync.Map of every
+// tenant cost its loads 0.09 % of the gateway's CPU at 1000 req/s:
+// /work/wt/profile tg3.script, cacheSalts.of.)
 type cacheSalts struct {
 	secret []byte
-	m      sync.Map // tenant id → string
+	slots  [saltSlots]atomic.Pointer[tenantSalt] // by tenant id modulo saltSlots
+}
+
+// saltSlots is how many tenants' salts are remembered at most.
+const saltSlots = 1024
+
+// tenantSalt is a tenant's salt.
+type tenantSalt struct {
+	tenant int64
+	salt   string
 }
 
 // of returns the tenant's salt: 22 characters of base64url.
 func (c *cacheSalts) of(tenant int64) string {
-	if v, ok := c.m.Load(tenant); ok {
-		return v.(string)
+	slot := &c.slots[uint64(tenant)%saltSlots]
+	if ts := slot.Load(); ts != nil && ts.tenant == tenant {
+		return ts.salt
 	}
 	mac := hmac.New(sha256.New, c.secret)
 	mac.Write([]byte("tailgate cache_salt\x00"))
 	mac.Write(strconv.AppendInt(nil, tenant, 10))
 	salt := base64.RawURLEncoding.EncodeToString(mac.Sum(nil)[:16])
-	c.m.Store(tenant, salt)
+	slot.Store(&tenantSalt{tenant, salt})
 	return salt
 }
 

@@ -583,11 +583,10 @@ func (s *Server) record(cl *call, cost int64) {
 // means it gets none (no principal, or a refusal past the rejected-rows
 // rate).
 func (s *Server) observe(cl *call, cost int64) (data.LedgerRow, bool) {
-	model := "unknown"
-	if cl.mm != nil {
-		model = cl.mm.model
+	mm := cl.mm
+	if mm == nil {
+		mm = s.m.model("unknown")
 	}
-	mm := s.m.model(model)
 	mm.request(cl.status)
 	cl.stages.Each(func(i int, _ string, d time.Duration) {
 		if d >= 0 {
