@@ -45,6 +45,11 @@ type Call struct {
 	// BenchmarkGatewayOverhead, router.(*Call).launch).
 	attempts [2]attempt
 	triedBuf [2]*Replica
+	// firstRace is what the first hedged pass shares (see startPass), raced
+	// once it is taken: a later pass makes its own, so a timer of the first
+	// that fires late never reaches it.
+	firstRace hedgeRace
+	raced     bool
 }
 
 // pass is the state of one run of [Call.Start]: the attempts it started
@@ -180,8 +185,14 @@ func (c *Call) startPass(ctx context.Context) error {
 	// cancels the loser — while this one waits for its attempt to end.
 	// One allocation for what the caller and the timer share (pprof of
 	// BenchmarkGatewayOverhead: the first attempt's variable, the state and
-	// two channels were 5.4 allocations a hedged request).
-	h := &hedgeRace{tick: make(chan time.Time, 1)}
+	// two channels were 5.4 allocations a hedged request; the state lives
+	// in the call for its first pass).
+	h := &c.firstRace
+	if c.raced {
+		h = new(hedgeRace)
+	}
+	c.raced = true
+	h.tick = make(chan time.Time, 1)
 	p.deferred = &h.first
 	if err := c.pick(ctx, ReasonFirst); err != nil {
 		return err

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"errors"
 	"testing"
 )
@@ -33,5 +34,33 @@ func TestPickAllocatesNothing(t *testing.T) {
 				t.Errorf("%s (best %v): a pick allocates %.0f times, want 0", name, best, n)
 			}
 		}
+	}
+}
+
+// TestHedgedRequestAllocations: a request armed for a hedge whose first
+// attempt answers before the delay — most requests once the delay is
+// learnt — costs its call (which holds what its caller and its timer
+// share), its outcomes channel and the channel the caller and the timer
+// share (two each: a buffer of pointers is apart), the timer and the
+// timer's function, and its attempt's context and cancel.
+func TestHedgedRequestAllocations(t *testing.T) {
+	reg, _ := primed(t, Config{})
+	att := &fakeAttempt{}
+	open := func(context.Context, *Replica, int, AttemptReason) (Attempt, error) { return att, nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	run := func() {
+		c, err := reg.Do(ctx, hint("m"), open)
+		if err != nil || c.Hedged {
+			t.Fatalf("Do = %+v, %v: want the first attempt, unhedged", c, err)
+		}
+		c.Finish()
+	}
+	run()
+	if _, ok := reg.HedgeDelay("m", false); !ok {
+		t.Fatal("no hedge delay learnt: the request was not armed")
+	}
+	if n := testing.AllocsPerRun(200, run); n > 9 {
+		t.Errorf("a hedged request allocates %.1f times, want at most 9", n)
 	}
 }
