@@ -192,26 +192,26 @@ func (c *Call) startPass(ctx context.Context) error {
 		h = new(hedgeRace)
 	}
 	c.raced = true
-	h.tick = make(chan time.Time, 1)
+	h.tick = make(chan struct{}, 1)
 	p.deferred = &h.first
 	if err := c.pick(ctx, ReasonFirst); err != nil {
 		return err
 	}
 	fire := func() {
 		if !h.state.CompareAndSwap(running, takenOver) {
-			h.tick <- time.Time{}
+			h.tick <- struct{}{}
 			return
 		}
 		defer func() {
 			if p := recover(); p != nil {
 				h.d = decided{panicky: p}
-				h.tick <- time.Time{}
+				h.tick <- struct{}{}
 			}
 		}()
-		fired := make(chan time.Time, 1)
-		fired <- time.Time{}
+		fired := make(chan struct{}, 1)
+		fired <- struct{}{}
 		h.d = decided{err: c.decide(ctx, fired)}
-		h.tick <- time.Time{}
+		h.tick <- struct{}{}
 	}
 	stop := r.afterFunc(delay, fire)
 	defer stop.stop()
@@ -233,7 +233,7 @@ func (c *Call) startPass(ctx context.Context) error {
 type hedgeRace struct {
 	state atomic.Int32
 	first *attempt
-	tick  chan time.Time
+	tick  chan struct{}
 	d     decided // set by the timer before its send on tick, when it decided
 }
 
@@ -362,9 +362,10 @@ func (c *Call) run(a *attempt) {
 
 // decide waits for the attempts' outcomes — and, on hedgeC, for the hedge
 // delay — until the request has its first output or has failed.
-func (c *Call) decide(ctx context.Context, hedgeC <-chan time.Time) error {
+func (c *Call) decide(ctx context.Context, hedgeC <-chan struct{}) error {
 	r, req, p := c.reg, c.req, &c.p
 	var last error
+	var rearmC <-chan time.Time // a group part's delay, re-armed (see hedgeDue)
 	for {
 		select {
 		case o := <-p.outcomes:
@@ -463,28 +464,39 @@ func (c *Call) decide(ctx context.Context, hedgeC <-chan time.Time) error {
 			return c.win(h)
 		case <-hedgeC:
 			hedgeC = nil
-			if req.Group != "" {
-				if d, _ := r.hedges.delayIn(p.hm, req.Stream, p.hb.size(req.Group)); d > p.delay {
-					hedgeC = c.after(d - r.cfg.Now().Sub(p.first))
-					p.delay = d
-					continue
-				}
-			}
-			if p.live != 1 || p.started >= r.cfg.MaxAttempts {
-				continue
-			}
-			rep, why := r.hedgeTarget(req, c.tried)
-			if why == "" {
-				_, why = p.hb.take(req.Group, p.hs.burst)
-			}
-			if why != "" {
-				r.m.skipped(req.Model, why)
-				continue
-			}
-			c.launch(ctx, rep, ReasonHedge)
-			p.hedged, c.Hedged = true, true
+			rearmC = c.hedgeDue(ctx)
+		case <-rearmC:
+			rearmC = c.hedgeDue(ctx)
 		}
 	}
+}
+
+// hedgeDue starts the pass's hedge once its delay passed — unless the
+// attempts or the budget say no, or, for a part of a group, its group
+// turned out smaller than armed for: then it returns the delay re-armed.
+func (c *Call) hedgeDue(ctx context.Context) (rearm <-chan time.Time) {
+	r, req, p := c.reg, c.req, &c.p
+	if req.Group != "" {
+		if d, _ := r.hedges.delayIn(p.hm, req.Stream, p.hb.size(req.Group)); d > p.delay {
+			rearm = c.after(d - r.cfg.Now().Sub(p.first))
+			p.delay = d
+			return rearm
+		}
+	}
+	if p.live != 1 || p.started >= r.cfg.MaxAttempts {
+		return nil
+	}
+	rep, why := r.hedgeTarget(req, c.tried)
+	if why == "" {
+		_, why = p.hb.take(req.Group, p.hs.burst)
+	}
+	if why != "" {
+		r.m.skipped(req.Model, why)
+		return nil
+	}
+	c.launch(ctx, rep, ReasonHedge)
+	p.hedged, c.Hedged = true, true
+	return nil
 }
 
 // win makes a the request's answer and cancels the attempts still running.
