@@ -49,6 +49,10 @@ type Store struct {
 	ledgerStmts [len(ledgerChunks)]*sql.Stmt
 	// ledgerExact[i] is ledgerStmts[i] returning the ids it changed.
 	ledgerExact [len(ledgerChunks)]*sql.Stmt
+	// eventsMark and eventsInsert write, on SQLite, the usage events of
+	// the rows a ledger transaction inserts (usageEventsSQL); nil on
+	// PostgreSQL.
+	eventsMark, eventsInsert *sql.Stmt
 	// live refreshes open rows' figures (refreshOpen).
 	live liveRefresh
 	// spend adds a batch's totals to spend (spend.go).
@@ -231,7 +235,7 @@ func (s *Store) Close() error {
 		s.live.mu.Lock()
 		errs = append(errs, s.live.closeLocked())
 		s.live.mu.Unlock()
-		for _, st := range append(s.ledgerStmts[:], s.ledgerExact[:]...) {
+		for _, st := range append(append(s.ledgerStmts[:], s.ledgerExact[:]...), s.eventsMark, s.eventsInsert) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}
