@@ -24,34 +24,34 @@ func appendRecord(b []byte, r *LedgerRow) []byte {
 		b = r.Time.AppendFormat(b, time.RFC3339Nano)
 		b = append(b, '"')
 	}
-	b = appendInt(b, `,"TenantID":`, r.TenantID)
+	b = appendNonZero(b, `,"TenantID":`, r.TenantID)
 	b = appendStr(b, `,"Tenant":`, r.Tenant)
 	b = appendStr(b, `,"KeyID":`, r.KeyID)
 	b = appendStr(b, `,"Model":`, r.Model)
 	b = appendStr(b, `,"Upstream":`, r.Upstream)
 	b = appendTrue(b, `,"Stream":true`, r.Stream)
 	b = appendStr(b, `,"Endpoint":`, r.Endpoint)
-	b = appendInt(b, `,"PromptTokens":`, r.PromptTokens)
-	b = appendInt(b, `,"CompletionTokens":`, r.CompletionTokens)
-	b = appendInt(b, `,"HedgeOverheadTokens":`, r.HedgeOverheadTokens)
-	b = appendInt(b, `,"CostMicros":`, r.CostMicros)
-	b = appendInt(b, `,"Status":`, int64(r.Status))
+	b = appendNonZero(b, `,"PromptTokens":`, r.PromptTokens)
+	b = appendNonZero(b, `,"CompletionTokens":`, r.CompletionTokens)
+	b = appendNonZero(b, `,"HedgeOverheadTokens":`, r.HedgeOverheadTokens)
+	b = appendNonZero(b, `,"CostMicros":`, r.CostMicros)
+	b = appendNonZero(b, `,"Status":`, int64(r.Status))
 	b = appendStr(b, `,"Outcome":`, string(r.Outcome))
 	b = appendStr(b, `,"Error":`, string(r.Error))
-	b = appendInt(b, `,"Attempts":`, int64(r.Attempts))
+	b = appendNonZero(b, `,"Attempts":`, int64(r.Attempts))
 	b = appendTrue(b, `,"Hedged":true`, r.Hedged)
 	s := &r.Stages
 	b = append(b, `,"Stages":{`...)
 	n := len(b)
-	b = appendInt(b, `,"Gateway":`, int64(s.Gateway))
-	b = appendInt(b, `,"Connect":`, int64(s.Connect))
-	b = appendInt(b, `,"UpstreamTTFT":`, int64(s.UpstreamTTFT))
-	b = appendInt(b, `,"EngineQueue":`, int64(s.EngineQueue))
-	b = appendInt(b, `,"EngineTTFT":`, int64(s.EngineTTFT))
-	b = appendInt(b, `,"Network":`, int64(s.Network))
-	b = appendInt(b, `,"TTFT":`, int64(s.TTFT))
-	b = appendInt(b, `,"Total":`, int64(s.Total))
-	b = appendInt(b, `,"Hold":`, int64(s.Hold))
+	b = appendNonZero(b, `,"Gateway":`, int64(s.Gateway))
+	b = appendNonZero(b, `,"Connect":`, int64(s.Connect))
+	b = appendNonZero(b, `,"UpstreamTTFT":`, int64(s.UpstreamTTFT))
+	b = appendNonZero(b, `,"EngineQueue":`, int64(s.EngineQueue))
+	b = appendNonZero(b, `,"EngineTTFT":`, int64(s.EngineTTFT))
+	b = appendNonZero(b, `,"Network":`, int64(s.Network))
+	b = appendNonZero(b, `,"TTFT":`, int64(s.TTFT))
+	b = appendNonZero(b, `,"Total":`, int64(s.Total))
+	b = appendNonZero(b, `,"Hold":`, int64(s.Hold))
 	b = dropComma(b, n)
 	b = append(b, '}')
 	if r.AttemptLog != nil {
@@ -63,23 +63,23 @@ func appendRecord(b []byte, r *LedgerRow) []byte {
 			}
 			b = append(b, '{')
 			n := len(b)
-			b = appendInt(b, `,"N":`, int64(a.N))
+			b = appendNonZero(b, `,"N":`, int64(a.N))
 			b = appendStr(b, `,"Replica":`, a.Replica)
 			b = appendStr(b, `,"Role":`, a.Role)
-			b = appendInt(b, `,"Start":`, int64(a.Start))
-			b = appendInt(b, `,"TTFT":`, int64(a.TTFT))
-			b = appendInt(b, `,"End":`, int64(a.End))
+			b = appendNonZero(b, `,"Start":`, int64(a.Start))
+			b = appendNonZero(b, `,"TTFT":`, int64(a.TTFT))
+			b = appendNonZero(b, `,"End":`, int64(a.End))
 			b = appendStr(b, `,"Outcome":`, a.Outcome)
 			b = appendStr(b, `,"Reason":`, a.Reason)
-			b = appendInt(b, `,"PromptTokens":`, a.PromptTokens)
-			b = appendInt(b, `,"CompletionTokens":`, a.CompletionTokens)
+			b = appendNonZero(b, `,"PromptTokens":`, a.PromptTokens)
+			b = appendNonZero(b, `,"CompletionTokens":`, a.CompletionTokens)
 			b = dropComma(b, n)
 			b = append(b, '}')
 		}
 		b = append(b, ']')
 	}
 	b = appendStr(b, `,"Priority":`, r.Priority)
-	b = appendInt(b, `,"QueueWait":`, int64(r.QueueWait))
+	b = appendNonZero(b, `,"QueueWait":`, int64(r.QueueWait))
 	b = appendStr(b, `,"ReplayOf":`, r.ReplayOf)
 	return append(b, '}')
 }
@@ -93,13 +93,17 @@ func dropComma(b []byte, n int) []byte {
 	return b
 }
 
-// appendInt appends the field key (",\"Name\":") with the value v; not
-// at all if v is 0, which a field left out decodes to.
 func appendInt(b []byte, key string, v int64) []byte {
+	return strconv.AppendInt(append(b, key...), v, 10)
+}
+
+// appendNonZero appends the field key (",\"Name\":") with the value v;
+// not at all if v is 0, which a field left out decodes to.
+func appendNonZero(b []byte, key string, v int64) []byte {
 	if v == 0 {
 		return b
 	}
-	return strconv.AppendInt(append(b, key...), v, 10)
+	return appendInt(b, key, v)
 }
 
 // appendStr appends the field key with the string s; not at all if s is
