@@ -102,6 +102,7 @@ func BenchmarkCommitRecord(b *testing.B) {
 		for b.Loop() {
 			buf = appendRecord(buf[:0], &r)
 		}
+		b.ReportMetric(float64(len(buf)), "bytes/record")
 	})
 	b.Run("json.Marshal", func(b *testing.B) {
 		b.ReportAllocs()

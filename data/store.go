@@ -45,11 +45,16 @@ type Store struct {
 	// ckpt is the checkpointer's connection; it runs until Close.
 	ckpt               *sql.DB
 	ckptStop, ckptDone chan struct{}
-	// ledgerStmts[i] inserts ledgerChunks[i] rows at once.
-	ledgerStmts [len(ledgerChunks)]*sql.Stmt
-	// ledgerExact[i] is ledgerStmts[i] returning the ids it changed.
+	// ledgerExact[i] inserts ledgerChunks[i] rows at once, returning the
+	// ids it changed (the statement without RETURNING runs on the driver:
+	// insertRaw).
 	ledgerExact [len(ledgerChunks)]*sql.Stmt
-	// live refreshes open rows' figures (refreshOpen).
+	// eventsMark and eventsInsert write, on SQLite, the usage events of
+	// the rows a ledger transaction inserts (usageEventsSQL); nil on
+	// PostgreSQL.
+	eventsMark, eventsInsert *sql.Stmt
+	// live refreshes open rows' figures (refreshOpen) and inserts ledger
+	// rows (insertRaw) on the driver.
 	live liveRefresh
 	// spend adds a batch's totals to spend (spend.go).
 	spend spendStmts
@@ -231,7 +236,7 @@ func (s *Store) Close() error {
 		s.live.mu.Lock()
 		errs = append(errs, s.live.closeLocked())
 		s.live.mu.Unlock()
-		for _, st := range append(s.ledgerStmts[:], s.ledgerExact[:]...) {
+		for _, st := range append(s.ledgerExact[:], s.eventsMark, s.eventsInsert) {
 			if st != nil {
 				errs = append(errs, st.Close())
 			}
