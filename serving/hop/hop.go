@@ -7,9 +7,11 @@
 // channel, then waits for the body's end), so each request through it costs
 // a few goroutine wake-ups. On the gateway's hop — a loopback or tailnet
 // connection to an engine that answers in milliseconds — those wake-ups were
-// a measurable part of what the gateway adds. Here the request is written with
-// [http.Request.Write] and its answer parsed with [http.ReadResponse] by the
-// goroutine that called RoundTrip; its body is read by whoever reads it.
+// a measurable part of what the gateway adds. Here the request is written
+// and its answer's head read by the goroutine that called RoundTrip — as
+// [http.Request.Write] writes and [http.ReadResponse] reads them, by hand for
+// the common shapes (write.go, read.go) and by those functions for the rest;
+// its body is read by whoever reads it.
 //
 // Only what the gateway sends to engines takes this path: plain http, a
 // request body of known length or none. Anything else (https, a proxy, a
@@ -380,11 +382,11 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 	if trace != nil && trace.GotFirstResponseByte != nil {
 		trace.GotFirstResponseByte()
 	}
-	resp, err := http.ReadResponse(c.br, req)
+	resp, f, err := c.readResponse(req)
 	// Informational answers (100 Continue, 103 Early Hints) come before
 	// the answer, as net/http's Transport skips them.
 	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-		resp, err = http.ReadResponse(c.br, req)
+		resp, f, err = c.readResponse(req)
 	}
 	if err != nil {
 		return fail(err, false)
@@ -394,8 +396,19 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 		c.release(stop, keep)
 		return resp, nil
 	}
-	resp.Body = &body{c: c, rc: resp.Body, stop: stop, keep: keep, ctx: ctx}
+	resp.Body = &body{c: c, rc: resp.Body, f: f, stop: stop, keep: keep, ctx: ctx}
 	return resp, nil
+}
+
+// readResponse reads an answer's head from c: by readHead, or, for what it
+// does not take, by http.ReadResponse (whose body is then resp.Body).
+func (c *conn) readResponse(req *http.Request) (*http.Response, framing, error) {
+	resp, f, fallback := readHead(c.br, req)
+	if fallback == nil {
+		return resp, f, nil
+	}
+	resp, err := http.ReadResponse(fallback, req)
+	return resp, framing{}, err
 }
 
 // noAnswer reports whether a read error means the replica closed the
@@ -424,8 +437,12 @@ func (c *conn) release(stop func() bool, keep bool) {
 
 // body is a response's body; it hands its connection back at its end.
 type body struct {
-	c    *conn
-	rc   io.ReadCloser // never closed: net/http's Close would read to the end
+	c *conn
+	// The answer's framing as readHead read it, or http.ReadResponse's
+	// body (rc non-nil; never closed: net/http's Close would read to the
+	// end).
+	f    framing
+	rc   io.ReadCloser
 	stop func() bool
 	ctx  context.Context
 	keep bool
@@ -450,7 +467,15 @@ func (b *body) Read(p []byte) (int, error) {
 	case bodyClosed:
 		return 0, errBodyClosed
 	}
-	n, err := b.rc.Read(p)
+	var (
+		n   int
+		err error
+	)
+	if b.rc != nil {
+		n, err = b.rc.Read(p)
+	} else {
+		n, err = b.f.read(b.c.br, p)
+	}
 	if err == nil {
 		return n, nil
 	}
