@@ -68,6 +68,10 @@ type conn struct {
 	nc   net.Conn
 	br   *bufio.Reader // while a request is in flight; nil while idle
 	used bool          // has carried a request before this one
+	// unblock makes c's pending and future reads and writes fail at once:
+	// what a cancelled request calls (made once per connection, not per
+	// request).
+	unblock func()
 
 	idleTimer *time.Timer // closes it when idle too long; nil while in use
 }
@@ -253,6 +257,7 @@ func (t *Transport) get(ctx context.Context, key string, trace *httptrace.Client
 		return nil, err
 	}
 	c := &conn{t: t, key: key, nc: nc}
+	c.unblock = func() { c.nc.SetDeadline(aLongTimeAgo) }
 	if trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: nc})
 	}
@@ -353,7 +358,7 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 	ctx := req.Context()
 	// A cancelled request unblocks its reads and writes; the connection is
 	// then closed, never pooled.
-	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(aLongTimeAgo) })
+	stop := context.AfterFunc(ctx, c.unblock)
 	fail := func(err error, stale bool) (*http.Response, error) {
 		stop()
 		c.nc.Close()
