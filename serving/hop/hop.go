@@ -387,11 +387,11 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 	if trace != nil && trace.GotFirstResponseByte != nil {
 		trace.GotFirstResponseByte()
 	}
-	resp, f, err := c.readResponse(req)
+	resp, b, err := c.readResponse(req)
 	// Informational answers (100 Continue, 103 Early Hints) come before
 	// the answer, as net/http's Transport skips them.
 	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-		resp, f, err = c.readResponse(req)
+		resp, b, err = c.readResponse(req)
 	}
 	if err != nil {
 		return fail(err, false)
@@ -401,19 +401,24 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 		c.release(stop, keep)
 		return resp, nil
 	}
-	resp.Body = &body{c: c, rc: resp.Body, f: f, stop: stop, keep: keep, ctx: ctx}
+	if b == nil {
+		b = &body{rc: resp.Body}
+	}
+	b.c, b.stop, b.keep, b.ctx = c, stop, keep, ctx
+	resp.Body = b
 	return resp, nil
 }
 
-// readResponse reads an answer's head from c: by readHead, or, for what it
-// does not take, by http.ReadResponse (whose body is then resp.Body).
-func (c *conn) readResponse(req *http.Request) (*http.Response, framing, error) {
-	resp, f, fallback := readHead(c.br, req)
+// readResponse reads an answer's head from c: by readHead, with the body
+// that reads it (its framing set), or, for what readHead does not take, by
+// http.ReadResponse (whose body is then resp.Body, and b nil).
+func (c *conn) readResponse(req *http.Request) (resp *http.Response, b *body, err error) {
+	a, fallback := readHead(c.br, req)
 	if fallback == nil {
-		return resp, f, nil
+		return &a.resp, &a.body, nil
 	}
-	resp, err := http.ReadResponse(fallback, req)
-	return resp, framing{}, err
+	resp, err = http.ReadResponse(fallback, req)
+	return resp, nil, err
 }
 
 // noAnswer reports whether a read error means the replica closed the

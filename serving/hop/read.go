@@ -30,11 +30,12 @@ import (
 // BenchmarkGatewayOverhead's memory profile (server package), and 1.5 % of
 // the gateway's CPU samples at 1000 JSON requests a second.
 //
-// The returned framing is the body's: n > 0 bytes of length, or chunked;
-// an empty body is http.NoBody on resp.
-func readHead(br *bufio.Reader, req *http.Request) (resp *http.Response, f framing, fallback *bufio.Reader) {
+// The answer holds the response, and its body's framing (n > 0 bytes of
+// length, or chunked) in a.body; an empty body is http.NoBody on the
+// response.
+func readHead(br *bufio.Reader, req *http.Request) (a *answer, fallback *bufio.Reader) {
 	if req != nil && req.Method == http.MethodHead {
-		return nil, f, br
+		return nil, br
 	}
 	// The head's end: the first empty line; every line ends in CRLF.
 	end, lines := 0, 0
@@ -47,11 +48,11 @@ func readHead(br *bufio.Reader, req *http.Request) (resp *http.Response, f frami
 			}
 			i += scanned
 			if i == 0 || buf[i-1] != '\r' {
-				return nil, f, br // a line ended by LF alone
+				return nil, br // a line ended by LF alone
 			}
 			if i-1 == scanned {
 				if scanned == 0 {
-					return nil, f, br // no status line
+					return nil, br // no status line
 				}
 				end = i + 1
 			}
@@ -62,11 +63,11 @@ func readHead(br *bufio.Reader, req *http.Request) (resp *http.Response, f frami
 			break
 		}
 		if br.Buffered() == br.Size() {
-			return nil, f, br // longer than the buffer
+			return nil, br // longer than the buffer
 		}
 		if _, err := br.Peek(br.Buffered() + 1); err != nil {
 			held, _ := br.Peek(br.Buffered())
-			return nil, f, bufio.NewReader(io.MultiReader(bytes.NewReader(bytes.Clone(held)), failing{err}))
+			return nil, bufio.NewReader(io.MultiReader(bytes.NewReader(bytes.Clone(held)), failing{err}))
 		}
 	}
 	fields := lines - 2 // not the status line, nor the empty one
@@ -80,23 +81,23 @@ func readHead(br *bufio.Reader, req *http.Request) (resp *http.Response, f frami
 	case bytes.HasPrefix(peeked, proto10):
 		major, minor = 1, 0
 	default:
-		return nil, f, br
+		return nil, br
 	}
 	const codeAt = len("HTTP/1.1 ")
 	statusEnd := bytes.IndexByte(peeked, '\n') - 1 // at the CR
 	if statusEnd < codeAt+3 || !digit(peeked[codeAt]) || !digit(peeked[codeAt+1]) || !digit(peeked[codeAt+2]) ||
 		(statusEnd > codeAt+3 && peeked[codeAt+3] != ' ') {
-		return nil, f, br
+		return nil, br
 	}
 	code := int(peeked[codeAt]-'0')*100 + int(peeked[codeAt+1]-'0')*10 + int(peeked[codeAt+2]-'0')
 	if code < 200 || code > 599 || code == http.StatusNoContent || code == http.StatusNotModified {
-		return nil, f, br
+		return nil, br
 	}
 
 	// The fields, checked and their names canonicalised in place in a copy
 	// of the head: [name start, name end, value start, value end].
 	if fields > maxFields {
-		return nil, f, br
+		return nil, br
 	}
 	var spans [maxFields][4]int
 	head := make([]byte, end)
@@ -112,12 +113,12 @@ func readHead(br *bufio.Reader, req *http.Request) (resp *http.Response, f frami
 		line := head[at:eol]
 		colon := bytes.IndexByte(line, ':')
 		if colon <= 0 {
-			return nil, f, br // no name, or a folded line
+			return nil, br // no name, or a folded line
 		}
 		upper := true
 		for j, c := range line[:colon] {
 			if !tokenByte(c) {
-				return nil, f, br
+				return nil, br
 			}
 			if upper && 'a' <= c && c <= 'z' {
 				c -= 'a' - 'A'
@@ -136,27 +137,27 @@ func readHead(br *bufio.Reader, req *http.Request) (resp *http.Response, f frami
 		}
 		for _, c := range line[vs:ve] {
 			if c < ' ' && c != '\t' || c == 0x7f {
-				return nil, f, br // as textproto: a control byte
+				return nil, br // as textproto: a control byte
 			}
 		}
 		name, value := line[:colon], line[vs:ve]
 		switch string(name) {
 		case "Connection", "Trailer", "Pragma":
-			return nil, f, br
+			return nil, br
 		case "Transfer-Encoding":
 			if chunked || major == 1 && minor == 0 || !bytes.EqualFold(value, chunkedName) {
-				return nil, f, br
+				return nil, br
 			}
 			chunked = true
 		case "Content-Length":
 			// As strconv.ParseUint(value, 10, 63), to 18 digits.
 			if lengths > 0 || len(value) == 0 || len(value) > 18 {
-				return nil, f, br
+				return nil, br
 			}
 			length, lengths = 0, 1
 			for _, c := range value {
 				if !digit(c) {
-					return nil, f, br
+					return nil, br
 				}
 				length = length*10 + int64(c-'0')
 			}
@@ -165,13 +166,18 @@ func readHead(br *bufio.Reader, req *http.Request) (resp *http.Response, f frami
 		at = eol + 2
 	}
 	if length < 0 && !chunked {
-		return nil, f, br // read to the connection's end
+		return nil, br // read to the connection's end
 	}
 	br.Discard(end)
 
 	s := unsafe.String(unsafe.SliceData(head), len(head)) // head is not written again
+	a = new(answer)
 	h := make(http.Header, fields)
-	vals := make([]string, fields)
+	vals := a.vals[:0]
+	if fields > len(a.vals) {
+		vals = make([]string, fields)
+	}
+	vals = vals[:fields]
 	for i, sp := range spans[:fields] {
 		k := s[sp[0]:sp[1]]
 		if chunked && (k == "Transfer-Encoding" || k == "Content-Length") {
@@ -184,7 +190,8 @@ func readHead(br *bufio.Reader, req *http.Request) (resp *http.Response, f frami
 			h[k] = vals[i : i+1 : i+1]
 		}
 	}
-	resp = &http.Response{
+	resp := &a.resp
+	*resp = http.Response{
 		Status:     s[len("HTTP/1.1 "):statusEnd],
 		StatusCode: code,
 		Proto:      s[:len("HTTP/1.1")],
@@ -198,14 +205,23 @@ func readHead(br *bufio.Reader, req *http.Request) (resp *http.Response, f frami
 	case chunked:
 		resp.ContentLength = -1
 		resp.TransferEncoding = chunkedEncoding
-		f = framing{chunks: httputil.NewChunkedReader(br), resp: resp}
+		a.body.f = framing{chunks: httputil.NewChunkedReader(br), resp: resp}
 	case length == 0:
 		resp.Body = http.NoBody
 	default:
 		resp.ContentLength = length
-		f = framing{n: length}
+		a.body.f = framing{n: length}
 	}
-	return resp, f, nil
+	return a, nil
+}
+
+// answer is an answer readHead read, in one allocation: the response, its
+// body (hop's, which the round trip completes) and the values of up to
+// eight header fields (engines send about five).
+type answer struct {
+	resp http.Response
+	body body
+	vals [8]string
 }
 
 // maxFields bounds the fields of a head readHead takes (engines send about

@@ -69,7 +69,7 @@ func readBoth(raw string, size int, method string) (want, got answerRead, taken 
 	want = observe(resp, err, read, wbr)
 
 	gbr := bufio.NewReaderSize(strings.NewReader(raw), size)
-	resp, f, fallback := readHead(gbr, req)
+	a, fallback := readHead(gbr, req)
 	if fallback != nil {
 		resp, err = http.ReadResponse(fallback, req)
 		if err == nil {
@@ -79,8 +79,8 @@ func readBoth(raw string, size int, method string) (want, got answerRead, taken 
 			gbr = fallback
 		}
 	} else {
-		err, taken = nil, true
-		read = func(p []byte) (int, error) { return f.read(gbr, p) }
+		resp, err, taken = &a.resp, nil, true
+		read = func(p []byte) (int, error) { return a.body.f.read(gbr, p) }
 	}
 	got = observe(resp, err, read, gbr)
 	return want, got, taken
@@ -209,14 +209,14 @@ func BenchmarkReadAnswer(b *testing.B) {
 			_ = resp.Header["Content-Type"]
 		}},
 		{"readHead", func(br *bufio.Reader, req *http.Request, p []byte) {
-			resp, f, fallback := readHead(br, req)
+			a, fallback := readHead(br, req)
 			if fallback != nil {
 				b.Fatal("not taken")
 			}
-			if _, err := f.read(br, p[:resp.ContentLength]); err != io.EOF {
+			if _, err := a.body.f.read(br, p[:a.resp.ContentLength]); err != io.EOF {
 				b.Fatal(err)
 			}
-			_ = resp.Header["Content-Type"]
+			_ = a.resp.Header["Content-Type"]
 		}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
