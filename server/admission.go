@@ -18,7 +18,7 @@ const priorityHeader = "X-Tailgate-Priority"
 // askPriority applies the client's x-tailgate-priority to cl, capped by the
 // key's class, and says on the response which class the request runs as.
 func askPriority(cl *call, r *http.Request, out *httpSink) error {
-	if v := r.Header.Get(priorityHeader); v != "" {
+	if v := headerValue(r.Header, priorityHeader); v != "" {
 		want, err := policy.ParseClass(v)
 		if err != nil {
 			return apierr.BadRequest("", "%s: %v", strings.ToLower(priorityHeader), err)

@@ -24,7 +24,7 @@ var agentSessionHeaders = [...]string{sessionHeader, "X-Claude-Code-Session-Id",
 // the replica that holds their prefix without any setup.
 func agentSession(h http.Header) string {
 	for _, name := range agentSessionHeaders {
-		if v := h.Get(name); v != "" {
+		if v := headerValue(h, name); v != "" {
 			return v
 		}
 	}

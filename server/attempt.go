@@ -302,7 +302,7 @@ func upstreamStatus(resp *http.Response, fail func(error) error) error {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	status := resp.StatusCode
 	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
-		err := &upstreamStatusError{status: status, retryAfter: min(parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()), time.Minute)}
+		err := &upstreamStatusError{status: status, retryAfter: min(parseRetryAfter(headerValue(resp.Header, "Retry-After"), time.Now()), time.Minute)}
 		// Overloaded, draining or not ready: nothing ran; the router backs
 		// the replica off or drains it as it asked, and goes elsewhere.
 		return &router.Declined{Err: err, RetryAfter: err.retryAfter,
@@ -336,23 +336,33 @@ func (s *Server) idleDeadline(model string) time.Duration {
 // serverTiming renders the call's known stages as a Server-Timing header, in
 // milliseconds.
 func serverTiming(cl *call) string {
-	var (
-		b   strings.Builder
-		num [24]byte
-	)
-	b.Grow(256) // every stage: "upstream_ttft;dur=1234.567, " is 28 bytes
+	var buf [timingBytes]byte
+	return string(appendServerTiming(buf[:0], cl))
+}
+
+// timingBytes holds every stage: "upstream_ttft;dur=1234.567, " is 28 bytes.
+const timingBytes = 256
+
+// appendServerTiming appends serverTiming's value to b: each known stage's
+// milliseconds to the microsecond (rounded half up), in integers
+// (strconv.AppendFloat's 'f' formatting was 0.15 % of the gateway's CPU
+// samples at 1000 JSON requests a second).
+func appendServerTiming(b []byte, cl *call) []byte {
+	start := len(b)
 	cl.stages.Each(func(_ int, name string, d time.Duration) {
 		if d < 0 {
 			return
 		}
-		if b.Len() > 0 {
-			b.WriteString(", ")
+		if len(b) > start {
+			b = append(b, ", "...)
 		}
-		b.WriteString(name)
-		b.WriteString(";dur=")
-		b.Write(strconv.AppendFloat(num[:0], float64(d)/float64(time.Millisecond), 'f', 3, 64))
+		b = append(append(b, name...), ";dur="...)
+		us := (int64(d) + 500) / 1000
+		b = append(strconv.AppendInt(b, us/1000, 10), '.')
+		frac := us % 1000
+		b = append(b, byte('0'+frac/100), byte('0'+frac/10%10), byte('0'+frac%10))
 	})
-	return b.String()
+	return b
 }
 
 // request builds the attempt's POST of body to path on its replica, its

@@ -38,8 +38,8 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		s.initCall(cl, ep, p)
 		cl.trace = s.traceCall(r, cl)
 		defer cl.trace.end(cl)
-		cl.noHedge = strings.EqualFold(r.Header.Get("X-Tailgate-Hedge"), "off")
-		cl.group = boundString(r.Header.Get("X-Tailgate-Group"))
+		cl.noHedge = strings.EqualFold(headerValue(r.Header, "X-Tailgate-Hedge"), "off")
+		cl.group = boundString(headerValue(r.Header, "X-Tailgate-Group"))
 		cl.session = hashString(agentSession(r.Header))
 		cl.source = s.sourceOf(r)
 		live := s.live.track(cl)
@@ -67,14 +67,14 @@ func (s *Server) handleGenerate(ep endpoint) echo.HandlerFunc {
 		if ep.form {
 			limit = s.cfg.MaxAudioBytes
 		}
-		cl.ctype = r.Header.Get("Content-Type")
+		cl.ctype = headerValue(r.Header, "Content-Type")
 		cl.budgeted = true
 		defer func() { s.bodies.release(p.TenantID, cl.bodyHeld) }()
 		body, ok := s.readBody(c, cl, out, limit)
 		if !ok {
 			return nil
 		}
-		if key := r.Header.Get(idemHeader); key != "" && keyedEndpoint(ep) {
+		if key := headerValue(r.Header, idemHeader); key != "" && keyedEndpoint(ep) {
 			s.serveKeyed(c, cl, key, body, out)
 			return nil
 		}
@@ -174,10 +174,15 @@ func (o *httpSink) stream(cl *call) *sseWriter {
 
 // json sends the winning attempt's JSON answer byte for byte.
 func (o *httpSink) json(cl *call, body []byte) {
+	// Content-Length and Server-Timing cut from one string.
+	var buf [20 + timingBytes]byte
+	b := strconv.AppendInt(buf[:0], int64(len(body)), 10)
+	n := len(b)
+	vals := string(appendServerTiming(b, cl))
 	o.set("Content-Type", "application/json")
-	o.set("Content-Length", strconv.Itoa(len(body)))
+	o.set("Content-Length", vals[:n])
 	setRouteHeaders(o, cl)
-	o.set("Server-Timing", serverTiming(cl))
+	o.set("Server-Timing", vals[n:])
 	_ = http.NewResponseController(o.c.Response()).SetWriteDeadline(time.Now().Add(o.s.cfg.ClientWriteTimeout))
 	o.c.Response().WriteHeader(http.StatusOK)
 	_, _ = o.c.Response().Write(body)

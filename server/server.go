@@ -519,7 +519,7 @@ func (s *Server) newRequestID() string {
 
 // bearer returns the token of an "Authorization: Bearer" header.
 func bearer(r *http.Request) string {
-	h := r.Header.Get("Authorization")
+	h := headerValue(r.Header, "Authorization")
 	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
 		return strings.TrimSpace(h[7:])
 	}

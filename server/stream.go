@@ -40,6 +40,16 @@ type sseWriter struct {
 	failed    error // the first write error (client gone)
 }
 
+// A stream's constant header values, shared by every stream: net/http only
+// reads a handler's values (WriteHeader copies them, Header.Clone), and an
+// append to a slice of capacity one copies it (Header.Set allocated one
+// slice for each, three a stream).
+var (
+	eventStreamType = []string{"text/event-stream"}
+	noCache         = []string{"no-cache"}
+	noBuffering     = []string{"no"}
+)
+
 func newSSEWriter(rw http.ResponseWriter, keepAlive, writeTimeout time.Duration, headers func(http.Header)) *sseWriter {
 	w := &sseWriter{rw: rw, keepAlive: keepAlive, writeTimeout: writeTimeout, headers: headers, lastWrite: time.Now()}
 	w.flusher, _ = rw.(http.Flusher)
@@ -64,9 +74,7 @@ func (w *sseWriter) commitLocked() {
 	}
 	w.committed = true
 	h := w.rw.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
+	h["Content-Type"], h["Cache-Control"], h["X-Accel-Buffering"] = eventStreamType, noCache, noBuffering
 	if w.headers != nil && w.armed {
 		w.headers(h)
 	}

@@ -529,14 +529,14 @@ func readAnswer(resp *http.Response) ([]byte, error) {
 // whole takes a JSON answer: its body, timings from the engine's headers,
 // and usage as the engine reported it.
 func (u *upstream) whole(cl *call, resp *http.Response, body []byte) {
-	u.body, u.ctype = body, resp.Header.Get("Content-Type")
+	u.body, u.ctype = body, headerValue(resp.Header, "Content-Type")
 	u.stages.UpstreamTTFT = time.Since(u.wroteAt)
-	if v, ok := parseMillis(resp.Header.Get(serving.HeaderEngineTTFT)); ok {
+	if v, ok := parseMillis(headerValue(resp.Header, serving.HeaderEngineTTFT)); ok {
 		u.stages.EngineTTFT = v
 	}
-	if v, ok := parseMillis(resp.Header.Get(serving.HeaderEngineQueue)); ok {
+	if v, ok := parseMillis(headerValue(resp.Header, serving.HeaderEngineQueue)); ok {
 		u.stages.EngineQueue = v
-	} else if v, ok := parseMillis(resp.Header.Get(serving.HeaderSimQueue)); ok {
+	} else if v, ok := parseMillis(headerValue(resp.Header, serving.HeaderSimQueue)); ok {
 		u.stages.EngineQueue = v
 	}
 	u.usage, u.gotUsage = reportedUsage(body, policy.Usage{})
@@ -588,6 +588,18 @@ func outputEstimate(body []byte) int64 {
 		return true
 	})
 	return (n + 3) / 4
+}
+
+// headerValue is h.Get(key) for a key in canonical form (checked by
+// TestHeaderKeysReadDirectlyAreCanonical): a direct look-up, without Get's
+// canonicalisation of the key on every call (0.33 % of the gateway's CPU
+// samples in a perf profile at 1000 JSON requests a second). net/http's
+// server and reader and hop's reader store names in canonical form.
+func headerValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // parseMillis parses a decimal number of milliseconds.

@@ -7,9 +7,11 @@
 // channel, then waits for the body's end), so each request through it costs
 // a few goroutine wake-ups. On the gateway's hop — a loopback or tailnet
 // connection to an engine that answers in milliseconds — those wake-ups were
-// a measurable part of what the gateway adds. Here the request is written with
-// [http.Request.Write] and its answer parsed with [http.ReadResponse] by the
-// goroutine that called RoundTrip; its body is read by whoever reads it.
+// a measurable part of what the gateway adds. Here the request is written
+// and its answer's head read by the goroutine that called RoundTrip — as
+// [http.Request.Write] writes and [http.ReadResponse] reads them, by hand for
+// the common shapes (write.go, read.go) and by those functions for the rest;
+// its body is read by whoever reads it.
 //
 // Only what the gateway sends to engines takes this path: plain http, a
 // request body of known length or none. Anything else (https, a proxy, a
@@ -66,6 +68,10 @@ type conn struct {
 	nc   net.Conn
 	br   *bufio.Reader // while a request is in flight; nil while idle
 	used bool          // has carried a request before this one
+	// unblock makes c's pending and future reads and writes fail at once:
+	// what a cancelled request calls (made once per connection, not per
+	// request).
+	unblock func()
 
 	idleTimer *time.Timer // closes it when idle too long; nil while in use
 }
@@ -251,6 +257,7 @@ func (t *Transport) get(ctx context.Context, key string, trace *httptrace.Client
 		return nil, err
 	}
 	c := &conn{t: t, key: key, nc: nc}
+	c.unblock = func() { c.nc.SetDeadline(aLongTimeAgo) }
 	if trace != nil && trace.GotConn != nil {
 		trace.GotConn(httptrace.GotConnInfo{Conn: nc})
 	}
@@ -351,7 +358,7 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 	ctx := req.Context()
 	// A cancelled request unblocks its reads and writes; the connection is
 	// then closed, never pooled.
-	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(aLongTimeAgo) })
+	stop := context.AfterFunc(ctx, c.unblock)
 	fail := func(err error, stale bool) (*http.Response, error) {
 		stop()
 		c.nc.Close()
@@ -380,11 +387,11 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 	if trace != nil && trace.GotFirstResponseByte != nil {
 		trace.GotFirstResponseByte()
 	}
-	resp, err := http.ReadResponse(c.br, req)
+	resp, b, err := c.readResponse(req)
 	// Informational answers (100 Continue, 103 Early Hints) come before
 	// the answer, as net/http's Transport skips them.
 	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-		resp, err = http.ReadResponse(c.br, req)
+		resp, b, err = c.readResponse(req)
 	}
 	if err != nil {
 		return fail(err, false)
@@ -394,8 +401,24 @@ func (c *conn) roundTrip(req *http.Request, trace *httptrace.ClientTrace) (*http
 		c.release(stop, keep)
 		return resp, nil
 	}
-	resp.Body = &body{c: c, rc: resp.Body, stop: stop, keep: keep, ctx: ctx}
+	if b == nil {
+		b = &body{rc: resp.Body}
+	}
+	b.c, b.stop, b.keep, b.ctx = c, stop, keep, ctx
+	resp.Body = b
 	return resp, nil
+}
+
+// readResponse reads an answer's head from c: by readHead, with the body
+// that reads it (its framing set), or, for what readHead does not take, by
+// http.ReadResponse (whose body is then resp.Body, and b nil).
+func (c *conn) readResponse(req *http.Request) (resp *http.Response, b *body, err error) {
+	a, fallback := readHead(c.br, req)
+	if fallback == nil {
+		return &a.resp, &a.body, nil
+	}
+	resp, err = http.ReadResponse(fallback, req)
+	return resp, nil, err
 }
 
 // noAnswer reports whether a read error means the replica closed the
@@ -424,8 +447,12 @@ func (c *conn) release(stop func() bool, keep bool) {
 
 // body is a response's body; it hands its connection back at its end.
 type body struct {
-	c    *conn
-	rc   io.ReadCloser // never closed: net/http's Close would read to the end
+	c *conn
+	// The answer's framing as readHead read it, or http.ReadResponse's
+	// body (rc non-nil; never closed: net/http's Close would read to the
+	// end).
+	f    framing
+	rc   io.ReadCloser
 	stop func() bool
 	ctx  context.Context
 	keep bool
@@ -450,7 +477,15 @@ func (b *body) Read(p []byte) (int, error) {
 	case bodyClosed:
 		return 0, errBodyClosed
 	}
-	n, err := b.rc.Read(p)
+	var (
+		n   int
+		err error
+	)
+	if b.rc != nil {
+		n, err = b.rc.Read(p)
+	} else {
+		n, err = b.f.read(b.c.br, p)
+	}
 	if err == nil {
 		return n, nil
 	}
