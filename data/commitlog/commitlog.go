@@ -1,20 +1,40 @@
 // Package commitlog is an append-only log of checksummed records in files
 // beside a database: a record appended here is durable against the death of
-// the process as soon as Append returns (one write system call, shared by
-// the Appends that run at the same time: a group commit), and the records a
-// dead process had appended are handed back to the next one that opens the
-// log. Package data uses it to make a ledger row durable before
+// the process as soon as Append returns (a copy into the file's pages in the
+// page cache, shared by the Appends that run at the same time: a group
+// commit), and the records a dead process had appended are handed back to
+// the next one that opens the log. Package data uses it to make a ledger row durable before
 // the SQLite transaction that carries it; commitlog knows nothing of rows —
 // a payload is bytes.
 //
 // # Files
 //
 // BASE-N (N = 1, 2, …) hold the records; appends go to the newest, and a
-// new one is started past Config.Rotate bytes. BASE.lock is locked (flock)
+// new one is started when the next records would take it past
+// Config.Rotate bytes (a group of records larger than that gets a file of
+// its own). BASE.lock is locked (flock)
 // by the one process that owns the files, for as long as the log is open.
 // The owner tells the log (Written) when records have reached the database;
 // a file that is no longer appended to and holds none that have not is
 // removed, and Close removes the last one if it holds none.
+//
+// # Appends
+//
+// On ext4, XFS and tmpfs the file being appended to is preallocated to
+// Config.Rotate bytes (fallocate(2), mode 0: its blocks are reserved and
+// read as zeros) on the first Append that goes to it, and mapped shared and
+// writable; an Append copies its record into the map, with no system call.
+// A full disk (ENOSPC) or any other refusal comes from the preallocation:
+// that Append fails, nothing is appended, and the next Append tries again.
+// Because the blocks are reserved, a store into the map cannot fail for
+// space later (the process would get SIGBUS). The pages of a shared file
+// map are the file's page cache, the same pages write(2) fills: what was
+// copied in is in the operating system's hands and survives the process's
+// death exactly as written bytes do. When the file stops being appended to
+// (a new one is started, or Close) it is unmapped and truncated to the
+// records it holds. On other file systems (where preallocated space is not
+// reserved, as on btrfs and ZFS, which copy on write) and off Linux, a
+// group of records is one write(2) at the file's end.
 //
 // # Record format (version 1)
 //
@@ -33,22 +53,29 @@
 // # Recovery
 //
 // Open reads each file left by a previous owner up to the first record that
-// does not check out. Appends are sequential and a file is never appended
-// to by a later process, so a crash can only tear a file's end: a partial
-// record, or — after a power loss on ext4 or XFS — a tail of zeros. That
-// tail is cut off (logged at INFO with the bytes dropped), the records
-// before it are applied, and the file is removed. A record that does not
+// does not check out. Appends are sequential (the records of a group are
+// copied one after the other, each record's header after its payload) and
+// a file is never appended to by a later process, so a crash can only tear
+// a file's end: a partial record, the preallocated space after the last
+// record (zeros), or — after a power loss on ext4 or XFS — a tail of zeros.
+// That tail is cut off, the records before it are applied, and the file is
+// removed. The cut is logged at INFO with the bytes dropped, as torn_bytes
+// (what a record being appended when the process died left; never one
+// whose Append returned) and zero_bytes (space preallocated and never
+// written, or zeros a power loss left). A record that does not
 // check out followed by one that does is damage, not a crash: Open stops
 // with a *CorruptError naming the file and offset and saying what to do,
 // applies nothing of that file and deletes nothing.
 //
-// Appends are not fsynced: like SQLite's WAL with synchronous=NORMAL, the
-// bytes are in the operating system's hands, so records survive the
-// process's death, and a power loss may lose the last ones — but never
-// makes the log unreadable.
+// Appends are not fsynced (nor the map msynced): like SQLite's WAL with
+// synchronous=NORMAL, the bytes are in the operating system's hands, so
+// records survive the process's death, and a power loss may lose the last
+// ones — but never makes the log unreadable: a file is only ever appended
+// to past its records, into space that reads as zeros.
 package commitlog
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,11 +114,15 @@ type Log struct {
 	cfg  Config
 	lock *os.File
 
-	mu      sync.Mutex
-	f       *os.File
-	gen     uint64
-	size    int64
-	pending map[uint64]int // records appended to file n and not yet Written
+	mu        sync.Mutex
+	f         *os.File
+	gen       uint64
+	size      int64          // bytes of records in file gen
+	cur       int            // records appended to file gen and not yet Written
+	pending   map[uint64]int // the same for older files
+	mapOK     bool           // the file system reserves preallocated blocks: map the files
+	m         []byte         // file gen, preallocated and mapped; nil before its first Append, or with write(2)
+	populated int            // m[:populated] is faulted in writable
 
 	// The group commit (see Append). qmu is held for no I/O.
 	qmu     sync.Mutex
@@ -100,7 +131,8 @@ type Log struct {
 	spare   [][]byte // groups' buffers, for the next groups
 	buf     []byte   // a lone Append's record; only the Append that set writing uses it
 
-	writes atomic.Int64
+	writes   atomic.Int64
+	syscalls atomic.Int64
 }
 
 // Open takes the log at base (its files are base-N and base.lock) and hands
@@ -139,6 +171,7 @@ func Open(base string, cfg Config, apply func(file string, payloads [][]byte) er
 		lock.Close()
 		return nil, err
 	}
+	l.mapOK = canMap(l.f)
 	return l, nil
 }
 
@@ -205,8 +238,16 @@ func (l *Log) recover(gens []uint64, apply func(string, [][]byte) error) error {
 			if err := cut(name, int64(f.End)); err != nil {
 				return err
 			}
-			l.cfg.Logger.Info("commit log: cut off the torn end a crash left (the appends it held never returned)",
-				"file", name, "bytes_dropped", len(b)-f.End, "records_kept", len(f.Payloads))
+			torn := lastNonZero(b) + 1 - f.End
+			if torn < 0 {
+				torn = 0
+			}
+			msg := "commit log: cut off the torn end a crash left (the appends it held never returned)"
+			if torn == 0 {
+				msg = "commit log: cut off the zeros after the last record (space preallocated and never written, or what a power loss left)"
+			}
+			l.cfg.Logger.Info(msg, "file", name, "bytes_dropped", len(b)-f.End,
+				"torn_bytes", torn, "zero_bytes", len(b)-f.End-torn, "records_kept", len(f.Payloads))
 		}
 		if err := apply(name, f.Payloads); err != nil {
 			return err
@@ -237,22 +278,94 @@ func cut(name string, size int64) error {
 	return nil
 }
 
-// startLocked opens the next file for appends.
+// startLocked opens the next file for appends (it is preallocated and
+// mapped by the first write to it).
 func (l *Log) startLocked() error {
-	f, err := os.OpenFile(l.name(l.gen+1), os.O_WRONLY|os.O_CREATE|os.O_APPEND|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(l.name(l.gen+1), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	l.syscalls.Add(1)
 	if err != nil {
 		return fmt.Errorf("commit log: %w", err)
 	}
 	if l.f != nil {
-		l.f.Close()
-		if l.pending[l.gen] == 0 {
-			delete(l.pending, l.gen)
-			os.Remove(l.name(l.gen))
-		}
+		l.endLocked()
 	}
 	l.f, l.size = f, 0
 	l.gen++
 	return nil
+}
+
+// endLocked stops appending to file gen: it is unmapped, then removed if
+// every record in it was Written, or else truncated to its records (no
+// zero tail) and left for Written or the next Open.
+func (l *Log) endLocked() {
+	mapped := l.m != nil
+	if mapped {
+		unmap(l.m)
+		l.m = nil
+		l.syscalls.Add(1)
+	}
+	if l.cur == 0 {
+		os.Remove(l.name(l.gen))
+	} else {
+		if mapped {
+			_ = l.f.Truncate(l.size)
+		}
+		l.pending[l.gen] = l.cur
+	}
+	l.f.Close()
+	l.syscalls.Add(2)
+	l.cur = 0
+}
+
+// populateChunk is how much of a mapped file is faulted in at a time: 16
+// pages, one system call for about a hundred 600-byte records, each a
+// short stall for the Append that makes it.
+const populateChunk = 64 << 10
+
+// mapLocked preallocates file gen, empty, for a group of need bytes and
+// maps it. It leaves l.m nil where the file system cannot preallocate, and
+// appends go on with write(2).
+func (l *Log) mapLocked(need int) error {
+	page := int64(os.Getpagesize())
+	size := (max(l.cfg.Rotate, int64(need)) + page - 1) / page * page
+	m, err := preallocate(l.f, int(size))
+	l.syscalls.Add(2)
+	if errors.Is(err, errNoPrealloc) {
+		l.mapOK = false
+		return nil
+	}
+	if err != nil {
+		// ext4 keeps what it allocated before ENOSPC: give it back.
+		_ = l.f.Truncate(0)
+		l.syscalls.Add(1)
+		return fmt.Errorf("commit log: %w", err)
+	}
+	l.m, l.populated = m, 0
+	return nil
+}
+
+// copyLocked copies b, whole records, into the map at the end of the
+// records: one record after the other, and each record's payload before
+// its header, so that whatever a death in the middle leaves, no record
+// that checks out follows one that does not.
+func (l *Log) copyLocked(b []byte) {
+	at := int(l.size)
+	if end := at + len(b); end > l.populated {
+		to := min((end+populateChunk-1)/populateChunk*populateChunk, len(l.m))
+		l.syscalls.Add(1)
+		if populate(l.m[l.populated:to]) {
+			l.populated = to
+		} else {
+			l.populated = len(l.m) // not on this kernel: stores fault the pages in
+		}
+	}
+	dst := l.m[at : at+len(b)]
+	for off := 0; off < len(b); {
+		end := off + headerSize + int(binary.BigEndian.Uint32(b[off+4:]))
+		copy(dst[off+headerSize:end], b[off+headerSize:end])
+		copy(dst[off:off+headerSize], b[off:off+headerSize])
+		off = end
+	}
 }
 
 // Append makes payload durable (against the process's death) as one record
@@ -341,35 +454,58 @@ func (l *Log) handOff() {
 	l.qmu.Unlock()
 }
 
-// write appends b, n whole records, to the file being appended to, with
-// one write system call, and returns the file's generation.
+// write appends b, n whole records made by AppendRecord, to the file being
+// appended to — a copy into its map, or one write system call — and
+// returns the file's generation.
 func (l *Log) write(b []byte, n int) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return 0, errors.New("commit log closed")
 	}
-	if l.size >= l.cfg.Rotate {
+	limit := l.cfg.Rotate
+	if l.m != nil {
+		limit = int64(len(l.m))
+	}
+	if l.size > 0 && l.size+int64(len(b)) > limit {
 		if err := l.startLocked(); err != nil {
 			return 0, err
 		}
 	}
-	w, err := l.f.Write(b)
 	l.writes.Add(1)
-	if err != nil {
-		if w > 0 {
-			_ = l.f.Truncate(l.size)
+	if l.mapOK && l.m == nil {
+		if err := l.mapLocked(len(b)); err != nil {
+			return 0, err
 		}
-		return 0, fmt.Errorf("commit log: %w", err)
 	}
-	l.size += int64(w)
-	l.pending[l.gen] += n
+	if l.m != nil {
+		l.copyLocked(b)
+	} else {
+		w, err := l.f.WriteAt(b, l.size)
+		l.syscalls.Add(1)
+		if err != nil {
+			if w > 0 {
+				_ = l.f.Truncate(l.size)
+			}
+			return 0, fmt.Errorf("commit log: %w", err)
+		}
+	}
+	l.size += int64(len(b))
+	l.cur += n
 	return l.gen, nil
 }
 
-// Writes returns how many write system calls Appends made: with
-// concurrent Appends, fewer than the records appended.
+// Writes returns how many times Appends wrote to the log's files: once a
+// group of concurrent Appends (fewer than the records appended), by a
+// copy into the file's map or, where files are not mapped, a write system
+// call. Syscalls says how many system calls that took.
 func (l *Log) Writes() int64 { return l.writes.Load() }
+
+// Syscalls returns how many system calls Appends made: with mapped files,
+// the few that start a file (open, fallocate, mmap), end one (munmap,
+// ftruncate, close) and fault its pages in 64 KiB at a time
+// (madvise), none a record; otherwise one write a group besides.
+func (l *Log) Syscalls() int64 { return l.syscalls.Load() }
 
 // Count is how many records appended to the file of generation Gen have
 // reached the database.
@@ -395,8 +531,12 @@ func (l *Log) Written(cs []Count) {
 	var done []string
 	l.mu.Lock()
 	for _, c := range cs {
+		if c.Gen == l.gen {
+			l.cur -= c.N
+			continue
+		}
 		l.pending[c.Gen] -= c.N
-		if l.pending[c.Gen] <= 0 && c.Gen != l.gen {
+		if l.pending[c.Gen] <= 0 {
 			delete(l.pending, c.Gen)
 			done = append(done, l.name(c.Gen))
 		}
@@ -418,7 +558,7 @@ func (l *Log) Gen() uint64 {
 
 // Close closes the log and releases its lock, once its owner has written
 // what it will: the file being appended to goes if every record in it was
-// Written, else it stays for the next Open. Older files went when their
+// Written, else it stays for the next Open, truncated to its records. Older files went when their
 // last record was Written. Close is safe twice.
 func (l *Log) Close() {
 	l.mu.Lock()
@@ -426,11 +566,8 @@ func (l *Log) Close() {
 	if l.f == nil {
 		return
 	}
-	l.f.Close()
+	l.endLocked()
 	l.f = nil
-	if l.pending[l.gen] == 0 {
-		os.Remove(l.name(l.gen))
-	}
 	l.lock.Close()
 }
 
@@ -448,19 +585,41 @@ func Peek(base string) ([][]byte, error) {
 	}
 	var out [][]byte
 	for _, g := range gens {
-		b, err := os.ReadFile(l.name(g))
+		f, err := peekFile(l.name(g))
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("commit log: %w", err)
-		}
-		f, err := Decode(b)
-		if ce, ok := errors.AsType[*CorruptError](err); ok {
-			ce.File = l.name(g)
-			return nil, ce
+			return nil, err
 		}
 		out = append(out, f.Payloads...)
 	}
 	return out, nil
+}
+
+// peekFile decodes the file name. A mapped file being appended to is read
+// while records are copied into it, and a reader on another CPU may see a
+// later record's bytes before an earlier one's (the file's size does not
+// bound what it reads, as it does during a write(2)): a record that does
+// not check out followed by one that does is read again, a few times,
+// before it is called damage.
+func peekFile(name string) (File, error) {
+	for try := 0; ; try++ {
+		b, err := os.ReadFile(name)
+		if errors.Is(err, os.ErrNotExist) {
+			return File{}, err
+		}
+		if err != nil {
+			return File{}, fmt.Errorf("commit log: %w", err)
+		}
+		f, err := Decode(b)
+		if ce, ok := errors.AsType[*CorruptError](err); ok {
+			if try < 3 {
+				continue
+			}
+			ce.File = name
+			return File{}, ce
+		}
+		return f, nil
+	}
 }
