@@ -147,7 +147,7 @@ func TestFailedGroupWriteFailsEveryAppendInIt(t *testing.T) {
 	}
 }
 
-// BenchmarkAppendParallel measures the write system calls per record with
+// BenchmarkAppendParallel measures the writes (groups) and system calls per record with
 // many concurrent Appends (a gateway answering at a high rate: every JSON
 // answer and stream end appends its ledger row):
 //
@@ -171,6 +171,7 @@ func BenchmarkAppendParallel(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(l.Writes())/float64(b.N), "writes/op")
+			b.ReportMetric(float64(l.Syscalls())/float64(b.N), "syscalls/op")
 		})
 	}
 }
