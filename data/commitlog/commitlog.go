@@ -1,9 +1,10 @@
 // Package commitlog is an append-only log of checksummed records in files
 // beside a database: a record appended here is durable against the death of
 // the process as soon as Append returns (a copy into the file's pages in the
-// page cache, shared by the Appends that run at the same time: a group
-// commit), and the records a dead process had appended are handed back to
-// the next one that opens the log. Package data uses it to make a ledger row durable before
+// page cache, or where files cannot be mapped one write system call shared
+// by the Appends that run at the same time: a group commit), and the
+// records a dead process had appended are handed back to the next one that
+// opens the log. Package data uses it to make a ledger row durable before
 // the SQLite transaction that carries it; commitlog knows nothing of rows —
 // a payload is bytes.
 //
@@ -23,7 +24,9 @@
 // On ext4, XFS and tmpfs the file being appended to is preallocated to
 // Config.Rotate bytes (fallocate(2), mode 0: its blocks are reserved and
 // read as zeros) on the first Append that goes to it, and mapped shared and
-// writable; an Append copies its record into the map, with no system call.
+// writable; an Append copies its record into the map, with no system call,
+// under the log's lock (Appends that come together take turns: a copy is
+// shorter than waking a goroutine to share one).
 // A full disk (ENOSPC) or any other refusal comes from the preallocation:
 // that Append fails, nothing is appended, and the next Append tries again.
 // Because the blocks are reserved, a store into the map cannot fail for
@@ -133,6 +136,7 @@ type Log struct {
 
 	writes   atomic.Int64
 	syscalls atomic.Int64
+	direct   atomic.Bool // files are mapped: each Append copies its own record (appendDirect)
 }
 
 // Open takes the log at base (its files are base-N and base.lock) and hands
@@ -172,6 +176,7 @@ func Open(base string, cfg Config, apply func(file string, payloads [][]byte) er
 		return nil, err
 	}
 	l.mapOK = canMap(l.f)
+	l.direct.Store(l.mapOK)
 	return l, nil
 }
 
@@ -332,6 +337,7 @@ func (l *Log) mapLocked(need int) error {
 	l.syscalls.Add(2)
 	if errors.Is(err, errNoPrealloc) {
 		l.mapOK = false
+		l.direct.Store(false)
 		return nil
 	}
 	if err != nil {
@@ -350,15 +356,7 @@ func (l *Log) mapLocked(need int) error {
 // that checks out follows one that does not.
 func (l *Log) copyLocked(b []byte) {
 	at := int(l.size)
-	if end := at + len(b); end > l.populated {
-		to := min((end+populateChunk-1)/populateChunk*populateChunk, len(l.m))
-		l.syscalls.Add(1)
-		if populate(l.m[l.populated:to]) {
-			l.populated = to
-		} else {
-			l.populated = len(l.m) // not on this kernel: stores fault the pages in
-		}
-	}
+	l.populateLocked(at + len(b))
 	dst := l.m[at : at+len(b)]
 	for off := 0; off < len(b); {
 		end := off + headerSize + int(binary.BigEndian.Uint32(b[off+4:]))
@@ -372,8 +370,10 @@ func (l *Log) copyLocked(b []byte) {
 // and returns the generation of the file it went to, for Written. On an
 // error nothing was appended (a partial record is cut off again).
 //
-// Concurrent Appends share one write (group commit, as SQLite's WAL and
-// PostgreSQL's commit do it): an Append that finds no write under way
+// Where files are mapped, an Append copies its record in under the log's
+// lock and returns. Otherwise concurrent Appends share one write (group
+// commit, as SQLite's WAL and PostgreSQL's commit do it): an Append that
+// finds no write under way
 // writes its record at once and is the leader; those that come while it
 // writes put their records in the next group and wait. When the leader's
 // write returns, the first Append of the next group writes the whole group
@@ -386,6 +386,9 @@ func (l *Log) Append(payload []byte) (gen uint64, err error) {
 	}
 	if l.cfg.ReadOnly() {
 		return 0, ErrReadOnly
+	}
+	if l.direct.Load() {
+		return l.appendDirect(payload)
 	}
 	l.qmu.Lock()
 	if !l.writing {
@@ -454,41 +457,101 @@ func (l *Log) handOff() {
 	l.qmu.Unlock()
 }
 
+// appendDirect appends payload's record with a copy into the mapped file
+// under l.mu — shorter than waking a goroutine, so Appends that come
+// together take turns instead of forming a group. The checksum is
+// computed before the lock; the header is stored after the payload.
+func (l *Log) appendDirect(payload []byte) (uint64, error) {
+	var hdr [headerSize]byte
+	putHeader(&hdr, payload)
+	n := headerSize + len(payload)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.reserveLocked(n); err != nil {
+		return 0, err
+	}
+	l.writes.Add(1)
+	if l.m == nil {
+		// The file system turned out not to preallocate: one write.
+		b := AppendRecord(make([]byte, 0, n), payload)
+		if err := l.writeAtLocked(b); err != nil {
+			return 0, err
+		}
+	} else {
+		at := int(l.size)
+		l.populateLocked(at + n)
+		copy(l.m[at+headerSize:at+n], payload)
+		copy(l.m[at:], hdr[:])
+	}
+	l.size += int64(n)
+	l.cur++
+	return l.gen, nil
+}
+
+// reserveLocked makes room for n more bytes of records: a new file if
+// they would take this one past its size, preallocated and mapped if
+// files are.
+func (l *Log) reserveLocked(n int) error {
+	if l.f == nil {
+		return errors.New("commit log closed")
+	}
+	limit := l.cfg.Rotate
+	if l.m != nil {
+		limit = int64(len(l.m))
+	}
+	if l.size > 0 && l.size+int64(n) > limit {
+		if err := l.startLocked(); err != nil {
+			return err
+		}
+	}
+	if l.mapOK && l.m == nil {
+		return l.mapLocked(n)
+	}
+	return nil
+}
+
+// writeAtLocked writes b at the end of the records with one system call;
+// on an error nothing of b is left in the file.
+func (l *Log) writeAtLocked(b []byte) error {
+	w, err := l.f.WriteAt(b, l.size)
+	l.syscalls.Add(1)
+	if err != nil {
+		if w > 0 {
+			_ = l.f.Truncate(l.size)
+		}
+		return fmt.Errorf("commit log: %w", err)
+	}
+	return nil
+}
+
+// populateLocked faults the map in, a chunk at a time, up to end at least.
+func (l *Log) populateLocked(end int) {
+	if end <= l.populated {
+		return
+	}
+	to := min((end+populateChunk-1)/populateChunk*populateChunk, len(l.m))
+	l.syscalls.Add(1)
+	if populate(l.m[l.populated:to]) {
+		l.populated = to
+	} else {
+		l.populated = len(l.m) // not on this kernel: stores fault the pages in
+	}
+}
+
 // write appends b, n whole records made by AppendRecord, to the file being
 // appended to — a copy into its map, or one write system call — and
 // returns the file's generation.
 func (l *Log) write(b []byte, n int) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.f == nil {
-		return 0, errors.New("commit log closed")
-	}
-	limit := l.cfg.Rotate
-	if l.m != nil {
-		limit = int64(len(l.m))
-	}
-	if l.size > 0 && l.size+int64(len(b)) > limit {
-		if err := l.startLocked(); err != nil {
-			return 0, err
-		}
+	if err := l.reserveLocked(len(b)); err != nil {
+		return 0, err
 	}
 	l.writes.Add(1)
-	if l.mapOK && l.m == nil {
-		if err := l.mapLocked(len(b)); err != nil {
-			return 0, err
-		}
-	}
 	if l.m != nil {
 		l.copyLocked(b)
-	} else {
-		w, err := l.f.WriteAt(b, l.size)
-		l.syscalls.Add(1)
-		if err != nil {
-			if w > 0 {
-				_ = l.f.Truncate(l.size)
-			}
-			return 0, fmt.Errorf("commit log: %w", err)
-		}
+	} else if err := l.writeAtLocked(b); err != nil {
+		return 0, err
 	}
 	l.size += int64(len(b))
 	l.cur += n

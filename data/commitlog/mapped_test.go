@@ -138,10 +138,9 @@ func TestKilledMidFileRecoversEveryRecord(t *testing.T) {
 
 // TestRefusedPreallocationFailsTheAppends: when the file system refuses
 // the space of a new file (a full disk; here the file-size limit,
-// RLIMIT_FSIZE, which the kernel checks in the same fallocate), the
-// Appends that needed it fail — a group all together — and nothing of
-// theirs is in the log; once space is back, the next Append succeeds
-// without a restart.
+// RLIMIT_FSIZE, which the kernel checks in the same fallocate), every
+// Append that needed it fails and nothing of theirs is in the log; once
+// space is back, the next Append succeeds without a restart.
 func TestRefusedPreallocationFailsTheAppends(t *testing.T) {
 	base := filepath.Join(t.TempDir(), "db-commits")
 	l, err := Open(base, Config{Rotate: 64 << 10}, func(string, [][]byte) error { return nil })

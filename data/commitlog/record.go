@@ -34,6 +34,14 @@ func AppendRecord(b, payload []byte) []byte {
 	return append(b, payload...)
 }
 
+// putHeader writes payload's record header to h: what AppendRecord puts
+// before the payload.
+func putHeader(h *[headerSize]byte, payload []byte) {
+	copy(h[:4], magic[:])
+	binary.BigEndian.PutUint32(h[4:], uint32(len(payload)))
+	binary.BigEndian.PutUint32(h[8:], crc32.Update(crc32.Checksum(h[:8], castagnoli), castagnoli, payload))
+}
+
 // File is what Decode found in a log file's bytes.
 type File struct {
 	// Payloads are the payloads of the records that check out, in order,
