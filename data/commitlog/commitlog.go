@@ -12,8 +12,8 @@
 //
 // BASE-N (N = 1, 2, …) hold the records; appends go to the newest, and a
 // new one is started when the next records would take it past
-// Config.Rotate bytes (a group of records larger than that gets a file of
-// its own). BASE.lock is locked (flock)
+// Config.Rotate bytes (records larger than that get a file of their
+// own). BASE.lock is locked (flock)
 // by the one process that owns the files, for as long as the log is open.
 // The owner tells the log (Written) when records have reached the database;
 // a file that is no longer appended to and holds none that have not is
@@ -56,8 +56,8 @@
 // # Recovery
 //
 // Open reads each file left by a previous owner up to the first record that
-// does not check out. Appends are sequential (the records of a group are
-// copied one after the other, each record's header after its payload) and
+// does not check out. Appends are sequential (records are copied in one
+// after the other, each record's header after its payload) and
 // a file is never appended to by a later process, so a crash can only tear
 // a file's end: a partial record, the preallocated space after the last
 // record (zeros), or — after a power loss on ext4 or XFS — a tail of zeros.
@@ -78,7 +78,6 @@
 package commitlog
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -350,22 +349,6 @@ func (l *Log) mapLocked(need int) error {
 	return nil
 }
 
-// copyLocked copies b, whole records, into the map at the end of the
-// records: one record after the other, and each record's payload before
-// its header, so that whatever a death in the middle leaves, no record
-// that checks out follows one that does not.
-func (l *Log) copyLocked(b []byte) {
-	at := int(l.size)
-	l.populateLocked(at + len(b))
-	dst := l.m[at : at+len(b)]
-	for off := 0; off < len(b); {
-		end := off + headerSize + int(binary.BigEndian.Uint32(b[off+4:]))
-		copy(dst[off+headerSize:end], b[off+headerSize:end])
-		copy(dst[off:off+headerSize], b[off:off+headerSize])
-		off = end
-	}
-}
-
 // Append makes payload durable (against the process's death) as one record
 // and returns the generation of the file it went to, for Written. On an
 // error nothing was appended (a partial record is cut off again).
@@ -538,9 +521,8 @@ func (l *Log) populateLocked(end int) {
 	}
 }
 
-// write appends b, n whole records made by AppendRecord, to the file being
-// appended to — a copy into its map, or one write system call — and
-// returns the file's generation.
+// write appends b, n whole records, to the file being appended to (not
+// mapped) with one write system call, and returns the file's generation.
 func (l *Log) write(b []byte, n int) (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -548,9 +530,7 @@ func (l *Log) write(b []byte, n int) (uint64, error) {
 		return 0, err
 	}
 	l.writes.Add(1)
-	if l.m != nil {
-		l.copyLocked(b)
-	} else if err := l.writeAtLocked(b); err != nil {
+	if err := l.writeAtLocked(b); err != nil {
 		return 0, err
 	}
 	l.size += int64(len(b))
@@ -558,16 +538,17 @@ func (l *Log) write(b []byte, n int) (uint64, error) {
 	return l.gen, nil
 }
 
-// Writes returns how many times Appends wrote to the log's files: once a
-// group of concurrent Appends (fewer than the records appended), by a
-// copy into the file's map or, where files are not mapped, a write system
-// call. Syscalls says how many system calls that took.
+// Writes returns how many times Appends wrote to the log's files: where
+// files are mapped, once an Append (a copy into the map, no system call);
+// otherwise once a group of concurrent Appends (a write system call: fewer
+// than the records appended). Syscalls says how many system calls they
+// took.
 func (l *Log) Writes() int64 { return l.writes.Load() }
 
 // Syscalls returns how many system calls Appends made: with mapped files,
 // the few that start a file (open, fallocate, mmap), end one (munmap,
 // ftruncate, close) and fault its pages in 64 KiB at a time
-// (madvise), none a record; otherwise one write a group besides.
+// (madvise), none a record; otherwise one write a group.
 func (l *Log) Syscalls() int64 { return l.syscalls.Load() }
 
 // Count is how many records appended to the file of generation Gen have
