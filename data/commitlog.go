@@ -22,7 +22,8 @@ import (
 // Why: a one-row SQLite transaction is about ten write system calls (a WAL
 // frame per page the row touches: the table, its indexes, the tenant's spend)
 // and about 100 µs on the path of every JSON answer and stream end; one
-// append is one write. And rows that need not wait batch up: the SQLite side
+// append is a copy into a mapped file (or one write where files are not
+// mapped). And rows that need not wait batch up: the SQLite side
 // writes many rows per transaction instead of one.
 //
 // A record's payload is the row as JSON (appendRecord). Rows found in the

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -20,6 +21,25 @@ func openLog(t testing.TB) (*Log, string) {
 	}
 	t.Cleanup(l.Close)
 	return l, base
+}
+
+// openLogMapped opens a log whose files are mapped (mapped; skipped where
+// the file system of the test's directory cannot) or written with write(2).
+func openLogMapped(t testing.TB, mapped bool) (*Log, string) {
+	t.Helper()
+	l, base := openLog(t)
+	if mapped && !l.mapOK {
+		t.Skipf("%s: files on this file system are not mapped", base)
+	}
+	l.mapOK = mapped
+	l.direct.Store(mapped)
+	return l, base
+}
+
+// bothPaths runs test with mapped files and with write(2).
+func bothPaths(t *testing.T, test func(t *testing.T, mapped bool)) {
+	t.Run("mapped", func(t *testing.T) { test(t, true) })
+	t.Run("write", func(t *testing.T) { test(t, false) })
 }
 
 // readAll decodes every record in the log's files at base, oldest first.
@@ -40,7 +60,7 @@ func readAll(t testing.TB, base string) []string {
 // next one, and each returns only once its record is in the file.
 func TestConcurrentAppendsShareOneWrite(t *testing.T) {
 	const callers = 32
-	l, base := openLog(t)
+	l, base := openLogMapped(t, false)
 	// The first Append's write waits on the file's lock (as on a slow
 	// disk); every other Append queues behind it meanwhile.
 	l.mu.Lock()
@@ -83,10 +103,45 @@ func TestConcurrentAppendsShareOneWrite(t *testing.T) {
 	}
 }
 
+// With mapped files, concurrent Appends take turns copying their records
+// in: each returns only once its record is in the file (a reader sees
+// it), every record is there once, and no system call was made a record.
+func TestConcurrentMappedAppendsEachReturnOnceInTheFile(t *testing.T) {
+	const callers, each = 16, 200
+	l, base := openLogMapped(t, true)
+	l.cfg.Rotate = 64 << 10 // several files
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				p := fmt.Sprintf("record-%02d-%03d-%s", c, i, strings.Repeat("p", i))
+				if _, err := l.Append([]byte(p)); err != nil {
+					t.Errorf("Append %s: %v", p, err)
+					return
+				}
+				if i == each-1 && !slices.Contains(readAll(t, base), p) {
+					t.Errorf("Append %s returned before its record was in the file", p)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	got := readAll(t, base)
+	if len(got) != callers*each || len(slices.Compact(slices.Sorted(slices.Values(got)))) != callers*each {
+		t.Errorf("the files hold %d records (%d distinct), want each of the %d once", len(got), len(slices.Compact(slices.Sorted(slices.Values(got)))), callers*each)
+	}
+	if n := l.Syscalls(); n > callers*each/20 {
+		t.Errorf("%d Appends made %d system calls, want only those that start, fault in and end files", callers*each, n)
+	}
+}
+
 // A group whose write fails fails every Append in it, and leaves nothing
-// of its records in the file; the next Appends go on.
+// of its records in the file; the next Appends go on. (Where files are
+// mapped, a copy cannot fail: TestRefusedPreallocationFailsTheAppends.)
 func TestFailedGroupWriteFailsEveryAppendInIt(t *testing.T) {
-	l, base := openLog(t)
+	l, base := openLogMapped(t, false)
 	if _, err := l.Append([]byte("before")); err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +179,7 @@ func TestFailedGroupWriteFailsEveryAppendInIt(t *testing.T) {
 	}
 }
 
-// BenchmarkAppendParallel measures the write system calls per record with
+// BenchmarkAppendParallel measures the writes (groups) and system calls per record with
 // many concurrent Appends (a gateway answering at a high rate: every JSON
 // answer and stream end appends its ledger row):
 //
@@ -148,6 +203,7 @@ func BenchmarkAppendParallel(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(l.Writes())/float64(b.N), "writes/op")
+			b.ReportMetric(float64(l.Syscalls())/float64(b.N), "syscalls/op")
 		})
 	}
 }

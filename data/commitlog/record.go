@@ -34,6 +34,14 @@ func AppendRecord(b, payload []byte) []byte {
 	return append(b, payload...)
 }
 
+// putHeader writes payload's record header to h: what AppendRecord puts
+// before the payload.
+func putHeader(h *[headerSize]byte, payload []byte) {
+	copy(h[:4], magic[:])
+	binary.BigEndian.PutUint32(h[4:], uint32(len(payload)))
+	binary.BigEndian.PutUint32(h[8:], crc32.Update(crc32.Checksum(h[:8], castagnoli), castagnoli, payload))
+}
+
 // File is what Decode found in a log file's bytes.
 type File struct {
 	// Payloads are the payloads of the records that check out, in order,
@@ -143,9 +151,13 @@ func decodeLegacyAt(b []byte, off int) (payload []byte, next int, ok bool) {
 
 // goodAfter returns where the first record of either format that checks
 // out starts after b[off] (a damaged first record can make a version-1
-// file look legacy, so both are looked for).
+// file look legacy, so both are looked for). A record of either format
+// holds a byte that is not zero at or after its start (the magic; a
+// legacy record's '{'), so none starts in the zeros at the end of b: the
+// space preallocated after the last record is stepped over at once.
 func goodAfter(b []byte, off int) (int, bool) {
-	for i := off + 1; i < len(b); i++ {
+	last := lastNonZero(b)
+	for i := off + 1; i <= last; i++ {
 		if _, _, ok := decodeAt(b, i, false); ok {
 			return i, true
 		}
@@ -154,4 +166,17 @@ func goodAfter(b []byte, off int) (int, bool) {
 		}
 	}
 	return 0, false
+}
+
+// lastNonZero returns the index of b's last byte that is not zero, -1 if
+// there is none.
+func lastNonZero(b []byte) int {
+	i := len(b)
+	for i >= 8 && binary.NativeEndian.Uint64(b[i-8:]) == 0 {
+		i -= 8
+	}
+	for i > 0 && b[i-1] == 0 {
+		i--
+	}
+	return i - 1
 }
